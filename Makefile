@@ -1,0 +1,41 @@
+# ledgerstore: `make run` shows the system working, `make test` proves it. Both bootstrap a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LS := $(VENV)/bin/ledgerstore
+STATE ?= .ledgerstore
+PYTEST_ARGS ?=
+
+.PHONY: bootstrap run demo test lint typecheck unit sim integration faults containers bench cluster-up cluster-down docker-images docker-up docker-down clean
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+run: bootstrap
+	@$(LS) cluster up --bookies 3 --state-dir $(STATE)
+	@$(LS) demo --state-dir $(STATE)
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: bootstrap
+	$(VENV)/bin/mypy
+
+test: lint typecheck
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+
+unit: bootstrap
+	$(VENV)/bin/pytest -q tests/unit
+
+bench: bootstrap
+	$(LS) bench bookie
+
+cluster-up: bootstrap
+	$(LS) cluster up --bookies 3 --state-dir $(STATE)
+
+cluster-down: bootstrap
+	$(LS) cluster down --state-dir $(STATE)
+
+clean:
+	-$(LS) cluster down --state-dir $(STATE) 2>/dev/null
+	rm -rf $(STATE) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,497 @@
+"""Bookie request handling, without sockets: requests in, replies out through callbacks.
+
+``BookieCore`` owns the in-memory ledger index and applies the rules of ARCHITECTURE §5/§6:
+
+* every request naming a ledger carries its master key; a mismatch is ``UNAUTHORIZED``;
+* an add is acknowledged only after its journal record is fsynced (``journal_append``'s ``done``), and the
+  entry is in ledger storage before the reply leaves (so a read that follows an ack sees the entry);
+* a fencing read marks the ledger fenced in memory at once (later adds get ``FENCED``) and replies only
+  after the FENCE record is durable; ``RECOVERY_ADD`` bypasses the fence; fences are never cleared;
+* unknown ledgers can be fenced (the fence creates the index row with the reader's key);
+* long-poll reads of the LAC wait for the LAC to pass ``previous_lac`` or for their timeout.
+
+The server (``bookie/server.py``) and the simulator (``tests/sim``) drive the same object: they supply the
+journal, the storage, a ``schedule(delay_s, fn)`` timer and one reply callback per request.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import protocol as p
+from .entryformat import HEADER, HEADER_LEN
+from .storage import LedgerInfo, LedgerStorage
+
+log = logging.getLogger("ledgerstore.bookie")
+
+Reply = Callable[[bytes], None]
+Done = Callable[[BaseException | None], None]
+
+# Journal record types (the journal module defines the same numbers; the core only needs them as ints).
+REC_ENTRY = 1
+REC_MASTER_KEY = 2
+REC_FENCE = 3
+REC_EXPLICIT_LAC = 4
+
+LONG_POLL_TIMEOUT_MS_MAX = 60_000
+
+
+class JournalAppend(Protocol):
+    def __call__(self, rtype: Any, ledger_id: int, entry_id: int, data: bytes, done: Done) -> None: ...
+
+
+Schedule = Callable[[float, Callable[[], None]], Any]
+
+
+@dataclass(slots=True)
+class _Waiter:
+    request: p.ReadEntryRequest
+    reply: Reply
+    handle: Any = None
+    done: bool = False
+
+
+@dataclass(slots=True)
+class BookieStats:
+    adds: int = 0
+    add_bytes: int = 0
+    adds_rejected: int = 0
+    reads: int = 0
+    read_bytes: int = 0
+    fences: int = 0
+    unauthorized: int = 0
+    add_latency_observer: Callable[[float], None] | None = None
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+class BookieCore:
+    def __init__(
+        self,
+        storage: LedgerStorage,
+        journal_append: JournalAppend,
+        schedule: Schedule,
+        *,
+        bookie_id: str = "",
+        disk_info: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    ) -> None:
+        self.storage = storage
+        self.journal_append = journal_append
+        self.schedule = schedule
+        self.bookie_id = bookie_id
+        self.disk_info = disk_info
+        self.ledgers: dict[int, LedgerInfo] = storage.load_index()
+        self.readonly = False
+        self.stats = BookieStats()
+        # Entries durable in the journal, waiting to be written to storage in one batch; readable meanwhile.
+        self._uncommitted: dict[tuple[int, int], bytes] = {}
+        self._commit_entries: list[tuple[int, int, bytes]] = []
+        self._commit_ledgers: dict[int, LedgerInfo] = {}
+        self._commit_replies: list[tuple[Reply, bytes]] = []
+        self._commit_scheduled = False
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._fence_durable: set[int] = {lid for lid, info in self.ledgers.items() if info.fenced}
+        self.on_readonly_error: Callable[[BaseException], None] | None = None
+
+    # ------------------------------------------------------------------------------------------ replay
+
+    def replay(self, rtype: int, ledger_id: int, entry_id: int, data: bytes) -> None:
+        """Apply one journal record at start-up (before any request)."""
+        info = self.ledgers.get(ledger_id)
+        if rtype == REC_MASTER_KEY:
+            if info is None:
+                self.ledgers[ledger_id] = LedgerInfo(master_key=bytes(data))
+                self._commit_ledgers[ledger_id] = self.ledgers[ledger_id]
+            return
+        if info is None:
+            # A record for a ledger whose key record was checkpointed away and whose index row is gone: the
+            # ledger was garbage-collected after this record was journaled. Nothing to restore.
+            return
+        if rtype == REC_ENTRY:
+            self._commit_entries.append((ledger_id, entry_id, bytes(data)))
+            self._note_entry(info, entry_id, data)
+        elif rtype == REC_FENCE:
+            info.fenced = True
+            self._fence_durable.add(ledger_id)
+        elif rtype == REC_EXPLICIT_LAC:
+            lac = int.from_bytes(data[:8], "big", signed=True)
+            if lac > info.explicit_lac:
+                info.explicit_lac = lac
+                info.lac_blob = bytes(data[8:])
+        else:
+            raise ValueError(f"unknown journal record type {rtype}")
+        self._commit_ledgers[ledger_id] = info
+        if len(self._commit_entries) >= 4096:
+            self._flush_commit()
+
+    def finish_replay(self) -> None:
+        self._flush_commit()
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _note_entry(info: LedgerInfo, entry_id: int, data: bytes) -> None:
+        if entry_id > info.last_entry_id:
+            info.last_entry_id = entry_id
+        if len(data) >= HEADER_LEN:
+            lac = HEADER.unpack_from(data)[2]
+            if lac > info.lac:
+                info.lac = lac
+
+    def _count(self, status: p.Status) -> None:
+        name = status.name
+        self.stats.by_status[name] = self.stats.by_status.get(name, 0) + 1
+
+    def _check_key(self, info: LedgerInfo | None, key: bytes) -> bool:
+        if info is not None and info.master_key != key:
+            self.stats.unauthorized += 1
+            return False
+        return True
+
+    def _get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        data = self._uncommitted.get((ledger_id, entry_id))
+        if data is not None:
+            return data
+        return self.storage.get_entry(ledger_id, entry_id)
+
+    def _queue_commit(self, reply: Reply | None, frame: bytes) -> None:
+        if reply is not None:
+            self._commit_replies.append((reply, frame))
+        if not self._commit_scheduled:
+            self._commit_scheduled = True
+            self.schedule(0.0, self._flush_commit)
+
+    def _flush_commit(self) -> None:
+        """Write durable entries and index rows to storage in one batch, then send their replies."""
+        self._commit_scheduled = False
+        entries, self._commit_entries = self._commit_entries, []
+        ledgers, self._commit_ledgers = self._commit_ledgers, {}
+        replies, self._commit_replies = self._commit_replies, []
+        if entries or ledgers:
+            self.storage.write(entries, ledgers.items())
+            for lid, eid, _ in entries:
+                self._uncommitted.pop((lid, eid), None)
+        for reply, frame in replies:
+            reply(frame)
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    def handle(self, req: p.Request, reply: Reply) -> None:
+        if isinstance(req, p.AddEntryRequest):
+            self.add_entry(
+                req.request_id, req.ledger_id, req.entry_id, req.master_key, req.entry, req.flags, reply
+            )
+        elif isinstance(req, p.ReadEntryRequest):
+            self._read_entry(req, reply)
+        elif isinstance(req, p.ReadLacRequest):
+            self._read_lac(req, reply)
+        elif isinstance(req, p.WriteLacRequest):
+            self._write_lac(req, reply)
+        elif isinstance(req, p.ReadRangeRequest):
+            self._read_range(req, reply)
+        elif isinstance(req, p.BookieInfoRequest):
+            free, total = self.disk_info()
+            reply(
+                p.encode(
+                    p.BookieInfoResponse(
+                        request_id=req.request_id,
+                        status=p.Status.OK,
+                        free_bytes=free,
+                        total_bytes=total,
+                        readonly=self.readonly,
+                        bookie_id=self.bookie_id,
+                        extra={"ledgers": str(len(self.ledgers))},
+                    )
+                )
+            )
+        else:  # pragma: no cover - decode_request only returns the types above
+            raise TypeError(type(req))
+
+    def add_entry(
+        self, rid: int, ledger_id: int, entry_id: int, key: bytes, entry: bytes, flags: int, reply: Reply
+    ) -> None:
+        def refuse(status: p.Status) -> None:
+            self.stats.adds_rejected += 1
+            self._count(status)
+            reply(p.encode_add_response(rid, status, ledger_id, entry_id))
+
+        info = self.ledgers.get(ledger_id)
+        if not self._check_key(info, key):
+            return refuse(p.Status.UNAUTHORIZED)
+        if info is not None and info.fenced and not flags & p.Flag.RECOVERY_ADD:
+            return refuse(p.Status.FENCED)
+        if self.readonly:
+            return refuse(p.Status.READONLY)
+        if entry_id < 0 or len(entry) < HEADER_LEN:
+            return refuse(p.Status.BAD_REQUEST)
+        hl, he = HEADER.unpack_from(entry)[:2]
+        if hl != ledger_id or he != entry_id:
+            return refuse(p.Status.BAD_REQUEST)
+        if info is None:
+            info = LedgerInfo(master_key=key)
+            self.ledgers[ledger_id] = info
+            self.journal_append(REC_MASTER_KEY, ledger_id, -1, key, _ignore)
+        ledger_info = info
+
+        def done(exc: BaseException | None) -> None:
+            if exc is not None:
+                self._journal_failed(exc)
+                status = p.Status.READONLY if _is_enospc(exc) else p.Status.INTERNAL
+                self._count(status)
+                reply(p.encode_add_response(rid, status, ledger_id, entry_id))
+                return
+            self._uncommitted[(ledger_id, entry_id)] = entry
+            self._commit_entries.append((ledger_id, entry_id, entry))
+            old_lac = ledger_info.lac
+            self._note_entry(ledger_info, entry_id, entry)
+            self._commit_ledgers[ledger_id] = ledger_info
+            self.stats.adds += 1
+            self.stats.add_bytes += len(entry)
+            self._queue_commit(reply, p.encode_add_response(rid, p.Status.OK, ledger_id, entry_id))
+            if ledger_info.lac > old_lac and ledger_id in self._waiters:
+                self._queue_commit(None, b"")
+                self.schedule(0.0, lambda: self._wake(ledger_id))
+
+        self.journal_append(REC_ENTRY, ledger_id, entry_id, entry, done)
+
+    def _journal_failed(self, exc: BaseException) -> None:
+        log.error("bookie=%s journal write failed: %s", self.bookie_id, exc)
+        if _is_enospc(exc):
+            self.readonly = True
+            if self.on_readonly_error is not None:
+                self.on_readonly_error(exc)
+
+    def _read_entry(self, req: p.ReadEntryRequest, reply: Reply) -> None:
+        lid = req.ledger_id
+        info = self.ledgers.get(lid)
+        self.stats.reads += 1
+        if not self._check_key(info, req.master_key):
+            self._count(p.Status.UNAUTHORIZED)
+            return reply(_read_resp(req, p.Status.UNAUTHORIZED))
+        if req.flags & p.Flag.FENCE:
+            self.stats.fences += 1
+            if info is None:
+                info = LedgerInfo(master_key=req.master_key)
+                self.ledgers[lid] = info
+                self.journal_append(REC_MASTER_KEY, lid, -1, req.master_key, _ignore)
+            info.fenced = True  # in memory at once: adds from now on are refused
+            if lid not in self._fence_durable:
+                fenced_info = info
+
+                def fence_done(exc: BaseException | None) -> None:
+                    if exc is not None:
+                        self._journal_failed(exc)
+                        reply(_read_resp(req, p.Status.INTERNAL))
+                        return
+                    self._fence_durable.add(lid)
+                    self._commit_ledgers[lid] = fenced_info
+                    # Reply after the commit batch so entries acked before the fence are in storage.
+                    self._queue_commit(None, b"")
+                    self.schedule(0.0, lambda: self._answer_read(req, reply))
+
+                self.journal_append(REC_FENCE, lid, -1, b"", fence_done)
+                return
+        if info is None:
+            return reply(_read_resp(req, p.Status.NO_LEDGER))
+        if (
+            req.entry_id == p.LAST_ENTRY
+            and req.flags & p.Flag.LONG_POLL
+            and info.lac <= req.previous_lac
+            and req.timeout_ms > 0
+        ):
+            w = _Waiter(request=req, reply=reply)
+            self._waiters.setdefault(lid, []).append(w)
+            timeout_s = min(req.timeout_ms, LONG_POLL_TIMEOUT_MS_MAX) / 1000.0
+            w.handle = self.schedule(timeout_s, lambda: self._expire(lid, w))
+            return
+        self._answer_read(req, reply)
+
+    def _answer_read(self, req: p.ReadEntryRequest, reply: Reply) -> None:
+        info = self.ledgers.get(req.ledger_id)
+        if info is None:
+            return reply(_read_resp(req, p.Status.NO_LEDGER))
+        eid = info.last_entry_id if req.entry_id == p.LAST_ENTRY else req.entry_id
+        data = self._get_entry(req.ledger_id, eid) if eid >= 0 else None
+        if data is None:
+            self._count(p.Status.NO_ENTRY)
+            return reply(_read_resp(req, p.Status.NO_ENTRY, lac=info.lac, entry_id=eid))
+        self.stats.read_bytes += len(data)
+        reply(
+            p.encode(
+                p.ReadEntryResponse(
+                    request_id=req.request_id,
+                    status=p.Status.OK,
+                    ledger_id=req.ledger_id,
+                    entry_id=eid,
+                    lac=info.lac,
+                    entry=data,
+                )
+            )
+        )
+
+    def _wake(self, ledger_id: int) -> None:
+        info = self.ledgers.get(ledger_id)
+        waiters = self._waiters.get(ledger_id)
+        if info is None or not waiters:
+            return
+        keep = []
+        for w in waiters:
+            if w.done:
+                continue
+            if info.lac > w.request.previous_lac:
+                w.done = True
+                if w.handle is not None and hasattr(w.handle, "cancel"):
+                    w.handle.cancel()
+                self._answer_read(w.request, w.reply)
+            else:
+                keep.append(w)
+        if keep:
+            self._waiters[ledger_id] = keep
+        else:
+            del self._waiters[ledger_id]
+
+    def _expire(self, ledger_id: int, w: _Waiter) -> None:
+        if w.done:
+            return
+        w.done = True
+        waiters = self._waiters.get(ledger_id, [])
+        if w in waiters:
+            waiters.remove(w)
+            if not waiters:
+                del self._waiters[ledger_id]
+        self._answer_read(w.request, w.reply)
+
+    def _read_lac(self, req: p.ReadLacRequest, reply: Reply) -> None:
+        info = self.ledgers.get(req.ledger_id)
+        if not self._check_key(info, req.master_key):
+            status = p.Status.UNAUTHORIZED
+        elif info is None:
+            status = p.Status.NO_LEDGER
+        else:
+            status = p.Status.OK
+        reply(
+            p.encode(
+                p.ReadLacResponse(
+                    request_id=req.request_id,
+                    status=status,
+                    ledger_id=req.ledger_id,
+                    lac=info.lac if info and status == p.Status.OK else -1,
+                    explicit_lac=info.explicit_lac if info and status == p.Status.OK else -1,
+                    lac_blob=info.lac_blob if info and status == p.Status.OK else b"",
+                )
+            )
+        )
+
+    def _write_lac(self, req: p.WriteLacRequest, reply: Reply) -> None:
+        info = self.ledgers.get(req.ledger_id)
+
+        def resp(status: p.Status) -> None:
+            reply(
+                p.encode(
+                    p.WriteLacResponse(request_id=req.request_id, status=status, ledger_id=req.ledger_id)
+                )
+            )
+
+        if not self._check_key(info, req.master_key):
+            return resp(p.Status.UNAUTHORIZED)
+        if info is None:
+            return resp(p.Status.NO_LEDGER)
+        if self.readonly:
+            return resp(p.Status.READONLY)
+        ledger_info = info
+
+        def done(exc: BaseException | None) -> None:
+            if exc is not None:
+                self._journal_failed(exc)
+                return resp(p.Status.INTERNAL)
+            if req.lac > ledger_info.explicit_lac:
+                ledger_info.explicit_lac = req.lac
+                ledger_info.lac_blob = req.lac_blob
+                self._commit_ledgers[req.ledger_id] = ledger_info
+            self._queue_commit(
+                reply,
+                p.encode(
+                    p.WriteLacResponse(request_id=req.request_id, status=p.Status.OK, ledger_id=req.ledger_id)
+                ),
+            )
+
+        data = req.lac.to_bytes(8, "big", signed=True) + req.lac_blob
+        self.journal_append(REC_EXPLICIT_LAC, req.ledger_id, -1, data, done)
+
+    def _read_range(self, req: p.ReadRangeRequest, reply: Reply) -> None:
+        info = self.ledgers.get(req.ledger_id)
+
+        def resp(status: p.Status, entries: tuple[bytes, ...] = ()) -> None:
+            reply(
+                p.encode(
+                    p.ReadRangeResponse(
+                        request_id=req.request_id,
+                        status=status,
+                        ledger_id=req.ledger_id,
+                        first_entry_id=req.first_entry_id,
+                        entries=entries,
+                    )
+                )
+            )
+
+        if not self._check_key(info, req.master_key):
+            return resp(p.Status.UNAUTHORIZED)
+        if info is None:
+            return resp(p.Status.NO_LEDGER)
+        if req.first_entry_id < 0 or req.last_entry_id < req.first_entry_id:
+            return resp(p.Status.BAD_REQUEST)
+        max_bytes = min(req.max_bytes, p.READ_RANGE_BYTES_MAX)
+        last = min(req.last_entry_id, info.last_entry_id)
+        self._flush_commit_if_needed(req.ledger_id)
+        entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes)
+        if not entries:
+            return resp(p.Status.NO_ENTRY)
+        self.stats.reads += 1
+        self.stats.read_bytes += sum(map(len, entries))
+        resp(p.Status.OK, tuple(entries))
+
+    def _flush_commit_if_needed(self, ledger_id: int) -> None:
+        if self._uncommitted:
+            self._flush_commit()
+
+    # ------------------------------------------------------------------------------------------ admin
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Garbage-collect a ledger deleted from metadata."""
+        self.ledgers.pop(ledger_id, None)
+        self._fence_durable.discard(ledger_id)
+        self._commit_ledgers.pop(ledger_id, None)
+        self._commit_entries = [e for e in self._commit_entries if e[0] != ledger_id]
+        for key in [k for k in self._uncommitted if k[0] == ledger_id]:
+            del self._uncommitted[key]
+        self.storage.delete_ledger(ledger_id)
+
+    def flush_pending(self) -> None:
+        """Write everything durable to storage now (before a checkpoint)."""
+        self._flush_commit()
+
+
+def _ignore(exc: BaseException | None) -> None:
+    if exc is not None:
+        log.error("journal record failed: %s", exc)
+
+
+def _is_enospc(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _read_resp(
+    req: p.ReadEntryRequest, status: p.Status, *, lac: int = -1, entry_id: int | None = None
+) -> bytes:
+    return p.encode(
+        p.ReadEntryResponse(
+            request_id=req.request_id,
+            status=status,
+            ledger_id=req.ledger_id,
+            entry_id=req.entry_id if entry_id is None else entry_id,
+            lac=lac,
+        )
+    )

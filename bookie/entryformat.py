@@ -1,0 +1,129 @@
+"""Entry format: built by the client, stored by bookies as given, verified by readers.
+
+Layout (big-endian)::
+
+    u64 ledger_id | i64 entry_id | i64 lac (LAC at send time) | u64 length (cumulative ledger length)
+    digest (DIGEST_LEN[type] bytes, over header + payload)
+    payload
+
+Bookies only look at the header (``peek_header``) to learn the piggybacked LAC; they never check digests.
+The explicit-LAC blob written by WRITE_LAC is ``u64 ledger_id | i64 lac | digest``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+import zlib
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+HEADER = struct.Struct(">QqqQ")
+HEADER_LEN = HEADER.size  # 32
+_LAC_BLOB = struct.Struct(">Qq")
+
+
+class DigestType(enum.Enum):
+    CRC32C = "CRC32C"
+    CRC32 = "CRC32"
+    HMAC = "HMAC"  # HMAC-SHA256 keyed by the master key
+    DUMMY = "DUMMY"
+
+
+DIGEST_LEN = {DigestType.CRC32C: 4, DigestType.CRC32: 4, DigestType.HMAC: 32, DigestType.DUMMY: 0}
+
+
+class DigestMismatchError(ValueError):
+    """An entry whose digest does not match its bytes (corruption or a wrong digest type/key)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EntryHeader:
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+
+
+def peek_header(entry: bytes | memoryview) -> EntryHeader:
+    if len(entry) < HEADER_LEN:
+        raise ValueError(f"entry of {len(entry)} bytes is shorter than its {HEADER_LEN}-byte header")
+    lid, eid, lac, length = HEADER.unpack_from(entry)
+    return EntryHeader(ledger_id=lid, entry_id=eid, lac=lac, length=length)
+
+
+def peek_lac(entry: bytes | memoryview) -> int:
+    """The LAC piggybacked in an entry (bookie fast path; -1 when the entry is too short to carry one)."""
+    if len(entry) < HEADER_LEN:
+        return -1
+    return int(struct.unpack_from(">q", entry, 16)[0])
+
+
+def _digest(kind: DigestType, key: bytes, data: bytes) -> bytes:
+    if kind is DigestType.CRC32C:
+        return _crc32c.crc32c(data).to_bytes(4, "big")
+    if kind is DigestType.CRC32:
+        return zlib.crc32(data).to_bytes(4, "big")
+    if kind is DigestType.HMAC:
+        return hmac.new(key, data, hashlib.sha256).digest()
+    return b""
+
+
+class EntryCodec:
+    """Builds and verifies entries of one ledger (one digest type and key)."""
+
+    __slots__ = ("ledger_id", "digest_type", "key", "_dlen")
+
+    def __init__(self, ledger_id: int, digest_type: DigestType, key: bytes = b"") -> None:
+        self.ledger_id = ledger_id
+        self.digest_type = digest_type
+        self.key = key
+        self._dlen = DIGEST_LEN[digest_type]
+
+    def build(self, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+        header = HEADER.pack(self.ledger_id, entry_id, lac, length)
+        if self.digest_type is DigestType.CRC32C:
+            # crc32c is incremental: digest(header + payload) without concatenating first.
+            c = _crc32c.crc32c(payload, _crc32c.crc32c(header))
+            return b"".join((header, c.to_bytes(4, "big"), payload))
+        d = _digest(self.digest_type, self.key, header + payload)
+        return b"".join((header, d, payload))
+
+    def verify(self, entry: bytes, expected_entry_id: int | None = None) -> tuple[EntryHeader, bytes]:
+        """Return (header, payload) or raise DigestMismatchError."""
+        n = HEADER_LEN + self._dlen
+        if len(entry) < n:
+            raise DigestMismatchError(f"entry of {len(entry)} bytes is shorter than header+digest ({n})")
+        lid, eid, lac, length = HEADER.unpack_from(entry)
+        if lid != self.ledger_id:
+            raise DigestMismatchError(f"entry belongs to ledger {lid}, expected {self.ledger_id}")
+        if expected_entry_id is not None and eid != expected_entry_id:
+            raise DigestMismatchError(f"entry id {eid}, expected {expected_entry_id}")
+        mv = memoryview(entry)
+        got = bytes(mv[HEADER_LEN:n])
+        payload = bytes(mv[n:])
+        if self.digest_type is DigestType.CRC32C:
+            want = _crc32c.crc32c(payload, _crc32c.crc32c(mv[:HEADER_LEN])).to_bytes(4, "big")
+        else:
+            want = _digest(self.digest_type, self.key, bytes(mv[:HEADER_LEN]) + payload)
+        if not hmac.compare_digest(got, want):
+            raise DigestMismatchError(f"digest mismatch for ledger {lid} entry {eid}")
+        return EntryHeader(ledger_id=lid, entry_id=eid, lac=lac, length=length), payload
+
+    def build_lac(self, lac: int) -> bytes:
+        body = _LAC_BLOB.pack(self.ledger_id, lac)
+        return body + _digest(self.digest_type, self.key, body)
+
+    def verify_lac(self, blob: bytes) -> int:
+        n = _LAC_BLOB.size
+        if len(blob) != n + self._dlen:
+            raise DigestMismatchError("explicit LAC blob of wrong size")
+        lid, lac = _LAC_BLOB.unpack_from(blob)
+        if lid != self.ledger_id or not hmac.compare_digest(
+            blob[n:], _digest(self.digest_type, self.key, blob[:n])
+        ):
+            raise DigestMismatchError("explicit LAC blob digest mismatch")
+        return int(lac)

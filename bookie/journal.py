@@ -1,0 +1,878 @@
+"""The bookie journal: an append-only, group-committed write-ahead log.
+
+Every add (and every master key, fence and explicit LAC) is appended here and acknowledged only after its
+record is fsynced; ledger storage (RocksDB, WAL off) is made durable lazily and a checkpoint then lets the
+journal forget everything before a mark.
+
+On-disk format (all integers big-endian)
+----------------------------------------
+Segment files ``<directory>/<16 lower-case hex digits seq>.jnl``, ``seq`` starting at 1 and increasing by one
+per segment (a gap is corruption). A new segment is created by every ``start()`` and on rotation. Each file
+starts with a 16-byte header::
+
+    b"LSJN" | u16 version (1) | u16 reserved (0) | u64 seq        (seq must match the file name)
+
+followed by records::
+
+    u32 body_len | u32 crc32c(type byte + body) | u8 type | body
+
+    ENTRY=1         body: u64 ledger_id | i64 entry_id | entry bytes
+    MASTER_KEY=2    body: u64 ledger_id | key bytes
+    FENCE=3         body: u64 ledger_id                (| data, normally empty)
+    EXPLICIT_LAC=4  body: u64 ledger_id | i64 lac      | blob bytes
+
+New types either carry ``u64 ledger_id | i64 id | data`` (add them to ``_WITH_ID``) or ``u64 ledger_id | data``.
+A record with a valid CRC but an unknown type stops replay with ``JournalError`` (written by a newer version).
+
+``<directory>/lastmark`` (written atomically: temp file + fsync + rename + directory fsync)::
+
+    b"LSJM" | u16 version (1) | u16 reserved | u64 seq | u64 offset | u32 crc32c(of the preceding 24 bytes)
+
+Replay and crash rules
+----------------------
+Replay yields every whole record at or after the persisted mark, in order. A short or CRC-failing record in
+the *last* segment is a torn tail (a batch that was being written when the process or machine died, never
+acknowledged): replay stops there, truncates the file to the last whole record and fsyncs it. The same in any
+older segment raises ``JournalCorruptError``: those records were acknowledged. A last segment holding no more
+than a partial header is a segment whose creation was interrupted (nothing in it was ever acknowledged) and
+is deleted. Segments wholly before the mark are deleted by replay too, so a crash between writing the mark
+and deleting segments is finished on the next start.
+
+Group commit
+------------
+``append`` adds the record to an in-memory ``bytearray`` and its callback to a list; nothing else happens per
+record. A batch is handed to a dedicated single-thread executor (``pwrite`` + ``fdatasync``, which release the
+GIL) when the oldest waiting record has waited ``max_wait_ms`` (one ``call_at`` timer per batch; ``0`` means
+"at the next loop iteration") or ``flush_bytes`` are buffered. Only one batch is in flight at a time; records
+appended meanwhile form the next batch, which starts as soon as the previous one completes if its oldest
+record is already due, so under load there is always one fsync in flight and the batch size adapts.
+Callbacks run on the event loop, in append order, after the batch's fsync returned.
+
+Errors: if a batch's write or fsync fails, the file is truncated back to the last good offset (and fsynced),
+and ``done(exc)`` is called for every record of that batch *and* for every record appended before the failure
+was observed on the loop (they would follow a hole). Records appended afterwards are tried again normally, so
+the journal recovers by itself once, e.g., space is freed. If even the truncation fails, every later batch
+first retries it and fails with the error until it succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import logging
+import os
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import crc32c as _crc32c_mod
+
+__all__ = [
+    "Journal",
+    "JournalClosedError",
+    "JournalCorruptError",
+    "JournalError",
+    "JournalMark",
+    "JournalRecord",
+    "RecordType",
+    "SEGMENT_HEADER_LEN",
+    "bench_journal",
+    "bench_journal_async",
+]
+
+logger = logging.getLogger(__name__)
+
+_crc = _crc32c_mod.crc32c
+
+SEGMENT_MAGIC = b"LSJN"
+SEGMENT_VERSION = 1
+_SEG_HDR = struct.Struct(">4sHHQ")
+SEGMENT_HEADER_LEN = _SEG_HDR.size  # 16
+
+_MARK_MAGIC = b"LSJM"
+_MARK_VERSION = 1
+_MARK = struct.Struct(">4sHHQQ")
+_MARK_CRC = struct.Struct(">I")
+MARK_FILE = "lastmark"
+
+_LEN_CRC = struct.Struct(">II")  # body_len, crc
+_REC_HDR = struct.Struct(">IIB")  # body_len, crc, type
+_REC_HDR_LEN = _REC_HDR.size  # 9
+_ID_PREFIX = struct.Struct(">BQq")  # type, ledger_id, id
+_LEDGER_PREFIX = struct.Struct(">BQ")  # type, ledger_id
+_LEDGER_ID = struct.Struct(">Qq")
+_LEDGER = struct.Struct(">Q")
+
+_SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
+_READ_CHUNK = 1 << 20
+
+
+class RecordType(enum.IntEnum):
+    ENTRY = 1
+    MASTER_KEY = 2
+    FENCE = 3
+    EXPLICIT_LAC = 4
+
+
+# record types whose body is ``u64 ledger_id | i64 id | data`` (the others: ``u64 ledger_id | data``)
+_WITH_ID: frozenset[int] = frozenset({RecordType.ENTRY, RecordType.EXPLICIT_LAC})
+_TYPES: dict[int, RecordType] = {int(t): t for t in RecordType}
+
+
+class JournalError(Exception):
+    """Base class of journal errors."""
+
+
+class JournalCorruptError(JournalError):
+    """Acknowledged journal data is damaged or missing (never silently dropped)."""
+
+
+class JournalClosedError(JournalError):
+    """An append on a journal that is closing or closed."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JournalRecord:
+    type: RecordType
+    ledger_id: int
+    entry_id: int  # -1 for types without an id
+    data: bytes
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class JournalMark:
+    """A position in the journal: segment ``seq`` and byte ``offset`` in it (ordered by (seq, offset))."""
+
+    seq: int
+    offset: int
+
+
+Done = Callable[[BaseException | None], None]
+
+_NEW, _RUNNING, _CLOSING, _CLOSED = range(4)
+
+
+def _no_fsync(fd: int) -> None:
+    return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _no_fsync_dir(path: Path) -> None:
+    return None
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
+    with memoryview(data) as mv:
+        n = len(mv)
+        pos = 0
+        while pos < n:
+            pos += os.pwrite(fd, mv[pos:], offset + pos)
+
+
+class _SegmentScan:
+    """Iterates the whole records of one segment from ``start``; afterwards ``end`` is the offset just after
+    the last whole record and ``problem`` describes what stopped the scan early (None at a clean end)."""
+
+    def __init__(self, path: Path, start: int) -> None:
+        self.path = path
+        self.start = start
+        self.end = start
+        self.problem: str | None = None
+
+    def __iter__(self) -> Iterator[JournalRecord]:
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(self.start)
+            buf = b""
+            pos = 0  # parse position in buf
+            base = self.start  # file offset of buf[0]
+            eof = False
+            mv = memoryview(buf)
+            while True:
+                if len(buf) - pos < _REC_HDR_LEN and not eof:
+                    buf, base, eof = self._refill(f, buf, pos, base, _REC_HDR_LEN)
+                    pos = 0
+                    mv = memoryview(buf)
+                avail = len(buf) - pos
+                if avail == 0:
+                    return
+                if avail < _REC_HDR_LEN:
+                    self.problem = f"short record header ({avail} of {_REC_HDR_LEN} bytes)"
+                    return
+                blen, crc, rtype = _REC_HDR.unpack_from(buf, pos)
+                need = _REC_HDR_LEN + blen
+                if base + pos + need > size:
+                    self.problem = f"short record ({size - base - pos} of {need} bytes)"
+                    return
+                if avail < need and not eof:
+                    buf, base, eof = self._refill(f, buf, pos, base, need)
+                    pos = 0
+                    mv = memoryview(buf)
+                    avail = len(buf)
+                if avail < need:
+                    self.problem = f"short record ({avail} of {need} bytes)"
+                    return
+                body = pos + _REC_HDR_LEN
+                end = body + blen
+                if _crc(mv[pos + 8 : end]) != crc:
+                    self.problem = "crc mismatch"
+                    return
+                t = _TYPES.get(rtype)
+                if t is None:
+                    raise JournalError(
+                        f"{self.path}: unknown record type {rtype} at offset {base + pos} "
+                        "(written by a newer version?)"
+                    )
+                if rtype in _WITH_ID:
+                    if blen < 16:
+                        self.problem = f"{t.name} record body of {blen} bytes is too short"
+                        return
+                    lid, eid = _LEDGER_ID.unpack_from(buf, body)
+                    data = bytes(mv[body + 16 : end])
+                else:
+                    if blen < 8:
+                        self.problem = f"{t.name} record body of {blen} bytes is too short"
+                        return
+                    (lid,) = _LEDGER.unpack_from(buf, body)
+                    eid = -1
+                    data = bytes(mv[body + 8 : end])
+                pos = end
+                self.end = base + pos
+                yield JournalRecord(type=t, ledger_id=lid, entry_id=eid, data=data)
+
+    @staticmethod
+    def _refill(f: Any, buf: bytes, pos: int, base: int, need: int) -> tuple[bytes, int, bool]:
+        rest = buf[pos:]
+        base += pos
+        parts = [rest]
+        have = len(rest)
+        eof = False
+        while have < need:
+            chunk = f.read(max(_READ_CHUNK, need - have))
+            if not chunk:
+                eof = True
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        return b"".join(parts), base, eof
+
+
+class Journal:
+    """See the module docstring. Replay (synchronous) before ``start()``; then append from the loop thread.
+
+    ``directory`` is the journal directory itself (segments and ``lastmark`` live directly in it).
+    ``on_sync(bytes, fsync_seconds)`` runs on the event loop after each successful batch. ``fsync=False``
+    skips every fsync (tests, benchmarks; nothing is durable then). Tests may replace ``_fsync`` (called with
+    a segment fd from the writer thread) and ``_fsync_dir`` (called with the directory path).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_wait_ms: float = 1.0,
+        flush_bytes: int = 512 * 1024,
+        segment_bytes: int = 256 * 1024 * 1024,
+        fsync: bool = True,
+        on_sync: Callable[[int, float], None] | None = None,
+    ) -> None:
+        if max_wait_ms < 0:
+            raise ValueError("max_wait_ms must be >= 0")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._max_wait = max_wait_ms / 1000.0
+        self._flush_bytes = max(1, int(flush_bytes))
+        self._segment_bytes = max(SEGMENT_HEADER_LEN + 1, int(segment_bytes))
+        self._fsync_enabled = fsync
+        # overridable (tests inject hooks): fsync of a segment fd, fsync of the directory
+        self._fsync: Callable[[int], None] = os.fdatasync if fsync else _no_fsync
+        self._fsync_dir: Callable[[Path], None] = _fsync_dir if fsync else _no_fsync_dir
+        self._on_sync = on_sync
+        self.stats: dict[str, float] = {
+            "records": 0,  # records acknowledged (done(None))
+            "bytes": 0,  # bytes written and synced
+            "syncs": 0,  # batches written and fsynced
+            "failed_records": 0,
+            "failed_syncs": 0,
+            "last_fsync_s": 0.0,
+            "max_fsync_s": 0.0,
+            "total_fsync_s": 0.0,
+            "last_batch_records": 0,
+            "max_batch_records": 0,
+            "segments_created": 0,
+            "segments_deleted": 0,
+            "torn_tails": 0,
+        }
+        self._state = _NEW
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        # loop-thread state
+        self._buf = bytearray()
+        self._cbs: list[Done] = []
+        self._oldest = 0.0  # loop time of the oldest record in _buf
+        self._timer: asyncio.TimerHandle | None = None
+        self._io_busy = False
+        self._appended = 0
+        self._finished = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # writer-thread state (touched by the loop only while no batch is in flight)
+        self._fd = -1
+        self._seq = 0
+        self._offset = 0
+        self._broken: BaseException | None = None
+        # replay / checkpoint
+        self._ckpt_lock = threading.Lock()
+        self._persisted = self._load_mark()
+        self._mark = self._persisted
+        self._replayed = False
+        self._next_seq = max(1, self._persisted.seq + 1)
+
+    # ------------------------------------------------------------------ files
+
+    def _seg_path(self, seq: int) -> Path:
+        return self.directory / f"{seq:016x}.jnl"
+
+    def _list_segments(self) -> list[int]:
+        seqs = []
+        for name in os.listdir(self.directory):
+            m = _SEGMENT_NAME.match(name)
+            if m:
+                seqs.append(int(m.group(1), 16))
+        seqs.sort()
+        return seqs
+
+    def _load_mark(self) -> JournalMark:
+        path = self.directory / MARK_FILE
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return JournalMark(0, 0)
+        if len(raw) != _MARK.size + _MARK_CRC.size:
+            raise JournalCorruptError(f"{path}: {len(raw)} bytes, expected {_MARK.size + _MARK_CRC.size}")
+        magic, version, _, seq, offset = _MARK.unpack_from(raw)
+        (crc,) = _MARK_CRC.unpack_from(raw, _MARK.size)
+        if magic != _MARK_MAGIC or _crc(raw[: _MARK.size]) != crc:
+            raise JournalCorruptError(f"{path}: bad magic or checksum")
+        if version != _MARK_VERSION:
+            raise JournalError(f"{path}: unsupported version {version}")
+        return JournalMark(seq, offset)
+
+    def _write_mark(self, mark: JournalMark) -> None:
+        raw = _MARK.pack(_MARK_MAGIC, _MARK_VERSION, 0, mark.seq, mark.offset)
+        raw += _MARK_CRC.pack(_crc(raw))
+        tmp = self.directory / (MARK_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            _pwrite_all(fd, raw, 0)
+            if self._fsync_enabled:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.directory / MARK_FILE)
+        self._fsync_dir(self.directory)
+
+    def _check_header(self, path: Path, seq: int) -> str | None:
+        """None if the segment header is valid, else what is wrong with it."""
+        with open(path, "rb") as f:
+            raw = f.read(SEGMENT_HEADER_LEN)
+        if len(raw) < SEGMENT_HEADER_LEN:
+            return f"short segment header ({len(raw)} bytes)"
+        magic, version, _, hseq = _SEG_HDR.unpack(raw)
+        if magic != SEGMENT_MAGIC:
+            return f"bad segment magic {magic!r}"
+        if version != SEGMENT_VERSION:
+            raise JournalError(f"{path}: unsupported segment version {version}")
+        if hseq != seq:
+            return f"header seq {hseq} does not match the file name"
+        return None
+
+    def _delete_segment(self, seq: int) -> None:
+        try:
+            os.unlink(self._seg_path(seq))
+            self.stats["segments_deleted"] += 1
+        except FileNotFoundError:
+            pass
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self) -> Iterator[JournalRecord]:
+        """Yield every whole record after the checkpoint mark, in order (see the module docstring)."""
+        if self._state != _NEW:
+            raise RuntimeError("replay() must run before start()")
+        mark = self._persisted
+        segs = self._list_segments()
+        for seq in [s for s in segs if s < mark.seq]:  # finish an interrupted checkpoint
+            self._delete_segment(seq)
+        segs = [s for s in segs if s >= mark.seq]
+        if mark.seq and (not segs or segs[0] != mark.seq):
+            raise JournalCorruptError(
+                f"{self.directory}: segment {mark.seq:016x}.jnl holding the checkpoint mark {mark} is missing"
+            )
+        for a, b in zip(segs, segs[1:], strict=False):
+            if b != a + 1:
+                raise JournalCorruptError(
+                    f"{self.directory}: segments {a + 1:016x}..{b - 1:016x} are missing"
+                )
+        end = mark
+        next_seq = max(self._next_seq, (segs[-1] + 1) if segs else 1)
+        for i, seq in enumerate(segs):
+            last = i == len(segs) - 1
+            path = self._seg_path(seq)
+            size = path.stat().st_size
+            bad = self._check_header(path, seq)
+            if bad is not None:
+                if last and size <= SEGMENT_HEADER_LEN and seq != mark.seq:
+                    logger.warning("journal: %s: %s; deleting the unfinished segment", path, bad)
+                    self._delete_segment(seq)
+                    self._fsync_dir(self.directory)
+                    continue
+                raise JournalCorruptError(f"{path}: {bad}")
+            start = mark.offset if seq == mark.seq else SEGMENT_HEADER_LEN
+            start = max(start, SEGMENT_HEADER_LEN)
+            if start > size:
+                raise JournalCorruptError(f"{path}: {size} bytes, shorter than the checkpoint mark {mark}")
+            scan = _SegmentScan(path, start)
+            yield from scan
+            if scan.problem is not None:
+                if not last:
+                    raise JournalCorruptError(
+                        f"{path}: {scan.problem} at offset {scan.end} (not the last segment)"
+                    )
+                logger.warning(
+                    "journal: %s: torn tail (%s) at offset %d of %d; truncating to %d",
+                    path,
+                    scan.problem,
+                    scan.end,
+                    size,
+                    scan.end,
+                )
+                self.stats["torn_tails"] += 1
+            if last:
+                # cut a torn tail, and make what replay saw durable before a later segment is acknowledged
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    if scan.problem is not None:
+                        os.ftruncate(fd, scan.end)
+                    self._fsync(fd)
+                finally:
+                    os.close(fd)
+            end = JournalMark(seq, scan.end)
+        self._mark = end
+        self._next_seq = next_seq
+        self._replayed = True
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Open a new segment for appends (runs a positioning replay first if replay() was not drained)."""
+        if self._state != _NEW:
+            raise RuntimeError("journal already started")
+        if not self._replayed:
+            for _ in self.replay():
+                pass
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        seq = self._next_seq
+        await loop.run_in_executor(self._executor, self._io_open, seq)
+        self._mark = JournalMark(seq, SEGMENT_HEADER_LEN)
+        self._state = _RUNNING
+
+    async def flush(self) -> None:
+        """Write and fsync everything appended so far now; return when all their callbacks have run.
+
+        Write errors are reported through the records' callbacks (and ``stats``), not raised here."""
+        if self._state not in (_RUNNING, _CLOSING):
+            return
+        target = self._appended
+        if self._finished >= target:
+            return
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append((target, fut))
+        if not self._io_busy and self._buf:
+            self._start_batch()
+        await fut
+
+    async def close(self) -> None:
+        """Flush, fsync and close the current segment. Later appends fail with JournalClosedError."""
+        if self._state == _NEW:
+            self._state = _CLOSED
+            return
+        if self._state != _RUNNING:
+            return
+        self._state = _CLOSING
+        await self.flush()
+        assert self._loop is not None and self._executor is not None
+        await self._loop.run_in_executor(self._executor, self._io_close)
+        self._executor.shutdown(wait=False)
+        self._state = _CLOSED
+
+    @property
+    def mark(self) -> JournalMark:
+        """Position just after the last fsynced record (segment seq, offset)."""
+        return self._mark
+
+    @property
+    def persisted_mark(self) -> JournalMark:
+        """The last checkpointed mark (where the next replay starts)."""
+        return self._persisted
+
+    @property
+    def pending_records(self) -> int:
+        """Records appended but not yet acknowledged or failed."""
+        return self._appended - self._finished
+
+    def checkpoint(self, mark: JournalMark) -> None:
+        """Everything up to ``mark`` is durable elsewhere: persist the mark, delete older segments.
+
+        Thread-safe; idempotent; a mark older than the persisted one only re-runs the deletion."""
+        with self._ckpt_lock:
+            if mark > self._mark:
+                raise ValueError(f"checkpoint mark {mark} is beyond the journal's mark {self._mark}")
+            if mark > self._persisted:
+                self._write_mark(mark)
+                self._persisted = mark
+            for seq in self._list_segments():
+                if seq < self._persisted.seq:
+                    self._delete_segment(seq)
+
+    # ------------------------------------------------------------------ append path (loop thread)
+
+    def append(
+        self,
+        rtype: RecordType,
+        ledger_id: int,
+        entry_id: int,
+        data: bytes,
+        done: Done,
+    ) -> None:
+        """Queue one record; ``done(None)`` runs on the loop once it (and all before it) is fsynced."""
+        if self._state != _RUNNING:
+            if self._loop is None:
+                raise RuntimeError("journal not started")
+            self._loop.call_soon(done, JournalClosedError("journal is closed"))
+            return
+        if rtype in _WITH_ID:
+            prefix = _ID_PREFIX.pack(rtype, ledger_id, entry_id)
+        else:
+            prefix = _LEDGER_PREFIX.pack(rtype, ledger_id)
+        head = _LEN_CRC.pack(len(prefix) - 1 + len(data), _crc(data, _crc(prefix)))
+        buf = self._buf
+        if not buf:
+            loop = self._loop
+            assert loop is not None
+            self._oldest = now = loop.time()
+            if not self._io_busy and self._timer is None:
+                self._timer = loop.call_at(now + self._max_wait, self._on_timer)
+        buf += head
+        buf += prefix
+        buf += data
+        self._cbs.append(done)
+        self._appended += 1
+        if len(buf) >= self._flush_bytes and not self._io_busy:
+            self._start_batch()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self._io_busy and self._buf:
+            self._start_batch()
+
+    def _start_batch(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        buf, cbs = self._buf, self._cbs
+        self._buf = bytearray()
+        self._cbs = []
+        self._io_busy = True
+        loop = self._loop
+        assert loop is not None
+        fut = loop.run_in_executor(self._executor, self._io_write, buf)
+        fut.add_done_callback(functools.partial(self._on_batch_done, cbs, len(buf)))
+
+    def _on_batch_done(
+        self, cbs: list[Done], nbytes: int, fut: asyncio.Future[tuple[int, int, float]]
+    ) -> None:
+        self._io_busy = False
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        st = self.stats
+        if exc is None:
+            seq, offset, dt = fut.result()
+            self._mark = JournalMark(seq, offset)
+            n = len(cbs)
+            st["records"] += n
+            st["bytes"] += nbytes
+            st["syncs"] += 1
+            st["last_fsync_s"] = dt
+            st["total_fsync_s"] += dt
+            if dt > st["max_fsync_s"]:
+                st["max_fsync_s"] = dt
+            st["last_batch_records"] = n
+            if n > st["max_batch_records"]:
+                st["max_batch_records"] = n
+            for cb in cbs:
+                try:
+                    cb(None)
+                except Exception:
+                    logger.exception("journal: completion callback failed")
+            if self._on_sync is not None:
+                try:
+                    self._on_sync(nbytes, dt)
+                except Exception:
+                    logger.exception("journal: on_sync hook failed")
+        else:
+            # fail the batch and everything appended before the failure was seen: they would follow a hole
+            failed = cbs
+            if self._cbs:
+                failed = cbs + self._cbs
+                self._buf = bytearray()
+                self._cbs = []
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+            n = len(failed)
+            st["failed_records"] += n
+            st["failed_syncs"] += 1
+            logger.error("journal: write/fsync failed (%s); failing %d records", exc, n)
+            for cb in failed:
+                try:
+                    cb(exc)
+                except Exception:
+                    logger.exception("journal: completion callback failed")
+        self._finished += n
+        if self._waiters:
+            done_upto = self._finished
+            keep = []
+            for target, w in self._waiters:
+                if target <= done_upto:
+                    if not w.done():
+                        w.set_result(None)
+                else:
+                    keep.append((target, w))
+            self._waiters = keep
+        self._maybe_next()
+
+    def _maybe_next(self) -> None:
+        if self._io_busy or not self._buf:
+            return
+        loop = self._loop
+        assert loop is not None
+        if (
+            self._waiters
+            or len(self._buf) >= self._flush_bytes
+            or loop.time() - self._oldest >= self._max_wait
+        ):
+            self._start_batch()
+        elif self._timer is None:
+            self._timer = loop.call_at(self._oldest + self._max_wait, self._on_timer)
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _create_segment(self, seq: int) -> int:
+        path = self._seg_path(seq)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            _pwrite_all(fd, _SEG_HDR.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, seq), 0)
+            self._fsync(fd)
+            self._fsync_dir(self.directory)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            raise
+        self.stats["segments_created"] += 1
+        return fd
+
+    def _io_open(self, seq: int) -> None:
+        self._fd = self._create_segment(seq)
+        self._seq = seq
+        self._offset = SEGMENT_HEADER_LEN
+
+    def _io_rotate(self) -> None:
+        # the current segment's records were all fsynced by their batches
+        fd = self._create_segment(self._seq + 1)
+        old = self._fd
+        self._fd = fd
+        self._seq += 1
+        self._offset = SEGMENT_HEADER_LEN
+        try:
+            os.close(old)
+        except OSError:
+            logger.exception("journal: closing the previous segment failed")
+
+    def _io_repair(self) -> None:
+        os.ftruncate(self._fd, self._offset)
+        self._fsync(self._fd)
+        self._broken = None
+
+    def _io_write(self, data: bytearray) -> tuple[int, int, float]:
+        if self._broken is not None:
+            self._io_repair()
+        if self._offset >= self._segment_bytes:
+            self._io_rotate()
+        fd = self._fd
+        start = self._offset
+        try:
+            _pwrite_all(fd, data, start)
+            t0 = time.perf_counter()
+            self._fsync(fd)
+            dt = time.perf_counter() - t0
+        except BaseException as exc:
+            try:
+                os.ftruncate(fd, start)
+                self._fsync(fd)
+            except BaseException:
+                self._broken = exc
+                logger.exception("journal: truncating %s back to %d failed", self._seg_path(self._seq), start)
+            raise
+        self._offset = start + len(data)
+        return self._seq, self._offset, dt
+
+    def _io_close(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            if self._broken is not None:
+                self._io_repair()
+            else:
+                self._fsync(self._fd)
+        except OSError:
+            logger.exception("journal: final fsync of %s failed", self._seg_path(self._seq))
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# ---------------------------------------------------------------------- micro-benchmark
+
+
+class _BenchState:
+    __slots__ = ("acked", "failed", "outstanding", "low", "wake", "latencies")
+
+    def __init__(self, low: int) -> None:
+        self.acked = 0
+        self.failed = 0
+        self.outstanding = 0
+        self.low = low
+        self.wake: asyncio.Event | None = None
+        self.latencies: list[float] = []
+
+    def done(self, exc: BaseException | None) -> None:
+        if exc is None:
+            self.acked += 1
+        else:
+            self.failed += 1
+        self.outstanding -= 1
+        if self.wake is not None and self.outstanding <= self.low:
+            self.wake.set()
+
+    def done_timed(self, t0: float, exc: BaseException | None) -> None:
+        self.latencies.append(time.perf_counter() - t0)
+        self.done(exc)
+
+
+async def bench_journal_async(
+    directory: Path | str,
+    n: int,
+    size: int,
+    *,
+    max_wait_ms: float = 1.0,
+    flush_bytes: int = 512 * 1024,
+    fsync: bool = True,
+    window: int = 4096,
+    burst: int = 64,
+    rate: float | None = None,
+) -> dict[str, float]:
+    """Append ``n`` ENTRY records of ``size`` bytes as fast as the loop allows (``burst`` per loop iteration,
+    at most ``window`` unacknowledged, like many pipelining clients) and report throughput and batching.
+
+    With ``rate`` (records/s) the appends are paced to that offered load instead, to measure latency at it."""
+    j = Journal(Path(directory), max_wait_ms=max_wait_ms, flush_bytes=flush_bytes, fsync=fsync)
+    for _ in j.replay():
+        pass
+    await j.start()
+    payload = os.urandom(size)
+    st = _BenchState(window // 2)
+    st.wake = asyncio.Event()
+    append = j.append
+    entry = RecordType.ENTRY
+    done = st.done
+    perf = time.perf_counter
+    t_start = perf()
+    i = 0
+    while i < n:
+        if st.outstanding >= window:
+            st.wake.clear()
+            await st.wake.wait()
+        k = min(burst, n - i)
+        if rate is not None:
+            k = min(k, int((perf() - t_start) * rate) + 1 - i)
+            if k <= 0:
+                await asyncio.sleep(0.0002)
+                continue
+        append(entry, 1, i, payload, functools.partial(st.done_timed, perf()))
+        for eid in range(i + 1, i + k):
+            append(entry, 1, eid, payload, done)
+        st.outstanding += k
+        i += k
+        await asyncio.sleep(0)
+    await j.flush()
+    elapsed = perf() - t_start
+    stats = dict(j.stats)
+    await j.close()
+    lat = sorted(st.latencies)
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000.0 if lat else 0.0
+
+    syncs = stats["syncs"] or 1
+    return {
+        "records": n,
+        "size": size,
+        "seconds": elapsed,
+        "records_per_s": n / elapsed if elapsed > 0 else 0.0,
+        "mib_per_s": n * size / elapsed / (1 << 20) if elapsed > 0 else 0.0,
+        "acked": st.acked,
+        "failed": st.failed,
+        "fsyncs": stats["syncs"],
+        "mean_batch_records": stats["records"] / syncs,
+        "mean_batch_kib": stats["bytes"] / syncs / 1024.0,
+        "max_batch_records": stats["max_batch_records"],
+        "fsync_mean_ms": stats["total_fsync_s"] / syncs * 1000.0,
+        "fsync_max_ms": stats["max_fsync_s"] * 1000.0,
+        "latency_p50_ms": pct(0.50),
+        "latency_p99_ms": pct(0.99),
+    }
+
+
+def bench_journal(
+    directory: Path | str, n: int, size: int, *, use_uvloop: bool = False, **kw: Any
+) -> dict[str, float]:
+    """Synchronous wrapper of ``bench_journal_async`` (runs its own event loop; uvloop if asked and installed)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if use_uvloop:
+        try:
+            import uvloop
+
+            factory = uvloop.new_event_loop
+        except ImportError:
+            factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(bench_journal_async(directory, n, size, **kw))

@@ -1,0 +1,378 @@
+"""Assembles a bookie process: cookie check, journal replay, storage, server, admin HTTP, registration.
+
+Start-up order matters for safety:
+
+1. verify the cookie (ZooKeeper and every data directory) — a wiped or swapped directory refuses to start,
+   because a bookie that lost its data but answers NO_ENTRY during recovery can make a ledger lose acked entries;
+2. replay the journal into ledger storage (every acked entry, fence and master key comes back), then checkpoint;
+3. listen, and only then register as available (or read-only) in ZooKeeper.
+
+Shutdown (SIGTERM/SIGINT) reverses it: unregister, stop serving, flush and close the journal, checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .core import BookieCore
+from .journal import Journal
+from .server import BookieServer, ServerLimits, admin_app, register_core_metrics
+from .storage import RocksLedgerStorage
+
+log = logging.getLogger("ledgerstore.bookie")
+
+EXIT_COOKIE_MISMATCH = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieConfig:
+    zk: str
+    data_dir: Path
+    zk_root: str = "/ledgerstore"
+    port: int = 3181
+    http_port: int = 8000
+    advertised_address: str = "127.0.0.1"
+    listen_address: str | None = None
+    bookie_id: str | None = None
+    journal_max_wait_ms: float = 1.0
+    fsync: bool = True
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm: float = 0.90
+    disk_check_interval_s: float = 1.0
+    gc_interval_s: float = 60.0
+    checkpoint_interval_s: float = 10.0
+    partial_frame_timeout_s: float = 30.0
+    inflight_max: int = 10_000
+
+    @property
+    def id(self) -> str:
+        return self.bookie_id or f"{self.advertised_address}:{self.port}"
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.data_dir / "journal"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.data_dir / "ledgers"
+
+
+class CookieRefusal(RuntimeError):
+    """The data directories do not belong to this bookie id / cluster (see the message)."""
+
+
+class Bookie:
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        self.store: Any = None
+        self.registry: Any = None
+        self.journal: Journal | None = None
+        self.storage: RocksLedgerStorage | None = None
+        self.core: BookieCore | None = None
+        self.server: BookieServer | None = None
+        self._http: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._registered_readonly: bool | None = None
+        self.started_at = time.time()
+        self.instance_id = ""
+
+    # ------------------------------------------------------------------------------------------ start
+    async def start(self) -> None:
+        cfg = self.config
+        cfg.journal_dir.mkdir(parents=True, exist_ok=True)
+        cfg.ledger_dir.mkdir(parents=True, exist_ok=True)
+        from zk import MetadataStore
+
+        self.store = await asyncio.to_thread(MetadataStore.connect, cfg.zk, root=cfg.zk_root)
+        await asyncio.to_thread(self._check_cookies)
+
+        loop = asyncio.get_running_loop()
+
+        def schedule(delay_s: float, fn: Any) -> Any:
+            return loop.call_soon(fn) if delay_s <= 0 else loop.call_later(delay_s, fn)
+
+        self.storage = RocksLedgerStorage(cfg.ledger_dir)
+        self.journal = Journal(
+            cfg.journal_dir,
+            max_wait_ms=cfg.journal_max_wait_ms,
+            fsync=cfg.fsync,
+            on_sync=self._on_sync,
+        )
+        self.core = BookieCore(
+            self.storage, self.journal.append, schedule, bookie_id=cfg.id, disk_info=self._disk_info
+        )
+        t0 = time.monotonic()
+        n = 0
+        for rec in self.journal.replay():
+            self.core.replay(int(rec.type), rec.ledger_id, rec.entry_id, rec.data)
+            n += 1
+        self.core.finish_replay()
+        await asyncio.to_thread(self.storage.flush)
+        await self.journal.start()
+        await asyncio.to_thread(self.journal.checkpoint, self.journal.mark)
+        log.info(
+            "bookie=%s replayed %d journal records in %.2fs; %d ledgers",
+            cfg.id,
+            n,
+            time.monotonic() - t0,
+            len(self.core.ledgers),
+        )
+        self.core.on_readonly_error = lambda exc: self._set_readonly(True, f"journal write failed: {exc}")
+        self._update_readonly(initial=True)
+
+        limits = ServerLimits(
+            inflight_max=cfg.inflight_max, partial_frame_timeout_s=cfg.partial_frame_timeout_s
+        )
+        self.server = BookieServer(self.core, limits)
+        journal = self.journal
+        register_core_metrics(self.server, lambda: journal.stats)
+        await self.server.listen(cfg.listen_address or cfg.advertised_address, cfg.port)
+        app = admin_app(self.server, self.info)
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        await web.TCPSite(self._http, cfg.listen_address or cfg.advertised_address, cfg.http_port).start()
+
+        from zk import BookieRegistry
+
+        self.registry = BookieRegistry(self.store)
+        await self._register()
+        self._tasks = [
+            asyncio.create_task(self._every(cfg.checkpoint_interval_s, self.checkpoint)),
+            asyncio.create_task(self._every(cfg.disk_check_interval_s, self._disk_check)),
+            asyncio.create_task(self._every(cfg.gc_interval_s, self.gc)),
+        ]
+        log.info(
+            "bookie=%s serving on %s:%d (admin http :%d), data in %s",
+            cfg.id,
+            cfg.listen_address or cfg.advertised_address,
+            cfg.port,
+            cfg.http_port,
+            cfg.data_dir,
+        )
+
+    def _check_cookies(self) -> None:
+        from zk import cookies
+
+        cfg = self.config
+        self.instance_id = cookies.instance_id(self.store, create=True)
+        expected = cookies.Cookie(
+            bookie_id=cfg.id,
+            journal_dir=str(cfg.journal_dir.resolve()),
+            ledger_dirs=(str(cfg.ledger_dir.resolve()),),
+            instance_id=self.instance_id,
+        )
+        zk_cookie = cookies.read_zk_cookie(self.store, cfg.id)
+        local = [cookies.read_local_cookie(cfg.journal_dir), cookies.read_local_cookie(cfg.ledger_dir)]
+        try:
+            verdict = cookies.verify_cookies(zk_cookie.value if zk_cookie else None, local, expected)
+        except cookies.CookieMismatchError as e:
+            raise CookieRefusal(str(e)) from None
+        if verdict == cookies.CookieVerdict.NEW:
+            cookies.write_zk_cookie(self.store, expected)
+            cookies.write_local_cookie(cfg.journal_dir, expected)
+            cookies.write_local_cookie(cfg.ledger_dir, expected)
+            log.info("bookie=%s new cookie written (instance %s)", cfg.id, self.instance_id)
+
+    # ------------------------------------------------------------------------------------------ running
+    def info(self) -> dict[str, Any]:
+        cfg = self.config
+        assert self.core is not None and self.journal is not None
+        free, total = self._disk_info()
+        return {
+            "bookie_id": cfg.id,
+            "address": f"{cfg.advertised_address}:{cfg.port}",
+            "http_port": cfg.http_port,
+            "readonly": self.core.readonly,
+            "ledgers": len(self.core.ledgers),
+            "data_dir": str(cfg.data_dir),
+            "disk_free_bytes": free,
+            "disk_total_bytes": total,
+            "instance_id": self.instance_id,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "journal": dict(self.journal.stats),
+        }
+
+    def _on_sync(self, nbytes: int, seconds: float) -> None:
+        if self.server is not None:
+            self.server.fsync_latency.observe(seconds)
+
+    def _disk_info(self) -> tuple[int, int]:
+        try:
+            du = shutil.disk_usage(self.config.data_dir)
+        except OSError:
+            return 0, 0
+        return du.free, du.total
+
+    def _disk_usage(self) -> float:
+        free, total = self._disk_info()
+        return 1.0 - free / total if total else 0.0
+
+    def _update_readonly(self, initial: bool = False) -> None:
+        assert self.core is not None
+        usage = self._disk_usage()
+        if not self.core.readonly and usage >= self.config.disk_usage_threshold:
+            self._set_readonly(True, f"disk usage {usage:.1%} >= {self.config.disk_usage_threshold:.0%}")
+        elif self.core.readonly and usage < self.config.disk_usage_lwm:
+            self._set_readonly(False, f"disk usage {usage:.1%} < {self.config.disk_usage_lwm:.0%}")
+
+    def _set_readonly(self, readonly: bool, why: str) -> None:
+        assert self.core is not None
+        if self.core.readonly != readonly:
+            log.warning(
+                "bookie=%s going %s: %s", self.config.id, "read-only" if readonly else "writable", why
+            )
+        self.core.readonly = readonly
+        if self.registry is not None and self._registered_readonly != readonly:
+            asyncio.get_running_loop().create_task(self._register())
+
+    async def _register(self) -> None:
+        assert self.core is not None
+        readonly = self.core.readonly
+        cfg = self.config
+        info = {
+            "address": f"{cfg.advertised_address}:{cfg.port}",
+            "http_port": cfg.http_port,
+            "readonly": readonly,
+        }
+        await asyncio.to_thread(self.registry.register, cfg.id, info, readonly)
+        self._registered_readonly = readonly
+
+    async def _disk_check(self) -> None:
+        self._update_readonly()
+
+    async def checkpoint(self) -> None:
+        """Flush ledger storage, then let the journal forget what storage now holds."""
+        assert self.core is not None and self.journal is not None and self.storage is not None
+        self.core.flush_pending()
+        mark = self.journal.mark
+        await asyncio.to_thread(self.storage.flush)
+        await asyncio.to_thread(self.journal.checkpoint, mark)
+
+    async def gc(self) -> None:
+        """Delete ledgers that no longer exist in metadata (snapshot local ids first, then read metadata)."""
+        assert self.core is not None
+        from zk import LedgerMetadataStore
+
+        local = set(self.core.ledgers)
+        if not local:
+            return
+        existing = set(await asyncio.to_thread(LedgerMetadataStore(self.store).list))
+        for lid in sorted(local - existing):
+            log.info("bookie=%s gc: deleting ledger %d (absent from metadata)", self.config.id, lid)
+            await asyncio.to_thread(self.core.delete_ledger, lid)
+
+    async def _every(self, period_s: float, fn: Any) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("bookie=%s periodic task %s failed", self.config.id, fn.__name__)
+
+    # ------------------------------------------------------------------------------------------ stop
+    async def stop(self) -> None:
+        cfg = self.config
+        log.info("bookie=%s shutting down", cfg.id)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.registry is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.registry.unregister, cfg.id)
+        if self.server is not None:
+            await self.server.close()
+        if self._http is not None:
+            await self._http.cleanup()
+        if self.journal is not None:
+            await self.journal.flush()
+            if self.core is not None:
+                self.core.flush_pending()
+            with contextlib.suppress(Exception):
+                await self.checkpoint()
+            await self.journal.close()
+        if self.storage is not None:
+            self.storage.close()
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.close)
+        log.info("bookie=%s stopped", cfg.id)
+
+
+def config_from_args(args: argparse.Namespace) -> BookieConfig:
+    return BookieConfig(
+        zk=args.zk,
+        zk_root=args.zk_root,
+        data_dir=args.data_dir,
+        port=args.port,
+        http_port=args.http_port,
+        advertised_address=args.advertised_address,
+        listen_address=args.listen_address,
+        bookie_id=args.bookie_id,
+        journal_max_wait_ms=args.journal_max_wait_ms,
+        fsync=not args.no_fsync,
+        disk_usage_threshold=args.disk_usage_threshold,
+        disk_usage_lwm=args.disk_usage_lwm,
+        gc_interval_s=args.gc_interval_s,
+        checkpoint_interval_s=args.checkpoint_interval_s,
+        partial_frame_timeout_s=args.partial_frame_timeout_s,
+        inflight_max=args.inflight_max,
+    )
+
+
+async def run_until_signalled(config: BookieConfig) -> int:
+    bookie = Bookie(config)
+    try:
+        await bookie.start()
+    except CookieRefusal as e:
+        log.error("bookie=%s refusing to start: cookie mismatch: %s", config.id, e)
+        await bookie.stop()
+        return EXIT_COOKIE_MISMATCH
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await bookie.stop()
+    return 0
+
+
+def install_uvloop() -> None:
+    if os.environ.get("LEDGERSTORE_NO_UVLOOP"):
+        return
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def serve(args: argparse.Namespace) -> int:
+    install_uvloop()
+    return asyncio.run(run_until_signalled(config_from_args(args)))
+
+
+def format_cookie(args: argparse.Namespace) -> int:
+    from zk import MetadataStore, cookies
+
+    store = MetadataStore.connect(args.zk, root=args.zk_root)
+    try:
+        cookies.delete_zk_cookie(store, args.bookie_id)
+    finally:
+        store.close()
+    print(f"cookie of bookie {args.bookie_id} deleted; start it on an empty data directory to register anew")
+    return 0

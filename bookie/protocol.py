@@ -1,0 +1,583 @@
+"""The bookie wire protocol: a pure codec (bytes in, messages out), shared by the bookie and the client.
+
+Every frame is::
+
+    u32 frame_len            bytes that follow this field (FRAME_HEADER.size .. FRAME_SIZE_MAX)
+    u8  version              PROTOCOL_VERSION
+    u8  op                   OpCode
+    u16 flags                Flag bits (requests) / 0 (responses)
+    u64 request_id           chosen by the client, echoed by the bookie
+    ... body                 per op and direction, see docs/protocol.md
+
+Requests and responses share the header; the direction is implied by who sends. All integers are big-endian.
+Entry ids and LACs are signed 64-bit (``-1`` = none / "last"). Master keys are ``MASTER_KEY_LEN`` bytes.
+
+:class:`FrameDecoder` is fed arbitrary chunks and yields whole messages; any malformed input raises
+:class:`ProtocolError` (and never anything else), after which the connection must be closed.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+PROTOCOL_VERSION = 1
+MASTER_KEY_LEN = 20
+ENTRY_SIZE_MAX = 5 * 1024 * 1024
+FRAME_SIZE_MAX = ENTRY_SIZE_MAX + 4096
+READ_RANGE_BYTES_MAX = 8 * 1024 * 1024
+
+_LEN = struct.Struct(">I")
+FRAME_HEADER = struct.Struct(">BBHQ")  # version, op, flags, request_id (after the u32 length)
+_HDR_FULL = struct.Struct(">IBBHQ")
+
+
+class ProtocolError(ValueError):
+    """A frame that cannot be decoded. The connection that sent it must be closed."""
+
+
+class OpCode(enum.IntEnum):
+    ADD_ENTRY = 1
+    READ_ENTRY = 2
+    READ_LAC = 3
+    WRITE_LAC = 4
+    READ_RANGE = 5
+    BOOKIE_INFO = 6
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    RECOVERY_ADD = 1  # ADD_ENTRY: bypass the fence (ledger recovery writes back entries)
+    FENCE = 2  # READ_ENTRY: fence the ledger (persisted before the reply)
+    LONG_POLL = 4  # READ_ENTRY -1: wait until LAC > previous_lac or timeout
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    NO_LEDGER = 1
+    NO_ENTRY = 2
+    FENCED = 3
+    UNAUTHORIZED = 4
+    READONLY = 5
+    TOO_MANY_REQUESTS = 6
+    BAD_REQUEST = 7
+    INTERNAL = 8
+
+
+LAST_ENTRY = -1  # READ_ENTRY entry id meaning "the last entry this bookie has" (with its LAC)
+
+
+def master_key(password: bytes) -> bytes:
+    """The ledger's master key, derived from its password (as BookKeeper: SHA-1 over "ledger" + password)."""
+    return hashlib.sha1(b"ledger" + password).digest()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Messages: small frozen dataclasses, keyword-only.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddEntryRequest:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    entry: bytes  # the client-built entry (header + digest + payload), stored as given
+    flags: int = 0
+
+    op = OpCode.ADD_ENTRY
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadEntryRequest:
+    request_id: int
+    ledger_id: int
+    entry_id: int  # LAST_ENTRY (-1) = the last entry and the LAC
+    master_key: bytes
+    flags: int = 0
+    previous_lac: int = -1  # LONG_POLL: answer once the LAC exceeds this
+    timeout_ms: int = 0  # LONG_POLL: answer anyway after this long
+
+    op = OpCode.READ_ENTRY
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadLacRequest:
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    flags: int = 0
+
+    op = OpCode.READ_LAC
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteLacRequest:
+    request_id: int
+    ledger_id: int
+    lac: int
+    master_key: bytes
+    lac_blob: bytes  # client-built, digest-protected encoding of the explicit LAC
+    flags: int = 0
+
+    op = OpCode.WRITE_LAC
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadRangeRequest:
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+    master_key: bytes
+    max_bytes: int = READ_RANGE_BYTES_MAX
+    flags: int = 0
+
+    op = OpCode.READ_RANGE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieInfoRequest:
+    request_id: int
+    flags: int = 0
+
+    op = OpCode.BOOKIE_INFO
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddEntryResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    entry_id: int
+
+    op = OpCode.ADD_ENTRY
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadEntryResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    entry_id: int
+    lac: int = -1  # the bookie's known LAC for the ledger
+    entry: bytes = b""  # the stored entry bytes when status is OK
+
+    op = OpCode.READ_ENTRY
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadLacResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    lac: int = -1  # max LAC piggybacked on stored entries
+    explicit_lac: int = -1
+    lac_blob: bytes = b""  # the last WRITE_LAC blob, if any
+
+    op = OpCode.READ_LAC
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteLacResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+
+    op = OpCode.WRITE_LAC
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadRangeResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    first_entry_id: int
+    entries: tuple[bytes, ...] = ()  # consecutive entries from first_entry_id, possibly fewer than asked
+
+    op = OpCode.READ_RANGE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieInfoResponse:
+    request_id: int
+    status: Status
+    free_bytes: int = 0
+    total_bytes: int = 0
+    readonly: bool = False
+    bookie_id: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    op = OpCode.BOOKIE_INFO
+
+
+Request = (
+    AddEntryRequest
+    | ReadEntryRequest
+    | ReadLacRequest
+    | WriteLacRequest
+    | ReadRangeRequest
+    | BookieInfoRequest
+)
+Response = (
+    AddEntryResponse
+    | ReadEntryResponse
+    | ReadLacResponse
+    | WriteLacResponse
+    | ReadRangeResponse
+    | BookieInfoResponse
+)
+
+# ---------------------------------------------------------------------------------------------------------
+# Body layouts.
+
+_KEY = f"{MASTER_KEY_LEN}s"
+_ADD_REQ = struct.Struct(f">Qq{_KEY}")  # ledger, entry, key; entry bytes follow
+_READ_REQ = struct.Struct(f">Qq{_KEY}qI")  # ledger, entry, key, previous_lac, timeout_ms
+_READ_LAC_REQ = struct.Struct(f">Q{_KEY}")
+_WRITE_LAC_REQ = struct.Struct(f">Qq{_KEY}")  # blob follows
+_READ_RANGE_REQ = struct.Struct(f">Qqq{_KEY}I")
+
+_ADD_RESP = struct.Struct(">BQq")  # status, ledger, entry
+_READ_RESP = struct.Struct(">BQqq")  # status, ledger, entry, lac; entry bytes follow
+_READ_LAC_RESP = struct.Struct(">BQqq")  # status, ledger, lac, explicit lac; blob follows
+_WRITE_LAC_RESP = struct.Struct(">BQ")
+_READ_RANGE_RESP = struct.Struct(">BQqI")  # status, ledger, first, count; then count x (u32 len, bytes)
+_BOOKIE_INFO_RESP = struct.Struct(
+    ">BQQBH"
+)  # status, free, total, readonly, id len; id, then u32 extra len + pairs
+_U32 = struct.Struct(">I")
+
+
+def _frame(op: int, flags: int, request_id: int, body: bytes) -> bytes:
+    n = FRAME_HEADER.size + len(body)
+    if n > FRAME_SIZE_MAX:
+        raise ProtocolError(f"frame of {n} bytes exceeds FRAME_SIZE_MAX={FRAME_SIZE_MAX}")
+    return _HDR_FULL.pack(n, PROTOCOL_VERSION, op, flags, request_id) + body
+
+
+def encode_add_request(
+    request_id: int, ledger_id: int, entry_id: int, key: bytes, entry: bytes, flags: int = 0
+) -> bytes:
+    """Fast path for the hottest message (no dataclass allocation)."""
+    n = FRAME_HEADER.size + _ADD_REQ.size + len(entry)
+    if n > FRAME_SIZE_MAX or len(key) != MASTER_KEY_LEN:
+        raise ProtocolError("add request too large or master key of wrong length")
+    return b"".join(
+        (
+            _HDR_FULL.pack(n, PROTOCOL_VERSION, OpCode.ADD_ENTRY, flags, request_id),
+            _ADD_REQ.pack(ledger_id, entry_id, key),
+            entry,
+        )
+    )
+
+
+def _check_key(key: bytes) -> None:
+    if len(key) != MASTER_KEY_LEN:
+        raise ProtocolError(f"master key must be {MASTER_KEY_LEN} bytes, got {len(key)}")
+
+
+def encode(msg: Request | Response) -> bytes:
+    """Encode one message into one frame."""
+    rid = msg.request_id
+    if isinstance(msg, AddEntryRequest):
+        return encode_add_request(rid, msg.ledger_id, msg.entry_id, msg.master_key, msg.entry, msg.flags)
+    if isinstance(msg, ReadEntryRequest):
+        _check_key(msg.master_key)
+        body = _READ_REQ.pack(msg.ledger_id, msg.entry_id, msg.master_key, msg.previous_lac, msg.timeout_ms)
+        return _frame(msg.op, msg.flags, rid, body)
+    if isinstance(msg, ReadLacRequest):
+        _check_key(msg.master_key)
+        return _frame(msg.op, msg.flags, rid, _READ_LAC_REQ.pack(msg.ledger_id, msg.master_key))
+    if isinstance(msg, WriteLacRequest):
+        _check_key(msg.master_key)
+        body = _WRITE_LAC_REQ.pack(msg.ledger_id, msg.lac, msg.master_key) + msg.lac_blob
+        return _frame(msg.op, msg.flags, rid, body)
+    if isinstance(msg, ReadRangeRequest):
+        _check_key(msg.master_key)
+        body = _READ_RANGE_REQ.pack(
+            msg.ledger_id, msg.first_entry_id, msg.last_entry_id, msg.master_key, msg.max_bytes
+        )
+        return _frame(msg.op, msg.flags, rid, body)
+    if isinstance(msg, BookieInfoRequest):
+        return _frame(msg.op, msg.flags, rid, b"")
+    if isinstance(msg, AddEntryResponse):
+        return encode_add_response(rid, msg.status, msg.ledger_id, msg.entry_id)
+    if isinstance(msg, ReadEntryResponse):
+        body = _READ_RESP.pack(msg.status, msg.ledger_id, msg.entry_id, msg.lac) + msg.entry
+        return _frame(msg.op, 0, rid, body)
+    if isinstance(msg, ReadLacResponse):
+        body = _READ_LAC_RESP.pack(msg.status, msg.ledger_id, msg.lac, msg.explicit_lac) + msg.lac_blob
+        return _frame(msg.op, 0, rid, body)
+    if isinstance(msg, WriteLacResponse):
+        return _frame(msg.op, 0, rid, _WRITE_LAC_RESP.pack(msg.status, msg.ledger_id))
+    if isinstance(msg, ReadRangeResponse):
+        parts = [_READ_RANGE_RESP.pack(msg.status, msg.ledger_id, msg.first_entry_id, len(msg.entries))]
+        for e in msg.entries:
+            parts.append(_U32.pack(len(e)))
+            parts.append(e)
+        return _frame(msg.op, 0, rid, b"".join(parts))
+    if isinstance(msg, BookieInfoResponse):
+        bid = msg.bookie_id.encode()
+        parts = [
+            _BOOKIE_INFO_RESP.pack(msg.status, msg.free_bytes, msg.total_bytes, int(msg.readonly), len(bid))
+        ]
+        parts.append(bid)
+        extra = b"\n".join(f"{k}={v}".encode() for k, v in sorted(msg.extra.items()))
+        parts.append(_U32.pack(len(extra)))
+        parts.append(extra)
+        return _frame(msg.op, 0, rid, b"".join(parts))
+    raise TypeError(f"not a protocol message: {msg!r}")
+
+
+_ADD_RESP_FRAME = struct.Struct(">IBBHQBQq")
+_ADD_RESP_LEN = FRAME_HEADER.size + _ADD_RESP.size
+
+
+def encode_add_response(request_id: int, status: int, ledger_id: int, entry_id: int) -> bytes:
+    return _ADD_RESP_FRAME.pack(
+        _ADD_RESP_LEN, PROTOCOL_VERSION, OpCode.ADD_ENTRY, 0, request_id, status, ledger_id, entry_id
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decoding.
+
+
+def _status(v: int) -> Status:
+    try:
+        return Status(v)
+    except ValueError:
+        raise ProtocolError(f"unknown status {v}") from None
+
+
+def _need(body: memoryview, n: int, what: str) -> None:
+    if len(body) < n:
+        raise ProtocolError(f"{what}: body of {len(body)} bytes, need at least {n}")
+
+
+def _exact(body: memoryview, n: int, what: str) -> None:
+    if len(body) != n:
+        raise ProtocolError(f"{what}: body of {len(body)} bytes, expected {n}")
+
+
+def decode_request(op: int, flags: int, rid: int, body: memoryview) -> Request:
+    if op == OpCode.ADD_ENTRY:
+        _need(body, _ADD_REQ.size, "ADD_ENTRY")
+        ledger, entry, key = _ADD_REQ.unpack_from(body)
+        return AddEntryRequest(
+            request_id=rid,
+            ledger_id=ledger,
+            entry_id=entry,
+            master_key=key,
+            entry=bytes(body[_ADD_REQ.size :]),
+            flags=flags,
+        )
+    if op == OpCode.READ_ENTRY:
+        _exact(body, _READ_REQ.size, "READ_ENTRY")
+        ledger, entry, key, prev, timeout = _READ_REQ.unpack_from(body)
+        return ReadEntryRequest(
+            request_id=rid,
+            ledger_id=ledger,
+            entry_id=entry,
+            master_key=key,
+            flags=flags,
+            previous_lac=prev,
+            timeout_ms=timeout,
+        )
+    if op == OpCode.READ_LAC:
+        _exact(body, _READ_LAC_REQ.size, "READ_LAC")
+        ledger, key = _READ_LAC_REQ.unpack_from(body)
+        return ReadLacRequest(request_id=rid, ledger_id=ledger, master_key=key, flags=flags)
+    if op == OpCode.WRITE_LAC:
+        _need(body, _WRITE_LAC_REQ.size, "WRITE_LAC")
+        ledger, lac, key = _WRITE_LAC_REQ.unpack_from(body)
+        return WriteLacRequest(
+            request_id=rid,
+            ledger_id=ledger,
+            lac=lac,
+            master_key=key,
+            lac_blob=bytes(body[_WRITE_LAC_REQ.size :]),
+            flags=flags,
+        )
+    if op == OpCode.READ_RANGE:
+        _exact(body, _READ_RANGE_REQ.size, "READ_RANGE")
+        ledger, first, last, key, max_bytes = _READ_RANGE_REQ.unpack_from(body)
+        return ReadRangeRequest(
+            request_id=rid,
+            ledger_id=ledger,
+            first_entry_id=first,
+            last_entry_id=last,
+            master_key=key,
+            max_bytes=max_bytes,
+            flags=flags,
+        )
+    if op == OpCode.BOOKIE_INFO:
+        _exact(body, 0, "BOOKIE_INFO")
+        return BookieInfoRequest(request_id=rid, flags=flags)
+    raise ProtocolError(f"unknown op code {op}")
+
+
+def decode_response(op: int, flags: int, rid: int, body: memoryview) -> Response:
+    if op == OpCode.ADD_ENTRY:
+        _exact(body, _ADD_RESP.size, "ADD_ENTRY response")
+        st, ledger, entry = _ADD_RESP.unpack_from(body)
+        return AddEntryResponse(request_id=rid, status=_status(st), ledger_id=ledger, entry_id=entry)
+    if op == OpCode.READ_ENTRY:
+        _need(body, _READ_RESP.size, "READ_ENTRY response")
+        st, ledger, entry, lac = _READ_RESP.unpack_from(body)
+        return ReadEntryResponse(
+            request_id=rid,
+            status=_status(st),
+            ledger_id=ledger,
+            entry_id=entry,
+            lac=lac,
+            entry=bytes(body[_READ_RESP.size :]),
+        )
+    if op == OpCode.READ_LAC:
+        _need(body, _READ_LAC_RESP.size, "READ_LAC response")
+        st, ledger, lac, elac = _READ_LAC_RESP.unpack_from(body)
+        return ReadLacResponse(
+            request_id=rid,
+            status=_status(st),
+            ledger_id=ledger,
+            lac=lac,
+            explicit_lac=elac,
+            lac_blob=bytes(body[_READ_LAC_RESP.size :]),
+        )
+    if op == OpCode.WRITE_LAC:
+        _exact(body, _WRITE_LAC_RESP.size, "WRITE_LAC response")
+        st, ledger = _WRITE_LAC_RESP.unpack_from(body)
+        return WriteLacResponse(request_id=rid, status=_status(st), ledger_id=ledger)
+    if op == OpCode.READ_RANGE:
+        _need(body, _READ_RANGE_RESP.size, "READ_RANGE response")
+        st, ledger, first, count = _READ_RANGE_RESP.unpack_from(body)
+        pos = _READ_RANGE_RESP.size
+        entries = []
+        for _ in range(count):
+            _need(body[pos:], 4, "READ_RANGE entry length")
+            (n,) = _U32.unpack_from(body, pos)
+            pos += 4
+            _need(body[pos:], n, "READ_RANGE entry")
+            entries.append(bytes(body[pos : pos + n]))
+            pos += n
+        if pos != len(body):
+            raise ProtocolError("READ_RANGE response: trailing bytes")
+        return ReadRangeResponse(
+            request_id=rid, status=_status(st), ledger_id=ledger, first_entry_id=first, entries=tuple(entries)
+        )
+    if op == OpCode.BOOKIE_INFO:
+        _need(body, _BOOKIE_INFO_RESP.size, "BOOKIE_INFO response")
+        st, free, total, ro, idlen = _BOOKIE_INFO_RESP.unpack_from(body)
+        pos = _BOOKIE_INFO_RESP.size
+        _need(body[pos:], idlen + 4, "BOOKIE_INFO id")
+        try:
+            bid = bytes(body[pos : pos + idlen]).decode()
+            pos += idlen
+            (n,) = _U32.unpack_from(body, pos)
+            pos += 4
+            _exact(body[pos:], n, "BOOKIE_INFO extra")
+            extra: dict[str, str] = {}
+            raw = bytes(body[pos:]).decode()
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"BOOKIE_INFO: bad text: {e}") from None
+        for line in raw.split("\n") if raw else ():
+            k, sep, v = line.partition("=")
+            if not sep:
+                raise ProtocolError("BOOKIE_INFO: bad extra pair")
+            extra[k] = v
+        return BookieInfoResponse(
+            request_id=rid,
+            status=_status(st),
+            free_bytes=free,
+            total_bytes=total,
+            readonly=bool(ro),
+            bookie_id=bid,
+            extra=extra,
+        )
+    raise ProtocolError(f"unknown op code {op}")
+
+
+class FrameDecoder:
+    """Incremental frame splitter: ``feed(chunk)`` then iterate ``frames()`` (pure, no I/O).
+
+    Raises :class:`ProtocolError` on an oversized, undersized or wrong-version frame; after that the stream
+    is unusable (there is no way to resynchronise a length-prefixed stream).
+    """
+
+    __slots__ = ("_buf", "_pos", "frame_size_max", "broken")
+
+    def __init__(self, frame_size_max: int = FRAME_SIZE_MAX) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.frame_size_max = frame_size_max
+        self.broken = False
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame (a partial frame in progress)."""
+        return len(self._buf) - self._pos
+
+    def frames(self) -> Iterator[tuple[int, int, int, memoryview]]:
+        """Yield (op, flags, request_id, body) for each whole frame buffered."""
+        if self.broken:
+            raise ProtocolError("decoder already failed")
+        buf = self._buf
+        try:
+            while True:
+                avail = len(buf) - self._pos
+                if avail < 4:
+                    break
+                (n,) = _LEN.unpack_from(buf, self._pos)
+                if n < FRAME_HEADER.size or n > self.frame_size_max:
+                    self.broken = True
+                    raise ProtocolError(
+                        f"frame length {n} outside [{FRAME_HEADER.size}, {self.frame_size_max}]"
+                    )
+                if avail < 4 + n:
+                    break
+                start = self._pos + 4
+                version, op, flags, rid = FRAME_HEADER.unpack_from(buf, start)
+                if version != PROTOCOL_VERSION:
+                    self.broken = True
+                    raise ProtocolError(f"unsupported protocol version {version}")
+                body = bytes(buf[start + FRAME_HEADER.size : start + n])
+                self._pos = start + n
+                yield op, flags, rid, memoryview(body)
+        finally:
+            if self._pos:
+                del buf[: self._pos]
+                self._pos = 0
+
+    def requests(self) -> Iterator[Request]:
+        for op, flags, rid, body in self.frames():
+            yield decode_request(op, flags, rid, body)
+
+    def responses(self) -> Iterator[Response]:
+        for op, flags, rid, body in self.frames():
+            yield decode_response(op, flags, rid, body)
+
+
+def decode_one_request(frame: bytes) -> Request:
+    """Decode exactly one whole frame (used by tests and tools)."""
+    d = FrameDecoder()
+    d.feed(frame)
+    out = list(d.requests())
+    if len(out) != 1 or d.buffered:
+        raise ProtocolError("expected exactly one whole frame")
+    return out[0]
+
+
+def decode_one_response(frame: bytes) -> Response:
+    d = FrameDecoder()
+    d.feed(frame)
+    out = list(d.responses())
+    if len(out) != 1 or d.buffered:
+        raise ProtocolError("expected exactly one whole frame")
+    return out[0]

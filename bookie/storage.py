@@ -1,0 +1,231 @@
+"""Ledger storage: entries and the ledger index, behind one small interface.
+
+``RocksLedgerStorage`` keeps everything in one RocksDB (``rocksdict``, raw mode) with RocksDB's own WAL off,
+because the journal is the write-ahead log: whatever RocksDB loses in a crash is replayed from the journal,
+and a checkpoint (``flush``) happens before the journal mark advances.
+
+Keys (all integers big-endian, so RocksDB's order is (ledger, entry) order):
+
+    b"E" + u64 ledger_id + u64 entry_id   -> entry bytes, exactly as the client built them
+    b"L" + u64 ledger_id                  -> ledger index row (see ``LedgerInfo.to_bytes``)
+
+``MemoryLedgerStorage`` implements the same interface in memory for the simulator and unit tests.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .protocol import MASTER_KEY_LEN
+
+_ENTRY_KEY = struct.Struct(">cQQ")
+_LEDGER_KEY = struct.Struct(">cQ")
+# flags (bit0 fenced), master key, lac, explicit lac, last entry id, blob length; blob follows
+_INDEX_ROW = struct.Struct(f">B{MASTER_KEY_LEN}sqqqH")
+_U64_MAX = 2**64 - 1
+
+
+@dataclass(slots=True)
+class LedgerInfo:
+    """What a bookie knows of one ledger (kept in memory, persisted as the index row)."""
+
+    master_key: bytes
+    fenced: bool = False
+    lac: int = -1  # max LAC piggybacked on stored entries
+    explicit_lac: int = -1
+    lac_blob: bytes = b""
+    last_entry_id: int = -1  # highest entry id stored
+
+    def to_bytes(self) -> bytes:
+        return (
+            _INDEX_ROW.pack(
+                1 if self.fenced else 0,
+                self.master_key,
+                self.lac,
+                self.explicit_lac,
+                self.last_entry_id,
+                len(self.lac_blob),
+            )
+            + self.lac_blob
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> LedgerInfo:
+        flags, key, lac, elac, last, n = _INDEX_ROW.unpack_from(raw)
+        blob = bytes(raw[_INDEX_ROW.size : _INDEX_ROW.size + n])
+        return cls(
+            master_key=key,
+            fenced=bool(flags & 1),
+            lac=lac,
+            explicit_lac=elac,
+            lac_blob=blob,
+            last_entry_id=last,
+        )
+
+
+def entry_key(ledger_id: int, entry_id: int) -> bytes:
+    return _ENTRY_KEY.pack(b"E", ledger_id, entry_id)
+
+
+def ledger_key(ledger_id: int) -> bytes:
+    return _LEDGER_KEY.pack(b"L", ledger_id)
+
+
+class LedgerStorage(Protocol):
+    def load_index(self) -> dict[int, LedgerInfo]: ...
+
+    def write(
+        self, entries: Iterable[tuple[int, int, bytes]], ledgers: Iterable[tuple[int, LedgerInfo]]
+    ) -> None:
+        """Store entries and index rows together (one batch)."""
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None: ...
+
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]: ...
+
+    def delete_ledger(self, ledger_id: int) -> None: ...
+
+    def flush(self) -> None:
+        """Make everything written so far durable (the checkpoint)."""
+
+    def close(self) -> None: ...
+
+
+class MemoryLedgerStorage:
+    """In-memory storage with the same interface (simulator and unit tests)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[int, int], bytes] = {}
+        self.index: dict[int, bytes] = {}
+
+    def load_index(self) -> dict[int, LedgerInfo]:
+        return {lid: LedgerInfo.from_bytes(raw) for lid, raw in self.index.items()}
+
+    def write(
+        self, entries: Iterable[tuple[int, int, bytes]], ledgers: Iterable[tuple[int, LedgerInfo]]
+    ) -> None:
+        for lid, eid, data in entries:
+            self.entries[(lid, eid)] = data
+        for lid, info in ledgers:
+            self.index[lid] = info.to_bytes()
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        return self.entries.get((ledger_id, entry_id))
+
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+        out: list[bytes] = []
+        size = 0
+        for eid in range(first, last + 1):
+            data = self.entries.get((ledger_id, eid))
+            if data is None or (out and size + len(data) > max_bytes):
+                break
+            out.append(data)
+            size += len(data)
+        return out
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self.index.pop(ledger_id, None)
+        for key in [k for k in self.entries if k[0] == ledger_id]:
+            del self.entries[key]
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RocksLedgerStorage:
+    """RocksDB-backed storage (``rocksdict`` in raw mode, WAL off: the journal is the WAL)."""
+
+    def __init__(self, directory: Path) -> None:
+        from rocksdict import Options, Rdict, WriteOptions
+
+        directory.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.increase_parallelism(2)
+        opts.set_write_buffer_size(64 * 1024 * 1024)
+        self._db = Rdict(str(directory), opts)
+        self._wo = WriteOptions()
+        self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; stubs are wrong
+        self.directory = directory
+
+    def load_index(self) -> dict[int, LedgerInfo]:
+        out: dict[int, LedgerInfo] = {}
+        it = self._db.iter()
+        it.seek(b"L")
+        while it.valid():
+            key = it.key()
+            if not key.startswith(b"L"):
+                break
+            (_, lid) = _LEDGER_KEY.unpack(key)
+            out[lid] = LedgerInfo.from_bytes(it.value())
+            it.next()
+        del it
+        return out
+
+    def write(
+        self, entries: Iterable[tuple[int, int, bytes]], ledgers: Iterable[tuple[int, LedgerInfo]]
+    ) -> None:
+        from rocksdict import WriteBatch
+
+        wb = WriteBatch(raw_mode=True)
+        pack = _ENTRY_KEY.pack
+        for lid, eid, data in entries:
+            wb.put(pack(b"E", lid, eid), data)
+        for lid, info in ledgers:
+            wb.put(ledger_key(lid), info.to_bytes())
+        self._db.write(wb, self._wo)
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        v = self._db.get(entry_key(ledger_id, entry_id))
+        return bytes(v) if v is not None else None
+
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+        out: list[bytes] = []
+        size = 0
+        it = self._db.iter()
+        it.seek(entry_key(ledger_id, first))
+        expect = first
+        while it.valid() and expect <= last:
+            key = it.key()
+            if len(key) != _ENTRY_KEY.size or key[:1] != b"E":
+                break
+            _, lid, eid = _ENTRY_KEY.unpack(key)
+            if lid != ledger_id or eid != expect:
+                break
+            data = bytes(it.value())
+            if out and size + len(data) > max_bytes:
+                break
+            out.append(data)
+            size += len(data)
+            expect += 1
+            it.next()
+        del it
+        return out
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        from rocksdict import WriteBatch
+
+        wb = WriteBatch(raw_mode=True)
+        wb.delete_range(entry_key(ledger_id, 0), entry_key(ledger_id, _U64_MAX))
+        wb.delete(entry_key(ledger_id, _U64_MAX))
+        wb.delete(ledger_key(ledger_id))
+        # Deletes are made durable at once (WAL on): a deleted ledger must not reappear after a crash
+        # unless the journal replays it, and the journal only replays records after the last checkpoint.
+        from rocksdict import WriteOptions
+
+        wo = WriteOptions()
+        wo.sync = True  # type: ignore[method-assign,assignment]
+        self._db.write(wb, wo)
+
+    def flush(self) -> None:
+        self._db.flush(True)
+
+    def close(self) -> None:
+        self._db.close()

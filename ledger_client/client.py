@@ -1,0 +1,961 @@
+"""The asyncio ledger client: thin I/O around the pure cores (``pending``, ``recovery``, ``handle_state``).
+
+``BookKeeper`` owns one ZooKeeper session (metadata, bookie discovery) and one connection per bookie.
+``LedgerHandle`` is a writer (``create_ledger``) or a reader (``open_ledger``); both read.
+
+Timeouts are swept periodically (not one timer per request): an add not answered by a bookie within
+``add_timeout_s`` counts as that bookie's failure, which triggers an ensemble change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from bookie import protocol as p
+from bookie.entryformat import DigestMismatchError as _RawDigestMismatch
+from bookie.entryformat import DigestType, EntryCodec, peek_header
+
+from . import errors as E
+from .bookie_conn import BookiePool
+from .handle_state import (
+    HandleEvent,
+    HandleState,
+    HandleStateMachine,
+    ensemble_change_event,
+    writer_close_event,
+)
+from .pending import DEFAULT_OUTSTANDING_ADDS_MAX, Progress, WritePipeline
+from .placement import choose_ensemble, replace_failed
+from .quorum import CoverageSet, answer_for_status, validate_quorum, write_set
+from .recovery import (
+    ChangeEnsemble,
+    Close,
+    FenceRead,
+    LedgerRecovery,
+    LengthRead,
+    RecoveryAdd,
+    RecoveryFailed,
+    RecoveryRead,
+    recovery_close_decision,
+    recovery_metadata_decision,
+)
+
+log = logging.getLogger("ledgerstore.client")
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientConfig:
+    zk_root: str = "/ledgerstore"
+    add_timeout_s: float = 10.0
+    read_timeout_s: float = 10.0
+    outstanding_adds_max: int = DEFAULT_OUTSTANDING_ADDS_MAX
+    ensemble_change_timeout_s: float = 30.0
+    recovery_attempts_max: int = 5
+    read_window: int = 256
+    zk_session_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    ledger_id: int
+    entry_id: int
+    data: bytes
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Metadata boundary: zk errors become ledger_client errors here and nowhere else.
+
+
+async def _meta(call: Callable[[], _T], ledger_id: int | None = None) -> _T:
+    import zk
+
+    try:
+        return await asyncio.to_thread(call)
+    except zk.MetadataNotFoundError as e:
+        raise E.NoSuchLedgerError(f"ledger {ledger_id} does not exist", ledger_id=ledger_id) from e
+    except zk.MetadataVersionError as e:
+        raise E.MetadataVersionError(str(e), ledger_id=ledger_id) from e
+    except zk.MetadataError as e:
+        raise E.MetadataStoreError(str(e), ledger_id=ledger_id) from e
+
+
+class BookKeeper:
+    """Entry point: ``bk = await BookKeeper.connect("127.0.0.1:2181")``."""
+
+    def __init__(self, store: Any, config: ClientConfig) -> None:
+        import zk
+
+        self.config = config
+        self.store = store
+        self.ledgers = zk.LedgerMetadataStore(store)
+        self.registry = zk.BookieRegistry(store)
+        self.pool = BookiePool()
+        self._rng = random.Random()
+        self._handles: set[LedgerHandle] = set()
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, zk_connect: str, *, config: ClientConfig | None = None, **kw: Any) -> BookKeeper:
+        import zk
+
+        config = config or ClientConfig(**kw)
+        try:
+            store = await asyncio.to_thread(
+                zk.MetadataStore.connect,
+                zk_connect,
+                root=config.zk_root,
+                session_timeout_s=config.zk_session_timeout_s,
+            )
+        except zk.MetadataError as e:
+            raise E.MetadataStoreError(f"cannot connect to ZooKeeper at {zk_connect}: {e}") from e
+        return await asyncio.to_thread(cls, store, config)
+
+    # -- bookies ---------------------------------------------------------------------------------------
+    async def writable_bookies(self) -> list[str]:
+        return sorted(await _meta(self.registry.available))
+
+    async def readonly_bookies(self) -> list[str]:
+        return sorted(await _meta(self.registry.readonly))
+
+    async def _replacements(self, ensemble: Sequence[str], failed: Sequence[int]) -> list[str]:
+        available = await _meta(self.registry.available)
+        return replace_failed(ensemble, failed, available, rng=self._rng)
+
+    # -- ledgers ---------------------------------------------------------------------------------------
+    async def create_ledger(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        password: bytes = b"",
+        digest: DigestType = DigestType.CRC32C,
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        try:
+            validate_quorum(ensemble_size, write_quorum, ack_quorum)
+        except E.LedgerError:
+            raise
+        available = await _meta(self.registry.available)
+        bookies = choose_ensemble(ensemble_size, available, rng=self._rng)
+        versioned = await _meta(
+            functools.partial(
+                self.ledgers.create,
+                ensemble_size=ensemble_size,
+                write_quorum=write_quorum,
+                ack_quorum=ack_quorum,
+                bookies=bookies,
+                password=password,
+                digest_type=digest.value,
+                custom_metadata=dict(custom_metadata or {}),
+            )
+        )
+        lh = LedgerHandle(self, versioned, password, writer=True)
+        log.info(
+            "ledger=%d created E=%d Qw=%d Qa=%d ensemble=%s",
+            lh.ledger_id,
+            ensemble_size,
+            write_quorum,
+            ack_quorum,
+            bookies,
+        )
+        return lh
+
+    async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> LedgerHandle:
+        versioned = await _meta(functools.partial(self.ledgers.read, ledger_id), ledger_id)
+        md = versioned.value
+        if not md.check_password(password):
+            raise E.UnauthorizedError(f"wrong password for ledger {ledger_id}", ledger_id=ledger_id)
+        lh = LedgerHandle(self, versioned, password, writer=False)
+        if md.state.value == "CLOSED":
+            lh._lac = md.last_entry_id
+            return lh
+        if recovery:
+            await lh._recover()
+        else:
+            with contextlib.suppress(E.LedgerError):
+                await lh.read_last_add_confirmed()
+        return lh
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        await _meta(functools.partial(self.ledgers.delete, ledger_id), ledger_id)
+
+    async def list_ledgers(self) -> list[int]:
+        return await _meta(self.ledgers.list)
+
+    async def ledger_metadata(self, ledger_id: int) -> Any:
+        return (await _meta(functools.partial(self.ledgers.read, ledger_id), ledger_id)).value
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in list(self._handles):
+            h._stop_sweeper()
+        await self.pool.close()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.store.close)
+
+    async def __aenter__(self) -> BookKeeper:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+class LedgerHandle:
+    """A ledger opened for writing (``create_ledger``) or reading (``open_ledger``)."""
+
+    def __init__(self, bk: BookKeeper, versioned: Any, password: bytes, *, writer: bool) -> None:
+        md = versioned.value
+        self.bk = bk
+        self.ledger_id: int = md.ledger_id
+        self._versioned = versioned
+        self._key = p.master_key(password)
+        self._codec = EntryCodec(md.ledger_id, DigestType(md.digest_type), self._key)
+        self._loop = asyncio.get_running_loop()
+        self._lac = -1
+        self._pipe: WritePipeline | None = None
+        self._state = HandleStateMachine(
+            HandleState.OPEN if writer else HandleState.CLOSED, ledger_id=self.ledger_id
+        )
+        if writer:
+            self._pipe = WritePipeline(
+                ensemble_size=md.ensemble_size,
+                write_quorum=md.write_quorum,
+                ack_quorum=md.ack_quorum,
+                ensemble=md.last_ensemble.bookies,
+                outstanding_adds_max=bk.config.outstanding_adds_max,
+            )
+            self._inflight: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
+            self._sent_at: dict[int, float] = {}
+            self._capacity = asyncio.Event()
+            self._capacity.set()
+            self._ec_task: asyncio.Task[None] | None = None
+            self._sweeper: asyncio.Task[None] | None = self._loop.create_task(self._sweep_timeouts())
+            bk._handles.add(self)
+        else:
+            self._sweeper = None
+
+    # -- properties ---------------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> Any:
+        return self._versioned.value
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._pipe.lac if self._pipe is not None else self._lac
+
+    @property
+    def length(self) -> int:
+        if self._pipe is not None:
+            return self._pipe.length
+        return int(self.metadata.length)
+
+    @property
+    def is_closed(self) -> bool:
+        return self.metadata.state.value == "CLOSED"
+
+    # -- writing ------------------------------------------------------------------------------------------
+    async def append(self, data: bytes) -> int:
+        """Append one entry; returns its id once Qa bookies of its write set acknowledged it and every
+        earlier entry was acknowledged too."""
+        fut = await self.append_future(data)
+        return await fut
+
+    async def append_future(self, data: bytes) -> asyncio.Future[int]:
+        """Like ``append`` but returns as soon as the entry is sent: the future resolves with its id.
+        Waits (back-pressure) while ``outstanding_adds_max`` adds are pending."""
+        pipe = self._writer_pipe()
+        if len(data) > p.ENTRY_SIZE_MAX - 64:
+            raise E.IncorrectParameterError(f"entry of {len(data)} bytes exceeds the maximum entry size")
+        while True:
+            self._state.check_append()
+            if pipe.error is not None:
+                raise pipe.error
+            if pipe.has_capacity:
+                break
+            self._capacity.clear()
+            await self._capacity.wait()
+        add = pipe.next_entry(len(data))
+        entry = self._codec.build(add.entry_id, add.lac, add.length, data)
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._inflight[add.entry_id] = (entry, fut)
+        self._sent_at[add.entry_id] = self._loop.time()
+        for t in pipe.targets(add.entry_id):
+            self._send_add(add.entry_id, t.bookie, entry)
+        self._maybe_change_ensemble()
+        return fut
+
+    def _writer_pipe(self) -> WritePipeline:
+        if self._pipe is None:
+            raise E.LedgerClosedError(
+                f"ledger {self.ledger_id} was opened for reading", ledger_id=self.ledger_id
+            )
+        return self._pipe
+
+    def _send_add(self, entry_id: int, bookie: str, entry: bytes, flags: int = 0) -> None:
+        conn = self.bk.pool.get_nowait(bookie)
+        cb = functools.partial(self._on_add_response, entry_id, bookie)
+        if conn is None:
+            self._loop.create_task(self._connect_and_send(entry_id, bookie, entry, flags, cb))
+            return
+        rid = conn.next_id()
+        conn.send_frame(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
+
+    async def _connect_and_send(self, entry_id: int, bookie: str, entry: bytes, flags: int, cb: Any) -> None:
+        try:
+            conn = await self.bk.pool.get(bookie)
+        except E.LedgerError as e:
+            cb(None, e)
+            return
+        rid = conn.next_id()
+        conn.send_frame(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
+
+    def _on_add_response(self, entry_id: int, bookie: str, resp: Any, exc: BaseException | None) -> None:
+        pipe = self._pipe
+        assert pipe is not None
+        status = resp.status if exc is None else None
+        if status is not None and status != p.Status.OK:
+            log.warning(
+                "ledger=%d entry=%d bookie=%s add failed: %s", self.ledger_id, entry_id, bookie, status.name
+            )
+        elif exc is not None and pipe.error is None:
+            log.debug("ledger=%d entry=%d bookie=%s add failed: %s", self.ledger_id, entry_id, bookie, exc)
+        self._apply(pipe.on_ack(entry_id, bookie, status))
+        self._maybe_change_ensemble()
+
+    def _apply(self, progress: Progress) -> None:
+        for eid in progress.completed:
+            item = self._inflight.pop(eid, None)
+            self._sent_at.pop(eid, None)
+            if item is not None and not item[1].done():
+                item[1].set_result(eid)
+        if progress.failed:
+            err = progress.error or E.LedgerError("append failed")
+            for eid in progress.failed:
+                item = self._inflight.pop(eid, None)
+                self._sent_at.pop(eid, None)
+                if item is not None and not item[1].done():
+                    item[1].set_exception(err)
+        if progress.error is not None:
+            self._state.handle(HandleEvent.FAILED, error=progress.error)
+            for _, fut in self._inflight.values():
+                if not fut.done():
+                    fut.set_exception(progress.error)
+            self._inflight.clear()
+        if progress.completed or progress.failed or progress.error:
+            self._capacity.set()
+
+    async def _sweep_timeouts(self) -> None:
+        timeout = self.bk.config.add_timeout_s
+        period = max(0.05, timeout / 4)
+        pipe = self._pipe
+        assert pipe is not None
+        while True:
+            await asyncio.sleep(period)
+            if pipe.error is not None:
+                return
+            now = self._loop.time()
+            expired = [eid for eid, t in self._sent_at.items() if now - t > timeout]
+            for eid in expired:
+                if eid not in self._inflight:
+                    continue
+                self._sent_at[eid] = now
+                acked = pipe.acked_indices(eid)
+                md = self.metadata
+                for i in write_set(eid, md.ensemble_size, md.write_quorum):
+                    if i not in acked and i not in pipe.failed_indices:
+                        log.warning(
+                            "ledger=%d entry=%d bookie=%s add timed out",
+                            self.ledger_id,
+                            eid,
+                            pipe.ensemble[i],
+                        )
+                        self._apply(pipe.on_timeout(eid, pipe.ensemble[i]))
+            if expired:
+                self._maybe_change_ensemble()
+
+    def _stop_sweeper(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    def _maybe_change_ensemble(self) -> None:
+        pipe = self._pipe
+        if pipe is None or not pipe.needs_ensemble_change or pipe.changing_ensemble:
+            return
+        if self._ec_task is None or self._ec_task.done():
+            self._ec_task = self._loop.create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        pipe = self._pipe
+        assert pipe is not None
+        cfg = self.bk.config
+        while pipe.needs_ensemble_change and pipe.error is None:
+            plan = pipe.ensemble_change_plan()
+            deadline = self._loop.time() + cfg.ensemble_change_timeout_s
+            while True:
+                try:
+                    new_bookies = await self.bk._replacements(pipe.ensemble, sorted(plan.failed_indices))
+                    current = self._versioned
+                    new_md = current.value.with_new_ensemble(plan.first_entry_id, new_bookies)
+                    written = await _meta(
+                        functools.partial(self.bk.ledgers.write, self.ledger_id, new_md, current),
+                        self.ledger_id,
+                    )
+                except E.NotEnoughBookiesError as e:
+                    if self._loop.time() > deadline:
+                        self._apply(pipe.fail(e))
+                        return
+                    await asyncio.sleep(0.25)
+                    continue
+                except E.MetadataVersionError:
+                    fresh = await _meta(
+                        functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
+                    )
+                    ev = ensemble_change_event(fresh.value.state.value)
+                    if ev is HandleEvent.FENCED:
+                        self._apply(
+                            pipe.fail(
+                                E.LedgerFencedError(
+                                    f"ledger {self.ledger_id} is being recovered by another client",
+                                    ledger_id=self.ledger_id,
+                                )
+                            )
+                        )
+                        return
+                    if ev is HandleEvent.FOUND_CLOSED:
+                        self._apply(
+                            pipe.fail(
+                                E.LedgerClosedError(
+                                    f"ledger {self.ledger_id} was closed", ledger_id=self.ledger_id
+                                )
+                            )
+                        )
+                        return
+                    if tuple(fresh.value.last_ensemble.bookies) != tuple(pipe.ensemble):
+                        self._apply(
+                            pipe.fail(
+                                E.LedgerFencedError(
+                                    f"ledger {self.ledger_id}: metadata changed under the writer",
+                                    ledger_id=self.ledger_id,
+                                )
+                            )
+                        )
+                        return
+                    self._versioned = fresh
+                    continue
+                except E.LedgerError as e:
+                    if self._loop.time() > deadline:
+                        self._apply(pipe.fail(e))
+                        return
+                    await asyncio.sleep(0.25)
+                    continue
+                break
+            self._versioned = written
+            log.info(
+                "ledger=%d ensemble change at entry %d: %s -> %s",
+                self.ledger_id,
+                plan.first_entry_id,
+                list(pipe.ensemble),
+                new_bookies,
+            )
+            result = pipe.apply_new_ensemble(plan.first_entry_id, new_bookies)
+            now = self._loop.time()
+            for r in result.resends:
+                item = self._inflight.get(r.entry_id)
+                if item is not None:
+                    self._sent_at[r.entry_id] = now
+                    self._send_add(r.entry_id, r.bookie, item[0])
+            self._apply(Progress(completed=result.completed))
+
+    async def close(self) -> None:
+        """Writer: wait for pending adds, then CAS OPEN→CLOSED(LAC, length). Reader: release resources."""
+        if self._pipe is None:
+            self.bk._handles.discard(self)
+            return
+        pipe = self._pipe
+        if self._state.state is HandleState.CLOSED:
+            return
+        self._state.handle(HandleEvent.CLOSE_START)
+        while self._inflight and pipe.error is None:
+            futs = [f for _, f in self._inflight.values()]
+            await asyncio.gather(*futs, return_exceptions=True)
+        if self._ec_task is not None:
+            with contextlib.suppress(Exception):
+                await self._ec_task
+        self._stop_sweeper()
+        self.bk._handles.discard(self)
+        if pipe.error is not None:
+            raise pipe.error
+        lac, length = pipe.lac, pipe.length
+        while True:
+            current = self._versioned
+            ev = writer_close_event(current.value.state.value, current.value.last_entry_id, lac)
+            if ev is None:
+                try:
+                    self._versioned = await _meta(
+                        functools.partial(
+                            self.bk.ledgers.write, self.ledger_id, current.value.close(lac, length), current
+                        ),
+                        self.ledger_id,
+                    )
+                except E.MetadataVersionError:
+                    self._versioned = await _meta(
+                        functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
+                    )
+                    continue
+                self._state.handle(HandleEvent.CLOSE_DONE)
+                return
+            self._state.handle(ev)
+            if self._state.state is HandleState.ERROR:
+                assert self._state.error is not None
+                raise self._state.error
+            return
+
+    # -- reading ------------------------------------------------------------------------------------------
+    async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Entries first..last (inclusive), in order. Refuses to read beyond the LAC."""
+        if last > self.last_add_confirmed:
+            raise E.ReadBeyondLacError(
+                f"entry {last} is beyond the last add confirmed ({self.last_add_confirmed})",
+                ledger_id=self.ledger_id,
+            )
+        async for e in self._read_range(first, last):
+            yield e
+
+    async def read_unconfirmed(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Entries that may be beyond the LAC (stops at the first entry no replica has)."""
+        async for e in self._read_range(first, last, stop_on_missing=True):
+            yield e
+
+    async def read_entry(self, entry_id: int) -> LedgerEntry:
+        async for e in self.read(entry_id, entry_id):
+            return e
+        raise E.NoSuchEntryError(f"entry {entry_id}", ledger_id=self.ledger_id)
+
+    async def _read_range(
+        self, first: int, last: int, stop_on_missing: bool = False
+    ) -> AsyncIterator[LedgerEntry]:
+        if first < 0 or last < first:
+            if last < first:
+                return
+            raise E.IncorrectParameterError(f"bad range {first}..{last}")
+        window = self.bk.config.read_window
+        pending: dict[int, asyncio.Task[LedgerEntry | None]] = {}
+        nxt = first
+        for eid in range(first, last + 1):
+            while nxt <= last and len(pending) < window:
+                pending[nxt] = self._loop.create_task(self._read_one(nxt, missing_ok=stop_on_missing))
+                nxt += 1
+            task = pending.pop(eid)
+            try:
+                entry = await task
+            except BaseException:
+                for t in pending.values():
+                    t.cancel()
+                raise
+            if entry is None:
+                for t in pending.values():
+                    t.cancel()
+                return
+            yield entry
+
+    async def _read_one(self, entry_id: int, *, missing_ok: bool = False) -> LedgerEntry | None:
+        md = self.metadata
+        ens = md.ensemble_at(entry_id)
+        ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
+        bookies = [ens.bookies[i] for i in ws]
+        errors: list[str] = []
+        missing = 0
+        for bookie in bookies:
+            try:
+                conn = await self.bk.pool.get(bookie)
+                resp = await conn.request(
+                    lambda rid: p.ReadEntryRequest(
+                        request_id=rid, ledger_id=self.ledger_id, entry_id=entry_id, master_key=self._key
+                    ),
+                    self.bk.config.read_timeout_s,
+                )
+            except E.LedgerError as e:
+                errors.append(f"{bookie}: {e.code}")
+                continue
+            assert isinstance(resp, p.ReadEntryResponse)
+            if resp.status == p.Status.OK:
+                try:
+                    _, payload = self._codec.verify(resp.entry, entry_id)
+                except _RawDigestMismatch as e:
+                    log.error(
+                        "ledger=%d entry=%d bookie=%s digest mismatch: %s",
+                        self.ledger_id,
+                        entry_id,
+                        bookie,
+                        e,
+                    )
+                    errors.append(f"{bookie}: DIGEST_MISMATCH")
+                    continue
+                return LedgerEntry(self.ledger_id, entry_id, payload)
+            if resp.status == p.Status.UNAUTHORIZED:
+                raise E.UnauthorizedError(f"bookie {bookie} refused the key", ledger_id=self.ledger_id)
+            if resp.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
+                missing += 1
+            errors.append(f"{bookie}: {resp.status.name}")
+        if missing_ok and missing == len(bookies):
+            return None
+        if missing == len(bookies):
+            raise E.NoSuchEntryError(
+                f"entry {entry_id} not found on {bookies}", ledger_id=self.ledger_id, entry_id=entry_id
+            )
+        raise E.BookieUnavailableError(
+            f"entry {entry_id} unreadable from every replica: {'; '.join(errors)}",
+            ledger_id=self.ledger_id,
+            entry_id=entry_id,
+        )
+
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the last ensemble for its LAC (max over a coverage set of answers); never goes backwards."""
+        md = self.metadata
+        if md.state.value == "CLOSED":
+            self._lac = max(self._lac, md.last_entry_id)
+            return self.last_add_confirmed
+        bookies = md.last_ensemble.bookies
+        cov = CoverageSet(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        best = -1
+
+        async def ask(i: int, bookie: str) -> tuple[int, p.Status | None, int]:
+            try:
+                conn = await self.bk.pool.get(bookie)
+                resp = await conn.request(
+                    lambda rid: p.ReadEntryRequest(
+                        request_id=rid, ledger_id=self.ledger_id, entry_id=p.LAST_ENTRY, master_key=self._key
+                    ),
+                    self.bk.config.read_timeout_s,
+                )
+            except E.LedgerError:
+                return i, None, -1
+            assert isinstance(resp, p.ReadEntryResponse)
+            lac = resp.lac
+            if resp.status == p.Status.OK:
+                with contextlib.suppress(Exception):
+                    lac = max(lac, peek_header(resp.entry).lac)
+            return i, resp.status, lac
+
+        tasks = [self._loop.create_task(ask(i, b)) for i, b in enumerate(bookies)]
+        try:
+            for fut in asyncio.as_completed(tasks):
+                i, status, lac = await fut
+                if status == p.Status.UNAUTHORIZED:
+                    raise E.UnauthorizedError("bookie refused the key", ledger_id=self.ledger_id)
+                cov.add_response(i, answer_for_status(status))
+                if status is not None:
+                    best = max(best, lac)
+                if cov.covered():
+                    break
+        finally:
+            for t in tasks:
+                t.cancel()
+        if not cov.covered():
+            raise E.BookieUnavailableError(
+                "not enough bookies answered to learn the LAC", ledger_id=self.ledger_id
+            )
+        if self._pipe is None:
+            self._lac = max(self._lac, best)
+        return self.last_add_confirmed
+
+    async def wait_for_lac(self, previous_lac: int, timeout_s: float) -> int:
+        """Long-poll: wait until some bookie of the last ensemble reports a LAC above ``previous_lac``."""
+        md = self.metadata
+        bookies = list(md.last_ensemble.bookies)
+        random.shuffle(bookies)
+        for bookie in bookies:
+            try:
+                conn = await self.bk.pool.get(bookie)
+                resp = await conn.request(
+                    lambda rid: p.ReadEntryRequest(
+                        request_id=rid,
+                        ledger_id=self.ledger_id,
+                        entry_id=p.LAST_ENTRY,
+                        master_key=self._key,
+                        flags=p.Flag.LONG_POLL,
+                        previous_lac=previous_lac,
+                        timeout_ms=int(timeout_s * 1000),
+                    ),
+                    timeout_s + self.bk.config.read_timeout_s,
+                )
+            except E.LedgerError:
+                continue
+            assert isinstance(resp, p.ReadEntryResponse)
+            if resp.status in (p.Status.OK, p.Status.NO_ENTRY):
+                if self._pipe is None:
+                    self._lac = max(self._lac, resp.lac)
+                return self.last_add_confirmed
+        return self.last_add_confirmed
+
+    async def tail(self, start: int = 0, poll_timeout_s: float = 2.0) -> AsyncIterator[LedgerEntry]:
+        """Follow the ledger: yield entries from ``start`` as the LAC advances; ends once the ledger is closed
+        and every entry was yielded."""
+        nxt = start
+        while True:
+            lac = self.last_add_confirmed
+            if nxt <= lac:
+                async for e in self._read_range(nxt, lac):
+                    yield e
+                nxt = lac + 1
+                continue
+            if self.metadata.state.value == "CLOSED" and nxt > self.metadata.last_entry_id:
+                return
+            await self.wait_for_lac(lac, poll_timeout_s)
+            if self.last_add_confirmed == lac:
+                self._versioned = await _meta(
+                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
+                )
+                if self.metadata.state.value == "CLOSED":
+                    self._lac = max(self._lac, self.metadata.last_entry_id)
+
+    # -- recovery -----------------------------------------------------------------------------------------
+    async def _recover(self) -> None:
+        cfg = self.bk.config
+        last_error: E.LedgerError | None = None
+        for attempt in range(cfg.recovery_attempts_max):
+            if attempt:
+                await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
+            try:
+                await self._recover_once()
+                return
+            except E.LedgerRecoveryError as e:
+                last_error = e
+                log.warning("ledger=%d recovery attempt %d failed: %s", self.ledger_id, attempt + 1, e)
+                self._versioned = await _meta(
+                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
+                )
+        assert last_error is not None
+        raise last_error
+
+    async def _recover_once(self) -> None:
+        # 1. OPEN -> IN_RECOVERY (CAS), or proceed, or nothing to do.
+        while True:
+            md = self._versioned.value
+            decision = recovery_metadata_decision(md.state.value)
+            if decision == "already_closed":
+                self._lac = md.last_entry_id
+                return
+            if decision == "proceed":
+                break
+            try:
+                self._versioned = await _meta(
+                    functools.partial(
+                        self.bk.ledgers.write, self.ledger_id, md.with_state("IN_RECOVERY"), self._versioned
+                    ),
+                    self.ledger_id,
+                )
+                break
+            except E.MetadataVersionError:
+                self._versioned = await _meta(
+                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
+                )
+        md = self._versioned.value
+        rec = LedgerRecovery(
+            ensemble_size=md.ensemble_size,
+            write_quorum=md.write_quorum,
+            ack_quorum=md.ack_quorum,
+            ensembles=md.ensembles,
+        )
+        driver = _RecoveryDriver(self, rec)
+        close = await driver.run()
+        # 2. Close: IN_RECOVERY -> CLOSED (concurrent recoverers converge on the first CAS).
+        while True:
+            cur = self._versioned.value
+            d = recovery_close_decision(
+                current_state=cur.state.value,
+                current_last_entry_id=cur.last_entry_id,
+                current_length=cur.length,
+                last_entry_id=close.last_entry_id,
+                length=close.length,
+            )
+            if d.action == "adopt":
+                self._lac = cur.last_entry_id
+                log.info(
+                    "ledger=%d already closed by another recoverer at %d", self.ledger_id, cur.last_entry_id
+                )
+                return
+            from zk import Ensemble
+
+            new = cur.replace(
+                state="CLOSED",
+                last_entry_id=close.last_entry_id,
+                length=close.length,
+                ensembles=tuple(Ensemble(s.first_entry_id, tuple(s.bookies)) for s in close.ensembles),
+            )
+            try:
+                self._versioned = await _meta(
+                    functools.partial(self.bk.ledgers.write, self.ledger_id, new, self._versioned),
+                    self.ledger_id,
+                )
+            except E.MetadataVersionError:
+                self._versioned = await _meta(
+                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
+                )
+                continue
+            self._lac = close.last_entry_id
+            log.info(
+                "ledger=%d recovered and closed: last_entry_id=%d length=%d",
+                self.ledger_id,
+                close.last_entry_id,
+                close.length,
+            )
+            return
+
+
+class _RecoveryDriver:
+    """Executes a ``LedgerRecovery``'s commands over the network and feeds the answers back."""
+
+    def __init__(self, lh: LedgerHandle, rec: LedgerRecovery) -> None:
+        self.lh = lh
+        self.rec = rec
+        self.loop = lh._loop
+        self.queue: asyncio.Queue[Callable[[], list[Any]]] = asyncio.Queue()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> Close:
+        self._execute(self.rec.start())
+        timeout = self.lh.bk.config.read_timeout_s * 6
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(self.queue.get(), timeout)
+                except TimeoutError:
+                    raise E.LedgerRecoveryError(
+                        "recovery made no progress", ledger_id=self.lh.ledger_id
+                    ) from None
+                result = self._execute(event())
+                if result is not None:
+                    return result
+        finally:
+            for t in self.tasks:
+                t.cancel()
+
+    def _execute(self, cmds: list[Any]) -> Close | None:
+        for cmd in cmds:
+            if isinstance(cmd, Close):
+                return cmd
+            if isinstance(cmd, RecoveryFailed):
+                raise (
+                    cmd.error
+                    if isinstance(cmd.error, E.LedgerRecoveryError)
+                    else E.LedgerRecoveryError(str(cmd.error), ledger_id=self.lh.ledger_id)
+                )
+            self._spawn(self._run_command(cmd))
+        return None
+
+    def _spawn(self, coro: Any) -> None:
+        t = self.loop.create_task(coro)
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+
+    async def _request(self, bookie: str, build: Callable[[int], p.Request]) -> p.Response | None:
+        try:
+            conn = await self.lh.bk.pool.get(bookie)
+            return await conn.request(build, self.lh.bk.config.read_timeout_s)
+        except E.LedgerError:
+            return None
+
+    def _valid(self, entry: bytes, entry_id: int) -> bool:
+        try:
+            self.lh._codec.verify(entry, entry_id)
+        except _RawDigestMismatch:
+            return False
+        return True
+
+    async def _run_command(self, cmd: Any) -> None:
+        lh = self.lh
+        lid, key = lh.ledger_id, lh._key
+        rec = self.rec
+        if isinstance(cmd, FenceRead):
+            r = await self._request(
+                cmd.bookie,
+                lambda rid: p.ReadEntryRequest(
+                    request_id=rid, ledger_id=lid, entry_id=p.LAST_ENTRY, master_key=key, flags=p.Flag.FENCE
+                ),
+            )
+            status, lac = _read_status(r)
+            if r is not None and status == p.Status.UNAUTHORIZED:
+                self.queue.put_nowait(lambda: [RecoveryFailed(error=E.UnauthorizedError("wrong key"))])
+                return
+            if isinstance(r, p.ReadEntryResponse) and r.status == p.Status.OK:
+                with contextlib.suppress(Exception):
+                    lac = max(lac, peek_header(r.entry).lac)
+            self.queue.put_nowait(lambda: rec.on_fence_response(cmd.bookie_index, status, lac))
+        elif isinstance(cmd, RecoveryRead):
+            flags = p.Flag.FENCE if cmd.fence else 0
+            for idx, bookie in zip(cmd.bookie_indices, cmd.bookies, strict=True):
+                self._spawn(self._recovery_read(cmd.entry_id, idx, bookie, flags))
+        elif isinstance(cmd, LengthRead):
+            for bookie in cmd.bookies:
+                self._spawn(self._length_read(cmd.entry_id, bookie))
+        elif isinstance(cmd, RecoveryAdd):
+            r = await self._request(
+                cmd.bookie,
+                lambda rid: p.AddEntryRequest(
+                    request_id=rid,
+                    ledger_id=lid,
+                    entry_id=cmd.entry_id,
+                    master_key=key,
+                    entry=cmd.entry,
+                    flags=p.Flag.RECOVERY_ADD,
+                ),
+            )
+            st = r.status if r is not None else None
+            self.queue.put_nowait(lambda: rec.on_recovery_add_response(cmd.entry_id, cmd.bookie, st))
+        elif isinstance(cmd, ChangeEnsemble):
+            try:
+                new = await self.lh.bk._replacements(cmd.ensemble, sorted(cmd.plan.failed_indices))
+            except E.LedgerError as e:
+                err = e
+                self.queue.put_nowait(lambda: rec.on_ensemble_change_failed(err))
+                return
+            self.queue.put_nowait(lambda: rec.on_ensemble_changed(cmd.plan.first_entry_id, new))
+        else:  # pragma: no cover
+            raise TypeError(cmd)
+
+    async def _recovery_read(self, entry_id: int, idx: int, bookie: str, flags: int) -> None:
+        lid, key = self.lh.ledger_id, self.lh._key
+        r = await self._request(
+            bookie,
+            lambda rid: p.ReadEntryRequest(
+                request_id=rid, ledger_id=lid, entry_id=entry_id, master_key=key, flags=flags
+            ),
+        )
+        status, _ = _read_status(r)
+        data = r.entry if isinstance(r, p.ReadEntryResponse) else b""
+        valid = status != p.Status.OK or self._valid(data, entry_id)
+        self.queue.put_nowait(lambda: self.rec.on_read_response(entry_id, idx, status, data, valid))
+
+    async def _length_read(self, entry_id: int, bookie: str) -> None:
+        lid, key = self.lh.ledger_id, self.lh._key
+        r = await self._request(
+            bookie,
+            lambda rid: p.ReadEntryRequest(request_id=rid, ledger_id=lid, entry_id=entry_id, master_key=key),
+        )
+        status, _ = _read_status(r)
+        data = r.entry if isinstance(r, p.ReadEntryResponse) else b""
+        valid = status != p.Status.OK or self._valid(data, entry_id)
+        self.queue.put_nowait(lambda: self.rec.on_length_response(entry_id, bookie, status, data, valid))
+
+
+def _read_status(r: p.Response | None) -> tuple[p.Status | None, int]:
+    if r is None:
+        return None, -1
+    assert isinstance(r, p.ReadEntryResponse)
+    return r.status, r.lac

@@ -1,0 +1,392 @@
+"""The write pipeline of one ledger handle: a pure core (no sockets, clocks or asyncio).
+
+The I/O layer drives it like this::
+
+    if not pipe.has_capacity: wait (backpressure the caller)
+    add = pipe.next_entry(len(payload))            # entry id, cumulative length, LAC to piggyback
+    data = codec.build(add.entry_id, add.lac, add.length, payload)    # keep `data` until the entry completes
+    for index, bookie in pipe.targets(add.entry_id): send ADD_ENTRY(data) to bookie
+    on a response:           progress = pipe.on_ack(entry_id, bookie, status)
+    on a timeout / no reply: progress = pipe.on_timeout(entry_id, bookie)    (or on_bookie_error(bookie))
+    progress.completed -> resolve those appends (already in entry-id order); progress.failed -> fail them
+                          with progress.error (terminal: the pipeline refuses everything afterwards)
+    if pipe.needs_ensemble_change and not pipe.changing_ensemble:
+        plan = pipe.ensemble_change_plan()         # first_entry_id = LAC + 1, failed indices; LAC freezes
+        choose replacements, CAS the metadata (OPEN and failed bookies still in the last ensemble), then
+        result = pipe.apply_new_ensemble(plan.first_entry_id, new_bookies)
+        send result.resends; resolve result.completed
+        (CAS found IN_RECOVERY -> pipe.fail(LedgerFencedError); CLOSED -> pipe.fail(LedgerClosedError);
+         no replacement -> pipe.fail(NotEnoughBookiesError); a lost CAS race -> re-read, call plan() again)
+
+Rules (ARCHITECTURE §8):
+
+- Entry ids are assigned contiguously from LAC + 1. An entry completes at >= Qa acks of its write set, and is
+  reported only once every earlier entry has completed, so acks and the LAC advance strictly in order.
+- FENCED or UNAUTHORIZED from any bookie is terminal: every pending entry fails with that error.
+- Any other failure (a status, a timeout, a lost connection) marks that bookie *index* failed; the ensemble
+  must change. The failed index gets no new sends until it is replaced.
+- While an ensemble change is in flight (``ensemble_change_plan()`` .. ``apply_new_ensemble()``) no entry
+  completes: the LAC is frozen so that the new segment's first entry id (LAC + 1 at plan time) is still LAC + 1
+  when it is applied. Otherwise an entry could complete with an ack from a bookie that the new segment, which
+  covers that entry, no longer contains — leaving it on fewer than Qa bookies of its covering ensemble.
+  Acks keep being recorded during the freeze and count when it ends.
+- On ``apply_new_ensemble``, for every pending entry (all are >= first_entry_id) acks from replaced indices are
+  forgotten (the old bookie's copy lives in a segment that no longer covers the entry) and the entry is resent
+  to each replacement in its write set. Acks from bookies that stayed still count.
+
+Responses are matched to the current ensemble by bookie id; a response from a bookie that is no longer in the
+ensemble is ignored. (If a replaced bookie comes back later at another index its late ack is still true — it
+does store that entry — so counting it is sound.)
+
+``_unsafe_ack_out_of_order=True`` reports entries as completed as soon as they reach Qa even when an earlier
+entry has not: WRONG, for the correctness harness only (the LAC itself still advances contiguously).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from bookie.protocol import Status
+
+from .errors import (
+    IllegalStateTransitionError,
+    IncorrectParameterError,
+    LedgerError,
+    error_for_status,
+)
+from .quorum import AckSet, validate_quorum, write_set
+
+__all__ = [
+    "DEFAULT_OUTSTANDING_ADDS_MAX",
+    "EnsembleChangePlan",
+    "EnsembleChangeResult",
+    "PendingAdd",
+    "PipelineFullError",
+    "Progress",
+    "Resend",
+    "Target",
+    "WritePipeline",
+]
+
+DEFAULT_OUTSTANDING_ADDS_MAX = 1000
+
+#: Statuses after which this writer can never succeed: the pipeline fails as a whole.
+TERMINAL_STATUSES = frozenset({Status.FENCED, Status.UNAUTHORIZED})
+
+
+class PipelineFullError(RuntimeError):
+    """``next_entry`` with ``outstanding_adds_max`` entries pending. Internal: check ``has_capacity`` first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingAdd:
+    entry_id: int
+    payload_len: int
+    length: int  # cumulative ledger length including this entry (goes into the entry header)
+    lac: int  # the LAC to piggyback in this entry's header (the pipeline's LAC when the id was assigned)
+
+
+class Target(NamedTuple):
+    bookie_index: int
+    bookie: str
+
+
+class Resend(NamedTuple):
+    entry_id: int
+    bookie_index: int
+    bookie: str
+
+
+class EnsembleChangePlan(NamedTuple):
+    first_entry_id: int  # the new segment's first entry id = LAC + 1
+    failed_indices: frozenset[int]
+    failed_bookies: tuple[str, ...]  # bookie ids at failed_indices, in index order (for the CAS predicate)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What an event decided. ``completed`` ascending; ``failed`` entries all fail with ``error``."""
+
+    completed: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()
+    error: LedgerError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleChangeResult:
+    resends: tuple[Resend, ...]
+    completed: tuple[int, ...]  # entries that completed once the LAC unfroze (ascending)
+
+
+class _Entry:
+    __slots__ = ("entry_id", "length", "acks", "reported")
+
+    def __init__(self, entry_id: int, length: int, acks: AckSet) -> None:
+        self.entry_id = entry_id
+        self.length = length
+        self.acks = acks
+        self.reported = False  # completion already reported (only early in _unsafe_ack_out_of_order mode)
+
+
+class WritePipeline:
+    """Pending adds of one ledger handle (see the module docstring for the protocol)."""
+
+    def __init__(
+        self,
+        *,
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        ensemble: list[str] | tuple[str, ...],
+        last_add_confirmed: int = -1,
+        length: int = 0,
+        outstanding_adds_max: int = DEFAULT_OUTSTANDING_ADDS_MAX,
+        _unsafe_ack_out_of_order: bool = False,
+    ) -> None:
+        validate_quorum(ensemble_size, write_quorum, ack_quorum)
+        if outstanding_adds_max < 1:
+            raise IncorrectParameterError(f"outstanding_adds_max must be >= 1, got {outstanding_adds_max}")
+        if last_add_confirmed < -1 or length < 0:
+            raise IncorrectParameterError(
+                f"bad start: last_add_confirmed={last_add_confirmed} length={length}"
+            )
+        self.ensemble_size = ensemble_size
+        self.write_quorum = write_quorum
+        self.ack_quorum = ack_quorum
+        self.outstanding_adds_max = outstanding_adds_max
+        self._ensemble: tuple[str, ...] = ()
+        self._index_of: dict[str, int] = {}
+        self._set_ensemble(ensemble)
+        self._lac = last_add_confirmed
+        self._length = length  # cumulative length through the LAC
+        self._next_entry_id = last_add_confirmed + 1
+        self._next_length = length
+        self._pending: dict[int, _Entry] = {}  # insertion order == entry-id order
+        self._failed: set[int] = set()
+        self._changing = False
+        self._error: LedgerError | None = None
+        self._unsafe_out_of_order = _unsafe_ack_out_of_order
+
+    # -- introspection ----------------------------------------------------------------------------------
+
+    @property
+    def lac(self) -> int:
+        """Highest entry id such that it and every earlier entry completed (-1 when none)."""
+        return self._lac
+
+    @property
+    def length(self) -> int:
+        """Cumulative ledger length through the LAC."""
+        return self._length
+
+    @property
+    def next_entry_id(self) -> int:
+        return self._next_entry_id
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        return self._ensemble
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    @property
+    def pending_entry_ids(self) -> tuple[int, ...]:
+        return tuple(self._pending)
+
+    @property
+    def has_capacity(self) -> bool:
+        return self._error is None and len(self._pending) < self.outstanding_adds_max
+
+    @property
+    def error(self) -> LedgerError | None:
+        """The terminal error, once the pipeline failed."""
+        return self._error
+
+    @property
+    def failed_indices(self) -> frozenset[int]:
+        return frozenset(self._failed)
+
+    @property
+    def needs_ensemble_change(self) -> bool:
+        return self._error is None and bool(self._failed)
+
+    @property
+    def changing_ensemble(self) -> bool:
+        return self._changing
+
+    def acked_indices(self, entry_id: int) -> frozenset[int]:
+        """Indices whose ack currently counts for a pending entry (empty if not pending)."""
+        e = self._pending.get(entry_id)
+        return e.acks.acked if e is not None else frozenset()
+
+    # -- appends ----------------------------------------------------------------------------------------
+
+    def next_entry(self, payload_len: int) -> PendingAdd:
+        """Assign the next entry id. Raises the terminal error, or PipelineFullError when at the bound."""
+        if self._error is not None:
+            raise self._error
+        if payload_len < 0:
+            raise IncorrectParameterError(f"payload length must be >= 0, got {payload_len}")
+        if len(self._pending) >= self.outstanding_adds_max:
+            raise PipelineFullError(
+                f"{len(self._pending)} adds outstanding (max {self.outstanding_adds_max})"
+            )
+        eid = self._next_entry_id
+        self._next_entry_id += 1
+        self._next_length += payload_len
+        acks = AckSet(eid, self.ensemble_size, self.write_quorum, self.ack_quorum)
+        self._pending[eid] = _Entry(eid, self._next_length, acks)
+        return PendingAdd(entry_id=eid, payload_len=payload_len, length=self._next_length, lac=self._lac)
+
+    def targets(self, entry_id: int) -> list[Target]:
+        """Where to send a pending entry now: its write set in the current ensemble, minus failed indices
+        (those get the entry as a resend once replaced)."""
+        ws = write_set(entry_id, self.ensemble_size, self.write_quorum)
+        return [Target(i, self._ensemble[i]) for i in ws if i not in self._failed]
+
+    # -- responses --------------------------------------------------------------------------------------
+
+    def on_ack(self, entry_id: int, bookie: str, status: Status | None) -> Progress:
+        """An add response (``None`` = no response: timeout or connection lost)."""
+        if self._error is not None:
+            return Progress()
+        if status is not None:
+            status = Status(status)
+        if status is Status.OK:
+            entry = self._pending.get(entry_id)
+            idx = self._index_of.get(bookie)
+            if entry is None or idx is None or idx not in entry.acks.write_set:
+                return Progress()  # completed already, or a replaced bookie's late answer
+            entry.acks.ack(idx)
+            return self._advance()
+        if status in TERMINAL_STATUSES:
+            assert status is not None
+            return self.fail(error_for_status(status, entry_id=entry_id, bookie=bookie))
+        self._record_failure(entry_id, bookie)
+        return Progress()
+
+    def on_timeout(self, entry_id: int, bookie: str) -> Progress:
+        """The add of ``entry_id`` to ``bookie`` got no answer in time.
+
+        Cancel the timer when the response arrives: for an entry already completed the pipeline cannot tell
+        a late timeout from a real one and replaces the bookie (costs an ensemble change, never safety).
+        """
+        return self.on_ack(entry_id, bookie, None)
+
+    def on_bookie_error(self, bookie: str) -> Progress:
+        """The connection to ``bookie`` is lost: its index needs replacing."""
+        idx = self._index_of.get(bookie)
+        if self._error is None and idx is not None:
+            self._failed.add(idx)
+        return Progress()
+
+    def _record_failure(self, entry_id: int, bookie: str) -> None:
+        idx = self._index_of.get(bookie)
+        if idx is None or not 0 <= entry_id < self._next_entry_id:
+            return  # a replaced bookie, or an entry never sent
+        if idx not in write_set(entry_id, self.ensemble_size, self.write_quorum):
+            return
+        entry = self._pending.get(entry_id)
+        if entry is not None:
+            if entry.acks.has_acked(idx):
+                return  # an ack is final; this failure report lost a race with it
+            entry.acks.fail(idx)
+        # A failure on an already completed entry still removes the bookie (BookKeeper's delayed write
+        # failure): later entries in its write sets must not depend on it.
+        self._failed.add(idx)
+
+    def fail(self, error: LedgerError) -> Progress:
+        """Enter the terminal error state: every pending entry fails with ``error``."""
+        if self._error is not None:
+            return Progress()
+        self._error = error
+        failed = tuple(eid for eid, e in self._pending.items() if not e.reported)
+        self._pending.clear()
+        self._failed.clear()
+        self._changing = False
+        return Progress(failed=failed, error=error)
+
+    def _advance(self) -> Progress:
+        if self._changing:
+            return Progress()  # LAC frozen during an ensemble change (see the module docstring)
+        done: list[int] = []
+        while (entry := self._pending.get(self._lac + 1)) is not None and entry.acks.complete:
+            del self._pending[entry.entry_id]
+            self._lac = entry.entry_id
+            self._length = entry.length
+            if not entry.reported:
+                done.append(entry.entry_id)
+        if self._unsafe_out_of_order:
+            for entry in self._pending.values():
+                if entry.acks.complete and not entry.reported:
+                    entry.reported = True
+                    done.append(entry.entry_id)
+        return Progress(completed=tuple(done))
+
+    # -- ensemble change --------------------------------------------------------------------------------
+
+    def ensemble_change_plan(self) -> EnsembleChangePlan:
+        """Start (or restart, after a lost CAS race) an ensemble change. Freezes the LAC until applied."""
+        if self._error is not None:
+            raise self._error
+        if not self._failed:
+            raise IllegalStateTransitionError("no failed bookie: no ensemble change needed")
+        self._changing = True
+        failed = sorted(self._failed)
+        return EnsembleChangePlan(
+            first_entry_id=self._lac + 1,
+            failed_indices=frozenset(failed),
+            failed_bookies=tuple(self._ensemble[i] for i in failed),
+        )
+
+    def cancel_ensemble_change(self) -> Progress:
+        """Give up the change in flight without applying it (failed indices stay failed). Unfreezes the LAC."""
+        self._changing = False
+        return self._advance() if self._error is None else Progress()
+
+    def apply_new_ensemble(
+        self, first_entry_id: int, bookies: list[str] | tuple[str, ...]
+    ) -> EnsembleChangeResult:
+        """The metadata now has a segment ``bookies`` from ``first_entry_id``; return the resends to do."""
+        if self._error is not None:
+            raise self._error
+        if not self._changing:
+            raise IllegalStateTransitionError("apply_new_ensemble without ensemble_change_plan")
+        if first_entry_id != self._lac + 1:
+            raise IllegalStateTransitionError(
+                f"new segment must start at LAC+1={self._lac + 1}, got {first_entry_id}"
+            )
+        # By construction (LAC frozen since the plan): nothing below the new segment is still pending.
+        assert all(eid >= first_entry_id for eid in self._pending), "pending entry below the new segment"
+        old = self._ensemble
+        self._set_ensemble(bookies)
+        replaced = {i for i in range(self.ensemble_size) if old[i] != self._ensemble[i]}
+        self._failed -= replaced
+        self._changing = False
+        resends: list[Resend] = []
+        for eid, entry in self._pending.items():
+            for i in entry.acks.write_set:
+                if i in replaced:
+                    entry.acks.forget(i)
+                    resends.append(Resend(eid, i, self._ensemble[i]))
+        return EnsembleChangeResult(resends=tuple(resends), completed=self._advance().completed)
+
+    def _set_ensemble(self, bookies: list[str] | tuple[str, ...]) -> None:
+        bookies = tuple(bookies)
+        if len(bookies) != self.ensemble_size:
+            raise IncorrectParameterError(
+                f"ensemble of {len(bookies)} bookies, expected {self.ensemble_size}"
+            )
+        if len(set(bookies)) != len(bookies):
+            raise IncorrectParameterError(f"ensemble has duplicate bookies: {bookies}")
+        self._ensemble = bookies
+        self._index_of = {b: i for i, b in enumerate(bookies)}
+
+    def __repr__(self) -> str:
+        return (
+            f"WritePipeline(lac={self._lac}, next={self._next_entry_id}, pending={len(self._pending)}, "
+            f"failed={sorted(self._failed)}, changing={self._changing}, error={self._error!r})"
+        )

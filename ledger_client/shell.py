@@ -1,0 +1,274 @@
+"""``ledgerstore ledger …``: the BookKeeper shell's everyday verbs, on the async client."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from tqdm import tqdm
+
+from .client import BookKeeper, ClientConfig
+
+
+def add_ledger_commands(
+    parser: argparse.ArgumentParser, common: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    def verb(
+        name: str, fn: Callable[[argparse.Namespace, BookKeeper], Coroutine[Any, Any, int]], help_text: str
+    ) -> argparse.ArgumentParser:
+        a = sub.add_parser(name, help=help_text)
+        common(a)
+        a.set_defaults(func=lambda args: _run(args, fn))
+        return a
+
+    verb("bookies", _bookies, "list writable and read-only bookies")
+    verb("list", _list, "list ledger ids (with their state)")
+    for name, fn, text in (
+        ("metadata", _metadata, "show a ledger's metadata"),
+        ("recover", _recover, "fence and recover a ledger (closes it)"),
+        ("delete", _delete, "delete a ledger"),
+    ):
+        a = verb(name, fn, text)
+        a.add_argument("ledger_id", type=int)
+        a.add_argument("--password", default="", help="the ledger's password")
+    for name, fn, text in (
+        ("create", _create, "create an empty ledger (and close it unless --keep-open)"),
+        ("write", _write, "create a ledger and write entries to it"),
+        ("simpletest", _simpletest, "write, read back and verify entries; delete the ledger"),
+    ):
+        a = verb(name, fn, text)
+        a.add_argument("-E", "--ensemble", type=int, default=3)
+        a.add_argument("-W", "--write-quorum", type=int, default=2)
+        a.add_argument("-A", "--ack-quorum", type=int, default=2)
+        a.add_argument("--password", default="")
+        if name != "create":
+            a.add_argument("-n", "--entries", type=int, default=1000)
+            a.add_argument("--entry-size", type=int, default=100)
+        if name == "write":
+            a.add_argument(
+                "--input", default=None, help="write one entry per line of this file ('-' = stdin)"
+            )
+        if name == "create":
+            a.add_argument("--keep-open", action="store_true")
+    a = verb("read", _read, "print a ledger's entries")
+    a.add_argument("ledger_id", type=int)
+    a.add_argument("--first", type=int, default=0)
+    a.add_argument("--last", type=int, default=None)
+    a.add_argument("--password", default="")
+    a.add_argument("--no-recovery", action="store_true", help="read without fencing (tailing reader)")
+
+
+def _run(
+    args: argparse.Namespace, fn: Callable[[argparse.Namespace, BookKeeper], Coroutine[Any, Any, int]]
+) -> int:
+    from bookie.main import install_uvloop
+
+    install_uvloop()
+
+    async def go() -> int:
+        bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
+        try:
+            return await fn(args, bk)
+        finally:
+            await bk.close()
+
+    return asyncio.run(go())
+
+
+def _out(args: argparse.Namespace, human: str, data: Any) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        print(human)
+
+
+def _md_json(md: Any) -> dict[str, Any]:
+    d: dict[str, Any] = md.to_json()
+    return d
+
+
+def _progress(args: argparse.Namespace, total: int, desc: str) -> tqdm:
+    return tqdm(
+        total=total, desc=desc, unit="entry", disable=args.json or total < 200, file=sys.stderr, leave=False
+    )
+
+
+async def _bookies(args: argparse.Namespace, bk: BookKeeper) -> int:
+    w, r = await bk.writable_bookies(), await bk.readonly_bookies()
+    _out(
+        args,
+        "\n".join(
+            [
+                f"writable ({len(w)}):",
+                *(f"  {b}" for b in w),
+                f"read-only ({len(r)}):",
+                *(f"  {b}" for b in r),
+            ]
+        ),
+        {"writable": w, "readonly": r},
+    )
+    return 0
+
+
+async def _list(args: argparse.Namespace, bk: BookKeeper) -> int:
+    ids = await bk.list_ledgers()
+    rows = []
+    for lid in ids:
+        md = await bk.ledger_metadata(lid)
+        rows.append(
+            {
+                "ledger_id": lid,
+                "state": md.state.value,
+                "last_entry_id": md.last_entry_id,
+                "length": md.length,
+            }
+        )
+    _out(
+        args,
+        "\n".join(
+            f"{r['ledger_id']:>8}  {r['state']:<11} last_entry_id={r['last_entry_id']} length={r['length']}"
+            for r in rows
+        )
+        or "(no ledgers)",
+        rows,
+    )
+    return 0
+
+
+async def _metadata(args: argparse.Namespace, bk: BookKeeper) -> int:
+    md = await bk.ledger_metadata(args.ledger_id)
+    d = _md_json(md)
+    human = [
+        f"ledger {md.ledger_id}: {md.state.value}, E={md.ensemble_size} Qw={md.write_quorum} "
+        f"Qa={md.ack_quorum}, last_entry_id={md.last_entry_id}, length={md.length}, digest={md.digest_type}"
+    ]
+    human += [f"  ensemble from entry {e.first_entry_id}: {', '.join(e.bookies)}" for e in md.ensembles]
+    _out(args, "\n".join(human), d)
+    return 0
+
+
+async def _recover(args: argparse.Namespace, bk: BookKeeper) -> int:
+    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=True)
+    md = lh.metadata
+    _out(
+        args,
+        f"ledger {md.ledger_id} is {md.state.value}: last_entry_id={md.last_entry_id} length={md.length}",
+        _md_json(md),
+    )
+    return 0
+
+
+async def _delete(args: argparse.Namespace, bk: BookKeeper) -> int:
+    await bk.delete_ledger(args.ledger_id)
+    _out(args, f"ledger {args.ledger_id} deleted", {"deleted": args.ledger_id})
+    return 0
+
+
+async def _create(args: argparse.Namespace, bk: BookKeeper) -> int:
+    lh = await bk.create_ledger(
+        args.ensemble, args.write_quorum, args.ack_quorum, password=args.password.encode()
+    )
+    if not args.keep_open:
+        await lh.close()
+    _out(args, f"created ledger {lh.ledger_id}", {"ledger_id": lh.ledger_id})
+    return 0
+
+
+def _payloads(args: argparse.Namespace) -> list[bytes]:
+    if getattr(args, "input", None):
+        src = sys.stdin if args.input == "-" else open(args.input)  # noqa: SIM115
+        with src:
+            return [line.rstrip("\n").encode() for line in src]
+    return [
+        f"{i:08d}".encode().ljust(args.entry_size, b".")[: max(args.entry_size, 8)]
+        for i in range(args.entries)
+    ]
+
+
+async def _write_entries(args: argparse.Namespace, lh: Any, payloads: list[bytes], desc: str) -> float:
+    t0 = time.perf_counter()
+    with _progress(args, len(payloads), desc) as bar:
+        futs = []
+        for data in payloads:
+            fut = await lh.append_future(data)
+            fut.add_done_callback(lambda _f: bar.update(1))
+            futs.append(fut)
+        await asyncio.gather(*futs)
+    return time.perf_counter() - t0
+
+
+async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:
+    payloads = _payloads(args)
+    lh = await bk.create_ledger(
+        args.ensemble, args.write_quorum, args.ack_quorum, password=args.password.encode()
+    )
+    dt = await _write_entries(args, lh, payloads, f"ledger {lh.ledger_id}")
+    await lh.close()
+    _out(
+        args,
+        f"wrote {len(payloads)} entries to ledger {lh.ledger_id} in {dt:.2f}s; closed at "
+        f"last_entry_id={lh.last_add_confirmed}",
+        {"ledger_id": lh.ledger_id, "entries": len(payloads), "seconds": dt},
+    )
+    return 0
+
+
+async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
+    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=not args.no_recovery)
+    last = lh.last_add_confirmed if args.last is None else args.last
+    rows = []
+    async for e in lh.read(args.first, last):
+        if args.json:
+            rows.append({"entry_id": e.entry_id, "data": e.data.decode("utf-8", "backslashreplace")})
+        else:
+            print(f"{e.entry_id}\t{e.data.decode('utf-8', 'backslashreplace')}")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 0
+
+
+async def _simpletest(args: argparse.Namespace, bk: BookKeeper) -> int:
+    pw = args.password.encode()
+    payloads = _payloads(args)
+    lh = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=pw)
+    wdt = await _write_entries(args, lh, payloads, f"write ledger {lh.ledger_id}")
+    await lh.close()
+    rh = await bk.open_ledger(lh.ledger_id, password=pw, recovery=True)
+    t0 = time.perf_counter()
+    n = 0
+    with _progress(args, len(payloads), "read back") as bar:
+        async for e in rh.read(0, rh.last_add_confirmed):
+            if e.data != payloads[e.entry_id]:
+                raise RuntimeError(f"entry {e.entry_id} read back different bytes")
+            n += 1
+            bar.update(1)
+    rdt = time.perf_counter() - t0
+    if n != len(payloads):
+        raise RuntimeError(f"read back {n} entries, wrote {len(payloads)}")
+    md = rh.metadata
+    await bk.delete_ledger(lh.ledger_id)
+    ensemble = list(md.ensembles[0].bookies)
+    result = {
+        "ledger_id": lh.ledger_id,
+        "ensemble": ensemble,
+        "E/Qw/Qa": f"{args.ensemble}/{args.write_quorum}/{args.ack_quorum}",
+        "entries": n,
+        "write_entries_per_s": round(n / wdt),
+        "read_entries_per_s": round(n / rdt) if rdt else None,
+        "verified": True,
+    }
+    _out(
+        args,
+        f"simpletest OK: ledger {lh.ledger_id} (E/Qw/Qa {result['E/Qw/Qa']}) on "
+        f"{', '.join(ensemble)}: wrote {n} entries ({result['write_entries_per_s']:,}/s), "
+        f"read back and verified ({result['read_entries_per_s']:,}/s), deleted",
+        result,
+    )
+    return 0

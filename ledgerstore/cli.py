@@ -1,0 +1,192 @@
+"""The ``ledgerstore`` command: one console script, subcommands per component (ARCHITECTURE §3).
+
+Every command takes ``--zk`` (default ``$LEDGERSTORE_ZK`` or ``127.0.0.1:2181``) and ``--json``, prints human
+output by default, and exits non-zero with a one-line reason on error (``CommandError`` or any error of ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ZK = "127.0.0.1:2181"
+DEFAULT_STATE_DIR = ".ledgerstore"
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def emit(args: argparse.Namespace, human: str | Callable[[], str], data: Any) -> None:
+    """Print ``data`` as JSON with --json, else the human text."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        print(human() if callable(human) else human)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zk", default=os.environ.get("LEDGERSTORE_ZK", DEFAULT_ZK), help="ZooKeeper HOST:PORT")
+    p.add_argument(
+        "--zk-root", default=os.environ.get("LEDGERSTORE_ZK_ROOT", "/ledgerstore"), help="metadata root"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ledgerstore", description="A replicated, durable log store.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    # zk ------------------------------------------------------------------------------------------
+    zkp = sub.add_parser("zk", help="a local ZooKeeper for development")
+    zks = zkp.add_subparsers(dest="action", required=True)
+    for name in ("start", "stop", "status"):
+        a = zks.add_parser(name)
+        _common(a)
+        a.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
+        a.add_argument("--port", type=int, default=2181)
+    zkp.set_defaults(func=_cmd_zk)
+
+    # bookie --------------------------------------------------------------------------------------
+    bp = sub.add_parser("bookie", help="run or administer a bookie")
+    bs = bp.add_subparsers(dest="action", required=True)
+    serve = bs.add_parser("serve", help="run a bookie server in the foreground")
+    _common(serve)
+    serve.add_argument("--data-dir", type=Path, required=True)
+    serve.add_argument("--port", type=int, default=3181)
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--bookie-id", default=None, help="defaults to <advertised host>:<port>")
+    serve.add_argument("--advertised-address", default="127.0.0.1")
+    serve.add_argument(
+        "--listen-address", default=None, help="bind address (default: the advertised address)"
+    )
+    serve.add_argument("--journal-max-wait-ms", type=float, default=1.0)
+    serve.add_argument("--disk-usage-threshold", type=float, default=0.95)
+    serve.add_argument("--disk-usage-lwm", type=float, default=0.90)
+    serve.add_argument("--gc-interval-s", type=float, default=60.0)
+    serve.add_argument("--checkpoint-interval-s", type=float, default=10.0)
+    serve.add_argument("--partial-frame-timeout-s", type=float, default=30.0)
+    serve.add_argument("--inflight-max", type=int, default=10_000, help="requests in flight per connection")
+    serve.add_argument(
+        "--no-fsync", action="store_true", help="UNSAFE: skip fsync (benchmarks of the rest only)"
+    )
+    fmt = bs.add_parser("format", help="delete a bookie's cookie so a replaced bookie can register anew")
+    _common(fmt)
+    fmt.add_argument("--bookie-id", required=True)
+    fmt.add_argument("--delete-cookie", action="store_true", required=True)
+    bp.set_defaults(func=_cmd_bookie)
+
+    # cluster -------------------------------------------------------------------------------------
+    cp = sub.add_parser(
+        "cluster", help="a whole local cluster (ZooKeeper + bookies) as processes or containers"
+    )
+    cs = cp.add_subparsers(dest="action", required=True)
+    for name in ("up", "down", "status"):
+        a = cs.add_parser(name)
+        _common(a)
+        a.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
+        a.add_argument("--bookies", type=int, default=3)
+        a.add_argument("--brokers", type=int, default=0)
+        a.add_argument("--docker", action="store_true", help="run as containers (docker/compose.yaml)")
+        a.add_argument("--zk-port", type=int, default=2181)
+        a.add_argument("--base-port", type=int, default=3181)
+    cp.set_defaults(func=_cmd_cluster)
+
+    # ledger --------------------------------------------------------------------------------------
+    lp = sub.add_parser("ledger", help="the BookKeeper shell's everyday verbs")
+    from ledger_client.shell import add_ledger_commands
+
+    add_ledger_commands(lp, _common)
+
+    # bench ---------------------------------------------------------------------------------------
+    bench = sub.add_parser("bench", help="throughput/latency benchmarks")
+    from ledgerstore.bench import add_bench_commands
+
+    add_bench_commands(bench, _common)
+
+    # demo ----------------------------------------------------------------------------------------
+    demo = sub.add_parser("demo", help="the end-to-end story (what `make run` shows)")
+    _common(demo)
+    demo.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def _cmd_zk(args: argparse.Namespace) -> int:
+    from zk import launcher
+
+    if args.action == "start":
+        cs = launcher.cli_start(args.state_dir, args.port)
+        emit(args, f"ZooKeeper serving at {cs} (state in {args.state_dir}/zookeeper)", {"connect": cs})
+    elif args.action == "stop":
+        stopped = launcher.cli_stop(args.state_dir)
+        emit(args, "ZooKeeper stopped" if stopped else "ZooKeeper was not running", {"stopped": stopped})
+    else:
+        st = launcher.status(args.state_dir)
+        emit(args, str(st), st)
+    return 0
+
+
+def _cmd_bookie(args: argparse.Namespace) -> int:
+    from bookie import main as bookie_main
+
+    if args.action == "serve":
+        return bookie_main.serve(args)
+    return bookie_main.format_cookie(args)
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from ledgerstore import cluster
+
+    return cluster.command(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import ledgerstore.demo as demo
+
+    return demo.run(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    server = args.command == "bookie" and getattr(args, "action", "") == "serve"
+    logging.basicConfig(
+        level=logging.DEBUG
+        if getattr(args, "verbose", False)
+        else logging.INFO
+        if server
+        else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except CommandError as e:
+        print(f"ledgerstore: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # our errors carry a code; anything else is still one line, not a traceback
+        code = getattr(e, "code", None)
+        prefix = f"{code}: " if isinstance(code, str) else ""
+        print(f"ledgerstore: {prefix}{e}", file=sys.stderr)
+        if getattr(args, "verbose", False):
+            raise
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

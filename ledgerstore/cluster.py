@@ -1,0 +1,282 @@
+"""A local cluster as processes (ZooKeeper + N bookies), state under one directory.
+
+``BookieProcess`` is also what integration and fault tests use to run real bookie processes: start, wait for
+health, SIGTERM, kill -9, SIGSTOP/SIGCONT, restart on the same directories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ledgerstore.cli import CommandError, emit
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class BookieProcess:
+    zk: str
+    data_dir: Path
+    port: int
+    http_port: int
+    zk_root: str = "/ledgerstore"
+    extra_args: list[str] = field(default_factory=list)
+    bookie_id: str | None = None
+    log_path: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.bookie_id or f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "ledgerstore.cli",
+            "bookie",
+            "serve",
+            "--zk",
+            self.zk,
+            "--zk-root",
+            self.zk_root,
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            "--http-port",
+            str(self.http_port),
+            *self.extra_args,
+        ]
+        if self.bookie_id:
+            cmd += ["--bookie-id", self.bookie_id]
+        return cmd
+
+    def start(self, wait: bool = True, timeout_s: float = 30.0) -> BookieProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_path or self.data_dir.parent / f"bookie-{self.port}.log"
+        self.log_path = log_path
+        logf = open(log_path, "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            self.command(), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+        logf.close()
+        if wait:
+            self.wait_healthy(timeout_s)
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def wait_healthy(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"bookie {self.id} exited with {self.proc.returncode}: {self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"bookie {self.id} not healthy after {timeout_s}s: {self.log_tail()}")
+
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout_s)
+
+    def log_tail(self, n: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def restart(self, wait: bool = True) -> BookieProcess:
+        self.stop()
+        return self.start(wait=wait)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# `ledgerstore cluster up|down|status`
+
+
+def _state_file(state_dir: Path) -> Path:
+    return state_dir / "cluster.json"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def command(args: argparse.Namespace) -> int:
+    if args.docker:
+        import ledgerstore.docker_cluster as docker_cluster
+
+        return docker_cluster.command(args)
+    state_dir: Path = args.state_dir
+    if args.action == "up":
+        return _up(args, state_dir)
+    if args.action == "down":
+        return _down(args, state_dir)
+    return _status(args, state_dir)
+
+
+def _up(args: argparse.Namespace, state_dir: Path) -> int:
+    from zk import launcher
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    st = _read_state(state_dir)
+    if st and any(_pid_alive(b["pid"]) for b in st.get("bookies", [])):
+        raise CommandError(f"a cluster is already running from {state_dir}; `ledgerstore cluster down` first")
+    zk = launcher.cli_start(state_dir, args.zk_port)
+    bookies = []
+    for i in range(args.bookies):
+        port = args.base_port + i
+        http_port = 8000 + i
+        bp = BookieProcess(
+            zk=zk,
+            zk_root=args.zk_root,
+            data_dir=state_dir / f"bookie-{i}",
+            port=port,
+            http_port=http_port,
+            log_path=state_dir / f"bookie-{i}.log",
+        )
+        bp.start(wait=False)
+        bookies.append(bp)
+    for bp in bookies:
+        bp.wait_healthy(60)
+    state = {
+        "zk": zk,
+        "zk_root": args.zk_root,
+        "bookies": [
+            {
+                "id": b.id,
+                "pid": b.proc.pid if b.proc else 0,
+                "http_port": b.http_port,
+                "data_dir": str(b.data_dir),
+            }
+            for b in bookies
+        ],
+    }
+    _state_file(state_dir).write_text(json.dumps(state, indent=2))
+    emit(
+        args,
+        lambda: (
+            f"cluster up: ZooKeeper {zk}, bookies "
+            + ", ".join(b.id for b in bookies)
+            + f" (logs in {state_dir})"
+        ),
+        state,
+    )
+    return 0
+
+
+def _read_state(state_dir: Path) -> dict[str, Any] | None:
+    f = _state_file(state_dir)
+    if not f.exists():
+        return None
+    data: dict[str, Any] = json.loads(f.read_text())
+    return data
+
+
+def _down(args: argparse.Namespace, state_dir: Path) -> int:
+    from zk import launcher
+
+    st = _read_state(state_dir) or {"bookies": []}
+    stopped = 0
+    for b in st["bookies"]:
+        pid = b["pid"]
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(150):
+                if not _pid_alive(pid):
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            stopped += 1
+    zk_stopped = launcher.cli_stop(state_dir)
+    _state_file(state_dir).unlink(missing_ok=True)
+    emit(
+        args,
+        f"cluster down: {stopped} bookies stopped, ZooKeeper {'stopped' if zk_stopped else 'not running'}",
+        {"bookies_stopped": stopped, "zk_stopped": zk_stopped},
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace, state_dir: Path) -> int:
+    st = _read_state(state_dir)
+    if not st:
+        emit(args, f"no cluster in {state_dir}", {"running": False})
+        return 1
+    rows = []
+    for b in st["bookies"]:
+        alive = _pid_alive(b["pid"])
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{b['http_port']}/health", timeout=1) as r:
+                health = json.loads(r.read())
+        except OSError:
+            health = None
+        rows.append({**b, "alive": alive, "health": health})
+    emit(
+        args,
+        lambda: (
+            f"ZooKeeper {st['zk']}\n"
+            + "\n".join(
+                f"  bookie {r['id']:<22} pid {r['pid']:<7} {'up' if r['alive'] else 'DOWN'}"
+                + (" read-only" if r["health"] and r["health"].get("readonly") else "")
+                for r in rows
+            )
+        ),
+        {"zk": st["zk"], "bookies": rows},
+    )
+    return 0 if all(r["alive"] for r in rows) else 1

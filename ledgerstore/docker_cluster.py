@@ -1,0 +1,61 @@
+"""``ledgerstore cluster up|down|status --docker``: the same cluster as containers (docker/compose.yaml).
+
+Bookies advertise 127.0.0.1:<published port> so that clients on the host (this CLI, Spark in local mode) reach
+them; see the addressing notes at the top of docker/compose.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ledgerstore.cli import CommandError, emit
+
+PROJECT = "ledgerstore"
+COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker" / "compose.yaml"
+
+
+def compose_command() -> list[str]:
+    docker = shutil.which("docker") or "/usr/bin/docker"
+    if subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    if legacy:
+        return [legacy]
+    raise CommandError("neither `docker compose` nor `docker-compose` is installed (see docs/operations.md)")
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    cmd = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def command(args: argparse.Namespace) -> int:
+    if not COMPOSE_FILE.exists():
+        raise CommandError(f"{COMPOSE_FILE} not found (run from a source checkout)")
+    env = {**os.environ, "LEDGERSTORE_ADVERTISED_HOST": "127.0.0.1", "ZK_PORT": str(args.zk_port)}
+    if args.bookies != 3:
+        raise CommandError("--docker runs the 3 bookies of docker/compose.yaml; add services there for more")
+    if args.action == "up":
+        legacy = compose_command()[0].endswith("docker-compose")
+        r = _run(["up", "-d"] + ([] if legacy else ["--wait"]), env)
+        if r.returncode != 0:
+            raise CommandError(f"docker compose up failed: {r.stderr.strip().splitlines()[-1:]}")
+        emit(
+            args,
+            f"cluster up (containers): ZooKeeper 127.0.0.1:{args.zk_port}",
+            {"zk": f"127.0.0.1:{args.zk_port}"},
+        )
+        return 0
+    if args.action == "down":
+        r = _run(["down"], env)
+        if r.returncode != 0:
+            raise CommandError(f"docker compose down failed: {r.stderr.strip()}")
+        emit(args, "cluster down (containers)", {"down": True})
+        return 0
+    r = _run(["ps"], env)
+    emit(args, r.stdout.strip(), {"ps": r.stdout})
+    return r.returncode

@@ -1,0 +1,1 @@
+"""PySpark data sources for ledgers and topics (planned; see the issues)."""

@@ -1,0 +1,66 @@
+"""Shared fixtures: a real ZooKeeper per session (zk.testing) and real bookie processes per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledgerstore.cluster import BookieProcess, free_port
+from zk.testing import zk_connect, zk_root, zk_server, zk_store  # noqa: F401
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+
+class BookieFactory:
+    """Starts bookie processes against the session's ZooKeeper under a per-test metadata root."""
+
+    def __init__(self, zk: str, root: str, tmp: Path) -> None:
+        self.zk = zk
+        self.root = root
+        self.tmp = tmp
+        self.procs: list[BookieProcess] = []
+
+    def start(
+        self,
+        *extra: str,
+        data_dir: Path | None = None,
+        wait: bool = True,
+        port: int | None = None,
+        bookie_id: str | None = None,
+    ) -> BookieProcess:
+        port = port or free_port()
+        bp = BookieProcess(
+            zk=self.zk,
+            zk_root=self.root,
+            data_dir=data_dir or self.tmp / f"bookie-{port}",
+            port=port,
+            http_port=free_port(),
+            extra_args=list(extra),
+            bookie_id=bookie_id,
+        )
+        self.procs.append(bp)
+        return bp.start(wait=wait)
+
+    def start_many(self, n: int, *extra: str) -> list[BookieProcess]:
+        procs = [self.start(*extra, wait=False) for _ in range(n)]
+        for bp in procs:
+            bp.wait_healthy(60)
+        return procs
+
+    def stop_all(self) -> None:
+        for bp in self.procs:
+            try:
+                bp.stop()
+            except Exception:
+                bp.kill9()
+
+
+@pytest.fixture
+def bookies(zk_server, zk_root: str, tmp_path: Path) -> Iterator[BookieFactory]:  # noqa: F811
+    f = BookieFactory(zk_server.connect_string, zk_root, tmp_path)
+    yield f
+    f.stop_all()

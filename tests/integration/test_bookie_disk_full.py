@@ -1,0 +1,141 @@
+"""Disk full: a bookie on a small tmpfs goes read-only (adds get READONLY, registered under readonly),
+loses nothing it acknowledged, and comes back when space frees up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bookie import protocol as p
+from tests.integration.rawbookie import RawBookie, build
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _health(bp) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/health", timeout=2) as r:
+        return json.loads(r.read())
+
+
+def _wait(pred, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def _fill(path: Path, nbytes: int | None) -> None:
+    """Write a filler file of nbytes (None: until the filesystem is full)."""
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb") as f:
+        written = 0
+        with contextlib.suppress(OSError):
+            while nbytes is None or written < nbytes:
+                f.write(chunk)
+                written += len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _registered(bookies, kind: str) -> list[str]:
+    from zk import BookieRegistry, MetadataStore
+
+    store = MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        reg = BookieRegistry(store)
+        return list(reg.readonly() if kind == "readonly" else reg.available())
+    finally:
+        store.close()
+
+
+def test_disk_usage_over_threshold_goes_readonly_and_back(bookies, small_fs: Path) -> None:
+    bp = bookies.start(
+        "--disk-usage-threshold", "0.6", "--disk-usage-lwm", "0.4", data_dir=small_fs / "bookie"
+    )
+
+    async def write(first: int, n: int) -> list[p.Status]:
+        raw = await RawBookie.open(bp.id)
+        out = [await raw.add(1, e) for e in range(first, first + n)]
+        raw.close()
+        return out
+
+    assert asyncio.run(write(0, 20)) == [p.Status.OK] * 20
+    filler = small_fs / "filler"
+    _fill(filler, 34 * 1024 * 1024)
+    _wait(lambda: _health(bp)["readonly"])
+    _wait(lambda: bp.id in _registered(bookies, "readonly"))
+    assert bp.id not in _registered(bookies, "available")
+    assert asyncio.run(write(20, 3)) == [p.Status.READONLY] * 3
+
+    async def read_back() -> None:
+        raw = await RawBookie.open(bp.id)
+        for e in range(20):
+            r = await raw.read(1, e)
+            assert r.status == p.Status.OK and r.entry == build(1, e)
+        raw.close()
+
+    asyncio.run(read_back())
+    filler.unlink()
+    _wait(lambda: not _health(bp)["readonly"])
+    _wait(lambda: bp.id in _registered(bookies, "available"))
+    assert asyncio.run(write(20, 3)) == [p.Status.OK] * 3
+
+
+def test_enospc_in_the_journal_answers_readonly_and_loses_nothing(bookies, small_fs: Path) -> None:
+    bp = bookies.start(
+        "--disk-usage-threshold", "1.01", "--disk-usage-lwm", "0.5", data_dir=small_fs / "bookie"
+    )
+
+    async def write(first: int, n: int, size: int = 100) -> list[p.Status]:
+        raw = await RawBookie.open(bp.id)
+        out = [await raw.add(2, e, size=size) for e in range(first, first + n)]
+        raw.close()
+        return out
+
+    assert asyncio.run(write(0, 10)) == [p.Status.OK] * 10
+    filler = small_fs / "filler"
+    _fill(filler, None)
+    statuses = asyncio.run(write(10, 5, size=64 * 1024))
+    assert statuses[-1] == p.Status.READONLY, statuses
+    assert set(statuses) <= {p.Status.OK, p.Status.READONLY}
+    assert bp.alive
+    ok_extra = statuses.count(p.Status.OK)
+
+    async def read_back() -> None:
+        raw = await RawBookie.open(bp.id)
+        for e in range(10):
+            r = await raw.read(2, e)
+            assert r.status == p.Status.OK and r.entry == build(2, e)
+        for e in range(10, 10 + ok_extra):
+            r = await raw.read(2, e)
+            assert r.status == p.Status.OK and r.entry == build(2, e, 64 * 1024)
+        raw.close()
+
+    asyncio.run(read_back())
+    filler.unlink()
+    _wait(lambda: not _health(bp)["readonly"])
+    assert asyncio.run(write(10 + ok_extra, 2)) == [p.Status.OK] * 2
+    bp.restart()
+    asyncio.run(read_back())

@@ -1,0 +1,216 @@
+"""A real bookie process: crash safety under kill -9, torn journal tail, fencing, keys, hostile clients."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from bookie import protocol as p
+from tests.integration.rawbookie import KEY, WRONG, RawBookie, build, payload_for
+
+
+def _journal_segments(data_dir: Path) -> list[Path]:
+    return sorted(p for p in (data_dir / "journal").iterdir() if p.suffix == ".jnl")
+
+
+def test_every_acked_entry_fence_and_key_survive_kill9(bookies) -> None:
+    bp = bookies.start("--checkpoint-interval-s", "0.5")
+    acked: dict[tuple[int, int], bytes] = {}
+
+    async def write_until_killed() -> None:
+        raw = await RawBookie.open(bp.id)
+        # A fenced ledger and a keyed ledger, both durable before the storm.
+        assert await raw.add(900, 0) == p.Status.OK
+        assert (await raw.fence(900)).status == p.Status.OK
+        assert await raw.add(901, 0) == p.Status.OK
+        loop = asyncio.get_running_loop()
+        kill_at = loop.time() + random.uniform(0.5, 1.5)
+        next_entry = {1: 0, 2: 0, 3: 0}
+        inflight: set[asyncio.Future[None]] = set()
+
+        async def one(ledger: int, entry: int) -> None:
+            try:
+                if await raw.add(ledger, entry) == p.Status.OK:
+                    acked[(ledger, entry)] = build(ledger, entry)
+            except Exception:
+                pass  # the kill: unacknowledged, may or may not be stored
+
+        while loop.time() < kill_at:
+            while len(inflight) < 500:
+                ledger = random.choice((1, 2, 3))
+                t = asyncio.ensure_future(one(ledger, next_entry[ledger]))
+                next_entry[ledger] += 1
+                inflight.add(t)
+                t.add_done_callback(inflight.discard)
+            await asyncio.sleep(0.001)
+        bp.kill9()
+        await asyncio.gather(*inflight, return_exceptions=True)
+        raw.close()
+
+    asyncio.run(write_until_killed())
+    assert len(acked) > 1000, f"only {len(acked)} adds acked before the kill"
+    bp.start()
+
+    async def verify() -> None:
+        raw = await RawBookie.open(bp.id)
+        for (ledger, entry), data in sorted(acked.items()):
+            r = await raw.read(ledger, entry)
+            assert r.status == p.Status.OK, (ledger, entry, r.status)
+            assert r.entry == data
+        assert await raw.add(900, 1) == p.Status.FENCED
+        assert await raw.add(901, 1, key=WRONG) == p.Status.UNAUTHORIZED
+        assert (await raw.read(901, 0, key=WRONG)).status == p.Status.UNAUTHORIZED
+        raw.close()
+
+    asyncio.run(verify())
+
+
+def test_torn_journal_tail_replays_to_last_whole_record(bookies) -> None:
+    bp = bookies.start("--checkpoint-interval-s", "3600")
+
+    async def write(n: int) -> None:
+        raw = await RawBookie.open(bp.id)
+        for e in range(n):
+            assert await raw.add(7, e, size=1000) == p.Status.OK
+        raw.close()
+
+    asyncio.run(write(50))
+    bp.kill9()
+    last = _journal_segments(bp.data_dir)[-1]
+    size = last.stat().st_size
+    with open(last, "r+b") as f:
+        f.truncate(size - 500)  # cuts the last entry record (about 1.1 KB) in the middle
+    bp.start()
+
+    async def verify() -> None:
+        raw = await RawBookie.open(bp.id)
+        for e in range(49):
+            r = await raw.read(7, e)
+            assert r.status == p.Status.OK and r.entry == build(7, e, 1000), e
+        assert (await raw.read(7, 49)).status == p.Status.NO_ENTRY
+        assert await raw.add(7, 49, size=1000) == p.Status.OK  # the bookie keeps working after the cut
+        raw.close()
+
+    asyncio.run(verify())
+    assert "journal" in bp.log_tail(100).lower()
+
+
+def test_fence_blocks_adds_across_restart_but_not_recovery_adds(bookies) -> None:
+    bp = bookies.start()
+
+    async def before() -> None:
+        raw = await RawBookie.open(bp.id)
+        assert await raw.add(5, 0) == p.Status.OK
+        f = await raw.fence(5)
+        assert f.status == p.Status.OK and f.entry_id == 0
+        assert await raw.add(5, 1) == p.Status.FENCED
+        assert await raw.add(5, 1, key=WRONG) == p.Status.UNAUTHORIZED
+        # Fencing a ledger this bookie never saw makes later adds to it fail too.
+        assert (await raw.fence(6)).status == p.Status.NO_ENTRY
+        assert await raw.add(6, 0) == p.Status.FENCED
+        raw.close()
+
+    asyncio.run(before())
+    bp.restart()
+
+    async def after() -> None:
+        raw = await RawBookie.open(bp.id)
+        assert await raw.add(5, 1) == p.Status.FENCED
+        assert await raw.add(6, 0) == p.Status.FENCED
+        assert await raw.add(5, 1, flags=p.Flag.RECOVERY_ADD) == p.Status.OK
+        r = await raw.read(5, 1)
+        assert r.status == p.Status.OK and r.entry == build(5, 1)
+        assert (await raw.read(5, 0, key=WRONG)).status == p.Status.UNAUTHORIZED
+        raw.close()
+
+    asyncio.run(after())
+
+
+def test_garbage_frames_and_slow_loris_do_not_disturb_a_healthy_client(bookies) -> None:
+    bp = bookies.start("--partial-frame-timeout-s", "1.0")
+    host, port = "127.0.0.1", bp.port
+
+    garbage = socket.create_connection((host, port))
+    garbage.sendall(b"\xff\xff\xff\xff" + b"GET / HTTP/1.1\r\n\r\n")
+    bad_version = socket.create_connection((host, port))
+    frame = bytearray(p.encode(p.BookieInfoRequest(request_id=1)))
+    frame[4] = 42
+    bad_version.sendall(bytes(frame))
+    loris = socket.create_connection((host, port))
+    partial = build(3, 0)
+    loris.sendall(p.encode_add_request(1, 3, 0, KEY, partial)[:20])
+
+    async def healthy() -> int:
+        raw = await RawBookie.open(bp.id)
+        ok = 0
+        for e in range(300):
+            assert await raw.add(11, e) == p.Status.OK
+            ok += 1
+        r = await raw.read(11, 299)
+        assert r.entry == build(11, 299)
+        raw.close()
+        return ok
+
+    assert asyncio.run(healthy()) == 300
+    for s in (garbage, bad_version):
+        s.settimeout(5)
+        assert s.recv(100) == b"", "a malformed frame must close its connection"
+    loris.settimeout(5)
+    t0 = time.monotonic()
+    assert loris.recv(100) == b"", "a stalled partial frame must be cut"
+    assert time.monotonic() - t0 < 5
+    assert bp.alive
+    log = bp.log_tail(200)
+    assert "malformed frame" in log and "stalled" in log
+    for s in (garbage, bad_version, loris):
+        s.close()
+
+
+def test_too_many_requests_instead_of_unbounded_memory(bookies) -> None:
+    bp = bookies.start("--inflight-max", "50", "--journal-max-wait-ms", "50")
+
+    async def flood() -> list[p.Status]:
+        raw = await RawBookie.open(bp.id)
+        statuses = await asyncio.gather(*(raw.add(12, e) for e in range(400)))
+        raw.close()
+        return list(statuses)
+
+    statuses = asyncio.run(flood())
+    assert p.Status.TOO_MANY_REQUESTS in statuses
+    assert p.Status.OK in statuses
+    assert set(statuses) <= {p.Status.OK, p.Status.TOO_MANY_REQUESTS}
+
+
+def test_payload_helper_is_deterministic() -> None:
+    assert payload_for(1, 2) == payload_for(1, 2) != payload_for(1, 3)
+
+
+@pytest.mark.parametrize("n", [1])
+def test_bookie_info_and_admin_http(bookies, n: int) -> None:
+    import json
+    import urllib.request
+
+    bp = bookies.start()
+    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/health") as r:
+        assert json.loads(r.read())["status"] == "ok"
+
+    async def go() -> None:
+        raw = await RawBookie.open(bp.id)
+        assert await raw.add(44, 0) == p.Status.OK
+        resp = await raw.conn.request(lambda rid: p.BookieInfoRequest(request_id=rid), 5)
+        assert isinstance(resp, p.BookieInfoResponse) and resp.total_bytes > 0 and resp.bookie_id == bp.id
+        raw.close()
+
+    asyncio.run(go())
+    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics") as r:
+        text = r.read().decode()
+    assert "bookie_adds_total 1" in text and "bookie_journal_fsync_seconds_count" in text
+    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/ledgers/44") as r:
+        assert json.loads(r.read())["last_entry_id"] == 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/info") as r:
+        assert json.loads(r.read())["bookie_id"] == bp.id

@@ -1,0 +1,277 @@
+"""The ledger client against real ZooKeeper and real bookie processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from bookie import protocol as p
+from bookie.entryformat import DigestType, EntryCodec
+from ledger_client import BookKeeper, ClientConfig, LedgerFencedError, ReadBeyondLacError, UnauthorizedError
+from ledger_client.bookie_conn import connect
+
+PW = b"secret"
+
+
+def payload(i: int, size: int = 64) -> bytes:
+    return (f"entry-{i}-".encode() * size)[:size]
+
+
+async def _bk(bookies, **cfg) -> BookKeeper:
+    return await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root, **cfg))
+
+
+async def _read_all(lh) -> list[bytes]:
+    return [e.data async for e in lh.read(0, lh.last_add_confirmed)] if lh.last_add_confirmed >= 0 else []
+
+
+def test_write_close_read_round_trip(bookies) -> None:
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 2, 2, password=PW, custom_metadata={"app": b"x"})
+        ids = [await lh.append(payload(i)) for i in range(50)]
+        futs = [await lh.append_future(payload(i)) for i in range(50, 500)]
+        ids += list(await asyncio.gather(*futs))
+        assert ids == list(range(500))
+        assert lh.last_add_confirmed == 499
+        await lh.close()
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert md.state.value == "CLOSED" and md.last_entry_id == 499
+        assert md.length == sum(len(payload(i)) for i in range(500))
+        assert md.custom_metadata == {"app": b"x"}
+        rh = await bk.open_ledger(lh.ledger_id, password=PW, recovery=True)
+        assert rh.last_add_confirmed == 499
+        assert await _read_all(rh) == [payload(i) for i in range(500)]
+        assert lh.ledger_id in await bk.list_ledgers()
+        with pytest.raises(UnauthorizedError):
+            await bk.open_ledger(lh.ledger_id, password=b"wrong")
+        with pytest.raises(ReadBeyondLacError):
+            async for _ in rh.read(0, 500):
+                pass
+        await bk.delete_ledger(lh.ledger_id)
+        assert lh.ledger_id not in await bk.list_ledgers()
+        await bk.close()
+
+    asyncio.run(go())
+
+
+def test_tailing_reader_sees_entries_as_lac_advances(bookies) -> None:
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        reader_bk = await _bk(bookies)
+        rh = await reader_bk.open_ledger(lh.ledger_id, password=PW, recovery=False)
+        seen: list[bytes] = []
+
+        async def follow() -> None:
+            async for e in rh.tail(0, poll_timeout_s=0.5):
+                seen.append(e.data)
+
+        task = asyncio.create_task(follow())
+        for i in range(30):
+            await lh.append(payload(i))
+            await asyncio.sleep(0.01)
+        await lh.close()
+        await asyncio.wait_for(task, 20)
+        # The LAC trails the last add by one until close; the tail reads to last_entry_id once CLOSED.
+        assert seen == [payload(i) for i in range(30)]
+        assert lh.metadata.state.value == "CLOSED"
+        await bk.close()
+        await reader_bk.close()
+
+    asyncio.run(go())
+
+
+def test_kill9_bookie_while_appending_changes_ensemble_and_loses_nothing(bookies) -> None:
+    procs = bookies.start_many(4)
+
+    async def go() -> None:
+        bk = await _bk(bookies, add_timeout_s=2.0)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        victim = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[1])
+        acked: dict[int, bytes] = {}
+
+        async def writer() -> None:
+            for i in range(600):
+                eid = await lh.append(payload(i, 200))
+                acked[eid] = payload(i, 200)
+                if i == 200:
+                    victim.kill9()
+
+        await asyncio.wait_for(writer(), 60)
+        await lh.close()
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert len(md.ensembles) == 2, md.ensembles
+        assert victim.id not in md.ensembles[1].bookies
+        assert md.last_entry_id == 599
+        rh = await bk.open_ledger(lh.ledger_id, password=PW)
+        data = await _read_all(rh)
+        assert {i: d for i, d in enumerate(data)} == acked
+        await bk.close()
+
+    asyncio.run(go())
+
+
+def test_recovery_while_writer_appends_fences_the_writer_and_keeps_every_ack(bookies) -> None:
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        acked: dict[int, bytes] = {}
+        fenced = asyncio.Event()
+
+        async def writer() -> None:
+            i = 0
+            try:
+                while True:
+                    eid = await lh.append(payload(i))
+                    acked[eid] = payload(i)
+                    i += 1
+            except LedgerFencedError:
+                fenced.set()
+
+        wt = asyncio.create_task(writer())
+        while len(acked) < 200:
+            await asyncio.sleep(0.01)
+        bk2 = await _bk(bookies)
+        rh = await bk2.open_ledger(lh.ledger_id, password=PW, recovery=True)
+        await asyncio.wait_for(wt, 30)
+        assert fenced.is_set()
+        md = rh.metadata
+        assert md.state.value == "CLOSED"
+        assert max(acked) <= md.last_entry_id
+        data = await _read_all(rh)
+        for eid, d in acked.items():
+            assert data[eid] == d
+        with pytest.raises(LedgerFencedError):
+            await lh.append(b"late")
+        with pytest.raises(LedgerFencedError):
+            await lh.close()
+        await bk.close()
+        await bk2.close()
+
+    asyncio.run(go())
+
+
+def test_concurrent_recoverers_agree_on_one_last_entry_id(bookies) -> None:
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 2, 2, password=PW)
+        for i in range(100):
+            await lh.append(payload(i))
+        # The writer disappears without closing; several clients recover at once.
+        recoverers = [await _bk(bookies) for _ in range(4)]
+        handles = await asyncio.gather(*(r.open_ledger(lh.ledger_id, password=PW) for r in recoverers))
+        lasts = {h.last_add_confirmed for h in handles}
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert lasts == {md.last_entry_id} and md.last_entry_id >= 99
+        for r in recoverers:
+            await r.close()
+        await bk.close()
+
+    asyncio.run(go())
+
+
+def test_unrecoverable_tail_is_cut_never_half_kept(bookies) -> None:
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        for i in range(10):
+            await lh.append(payload(i))
+        ens = lh.metadata.last_ensemble.bookies
+        # Entry 10 reached no bookie; entry 11 reached only one (the writer died mid-flight).
+        codec = EntryCodec(lh.ledger_id, DigestType.CRC32C)
+        conn = await connect(ens[0])
+        key = p.master_key(PW)
+        e11 = codec.build(11, 9, 12 * 64, payload(11))
+        resp = await conn.request(
+            lambda rid: p.AddEntryRequest(
+                request_id=rid, ledger_id=lh.ledger_id, entry_id=11, master_key=key, entry=e11
+            ),
+            5,
+        )
+        assert resp.status == p.Status.OK
+        conn.close()
+        bk2 = await _bk(bookies)
+        rh = await bk2.open_ledger(lh.ledger_id, password=PW)
+        assert rh.metadata.last_entry_id == 9
+        assert await _read_all(rh) == [payload(i) for i in range(10)]
+        await bk.close()
+        await bk2.close()
+
+    asyncio.run(go())
+
+
+def test_entry_on_one_bookie_is_either_recovered_to_quorum_or_cut(bookies) -> None:
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        for i in range(5):
+            await lh.append(payload(i))
+        ens = lh.metadata.last_ensemble.bookies
+        codec = EntryCodec(lh.ledger_id, DigestType.CRC32C)
+        conn = await connect(ens[2])
+        key = p.master_key(PW)
+        e5 = codec.build(5, 4, 6 * 64, payload(5))
+        await conn.request(
+            lambda rid: p.AddEntryRequest(
+                request_id=rid, ledger_id=lh.ledger_id, entry_id=5, master_key=key, entry=e5
+            ),
+            5,
+        )
+        conn.close()
+        bk2 = await _bk(bookies)
+        rh = await bk2.open_ledger(lh.ledger_id, password=PW)
+        last = rh.metadata.last_entry_id
+        assert last in (4, 5)
+        if last == 5:  # recovered: now on >= Qa bookies, and readable
+            holders = 0
+            for b in ens:
+                c = await connect(b)
+                r = await c.request(
+                    lambda rid: p.ReadEntryRequest(
+                        request_id=rid, ledger_id=lh.ledger_id, entry_id=5, master_key=key
+                    ),
+                    5,
+                )
+                holders += r.status == p.Status.OK
+                c.close()
+            assert holders >= 2
+        assert await _read_all(rh) == [payload(i) for i in range(last + 1)]
+        assert len(procs) == 3
+        await bk.close()
+        await bk2.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.skipif(os.environ.get("LEDGERSTORE_SKIP_SLOW") == "1", reason="slow")
+def test_writer_without_enough_bookies_fails_cleanly(bookies) -> None:
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies, add_timeout_s=1.0, ensemble_change_timeout_s=2.0)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await lh.append(b"first")
+        procs[0].kill9()
+        procs[1].kill9()
+        with pytest.raises(Exception) as ei:
+            for _ in range(20):
+                await asyncio.wait_for(lh.append(b"more"), 20)
+        assert ei.value.__class__.__name__ in ("NotEnoughBookiesError", "BookieUnavailableError")
+        await bk.close()
+
+    asyncio.run(go())

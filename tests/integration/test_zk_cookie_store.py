@@ -1,0 +1,111 @@
+"""Cookies and the cluster instance id against a real ZooKeeper."""
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from zk.client import MetadataStore
+from zk.cookies import (
+    Cookie,
+    CookieVerdict,
+    delete_local_cookie,
+    delete_zk_cookie,
+    ensure_cookies,
+    instance_id,
+    read_local_cookie,
+    read_zk_cookie,
+    write_zk_cookie,
+)
+from zk.errors import CookieMismatchError, MetadataExistsError, MetadataNotFoundError, MetadataVersionError
+from zk.testing import ZkTarget
+
+BID = "127.0.0.1:3181"
+
+
+def test_instance_id_created_once_concurrently(zk_connect: ZkTarget) -> None:
+    stores = [MetadataStore.connect(*zk_connect) for _ in range(4)]
+    try:
+        with pytest.raises(MetadataNotFoundError):
+            instance_id(stores[0], create=False)
+        got: list[str] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(8)
+
+        def worker(i: int) -> None:
+            barrier.wait()
+            iid = instance_id(stores[i % 4])
+            with lock:
+                got.append(iid)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(got) == 8 and len(set(got)) == 1
+        assert instance_id(stores[0], create=False) == got[0]
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_zk_cookie_crud(zk_store: MetadataStore) -> None:
+    c = Cookie(BID, "/j", ("/l",), "inst")
+    assert read_zk_cookie(zk_store, BID) is None
+    assert write_zk_cookie(zk_store, c).version == 0
+    with pytest.raises(MetadataExistsError):
+        write_zk_cookie(zk_store, c)
+    c2 = Cookie(BID, "/j", ("/l", "/l2"), "inst")
+    assert write_zk_cookie(zk_store, c2, version=0).version == 1
+    with pytest.raises(MetadataVersionError):
+        write_zk_cookie(zk_store, c, version=0)
+    v = read_zk_cookie(zk_store, BID)
+    assert v is not None and v.value == c2 and v.version == 1
+    assert delete_zk_cookie(zk_store, BID) and not delete_zk_cookie(zk_store, BID)
+
+
+def test_ensure_cookies_lifecycle(zk_store: MetadataStore, tmp_path: Path) -> None:
+    journal, l1, l2 = (str(tmp_path / n) for n in ("journal", "l1", "l2"))
+    expected = Cookie(BID, journal, (l1, l2), instance_id(zk_store))
+    assert ensure_cookies(zk_store, expected) is CookieVerdict.NEW
+    for d in (journal, l1, l2):
+        assert read_local_cookie(d) == expected
+    zk_cookie = read_zk_cookie(zk_store, BID)
+    assert zk_cookie is not None and zk_cookie.value == expected
+    assert ensure_cookies(zk_store, expected) is CookieVerdict.OK  # restart
+
+    # a wiped ledger directory is refused with the operator hint
+    delete_local_cookie(l2)
+    with pytest.raises(CookieMismatchError, match="wiped or swapped") as ei:
+        ensure_cookies(zk_store, expected)
+    assert f"ledgerstore bookie format --delete-cookie --bookie-id {BID}" in str(ei.value)
+    assert read_local_cookie(l2) is None  # nothing was (re)written
+
+    # the operator formats the bookie on purpose: then it starts as new
+    for d in (journal, l1):
+        delete_local_cookie(d)
+    delete_zk_cookie(zk_store, BID)
+    assert ensure_cookies(zk_store, expected) is CookieVerdict.NEW
+
+    # pointing the bookie at another cluster (a different root = different instance id) is refused
+    other = MetadataStore.connect(zk_store.connect_string, zk_store.root + "-other")
+    try:
+        with pytest.raises(CookieMismatchError, match="no cookie in ZooKeeper"):
+            ensure_cookies(other, Cookie(BID, journal, (l1, l2), instance_id(other)))
+    finally:
+        other.delete("", recursive=True)
+        other.close()
+
+    # a changed directory list is refused
+    with pytest.raises(CookieMismatchError, match="added, removed or moved"):
+        ensure_cookies(zk_store, Cookie(BID, journal, (l1,), expected.instance_id))
+
+
+def test_ensure_cookies_race_same_id_different_dirs(zk_store: MetadataStore, tmp_path: Path) -> None:
+    iid = instance_id(zk_store)
+    a = Cookie(BID, str(tmp_path / "a"), (str(tmp_path / "a"),), iid)
+    b = Cookie(BID, str(tmp_path / "b"), (str(tmp_path / "b"),), iid)
+    assert ensure_cookies(zk_store, a) is CookieVerdict.NEW
+    with pytest.raises(CookieMismatchError):
+        ensure_cookies(zk_store, b)  # b's dirs are empty, but ZooKeeper knows the bookie id

@@ -1,0 +1,261 @@
+"""BookieCore rules without sockets: durability before ack, fencing, master keys, long polls, restart."""
+
+from __future__ import annotations
+
+import errno
+
+from bookie import protocol as p
+from bookie.core import BookieCore
+from bookie.entryformat import DigestType, EntryCodec
+from bookie.memjournal import ManualScheduler, MemoryJournal
+from bookie.storage import MemoryLedgerStorage
+
+KEY = p.master_key(b"secret")
+OTHER = p.master_key(b"wrong")
+
+
+class Rig:
+    def __init__(
+        self, storage: MemoryLedgerStorage | None = None, journal: MemoryJournal | None = None
+    ) -> None:
+        self.storage = storage or MemoryLedgerStorage()
+        self.journal = journal or MemoryJournal()
+        self.sched = ManualScheduler()
+        self.core = BookieCore(self.storage, self.journal.append, self.sched)
+        self.replies: list[p.Response] = []
+        self.rid = 0
+
+    def reply(self, frame: bytes) -> None:
+        self.replies.append(p.decode_one_response(frame))
+
+    def settle(self) -> None:
+        self.journal.sync()
+        self.sched.run_ready()
+
+    def add(self, ledger: int, entry: int, *, lac: int = -1, key: bytes = KEY, flags: int = 0) -> None:
+        self.rid += 1
+        data = EntryCodec(ledger, DigestType.CRC32C).build(entry, lac, 10 * (entry + 1), b"x" * 10)
+        self.core.add_entry(self.rid, ledger, entry, key, data, flags, self.reply)
+
+    def read(
+        self,
+        ledger: int,
+        entry: int,
+        *,
+        key: bytes = KEY,
+        flags: int = 0,
+        prev: int = -1,
+        timeout_ms: int = 0,
+    ):
+        self.rid += 1
+        req = p.ReadEntryRequest(
+            request_id=self.rid,
+            ledger_id=ledger,
+            entry_id=entry,
+            master_key=key,
+            flags=flags,
+            previous_lac=prev,
+            timeout_ms=timeout_ms,
+        )
+        self.core.handle(req, self.reply)
+
+    def restart(self) -> Rig:
+        """A crash: the journal loses unsynced records; a new core replays what was durable."""
+        self.journal.crash()
+        fresh_storage = MemoryLedgerStorage()  # storage lost too (nothing was checkpointed): worst case
+        new = Rig(fresh_storage, self.journal)
+        for rtype, lid, eid, data in self.journal.replay():
+            new.core.replay(rtype, lid, eid, data)
+        new.core.finish_replay()
+        return new
+
+
+def test_add_is_acknowledged_only_after_journal_sync() -> None:
+    r = Rig()
+    r.add(1, 0)
+    r.sched.run_ready()
+    assert r.replies == []
+    r.settle()
+    assert [(x.status, x.entry_id) for x in r.replies] == [(p.Status.OK, 0)]
+
+
+def test_acked_entry_is_readable_immediately_after_ack() -> None:
+    r = Rig()
+    r.add(1, 0)
+    r.settle()
+    r.read(1, 0)
+    resp = r.replies[-1]
+    assert isinstance(resp, p.ReadEntryResponse) and resp.status == p.Status.OK
+    assert EntryCodec(1, DigestType.CRC32C).verify(resp.entry, 0)[1] == b"x" * 10
+
+
+def test_wrong_master_key_is_unauthorized_for_every_ledger_request() -> None:
+    r = Rig()
+    r.add(1, 0)
+    r.settle()
+    r.add(1, 1, key=OTHER)
+    r.read(1, 0, key=OTHER)
+    r.read(1, -1, key=OTHER, flags=p.Flag.FENCE)
+    r.core.handle(p.ReadLacRequest(request_id=99, ledger_id=1, master_key=OTHER), r.reply)
+    r.settle()
+    assert [x.status for x in r.replies[1:]] == [p.Status.UNAUTHORIZED] * 4
+    assert not r.core.ledgers[1].fenced
+
+
+def test_fence_then_add_is_fenced_but_recovery_add_succeeds() -> None:
+    r = Rig()
+    r.add(1, 0)
+    r.settle()
+    r.read(1, -1, flags=p.Flag.FENCE)
+    r.add(1, 1)  # arrives before the fence is durable: already refused
+    assert r.replies[-1].status == p.Status.FENCED
+    r.settle()
+    fence_reply = r.replies[-1]
+    assert isinstance(fence_reply, p.ReadEntryResponse) and fence_reply.entry_id == 0
+    r.add(1, 1, flags=p.Flag.RECOVERY_ADD)
+    r.settle()
+    assert r.replies[-1].status == p.Status.OK
+
+
+def test_fence_reply_waits_for_the_fence_record_to_be_durable() -> None:
+    r = Rig()
+    r.read(7, -1, flags=p.Flag.FENCE)
+    r.sched.run_ready()
+    assert r.replies == []
+    r.settle()
+    assert r.replies[-1].status == p.Status.NO_ENTRY
+
+
+def test_unknown_ledger_can_be_fenced_so_a_later_add_fails() -> None:
+    r = Rig()
+    r.read(5, -1, flags=p.Flag.FENCE)
+    r.settle()
+    r.add(5, 0)
+    r.settle()
+    assert r.replies[-1].status == p.Status.FENCED
+
+
+def test_fence_and_master_key_survive_restart() -> None:
+    r = Rig()
+    r.add(1, 0)
+    r.settle()
+    r.read(1, -1, flags=p.Flag.FENCE)
+    r.settle()
+    r2 = r.restart()
+    r2.add(1, 1)
+    r2.add(1, 2, key=OTHER)
+    r2.read(1, 0)
+    r2.settle()
+    assert [x.status for x in r2.replies] == [p.Status.FENCED, p.Status.UNAUTHORIZED, p.Status.OK]
+
+
+def test_unsynced_add_is_lost_on_crash_and_was_never_acked() -> None:
+    r = Rig()
+    r.add(1, 0)
+    r.settle()
+    r.add(1, 1)  # never synced
+    r2 = r.restart()
+    r2.read(1, 1)
+    r2.read(1, 0)
+    assert [x.status for x in r2.replies] == [p.Status.NO_ENTRY, p.Status.OK]
+    assert [x.entry_id for x in r.replies] == [0]
+
+
+def test_read_of_unknown_ledger_is_no_ledger_and_missing_entry_is_no_entry() -> None:
+    r = Rig()
+    r.read(3, 0)
+    r.add(1, 0)
+    r.settle()
+    r.read(1, 5)
+    assert [x.status for x in r.replies] == [p.Status.NO_LEDGER, p.Status.OK, p.Status.NO_ENTRY]
+
+
+def test_read_last_returns_last_entry_and_piggybacked_lac() -> None:
+    r = Rig()
+    r.add(1, 0, lac=-1)
+    r.add(1, 1, lac=0)
+    r.add(1, 2, lac=1)
+    r.settle()
+    r.read(1, -1)
+    resp = r.replies[-1]
+    assert isinstance(resp, p.ReadEntryResponse)
+    assert (resp.status, resp.entry_id, resp.lac) == (p.Status.OK, 2, 1)
+
+
+def test_long_poll_answers_when_lac_advances() -> None:
+    r = Rig()
+    r.add(1, 0, lac=-1)
+    r.settle()
+    r.read(1, -1, flags=p.Flag.LONG_POLL, prev=-1, timeout_ms=5000)
+    r.sched.run_ready()
+    assert len(r.replies) == 1  # still waiting: LAC is -1
+    r.add(1, 1, lac=0)
+    r.settle()
+    r.sched.run_ready()
+    lac_replies = [x for x in r.replies if isinstance(x, p.ReadEntryResponse)]
+    assert lac_replies and lac_replies[0].lac == 0
+
+
+def test_long_poll_answers_at_timeout_without_progress() -> None:
+    r = Rig()
+    r.add(1, 0, lac=-1)
+    r.settle()
+    r.read(1, -1, flags=p.Flag.LONG_POLL, prev=-1, timeout_ms=2000)
+    r.sched.run_until(1.0)
+    assert len(r.replies) == 1
+    r.sched.run_until(2.5)
+    assert len(r.replies) == 2 and r.replies[-1].lac == -1
+
+
+def test_journal_enospc_answers_readonly_and_turns_bookie_readonly() -> None:
+    r = Rig()
+    r.journal.fail_with = OSError(errno.ENOSPC, "No space left on device")
+    r.add(1, 0)
+    r.settle()
+    assert r.replies[-1].status == p.Status.READONLY
+    assert r.core.readonly
+    r.journal.fail_with = None
+    r.add(1, 1)
+    r.settle()
+    assert r.replies[-1].status == p.Status.READONLY
+
+
+def test_add_with_header_for_another_entry_is_bad_request() -> None:
+    r = Rig()
+    data = EntryCodec(1, DigestType.CRC32C).build(3, -1, 1, b"x")
+    r.core.add_entry(1, 1, 4, KEY, data, 0, r.reply)
+    assert r.replies[-1].status == p.Status.BAD_REQUEST
+
+
+def test_read_range_returns_consecutive_entries() -> None:
+    r = Rig()
+    for e in range(5):
+        r.add(2, e)
+    r.settle()
+    r.core.handle(
+        p.ReadRangeRequest(request_id=50, ledger_id=2, first_entry_id=1, last_entry_id=10, master_key=KEY),
+        r.reply,
+    )
+    resp = r.replies[-1]
+    assert isinstance(resp, p.ReadRangeResponse) and len(resp.entries) == 4
+    codec = EntryCodec(2, DigestType.CRC32C)
+    assert [codec.verify(e)[0].entry_id for e in resp.entries] == [1, 2, 3, 4]
+
+
+def test_write_lac_then_read_lac() -> None:
+    r = Rig()
+    r.add(1, 0)
+    r.settle()
+    codec = EntryCodec(1, DigestType.CRC32C)
+    r.core.handle(
+        p.WriteLacRequest(request_id=9, ledger_id=1, lac=0, master_key=KEY, lac_blob=codec.build_lac(0)),
+        r.reply,
+    )
+    r.settle()
+    r.core.handle(p.ReadLacRequest(request_id=10, ledger_id=1, master_key=KEY), r.reply)
+    resp = r.replies[-1]
+    assert (
+        isinstance(resp, p.ReadLacResponse)
+        and resp.explicit_lac == 0
+        and codec.verify_lac(resp.lac_blob) == 0
+    )

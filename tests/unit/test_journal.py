@@ -1,0 +1,647 @@
+"""Unit tests of the bookie journal (bookie/journal.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bookie.journal import (
+    SEGMENT_HEADER_LEN,
+    Journal,
+    JournalClosedError,
+    JournalCorruptError,
+    JournalMark,
+    JournalRecord,
+    RecordType,
+    bench_journal,
+)
+
+# ---------------------------------------------------------------------- helpers
+
+
+def rec(rtype: RecordType, ledger_id: int, entry_id: int, data: bytes) -> JournalRecord:
+    has_id = rtype in (RecordType.ENTRY, RecordType.EXPLICIT_LAC)
+    return JournalRecord(type=rtype, ledger_id=ledger_id, entry_id=entry_id if has_id else -1, data=data)
+
+
+def rec_size(r: JournalRecord) -> int:
+    has_id = r.type in (RecordType.ENTRY, RecordType.EXPLICIT_LAC)
+    return 9 + (16 if has_id else 8) + len(r.data)
+
+
+def entries(n: int, *, ledger_id: int = 7, size: int = 100, first: int = 0) -> list[JournalRecord]:
+    return [
+        rec(RecordType.ENTRY, ledger_id, i, i.to_bytes(8, "big") * (size // 8))
+        for i in range(first, first + n)
+    ]
+
+
+def mixed_records() -> list[JournalRecord]:
+    out = [
+        rec(RecordType.MASTER_KEY, 1, -1, b"k" * 20),
+        rec(RecordType.ENTRY, 1, 0, b""),
+        rec(RecordType.ENTRY, 1, 1, b"x" * 1000),
+        rec(RecordType.FENCE, 1, -1, b""),
+        rec(RecordType.EXPLICIT_LAC, 1, 1, b"blob" * 5),
+        rec(RecordType.ENTRY, 2**64 - 1, 2**63 - 1, os.urandom(3 * 1024 * 1024)),  # > flush_bytes
+        rec(RecordType.MASTER_KEY, 2, -1, b""),
+        rec(RecordType.EXPLICIT_LAC, 2, -1, b""),
+    ]
+    out += [rec(RecordType.ENTRY, 3, i, os.urandom(i % 700)) for i in range(500)]
+    return out
+
+
+def replay_all(directory: Path, **kw: object) -> list[JournalRecord]:
+    return list(Journal(directory, **kw).replay())  # type: ignore[arg-type]
+
+
+def _collect(out: list[tuple[int, BaseException | None]], i: int, exc: BaseException | None) -> None:
+    out.append((i, exc))
+
+
+async def append_all(
+    j: Journal, records: list[JournalRecord], *, chunk: int = 0
+) -> list[BaseException | None]:
+    """Append all records (in one go, or ``chunk`` per batch: a flush after each chunk), flush,
+    return the callback results in callback order (checked)."""
+    results: list[tuple[int, BaseException | None]] = []
+    for i, r in enumerate(records):
+        j.append(r.type, r.ledger_id, r.entry_id, r.data, functools.partial(_collect, results, i))
+        if chunk and i % chunk == chunk - 1:
+            await j.flush()
+    await j.flush()
+    assert [i for i, _ in results] == list(range(len(records))), "callbacks out of order or missing"
+    return [exc for _, exc in results]
+
+
+async def open_journal(directory: Path, **kw: object) -> Journal:
+    j = Journal(directory, **kw)  # type: ignore[arg-type]
+    for _ in j.replay():
+        pass
+    await j.start()
+    return j
+
+
+def write_journal(directory: Path, records: list[JournalRecord], *, chunk: int = 0, **kw: object) -> None:
+    async def main() -> None:
+        j = await open_journal(directory, **kw)
+        assert await append_all(j, records, chunk=chunk) == [None] * len(records)
+        await j.close()
+
+    asyncio.run(main())
+
+
+def segments(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.jnl"))
+
+
+# ---------------------------------------------------------------------- round trip
+
+
+def test_round_trip_all_types(tmp_path: Path) -> None:
+    records = mixed_records()
+    write_journal(tmp_path, records, segment_bytes=64 * 1024, chunk=50)
+    assert len(segments(tmp_path)) > 3, "segment_bytes should have forced rotations"
+    assert replay_all(tmp_path) == records
+    # a second life: replay, start (new segment), append more; everything replays in order
+    more = entries(50, ledger_id=9)
+    write_journal(tmp_path, more, segment_bytes=64 * 1024, chunk=10)
+    assert replay_all(tmp_path) == records + more
+
+
+def test_replay_without_drain_then_start_keeps_data(tmp_path: Path) -> None:
+    first = entries(10)
+    write_journal(tmp_path, first)
+
+    async def main() -> None:
+        j = Journal(tmp_path)
+        await j.start()  # positioning replay runs internally
+        assert await append_all(j, entries(5, first=10)) == [None] * 5
+        await j.close()
+
+    asyncio.run(main())
+    assert replay_all(tmp_path) == first + entries(5, first=10)
+
+
+def test_append_after_close_fails_via_callback(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        await j.close()
+        got: list[BaseException | None] = []
+        j.append(RecordType.ENTRY, 1, 0, b"x", got.append)
+        await asyncio.sleep(0)
+        assert len(got) == 1 and isinstance(got[0], JournalClosedError)
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- durability ordering
+
+
+def test_callbacks_fire_only_after_fsync_and_in_order(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path, max_wait_ms=0.5)
+        gate = threading.Event()
+        entered = threading.Event()
+        lock = threading.Lock()
+        synced_upto: list[int] = []  # file size covered by each completed fsync
+        real_fsync = j._fsync
+
+        def hook(fd: int) -> None:
+            entered.set()
+            gate.wait(10)
+            real_fsync(fd)
+            with lock:
+                synced_upto.append(os.fstat(fd).st_size)
+
+        j._fsync = hook
+        records = entries(300, size=200)
+        ends = []
+        pos = SEGMENT_HEADER_LEN
+        for r in records:
+            pos += rec_size(r)
+            ends.append(pos)
+        done: list[int] = []
+
+        def make_cb(i: int) -> Callable[[BaseException | None], None]:
+            def cb(exc: BaseException | None) -> None:
+                assert exc is None
+                with lock:
+                    # everything up to and including this record is on disk and fsynced
+                    assert synced_upto and synced_upto[-1] >= ends[i], (i, synced_upto)
+                assert j.mark.offset >= ends[i]
+                done.append(i)
+
+            return cb
+
+        for chunk in range(0, 300, 30):  # several loop iterations -> several batches
+            for i in range(chunk, chunk + 30):
+                r = records[i]
+                j.append(r.type, r.ledger_id, r.entry_id, r.data, make_cb(i))
+            await asyncio.sleep(0.002)
+        assert await asyncio.to_thread(entered.wait, 5)
+        await asyncio.sleep(0.05)
+        assert done == [], "a callback ran before its fsync returned"
+        assert j.mark == JournalMark(j.mark.seq, SEGMENT_HEADER_LEN)
+        gate.set()
+        await j.flush()
+        assert done == list(range(300))
+        assert len(synced_upto) >= 2, "expected several batches"
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_new_segment_is_durable_before_its_records_are_acked(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = Journal(tmp_path, segment_bytes=4096, max_wait_ms=0)
+        dir_syncs: list[Path] = []
+        real = j._fsync_dir
+
+        def dir_hook(p: Path) -> None:
+            real(p)
+            dir_syncs.append(p)
+
+        j._fsync_dir = dir_hook
+        await j.start()
+        first_seq = j.mark.seq
+        seen_seqs = set()
+
+        def cb(exc: BaseException | None) -> None:
+            assert exc is None
+            seq = j.mark.seq
+            seen_seqs.add(seq)
+            assert len(dir_syncs) >= seq - first_seq + 1
+
+        for i in range(200):
+            j.append(RecordType.ENTRY, 1, i, b"y" * 300, cb)
+            if i % 5 == 0:
+                await j.flush()
+        await j.flush()
+        await j.close()
+        assert len(seen_seqs) > 3
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- group commit
+
+
+def test_group_commit_batches_many_appends(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        records = entries(10_000, size=1024)
+        results = await append_all(j, records)
+        assert results == [None] * len(records)
+        assert j.stats["records"] == 10_000
+        assert j.stats["syncs"] < 100, j.stats
+        # spread over loop iterations, batching still happens
+        syncs0 = j.stats["syncs"]
+        got: list[BaseException | None] = []
+        for chunk in range(10):
+            for i in range(1000):
+                j.append(RecordType.ENTRY, 8, chunk * 1000 + i, b"z" * 1024, got.append)
+            await asyncio.sleep(0)
+        await j.flush()
+        assert got == [None] * 10_000
+        assert j.stats["syncs"] - syncs0 < 100, j.stats
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_single_append_completes_within_max_wait(tmp_path: Path) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for max_wait_ms, lower in ((1.0, 0.0), (100.0, 0.09)):
+            j = await open_journal(tmp_path / str(max_wait_ms), max_wait_ms=max_wait_ms)
+            fut: asyncio.Future[float] = loop.create_future()
+            t0 = loop.time()
+
+            def cb(exc: BaseException | None, fut: asyncio.Future[float] = fut, t0: float = t0) -> None:
+                fut.set_result(loop.time() - t0)
+
+            j.append(RecordType.ENTRY, 1, 0, b"a", cb)
+            elapsed = await asyncio.wait_for(fut, 5)
+            assert lower <= elapsed < 1.0, (max_wait_ms, elapsed)
+            await j.close()
+
+    asyncio.run(main())
+
+
+def test_flush_bytes_triggers_a_batch_without_waiting(tmp_path: Path) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        j = await open_journal(tmp_path, max_wait_ms=30_000, flush_bytes=64 * 1024)
+        fut: asyncio.Future[None] = loop.create_future()
+        for i in range(100):  # 100 KiB > flush_bytes
+            cb = (lambda exc: fut.set_result(None)) if i == 50 else (lambda exc: None)
+            j.append(RecordType.ENTRY, 1, i, b"b" * 1024, cb)
+        await asyncio.wait_for(fut, 5)
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_idle_journal_has_no_timer_or_busy_loop(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        assert await append_all(j, entries(3)) == [None] * 3
+        await asyncio.sleep(0.01)
+        assert j._timer is None and not j._io_busy
+        syncs = j.stats["syncs"]
+        await asyncio.sleep(0.05)
+        assert j.stats["syncs"] == syncs
+        await j.close()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- torn tails and corruption
+
+
+def _damage_cut_header(path: Path, last_off: int, last_len: int) -> None:
+    os.truncate(path, last_off + 5)
+
+
+def _damage_cut_body(path: Path, last_off: int, last_len: int) -> None:
+    os.truncate(path, last_off + last_len - 3)
+
+
+def _damage_flip_body(path: Path, last_off: int, last_len: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(last_off + last_len - 10)
+        b = f.read(1)
+        f.seek(last_off + last_len - 10)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def _damage_flip_crc(path: Path, last_off: int, last_len: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(last_off + 5)
+        b = f.read(1)
+        f.seek(last_off + 5)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def _damage_huge_len(path: Path, last_off: int, last_len: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(last_off)
+        f.write(b"\xff\xff\xff\xf0")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_damage_cut_header, _damage_cut_body, _damage_flip_body, _damage_flip_crc, _damage_huge_len],
+)
+def test_torn_tail_is_cut_and_appends_continue(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path, int, int], None]
+) -> None:
+    records = entries(20, size=200)
+    write_journal(tmp_path, records)
+    (seg,) = segments(tmp_path)
+    last_len = rec_size(records[-1])
+    size = seg.stat().st_size
+    last_off = size - last_len
+    damage(seg, last_off, last_len)
+    with caplog.at_level(logging.WARNING, logger="bookie.journal"):
+        assert replay_all(tmp_path) == records[:-1]
+    assert seg.stat().st_size == last_off, "torn tail not truncated"
+    assert any(seg.name in m and str(last_off) in m for m in caplog.messages), caplog.messages
+    # the cut is clean: start, append more, and everything replays
+    more = entries(5, first=100)
+    write_journal(tmp_path, more)
+    assert replay_all(tmp_path) == records[:-1] + more
+    assert len(segments(tmp_path)) == 2
+
+
+@pytest.fixture(scope="module")
+def template_journal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[JournalRecord]]:
+    d = tmp_path_factory.mktemp("template")
+    records = [rec(RecordType.ENTRY, 1, i, bytes([i % 256]) * (i * 7 % 300)) for i in range(40)]
+    records.insert(10, rec(RecordType.FENCE, 1, -1, b""))
+    write_journal(d, records)
+    return d, records
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_truncation_point_replays_the_whole_prefix(
+    template_journal: tuple[Path, list[JournalRecord]], data: st.DataObject
+) -> None:
+    src, records = template_journal
+    (seg,) = segments(src)
+    size = seg.stat().st_size
+    cut = data.draw(st.integers(SEGMENT_HEADER_LEN, size), label="cut")
+    with tempfile.TemporaryDirectory() as td:
+        d = Path(td)
+        shutil.copy(seg, d / seg.name)
+        os.truncate(d / seg.name, cut)
+        expected = []
+        pos = SEGMENT_HEADER_LEN
+        for r in records:
+            if pos + rec_size(r) > cut:
+                break
+            pos += rec_size(r)
+            expected.append(r)
+        assert replay_all(d) == expected
+        assert (d / seg.name).stat().st_size == pos
+
+
+def test_torn_header_of_new_last_segment_is_dropped(tmp_path: Path) -> None:
+    records = entries(5)
+    write_journal(tmp_path, records)
+    (seg,) = segments(tmp_path)
+    nxt = tmp_path / f"{int(seg.stem, 16) + 1:016x}.jnl"
+    nxt.write_bytes(b"LSJ")  # crash while creating the next segment
+    assert replay_all(tmp_path) == records
+    assert not nxt.exists()
+    write_journal(tmp_path, entries(2, first=5))
+    assert replay_all(tmp_path) == entries(7)
+
+
+def _multi_segment_journal(directory: Path) -> list[JournalRecord]:
+    records = entries(60, size=500)
+    write_journal(directory, records, segment_bytes=4096, chunk=5)
+    assert len(segments(directory)) >= 4
+    return records
+
+
+def test_corruption_in_older_segment_raises(tmp_path: Path) -> None:
+    _multi_segment_journal(tmp_path)
+    first = segments(tmp_path)[0]
+    with open(first, "r+b") as f:
+        f.seek(SEGMENT_HEADER_LEN + 100)
+        b = f.read(1)
+        f.seek(SEGMENT_HEADER_LEN + 100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(JournalCorruptError, match=first.name):
+        replay_all(tmp_path)
+    size = first.stat().st_size
+    assert size > SEGMENT_HEADER_LEN + 100, "a non-last segment must never be truncated"
+
+
+def test_truncated_older_segment_raises(tmp_path: Path) -> None:
+    _multi_segment_journal(tmp_path)
+    second = segments(tmp_path)[1]
+    os.truncate(second, second.stat().st_size - 1)
+    with pytest.raises(JournalCorruptError, match=second.name):
+        replay_all(tmp_path)
+
+
+def test_missing_middle_segment_raises(tmp_path: Path) -> None:
+    _multi_segment_journal(tmp_path)
+    segments(tmp_path)[1].unlink()
+    with pytest.raises(JournalCorruptError, match="missing"):
+        replay_all(tmp_path)
+
+
+# ---------------------------------------------------------------------- checkpoint
+
+
+def test_checkpoint_replays_only_after_mark_and_deletes_old_segments(tmp_path: Path) -> None:
+    before = entries(37, size=500)
+    after = entries(40, size=500, first=37)
+
+    async def main() -> None:
+        j = await open_journal(tmp_path, segment_bytes=4096)
+        await append_all(j, before, chunk=5)
+        mark = j.mark
+        assert mark.offset > SEGMENT_HEADER_LEN  # mid-segment mark
+        await append_all(j, after, chunk=5)
+        assert j.mark > mark
+        old = [p for p in segments(tmp_path) if int(p.stem, 16) < mark.seq]
+        assert old
+        await asyncio.to_thread(j.checkpoint, mark)  # from a thread
+        assert not any(p.exists() for p in old)
+        assert all(int(p.stem, 16) >= mark.seq for p in segments(tmp_path))
+        j.checkpoint(mark)  # idempotent
+        j.checkpoint(JournalMark(mark.seq - 1, 0))  # older: no-op
+        assert j.persisted_mark == mark
+        with pytest.raises(ValueError):
+            j.checkpoint(JournalMark(j.mark.seq + 5, 0))
+        await j.close()
+
+    asyncio.run(main())
+    assert replay_all(tmp_path) == after
+    # a checkpoint at the very end leaves nothing to replay; appends after it replay
+    j2 = Journal(tmp_path)
+    assert list(j2.replay()) == after
+    j2.checkpoint(j2.mark)
+    assert replay_all(tmp_path) == []
+    write_journal(tmp_path, entries(3, first=500))
+    assert replay_all(tmp_path) == entries(3, first=500)
+
+
+def test_checkpoint_crash_between_mark_and_delete(tmp_path: Path) -> None:
+    before = entries(30, size=500)
+    after = entries(30, size=500, first=30)
+    holder: list[JournalMark] = []
+
+    async def main() -> None:
+        j = await open_journal(tmp_path, segment_bytes=4096)
+        await append_all(j, before, chunk=5)
+        holder.append(j.mark)
+        await append_all(j, after, chunk=5)
+        j._write_mark(j.mark.__class__(holder[0].seq, holder[0].offset))  # the mark is written ...
+        await j.close()  # ... and the process dies before deleting anything
+
+    asyncio.run(main())
+    mark = holder[0]
+    assert any(int(p.stem, 16) < mark.seq for p in segments(tmp_path))
+    assert replay_all(tmp_path) == after
+    assert all(int(p.stem, 16) >= mark.seq for p in segments(tmp_path)), "replay finishes the deletion"
+    assert replay_all(tmp_path) == after
+
+
+def test_missing_mark_segment_raises(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path, segment_bytes=4096)
+        await append_all(j, entries(30, size=500), chunk=5)
+        j.checkpoint(j.mark)
+        await j.close()
+
+    asyncio.run(main())
+    for p in segments(tmp_path):
+        p.unlink()
+    with pytest.raises(JournalCorruptError, match="checkpoint mark"):
+        replay_all(tmp_path)
+
+
+# ---------------------------------------------------------------------- write errors
+
+
+def test_fsync_error_fails_batch_truncates_and_recovers(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        good = entries(10)
+        assert await append_all(j, good) == [None] * 10
+        mark = j.mark
+        real = j._fsync
+        entered = threading.Event()
+        gate = threading.Event()
+        fail = {"n": 1}
+
+        def flaky(fd: int) -> None:
+            if fail["n"]:
+                fail["n"] -= 1
+                entered.set()
+                gate.wait(10)
+                raise OSError(errno.EIO, "injected fsync failure")
+            real(fd)
+
+        j._fsync = flaky
+        results: dict[int, BaseException | None] = {}
+        for r in entries(10, first=10):
+            j.append(
+                r.type, r.ledger_id, r.entry_id, r.data, functools.partial(results.__setitem__, r.entry_id)
+            )
+        assert await asyncio.to_thread(entered.wait, 5)
+        # appended while the failing batch is in flight: they would follow a hole, so they fail too
+        for r in entries(5, first=20):
+            j.append(
+                r.type, r.ledger_id, r.entry_id, r.data, functools.partial(results.__setitem__, r.entry_id)
+            )
+        gate.set()
+        await j.flush()
+        assert sorted(results) == list(range(10, 25))
+        assert all(isinstance(e, OSError) and e.errno == errno.EIO for e in results.values()), results
+        assert j.mark == mark
+        seg = segments(tmp_path)[-1]
+        assert seg.stat().st_size == mark.offset, "failed batch left bytes behind"
+        assert j.stats["failed_records"] == 15
+        # recovered: later appends succeed
+        later = entries(5, first=30)
+        assert await append_all(j, later) == [None] * 5
+        await j.close()
+
+    asyncio.run(main())
+    assert replay_all(tmp_path) == entries(10) + entries(5, first=30)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root on Linux")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_enospc_fails_batch_no_partial_tail_and_recovers(small_tmpfs: Path) -> None:
+    jdir = small_tmpfs / "journal"
+    filler = small_tmpfs / "filler"
+    filler.write_bytes(b"\0" * (1024 * 1024))
+    payload = os.urandom(64 * 1024)
+
+    async def main() -> tuple[list[int], list[int]]:
+        j = await open_journal(jdir, flush_bytes=128 * 1024, max_wait_ms=1)
+        results: list[BaseException | None] = []
+        for i in range(40):  # 2.5 MiB: cannot fit
+            j.append(RecordType.ENTRY, 1, i, payload, results.append)
+            if i % 4 == 3:
+                await asyncio.sleep(0)
+        await j.flush()
+        assert len(results) == 40
+        ok = [i for i, r in enumerate(results) if r is None]
+        failed = [i for i, r in enumerate(results) if r is not None]
+        assert ok and failed, results
+        errors = [results[i] for i in failed]
+        assert all(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in errors), errors
+        seg = segments(jdir)[-1]
+        assert seg.stat().st_size == j.mark.offset == SEGMENT_HEADER_LEN + len(ok) * (25 + len(payload))
+        # still full: a new append fails too, and leaves nothing behind
+        again: list[BaseException | None] = []
+        for i in range(40, 60):
+            j.append(RecordType.ENTRY, 1, i, payload, again.append)
+        await j.flush()
+        assert any(isinstance(r, OSError) for r in again)
+        ok_ids = ok + [40 + k for k, r in enumerate(again) if r is None]
+        assert seg.stat().st_size == j.mark.offset
+        # free space: appends work again
+        filler.unlink()
+        later: list[BaseException | None] = []
+        for i in range(100, 110):
+            j.append(RecordType.ENTRY, 1, i, payload, later.append)
+        await j.flush()
+        assert later == [None] * 10
+        await j.close()
+        return ok_ids, list(range(100, 110))
+
+    ok_ids, later_ids = asyncio.run(main())
+    got = replay_all(jdir)
+    assert [r.entry_id for r in got] == ok_ids + later_ids
+    assert all(r.data == payload for r in got)
+
+
+# ---------------------------------------------------------------------- bench
+
+
+def test_bench_journal_smoke(tmp_path: Path) -> None:
+    r = bench_journal(tmp_path / "bench", 3000, 256)
+    assert r["acked"] == 3000 and r["failed"] == 0
+    assert r["fsyncs"] >= 1 and r["mean_batch_records"] >= 1
+    for key in ("records_per_s", "mib_per_s", "fsync_mean_ms", "latency_p50_ms", "latency_p99_ms"):
+        assert r[key] >= 0

@@ -1,0 +1,176 @@
+"""The wire codec: round trips, fuzzing, and malformed input always raising ProtocolError."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bookie import protocol as p
+
+i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+u64 = st.integers(min_value=0, max_value=2**64 - 1)
+u32 = st.integers(min_value=0, max_value=2**32 - 1)
+key = st.binary(min_size=p.MASTER_KEY_LEN, max_size=p.MASTER_KEY_LEN)
+flags = st.integers(min_value=0, max_value=0xFFFF)
+status = st.sampled_from(list(p.Status))
+blob = st.binary(max_size=512)
+
+requests = st.one_of(
+    st.builds(
+        p.AddEntryRequest,
+        request_id=u64,
+        ledger_id=u64,
+        entry_id=i64,
+        master_key=key,
+        entry=blob,
+        flags=flags,
+    ),
+    st.builds(
+        p.ReadEntryRequest,
+        request_id=u64,
+        ledger_id=u64,
+        entry_id=i64,
+        master_key=key,
+        flags=flags,
+        previous_lac=i64,
+        timeout_ms=u32,
+    ),
+    st.builds(p.ReadLacRequest, request_id=u64, ledger_id=u64, master_key=key, flags=flags),
+    st.builds(
+        p.WriteLacRequest, request_id=u64, ledger_id=u64, lac=i64, master_key=key, lac_blob=blob, flags=flags
+    ),
+    st.builds(
+        p.ReadRangeRequest,
+        request_id=u64,
+        ledger_id=u64,
+        first_entry_id=i64,
+        last_entry_id=i64,
+        master_key=key,
+        max_bytes=u32,
+        flags=flags,
+    ),
+    st.builds(p.BookieInfoRequest, request_id=u64, flags=flags),
+)
+text = st.text(alphabet=st.characters(blacklist_characters="\n=", blacklist_categories=("Cs",)), max_size=20)
+responses = st.one_of(
+    st.builds(p.AddEntryResponse, request_id=u64, status=status, ledger_id=u64, entry_id=i64),
+    st.builds(
+        p.ReadEntryResponse, request_id=u64, status=status, ledger_id=u64, entry_id=i64, lac=i64, entry=blob
+    ),
+    st.builds(
+        p.ReadLacResponse,
+        request_id=u64,
+        status=status,
+        ledger_id=u64,
+        lac=i64,
+        explicit_lac=i64,
+        lac_blob=blob,
+    ),
+    st.builds(p.WriteLacResponse, request_id=u64, status=status, ledger_id=u64),
+    st.builds(
+        p.ReadRangeResponse,
+        request_id=u64,
+        status=status,
+        ledger_id=u64,
+        first_entry_id=i64,
+        entries=st.lists(blob, max_size=5).map(tuple),
+    ),
+    st.builds(
+        p.BookieInfoResponse,
+        request_id=u64,
+        status=status,
+        free_bytes=u64,
+        total_bytes=u64,
+        readonly=st.booleans(),
+        bookie_id=text,
+        extra=st.dictionaries(text.filter(bool), text, max_size=3),
+    ),
+)
+
+
+@given(requests)
+def test_request_encode_decode_is_identity(msg: p.Request) -> None:
+    assert p.decode_one_request(p.encode(msg)) == msg
+
+
+@given(responses)
+def test_response_encode_decode_is_identity(msg: p.Response) -> None:
+    assert p.decode_one_response(p.encode(msg)) == msg
+
+
+@given(st.lists(requests, min_size=1, max_size=8), st.data())
+def test_decoder_reassembles_frames_split_at_any_point(msgs: list[p.Request], data: st.DataObject) -> None:
+    stream = b"".join(p.encode(m) for m in msgs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    dec = p.FrameDecoder()
+    out: list[p.Request] = []
+    prev = 0
+    for c in [*cuts, len(stream)]:
+        dec.feed(stream[prev:c])
+        prev = c
+        out.extend(dec.requests())
+    assert out == msgs
+    assert dec.buffered == 0
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=300))
+def test_any_bytes_either_decode_or_raise_protocol_error(raw: bytes) -> None:
+    for decode in (p.FrameDecoder.requests, p.FrameDecoder.responses):
+        dec = p.FrameDecoder()
+        dec.feed(raw)
+        try:
+            list(decode(dec))
+        except p.ProtocolError:
+            pass
+
+
+@settings(max_examples=300)
+@given(requests, st.integers(min_value=0, max_value=2000), st.integers(min_value=0, max_value=255))
+def test_mutated_frames_never_raise_anything_but_protocol_error(msg: p.Request, pos: int, byte: int) -> None:
+    frame = bytearray(p.encode(msg))
+    frame[pos % len(frame)] = byte
+    dec = p.FrameDecoder()
+    dec.feed(bytes(frame))
+    try:
+        list(dec.requests())
+    except p.ProtocolError:
+        pass
+
+
+def test_oversized_frame_is_refused_before_buffering_it() -> None:
+    dec = p.FrameDecoder(frame_size_max=1024)
+    dec.feed((5000).to_bytes(4, "big") + b"\x01")
+    with pytest.raises(p.ProtocolError, match="frame length"):
+        list(dec.frames())
+    with pytest.raises(p.ProtocolError):
+        list(dec.frames())
+
+
+def test_wrong_version_is_refused() -> None:
+    frame = bytearray(p.encode(p.BookieInfoRequest(request_id=1)))
+    frame[4] = 99
+    with pytest.raises(p.ProtocolError, match="version"):
+        p.decode_one_request(bytes(frame))
+
+
+def test_unknown_op_and_short_bodies_are_refused() -> None:
+    frame = bytearray(p.encode(p.BookieInfoRequest(request_id=1)))
+    frame[5] = 77
+    with pytest.raises(p.ProtocolError, match="unknown op"):
+        p.decode_one_request(bytes(frame))
+    read = p.encode(p.ReadLacRequest(request_id=1, ledger_id=1, master_key=b"k" * p.MASTER_KEY_LEN))
+    short = (len(read) - 4 - 1).to_bytes(4, "big") + read[4:-1]
+    with pytest.raises(p.ProtocolError, match="READ_LAC"):
+        p.decode_one_request(short)
+
+
+def test_encoding_refuses_a_wrong_length_master_key() -> None:
+    with pytest.raises(p.ProtocolError):
+        p.encode(p.ReadLacRequest(request_id=1, ledger_id=1, master_key=b"short"))
+
+
+def test_master_key_depends_on_password() -> None:
+    assert p.master_key(b"a") != p.master_key(b"b")
+    assert len(p.master_key(b"a")) == p.MASTER_KEY_LEN

@@ -1,0 +1,626 @@
+"""``MetadataStore``: typed JSON znodes with versioned compare-and-set, on top of a kazoo client.
+
+* Every body is a JSON object carrying ``"format_version"`` (added on write, checked on read).
+* Every path is relative to the store root (``/ledgerstore`` by default); a leading ``/`` is ignored.
+* Every call is synchronous and bounded by ``request_timeout_s``; kazoo exceptions are translated into
+  :mod:`zk.errors` (they never leak).
+* Async callers use the ``a``-prefixed twins (``aget``, ``acreate``, ``aset``, ``aupdate``, ...), which run the
+  sync method in a worker thread via :func:`asyncio.to_thread`.
+* Session state changes are delivered to listeners (``"CONNECTED"``, ``"SUSPENDED"``, ``"LOST"``) on a dedicated
+  dispatcher thread, so a listener may block and may call the store (e.g. to re-create ephemeral znodes after the
+  session expired: ``"LOST"`` is followed by ``"CONNECTED"`` once a new session is established).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry
+
+from zk import layout
+from zk.errors import (
+    InvalidMetadataError,
+    MetadataClosedError,
+    MetadataConnectionError,
+    MetadataError,
+    MetadataExistsError,
+    MetadataFormatError,
+    MetadataNotEmptyError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    translate,
+)
+from zk.versioned import Versioned
+
+log = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+SessionState = Literal["CONNECTED", "SUSPENDED", "LOST"]
+SessionListener = Callable[[SessionState], object]
+
+#: The body format written by this code.
+FORMAT_VERSION = 1
+#: Body formats this code can read.
+SUPPORTED_FORMAT_VERSIONS = frozenset({1})
+#: ZooKeeper's default jute.maxbuffer is 1 MiB; a larger request makes the server drop the connection.
+MAX_BODY_BYTES = 1_000_000
+DEFAULT_UPDATE_RETRIES = 100
+
+_R = TypeVar("_R")
+
+
+def encode_body(value: Mapping[str, Any]) -> bytes:
+    """JSON-encode a znode body, adding ``format_version`` (a supported one may already be present)."""
+    if not isinstance(value, Mapping):
+        raise InvalidMetadataError(f"znode body must be a JSON object (a dict), got {type(value).__name__}")
+    body = dict(value)
+    fv = body.setdefault("format_version", FORMAT_VERSION)
+    if isinstance(fv, bool) or fv not in SUPPORTED_FORMAT_VERSIONS:
+        raise MetadataFormatError(
+            f"cannot write format_version {fv!r} (supported: {sorted(SUPPORTED_FORMAT_VERSIONS)})"
+        )
+    try:
+        data = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as e:
+        raise InvalidMetadataError(f"znode body is not JSON-serialisable: {e}") from e
+    if len(data) > MAX_BODY_BYTES:
+        raise InvalidMetadataError(f"znode body is {len(data)} bytes, more than the {MAX_BODY_BYTES} allowed")
+    return data
+
+
+def decode_body(data: bytes | None, path: str | None = None) -> JsonDict:
+    """Parse a znode body written by :func:`encode_body`; raise :class:`MetadataFormatError` otherwise."""
+    if not data:
+        raise MetadataFormatError(
+            "znode has no body (a directory node, or not written by ledgerstore)", path=path
+        )
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise MetadataFormatError(f"znode body is not JSON: {e}", path=path) from e
+    if not isinstance(value, dict):
+        raise MetadataFormatError(f"znode body is JSON {type(value).__name__}, not an object", path=path)
+    fv = value.get("format_version")
+    if isinstance(fv, bool) or fv not in SUPPORTED_FORMAT_VERSIONS:
+        raise MetadataFormatError(
+            f"unsupported format_version {fv!r} (this build reads {sorted(SUPPORTED_FORMAT_VERSIONS)}); "
+            "was it written by a newer ledgerstore?",
+            path=path,
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class NodeStat:
+    """The parts of a ZooKeeper ``Stat`` the rest of the system uses."""
+
+    version: int
+    ephemeral_owner: int  # session id owning an ephemeral znode, 0 for persistent znodes
+    ctime_ms: int
+    mtime_ms: int
+    num_children: int
+    data_length: int
+
+    @property
+    def ephemeral(self) -> bool:
+        return self.ephemeral_owner != 0
+
+
+def _node_stat(stat: Any) -> NodeStat:
+    return NodeStat(
+        version=stat.version,
+        ephemeral_owner=stat.ephemeralOwner,
+        ctime_ms=stat.ctime,
+        mtime_ms=stat.mtime,
+        num_children=stat.numChildren,
+        data_length=stat.dataLength,
+    )
+
+
+def _check_root(root: str) -> str:
+    if not root.startswith("/"):
+        raise ValueError(f"root must be an absolute znode path, got {root!r}")
+    root = root.rstrip("/") or "/"
+    if root != "/":
+        for comp in root[1:].split("/"):
+            layout.check_znode_name(comp, "root path component")
+    return root
+
+
+class MetadataStore:
+    """A JSON-over-ZooKeeper store rooted at ``root``. Thread-safe. Use :meth:`connect` to build one."""
+
+    def __init__(
+        self,
+        client: KazooClient,
+        root: str = layout.DEFAULT_ROOT,
+        *,
+        request_timeout_s: float = 15.0,
+        connect_string: str = "",
+        owns_client: bool = True,
+    ) -> None:
+        self._client = client
+        self._root = _check_root(root)
+        self._request_timeout_s = request_timeout_s
+        self._connect_string = connect_string
+        self._owns_client = owns_client
+        self._closed = False
+        self._listeners: list[SessionListener] = []
+        self._listeners_lock = threading.Lock()
+        self._events: queue.SimpleQueue[SessionState | None] = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(
+            target=self._dispatch_loop, name="zk-session-listeners", daemon=True
+        )
+        self._dispatcher.start()
+        self._client.add_listener(self._on_kazoo_state)
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    @classmethod
+    def connect(
+        cls,
+        connect_string: str,
+        root: str = layout.DEFAULT_ROOT,
+        *,
+        timeout_s: float = 10.0,
+        session_timeout_s: float = 10.0,
+        request_timeout_s: float | None = None,
+    ) -> MetadataStore:
+        """Connect (bounded by ``timeout_s``) and make sure ``root`` exists.
+
+        ``session_timeout_s`` is what the client asks for; the server clamps it to [2, 20] x its tickTime unless
+        configured otherwise (our launcher allows up to 60 s). ``request_timeout_s`` (default: max(session timeout,
+        5 s)) bounds every later call. Raises :class:`MetadataConnectionError` if ZooKeeper does not answer.
+        """
+        _check_root(root)
+        client = KazooClient(
+            hosts=connect_string,
+            timeout=session_timeout_s,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+            logger=logging.getLogger("zk.kazoo"),
+        )
+        try:
+            client.start(timeout=timeout_s)
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                client.stop()
+                client.close()
+            raise MetadataConnectionError(
+                f"could not connect to ZooKeeper at {connect_string} within {timeout_s:g}s ({type(e).__name__}: {e})"
+            ) from None
+        store = cls(
+            client,
+            root,
+            request_timeout_s=request_timeout_s
+            if request_timeout_s is not None
+            else max(session_timeout_s, 5.0),
+            connect_string=connect_string,
+        )
+        try:
+            store.ensure("")
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def close(self) -> None:
+        """Close the session (its ephemeral znodes disappear at once). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._client.remove_listener(self._on_kazoo_state)
+        if self._owns_client:
+            with contextlib.suppress(Exception):
+                self._client.stop()
+            with contextlib.suppress(Exception):
+                self._client.close()
+        self._events.put(None)
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join(timeout=5)
+
+    def __enter__(self) -> MetadataStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def connect_string(self) -> str:
+        return self._connect_string
+
+    @property
+    def session_timeout_s(self) -> float:
+        """The session timeout this client asked for (the server may clamp it to its min/max)."""
+        return float(getattr(self._client, "_session_timeout", 10_000)) / 1000.0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed and bool(self._client.connected)
+
+    @property
+    def session_id(self) -> int | None:
+        """The current ZooKeeper session id (changes after an expiry), or None when not connected."""
+        cid = self._client.client_id
+        return int(cid[0]) if cid else None
+
+    @property
+    def client_id(self) -> tuple[int, bytes] | None:
+        """``(session id, session password)``; tests use it to force a session expiry."""
+        cid = self._client.client_id
+        return (int(cid[0]), bytes(cid[1])) if cid else None
+
+    @property
+    def kazoo(self) -> KazooClient:
+        """The underlying kazoo client (escape hatch: its exceptions are *not* translated)."""
+        return self._client
+
+    def wait_connected(self, timeout_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.connected:
+                return True
+            time.sleep(0.02)
+        return self.connected
+
+    # --- session listeners ------------------------------------------------------------------------------------
+
+    def add_session_listener(self, cb: SessionListener) -> None:
+        """Call ``cb(state)`` on every session state change: ``"CONNECTED"``, ``"SUSPENDED"`` (connection lost,
+        session may survive) or ``"LOST"`` (session expired: ephemeral znodes are gone; a new session follows
+        with ``"CONNECTED"``). Callbacks run in order on one dispatcher thread; exceptions are logged."""
+        with self._listeners_lock:
+            self._listeners.append(cb)
+
+    def remove_session_listener(self, cb: SessionListener) -> None:
+        with self._listeners_lock, contextlib.suppress(ValueError):
+            self._listeners.remove(cb)
+
+    def _on_kazoo_state(self, state: str) -> None:
+        # Runs on kazoo's connection thread: must not block.
+        mapping: dict[str, SessionState] = {
+            KazooState.CONNECTED: "CONNECTED",
+            KazooState.SUSPENDED: "SUSPENDED",
+            KazooState.LOST: "LOST",
+        }
+        ours = mapping.get(state)
+        if ours is not None and not self._closed:
+            self._events.put(ours)
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            state = self._events.get()
+            if state is None:
+                return
+            with self._listeners_lock:
+                listeners = list(self._listeners)
+            for cb in listeners:
+                try:
+                    cb(state)
+                except Exception:
+                    log.exception("session listener %r failed on %s", cb, state)
+
+    # --- plumbing ---------------------------------------------------------------------------------------------
+
+    def abs_path(self, path: str) -> str:
+        """The absolute znode path of a store-relative ``path`` (``""`` is the root)."""
+        rel = path.strip("/")
+        if rel:
+            for comp in rel.split("/"):
+                if comp in ("", ".", ".."):
+                    raise ValueError(f"invalid znode path {path!r}")
+        if not rel:
+            return self._root
+        return f"{self._root}/{rel}" if self._root != "/" else f"/{rel}"
+
+    def rel_path(self, abs_path: str) -> str:
+        if self._root == "/":
+            return abs_path.lstrip("/")
+        if abs_path == self._root:
+            return ""
+        if not abs_path.startswith(self._root + "/"):
+            raise ValueError(f"{abs_path!r} is outside the store root {self._root!r}")
+        return abs_path[len(self._root) + 1 :]
+
+    @contextlib.contextmanager
+    def _translated(self, path: str | None) -> Iterator[None]:
+        if self._closed:
+            raise MetadataClosedError("metadata store is closed", path=path)
+        try:
+            yield
+        except MetadataError:
+            raise
+        except Exception as e:
+            raise translate(e, path) from e
+
+    def _wait(self, async_result: Any, path: str) -> Any:
+        with self._translated(path):
+            try:
+                return async_result.get(timeout=self._request_timeout_s)
+            except self._client.handler.timeout_exception:
+                raise MetadataConnectionError(
+                    f"ZooKeeper did not answer within {self._request_timeout_s:g}s", path=path
+                ) from None
+
+    # --- typed JSON operations --------------------------------------------------------------------------------
+
+    def get(self, path: str) -> Versioned[JsonDict]:
+        """Read a JSON body. Raises :class:`MetadataNotFoundError` if absent, :class:`MetadataFormatError` if the
+        body is not ours."""
+        full = self.abs_path(path)
+        with self._translated(full):
+            data, stat = self._wait(self._client.get_async(full), full)
+        return Versioned(decode_body(data, full), stat.version)
+
+    def get_optional(self, path: str) -> Versioned[JsonDict] | None:
+        try:
+            return self.get(path)
+        except MetadataNotFoundError:
+            return None
+
+    def stat(self, path: str) -> NodeStat | None:
+        full = self.abs_path(path)
+        st = self._wait(self._client.exists_async(full), full)
+        return None if st is None else _node_stat(st)
+
+    def exists(self, path: str) -> bool:
+        return self.stat(path) is not None
+
+    def create(
+        self,
+        path: str,
+        value: Mapping[str, Any],
+        *,
+        ephemeral: bool = False,
+        sequence: bool = False,
+        makepath: bool = True,
+    ) -> str:
+        """Create a znode with a JSON body; returns its store-relative path (with the sequence suffix, if any).
+        Missing parents are created as empty persistent znodes when ``makepath``. Raises
+        :class:`MetadataExistsError` if it exists."""
+        full = self.abs_path(path)
+        data = encode_body(value)
+        created = self._wait(
+            self._client.create_async(full, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath),
+            full,
+        )
+        return self.rel_path(created)
+
+    def ensure(self, path: str) -> None:
+        """Make sure a (directory) znode exists, creating it and its parents with empty bodies."""
+        full = self.abs_path(path)
+        self._wait(self._client.ensure_path_async(full), full)
+
+    def set(self, path: str, value: Mapping[str, Any], version: int) -> Versioned[JsonDict]:
+        """Compare-and-set: write ``value`` only if the znode is still at ``version``. Raises
+        :class:`MetadataVersionError` on a conflict, :class:`MetadataNotFoundError` if the znode is gone."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"set() needs the expected znode version (>= 0), got {version!r}")
+        full = self.abs_path(path)
+        data = encode_body(value)
+        stat = self._wait(self._client.set_async(full, data, version), full)
+        return Versioned(json.loads(data), stat.version)
+
+    def delete(
+        self, path: str, version: int = -1, *, recursive: bool = False, missing_ok: bool = False
+    ) -> bool:
+        """Delete a znode (``version`` -1 = unconditional). With ``recursive`` its whole subtree is removed
+        (children first; the version check then applies to ``path`` itself). Returns False if it did not exist
+        and ``missing_ok``; raises :class:`MetadataNotFoundError` otherwise."""
+        full = self.abs_path(path)
+        try:
+            if recursive:
+                for child in self._children_abs(full):
+                    self._delete_tree(f"{full.rstrip('/')}/{child}")
+            self._wait(self._client.delete_async(full, version), full)
+            return True
+        except MetadataNotFoundError:
+            if missing_ok:
+                return False
+            raise
+
+    def _children_abs(self, full: str) -> list[str]:
+        return sorted(self._wait(self._client.get_children_async(full), full))
+
+    def _delete_tree(self, full: str) -> None:
+        for _attempt in range(10):
+            try:
+                for child in self._children_abs(full):
+                    self._delete_tree(f"{full}/{child}")
+                self._wait(self._client.delete_async(full), full)
+                return
+            except MetadataNotFoundError:
+                return
+            except MetadataNotEmptyError:  # a child appeared meanwhile: go again
+                continue
+        raise MetadataError("subtree keeps changing during a recursive delete", path=full)
+
+    def children(self, path: str) -> list[str]:
+        """Sorted child names. Raises :class:`MetadataNotFoundError` if ``path`` does not exist."""
+        return self._children_abs(self.abs_path(path))
+
+    def children_many(self, paths: Sequence[str]) -> dict[str, list[str] | None]:
+        """Children of many znodes with pipelined requests; ``None`` for znodes that do not exist."""
+        fulls = [self.abs_path(p) for p in paths]
+        with self._translated(None):
+            pending = [self._client.get_children_async(f) for f in fulls]
+        out: dict[str, list[str] | None] = {}
+        for p, f, res in zip(paths, fulls, pending, strict=True):
+            try:
+                out[p] = sorted(self._wait(res, f))
+            except MetadataNotFoundError:
+                out[p] = None
+        return out
+
+    def get_many(self, paths: Sequence[str]) -> dict[str, Versioned[JsonDict] | None]:
+        """Bodies of many znodes with pipelined requests; ``None`` for znodes that do not exist."""
+        fulls = [self.abs_path(p) for p in paths]
+        with self._translated(None):
+            pending = [self._client.get_async(f) for f in fulls]
+        out: dict[str, Versioned[JsonDict] | None] = {}
+        for p, f, res in zip(paths, fulls, pending, strict=True):
+            try:
+                data, stat = self._wait(res, f)
+                out[p] = Versioned(decode_body(data, f), stat.version)
+            except MetadataNotFoundError:
+                out[p] = None
+        return out
+
+    def update(
+        self,
+        path: str,
+        fn: Callable[[JsonDict], Mapping[str, Any]],
+        *,
+        retries: int = DEFAULT_UPDATE_RETRIES,
+        default: Mapping[str, Any] | None = None,
+    ) -> Versioned[JsonDict]:
+        """The compare-and-set loop: read, ``new = fn(current)``, write at the read version; on a conflict re-read
+        and call ``fn`` again. ``fn`` gets a private copy; it may raise to abort (the exception propagates). If
+        ``new == current`` nothing is written. With ``default``, a missing znode is treated as holding
+        ``default`` and created (a concurrent create counts as a conflict). Returns the final ``Versioned``.
+        Raises :class:`MetadataVersionError` after ``retries`` conflicts. Connection errors are not retried
+        (a lost reply may hide a successful write, and ``fn`` need not be idempotent)."""
+        attempt = 0
+        while True:
+            current: Versioned[JsonDict] | None = self.get_optional(path)
+            if current is None and default is None:
+                raise MetadataNotFoundError("znode does not exist", path=self.abs_path(path))
+            base: JsonDict = dict(default or {}) if current is None else current.value
+            base.setdefault("format_version", FORMAT_VERSION)
+            new = fn(copy.deepcopy(base))
+            if not isinstance(new, Mapping):
+                raise TypeError(f"update function must return a dict, got {type(new).__name__}")
+            try:
+                if current is None:
+                    self.create(path, new)
+                    return Versioned(json.loads(encode_body(new)), 0)
+                if dict(new) == current.value:
+                    return current
+                return self.set(path, new, current.version)
+            except MetadataVersionError:
+                pass
+            except MetadataExistsError:
+                if current is not None:
+                    raise
+            attempt += 1
+            if attempt > retries:
+                raise MetadataVersionError(f"gave up after {retries} compare-and-set conflicts", path=path)
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 10))))
+
+    # --- watches ----------------------------------------------------------------------------------------------
+
+    def watch_data(self, path: str, cb: Callable[[Versioned[JsonDict] | None], object]) -> Callable[[], None]:
+        """Call ``cb`` now and after every change of ``path`` with its ``Versioned`` body (``None`` while it does
+        not exist). Runs on kazoo's callback thread: keep it short. Returns a function that cancels the watch."""
+        full = self.abs_path(path)
+        cancelled = threading.Event()
+
+        def on_change(data: bytes | None, stat: Any) -> bool | None:
+            if cancelled.is_set() or self._closed:
+                return False
+            try:
+                value = None if stat is None else Versioned(decode_body(data, full), stat.version)
+            except MetadataFormatError:
+                log.warning("watch on %s: ignoring a body that is not ours", full)
+                return None
+            try:
+                cb(value)
+            except Exception:
+                log.exception("data watch callback for %s failed", full)
+            return None
+
+        with self._translated(full):
+            DataWatch(self._client, full, on_change)
+        return cancelled.set
+
+    def watch_children(self, path: str, cb: Callable[[list[str]], object]) -> Callable[[], None]:
+        """Call ``cb(sorted children)`` now and after every change. ``path`` is created if missing (a children
+        watch on a missing znode would stop). Returns a function that cancels the watch."""
+        self.ensure(path)
+        full = self.abs_path(path)
+        cancelled = threading.Event()
+
+        def on_change(children: list[str]) -> bool | None:
+            if cancelled.is_set() or self._closed:
+                return False
+            try:
+                cb(sorted(children))
+            except Exception:
+                log.exception("children watch callback for %s failed", full)
+            return None
+
+        with self._translated(full):
+            ChildrenWatch(self._client, full, on_change)
+        return cancelled.set
+
+    # --- async twins (asyncio.to_thread) ----------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def aget(self, path: str) -> Versioned[JsonDict]:
+        return await self._run(self.get, path)
+
+    async def aget_optional(self, path: str) -> Versioned[JsonDict] | None:
+        return await self._run(self.get_optional, path)
+
+    async def aexists(self, path: str) -> bool:
+        return await self._run(self.exists, path)
+
+    async def acreate(
+        self,
+        path: str,
+        value: Mapping[str, Any],
+        *,
+        ephemeral: bool = False,
+        sequence: bool = False,
+        makepath: bool = True,
+    ) -> str:
+        return await self._run(
+            self.create, path, value, ephemeral=ephemeral, sequence=sequence, makepath=makepath
+        )
+
+    async def aset(self, path: str, value: Mapping[str, Any], version: int) -> Versioned[JsonDict]:
+        return await self._run(self.set, path, value, version)
+
+    async def adelete(
+        self, path: str, version: int = -1, *, recursive: bool = False, missing_ok: bool = False
+    ) -> bool:
+        return await self._run(self.delete, path, version, recursive=recursive, missing_ok=missing_ok)
+
+    async def achildren(self, path: str) -> list[str]:
+        return await self._run(self.children, path)
+
+    async def aupdate(
+        self,
+        path: str,
+        fn: Callable[[JsonDict], Mapping[str, Any]],
+        *,
+        retries: int = DEFAULT_UPDATE_RETRIES,
+        default: Mapping[str, Any] | None = None,
+    ) -> Versioned[JsonDict]:
+        """Note: ``fn`` runs in the worker thread, not on the event loop."""
+        return await self._run(self.update, path, fn, retries=retries, default=default)
+
+    async def aclose(self) -> None:
+        await self._run(self.close)

@@ -1,0 +1,199 @@
+"""Bookie discovery: ephemeral znodes ``bookies/available/<id>`` (writable) and ``bookies/readonly/<id>``.
+
+A bookie registers once; the registry keeps the registration alive across ZooKeeper session expiry by
+re-creating the znode when the store reports a new session (``"CONNECTED"`` after ``"LOST"``). Bookie ids look
+like ``"127.0.0.1:3181"`` (``':'`` is fine in znode names). The body is the bookie's ``info`` dict (e.g. host,
+port, http_port) plus ``format_version``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zk import layout
+from zk.client import JsonDict, MetadataStore, SessionState
+from zk.errors import MetadataError, MetadataExistsError, MetadataNotFoundError, MetadataVersionError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BookieRecord:
+    bookie_id: str
+    info: JsonDict
+    readonly: bool
+
+
+def _strip(value: JsonDict) -> JsonDict:
+    return {k: v for k, v in value.items() if k != "format_version"}
+
+
+class BookieRegistry:
+    """Registration (for a bookie process) and discovery (for clients) of bookies. Thread-safe.
+
+    ``stale_wait_s``: when a bookie restarts quickly, its previous session's znode may linger until that session
+    expires; :meth:`register` waits up to this long for it to go away (default: the session timeout + 2 s)
+    before failing with :class:`MetadataExistsError` ("another live process uses this bookie id")."""
+
+    def __init__(self, store: MetadataStore, *, stale_wait_s: float | None = None) -> None:
+        self._store = store
+        self._stale_wait_s = stale_wait_s
+        self._lock = threading.RLock()
+        self._registered: dict[str, tuple[JsonDict, bool]] = {}
+        self._closed = False
+        #: Number of times a registration was re-created after a session expiry (for tests and metrics).
+        self.reregistrations = 0
+        store.ensure(layout.BOOKIES_AVAILABLE)
+        store.ensure(layout.BOOKIES_READONLY)
+        store.add_session_listener(self._on_session)
+
+    # --- registration (bookie side) ---------------------------------------------------------------------------
+
+    def register(self, bookie_id: str, info: Mapping[str, Any], readonly: bool = False) -> None:
+        """Create (or update) this bookie's ephemeral znode; switching ``readonly`` moves it between
+        ``available`` and ``readonly`` (the new znode is created before the old one is deleted)."""
+        layout.check_znode_name(bookie_id, "bookie id")
+        body = dict(info)
+        with self._lock:
+            if self._closed:
+                raise MetadataError("bookie registry is closed")
+            self._put(bookie_id, body, readonly)
+            self._registered[bookie_id] = (body, readonly)
+
+    def unregister(self, bookie_id: str) -> None:
+        """Remove this process's registration of ``bookie_id`` (a znode owned by another session is left alone)."""
+        with self._lock:
+            self._registered.pop(bookie_id, None)
+            for path in (layout.available_bookie_path(bookie_id), layout.readonly_bookie_path(bookie_id)):
+                self._delete_if_ours(path)
+
+    def registered(self) -> dict[str, bool]:
+        """Bookie ids this registry keeps alive -> readonly flag."""
+        with self._lock:
+            return {bid: ro for bid, (_info, ro) in self._registered.items()}
+
+    def close(self, *, unregister: bool = True) -> None:
+        """Stop re-registering; with ``unregister`` also delete the znodes now (else they go with the session)."""
+        with self._lock:
+            self._closed = True
+            self._store.remove_session_listener(self._on_session)
+            if unregister and not self._store.closed:
+                for bid in list(self._registered):
+                    try:
+                        self.unregister(bid)
+                    except MetadataError as e:
+                        log.warning("could not unregister bookie %s: %s", bid, e)
+            self._registered.clear()
+
+    def _wait_limit(self) -> float:
+        if self._stale_wait_s is not None:
+            return self._stale_wait_s
+        return self._store.session_timeout_s + 2.0
+
+    def _put(self, bookie_id: str, info: JsonDict, readonly: bool) -> None:
+        target = (
+            layout.readonly_bookie_path(bookie_id) if readonly else layout.available_bookie_path(bookie_id)
+        )
+        other = (
+            layout.available_bookie_path(bookie_id) if readonly else layout.readonly_bookie_path(bookie_id)
+        )
+        self._ensure_ephemeral(target, info)
+        self._delete_if_ours(other)
+
+    def _ensure_ephemeral(self, path: str, info: JsonDict) -> None:
+        deadline = time.monotonic() + self._wait_limit()
+        while True:
+            try:
+                self._store.create(path, info, ephemeral=True)
+                return
+            except MetadataExistsError:
+                pass
+            st = self._store.stat(path)
+            if st is None:
+                continue
+            if st.ephemeral_owner == self._store.session_id:
+                try:
+                    current = self._store.get(path)
+                    if _strip(current.value) != info:
+                        self._store.set(path, info, current.version)
+                    return
+                except (MetadataNotFoundError, MetadataVersionError):
+                    continue
+            if time.monotonic() >= deadline:
+                raise MetadataExistsError(
+                    f"bookie id is already registered by another live ZooKeeper session (0x{st.ephemeral_owner:x}): "
+                    "is another bookie running with the same id? (a crashed bookie's registration disappears "
+                    "when its session times out)",
+                    path=self._store.abs_path(path),
+                )
+            time.sleep(0.1)
+
+    def _delete_if_ours(self, path: str) -> None:
+        st = self._store.stat(path)
+        if st is not None and st.ephemeral_owner == self._store.session_id:
+            self._store.delete(path, st.version, missing_ok=True)
+
+    def _on_session(self, state: SessionState) -> None:
+        # Runs on the store's dispatcher thread; blocking is fine here.
+        if state != "CONNECTED":
+            return
+        with self._lock:
+            if self._closed:
+                return
+            for bid, (info, ro) in list(self._registered.items()):
+                path = layout.readonly_bookie_path(bid) if ro else layout.available_bookie_path(bid)
+                try:
+                    st = self._store.stat(path)
+                    if st is not None and st.ephemeral_owner == self._store.session_id:
+                        continue
+                    self._put(bid, info, ro)
+                    self.reregistrations += 1
+                    log.warning("re-registered bookie %s after a ZooKeeper session change", bid)
+                except MetadataError as e:
+                    log.error(
+                        "could not re-register bookie %s: %s (will retry on the next reconnect)", bid, e
+                    )
+
+    # --- discovery (client side) ------------------------------------------------------------------------------
+
+    def _list(self, parent: str) -> dict[str, JsonDict]:
+        try:
+            names = self._store.children(parent)
+        except MetadataNotFoundError:
+            return {}
+        bodies = self._store.get_many([f"{parent}/{n}" for n in names])
+        out: dict[str, JsonDict] = {}
+        for n in names:
+            v = bodies.get(f"{parent}/{n}")
+            if v is not None:  # vanished between list and read
+                out[n] = _strip(v.value)
+        return out
+
+    def available(self) -> dict[str, JsonDict]:
+        """Writable bookies: id -> info (a bookie caught mid-move to readonly is not listed)."""
+        avail = self._list(layout.BOOKIES_AVAILABLE)
+        if avail:
+            ro = set(self._store.children(layout.BOOKIES_READONLY))
+            avail = {k: v for k, v in avail.items() if k not in ro}
+        return avail
+
+    def readonly(self) -> dict[str, JsonDict]:
+        return self._list(layout.BOOKIES_READONLY)
+
+    def all(self) -> dict[str, BookieRecord]:
+        """Every registered bookie, writable or read-only."""
+        out = {k: BookieRecord(k, v, False) for k, v in self._list(layout.BOOKIES_AVAILABLE).items()}
+        out.update({k: BookieRecord(k, v, True) for k, v in self._list(layout.BOOKIES_READONLY).items()})
+        return out
+
+    def watch_available(self, cb: Callable[[list[str]], object]) -> Callable[[], None]:
+        """``cb(sorted writable ids as listed under available/)`` now and on every change; returns a cancel fn."""
+        return self._store.watch_children(layout.BOOKIES_AVAILABLE, cb)
+
+    def watch_readonly(self, cb: Callable[[list[str]], object]) -> Callable[[], None]:
+        return self._store.watch_children(layout.BOOKIES_READONLY, cb)
