@@ -17,6 +17,7 @@ journal, the storage, a ``schedule(delay_s, fn)`` timer and one reply callback p
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .storage import LedgerInfo, LedgerStorage
 log = logging.getLogger("ledgerstore.bookie")
 
 Reply = Callable[[bytes], None]
+BatchReply = Callable[[bytes, int], None]
 Done = Callable[[BaseException | None], None]
 
 # Journal record types (the journal module defines the same numbers; the core only needs them as ints).
@@ -77,9 +79,11 @@ class BookieCore:
         *,
         bookie_id: str = "",
         disk_info: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        journal_append_many: Callable[[list[tuple[int, int, int, bytes]], Done], None] | None = None,
     ) -> None:
         self.storage = storage
         self.journal_append = journal_append
+        self.journal_append_many = journal_append_many or self._append_many_one_by_one
         self.schedule = schedule
         self.bookie_id = bookie_id
         self.disk_info = disk_info
@@ -90,7 +94,7 @@ class BookieCore:
         self._uncommitted: dict[tuple[int, int], bytes] = {}
         self._commit_entries: list[tuple[int, int, bytes]] = []
         self._commit_ledgers: dict[int, LedgerInfo] = {}
-        self._commit_replies: list[tuple[Reply, bytes]] = []
+        self._commit_replies: list[Callable[[], None]] = []  # replies to send once the batch is stored
         self._commit_scheduled = False
         self._waiters: dict[int, list[_Waiter]] = {}
         self._fence_durable: set[int] = {lid for lid, info in self.ledgers.items() if info.fenced}
@@ -159,7 +163,7 @@ class BookieCore:
 
     def _queue_commit(self, reply: Reply | None, frame: bytes) -> None:
         if reply is not None:
-            self._commit_replies.append((reply, frame))
+            self._commit_replies.append(functools.partial(reply, frame))
         if not self._commit_scheduled:
             self._commit_scheduled = True
             self.schedule(0.0, self._flush_commit)
@@ -174,8 +178,8 @@ class BookieCore:
             self.storage.write(entries, ledgers.items())
             for lid, eid, _ in entries:
                 self._uncommitted.pop((lid, eid), None)
-        for reply, frame in replies:
-            reply(frame)
+        for send in replies:
+            send()
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -256,6 +260,93 @@ class BookieCore:
                 self.schedule(0.0, lambda: self._wake(ledger_id))
 
         self.journal_append(REC_ENTRY, ledger_id, entry_id, entry, done)
+
+    def _append_many_one_by_one(self, records: list[tuple[int, int, int, bytes]], done: Done) -> None:
+        # Records complete in order, so the last record's completion means the whole group is durable.
+        for rec in records[:-1]:
+            self.journal_append(rec[0], rec[1], rec[2], rec[3], _ignore)
+        last = records[-1]
+        self.journal_append(last[0], last[1], last[2], last[3], done)
+
+    def add_entries(self, items: list[tuple[int, int, int, bytes, bytes, int]], reply: BatchReply) -> None:
+        """Many adds at once (rid, ledger, entry, key, entry bytes, flags): the same rules as ``add_entry``,
+        with one journal group, one storage batch and one reply frame run for the lot. ``reply(frames, n)``
+        carries ``n`` responses."""
+        refused: list[bytes] = []
+        accepted: list[tuple[int, int, int, bytes, LedgerInfo]] = []
+        records: list[tuple[int, int, int, bytes]] = []
+        ledgers = self.ledgers
+        resp = p.encode_add_response
+        readonly = self.readonly
+        for rid, lid, eid, key, entry, flags in items:
+            info = ledgers.get(lid)
+            status = None
+            if info is not None and info.master_key != key:
+                self.stats.unauthorized += 1
+                status = p.Status.UNAUTHORIZED
+            elif info is not None and info.fenced and not flags & p.Flag.RECOVERY_ADD:
+                status = p.Status.FENCED
+            elif readonly:
+                status = p.Status.READONLY
+            elif eid < 0 or len(entry) < HEADER_LEN:
+                status = p.Status.BAD_REQUEST
+            else:
+                hl, he = HEADER.unpack_from(entry)[:2]
+                if hl != lid or he != eid:
+                    status = p.Status.BAD_REQUEST
+            if status is not None:
+                self.stats.adds_rejected += 1
+                self._count(status)
+                refused.append(resp(rid, status, lid, eid))
+                continue
+            if info is None:
+                info = LedgerInfo(master_key=key)
+                ledgers[lid] = info
+                records.append((REC_MASTER_KEY, lid, -1, key))
+            records.append((REC_ENTRY, lid, eid, entry))
+            accepted.append((rid, lid, eid, entry, info))
+        if refused:
+            reply(b"".join(refused), len(refused))
+        if not accepted:
+            return
+
+        def done(exc: BaseException | None) -> None:
+            if exc is not None:
+                self._journal_failed(exc)
+                status = p.Status.READONLY if _is_enospc(exc) else p.Status.INTERNAL
+                reply(
+                    b"".join(resp(rid, status, lid, eid) for rid, lid, eid, _, _ in accepted), len(accepted)
+                )
+                return
+            frames = []
+            uncommitted = self._uncommitted
+            commit_entries = self._commit_entries
+            commit_ledgers = self._commit_ledgers
+            woken: set[int] = set()
+            waiters = self._waiters
+            nbytes = 0
+            for rid, lid, eid, entry, info in accepted:
+                uncommitted[(lid, eid)] = entry
+                commit_entries.append((lid, eid, entry))
+                old_lac = info.lac
+                if eid > info.last_entry_id:
+                    info.last_entry_id = eid
+                lac = HEADER.unpack_from(entry)[2]
+                if lac > old_lac:
+                    info.lac = lac
+                    if lid in waiters:
+                        woken.add(lid)
+                commit_ledgers[lid] = info
+                nbytes += len(entry)
+                frames.append(resp(rid, p.Status.OK, lid, eid))
+            self.stats.adds += len(accepted)
+            self.stats.add_bytes += nbytes
+            self._commit_replies.append(functools.partial(reply, b"".join(frames), len(frames)))
+            self._queue_commit(None, b"")
+            for lid in sorted(woken):
+                self.schedule(0.0, functools.partial(self._wake, lid))
+
+        self.journal_append_many(records, done)
 
     def _journal_failed(self, exc: BaseException) -> None:
         log.error("bookie=%s journal write failed: %s", self.bookie_id, exc)

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
+from .protocol import ADD_FRAME_PREFIX as _ADD_FRAME_PREFIX
+from .protocol import FRAME_SIZE_MAX as _FRAME_SIZE_MAX
+from .protocol import PROTOCOL_VERSION as _VERSION
+from .protocol import OpCode as _OpCode
+from .protocol import ProtocolError as _ProtocolError
+
+_ADD_PREFIX_PACK = _ADD_FRAME_PREFIX.pack
+_ADD_PREFIX_LEN = _ADD_FRAME_PREFIX.size - 4  # frame_len counts the bytes after itself
+_OP_ADD = int(_OpCode.ADD_ENTRY)
+
 HEADER = struct.Struct(">QqqQ")
 HEADER_LEN = HEADER.size  # 32
 _LAC_BLOB = struct.Struct(">Qq")
@@ -92,6 +102,25 @@ class EntryCodec:
         d = _digest(self.digest_type, self.key, header + payload)
         return b"".join((header, d, payload))
 
+    def build_add_frame(
+        self,
+        request_id: int,
+        entry_id: int,
+        lac: int,
+        length: int,
+        payload: bytes,
+        key: bytes,
+        flags: int = 0,
+    ) -> tuple[bytes, bytes]:
+        """(ADD_ENTRY frame, entry bytes) in one go: the client's hot path (CRC32C only; see protocol.py)."""
+        header = HEADER.pack(self.ledger_id, entry_id, lac, length)
+        if self.digest_type is DigestType.CRC32C:
+            digest = _crc32c.crc32c(payload, _crc32c.crc32c(header)).to_bytes(4, "big")
+        else:
+            digest = _digest(self.digest_type, self.key, header + payload)
+        entry = b"".join((header, digest, payload))
+        return _add_frame_prefix(request_id, self.ledger_id, entry_id, key, flags, len(entry)) + entry, entry
+
     def verify(self, entry: bytes, expected_entry_id: int | None = None) -> tuple[EntryHeader, bytes]:
         """Return (header, payload) or raise DigestMismatchError."""
         n = HEADER_LEN + self._dlen
@@ -127,3 +156,12 @@ class EntryCodec:
         ):
             raise DigestMismatchError("explicit LAC blob digest mismatch")
         return int(lac)
+
+
+def _add_frame_prefix(
+    request_id: int, ledger_id: int, entry_id: int, key: bytes, flags: int, n: int
+) -> bytes:
+    size = _ADD_PREFIX_LEN + n
+    if size > _FRAME_SIZE_MAX:
+        raise _ProtocolError(f"add frame of {size} bytes exceeds FRAME_SIZE_MAX")
+    return _ADD_PREFIX_PACK(size, _VERSION, _OP_ADD, flags, request_id, ledger_id, entry_id, key)

@@ -111,7 +111,12 @@ class Bookie:
             on_sync=self._on_sync,
         )
         self.core = BookieCore(
-            self.storage, self.journal.append, schedule, bookie_id=cfg.id, disk_info=self._disk_info
+            self.storage,
+            self.journal.append,
+            schedule,
+            bookie_id=cfg.id,
+            disk_info=self._disk_info,
+            journal_append_many=self.journal.append_many,
         )
         t0 = time.monotonic()
         n = 0
@@ -363,7 +368,16 @@ def install_uvloop() -> None:
 
 def serve(args: argparse.Namespace) -> int:
     install_uvloop()
-    return asyncio.run(run_until_signalled(config_from_args(args)))
+    profile = os.environ.get("LEDGERSTORE_PROFILE")
+    if not profile:
+        return asyncio.run(run_until_signalled(config_from_args(args)))
+    import cProfile
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(asyncio.run, run_until_signalled(config_from_args(args)))
+    finally:
+        prof.dump_stats(profile)
 
 
 def format_cookie(args: argparse.Namespace) -> int:

@@ -64,23 +64,17 @@ class Registry:
 
 
 class RateMeter:
-    """Events per second over a sliding window of whole seconds (for the adds/s gauge)."""
+    """Rate of a monotone counter between two reads (each ``rate()`` call starts the next interval)."""
 
-    __slots__ = ("_clock", "_window_s", "_buckets")
+    __slots__ = ("_clock", "_counter", "_last")
 
-    def __init__(self, clock: Callable[[], float], window_s: int = 10) -> None:
+    def __init__(self, clock: Callable[[], float], counter: Callable[[], int]) -> None:
         self._clock = clock
-        self._window_s = window_s
-        self._buckets: dict[int, int] = {}
-
-    def mark(self, n: int = 1) -> None:
-        sec = int(self._clock())
-        self._buckets[sec] = self._buckets.get(sec, 0) + n
-        if len(self._buckets) > self._window_s + 2:
-            for k in sorted(self._buckets)[: -self._window_s - 1]:
-                del self._buckets[k]
+        self._counter = counter
+        self._last = (clock(), counter())
 
     def rate(self) -> float:
-        now = int(self._clock())
-        total = sum(c for s, c in self._buckets.items() if now - self._window_s <= s < now)
-        return total / self._window_s
+        now, n = self._clock(), self._counter()
+        t0, n0 = self._last
+        self._last = (now, n)
+        return (n - n0) / (now - t0) if now > t0 else 0.0

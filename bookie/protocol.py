@@ -334,6 +334,9 @@ def encode(msg: Request | Response) -> bytes:
 
 
 _ADD_RESP_FRAME = struct.Struct(">IBBHQBQq")
+ADD_RESP_FRAME_SIZE = _ADD_RESP_FRAME.size
+#: frame header + ADD_ENTRY request body before the entry bytes (used by EntryCodec.build_add_frame)
+ADD_FRAME_PREFIX = struct.Struct(f">IBBHQQq{MASTER_KEY_LEN}s")
 _ADD_RESP_LEN = FRAME_HEADER.size + _ADD_RESP.size
 
 
@@ -508,11 +511,10 @@ class FrameDecoder:
     is unusable (there is no way to resynchronise a length-prefixed stream).
     """
 
-    __slots__ = ("_buf", "_pos", "frame_size_max", "broken")
+    __slots__ = ("_buf", "frame_size_max", "broken")
 
     def __init__(self, frame_size_max: int = FRAME_SIZE_MAX) -> None:
         self._buf = bytearray()
-        self._pos = 0
         self.frame_size_max = frame_size_max
         self.broken = False
 
@@ -522,38 +524,70 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame (a partial frame in progress)."""
-        return len(self._buf) - self._pos
+        return len(self._buf)
 
-    def frames(self) -> Iterator[tuple[int, int, int, memoryview]]:
-        """Yield (op, flags, request_id, body) for each whole frame buffered."""
+    def frames_raw(self) -> Iterator[tuple[int, int, int, bytes, int, int]]:
+        """Yield (op, flags, request_id, data, body_start, body_end) for each whole frame buffered.
+
+        ``data`` is one immutable snapshot shared by the frames of this call (one copy for the lot): the body
+        is ``data[body_start:body_end]``. Hot paths slice only what they keep.
+        """
         if self.broken:
             raise ProtocolError("decoder already failed")
         buf = self._buf
-        try:
-            while True:
-                avail = len(buf) - self._pos
-                if avail < 4:
-                    break
-                (n,) = _LEN.unpack_from(buf, self._pos)
-                if n < FRAME_HEADER.size or n > self.frame_size_max:
-                    self.broken = True
-                    raise ProtocolError(
-                        f"frame length {n} outside [{FRAME_HEADER.size}, {self.frame_size_max}]"
-                    )
-                if avail < 4 + n:
-                    break
-                start = self._pos + 4
-                version, op, flags, rid = FRAME_HEADER.unpack_from(buf, start)
+        n = len(buf)
+        end = 0
+        error: ProtocolError | None = None
+        while n - end >= 4:  # find the whole frames first (headers only), then copy them once
+            (length,) = _LEN.unpack_from(buf, end)
+            if length < FRAME_HEADER.size or length > self.frame_size_max:
+                error = ProtocolError(
+                    f"frame length {length} outside [{FRAME_HEADER.size}, {self.frame_size_max}]"
+                )
+                break
+            if n - end < 4 + length:
+                break
+            end += 4 + length
+        if end:
+            with memoryview(buf) as mv:
+                data = bytes(mv[:end])
+            del buf[:end]
+            pos = 0
+            hdr = _HDR_FULL.unpack_from
+            while pos < end:
+                length, version, op, flags, rid = hdr(data, pos)
                 if version != PROTOCOL_VERSION:
                     self.broken = True
+                    self._buf.clear()
                     raise ProtocolError(f"unsupported protocol version {version}")
-                body = bytes(buf[start + FRAME_HEADER.size : start + n])
-                self._pos = start + n
-                yield op, flags, rid, memoryview(body)
-        finally:
-            if self._pos:
-                del buf[: self._pos]
-                self._pos = 0
+                body_start = pos + _HDR_FULL.size
+                pos += 4 + length
+                yield op, flags, rid, data, body_start, pos
+        if error is not None:
+            self.broken = True
+            raise error
+
+    def take_add_responses(self) -> list[tuple[int, int, int, int, int, int, int, int]] | None:
+        """Fast path for clients: when everything buffered is whole ADD_ENTRY responses (the common case under
+        load), consume and return them unpacked as (len, version, op, flags, request_id, status, ledger, entry)
+        rows; otherwise return None and leave the buffer alone."""
+        buf = self._buf
+        n = len(buf)
+        size = ADD_RESP_FRAME_SIZE
+        if not n or n % size or self.broken:
+            return None
+        rows = list(_ADD_RESP_FRAME.iter_unpack(buf))
+        want = (size - 4, PROTOCOL_VERSION, OpCode.ADD_ENTRY)
+        for r in rows:
+            if r[:3] != want:
+                return None
+        buf.clear()
+        return rows
+
+    def frames(self) -> Iterator[tuple[int, int, int, memoryview]]:
+        """Yield (op, flags, request_id, body) for each whole frame buffered."""
+        for op, flags, rid, data, a, b in self.frames_raw():
+            yield op, flags, rid, memoryview(data)[a:b]
 
     def requests(self) -> Iterator[Request]:
         for op, flags, rid, body in self.frames():

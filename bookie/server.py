@@ -23,13 +23,12 @@ from aiohttp import web
 
 from . import protocol as p
 from .core import BookieCore
-from .metrics import Histogram, RateMeter, Registry
+from .metrics import RateMeter, Registry
 
 log = logging.getLogger("ledgerstore.bookie.server")
 
 DEFAULT_INFLIGHT_MAX = 10_000
 DEFAULT_PARTIAL_FRAME_TIMEOUT_S = 30.0
-ADD_LATENCY_SAMPLE_EVERY = 8  # measure one add in N (the histogram is a sample, documented in /metrics help)
 
 _ADD_BODY = p.struct.Struct(f">Qq{p.MASTER_KEY_LEN}s")
 
@@ -73,7 +72,6 @@ class BookieConnection(asyncio.Protocol):
         self._closed = False
         self._last_progress = time.monotonic()
         self._loop = asyncio.get_running_loop()
-        self._sample = 0
         self._watchdog: asyncio.TimerHandle | None = None
 
     # asyncio callbacks ---------------------------------------------------------------------------------
@@ -104,57 +102,66 @@ class BookieConnection(asyncio.Protocol):
         dec = self.decoder
         dec.feed(data)
         core = self.core
-        limit = self.server.limits.inflight_max
+        server = self.server
+        limit = server.limits.inflight_max
+        adds: list[tuple[int, int, int, bytes, bytes, int]] = []
+        unpack_add = _ADD_BODY.unpack_from
+        add_body = _ADD_BODY.size
         try:
-            for op, flags, rid, body in dec.frames():
-                self._last_progress = time.monotonic()
-                if self.inflight >= limit:
-                    self.server.overloaded += 1
+            for op, flags, rid, buf, a, b in dec.frames_raw():
+                if self.inflight + len(adds) >= limit:
+                    server.overloaded += 1
                     self._write(error_response(op, rid, p.Status.TOO_MANY_REQUESTS))
                     continue
                 if op == p.OpCode.ADD_ENTRY:
-                    # Fast path: no request dataclass for the hottest message.
-                    if len(body) < _ADD_BODY.size:
+                    # Fast path: adds of one chunk are handled as one group (one journal group, one reply run).
+                    if b - a < add_body:
                         raise p.ProtocolError("ADD_ENTRY: body too short")
-                    lid, eid, key = _ADD_BODY.unpack_from(body)
-                    self.inflight += 1
-                    self.server.add_rate.mark()
-                    self._sample += 1
-                    if self._sample >= ADD_LATENCY_SAMPLE_EVERY:
-                        self._sample = 0
-                        reply = self._timed_reply(self.server.add_latency)
-                    else:
-                        reply = self._reply
-                    core.add_entry(rid, lid, eid, key, bytes(body[_ADD_BODY.size :]), flags, reply)
-                else:
-                    req = p.decode_request(op, flags, rid, body)
-                    self.inflight += 1
-                    core.handle(req, self._reply)
+                    lid, eid, key = unpack_add(buf, a)
+                    adds.append((rid, lid, eid, key, buf[a + add_body : b], flags))
+                    continue
+                if adds:
+                    self._submit_adds(adds)
+                    adds = []
+                req = p.decode_request(op, flags, rid, memoryview(buf)[a:b])
+                self.inflight += 1
+                core.handle(req, self._reply)
         except p.ProtocolError as e:
-            self.server.malformed += 1
+            server.malformed += 1
             log.warning(
                 "bookie=%s closing connection from %s: malformed frame: %s", core.bookie_id, self.peer, e
             )
             self._abort()
+            return
         except Exception:
             log.exception(
                 "bookie=%s internal error serving %s; closing that connection", core.bookie_id, self.peer
             )
             self._abort()
+            return
+        finally:
+            self._last_progress = time.monotonic()
+        if adds:
+            self._submit_adds(adds)
+
+    def _submit_adds(self, adds: list[tuple[int, int, int, bytes, bytes, int]]) -> None:
+        n = len(adds)
+        self.inflight += n
+        self.server.adds_received += n
+        t0 = time.perf_counter()
+        hist = self.server.add_latency
+
+        def reply(frames: bytes, count: int) -> None:
+            hist.observe(time.perf_counter() - t0)
+            self.inflight -= count
+            self._write(frames)
+
+        self.core.add_entries(adds, reply)
 
     # replies -------------------------------------------------------------------------------------------
     def _reply(self, frame: bytes) -> None:
         self.inflight -= 1
         self._write(frame)
-
-    def _timed_reply(self, hist: Histogram) -> Callable[[bytes], None]:
-        t0 = time.perf_counter()
-
-        def reply(frame: bytes) -> None:
-            hist.observe(time.perf_counter() - t0)
-            self._reply(frame)
-
-        return reply
 
     def _write(self, frame: bytes) -> None:
         if self._closed:
@@ -217,11 +224,12 @@ class BookieServer:
         self.malformed = 0
         self.overloaded = 0
         self.slow_closed = 0
-        self.add_rate = RateMeter(time.monotonic)
+        self.adds_received = 0
+        self.add_rate = RateMeter(time.monotonic, lambda: self.adds_received)
         self.metrics = Registry()
         self.add_latency = self.metrics.histogram(
             "bookie_add_latency_seconds",
-            f"Add request latency, receive to reply (fsync included), sampled 1 in {ADD_LATENCY_SAMPLE_EVERY}",
+            "Add latency, receive to reply (fsync included), one observation per group of adds received together",
         )
         self.fsync_latency = self.metrics.histogram(
             "bookie_journal_fsync_seconds", "Journal write+fsync latency"
@@ -307,7 +315,9 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
         "Adds refused (fenced, unauthorized, read-only, ...)",
         lambda: core.stats.adds_rejected,
     )
-    m.gauge("bookie_adds_per_second", "Add requests per second, 10 s window", server.add_rate.rate)
+    m.gauge(
+        "bookie_adds_per_second", "Add requests per second since the previous scrape", server.add_rate.rate
+    )
     m.counter("bookie_reads_total", "Read requests served", lambda: core.stats.reads)
     m.counter("bookie_read_bytes_total", "Bytes of entries read", lambda: core.stats.read_bytes)
     m.counter("bookie_fence_requests_total", "Fencing reads", lambda: core.stats.fences)

@@ -21,6 +21,9 @@ log = logging.getLogger("ledgerstore.client.conn")
 
 CONNECT_TIMEOUT_S = 5.0
 ResponseCallback = Callable[[p.Response | None, BaseException | None], None]
+AddCallback = Callable[[p.Status | None, BaseException | None], None]
+_STATUS = {int(s): s for s in p.Status}
+_ADD_RESP_BODY = 17  # u8 status, u64 ledger, i64 entry
 
 
 def split_address(bookie_id: str) -> tuple[str, int]:
@@ -36,6 +39,7 @@ class BookieConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.decoder = p.FrameDecoder()
         self._pending: dict[int, ResponseCallback] = {}
+        self._pending_adds: dict[int, AddCallback] = {}
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -65,17 +69,48 @@ class BookieConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.decoder.feed(data)
         pending = self._pending
+        adds = self._pending_adds
+        add_op = p.OpCode.ADD_ENTRY
+        rows = self.decoder.take_add_responses()
+        if rows is not None:
+            statuses = _STATUS
+            for row in rows:
+                st = statuses.get(row[5])
+                if st is None:
+                    self._protocol_error(p.ProtocolError(f"unknown status {row[5]}"))
+                    return
+                acb = adds.pop(row[4], None)
+                if acb is not None:
+                    acb(st, None)
+                    continue
+                cb = pending.pop(row[4], None)  # an add sent through the generic request() path
+                if cb is not None:
+                    cb(p.AddEntryResponse(request_id=row[4], status=st, ledger_id=row[6], entry_id=row[7]), None)
+            return
         try:
-            for op, flags, rid, body in self.decoder.frames():
+            for op, flags, rid, buf, a, b in self.decoder.frames_raw():
+                if op == add_op:
+                    acb = adds.pop(rid, None)
+                    if acb is not None:
+                        if b - a != _ADD_RESP_BODY:
+                            raise p.ProtocolError("ADD_ENTRY response of wrong size")
+                        status = _STATUS.get(buf[a])
+                        if status is None:
+                            raise p.ProtocolError(f"unknown status {buf[a]}")
+                        acb(status, None)
+                        continue
                 cb = pending.pop(rid, None)
                 if cb is None:
                     continue  # a late answer to a request we gave up on
-                cb(p.decode_response(op, flags, rid, body), None)
+                cb(p.decode_response(op, flags, rid, memoryview(buf)[a:b]), None)
         except p.ProtocolError as e:
-            log.warning("bookie=%s sent a malformed frame: %s; closing", self.bookie_id, e)
-            self._fail_all(BookieUnavailableError(f"bookie {self.bookie_id} sent a malformed frame: {e}"))
-            if self.transport is not None:
-                self.transport.abort()
+            self._protocol_error(e)
+
+    def _protocol_error(self, e: p.ProtocolError) -> None:
+        log.warning("bookie=%s sent a malformed frame: %s; closing", self.bookie_id, e)
+        self._fail_all(BookieUnavailableError(f"bookie {self.bookie_id} sent a malformed frame: {e}"))
+        if self.transport is not None:
+            self.transport.abort()
 
     # sending ---------------------------------------------------------------------------------------
     def next_id(self) -> int:
@@ -89,6 +124,20 @@ class BookieConnection(asyncio.Protocol):
             )
             return
         self._pending[rid] = cb
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def send_add(self, rid: int, frame: bytes, cb: AddCallback) -> None:
+        """Fast path for adds: ``cb(status, None)`` or ``cb(None, error)``."""
+        if self.closed:
+            cb(
+                None,
+                self.close_reason or BookieUnavailableError(f"bookie {self.bookie_id} connection closed"),
+            )
+            return
+        self._pending_adds[rid] = cb
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -133,7 +182,7 @@ class BookieConnection(asyncio.Protocol):
 
     @property
     def outstanding(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._pending_adds)
 
     async def drain(self) -> None:
         await self._can_write.wait()
@@ -143,8 +192,11 @@ class BookieConnection(asyncio.Protocol):
         self.close_reason = exc
         self._out.clear()
         pending, self._pending = self._pending, {}
+        adds, self._pending_adds = self._pending_adds, {}
         for cb in pending.values():
             cb(None, exc)
+        for acb in adds.values():
+            acb(None, exc)
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:

@@ -312,7 +312,7 @@ class LedgerHandle:
             self._loop.create_task(self._connect_and_send(entry_id, bookie, entry, flags, cb))
             return
         rid = conn.next_id()
-        conn.send_frame(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
+        conn.send_add(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
 
     async def _connect_and_send(self, entry_id: int, bookie: str, entry: bytes, flags: int, cb: Any) -> None:
         try:
@@ -321,12 +321,13 @@ class LedgerHandle:
             cb(None, e)
             return
         rid = conn.next_id()
-        conn.send_frame(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
+        conn.send_add(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
 
-    def _on_add_response(self, entry_id: int, bookie: str, resp: Any, exc: BaseException | None) -> None:
+    def _on_add_response(
+        self, entry_id: int, bookie: str, status: p.Status | None, exc: BaseException | None
+    ) -> None:
         pipe = self._pipe
         assert pipe is not None
-        status = resp.status if exc is None else None
         if status is not None and status != p.Status.OK:
             log.warning(
                 "ledger=%d entry=%d bookie=%s add failed: %s", self.ledger_id, entry_id, bookie, status.name

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 def add_bench_commands(
@@ -103,8 +103,7 @@ async def _loopback_rate(seconds: float = 1.0, size: int = 1024) -> float:
 
     class Echo(asyncio.Protocol):
         def connection_made(self, t: asyncio.BaseTransport) -> None:
-            assert isinstance(t, asyncio.Transport)
-            self.t = t
+            self.t = cast(asyncio.Transport, t)
 
         def data_received(self, d: bytes) -> None:
             self.t.write(d)
@@ -245,8 +244,8 @@ async def _bookie_run(address: str, entry_size: int, outstanding: int, duration:
         nonlocal next_entry, inflight
         eid = next_entry
         next_entry += 1
-        entry = codec.build(eid, eid - 1, eid * entry_size, payload)
         rid = conn.next_id()
+        frame, _ = codec.build_add_frame(rid, eid, eid - 1, (eid + 1) * entry_size, payload, key)
         t0 = perf()
         inflight += 1
 
@@ -254,7 +253,7 @@ async def _bookie_run(address: str, entry_size: int, outstanding: int, duration:
             nonlocal acked, errors, inflight
             inflight -= 1
             now = perf()
-            if exc is None and resp.status == p.Status.OK:
+            if exc is None and resp == p.Status.OK:
                 acked += 1
                 latencies.append(now - t0)
             else:
@@ -264,7 +263,7 @@ async def _bookie_run(address: str, entry_size: int, outstanding: int, duration:
             elif inflight == 0 and not done.done():
                 done.set_result(None)
 
-        conn.send_frame(rid, p.encode_add_request(rid, ledger_id, eid, key, entry), on_resp)
+        conn.send_add(rid, frame, on_resp)
 
     for _ in range(outstanding):
         send_one()

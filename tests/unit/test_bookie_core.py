@@ -259,3 +259,41 @@ def test_write_lac_then_read_lac() -> None:
         and resp.explicit_lac == 0
         and codec.verify_lac(resp.lac_blob) == 0
     )
+
+
+def test_batched_adds_follow_the_same_rules_and_ack_only_after_sync() -> None:
+    r = Rig()
+    r.add(9, 0)
+    r.settle()
+    r.read(9, -1, flags=p.Flag.FENCE)
+    r.settle()
+    codec1 = EntryCodec(1, DigestType.CRC32C)
+    codec9 = EntryCodec(9, DigestType.CRC32C)
+    items = [
+        (101, 1, 0, KEY, codec1.build(0, -1, 1, b"a"), 0),
+        (102, 1, 1, KEY, codec1.build(1, 0, 2, b"b"), 0),
+        (103, 1, 2, OTHER, codec1.build(2, 1, 3, b"c"), 0),  # wrong key
+        (104, 9, 1, KEY, codec9.build(1, 0, 2, b"d"), 0),  # fenced
+        (105, 9, 1, KEY, codec9.build(1, 0, 2, b"d"), p.Flag.RECOVERY_ADD),
+        (106, 1, 7, KEY, codec1.build(3, 1, 3, b"e"), 0),  # header names another entry
+    ]
+    got: list[tuple[bytes, int]] = []
+    r.core.add_entries(items, lambda frames, n: got.append((frames, n)))
+    assert len(got) == 1 and got[0][1] == 3  # refusals answer at once
+    r.sched.run_ready()
+    assert len(got) == 1  # nothing acked before the journal sync
+    r.settle()
+    assert len(got) == 2 and got[1][1] == 3
+    dec = p.FrameDecoder()
+    dec.feed(got[0][0] + got[1][0])
+    statuses = {m.request_id: m.status for m in dec.responses()}
+    assert statuses == {
+        101: p.Status.OK,
+        102: p.Status.OK,
+        103: p.Status.UNAUTHORIZED,
+        104: p.Status.FENCED,
+        105: p.Status.OK,
+        106: p.Status.BAD_REQUEST,
+    }
+    r.read(1, 1)
+    assert r.replies[-1].status == p.Status.OK and r.core.ledgers[1].lac == 0
