@@ -30,6 +30,25 @@ unit: bootstrap
 bench: bootstrap
 	$(LS) bench bookie
 
+docker-images: bootstrap
+	scripts/docker-engine.sh
+	docker/build-offline.sh
+
+docker-up: docker-images
+	$(LS) cluster up --docker
+
+docker-down: bootstrap
+	$(LS) cluster down --docker
+
+containers: docker-images
+	$(VENV)/bin/pytest -q tests/containers
+
+sim: bootstrap
+	$(VENV)/bin/pytest -q tests/sim
+
+faults: bootstrap
+	$(VENV)/bin/pytest -q tests/faults
+
 cluster-up: bootstrap
 	$(LS) cluster up --bookies 3 --state-dir $(STATE)
 

@@ -19,13 +19,21 @@ COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker" / "compose.yaml
 
 
 def compose_command() -> list[str]:
-    docker = shutil.which("docker") or "/usr/bin/docker"
-    if subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
-        return [docker, "compose"]
+    for docker in ("/usr/bin/docker", shutil.which("docker")):
+        if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+            return [docker, "compose"]
     legacy = shutil.which("docker-compose")
     if legacy:
         return [legacy]
-    raise CommandError("neither `docker compose` nor `docker-compose` is installed (see docs/operations.md)")
+    raise CommandError(
+        "neither `docker compose` nor `docker-compose` is installed: `apt-get install docker-compose` "
+        "(scripts/docker-engine.sh does it)"
+    )
+
+
+def _image_exists(name: str) -> bool:
+    docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
+    return subprocess.run([docker, "image", "inspect", name], capture_output=True).returncode == 0
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -36,7 +44,14 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 def command(args: argparse.Namespace) -> int:
     if not COMPOSE_FILE.exists():
         raise CommandError(f"{COMPOSE_FILE} not found (run from a source checkout)")
-    env = {**os.environ, "LEDGERSTORE_ADVERTISED_HOST": "127.0.0.1", "ZK_PORT": str(args.zk_port)}
+    env = {
+        **os.environ,
+        "LEDGERSTORE_ADVERTISED_HOST": "127.0.0.1",
+        "ZK_PORT": str(args.zk_port),
+        **{f"BOOKIE{i}_PORT": str(args.base_port + i) for i in range(3)},
+    }
+    if "ZOOKEEPER_IMAGE" not in env and _image_exists("ledgerstore/zookeeper:dev"):
+        env["ZOOKEEPER_IMAGE"] = "ledgerstore/zookeeper:dev"  # built offline by docker/build-offline.sh
     if args.bookies != 3:
         raise CommandError("--docker runs the 3 bookies of docker/compose.yaml; add services there for more")
     if args.action == "up":

@@ -1,0 +1,425 @@
+"""Container tier: ZooKeeper and bookies in Docker, driven from this (host) process.
+
+Every cluster lives on its own user-defined Docker network. ZooKeeper is reachable inside it as ``zookeeper:2181``
+and from the host on a published ``127.0.0.1`` port. Each bookie gets a free host port ``p``, listens on
+``0.0.0.0:p`` inside its container, is published as ``127.0.0.1:p -> p`` and advertises ``127.0.0.1:p``: its id
+(``127.0.0.1:p``) is then an address the host can dial, which is all the client in this process needs. Nothing
+is published on any other interface.
+
+Images come from ``docker/build-offline.sh`` (run once per session: it is cached and takes seconds when nothing
+changed; set ``LEDGERSTORE_SKIP_IMAGE_BUILD=1`` to use the images as they are). Without a reachable Docker engine
+every test here is skipped with the reason; under CI (``CI=true``) or with ``LEDGERSTORE_DOCKER_AUTOSTART=1``
+``scripts/docker-engine.sh`` is run first to start one.
+
+testcontainers' Ryuk reaper is disabled (it would pull an image): clusters are removed by the fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+APP_IMAGE = os.environ.get("LEDGERSTORE_IMAGE", "ledgerstore/ledgerstore:dev")
+ZK_IMAGE = os.environ.get("LEDGERSTORE_ZK_IMAGE", "ledgerstore/zookeeper:dev")
+ZK_ROOT = "/ledgerstore"
+LABEL = "ledgerstore.test"
+
+BUILD_TIMEOUT_S = 1200
+ZK_HEALTHY_TIMEOUT_S = 90
+BOOKIE_HEALTHY_TIMEOUT_S = 90
+REGISTER_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 20
+LOG_TAIL_LINES = 60
+
+
+# --- engine and images ---------------------------------------------------------------------------------------
+
+
+def _engine() -> tuple[Any, str]:
+    """A connected docker-py client, or None and the reason there is none."""
+    try:
+        import docker
+    except ImportError:
+        return None, "the `docker` package is not installed (pip install '.[docker]')"
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+        return client, ""
+    except Exception as exc:  # any failure to reach the daemon means: no engine
+        return (
+            None,
+            f"no Docker engine reachable ({type(exc).__name__}: {exc}); start one: scripts/docker-engine.sh",
+        )
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[Any]:
+    try:
+        import testcontainers  # noqa: F401
+    except ImportError:
+        pytest.skip("testcontainers is not installed (pip install '.[docker]')")
+    client, reason = _engine()
+    autostart = os.environ.get("CI") == "true" or os.environ.get("LEDGERSTORE_DOCKER_AUTOSTART") == "1"
+    if client is None and autostart:
+        subprocess.run(["bash", str(REPO_ROOT / "scripts/docker-engine.sh")], check=False, timeout=600)
+        client, reason = _engine()
+    if client is None:
+        pytest.skip(reason)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def ledgerstore_images(docker_engine: Any) -> tuple[str, str]:
+    """Build (or refresh, cached) the images with docker/build-offline.sh, once per session."""
+    if os.environ.get("LEDGERSTORE_SKIP_IMAGE_BUILD") != "1":
+        proc = subprocess.run(
+            ["bash", str(REPO_ROOT / "docker/build-offline.sh")],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
+        if proc.returncode != 0:
+            pytest.fail(
+                f"docker/build-offline.sh failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}"
+            )
+    for image in (APP_IMAGE, ZK_IMAGE):
+        try:
+            docker_engine.images.get(image)
+        except Exception:
+            pytest.fail(f"image {image} is missing: run docker/build-offline.sh")
+    return APP_IMAGE, ZK_IMAGE
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+
+_ports_taken: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now and not handed out before in this session."""
+    with _ports_lock:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _ports_taken:
+                _ports_taken.add(port)
+                return port
+    raise RuntimeError("no free port found")
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def four_letter_word(port: int, word: str = "srvr", timeout_s: float = 3.0) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(word.encode())
+        chunks = []
+        while chunk := s.recv(4096):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+@dataclass
+class Node:
+    """One container of a cluster. For bookies, ``port`` is both the container and the published host port."""
+
+    name: str
+    container: Any  # testcontainers DockerContainer
+    port: int
+    http_port: int | None = None
+    volume: str | None = None
+
+    @property
+    def bookie_id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def raw(self) -> Any:
+        """The docker-py Container (kill, pause, start, logs...)."""
+        return self.container.get_wrapped_container()
+
+    def state(self) -> dict[str, Any]:
+        self.raw.reload()
+        return dict(self.raw.attrs["State"])
+
+    def health(self) -> str:
+        st = self.state()
+        if not st.get("Running"):
+            return "exited" if st.get("Status") in ("exited", "dead") else str(st.get("Status"))
+        return str(st.get("Health", {}).get("Status", "none"))
+
+    def logs(self, tail: int | str = "all") -> str:
+        return self.raw.logs(tail=tail).decode(errors="replace")
+
+
+class Cluster:
+    """ZooKeeper + bookies on a private Docker network; all removed by :meth:`close`."""
+
+    def __init__(self, client: Any, app_image: str, zk_image: str) -> None:
+        from testcontainers.core.network import Network
+
+        self.client = client
+        self.app_image = app_image
+        self.zk_image = zk_image
+        self.prefix = f"ls-{uuid.uuid4().hex[:8]}"
+        self.labels = {LABEL: self.prefix}
+        self.network = Network(docker_network_kw={"labels": self.labels}).create()
+        self.zk: Node | None = None
+        self.bookies: list[Node] = []
+        self._volumes: list[str] = []
+        self._kazoo: Any = None
+        self._seq = 0
+
+    # -- lifecycle --
+
+    @property
+    def zk_connect(self) -> str:
+        assert self.zk is not None
+        return f"127.0.0.1:{self.zk.port}"
+
+    def _container(self, image: str, name: str, alias: str, command: list[str]) -> Any:
+        from testcontainers.core.container import DockerContainer
+
+        return (
+            DockerContainer(image)
+            .with_name(name)
+            .with_network(self.network)
+            .with_network_aliases(alias)
+            .with_command(command)
+            # tini as PID 1 (signals, zombies); labels find leftovers of an interrupted run.
+            .with_kwargs(init=True, labels=self.labels)
+        )
+
+    @staticmethod
+    def _publish_local(container: Any, container_port: int, host_port: int) -> None:
+        # testcontainers' with_bind_ports binds every interface; docker-py takes (ip, port) for one interface.
+        container.ports[f"{container_port}/tcp"] = ("127.0.0.1", host_port)
+
+    def start_zookeeper(self) -> Node:
+        port = free_port()
+        c = self._container(self.zk_image, f"{self.prefix}-zookeeper", "zookeeper", ["/conf/zoo.cfg"])
+        self._publish_local(c, 2181, port)
+        c.start()
+        self.zk = Node(name="zookeeper", container=c, port=port)
+        self.wait_healthy(self.zk, ZK_HEALTHY_TIMEOUT_S)
+        return self.zk
+
+    def new_volume(self) -> str:
+        name = f"{self.prefix}-data-{len(self._volumes)}"
+        self.client.volumes.create(name=name, labels=self.labels)
+        self._volumes.append(name)
+        return name
+
+    def add_bookie(self, *, port: int | None = None, volume: str | None = None, wait: bool = True) -> Node:
+        """Start a bookie. ``port`` and ``volume`` default to fresh ones; reuse both to reuse a bookie's id."""
+        port = port or free_port()
+        volume = volume or self.new_volume()
+        http_port = free_port()
+        name = f"{self.prefix}-bookie-{self._seq}"
+        self._seq += 1
+        command = [
+            "bookie",
+            "serve",
+            "--zk",
+            "zookeeper:2181",
+            "--data-dir",
+            "/data",
+            "--port",
+            str(port),
+            "--http-port",
+            "8000",
+            "--listen-address",
+            "0.0.0.0",
+            "--advertised-address",
+            "127.0.0.1",
+        ]
+        c = self._container(self.app_image, name, name, command).with_volume_mapping(volume, "/data", "rw")
+        self._publish_local(c, port, port)
+        self._publish_local(c, 8000, http_port)
+        c.start()
+        node = Node(name=name, container=c, port=port, http_port=http_port, volume=volume)
+        self.bookies.append(node)
+        if wait:
+            self.wait_healthy(node, BOOKIE_HEALTHY_TIMEOUT_S)
+            self.wait_registered([node.bookie_id])
+        return node
+
+    def start(self, bookies: int) -> Cluster:
+        self.start_zookeeper()
+        nodes = [self.add_bookie(wait=False) for _ in range(bookies)]
+        for node in nodes:
+            self.wait_healthy(node, BOOKIE_HEALTHY_TIMEOUT_S)
+        self.wait_registered([n.bookie_id for n in nodes])
+        return self
+
+    def close(self) -> None:
+        if self._kazoo is not None:
+            try:
+                self._kazoo.stop()
+                self._kazoo.close()
+            except Exception:
+                pass
+        for node in [*self.bookies, *([self.zk] if self.zk else [])]:
+            try:
+                node.container.stop(force=True, delete_volume=True)
+            except Exception:
+                pass
+        for name in self._volumes:
+            try:
+                self.client.volumes.get(name).remove(force=True)
+            except Exception:
+                pass
+        try:
+            self.network.remove()
+        except Exception:
+            pass
+
+    # -- observation --
+
+    def wait_healthy(self, node: Node, timeout_s: float) -> None:
+        def healthy() -> bool:
+            h = node.health()
+            if h == "exited":
+                raise AssertionError(f"{node.name} exited:\n{node.logs(tail=LOG_TAIL_LINES)}")
+            return h == "healthy"
+
+        try:
+            wait_until(healthy, timeout_s, f"{node.name} to become healthy", interval_s=0.5)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\n--- {node.name} log ---\n{node.logs(tail=LOG_TAIL_LINES)}"
+            ) from None
+
+    def kazoo(self) -> Any:
+        if self._kazoo is None:
+            from kazoo.client import KazooClient
+
+            self._kazoo = KazooClient(hosts=self.zk_connect, timeout=10.0)
+            self._kazoo.start(timeout=30)
+        return self._kazoo
+
+    def registered_bookies(self) -> set[str]:
+        """Bookie ids registered as available or read-only (ARCHITECTURE section 7)."""
+        from zk import layout
+
+        zk = self.kazoo()
+        found: set[str] = set()
+        for rel in (layout.BOOKIES_AVAILABLE, layout.BOOKIES_READONLY):
+            path = f"{ZK_ROOT}/{rel}"
+            if zk.exists(path):
+                found.update(layout.decode_name(c) for c in zk.get_children(path))
+        return found
+
+    def wait_registered(self, ids: list[str], timeout_s: float = REGISTER_TIMEOUT_S) -> None:
+        wait_until(lambda: set(ids) <= self.registered_bookies(), timeout_s, f"bookies {ids} to register")
+
+    def cookie_exists(self, bookie_id: str) -> bool:
+        from zk import layout
+
+        return self.kazoo().exists(f"{ZK_ROOT}/{layout.cookie_path(bookie_id)}") is not None
+
+    def bookie(self, bookie_id: str) -> Node:
+        for node in self.bookies:
+            if node.bookie_id == bookie_id:
+                return node
+        raise KeyError(bookie_id)
+
+    def wait_exit(self, node: Node, timeout_s: float) -> int:
+        wait_until(lambda: not node.state().get("Running"), timeout_s, f"{node.name} to exit", interval_s=0.5)
+        return int(node.state().get("ExitCode", -1))
+
+    def log_tails(self) -> str:
+        parts = []
+        for node in [*([self.zk] if self.zk else []), *self.bookies]:
+            try:
+                parts.append(f"--- {node.name} ({node.health()}) ---\n{node.logs(tail=LOG_TAIL_LINES)}")
+            except Exception as exc:
+                parts.append(f"--- {node.name}: no log ({exc}) ---")
+        return "\n".join(parts)
+
+    # -- faults --
+
+    def kill(self, node: Node) -> None:
+        node.raw.kill()  # SIGKILL: no shutdown path runs
+
+    def stop(self, node: Node) -> None:
+        node.raw.stop(timeout=STOP_TIMEOUT_S)
+
+    def restart_stopped(self, node: Node) -> None:
+        """Start the same container again: same volume, same port, same id."""
+        node.raw.start()
+
+    def pause(self, node: Node) -> None:
+        node.raw.pause()
+
+    def unpause(self, node: Node) -> None:
+        node.raw.unpause()
+
+    def disconnect(self, node: Node) -> None:
+        """Cut the node off the network: no ZooKeeper, and its published ports refuse connections."""
+        self.client.networks.get(self.network.name).disconnect(node.raw.id)
+
+    def connect(self, node: Node) -> None:
+        self.client.networks.get(self.network.name).connect(node.raw.id, aliases=[node.name])
+
+
+# --- fixtures ------------------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On a failure, attach the tails of the cluster's container logs while the containers still exist."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and report.when in ("setup", "call"):
+        for cluster in getattr(item, "_ledgerstore_clusters", []):
+            report.sections.append((f"container logs ({cluster.prefix})", cluster.log_tails()))
+
+
+@pytest.fixture
+def cluster_factory(
+    request: pytest.FixtureRequest, docker_engine: Any, ledgerstore_images: tuple[str, str]
+) -> Iterator[Callable[[int], Cluster]]:
+    """``cluster_factory(n)``: a fresh ZooKeeper + n bookies, removed after the test."""
+    clusters: list[Cluster] = []
+    request.node._ledgerstore_clusters = clusters
+
+    def make(bookies: int = 3) -> Cluster:
+        cluster = Cluster(docker_engine, *ledgerstore_images)
+        clusters.append(cluster)
+        return cluster.start(bookies)
+
+    yield make
+    for cluster in clusters:
+        cluster.close()
+
+
+@pytest.fixture
+def cluster(cluster_factory: Callable[[int], Cluster]) -> Cluster:
+    """ZooKeeper + 3 bookies."""
+    return cluster_factory(3)
