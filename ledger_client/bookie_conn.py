@@ -85,7 +85,10 @@ class BookieConnection(asyncio.Protocol):
                     continue
                 cb = pending.pop(row[4], None)  # an add sent through the generic request() path
                 if cb is not None:
-                    cb(p.AddEntryResponse(request_id=row[4], status=st, ledger_id=row[6], entry_id=row[7]), None)
+                    cb(
+                        p.AddEntryResponse(request_id=row[4], status=st, ledger_id=row[6], entry_id=row[7]),
+                        None,
+                    )
             return
         try:
             for op, flags, rid, buf, a, b in self.decoder.frames_raw():

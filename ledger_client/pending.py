@@ -113,6 +113,9 @@ class Progress:
     error: LedgerError | None = None
 
 
+_NOTHING = Progress()
+
+
 @dataclass(frozen=True, slots=True)
 class EnsembleChangeResult:
     resends: tuple[Resend, ...]
@@ -167,6 +170,8 @@ class WritePipeline:
         self._changing = False
         self._error: LedgerError | None = None
         self._unsafe_out_of_order = _unsafe_ack_out_of_order
+        # Write sets repeat with period E: compute them once (hot path).
+        self._write_sets = tuple(write_set(i, ensemble_size, write_quorum) for i in range(ensemble_size))
 
     # -- introspection ----------------------------------------------------------------------------------
 
@@ -237,36 +242,49 @@ class WritePipeline:
         eid = self._next_entry_id
         self._next_entry_id += 1
         self._next_length += payload_len
-        acks = AckSet(eid, self.ensemble_size, self.write_quorum, self.ack_quorum)
+        acks = AckSet(
+            eid,
+            self.ensemble_size,
+            self.write_quorum,
+            self.ack_quorum,
+            precomputed_write_set=self._write_sets[eid % self.ensemble_size],
+        )
         self._pending[eid] = _Entry(eid, self._next_length, acks)
         return PendingAdd(entry_id=eid, payload_len=payload_len, length=self._next_length, lac=self._lac)
 
     def targets(self, entry_id: int) -> list[Target]:
         """Where to send a pending entry now: its write set in the current ensemble, minus failed indices
         (those get the entry as a resend once replaced)."""
-        ws = write_set(entry_id, self.ensemble_size, self.write_quorum)
-        return [Target(i, self._ensemble[i]) for i in ws if i not in self._failed]
+        ws = self._write_sets[entry_id % self.ensemble_size]
+        ens = self._ensemble
+        if not self._failed:
+            return [Target(i, ens[i]) for i in ws]
+        return [Target(i, ens[i]) for i in ws if i not in self._failed]
 
     # -- responses --------------------------------------------------------------------------------------
 
     def on_ack(self, entry_id: int, bookie: str, status: Status | None) -> Progress:
         """An add response (``None`` = no response: timeout or connection lost)."""
         if self._error is not None:
-            return Progress()
-        if status is not None:
+            return _NOTHING
+        if status is not None and not isinstance(status, Status):
             status = Status(status)
         if status is Status.OK:
             entry = self._pending.get(entry_id)
             idx = self._index_of.get(bookie)
             if entry is None or idx is None or idx not in entry.acks.write_set:
-                return Progress()  # completed already, or a replaced bookie's late answer
-            entry.acks.ack(idx)
+                return _NOTHING  # completed already, or a replaced bookie's late answer
+            complete = entry.acks.ack(idx)
+            if (not complete or entry_id != self._lac + 1) and not self._unsafe_out_of_order:
+                return (
+                    _NOTHING  # nothing can complete: this entry is short of Qa, or an earlier one is pending
+                )
             return self._advance()
         if status in TERMINAL_STATUSES:
             assert status is not None
             return self.fail(error_for_status(status, entry_id=entry_id, bookie=bookie))
         self._record_failure(entry_id, bookie)
-        return Progress()
+        return _NOTHING
 
     def on_timeout(self, entry_id: int, bookie: str) -> Progress:
         """The add of ``entry_id`` to ``bookie`` got no answer in time.
@@ -311,7 +329,7 @@ class WritePipeline:
 
     def _advance(self) -> Progress:
         if self._changing:
-            return Progress()  # LAC frozen during an ensemble change (see the module docstring)
+            return _NOTHING  # LAC frozen during an ensemble change (see the module docstring)
         done: list[int] = []
         while (entry := self._pending.get(self._lac + 1)) is not None and entry.acks.complete:
             del self._pending[entry.entry_id]
@@ -324,7 +342,7 @@ class WritePipeline:
                 if entry.acks.complete and not entry.reported:
                     entry.reported = True
                     done.append(entry.entry_id)
-        return Progress(completed=tuple(done))
+        return Progress(completed=tuple(done)) if done else _NOTHING
 
     # -- ensemble change --------------------------------------------------------------------------------
 

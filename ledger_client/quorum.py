@@ -70,13 +70,23 @@ class AckSet:
 
     __slots__ = ("entry_id", "ensemble_size", "write_quorum", "ack_quorum", "write_set", "_acked", "_failed")
 
-    def __init__(self, entry_id: int, ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
-        validate_quorum(ensemble_size, write_quorum, ack_quorum)
+    def __init__(
+        self,
+        entry_id: int,
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        *,
+        precomputed_write_set: tuple[int, ...] | None = None,
+    ) -> None:
+        if precomputed_write_set is None:  # callers passing one validated the quorum already (hot path)
+            validate_quorum(ensemble_size, write_quorum, ack_quorum)
+            precomputed_write_set = write_set(entry_id, ensemble_size, write_quorum)
         self.entry_id = entry_id
         self.ensemble_size = ensemble_size
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
-        self.write_set: tuple[int, ...] = write_set(entry_id, ensemble_size, write_quorum)
+        self.write_set: tuple[int, ...] = precomputed_write_set
         self._acked: set[int] = set()
         self._failed: set[int] = set()
 
