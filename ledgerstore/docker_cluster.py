@@ -31,6 +31,28 @@ def compose_command() -> list[str]:
     )
 
 
+def _wait_healthy(urls: list[str], timeout_s: float) -> None:
+    """Compose v1 has no --wait: poll the bookies' published admin ports."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(urls)
+    while pending and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(pending[0], timeout=2) as r:
+                if r.status == 200:
+                    pending.pop(0)
+                    continue
+        except OSError:
+            pass
+        time.sleep(1)
+    if pending:
+        raise CommandError(
+            f"bookies not healthy after {timeout_s:.0f}s: {pending} (see `docker compose logs`)"
+        )
+
+
 def _image_exists(name: str) -> bool:
     docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
     return subprocess.run([docker, "image", "inspect", name], capture_output=True).returncode == 0
@@ -59,6 +81,7 @@ def command(args: argparse.Namespace) -> int:
         r = _run(["up", "-d"] + ([] if legacy else ["--wait"]), env)
         if r.returncode != 0:
             raise CommandError(f"docker compose up failed: {r.stderr.strip().splitlines()[-1:]}")
+        _wait_healthy([f"http://127.0.0.1:{8001 + i}/health" for i in range(3)], timeout_s=180)
         emit(
             args,
             f"cluster up (containers): ZooKeeper 127.0.0.1:{args.zk_port}",
