@@ -390,7 +390,7 @@ class BookieCore:
         if (
             req.entry_id == p.LAST_ENTRY
             and req.flags & p.Flag.LONG_POLL
-            and info.lac <= req.previous_lac
+            and max(info.lac, info.explicit_lac) <= req.previous_lac
             and req.timeout_ms > 0
         ):
             w = _Waiter(request=req, reply=reply)
@@ -408,7 +408,9 @@ class BookieCore:
         data = self._get_entry(req.ledger_id, eid) if eid >= 0 else None
         if data is None:
             self._count(p.Status.NO_ENTRY)
-            return reply(_read_resp(req, p.Status.NO_ENTRY, lac=info.lac, entry_id=eid))
+            return reply(
+                _read_resp(req, p.Status.NO_ENTRY, lac=max(info.lac, info.explicit_lac), entry_id=eid)
+            )
         self.stats.read_bytes += len(data)
         reply(
             p.encode(
@@ -417,7 +419,7 @@ class BookieCore:
                     status=p.Status.OK,
                     ledger_id=req.ledger_id,
                     entry_id=eid,
-                    lac=info.lac,
+                    lac=max(info.lac, info.explicit_lac),
                     entry=data,
                 )
             )
@@ -432,7 +434,7 @@ class BookieCore:
         for w in waiters:
             if w.done:
                 continue
-            if info.lac > w.request.previous_lac:
+            if max(info.lac, info.explicit_lac) > w.request.previous_lac:
                 w.done = True
                 if w.handle is not None and hasattr(w.handle, "cancel"):
                     w.handle.cancel()
@@ -502,6 +504,8 @@ class BookieCore:
                 ledger_info.explicit_lac = req.lac
                 ledger_info.lac_blob = req.lac_blob
                 self._commit_ledgers[req.ledger_id] = ledger_info
+                if req.ledger_id in self._waiters:
+                    self.schedule(0.0, functools.partial(self._wake, req.ledger_id))
             self._queue_commit(
                 reply,
                 p.encode(

@@ -62,6 +62,9 @@ class ClientConfig:
     recovery_attempts_max: int = 5
     read_window: int = 256
     zk_session_timeout_s: float = 10.0
+    # A writer sends its LAC explicitly (WRITE_LAC) this often while it has advanced, so tailing readers see
+    # the latest entries without waiting for the next add to piggyback it (0 disables).
+    explicit_lac_interval_s: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,9 +247,16 @@ class LedgerHandle:
             self._capacity.set()
             self._ec_task: asyncio.Task[None] | None = None
             self._sweeper: asyncio.Task[None] | None = self._loop.create_task(self._sweep_timeouts())
+            self._lac_sent = -1
+            self._lac_task: asyncio.Task[None] | None = (
+                self._loop.create_task(self._send_explicit_lac())
+                if bk.config.explicit_lac_interval_s > 0
+                else None
+            )
             bk._handles.add(self)
         else:
             self._sweeper = None
+            self._lac_task = None
 
     # -- properties ---------------------------------------------------------------------------------------
     @property
@@ -392,6 +402,27 @@ class LedgerHandle:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._lac_task is not None:
+            self._lac_task.cancel()
+            self._lac_task = None
+
+    async def _send_explicit_lac(self) -> None:
+        """Best effort (as BookKeeper's explicit LAC): a lost WRITE_LAC only delays readers."""
+        pipe = self._pipe
+        assert pipe is not None
+        while pipe.error is None:
+            await asyncio.sleep(self.bk.config.explicit_lac_interval_s)
+            lac = pipe.lac
+            if lac <= self._lac_sent:
+                continue
+            self._lac_sent = lac
+            build = functools.partial(
+                _write_lac_request, self.ledger_id, lac, self._key, self._codec.build_lac(lac)
+            )
+            for bookie in pipe.ensemble:
+                conn = self.bk.pool.get_nowait(bookie)
+                if conn is not None:
+                    conn.send(build, _ignore_response)
 
     def _maybe_change_ensemble(self) -> None:
         pipe = self._pipe
@@ -953,6 +984,14 @@ class _RecoveryDriver:
         data = r.entry if isinstance(r, p.ReadEntryResponse) else b""
         valid = status != p.Status.OK or self._valid(data, entry_id)
         self.queue.put_nowait(lambda: self.rec.on_length_response(entry_id, bookie, status, data, valid))
+
+
+def _write_lac_request(ledger_id: int, lac: int, key: bytes, blob: bytes, rid: int) -> p.WriteLacRequest:
+    return p.WriteLacRequest(request_id=rid, ledger_id=ledger_id, lac=lac, master_key=key, lac_blob=blob)
+
+
+def _ignore_response(resp: p.Response | None, exc: BaseException | None) -> None:
+    pass
 
 
 def _read_status(r: p.Response | None) -> tuple[p.Status | None, int]:

@@ -275,3 +275,25 @@ def test_writer_without_enough_bookies_fails_cleanly(bookies) -> None:
         await bk.close()
 
     asyncio.run(go())
+
+
+def test_explicit_lac_lets_a_tailing_reader_see_the_last_entry_before_close(bookies) -> None:
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies, explicit_lac_interval_s=0.1)
+        lh = await bk.create_ledger(3, 2, 2, password=PW)
+        for i in range(5):
+            await lh.append(payload(i))
+        reader = await _bk(bookies)
+        rh = await reader.open_ledger(lh.ledger_id, password=PW, recovery=False)
+        deadline = asyncio.get_running_loop().time() + 10
+        while await rh.read_last_add_confirmed() < 4:
+            assert asyncio.get_running_loop().time() < deadline, "explicit LAC never reached the reader"
+            await asyncio.sleep(0.05)
+        assert [e.data async for e in rh.read(0, 4)] == [payload(i) for i in range(5)]
+        await lh.close()
+        await bk.close()
+        await reader.close()
+
+    asyncio.run(go())
