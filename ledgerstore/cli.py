@@ -128,13 +128,18 @@ def _cmd_zk(args: argparse.Namespace) -> int:
 
     if args.action == "start":
         cs = launcher.cli_start(args.state_dir, args.port)
-        emit(args, f"ZooKeeper serving at {cs} (state in {args.state_dir}/zookeeper)", {"connect": cs})
+        emit(args, f"ZooKeeper serving at {cs} (state in {args.state_dir})", {"connect": cs})
     elif args.action == "stop":
         stopped = launcher.cli_stop(args.state_dir)
         emit(args, "ZooKeeper stopped" if stopped else "ZooKeeper was not running", {"stopped": stopped})
     else:
         st = launcher.status(args.state_dir)
-        emit(args, str(st), st)
+        emit(
+            args,
+            f"ZooKeeper {'running' if st.running else 'not running'}"
+            + (f" at {st.connect_string} (pid {st.pid}, {st.mode})" if st.running else ""),
+            {"running": st.running, "pid": st.pid, "connect": st.connect_string, "mode": st.mode},
+        )
     return 0
 
 
@@ -171,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    for name in ("kazoo", "zk.kazoo"):  # connection retries are reported by our own one-line error
+        logging.getLogger(name).setLevel(logging.WARNING if server else logging.CRITICAL)
     try:
         return int(args.func(args) or 0)
     except CommandError as e:
@@ -181,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as e:  # our errors carry a code; anything else is still one line, not a traceback
         code = getattr(e, "code", None)
-        prefix = f"{code}: " if isinstance(code, str) else ""
+        prefix = f"{code}: " if isinstance(code, str) and not str(e).startswith(f"[{code}]") else ""
         print(f"ledgerstore: {prefix}{e}", file=sys.stderr)
         if getattr(args, "verbose", False):
             raise
