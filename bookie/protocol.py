@@ -275,6 +275,20 @@ def encode_add_request(
     )
 
 
+def add_request_body(ledger_id: int, entry_id: int, key: bytes, entry: bytes) -> bytes:
+    """The body of an ADD_ENTRY request; with ``add_request_frame`` one body serves every replica's frame."""
+    if len(key) != MASTER_KEY_LEN:
+        raise ProtocolError("master key of wrong length")
+    return _ADD_REQ.pack(ledger_id, entry_id, key) + entry
+
+
+def add_request_frame(request_id: int, flags: int, body: bytes) -> bytes:
+    n = FRAME_HEADER.size + len(body)
+    if n > FRAME_SIZE_MAX:
+        raise ProtocolError(f"frame of {n} bytes exceeds FRAME_SIZE_MAX={FRAME_SIZE_MAX}")
+    return _HDR_FULL.pack(n, PROTOCOL_VERSION, OpCode.ADD_ENTRY, flags, request_id) + body
+
+
 def _check_key(key: bytes) -> None:
     if len(key) != MASTER_KEY_LEN:
         raise ProtocolError(f"master key must be {MASTER_KEY_LEN} bytes, got {len(key)}")

@@ -303,8 +303,9 @@ class LedgerHandle:
         fut: asyncio.Future[int] = self._loop.create_future()
         self._inflight[add.entry_id] = (entry, fut)
         self._sent_at[add.entry_id] = self._loop.time()
+        body = p.add_request_body(self.ledger_id, add.entry_id, self._key, entry)
         for t in pipe.targets(add.entry_id):
-            self._send_add(add.entry_id, t.bookie, entry)
+            self._send_add(add.entry_id, t.bookie, entry, body=body)
         self._maybe_change_ensemble()
         return fut
 
@@ -315,14 +316,18 @@ class LedgerHandle:
             )
         return self._pipe
 
-    def _send_add(self, entry_id: int, bookie: str, entry: bytes, flags: int = 0) -> None:
+    def _send_add(
+        self, entry_id: int, bookie: str, entry: bytes, flags: int = 0, body: bytes | None = None
+    ) -> None:
         conn = self.bk.pool.get_nowait(bookie)
         cb = functools.partial(self._on_add_response, entry_id, bookie)
         if conn is None:
             self._loop.create_task(self._connect_and_send(entry_id, bookie, entry, flags, cb))
             return
         rid = conn.next_id()
-        conn.send_add(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
+        if body is None:
+            body = p.add_request_body(self.ledger_id, entry_id, self._key, entry)
+        conn.send_add(rid, p.add_request_frame(rid, flags, body), cb)
 
     async def _connect_and_send(self, entry_id: int, bookie: str, entry: bytes, flags: int, cb: Any) -> None:
         try:

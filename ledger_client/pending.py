@@ -79,8 +79,7 @@ class PipelineFullError(RuntimeError):
     """``next_entry`` with ``outstanding_adds_max`` entries pending. Internal: check ``has_capacity`` first."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PendingAdd:
+class PendingAdd(NamedTuple):  # a NamedTuple: created once per append (hot path)
     entry_id: int
     payload_len: int
     length: int  # cumulative ledger length including this entry (goes into the entry header)

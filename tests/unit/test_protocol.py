@@ -199,3 +199,11 @@ def test_build_add_frame_equals_the_generic_encoding() -> None:
     frame, entry = codec.build_add_frame(7, 3, 2, 100, b"hello", key, p.Flag.RECOVERY_ADD)
     assert entry == codec.build(3, 2, 100, b"hello")
     assert frame == p.encode_add_request(7, 5, 3, key, entry, p.Flag.RECOVERY_ADD)
+
+
+def test_add_request_frame_from_a_shared_body_equals_the_generic_encoding() -> None:
+    key = p.master_key(b"k")
+    body = p.add_request_body(3, 9, key, b"entry-bytes")
+    assert p.add_request_frame(77, p.Flag.RECOVERY_ADD, body) == p.encode_add_request(
+        77, 3, 9, key, b"entry-bytes", p.Flag.RECOVERY_ADD
+    )
