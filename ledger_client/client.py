@@ -593,26 +593,41 @@ class LedgerHandle:
         window = self.bk.config.read_window
         pending: dict[int, asyncio.Task[LedgerEntry | None]] = {}
         nxt = first
-        for eid in range(first, last + 1):
-            while nxt <= last and len(pending) < window:
-                pending[nxt] = self._loop.create_task(self._read_one(nxt, missing_ok=stop_on_missing))
-                nxt += 1
-            task = pending.pop(eid)
-            try:
-                entry = await task
-            except BaseException:
-                for t in pending.values():
-                    t.cancel()
-                raise
-            if entry is None:
-                for t in pending.values():
-                    t.cancel()
-                return
-            yield entry
+        try:
+            for eid in range(first, last + 1):
+                while nxt <= last and len(pending) < window:
+                    pending[nxt] = self._loop.create_task(self._read_one(nxt, missing_ok=stop_on_missing))
+                    nxt += 1
+                entry = await pending.pop(eid)
+                if entry is None:
+                    return
+                yield entry
+        finally:  # an error, the end of an unconfirmed read, or a consumer that stopped early
+            _discard(pending.values())
 
     async def _read_one(self, entry_id: int, *, missing_ok: bool = False) -> LedgerEntry | None:
+        ens = self.metadata.ensemble_at(entry_id)
+        try:
+            return await self._read_from(entry_id, ens, missing_ok=missing_ok)
+        except (E.NoSuchEntryError, E.BookieUnavailableError):
+            if self.metadata.state.value == "CLOSED":
+                raise
+        # The ledger is still open: a writer may have replaced bookies since this handle read its metadata
+        # (an ensemble change moves entries from LAC+1 on to new bookies). Follow the metadata, like a
+        # BookKeeper read handle does, and try once more.
+        await self._refresh_metadata()
+        fresh = self.metadata.ensemble_at(entry_id)
+        return await self._read_from(entry_id, fresh, missing_ok=missing_ok)
+
+    async def _refresh_metadata(self) -> None:
+        fresh = await _meta(functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id)
+        if fresh.version > self._versioned.version:
+            self._versioned = fresh
+            if self._pipe is None and fresh.value.state.value == "CLOSED":
+                self._lac = max(self._lac, fresh.value.last_entry_id)
+
+    async def _read_from(self, entry_id: int, ens: Any, *, missing_ok: bool) -> LedgerEntry | None:
         md = self.metadata
-        ens = md.ensemble_at(entry_id)
         ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
         bookies = [ens.bookies[i] for i in ws]
         errors: list[str] = []
@@ -989,6 +1004,16 @@ class _RecoveryDriver:
         data = r.entry if isinstance(r, p.ReadEntryResponse) else b""
         valid = status != p.Status.OK or self._valid(data, entry_id)
         self.queue.put_nowait(lambda: self.rec.on_length_response(entry_id, bookie, status, data, valid))
+
+
+def _discard(tasks: Any) -> None:
+    """Cancel prefetched reads nobody will consume (and retrieve the errors of those that already failed)."""
+    for t in tasks:
+        if t.done():
+            if not t.cancelled():
+                t.exception()
+        else:
+            t.cancel()
 
 
 def _write_lac_request(ledger_id: int, lac: int, key: bytes, blob: bytes, rid: int) -> p.WriteLacRequest:

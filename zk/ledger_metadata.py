@@ -329,7 +329,9 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
     * a CLOSED ledger's metadata never changes: not its last_entry_id, length nor ensembles;
     * ensembles are only appended, with first_entry_ids strictly increasing; earlier ensembles are unchanged,
       except that the *last* ensemble may be replaced by one starting at the same first_entry_id (an ensemble
-      change before any entry reached it) - replace or append in one write, not both.
+      change before any entry reached it) - replace or append in one write, not both; except when
+      recovery closes the ledger (IN_RECOVERY -> CLOSED): its write-back ensemble changes reach the metadata only
+      with the close, so that one write may both replace the last ensemble and append more.
     """
     if new == old:
         return
@@ -365,7 +367,8 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
                 f"ledger {old.ledger_id}: the last ensemble (from entry {o[-1].first_entry_id}) can only be replaced "
                 f"by one starting at the same entry, not {cand.first_entry_id}"
             )
-        if len(n) > len(o):
+        recovery_close = old.state is LedgerState.IN_RECOVERY and new.state is LedgerState.CLOSED
+        if len(n) > len(o) and not recovery_close:
             raise MetadataTransitionError(
                 f"ledger {old.ledger_id}: replacing the last ensemble and appending another in one write"
             )

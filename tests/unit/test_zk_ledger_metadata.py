@@ -216,6 +216,13 @@ ALLOWED = [
     ("in recovery -> closed", REC, REC.close(20, 2000)),
     ("ensemble change during recovery", REC, REC.with_new_ensemble(12, B[:3])),
     ("close with an ensemble change", OPEN, OPEN.with_new_ensemble(5, B[3:6]).close(4, 100)),
+    (
+        "recovery close replaces the last ensemble and appends another (write-back changes)",
+        REC,
+        REC.replace(
+            ensembles=(REC.ensembles[0], Ensemble(10, tuple(B[5:8])), Ensemble(20, tuple(B[:3])))
+        ).close(25, 2500),
+    ),
 ]
 
 FORBIDDEN = [
@@ -237,6 +244,11 @@ FORBIDDEN = [
         "last ensemble moved",
         OPEN_2ENS,
         OPEN_2ENS.replace(ensembles=(OPEN_2ENS.ensembles[0], Ensemble(11, tuple(B[3:6])))),
+    ),
+    (
+        "replace last and append while in recovery (only the recovery close may)",
+        REC,
+        REC.replace(ensembles=(REC.ensembles[0], Ensemble(10, tuple(B[5:8])), Ensemble(20, tuple(B[:3])))),
     ),
     (
         "replace last and append",
