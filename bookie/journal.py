@@ -566,30 +566,7 @@ class Journal:
         done: Done,
     ) -> None:
         """Queue one record; ``done(None)`` runs on the loop once it (and all before it) is fsynced."""
-        if self._state != _RUNNING:
-            if self._loop is None:
-                raise RuntimeError("journal not started")
-            self._loop.call_soon(done, JournalClosedError("journal is closed"))
-            return
-        if rtype in _WITH_ID:
-            prefix = _ID_PREFIX.pack(rtype, ledger_id, entry_id)
-        else:
-            prefix = _LEDGER_PREFIX.pack(rtype, ledger_id)
-        head = _LEN_CRC.pack(len(prefix) - 1 + len(data), _crc(data, _crc(prefix)))
-        buf = self._buf
-        if not buf:
-            loop = self._loop
-            assert loop is not None
-            self._oldest = now = loop.time()
-            if not self._io_busy and self._timer is None:
-                self._timer = loop.call_at(now + self._max_wait, self._on_timer)
-        buf += head
-        buf += prefix
-        buf += data
-        self._cbs.append(done)
-        self._appended += 1
-        if len(buf) >= self._flush_bytes and not self._io_busy:
-            self._start_batch()
+        self.append_many([(rtype, ledger_id, entry_id, data)], done)
 
     def append_many(self, records: list[tuple[int, int, int, bytes]], done: Done) -> None:
         """Queue several records (rtype, ledger_id, entry_id, data) with ONE completion: ``done`` runs once
