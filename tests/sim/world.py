@@ -1,0 +1,757 @@
+"""The simulated world: virtual time, a lossy network, a versioned metadata store and in-memory bookies.
+
+One ``random.Random(seed)`` owns every decision (message delays, loss, duplication, journal sync times,
+faults, placement), time is an event queue, and there are no threads and no wall clock, so a seed replays
+bit for bit. Nothing here re-implements the code under test: bookies are the real ``BookieCore`` over
+``MemoryJournal`` + ``MemoryLedgerStorage``, requests and replies cross the network as real protocol frames,
+and every metadata write runs the real ``check_transition``. What the simulator adds is small and obvious:
+
+* **Network** — each message is delivered after a random delay (so messages reorder), or lost, or delivered
+  twice; partitions block directed (src, dst) pairs, checked when a message would be delivered; scenario
+  ``rules`` can drop or delay chosen messages. A request to a down bookie, or outstanding when the bookie
+  crashes, fails fast at the client (connection refused/reset) unless a partition hides it (then: timeout).
+* **Bookie disks** — journal records become durable only at ``sync()``, which runs at random times after an
+  append (group commit), much later on a slow disk. A crash loses unsynced records and every storage write
+  since the last checkpoint (RocksDB with its WAL off); the journal is never truncated, so a restart replays
+  all of it over the last checkpoint. A wiped disk loses everything, cookie included: the cookie check refuses
+  to start such a bookie (it stays down) unless the test-only ``trust_wiped_disk`` mutation is on.
+* **Metadata** — an in-memory map ledger id -> ``Versioned[LedgerMetadata]``; reads and compare-and-set
+  writes take effect after a random latency; a client whose ZooKeeper session "expired" gets errors and
+  nothing applied until it heals.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bookie import protocol as p
+from bookie.core import REC_ENTRY, REC_FENCE, REC_MASTER_KEY, BookieCore, Done
+from bookie.memjournal import MemoryJournal
+from bookie.storage import MemoryLedgerStorage
+from zk.errors import (
+    MetadataConnectionError,
+    MetadataError,
+    MetadataNotFoundError,
+    MetadataSessionExpiredError,
+    MetadataTransitionError,
+    MetadataVersionError,
+)
+from zk.ledger_metadata import LedgerMetadata, check_transition
+from zk.versioned import Versioned
+
+if TYPE_CHECKING:
+    from .checker import Checker
+
+Thunk = Callable[[], None]
+MetaResult = Versioned[LedgerMetadata] | MetadataError
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+@dataclass(frozen=True, slots=True)
+class Mutations:
+    """Safety rules switched off, to prove the checkers catch what follows. All False = the real system.
+
+    The first three are the cores' own test-only switches; the others break the simulated disk, metadata
+    store or client driver (the code a real client wraps around the cores)."""
+
+    no_recovery_read_fence: bool = False  # LedgerRecovery(fence_on_recovery_reads=False): BookKeeper #2614
+    ack_out_of_order: bool = False  # WritePipeline(_unsafe_ack_out_of_order=True)
+    count_all_answers: bool = (
+        False  # LedgerRecovery(_unsafe_count_all_answers=True): errors count to coverage
+    )
+    trust_wiped_disk: bool = False  # the cookie check is skipped: a wiped bookie starts empty and serves
+    lying_fsync: bool = False  # the journal's sync returns before the records are on disk
+    recoverer_overwrites_close: bool = (
+        False  # ignores recovery_close_decision's "adopt": writes its own close
+    )
+    recoverer_reports_own_result: bool = False  # adopts the close but reports the last entry it computed
+    recovery_gives_up: bool = False  # a failed recovery attempt is never retried
+    unchecked_metadata_store: bool = False  # the store skips check_transition (only our checker is left)
+    corrupting_disk: bool = False  # ledger storage flips a bit in some entries it stores
+    eager_lac: bool = False  # the writer piggybacks the entry's own id as LAC (claims unconfirmed entries)
+    writer_skips_ensemble_change: bool = False  # the writer never replaces a failed bookie
+    lossy_storage: bool = False  # ledger storage silently drops some entries it is asked to write
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, flag in MUTATION_FLAGS.items() if getattr(self, flag))
+
+
+MUTATION_FLAGS = {
+    "no-recovery-read-fence": "no_recovery_read_fence",
+    "ack-out-of-order": "ack_out_of_order",
+    "count-all-answers": "count_all_answers",
+    "trust-wiped-disk": "trust_wiped_disk",
+    "lying-fsync": "lying_fsync",
+    "recoverer-overwrites-close": "recoverer_overwrites_close",
+    "recoverer-reports-own-result": "recoverer_reports_own_result",
+    "recovery-gives-up": "recovery_gives_up",
+    "unchecked-metadata-store": "unchecked_metadata_store",
+    "corrupting-disk": "corrupting_disk",
+    "eager-lac": "eager_lac",
+    "writer-skips-ensemble-change": "writer_skips_ensemble_change",
+    "lossy-storage": "lossy_storage",
+}
+
+
+def mutation(name: str | None) -> Mutations:
+    """``"none"``, one name of :data:`MUTATION_FLAGS`, or several joined by ``+``."""
+    if not name or name == "none":
+        return Mutations()
+    return Mutations(**{MUTATION_FLAGS[n]: True for n in name.split("+")})
+
+
+@dataclass(slots=True)
+class SimConfig:
+    """Everything a schedule is made of (drawn from the seed by ``tests.sim.schedule``)."""
+
+    n_bookies: int = 4
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    # network
+    delay_min_s: float = 0.0002
+    delay_max_s: float = 0.003
+    slow_message_prob: float = 0.02  # a message takes up to slow_message_max_s (reordering, late replies)
+    slow_message_max_s: float = 0.4
+    loss: float = 0.0
+    duplication: float = 0.0
+    reset_delay_s: float = 0.002  # how soon a client notices a refused/reset connection
+    # timeouts and retries (virtual seconds)
+    request_timeout_s: float = 0.5
+    ensemble_change_timeout_s: float = 2.0
+    retry_backoff_s: float = 0.1
+    # disks
+    sync_delay_max_s: float = 0.002  # group commit: a sync within this long of the first waiting record
+    slow_sync_delay_max_s: float = 0.6  # the same on a slow disk
+    checkpoint_interval_s: float = 0.5
+    # metadata store latency
+    meta_delay_max_s: float = 0.004
+    # phases
+    heal_at_s: float = 4.0  # the fault period ends; everything heals
+    writer_grace_s: float = 3.0  # live writers must have closed their ledgers this long after the heal
+    close_deadline_s: float = 30.0  # every ledger CLOSED this long after the writers' grace (liveness)
+    full_check_every: int = 64  # steps between full (costlier) invariant sweeps
+
+
+# ------------------------------------------------------------------------------------------------ timers
+
+
+class Timer:
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class World:
+    """Owns the seed, the clock and every simulated component."""
+
+    def __init__(
+        self,
+        seed: int,
+        cfg: SimConfig,
+        *,
+        mutations: Mutations = Mutations(),
+        trace: bool = False,
+        disabled_checks: frozenset[str] = frozenset(),
+        strict: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        from .checker import Checker
+
+        self.seed = seed
+        self.rng = rng if rng is not None else random.Random(seed)
+        self.cfg = cfg
+        self.mut = mutations
+        self.now = 0.0
+        self._queue: list[tuple[float, int, Thunk, Timer | None]] = []
+        self._seq = 0
+        self.steps = 0
+        self.trace: list[str] | None = [] if trace else None
+        self.healed = False
+        self.healed_at = float("inf")
+        self.net = Network(self)
+        self.meta = MetadataStore(self)
+        self.bookies: dict[str, BookieNode] = {}
+        self.clients: dict[str, Client] = {}
+        # Ground truth for the checkers: every entry as its writer built it, by (ledger, entry).
+        self.written: dict[tuple[int, int], bytes] = {}
+        self.stats: Counter[str] = Counter()  # what happened (for reports and for tuning the schedules)
+        self.checker: Checker = Checker(self, disabled=disabled_checks, strict=strict)
+
+    # -- time -------------------------------------------------------------------------------------------
+
+    def at(self, delay_s: float, fn: Thunk) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now + delay_s, self._seq, fn, None))
+
+    def timer(self, delay_s: float, fn: Thunk) -> Timer:
+        t = Timer()
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now + delay_s, self._seq, fn, t))
+        return t
+
+    def run(self, until_s: float) -> None:
+        """Run events up to ``until_s`` (or until the queue drains, or the first violation)."""
+        checker = self.checker
+        every = self.cfg.full_check_every
+        q = self._queue
+        while q and q[0][0] <= until_s and not checker.violations:
+            when, _, fn, t = heapq.heappop(q)
+            if t is not None and t.cancelled:
+                continue
+            self.now = when
+            try:
+                fn()
+            except Exception as e:  # an assertion in a core, or a simulator bug: both need a look
+                import traceback
+
+                checker.fail("crash", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+                return
+            self.steps += 1
+            if self.steps % every == 0:
+                checker.check_all()
+
+    def log(self, msg: str) -> None:
+        if self.trace is not None:
+            self.trace.append(f"{self.now:9.4f} {msg}")
+
+    # -- registry ---------------------------------------------------------------------------------------
+
+    def add_bookie(self, bid: str) -> BookieNode:
+        node = BookieNode(self, bid)
+        self.bookies[bid] = node
+        return node
+
+    def available(self) -> list[str]:
+        """Registered (running) bookies, sorted: what placement may choose from."""
+        return sorted(b for b, n in self.bookies.items() if n.up)
+
+    def jitter(self, hi: float, lo: float = 0.0) -> float:
+        return self.rng.uniform(lo, hi)
+
+    # -- faults -----------------------------------------------------------------------------------------
+
+    def heal(self) -> None:
+        """End of the fault period: no more loss, duplication, latency spikes or partitions; slow disks recover; crashed
+        bookies restart (a wiped one is refused by its cookie check); sessions and paused clients resume."""
+        self.healed = True
+        self.healed_at = self.now
+        self.log("HEAL")
+        self.net.loss = 0.0
+        self.net.duplication = 0.0
+        self.net.slow_message_prob = 0.0
+        self.net.blocked.clear()
+        for node in self.bookies.values():
+            node.slow_until = 0.0
+            if not node.up:
+                node.restart()
+        self.meta.expired.clear()
+        self.meta.flaky.clear()
+        for c in self.clients.values():
+            c.resume()
+
+
+# ------------------------------------------------------------------------------------------------ network
+
+
+class Network:
+    """Delivers thunks between named endpoints with random delay, loss, duplication and partitions."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        cfg = world.cfg
+        self.loss = cfg.loss
+        self.duplication = cfg.duplication
+        self.blocked: set[tuple[str, str]] = set()  # directed (src, dst) pairs that cannot talk
+        # Scenario hooks: rule(src, dst, message) -> None (normal), "drop", or a delay in seconds.
+        self.rules: list[Callable[[str, str, Any], str | float | None]] = []
+        self.slow_message_prob = world.cfg.slow_message_prob
+        self.sent = 0
+        self.dropped = 0
+
+    def partition(self, a: str, b: str, *, one_way: bool = False) -> None:
+        self.blocked.add((a, b))
+        if not one_way:
+            self.blocked.add((b, a))
+
+    def heal_pair(self, a: str, b: str) -> None:
+        self.blocked.discard((a, b))
+        self.blocked.discard((b, a))
+
+    def can_reach(self, src: str, dst: str) -> bool:
+        return (src, dst) not in self.blocked
+
+    def _delay(self) -> float:
+        w = self.world
+        cfg = w.cfg
+        if self.slow_message_prob and w.rng.random() < self.slow_message_prob:
+            return w.rng.uniform(cfg.delay_max_s, cfg.slow_message_max_s)
+        return w.rng.uniform(cfg.delay_min_s, cfg.delay_max_s)
+
+    def send(self, src: str, dst: str, message: Any, deliver: Thunk) -> None:
+        """``message`` (a protocol object) is only shown to scenario rules and the trace."""
+        w = self.world
+        self.sent += 1
+        delay: float | None = None
+        for rule in self.rules:
+            verdict = rule(src, dst, message)
+            if verdict == "drop":
+                self.dropped += 1
+                w.log(f"net DROP(rule) {src}->{dst} {_brief(message)}")
+                return
+            if isinstance(verdict, (int, float)):
+                delay = float(verdict)
+                break
+        if delay is None:
+            if self.loss and w.rng.random() < self.loss:
+                self.dropped += 1
+                w.log(f"net LOSE {src}->{dst} {_brief(message)}")
+                return
+            copies = 2 if self.duplication and w.rng.random() < self.duplication else 1
+            delays = [self._delay() for _ in range(copies)]
+        else:
+            delays = [delay]
+        for d in delays:
+            w.at(d, lambda: self._arrive(src, dst, message, deliver))
+
+    def _arrive(self, src: str, dst: str, message: Any, deliver: Thunk) -> None:
+        if (src, dst) in self.blocked:
+            self.dropped += 1
+            self.world.log(f"net BLOCKED {src}->{dst} {_brief(message)}")
+            return
+        deliver()
+
+
+def _brief(m: Any) -> str:
+    if isinstance(m, p.AddEntryRequest):
+        rec = " RECOVERY" if m.flags & p.Flag.RECOVERY_ADD else ""
+        return f"ADD{rec} L{m.ledger_id} e{m.entry_id} rid{m.request_id}"
+    if isinstance(m, p.ReadEntryRequest):
+        fence = " FENCE" if m.flags & p.Flag.FENCE else ""
+        return f"READ{fence} L{m.ledger_id} e{m.entry_id} rid{m.request_id}"
+    if isinstance(m, p.AddEntryResponse):
+        return f"ADD-RESP {m.status.name} L{m.ledger_id} e{m.entry_id} rid{m.request_id}"
+    if isinstance(m, p.ReadEntryResponse):
+        return f"READ-RESP {m.status.name} L{m.ledger_id} e{m.entry_id} lac{m.lac} rid{m.request_id}"
+    if isinstance(m, bytes):
+        return f"<{len(m)} bytes>"
+    return type(m).__name__
+
+
+# ------------------------------------------------------------------------------------------------ metadata
+
+
+class MetadataStore:
+    """ZooKeeper's part: ledger id -> Versioned[LedgerMetadata], compare-and-set on the version, every write
+    checked by ``check_transition`` (as ``zk.LedgerMetadataStore.write``)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.ledgers: dict[int, Versioned[LedgerMetadata]] = {}
+        self.expired: set[str] = set()  # clients whose session is expired: every operation fails
+        self.flaky: set[str] = set()  # clients whose connection drops replies (operations still apply)
+        self._next_id = 1
+
+    def _op(self, client: Client, apply: Callable[[], MetaResult], cb: Callable[[MetaResult], None]) -> None:
+        w = self.world
+
+        def at_server() -> None:
+            result: MetaResult
+            if client.name in self.expired:
+                w.stats["meta op failed: session expired"] += 1
+                result = MetadataSessionExpiredError(f"session of {client.name} expired")
+            else:
+                result = apply()
+                if client.name in self.flaky and w.rng.random() < 0.5:
+                    # ConnectionLoss after the server applied the operation: the client cannot tell.
+                    w.stats["meta op applied, reply lost"] += 1
+                    w.log(f"meta reply to {client.name} LOST (the operation was applied)")
+                    result = MetadataConnectionError(f"connection of {client.name} lost")
+            client.later(w.jitter(w.cfg.meta_delay_max_s), lambda: cb(result))
+
+        w.at(w.jitter(w.cfg.meta_delay_max_s), at_server)
+
+    def create(
+        self, client: Client, build: Callable[[int], LedgerMetadata], cb: Callable[[MetaResult], None]
+    ) -> None:
+        def apply() -> MetaResult:
+            lid = self._next_id
+            self._next_id += 1
+            md = build(lid)
+            self.ledgers[lid] = Versioned(md, 0)
+            self.world.checker.on_metadata_created(md)
+            self.world.log(f"meta CREATE L{lid} by {client.name} ensemble={list(md.last_ensemble.bookies)}")
+            return self.ledgers[lid]
+
+        self._op(client, apply, cb)
+
+    def read(self, client: Client, lid: int, cb: Callable[[MetaResult], None]) -> None:
+        def apply() -> MetaResult:
+            v = self.ledgers.get(lid)
+            return v if v is not None else MetadataNotFoundError(f"ledger {lid}")
+
+        self._op(client, apply, cb)
+
+    def write(
+        self,
+        client: Client,
+        lid: int,
+        new: LedgerMetadata,
+        expected: Versioned[LedgerMetadata],
+        cb: Callable[[MetaResult], None],
+    ) -> None:
+        def apply() -> MetaResult:
+            cur = self.ledgers.get(lid)
+            if cur is None:
+                return MetadataNotFoundError(f"ledger {lid}")
+            if cur.version != expected.version:
+                self.world.stats["meta CAS conflict"] += 1
+                return MetadataVersionError(f"ledger {lid} at version {cur.version}, not {expected.version}")
+            try:
+                if not self.world.mut.unchecked_metadata_store:
+                    check_transition(cur.value, new)
+            except MetadataTransitionError as e:
+                self.world.checker.fail("5", f"{client.name} attempted an illegal metadata write: {e}")
+                return e
+            if new == cur.value:
+                return cur
+            self.ledgers[lid] = Versioned(new, cur.version + 1)
+            self.world.log(
+                f"meta WRITE L{lid} v{cur.version + 1} by {client.name}: {new.state} "
+                f"last={new.last_entry_id} ensembles={[(e.first_entry_id, list(e.bookies)) for e in new.ensembles]}"
+            )
+            self.world.checker.on_metadata_write(lid, cur.value, new)
+            return self.ledgers[lid]
+
+        self._op(client, apply, cb)
+
+
+# ------------------------------------------------------------------------------------------------ clients
+
+
+class Client:
+    """An endpoint that sends requests to bookies. Every callback into it goes through ``call`` so that a
+    paused client (a long GC pause, SIGSTOP) processes nothing until it resumes — then everything at once."""
+
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+        self._rid = 0
+        self._pending: dict[tuple[str, int], tuple[Callable[[p.Response | None], None], Timer]] = {}
+        self.paused = False
+        self._deferred: list[Thunk] = []
+        self.done = False
+        world.clients[name] = self
+
+    # -- pausing ----------------------------------------------------------------------------------------
+
+    def call(self, fn: Thunk) -> None:
+        if self.done:
+            return
+        if self.paused:
+            self._deferred.append(fn)
+        else:
+            fn()
+
+    def later(self, delay_s: float, fn: Thunk) -> None:
+        self.world.at(delay_s, lambda: self.call(fn))
+
+    def pause(self) -> None:
+        self.world.log(f"{self.name} PAUSE")
+        self.world.stats["pause"] += 1
+        self.paused = True
+
+    def resume(self) -> None:
+        if not self.paused:
+            return
+        self.world.log(f"{self.name} RESUME ({len(self._deferred)} deferred events)")
+        self.paused = False
+        deferred, self._deferred = self._deferred, []
+        for fn in deferred:
+            self.world.at(0.0, lambda fn=fn: self.call(fn))  # type: ignore[misc]
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    def request(
+        self,
+        bookie: str,
+        build: Callable[[int], p.Request],
+        on_reply: Callable[[p.Response | None], None],
+    ) -> None:
+        """Send one request; ``on_reply`` gets the decoded response, or None on timeout / lost connection."""
+        w = self.world
+        self._rid += 1
+        rid = self._rid
+        req = build(rid)
+        frame = p.encode(req)
+        key = (bookie, rid)
+        timer = w.timer(w.cfg.request_timeout_s, lambda: self.call(lambda: self._expire(key)))
+        self._pending[key] = (on_reply, timer)
+        node = w.bookies[bookie]
+        inc = node.incarnation if node.up else -1  # the process this request's connection goes to
+        w.net.send(self.name, bookie, req, lambda: node.receive(self, rid, frame, inc))
+
+    def _expire(self, key: tuple[str, int]) -> None:
+        item = self._pending.pop(key, None)
+        if item is not None:
+            self.world.stats["request failed"] += 1
+            self.world.log(f"{self.name} TIMEOUT {key[0]} rid{key[1]}")
+            item[0](None)
+
+    def on_response(self, bookie: str, resp: p.Response) -> None:
+        item = self._pending.pop((bookie, resp.request_id), None)
+        if item is None:
+            return  # already timed out, or a duplicate: the first answer stands
+        item[1].cancel()
+        item[0](resp)
+
+    def connection_lost(self, bookie: str) -> None:
+        """The connection to ``bookie`` broke: every request outstanding on it fails now."""
+        lost = [k for k in self._pending if k[0] == bookie]
+        for k in lost:
+            on_reply, timer = self._pending.pop(k)
+            timer.cancel()
+            on_reply(None)
+
+
+# ------------------------------------------------------------------------------------------------ bookies
+
+
+class CorruptingStorage(MemoryLedgerStorage):
+    """WRONG on purpose (mutation ``corrupting-disk``): flips the last bit of about one entry in eight."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self._rng = rng
+
+    def write(self, entries: Any, ledgers: Any) -> None:
+        entries = [
+            (lid, eid, data[:-1] + bytes([data[-1] ^ 1]) if data and self._rng.random() < 0.125 else data)
+            for lid, eid, data in entries
+        ]
+        super().write(entries, ledgers)
+
+
+class LossyStorage(MemoryLedgerStorage):
+    """WRONG on purpose (mutation ``lossy-storage``): about one entry in eight is never stored."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self._rng = rng
+
+    def write(self, entries: Any, ledgers: Any) -> None:
+        super().write([e for e in entries if self._rng.random() >= 0.125], ledgers)
+
+
+class BookieNode:
+    """A bookie process: the real ``BookieCore`` over a simulated disk (journal, storage, checkpoint)."""
+
+    def __init__(self, world: World, bid: str) -> None:
+        self.world = world
+        self.bid = bid
+        self.journal = MemoryJournal()
+        self.storage = self._empty_storage()
+        self._checkpoint: tuple[dict[tuple[int, int], bytes], dict[int, bytes]] = ({}, {})
+        self.up = True
+        self.incarnation = 0
+        self.has_cookie = True  # the on-disk cookie; gone with a wiped disk
+        self.refused = False  # the cookie check refused to start it (a wiped disk)
+        self.disk_lost = False  # its disk was wiped at some point
+        self.slow_until = 0.0  # a slow disk: syncs take long until then
+        self._sync_pending = False
+        self._lied: list[tuple[int, int, int, bytes]] = []  # lying_fsync: "synced" but not on disk yet
+        # What is on disk (durable journal records), indexed for the checkers.
+        self.durable: dict[tuple[int, int], bytes] = {}
+        self.durable_fences: set[int] = set()
+        self.durable_keys: dict[int, bytes] = {}
+        # What this bookie promised (replies it sent): invariant 7 holds it to them after a restart.
+        self.acked_entries: dict[tuple[int, int], bytes] = {}
+        self.acked_fences: set[int] = set()
+        self.acked_keys: dict[int, bytes] = {}
+        self.core: BookieCore | None = self._new_core()
+
+    def _empty_storage(self) -> MemoryLedgerStorage:
+        w = self.world
+        if w.mut.corrupting_disk:
+            return CorruptingStorage(w.rng)
+        if w.mut.lossy_storage:
+            return LossyStorage(w.rng)
+        return MemoryLedgerStorage()
+
+    def _new_core(self) -> BookieCore:
+        inc = self.incarnation
+        w = self.world
+
+        def schedule(delay_s: float, fn: Thunk) -> Timer:
+            def run() -> None:
+                if self.incarnation == inc:
+                    fn()
+
+            return w.timer(delay_s, run)
+
+        return BookieCore(self.storage, self._journal_append, schedule, bookie_id=self.bid)
+
+    # -- disk -------------------------------------------------------------------------------------------
+
+    def _journal_append(self, rtype: Any, ledger_id: int, entry_id: int, data: bytes, done: Done) -> None:
+        self.journal.append(rtype, ledger_id, entry_id, data, done)
+        if not self._sync_pending:
+            self._sync_pending = True
+            w = self.world
+            slow = w.now < self.slow_until
+            hi = w.cfg.slow_sync_delay_max_s if slow else w.cfg.sync_delay_max_s
+            inc = self.incarnation
+            w.at(w.jitter(hi, hi / 10), lambda: self._sync(inc))
+
+    def _sync(self, inc: int) -> None:
+        if inc != self.incarnation:
+            return
+        self._sync_pending = False
+        j = self.journal
+        if self.world.mut.lying_fsync:
+            # WRONG on purpose: the callbacks run (the bookie acks) before the records reach the disk.
+            batch, j.pending = j.pending, []
+            self._lied.extend(rec for rec, _ in batch)
+            for _, done in batch:
+                done(None)
+            w = self.world
+            w.at(w.jitter(0.3, 0.05), lambda: self._really_flush(inc))
+            return
+        n = len(j.durable)
+        j.sync()
+        self._index(j.durable[n:])
+
+    def _really_flush(self, inc: int) -> None:
+        if inc != self.incarnation:
+            return
+        recs, self._lied = self._lied, []
+        self.journal.durable.extend(recs)
+        self._index(recs)
+
+    def _index(self, records: list[tuple[int, int, int, bytes]]) -> None:
+        for rtype, lid, eid, data in records:
+            if rtype == REC_ENTRY:
+                self.durable[(lid, eid)] = data
+            elif rtype == REC_FENCE:
+                self.durable_fences.add(lid)
+            elif rtype == REC_MASTER_KEY:
+                self.durable_keys.setdefault(lid, data)
+
+    def checkpoint(self) -> None:
+        """Storage as of now survives a crash (the journal is never truncated in the simulation)."""
+        if self.up:
+            self._checkpoint = (dict(self.storage.entries), dict(self.storage.index))
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    def receive(self, client: Client, rid: int, frame: bytes, incarnation: int) -> None:
+        w = self.world
+        if self.up and incarnation not in (-1, self.incarnation):
+            return  # sent on a connection to a process that has died since: gone with it
+        if not self.up or self.core is None:
+            # Connection refused: the client learns fast, unless a partition hides the refusal too.
+            if w.net.can_reach(self.bid, client.name):
+                key = (self.bid, rid)
+                client.later(w.cfg.reset_delay_s, lambda: client._expire(key))
+            return
+        req = p.decode_one_request(frame)
+        inc = self.incarnation
+
+        def reply(out: bytes) -> None:
+            if self.incarnation != inc:
+                return  # the connection died with the process
+            resp = p.decode_one_response(out)  # the real codec, once: the client gets this message
+            self._note_reply(req, resp)
+            w.log(f"{self.bid} -> {client.name} {_brief(resp)}")
+            w.net.send(
+                self.bid, client.name, resp, lambda: client.call(lambda: client.on_response(self.bid, resp))
+            )
+
+        w.log(f"{self.bid} <- {client.name} {_brief(req)}")
+        self.core.handle(req, reply)
+
+    def _note_reply(self, req: p.Request, resp: p.Response) -> None:
+        """Remember what this reply promises: an acked add keeps its entry (and the ledger's key); an answered
+        fence read keeps its fence (and key) — across any later crash (invariant 7)."""
+        if isinstance(req, p.AddEntryRequest):
+            if resp.status == p.Status.OK:
+                self.acked_entries[(req.ledger_id, req.entry_id)] = req.entry
+                self.acked_keys.setdefault(req.ledger_id, req.master_key)
+        elif isinstance(req, p.ReadEntryRequest):
+            answered = resp.status in (p.Status.OK, p.Status.NO_ENTRY, p.Status.NO_LEDGER)
+            if req.flags & p.Flag.FENCE and answered:
+                self.acked_fences.add(req.ledger_id)
+                self.acked_keys.setdefault(req.ledger_id, req.master_key)
+            key = (req.ledger_id, req.entry_id)
+            if req.entry_id >= 0 and resp.status != p.Status.OK and key in self.durable:
+                # Read-your-writes at the bookie: an entry whose journal record is synced is readable
+                # (the core keeps it in memory until its storage batch lands, and replays it on restart).
+                self.world.checker.fail(
+                    "3",
+                    f"{self.bid} answered {resp.status.name} for L{key[0]} e{key[1]}, which is on its disk",
+                )
+
+    # -- crash and restart ------------------------------------------------------------------------------
+
+    def crash(self, *, wipe: bool = False) -> None:
+        if not self.up:
+            return
+        w = self.world
+        w.log(f"{self.bid} CRASH{' + WIPED DISK' if wipe else ''}")
+        w.stats["crash+wipe" if wipe else "crash"] += 1
+        self.up = False
+        self.incarnation += 1
+        self.core = None
+        self._sync_pending = False
+        self.journal.crash()
+        self._lied.clear()
+        # RocksDB (WAL off) keeps only what the last checkpoint flushed.
+        self.storage = self._empty_storage()
+        self.storage.entries = dict(self._checkpoint[0])
+        self.storage.index = dict(self._checkpoint[1])
+        if wipe:
+            self.journal = MemoryJournal()
+            self.storage = self._empty_storage()
+            self._checkpoint = ({}, {})
+            self.has_cookie = False
+            self.disk_lost = True
+        for c in w.clients.values():
+            if w.net.can_reach(self.bid, c.name):
+                w.at(w.cfg.reset_delay_s, lambda c=c: c.call(lambda: c.connection_lost(self.bid)))  # type: ignore[misc]
+
+    def restart(self) -> None:
+        if self.up or self.refused:
+            return
+        w = self.world
+        if not self.has_cookie:
+            if not w.mut.trust_wiped_disk:
+                # The cookie check: the registry knows this bookie, its disk does not. Refuse to start.
+                self.refused = True
+                w.stats["restart refused"] += 1
+                w.log(f"{self.bid} REFUSED to start: cookie missing on a wiped disk")
+                return
+            self.has_cookie = True  # WRONG on purpose: serve from an empty disk
+            self.durable.clear()
+            self.durable_fences.clear()
+            self.durable_keys.clear()
+        core = self._new_core()
+        for rtype, lid, eid, data in self.journal.replay():
+            core.replay(rtype, lid, eid, data)
+        core.finish_replay()
+        self.core = core
+        self.up = True
+        w.stats["restart"] += 1
+        w.log(f"{self.bid} RESTART (replayed {len(self.journal.durable)} journal records)")
+        w.checker.on_bookie_restart(self)
