@@ -443,9 +443,11 @@ class LedgerHandle:
         while pipe.needs_ensemble_change and pipe.error is None:
             plan = pipe.ensemble_change_plan()
             deadline = self._loop.time() + cfg.ensemble_change_timeout_s
+            tried: set[tuple[str, ...]] = set()  # ensembles we tried to write (a lost reply may hide success)
             while True:
                 try:
                     new_bookies = await self.bk._replacements(pipe.ensemble, sorted(plan.failed_indices))
+                    tried.add(tuple(new_bookies))
                     current = self._versioned
                     new_md = current.value.with_new_ensemble(plan.first_entry_id, new_bookies)
                     written = await _meta(
@@ -482,7 +484,13 @@ class LedgerHandle:
                             )
                         )
                         return
-                    if tuple(fresh.value.last_ensemble.bookies) != tuple(pipe.ensemble):
+                    last = fresh.value.last_ensemble
+                    if last.first_entry_id == plan.first_entry_id and tuple(last.bookies) in tried:
+                        # Our own write was applied and only its reply was lost (ZooKeeper connection loss).
+                        new_bookies = list(last.bookies)
+                        written = fresh
+                        break
+                    if tuple(last.bookies) != tuple(pipe.ensemble):
                         self._apply(
                             pipe.fail(
                                 E.LedgerFencedError(
@@ -495,6 +503,8 @@ class LedgerHandle:
                     self._versioned = fresh
                     continue
                 except E.LedgerError as e:
+                    # ZooKeeper unreachable, or the reply lost: retry; a stale version then surfaces as a
+                    # version conflict and the re-read above tells whether our write was applied.
                     if self._loop.time() > deadline:
                         self._apply(pipe.fail(e))
                         return

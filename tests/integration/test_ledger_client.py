@@ -297,3 +297,41 @@ def test_explicit_lac_lets_a_tailing_reader_see_the_last_entry_before_close(book
         await reader.close()
 
     asyncio.run(go())
+
+
+def test_ensemble_change_survives_a_lost_metadata_reply(bookies) -> None:
+    """ZooKeeper applies the ensemble change but the reply is lost (connection loss): the writer must notice
+    its own write on re-read and carry on, not fail (found by the simulator)."""
+    import zk
+
+    procs = bookies.start_many(4)
+
+    async def go() -> None:
+        bk = await _bk(bookies, add_timeout_s=2.0)
+        real_write = bk.ledgers.write
+        lost = []
+
+        def write_then_lose_reply(ledger_id, new, expected):  # type: ignore[no-untyped-def]
+            result = real_write(ledger_id, new, expected)
+            if len(new.ensembles) > 1 and not lost:
+                lost.append(result)
+                raise zk.MetadataConnectionError("connection lost after the write was applied")
+            return result
+
+        bk.ledgers.write = write_then_lose_reply  # type: ignore[method-assign]
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        victim = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[0])
+        for i in range(50):
+            await lh.append(payload(i))
+        victim.kill9()
+        for i in range(50, 150):
+            await asyncio.wait_for(lh.append(payload(i)), 30)
+        assert lost, "the lost-reply path was not exercised"
+        await lh.close()
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert len(md.ensembles) == 2 and md.last_entry_id == 149
+        rh = await bk.open_ledger(lh.ledger_id, password=PW)
+        assert await _read_all(rh) == [payload(i) for i in range(150)]
+        await bk.close()
+
+    asyncio.run(go())
