@@ -214,3 +214,35 @@ def test_bookie_info_and_admin_http(bookies, n: int) -> None:
         assert json.loads(r.read())["last_entry_id"] == 0
     with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/info") as r:
         assert json.loads(r.read())["bookie_id"] == bp.id
+
+
+def test_sigterm_unregisters_and_a_wiped_data_dir_is_refused_by_the_cookie(bookies) -> None:
+    import shutil
+
+    from zk import BookieRegistry, MetadataStore
+
+    bp = bookies.start()
+
+    async def write() -> None:
+        raw = await RawBookie.open(bp.id)
+        assert await raw.add(3, 0) == p.Status.OK
+        raw.close()
+
+    asyncio.run(write())
+    store = MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        reg = BookieRegistry(store)
+        assert bp.id in reg.available()
+        bp.stop()
+        assert bp.proc is not None and bp.proc.returncode == 0, "SIGTERM is a clean shutdown"
+        assert bp.id not in reg.available(), "a stopped bookie unregisters at once"
+        assert "stopped" in bp.log_tail(5)
+
+        shutil.rmtree(bp.data_dir)  # the disk is lost, the id is the same
+        bp.start(wait=False)
+        assert bp.wait_exit(30) == 3
+        log = bp.log_tail(20)
+        assert "cookie" in log.lower() and "refusing to start" in log
+        assert bp.id not in reg.available()
+    finally:
+        store.close()
