@@ -217,49 +217,8 @@ class BookieCore:
     def add_entry(
         self, rid: int, ledger_id: int, entry_id: int, key: bytes, entry: bytes, flags: int, reply: Reply
     ) -> None:
-        def refuse(status: p.Status) -> None:
-            self.stats.adds_rejected += 1
-            self._count(status)
-            reply(p.encode_add_response(rid, status, ledger_id, entry_id))
-
-        info = self.ledgers.get(ledger_id)
-        if not self._check_key(info, key):
-            return refuse(p.Status.UNAUTHORIZED)
-        if info is not None and info.fenced and not flags & p.Flag.RECOVERY_ADD:
-            return refuse(p.Status.FENCED)
-        if self.readonly:
-            return refuse(p.Status.READONLY)
-        if entry_id < 0 or len(entry) < HEADER_LEN:
-            return refuse(p.Status.BAD_REQUEST)
-        hl, he = HEADER.unpack_from(entry)[:2]
-        if hl != ledger_id or he != entry_id:
-            return refuse(p.Status.BAD_REQUEST)
-        if info is None:
-            info = LedgerInfo(master_key=key)
-            self.ledgers[ledger_id] = info
-            self.journal_append(REC_MASTER_KEY, ledger_id, -1, key, _ignore)
-        ledger_info = info
-
-        def done(exc: BaseException | None) -> None:
-            if exc is not None:
-                self._journal_failed(exc)
-                status = p.Status.READONLY if _is_enospc(exc) else p.Status.INTERNAL
-                self._count(status)
-                reply(p.encode_add_response(rid, status, ledger_id, entry_id))
-                return
-            self._uncommitted[(ledger_id, entry_id)] = entry
-            self._commit_entries.append((ledger_id, entry_id, entry))
-            old_lac = ledger_info.lac
-            self._note_entry(ledger_info, entry_id, entry)
-            self._commit_ledgers[ledger_id] = ledger_info
-            self.stats.adds += 1
-            self.stats.add_bytes += len(entry)
-            self._queue_commit(reply, p.encode_add_response(rid, p.Status.OK, ledger_id, entry_id))
-            if ledger_info.lac > old_lac and ledger_id in self._waiters:
-                self._queue_commit(None, b"")
-                self.schedule(0.0, lambda: self._wake(ledger_id))
-
-        self.journal_append(REC_ENTRY, ledger_id, entry_id, entry, done)
+        """One add: the group path with a group of one (so the simulator exercises the server's hot path)."""
+        self.add_entries([(rid, ledger_id, entry_id, key, entry, flags)], lambda frames, _n: reply(frames))
 
     def _append_many_one_by_one(self, records: list[tuple[int, int, int, bytes]], done: Done) -> None:
         # Records complete in order, so the last record's completion means the whole group is durable.
