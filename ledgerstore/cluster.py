@@ -174,8 +174,11 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
 
     state_dir.mkdir(parents=True, exist_ok=True)
     st = _read_state(state_dir)
+    if st and all(_pid_alive(b["pid"]) for b in st.get("bookies", [])) and st.get("bookies"):
+        emit(args, f"cluster already running from {state_dir}: ZooKeeper {st['zk']}", st)  # idempotent
+        return 0
     if st and any(_pid_alive(b["pid"]) for b in st.get("bookies", [])):
-        raise CommandError(f"a cluster is already running from {state_dir}; `ledgerstore cluster down` first")
+        raise CommandError(f"a partial cluster is running from {state_dir}; `ledgerstore cluster down` first")
     zk = launcher.cli_start(state_dir, args.zk_port)
     bookies = []
     for i in range(args.bookies):
