@@ -80,6 +80,7 @@ async def ledger_run(
         "acked": acked,
         "errors": errors,
         **percentiles(latencies),
+        "_latencies": latencies,
     }
 
 
@@ -124,6 +125,16 @@ def run_ledger_bench(
             )
             runs.append(r)
         limits = machine_limits(tmp)
+    if args.plot:
+        from ledgerstore.bench import plot_latencies
+
+        plot_latencies(
+            args.plot,
+            f"bench ledger: E/Qw/Qa {args.ensemble}/{args.write_quorum}/{args.ack_quorum}, "
+            f"{args.entry_size} B, {args.outstanding} outstanding",
+            runs,
+            "acked_entries_per_s",
+        )
     result = {
         "mode": "ledger",
         "E/Qw/Qa": f"{args.ensemble}/{args.write_quorum}/{args.ack_quorum}",

@@ -35,6 +35,7 @@ def add_bench_commands(
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--runs", type=int, default=3, help="report the median of this many runs")
     b.add_argument("--bookie", default=None, help="HOST:PORT of a running bookie (default: start one)")
+    b.add_argument("--plot", default=None, help="write a PNG of the add-latency distribution of every run")
     b.set_defaults(func=_cmd_bench_bookie)
     lg = sub.add_parser("ledger", help="the ledger client writing to a local cluster")
     common(lg)
@@ -50,6 +51,7 @@ def add_bench_commands(
         "--bookies", type=int, default=3, help="bookie processes to start (when no --use-cluster)"
     )
     lg.add_argument("--use-cluster", action="store_true", help="use the cluster registered at --zk")
+    lg.add_argument("--plot", default=None, help="write a PNG of the add-latency distribution of every run")
     lg.set_defaults(func=_cmd_bench_ledger)
     lim = sub.add_parser("limits", help="this machine's fsync and loopback limits")
     common(lim)
@@ -156,6 +158,32 @@ def _cmd_bench_limits(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def plot_latencies(path: str, title: str, runs: list[dict[str, Any]], rate_key: str) -> None:
+    """Latency CDF per run (log scale), with the run's throughput in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, r in enumerate(runs):
+        lat = sorted(1000 * x for x in r["_latencies"])
+        if not lat:
+            continue
+        ys = [(k + 1) / len(lat) for k in range(len(lat))]
+        ax.plot(lat, ys, label=f"run {i + 1}: {r[rate_key]:,.0f}/s, p99 {r['p99_ms']} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("add latency (ms, log scale)")
+    ax.set_ylabel("fraction of adds")
+    ax.axhline(0.99, color="grey", lw=0.5, ls="--")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"  latency plot written to {path}")
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -276,12 +304,15 @@ async def _bookie_run(address: str, entry_size: int, outstanding: int, duration:
         "acked": acked,
         "errors": errors,
         **percentiles(latencies),
+        "_latencies": latencies,
     }
 
 
 def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k in runs[0]:
+        if k.startswith("_"):
+            continue
         vals = [r[k] for r in runs]
         out[k] = statistics.median(vals) if isinstance(vals[0], int | float) else vals[0]
     return out
@@ -317,6 +348,13 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
         **limits,
     }
     result["vs_fsync_rate"] = round(result["acked_adds_per_s"] / max(1, limits["fsync_1k_per_s"]), 1)
+    if args.plot:
+        plot_latencies(
+            args.plot,
+            f"bench bookie: {args.entry_size} B adds, {args.outstanding} outstanding",
+            runs,
+            "acked_adds_per_s",
+        )
     _print(args, f"bench bookie (median of {args.runs} runs)", result)
     return 0
 
