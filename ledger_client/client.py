@@ -344,8 +344,15 @@ class LedgerHandle:
         pipe = self._pipe
         assert pipe is not None
         if status is not None and status != p.Status.OK:
-            log.warning(
-                "ledger=%d entry=%d bookie=%s add failed: %s", self.ledger_id, entry_id, bookie, status.name
+            # FENCED is the expected end of a writer whose ledger another client recovers: not a warning.
+            level = logging.INFO if status == p.Status.FENCED else logging.WARNING
+            log.log(
+                level,
+                "ledger=%d entry=%d bookie=%s add failed: %s",
+                self.ledger_id,
+                entry_id,
+                bookie,
+                status.name,
             )
         elif exc is not None and pipe.error is None:
             log.debug("ledger=%d entry=%d bookie=%s add failed: %s", self.ledger_id, entry_id, bookie, exc)
