@@ -120,27 +120,27 @@ class BookieConnection(asyncio.Protocol):
         return next(self._ids)
 
     def send_frame(self, rid: int, frame: bytes, cb: ResponseCallback) -> None:
-        if self.closed:
-            cb(
-                None,
-                self.close_reason or BookieUnavailableError(f"bookie {self.bookie_id} connection closed"),
-            )
+        if self._closed_error(cb):
             return
         self._pending[rid] = cb
-        self._out.append(frame)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._enqueue(frame)
 
     def send_add(self, rid: int, frame: bytes, cb: AddCallback) -> None:
         """Fast path for adds: ``cb(status, None)`` or ``cb(None, error)``."""
+        if self._closed_error(cb):
+            return
+        self._pending_adds[rid] = cb
+        self._enqueue(frame)
+
+    def _closed_error(self, cb: Callable[[Any, BaseException | None], None]) -> bool:
         if self.closed:
             cb(
                 None,
                 self.close_reason or BookieUnavailableError(f"bookie {self.bookie_id} connection closed"),
             )
-            return
-        self._pending_adds[rid] = cb
+        return self.closed
+
+    def _enqueue(self, frame: bytes) -> None:
         self._out.append(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
