@@ -499,17 +499,14 @@ class BookieCore:
             return resp(p.Status.BAD_REQUEST)
         max_bytes = min(req.max_bytes, p.READ_RANGE_BYTES_MAX)
         last = min(req.last_entry_id, info.last_entry_id)
-        self._flush_commit_if_needed(req.ledger_id)
+        if self._uncommitted:  # entries acked but not yet in storage: store them first (range reads storage)
+            self._flush_commit()
         entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes)
         if not entries:
             return resp(p.Status.NO_ENTRY)
         self.stats.reads += 1
         self.stats.read_bytes += sum(map(len, entries))
         resp(p.Status.OK, tuple(entries))
-
-    def _flush_commit_if_needed(self, ledger_id: int) -> None:
-        if self._uncommitted:
-            self._flush_commit()
 
     # ------------------------------------------------------------------------------------------ admin
 
