@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,9 +22,9 @@ from ledgerstore.cli import CommandError, emit
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from zk.launcher import free_port as _free_port
+
+    return _free_port("127.0.0.1")
 
 
 @dataclass

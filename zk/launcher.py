@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -95,10 +96,44 @@ def default_classpath() -> str:
     return os.pathsep.join(str(j) for j in jars)
 
 
+_PORTS_LOCK = threading.Lock()
+_PORTS_HANDED_OUT: set[int] = set()
+_PORT_LOW = 10_000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on ``host`` now, for a server started a moment later.
+
+    Chosen *below* the kernel's ephemeral range, so that outgoing connections (which take ephemeral ports) cannot
+    grab it between this check and the server's bind — with many test clients and bookies connecting, a port
+    from ``bind(0)`` is taken that way now and then. Never hands out the same port twice in one process.
+    """
+    high = _ephemeral_low()
+    rng = random.Random()
+    with _PORTS_LOCK:
+        for _ in range(500 if high > _PORT_LOW + 1000 else 0):
+            port = rng.randrange(_PORT_LOW, high)
+            if port in _PORTS_HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _PORTS_HANDED_OUT.add(port)
+            return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below the ephemeral range
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        _PORTS_HANDED_OUT.add(port)
+        return port
 
 
 def port_is_free(port: int, host: str = HOST) -> bool:

@@ -22,7 +22,6 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from zk.launcher import free_port as zk_free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP_IMAGE = os.environ.get("LEDGERSTORE_IMAGE", "ledgerstore/ledgerstore:dev")
@@ -108,21 +109,10 @@ def ledgerstore_images(docker_engine: Any) -> tuple[str, str]:
 
 # --- helpers -------------------------------------------------------------------------------------------------
 
-_ports_taken: set[int] = set()
-_ports_lock = threading.Lock()
-
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now and not handed out before in this session."""
-    with _ports_lock:
-        for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                port = int(s.getsockname()[1])
-            if port not in _ports_taken:
-                _ports_taken.add(port)
-                return port
-    raise RuntimeError("no free port found")
+    """A TCP port free on 127.0.0.1 now and not handed out before in this session (below the ephemeral range)."""
+    return zk_free_port("127.0.0.1")
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.25) -> None:
