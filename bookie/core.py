@@ -66,7 +66,6 @@ class BookieStats:
     read_bytes: int = 0
     fences: int = 0
     unauthorized: int = 0
-    add_latency_observer: Callable[[float], None] | None = None
     by_status: dict[str, int] = field(default_factory=dict)
 
 
@@ -137,13 +136,16 @@ class BookieCore:
     # ------------------------------------------------------------------------------------------ helpers
 
     @staticmethod
-    def _note_entry(info: LedgerInfo, entry_id: int, data: bytes) -> None:
+    def _note_entry(info: LedgerInfo, entry_id: int, data: bytes) -> bool:
+        """Learn the last entry id and the piggybacked LAC from a stored entry; True if the LAC advanced."""
         if entry_id > info.last_entry_id:
             info.last_entry_id = entry_id
         if len(data) >= HEADER_LEN:
             lac = HEADER.unpack_from(data)[2]
             if lac > info.lac:
                 info.lac = lac
+                return True
+        return False
 
     def _count(self, status: p.Status) -> None:
         name = status.name
@@ -161,9 +163,10 @@ class BookieCore:
             return data
         return self.storage.get_entry(ledger_id, entry_id)
 
-    def _queue_commit(self, reply: Reply | None, frame: bytes) -> None:
-        if reply is not None:
-            self._commit_replies.append(functools.partial(reply, frame))
+    def _queue_commit(self, send: Callable[[], None] | None = None) -> None:
+        """Schedule one storage write of everything durable so far; ``send`` runs right after it."""
+        if send is not None:
+            self._commit_replies.append(send)
         if not self._commit_scheduled:
             self._commit_scheduled = True
             self.schedule(0.0, self._flush_commit)
@@ -283,25 +286,19 @@ class BookieCore:
             commit_ledgers = self._commit_ledgers
             woken: set[int] = set()
             waiters = self._waiters
+            note = self._note_entry
             nbytes = 0
             for rid, lid, eid, entry, info in accepted:
                 uncommitted[(lid, eid)] = entry
                 commit_entries.append((lid, eid, entry))
-                old_lac = info.lac
-                if eid > info.last_entry_id:
-                    info.last_entry_id = eid
-                lac = HEADER.unpack_from(entry)[2]
-                if lac > old_lac:
-                    info.lac = lac
-                    if lid in waiters:
-                        woken.add(lid)
+                if note(info, eid, entry) and lid in waiters:
+                    woken.add(lid)
                 commit_ledgers[lid] = info
                 nbytes += len(entry)
                 frames.append(resp(rid, p.Status.OK, lid, eid))
             self.stats.adds += len(accepted)
             self.stats.add_bytes += nbytes
-            self._commit_replies.append(functools.partial(reply, b"".join(frames), len(frames)))
-            self._queue_commit(None, b"")
+            self._queue_commit(functools.partial(reply, b"".join(frames), len(frames)))
             for lid in sorted(woken):
                 self.schedule(0.0, functools.partial(self._wake, lid))
 
@@ -339,8 +336,7 @@ class BookieCore:
                     self._fence_durable.add(lid)
                     self._commit_ledgers[lid] = fenced_info
                     # Reply after the commit batch so entries acked before the fence are in storage.
-                    self._queue_commit(None, b"")
-                    self.schedule(0.0, lambda: self._answer_read(req, reply))
+                    self._queue_commit(lambda: self._answer_read(req, reply))
 
                 self.journal_append(REC_FENCE, lid, -1, b"", fence_done)
                 return
@@ -465,12 +461,7 @@ class BookieCore:
                 self._commit_ledgers[req.ledger_id] = ledger_info
                 if req.ledger_id in self._waiters:
                     self.schedule(0.0, functools.partial(self._wake, req.ledger_id))
-            self._queue_commit(
-                reply,
-                p.encode(
-                    p.WriteLacResponse(request_id=req.request_id, status=p.Status.OK, ledger_id=req.ledger_id)
-                ),
-            )
+            self._queue_commit(functools.partial(resp, p.Status.OK))
 
         data = req.lac.to_bytes(8, "big", signed=True) + req.lac_blob
         self.journal_append(REC_EXPLICIT_LAC, req.ledger_id, -1, data, done)

@@ -12,7 +12,6 @@ goes to the core, and replies are coalesced into one ``transport.write`` per loo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -337,7 +336,3 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
         "bookie_journal_bytes_total", "Bytes written to the journal", lambda: journal_stats().get("bytes", 0)
     )
     m.counter("bookie_journal_syncs_total", "Journal fsyncs", lambda: journal_stats().get("syncs", 0))
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)

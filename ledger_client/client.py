@@ -143,10 +143,7 @@ class BookKeeper:
         digest: DigestType = DigestType.CRC32C,
         custom_metadata: Mapping[str, bytes] | None = None,
     ) -> LedgerHandle:
-        try:
-            validate_quorum(ensemble_size, write_quorum, ack_quorum)
-        except E.LedgerError:
-            raise
+        validate_quorum(ensemble_size, write_quorum, ack_quorum)
         available = await _meta(self.registry.available)
         bookies = choose_ensemble(ensemble_size, available, rng=self._rng)
         versioned = await _meta(

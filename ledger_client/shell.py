@@ -12,6 +12,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ledgerstore.cli import emit
+
 from .client import BookKeeper, ClientConfig
 
 
@@ -82,13 +84,6 @@ def _run(
     return asyncio.run(go())
 
 
-def _out(args: argparse.Namespace, human: str, data: Any) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, sort_keys=True, default=str))
-    else:
-        print(human)
-
-
 def _md_json(md: Any) -> dict[str, Any]:
     d: dict[str, Any] = md.to_json()
     return d
@@ -102,7 +97,7 @@ def _progress(args: argparse.Namespace, total: int, desc: str) -> tqdm:
 
 async def _bookies(args: argparse.Namespace, bk: BookKeeper) -> int:
     w, r = await bk.writable_bookies(), await bk.readonly_bookies()
-    _out(
+    emit(
         args,
         "\n".join(
             [
@@ -130,7 +125,7 @@ async def _list(args: argparse.Namespace, bk: BookKeeper) -> int:
                 "length": md.length,
             }
         )
-    _out(
+    emit(
         args,
         "\n".join(
             f"{r['ledger_id']:>8}  {r['state']:<11} last_entry_id={r['last_entry_id']} length={r['length']}"
@@ -150,14 +145,14 @@ async def _metadata(args: argparse.Namespace, bk: BookKeeper) -> int:
         f"Qa={md.ack_quorum}, last_entry_id={md.last_entry_id}, length={md.length}, digest={md.digest_type}"
     ]
     human += [f"  ensemble from entry {e.first_entry_id}: {', '.join(e.bookies)}" for e in md.ensembles]
-    _out(args, "\n".join(human), d)
+    emit(args, "\n".join(human), d)
     return 0
 
 
 async def _recover(args: argparse.Namespace, bk: BookKeeper) -> int:
     lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=True)
     md = lh.metadata
-    _out(
+    emit(
         args,
         f"ledger {md.ledger_id} is {md.state.value}: last_entry_id={md.last_entry_id} length={md.length}",
         _md_json(md),
@@ -167,7 +162,7 @@ async def _recover(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 async def _delete(args: argparse.Namespace, bk: BookKeeper) -> int:
     await bk.delete_ledger(args.ledger_id)
-    _out(args, f"ledger {args.ledger_id} deleted", {"deleted": args.ledger_id})
+    emit(args, f"ledger {args.ledger_id} deleted", {"deleted": args.ledger_id})
     return 0
 
 
@@ -177,7 +172,7 @@ async def _create(args: argparse.Namespace, bk: BookKeeper) -> int:
     )
     if not args.keep_open:
         await lh.close()
-    _out(args, f"created ledger {lh.ledger_id}", {"ledger_id": lh.ledger_id})
+    emit(args, f"created ledger {lh.ledger_id}", {"ledger_id": lh.ledger_id})
     return 0
 
 
@@ -211,7 +206,7 @@ async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:
     )
     dt = await _write_entries(args, lh, payloads, f"ledger {lh.ledger_id}")
     await lh.close()
-    _out(
+    emit(
         args,
         f"wrote {len(payloads)} entries to ledger {lh.ledger_id} in {dt:.2f}s; closed at "
         f"last_entry_id={lh.last_add_confirmed}",
@@ -264,7 +259,7 @@ async def _simpletest(args: argparse.Namespace, bk: BookKeeper) -> int:
         "read_entries_per_s": round(n / rdt) if rdt else None,
         "verified": True,
     }
-    _out(
+    emit(
         args,
         f"simpletest OK: ledger {lh.ledger_id} (E/Qw/Qa {result['E/Qw/Qa']}) on "
         f"{', '.join(ensemble)}: wrote {n} entries ({result['write_entries_per_s']:,}/s), "
