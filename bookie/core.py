@@ -41,9 +41,28 @@ REC_EXPLICIT_LAC = 4
 
 LONG_POLL_TIMEOUT_MS_MAX = 60_000
 
+_ADD_RESP_FRAME = p.ADD_RESP_FRAME
+_ADD_RESP_LEN = p.ADD_RESP_FRAME_SIZE - 4
+_VERSION = p.PROTOCOL_VERSION
+_ADD = int(p.OpCode.ADD_ENTRY)
+
 
 class JournalAppend(Protocol):
     def __call__(self, rtype: Any, ledger_id: int, entry_id: int, data: bytes, done: Done) -> None: ...
+
+
+class JournalAppendEntries(Protocol):
+    """Journal ``records`` (master keys of new ledgers) and then ``entries`` (whole entries, each naming its
+    ledger and entry id in its header), with one completion once all are durable (``Journal.append_entries``)."""
+
+    def __call__(
+        self, entries: list[bytes], done: Done, records: list[tuple[int, int, int, bytes]] | None = None
+    ) -> None: ...
+
+
+#: One add as the server decodes it (``protocol.FrameDecoder.take_add_requests`` rows): (frame prefix, flags,
+#: request id, ledger id, entry id, master key, entry bytes). The core ignores the prefix.
+AddRow = tuple[bytes, int, int, int, int, bytes, bytes]
 
 
 Schedule = Callable[[float, Callable[[], None]], Any]
@@ -78,19 +97,18 @@ class BookieCore:
         *,
         bookie_id: str = "",
         disk_info: Callable[[], tuple[int, int]] = lambda: (0, 0),
-        journal_append_many: Callable[[list[tuple[int, int, int, bytes]], Done], None] | None = None,
+        journal_append_entries: JournalAppendEntries | None = None,
     ) -> None:
         self.storage = storage
         self.journal_append = journal_append
-        self.journal_append_many = journal_append_many or self._append_many_one_by_one
+        self.journal_append_entries = journal_append_entries or self._append_entries_one_by_one
         self.schedule = schedule
         self.bookie_id = bookie_id
         self.disk_info = disk_info
         self.ledgers: dict[int, LedgerInfo] = storage.load_index()
         self.readonly = False
         self.stats = BookieStats()
-        # Entries durable in the journal, waiting to be written to storage in one batch; readable meanwhile.
-        self._uncommitted: dict[tuple[int, int], bytes] = {}
+        # Replayed entries waiting to be written to storage in one batch (acked adds are stored at once).
         self._commit_entries: list[tuple[int, int, bytes]] = []
         self._commit_ledgers: dict[int, LedgerInfo] = {}
         self._commit_replies: list[Callable[[], None]] = []  # replies to send once the batch is stored
@@ -158,9 +176,6 @@ class BookieCore:
         return True
 
     def _get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        data = self._uncommitted.get((ledger_id, entry_id))
-        if data is not None:
-            return data
         return self.storage.get_entry(ledger_id, entry_id)
 
     def _queue_commit(self, send: Callable[[], None] | None = None) -> None:
@@ -179,8 +194,6 @@ class BookieCore:
         replies, self._commit_replies = self._commit_replies, []
         if entries or ledgers:
             self.storage.write(entries, ledgers.items())
-            for lid, eid, _ in entries:
-                self._uncommitted.pop((lid, eid), None)
         for send in replies:
             send()
 
@@ -221,52 +234,68 @@ class BookieCore:
         self, rid: int, ledger_id: int, entry_id: int, key: bytes, entry: bytes, flags: int, reply: Reply
     ) -> None:
         """One add: the group path with a group of one (so the simulator exercises the server's hot path)."""
-        self.add_entries([(rid, ledger_id, entry_id, key, entry, flags)], lambda frames, _n: reply(frames))
+        self.add_entries(
+            [(b"", flags, rid, ledger_id, entry_id, key, entry)], lambda frames, _n: reply(frames)
+        )
 
-    def _append_many_one_by_one(self, records: list[tuple[int, int, int, bytes]], done: Done) -> None:
+    def _append_entries_one_by_one(
+        self, entries: list[bytes], done: Done, records: list[tuple[int, int, int, bytes]] | None = None
+    ) -> None:
         # Records complete in order, so the last record's completion means the whole group is durable.
-        for rec in records[:-1]:
+        recs = list(records or [])
+        recs.extend((REC_ENTRY, *HEADER.unpack_from(e)[:2], e) for e in entries)
+        for rec in recs[:-1]:
             self.journal_append(rec[0], rec[1], rec[2], rec[3], _ignore)
-        last = records[-1]
+        last = recs[-1]
         self.journal_append(last[0], last[1], last[2], last[3], done)
 
-    def add_entries(self, items: list[tuple[int, int, int, bytes, bytes, int]], reply: BatchReply) -> None:
-        """Many adds at once (rid, ledger, entry, key, entry bytes, flags): the same rules as ``add_entry``,
-        with one journal group, one storage batch and one reply frame run for the lot. ``reply(frames, n)``
-        carries ``n`` responses."""
-        refused: list[bytes] = []
-        accepted: list[tuple[int, int, int, bytes, LedgerInfo]] = []
-        records: list[tuple[int, int, int, bytes]] = []
+    def add_entries(self, rows: list[AddRow], reply: BatchReply) -> None:
+        """Many adds at once (``AddRow`` each): the same rules as one add, with one journal record for the
+        group's entries, one storage batch and one reply frame run for the lot. ``reply(frames, n)`` carries
+        ``n`` responses; refusals are answered at once, acceptances once the group is durable and stored."""
         ledgers = self.ledgers
-        resp = p.encode_add_response
         readonly = self.readonly
-        for rid, lid, eid, key, entry, flags in items:
+        unpack_hdr = HEADER.unpack_from
+        recovery_add = p.Flag.RECOVERY_ADD
+        accepted: list[AddRow] = []
+        refused: list[bytes] = []
+        new_keys: list[tuple[int, int, int, bytes]] = []
+        # per ledger of the group: [info, highest entry id, highest piggybacked LAC]
+        seen: dict[int, list[Any]] = {}
+        last_lid = -1
+        cur: list[Any] = []
+        for row in rows:
+            _, flags, rid, lid, eid, key, entry = row
             info = ledgers.get(lid)
-            status = None
-            if info is not None and info.master_key != key:
-                self.stats.unauthorized += 1
-                status = p.Status.UNAUTHORIZED
-            elif info is not None and info.fenced and not flags & p.Flag.RECOVERY_ADD:
-                status = p.Status.FENCED
-            elif readonly:
-                status = p.Status.READONLY
-            elif eid < 0 or len(entry) < HEADER_LEN:
-                status = p.Status.BAD_REQUEST
-            else:
-                hl, he = HEADER.unpack_from(entry)[:2]
-                if hl != lid or he != eid:
-                    status = p.Status.BAD_REQUEST
-            if status is not None:
-                self.stats.adds_rejected += 1
-                self._count(status)
-                refused.append(resp(rid, status, lid, eid))
+            if (
+                readonly
+                or eid < 0
+                or len(entry) < HEADER_LEN
+                or (
+                    info is not None
+                    and (info.master_key != key or (info.fenced and not flags & recovery_add))
+                )
+            ):
+                refused.append(self._refuse(info, row))
+                continue
+            hl, he, lac, _ = unpack_hdr(entry)
+            if hl != lid or he != eid:
+                refused.append(self._refuse(info, row, p.Status.BAD_REQUEST))
                 continue
             if info is None:
-                info = LedgerInfo(master_key=key)
-                ledgers[lid] = info
-                records.append((REC_MASTER_KEY, lid, -1, key))
-            records.append((REC_ENTRY, lid, eid, entry))
-            accepted.append((rid, lid, eid, entry, info))
+                info = ledgers[lid] = LedgerInfo(master_key=key)
+                new_keys.append((REC_MASTER_KEY, lid, -1, key))
+            accepted.append(row)
+            if lid != last_lid:
+                last_lid = lid
+                got = seen.get(lid)
+                if got is None:
+                    got = seen[lid] = [info, eid, lac]
+                cur = got
+            if eid > cur[1]:
+                cur[1] = eid
+            if lac > cur[2]:
+                cur[2] = lac
         if refused:
             reply(b"".join(refused), len(refused))
         if not accepted:
@@ -276,33 +305,52 @@ class BookieCore:
             if exc is not None:
                 self._journal_failed(exc)
                 status = p.Status.READONLY if _is_enospc(exc) else p.Status.INTERNAL
-                reply(
-                    b"".join(resp(rid, status, lid, eid) for rid, lid, eid, _, _ in accepted), len(accepted)
-                )
+                resp = p.encode_add_response
+                reply(b"".join([resp(r[2], status, r[3], r[4]) for r in accepted]), len(accepted))
                 return
-            frames = []
-            uncommitted = self._uncommitted
-            commit_entries = self._commit_entries
-            commit_ledgers = self._commit_ledgers
-            woken: set[int] = set()
-            waiters = self._waiters
-            note = self._note_entry
-            nbytes = 0
-            for rid, lid, eid, entry, info in accepted:
-                uncommitted[(lid, eid)] = entry
-                commit_entries.append((lid, eid, entry))
-                if note(info, eid, entry) and lid in waiters:
-                    woken.add(lid)
-                commit_ledgers[lid] = info
-                nbytes += len(entry)
-                frames.append(resp(rid, p.Status.OK, lid, eid))
-            self.stats.adds += len(accepted)
-            self.stats.add_bytes += nbytes
-            self._queue_commit(functools.partial(reply, b"".join(frames), len(frames)))
-            for lid in sorted(woken):
-                self.schedule(0.0, functools.partial(self._wake, lid))
+            self._store_group(accepted, entries, seen)
+            pack = _ADD_RESP_FRAME.pack
+            ok = p.Status.OK
+            reply(
+                b"".join([pack(_ADD_RESP_LEN, _VERSION, _ADD, 0, r[2], ok, r[3], r[4]) for r in accepted]),
+                len(accepted),
+            )
 
-        self.journal_append_many(records, done)
+        entries = [r[6] for r in accepted]
+        self.journal_append_entries(entries, done, new_keys)
+
+    def _store_group(self, accepted: list[AddRow], entries: list[bytes], seen: dict[int, list[Any]]) -> None:
+        """A durable group: write its entries and the changed index rows to storage, advance last entry ids
+        and LACs, wake long polls."""
+        changed = []
+        for lid, (info, last_eid, lac) in seen.items():
+            if last_eid > info.last_entry_id:
+                info.last_entry_id = last_eid
+            if lac > info.lac:
+                info.lac = lac
+                if lid in self._waiters:
+                    self.schedule(0.0, functools.partial(self._wake, lid))
+            changed.append((lid, info))
+        self.storage.write([(r[3], r[4], r[6]) for r in accepted], changed)
+        st = self.stats
+        st.adds += len(accepted)
+        st.add_bytes += sum(map(len, entries))
+
+    def _refuse(self, info: LedgerInfo | None, row: AddRow, status: p.Status | None = None) -> bytes:
+        _, flags, rid, lid, eid, key, _entry = row
+        if status is None:
+            if info is not None and info.master_key != key:
+                self.stats.unauthorized += 1
+                status = p.Status.UNAUTHORIZED
+            elif info is not None and info.fenced and not flags & p.Flag.RECOVERY_ADD:
+                status = p.Status.FENCED
+            elif self.readonly:
+                status = p.Status.READONLY
+            else:
+                status = p.Status.BAD_REQUEST
+        self.stats.adds_rejected += 1
+        self._count(status)
+        return p.encode_add_response(rid, status, lid, eid)
 
     def _journal_failed(self, exc: BaseException) -> None:
         log.error("bookie=%s journal write failed: %s", self.bookie_id, exc)
@@ -490,8 +538,6 @@ class BookieCore:
             return resp(p.Status.BAD_REQUEST)
         max_bytes = min(req.max_bytes, p.READ_RANGE_BYTES_MAX)
         last = min(req.last_entry_id, info.last_entry_id)
-        if self._uncommitted:  # entries acked but not yet in storage: store them first (range reads storage)
-            self._flush_commit()
         entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes)
         if not entries:
             return resp(p.Status.NO_ENTRY)
@@ -507,8 +553,6 @@ class BookieCore:
         self._fence_durable.discard(ledger_id)
         self._commit_ledgers.pop(ledger_id, None)
         self._commit_entries = [e for e in self._commit_entries if e[0] != ledger_id]
-        for key in [k for k in self._uncommitted if k[0] == ledger_id]:
-            del self._uncommitted[key]
         self.storage.delete_ledger(ledger_id)
 
     def flush_pending(self) -> None:

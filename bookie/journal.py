@@ -20,8 +20,12 @@ followed by records::
     MASTER_KEY=2    body: u64 ledger_id | key bytes
     FENCE=3         body: u64 ledger_id                (| data, normally empty)
     EXPLICIT_LAC=4  body: u64 ledger_id | i64 lac      | blob bytes
+    ENTRIES=5       body: u32 n | n x u32 entry length | the n entries, concatenated
+                    (a group of adds in one record; each entry names its ledger and entry id in its own first
+                    16 bytes, the entry header, so replay yields them as n ENTRY records)
 
-New types either carry ``u64 ledger_id | i64 id | data`` (add them to ``_WITH_ID``) or ``u64 ledger_id | data``.
+New types either carry ``u64 ledger_id | i64 id | data`` (add them to ``_WITH_ID``) or ``u64 ledger_id | data``
+(ENTRIES is the one exception).
 A record with a valid CRC but an unknown type stops replay with ``JournalError`` (written by a newer version).
 
 ``<directory>/lastmark`` (written atomically: temp file + fsync + rename + directory fsync)::
@@ -57,6 +61,7 @@ first retries it and fails with the error until it succeeds.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import enum
 import functools
@@ -64,6 +69,7 @@ import logging
 import os
 import re
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -110,6 +116,12 @@ _LEDGER_PREFIX = struct.Struct(">BQ")  # type, ledger_id
 _LEDGER_ID = struct.Struct(">Qq")
 _LEDGER = struct.Struct(">Q")
 
+_U32 = struct.Struct(">I")
+_ENTRIES_HDR = bytes(8) + b"\x05"  # u32 len, u32 crc (both patched in place), type ENTRIES (5)
+_ENTRY_IDS = struct.Struct(">Qq")  # the first 16 bytes of an entry (its header): ledger id, entry id
+_BIG_ENDIAN = sys.byteorder == "big"
+assert array.array("I").itemsize == 4, "array('I') must hold u32"
+
 _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
 _READ_CHUNK = 1 << 20
 
@@ -119,6 +131,7 @@ class RecordType(enum.IntEnum):
     MASTER_KEY = 2
     FENCE = 3
     EXPLICIT_LAC = 4
+    ENTRIES = 5
 
 
 # record types whose body is ``u64 ledger_id | i64 id | data`` (the others: ``u64 ledger_id | data``)
@@ -241,6 +254,18 @@ class _SegmentScan:
                         f"{self.path}: unknown record type {rtype} at offset {base + pos} "
                         "(written by a newer version?)"
                     )
+                if rtype == RecordType.ENTRIES:
+                    entries = _split_entries(mv[body:end])
+                    if entries is None:
+                        self.problem = "ENTRIES record body is inconsistent"
+                        return
+                    pos = end
+                    self.end = base + pos
+                    unpack_ids = _ENTRY_IDS.unpack_from
+                    for data in entries:
+                        lid, eid = unpack_ids(data)
+                        yield JournalRecord(type=RecordType.ENTRY, ledger_id=lid, entry_id=eid, data=data)
+                    continue
                 if rtype in _WITH_ID:
                     if blen < 16:
                         self.problem = f"{t.name} record body of {blen} bytes is too short"
@@ -273,6 +298,28 @@ class _SegmentScan:
             parts.append(chunk)
             have += len(chunk)
         return b"".join(parts), base, eof
+
+
+def _split_entries(body: memoryview) -> list[bytes] | None:
+    """The entries of an ENTRIES record body, or None if the body does not parse."""
+    if len(body) < 4:
+        return None
+    (n,) = _U32.unpack_from(body)
+    start = 4 + 4 * n
+    if start > len(body):
+        return None
+    lens = array.array("I")
+    lens.frombytes(body[4:start])
+    if not _BIG_ENDIAN:
+        lens.byteswap()
+    if start + sum(lens) != len(body) or (n and min(lens) < _ENTRY_IDS.size):
+        return None
+    out = []
+    pos = start
+    for ln in lens:
+        out.append(bytes(body[pos : pos + ln]))
+        pos += ln
+    return out
 
 
 class Journal:
@@ -586,6 +633,61 @@ class Journal:
             self._oldest = now = loop.time()
             if not self._io_busy and self._timer is None:
                 self._timer = loop.call_at(now + self._max_wait, self._on_timer)
+        self._pack_records(buf, records)
+        # One real callback first, no-ops for the rest: per-record counters stay right, and ``done`` runs
+        # when the batch holding the whole group is durable (the group is never split across batches).
+        self._cbs.append(done)
+        if len(records) > 1:
+            self._cbs.extend([_noop_done] * (len(records) - 1))
+        self._appended += len(records)
+        if len(buf) >= self._flush_bytes and not self._io_busy:
+            self._start_batch()
+
+    def append_entries(
+        self, entries: list[bytes], done: Done, records: list[tuple[int, int, int, bytes]] | None = None
+    ) -> None:
+        """Queue ``records`` (as ``append_many``) and then every entry of ``entries`` as ONE ENTRIES record,
+        with one completion. Each entry must start with its 16-byte (ledger id, entry id) header."""
+        if not entries:
+            self.append_many(records or [], done)
+            return
+        if self._state != _RUNNING:
+            if self._loop is None:
+                raise RuntimeError("journal not started")
+            self._loop.call_soon(done, JournalClosedError("journal is closed"))
+            return
+        buf = self._buf
+        if not buf:
+            loop = self._loop
+            assert loop is not None
+            self._oldest = now = loop.time()
+            if not self._io_busy and self._timer is None:
+                self._timer = loop.call_at(now + self._max_wait, self._on_timer)
+        nrec = 1
+        if records:
+            self._pack_records(buf, records)
+            nrec += len(records)
+        head = len(buf)
+        lens = array.array("I", map(len, entries))
+        if not _BIG_ENDIAN:
+            lens.byteswap()
+        buf += _ENTRIES_HDR
+        buf += _U32.pack(len(entries))
+        buf += lens.tobytes()
+        for e in entries:
+            buf += e
+        with memoryview(buf) as mv:
+            crc = _crc(mv[head + 8 :])
+        _LEN_CRC.pack_into(buf, head, len(buf) - head - _REC_HDR_LEN, crc)
+        self._cbs.append(done)
+        if nrec > 1:
+            self._cbs.extend([_noop_done] * (nrec - 1))
+        self._appended += nrec
+        if len(buf) >= self._flush_bytes and not self._io_busy:
+            self._start_batch()
+
+    @staticmethod
+    def _pack_records(buf: bytearray, records: list[tuple[int, int, int, bytes]]) -> None:
         id_pack, ledger_pack, head_pack = _ID_PREFIX.pack, _LEDGER_PREFIX.pack, _LEN_CRC.pack
         for rtype, ledger_id, entry_id, data in records:
             if rtype in _WITH_ID:
@@ -595,14 +697,6 @@ class Journal:
             buf += head_pack(len(prefix) - 1 + len(data), _crc(data, _crc(prefix)))
             buf += prefix
             buf += data
-        # One real callback first, no-ops for the rest: per-record counters stay right, and ``done`` runs
-        # when the batch holding the whole group is durable (the group is never split across batches).
-        self._cbs.append(done)
-        if len(records) > 1:
-            self._cbs.extend([_noop_done] * (len(records) - 1))
-        self._appended += len(records)
-        if len(buf) >= self._flush_bytes and not self._io_busy:
-            self._start_batch()
 
     def _loop_call_soon(self, fn: Done, arg: BaseException | None) -> None:
         assert self._loop is not None

@@ -19,7 +19,9 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ from .storage import RocksLedgerStorage
 log = logging.getLogger("ledgerstore.bookie")
 
 EXIT_COOKIE_MISMATCH = 3
+ZK_STOP_TIMEOUT_S = 2.0
+REGISTER_RETRY_S = 30.0  # how long registration retries while ZooKeeper is unreachable
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,7 +120,7 @@ class Bookie:
             schedule,
             bookie_id=cfg.id,
             disk_info=self._disk_info,
-            journal_append_many=self.journal.append_many,
+            journal_append_entries=self.journal.append_entries,
         )
         t0 = time.monotonic()
         n = 0
@@ -251,7 +255,20 @@ class Bookie:
             "http_port": cfg.http_port,
             "readonly": readonly,
         }
-        await asyncio.to_thread(self.registry.register, cfg.id, info, readonly)
+        from zk.errors import MetadataConnectionError
+
+        delay = 0.1
+        give_up = time.monotonic() + REGISTER_RETRY_S
+        while True:
+            try:
+                await asyncio.to_thread(self.registry.register, cfg.id, info, readonly)
+                break
+            except MetadataConnectionError as e:  # ZooKeeper briefly unreachable: retry, within bounds
+                if time.monotonic() + delay > give_up:
+                    raise
+                log.warning("bookie=%s registering in ZooKeeper failed (%s); retrying", cfg.id, e)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
         self._registered_readonly = readonly
 
     async def _disk_check(self) -> None:
@@ -298,8 +315,7 @@ class Bookie:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         if self.registry is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.registry.unregister, cfg.id)
+            await _bounded(lambda: self.registry.unregister(cfg.id), ZK_STOP_TIMEOUT_S, "unregistering")
         if self.server is not None:
             await self.server.close()
         if self._http is not None:
@@ -314,9 +330,36 @@ class Bookie:
         if self.storage is not None:
             self.storage.close()
         if self.store is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.store.close)
+            await _bounded(self.store.close, ZK_STOP_TIMEOUT_S, "closing the ZooKeeper session")
         log.info("bookie=%s stopped", cfg.id)
+
+
+async def _bounded(fn: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Run a blocking ZooKeeper call in a daemon thread for at most ``timeout_s``: a stopping bookie whose
+    ZooKeeper is unreachable must not wait on the client's retries (its registration is ephemeral and goes
+    with the session anyway). A daemon thread, unlike the default executor's, does not hold up exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception as e:  # reported below; shutdown goes on
+            log.warning("bookie shutdown: %s failed: %s", what, e)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop may be gone already
+                loop.call_soon_threadsafe(_resolve, done)
+
+    threading.Thread(target=run, name=f"stop-{what.split()[0]}", daemon=True).start()
+    try:
+        await asyncio.wait_for(asyncio.shield(done), timeout_s)
+    except TimeoutError:
+        log.warning("bookie shutdown: gave up %s after %.0fs (ZooKeeper unreachable?)", what, timeout_s)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def config_from_args(args: argparse.Namespace) -> BookieConfig:

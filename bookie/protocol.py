@@ -348,10 +348,15 @@ def encode(msg: Request | Response) -> bytes:
 
 
 _ADD_RESP_FRAME = struct.Struct(">IBBHQBQq")
+ADD_RESP_FRAME = _ADD_RESP_FRAME  # a whole ADD_ENTRY response frame: u32 len, version, op, flags, rid, body
 ADD_RESP_FRAME_SIZE = _ADD_RESP_FRAME.size
 #: frame header + ADD_ENTRY request body before the entry bytes (used by EntryCodec.build_add_frame)
 ADD_FRAME_PREFIX = struct.Struct(f">IBBHQQq{MASTER_KEY_LEN}s")
 _ADD_RESP_LEN = FRAME_HEADER.size + _ADD_RESP.size
+_LEN_VER_OP = struct.Struct(">IBB")
+_ADD_MIN_FRAME = _HDR_FULL.size + _ADD_REQ.size  # an ADD_ENTRY frame with an empty entry
+# ADD_ENTRY frame length -> (row struct for take_add_requests, expected 6-byte u32 len + version + op prefix)
+_ADD_ROWS: dict[int, tuple[struct.Struct, bytes]] = {}
 
 
 def encode_add_response(request_id: int, status: int, ledger_id: int, entry_id: int) -> bytes:
@@ -581,6 +586,45 @@ class FrameDecoder:
             self.broken = True
             raise error
 
+    def take_add_requests(self) -> list[tuple[bytes, int, int, int, int, bytes, bytes]] | None:
+        """Fast path for bookies: the run of whole ADD_ENTRY request frames of one size at the start of the
+        buffer (the common case under load: a client pipelining same-size entries), consumed and unpacked in
+        one ``iter_unpack`` pass as (prefix, flags, request_id, ledger_id, entry_id, master_key, entry) rows.
+        Returns None, leaving the buffer alone, when the first buffered frame is not a whole ADD_ENTRY frame
+        (``frames_raw`` then handles what is there, including any error)."""
+        buf = self._buf
+        n = len(buf)
+        if n < _ADD_MIN_FRAME or self.broken:
+            return None
+        length, version, op = _LEN_VER_OP.unpack_from(buf)
+        if op != OpCode.ADD_ENTRY or version != PROTOCOL_VERSION:
+            return None
+        if length < _ADD_MIN_FRAME - 4 or length > self.frame_size_max:
+            return None
+        size = 4 + length
+        count = n // size
+        if not count:
+            return None
+        cached = _ADD_ROWS.get(length)
+        if cached is None:
+            if len(_ADD_ROWS) >= 64:
+                _ADD_ROWS.clear()
+            cached = _ADD_ROWS[length] = (
+                struct.Struct(f">6sHQQq{_KEY}{size - _ADD_MIN_FRAME}s"),
+                _LEN_VER_OP.pack(length, PROTOCOL_VERSION, OpCode.ADD_ENTRY),
+            )
+        row_struct, prefix = cached
+        with memoryview(buf) as mv:
+            rows = list(row_struct.iter_unpack(mv[: count * size]))
+        firsts = [r[0] for r in rows]
+        if firsts.count(prefix) != count:  # another frame follows the run: stop before it
+            count = firsts.index(next(f for f in firsts if f != prefix))
+            if not count:
+                return None
+            del rows[count:]
+        del buf[: count * size]
+        return rows
+
     def take_add_responses(self) -> list[tuple[int, int, int, int, int, int, int, int]] | None:
         """Fast path for clients: when everything buffered is whole ADD_ENTRY responses (the common case under
         load), consume and return them unpacked as (len, version, op, flags, request_id, status, ledger, entry)
@@ -596,6 +640,25 @@ class FrameDecoder:
             if r[:3] != want:
                 return None
         buf.clear()
+        return rows
+
+    def take_leading_add_responses(self) -> list[tuple[int, int, int, int, int, int, int, int]]:
+        """Like ``take_add_responses`` but for the leading run only: consume and return (unpacked) the whole
+        ADD_ENTRY responses at the front of the buffer, up to the first other or partial frame, which stay
+        buffered for ``frames_raw``. Under load a received chunk usually ends inside a frame."""
+        buf = self._buf
+        size = ADD_RESP_FRAME_SIZE
+        m = len(buf) // size * size
+        if not m or self.broken:
+            return []
+        with memoryview(buf) as mv:
+            rows = list(_ADD_RESP_FRAME.iter_unpack(mv[:m]))
+        want = (size - 4, PROTOCOL_VERSION, OpCode.ADD_ENTRY)
+        for i, r in enumerate(rows):
+            if r[:3] != want:
+                del rows[i:]
+                break
+        del buf[: len(rows) * size]
         return rows
 
     def frames(self) -> Iterator[tuple[int, int, int, memoryview]]:

@@ -21,7 +21,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from . import protocol as p
-from .core import BookieCore
+from .core import AddRow, BookieCore
 from .metrics import RateMeter, Registry
 
 log = logging.getLogger("ledgerstore.bookie.server")
@@ -103,59 +103,71 @@ class BookieConnection(asyncio.Protocol):
         core = self.core
         server = self.server
         limit = server.limits.inflight_max
-        adds: list[tuple[int, int, int, bytes, bytes, int]] = []
-        unpack_add = _ADD_BODY.unpack_from
-        add_body = _ADD_BODY.size
         try:
+            rows = dec.take_add_requests()  # the whole chunk, when it is a run of same-size adds
+            if rows is not None:
+                self._submit_adds(rows)
+                if not dec.buffered:
+                    return
+            adds: list[AddRow] = []
+            unpack_add = _ADD_BODY.unpack_from
+            add_body = _ADD_BODY.size
             for op, flags, rid, buf, a, b in dec.frames_raw():
-                if self.inflight + len(adds) >= limit:
-                    server.overloaded += 1
-                    self._write(error_response(op, rid, p.Status.TOO_MANY_REQUESTS))
-                    continue
                 if op == p.OpCode.ADD_ENTRY:
-                    # Fast path: adds of one chunk are handled as one group (one journal group, one reply run).
                     if b - a < add_body:
                         raise p.ProtocolError("ADD_ENTRY: body too short")
                     lid, eid, key = unpack_add(buf, a)
-                    adds.append((rid, lid, eid, key, buf[a + add_body : b], flags))
+                    adds.append((b"", flags, rid, lid, eid, key, buf[a + add_body : b]))
                     continue
                 if adds:
                     self._submit_adds(adds)
                     adds = []
+                if self.inflight >= limit:
+                    server.overloaded += 1
+                    self._write(error_response(op, rid, p.Status.TOO_MANY_REQUESTS))
+                    continue
                 req = p.decode_request(op, flags, rid, memoryview(buf)[a:b])
                 self.inflight += 1
                 core.handle(req, self._reply)
+            if adds:
+                self._submit_adds(adds)
         except p.ProtocolError as e:
             server.malformed += 1
             log.warning(
                 "bookie=%s closing connection from %s: malformed frame: %s", core.bookie_id, self.peer, e
             )
             self._abort()
-            return
         except Exception:
             log.exception(
                 "bookie=%s internal error serving %s; closing that connection", core.bookie_id, self.peer
             )
             self._abort()
-            return
         finally:
             self._last_progress = time.monotonic()
-        if adds:
-            self._submit_adds(adds)
 
-    def _submit_adds(self, adds: list[tuple[int, int, int, bytes, bytes, int]]) -> None:
-        n = len(adds)
+    def _submit_adds(self, rows: list[AddRow]) -> None:
+        server = self.server
+        room = server.limits.inflight_max - self.inflight
+        if len(rows) > room:  # over the per-connection bound: refuse the excess, keep the order of the rest
+            room = max(0, room)
+            server.overloaded += len(rows) - room
+            busy = p.Status.TOO_MANY_REQUESTS
+            self._write(b"".join([p.encode_add_response(r[2], busy, r[3], r[4]) for r in rows[room:]]))
+            rows = rows[:room]
+            if not rows:
+                return
+        n = len(rows)
         self.inflight += n
-        self.server.adds_received += n
+        server.adds_received += n
         t0 = time.perf_counter()
-        hist = self.server.add_latency
+        hist = server.add_latency
 
         def reply(frames: bytes, count: int) -> None:
             hist.observe(time.perf_counter() - t0)
             self.inflight -= count
             self._write(frames)
 
-        self.core.add_entries(adds, reply)
+        self.core.add_entries(rows, reply)
 
     # replies -------------------------------------------------------------------------------------------
     def _reply(self, frame: bytes) -> None:

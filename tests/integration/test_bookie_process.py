@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bookie import protocol as p
+from ledgerstore.cluster import BookieProcess, free_port
 from tests.integration.rawbookie import KEY, WRONG, RawBookie, build, payload_for
 
 
@@ -244,5 +245,52 @@ def test_sigterm_unregisters_and_a_wiped_data_dir_is_refused_by_the_cookie(booki
         log = bp.log_tail(20)
         assert "cookie" in log.lower() and "refusing to start" in log
         assert bp.id not in reg.available()
+    finally:
+        store.close()
+
+
+def test_sigterm_stops_promptly_when_zookeeper_is_gone(bookies) -> None:
+    """Unregistering needs ZooKeeper; a bookie cut off from it still stops cleanly and within bounds."""
+    import signal
+
+    from zk.testing import TcpProxy
+
+    host, _, port = bookies.zk.rpartition(":")
+    with TcpProxy(host, int(port)) as proxy:
+        bp = BookieProcess(
+            zk=proxy.connect_string,
+            zk_root=bookies.root,
+            data_dir=bookies.tmp / "cut-off",
+            port=free_port(),
+            http_port=free_port(),
+        ).start()
+        try:
+            _wait_registered(bookies, bp.id)
+            proxy.partition()  # ZooKeeper unreachable from now on
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            assert bp.proc is not None
+            bp.proc.send_signal(signal.SIGTERM)
+            rc = bp.wait_exit(40)
+            assert rc == 0, bp.log_tail(40)
+            took = time.monotonic() - t0
+        finally:
+            bp.kill9()
+    # each ZooKeeper call of the shutdown is bounded (ZK_STOP_TIMEOUT_S); unbounded, the store's own 10 s
+    # operation timeout and kazoo's reconnect attempts made this take 10-20 s
+    assert took < 8, f"shutdown without ZooKeeper took {took:.1f}s"
+    assert "stopped" in bp.log_tail(10)
+
+
+def _wait_registered(bookies, bookie_id: str, timeout_s: float = 30.0) -> None:
+    from zk import BookieRegistry, MetadataStore
+
+    store = MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        reg = BookieRegistry(store)
+        deadline = time.monotonic() + timeout_s
+        while bookie_id not in reg.available():
+            assert time.monotonic() < deadline, f"bookie {bookie_id} never registered"
+            time.sleep(0.1)
     finally:
         store.close()

@@ -269,13 +269,13 @@ def test_batched_adds_follow_the_same_rules_and_ack_only_after_sync() -> None:
     r.settle()
     codec1 = EntryCodec(1, DigestType.CRC32C)
     codec9 = EntryCodec(9, DigestType.CRC32C)
-    items = [
-        (101, 1, 0, KEY, codec1.build(0, -1, 1, b"a"), 0),
-        (102, 1, 1, KEY, codec1.build(1, 0, 2, b"b"), 0),
-        (103, 1, 2, OTHER, codec1.build(2, 1, 3, b"c"), 0),  # wrong key
-        (104, 9, 1, KEY, codec9.build(1, 0, 2, b"d"), 0),  # fenced
-        (105, 9, 1, KEY, codec9.build(1, 0, 2, b"d"), p.Flag.RECOVERY_ADD),
-        (106, 1, 7, KEY, codec1.build(3, 1, 3, b"e"), 0),  # header names another entry
+    items = [  # (frame prefix, flags, rid, ledger, entry, key, entry bytes), as the server decodes them
+        (b"", 0, 101, 1, 0, KEY, codec1.build(0, -1, 1, b"a")),
+        (b"", 0, 102, 1, 1, KEY, codec1.build(1, 0, 2, b"b")),
+        (b"", 0, 103, 1, 2, OTHER, codec1.build(2, 1, 3, b"c")),  # wrong key
+        (b"", 0, 104, 9, 1, KEY, codec9.build(1, 0, 2, b"d")),  # fenced
+        (b"", p.Flag.RECOVERY_ADD, 105, 9, 1, KEY, codec9.build(1, 0, 2, b"d")),
+        (b"", 0, 106, 1, 7, KEY, codec1.build(3, 1, 3, b"e")),  # header names another entry
     ]
     got: list[tuple[bytes, int]] = []
     r.core.add_entries(items, lambda frames, n: got.append((frames, n)))

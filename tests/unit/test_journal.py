@@ -645,3 +645,79 @@ def test_bench_journal_smoke(tmp_path: Path) -> None:
     assert r["fsyncs"] >= 1 and r["mean_batch_records"] >= 1
     for key in ("records_per_s", "mib_per_s", "fsync_mean_ms", "latency_p50_ms", "latency_p99_ms"):
         assert r[key] >= 0
+
+
+# ---------------------------------------------------------------------- grouped entries (ENTRIES records)
+
+
+def _entry(ledger_id: int, entry_id: int, payload: bytes) -> bytes:
+    # an entry as the client builds it: its header starts with (ledger id, entry id)
+    return ledger_id.to_bytes(8, "big") + entry_id.to_bytes(8, "big", signed=True) + payload
+
+
+def test_grouped_entries_replay_as_entry_records_in_order(tmp_path: Path) -> None:
+    groups = [
+        [_entry(4, i, os.urandom(i % 300)) for i in range(50)],
+        [_entry(4, 50, b""), _entry(5, 0, b"y" * 1000)],
+        [_entry(6, i, b"z" * 5000) for i in range(200)],  # > flush_bytes: one record, one batch
+    ]
+    keys = [(int(RecordType.MASTER_KEY), 5, -1, b"k" * 20)]
+    done: list[tuple[int, BaseException | None]] = []
+
+    async def main() -> None:
+        j = await open_journal(tmp_path, flush_bytes=64 * 1024)
+        j.append(RecordType.FENCE, 3, -1, b"", functools.partial(_collect, done, 0))
+        j.append_entries(groups[0], functools.partial(_collect, done, 1))
+        j.append_entries(groups[1], functools.partial(_collect, done, 2), keys)
+        j.append_entries(groups[2], functools.partial(_collect, done, 3))
+        await j.flush()
+        await asyncio.sleep(0.01)
+        await j.close()
+
+    asyncio.run(main())
+    assert done == [(0, None), (1, None), (2, None), (3, None)]
+    expected = [rec(RecordType.FENCE, 3, -1, b"")]
+    expected += [rec(RecordType.ENTRY, 4, i, e) for i, e in enumerate(groups[0])]
+    expected += [rec(RecordType.MASTER_KEY, 5, -1, b"k" * 20)]
+    expected += [rec(RecordType.ENTRY, 4, 50, groups[1][0]), rec(RecordType.ENTRY, 5, 0, groups[1][1])]
+    expected += [rec(RecordType.ENTRY, 6, i, e) for i, e in enumerate(groups[2])]
+    assert replay_all(tmp_path) == expected
+
+
+def test_a_torn_entries_record_is_cut_whole(tmp_path: Path) -> None:
+    first = [_entry(1, i, b"a" * 100) for i in range(10)]
+    second = [_entry(1, 10 + i, b"b" * 100) for i in range(10)]
+
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        j.append_entries(first, lambda exc: None)
+        await j.flush()
+        j.append_entries(second, lambda exc: None)
+        await j.flush()
+        await j.close()
+
+    asyncio.run(main())
+    (seg,) = segments(tmp_path)
+    second_len = 9 + 4 + 4 * len(second) + sum(map(len, second))
+    for cut_back in (1, second_len // 2, second_len - 9):
+        shutil.copy(seg, tmp_path / "copy")
+        os.truncate(seg, seg.stat().st_size - cut_back)
+        got = replay_all(tmp_path)
+        assert [r.entry_id for r in got] == list(range(10)), "a torn group must vanish whole"
+        shutil.copy(tmp_path / "copy", seg)
+    (tmp_path / "copy").unlink()
+    assert [r.entry_id for r in replay_all(tmp_path)] == list(range(20))
+
+
+def test_an_inconsistent_entries_record_stops_replay(tmp_path: Path) -> None:
+    import struct
+
+    import crc32c
+
+    body = struct.pack(">II", 2, 20) + b"x" * 20  # says two entries, holds one
+    record = struct.pack(">II", len(body), crc32c.crc32c(b"\x05" + body)) + b"\x05" + body
+    write_journal(tmp_path, entries(3))
+    (seg,) = segments(tmp_path)
+    with open(seg, "ab") as f:
+        f.write(record)
+    assert [r.entry_id for r in replay_all(tmp_path)] == [0, 1, 2]

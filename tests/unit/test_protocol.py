@@ -207,3 +207,77 @@ def test_add_request_frame_from_a_shared_body_equals_the_generic_encoding() -> N
     assert p.add_request_frame(77, p.Flag.RECOVERY_ADD, body) == p.encode_add_request(
         77, 3, 9, key, b"entry-bytes", p.Flag.RECOVERY_ADD
     )
+
+
+def _add_frames(ledger: int, first: int, n: int, size: int) -> list[bytes]:
+    key = p.master_key(b"k")
+    return [p.encode_add_request(100 + i, ledger, first + i, key, bytes([i % 256]) * size) for i in range(n)]
+
+
+@given(
+    st.lists(st.sampled_from(["add64", "add10", "read"]), min_size=1, max_size=12),
+    st.lists(st.integers(0, 2000), max_size=5),
+)
+def test_take_add_requests_then_frames_raw_see_every_frame_once_in_order(
+    kinds: list[str], cuts: list[int]
+) -> None:
+    """The bookie's fast path: runs of same-size adds come out as rows, the rest through frames_raw; together
+    they yield every frame exactly once, in order, however the stream is split."""
+    frames = []
+    for i, kind in enumerate(kinds):
+        if kind == "read":
+            frames.append(p.encode(p.ReadLacRequest(request_id=100 + i, ledger_id=3, master_key=b"k" * 20)))
+        else:
+            size = 64 if kind == "add64" else 10
+            frames.append(p.encode_add_request(100 + i, 3, i, b"k" * 20, bytes([i]) * size))
+    stream = b"".join(frames)
+    dec = p.FrameDecoder()
+    seen: list[tuple[int, int, bytes]] = []
+    prev = 0
+    for c in [*sorted(c % (len(stream) + 1) for c in cuts), len(stream)]:
+        dec.feed(stream[prev:c])
+        prev = c
+        while True:
+            rows = dec.take_add_requests()
+            if rows is not None:
+                seen.extend((int(p.OpCode.ADD_ENTRY), r[2], r[6]) for r in rows)
+            progressed = False
+            for op, _flags, rid, buf, a, b in dec.frames_raw():
+                progressed = True
+                body = bytes(buf[a:b])
+                seen.append((op, rid, body[36:] if op == p.OpCode.ADD_ENTRY else b""))
+            if not progressed:
+                break
+    assert dec.buffered == 0
+    want = [
+        (int(p.OpCode.ADD_ENTRY), 100 + i, bytes([i]) * (64 if k == "add64" else 10))
+        if k != "read"
+        else (int(p.OpCode.READ_LAC), 100 + i, b"")
+        for i, k in enumerate(kinds)
+    ]
+    assert seen == want
+
+
+def test_take_add_requests_unpacks_fields_and_stops_at_another_size() -> None:
+    run = _add_frames(7, 0, 5, 40)
+    other = _add_frames(7, 5, 1, 41)
+    dec = p.FrameDecoder()
+    dec.feed(b"".join(run + other) + run[0][:10])
+    rows = dec.take_add_requests()
+    assert rows is not None and len(rows) == 5
+    assert [(r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
+        (0, 100 + i, 7, i, p.master_key(b"k"), bytes([i]) * 40) for i in range(5)
+    ]
+    rows = dec.take_add_requests()
+    assert rows is not None and [r[4] for r in rows] == [5]
+    assert dec.take_add_requests() is None and dec.buffered == 10
+
+
+def test_take_add_requests_leaves_bad_frames_to_frames_raw() -> None:
+    frame = _add_frames(1, 0, 1, 8)[0]
+    for bad in (b"\x00\x00\x00\x02xx", bytes([0, 0, 0, len(frame) - 4, 9]) + frame[5:]):
+        dec = p.FrameDecoder()
+        dec.feed(bad)
+        assert dec.take_add_requests() is None
+        with pytest.raises(p.ProtocolError):
+            list(dec.frames_raw())
