@@ -59,6 +59,7 @@ class BookieConfig:
     checkpoint_interval_s: float = 10.0
     partial_frame_timeout_s: float = 30.0
     inflight_max: int = 10_000
+    journal_dir_override: Path | None = None  # put the journal on its own device (BookKeeper's advice)
 
     @property
     def id(self) -> str:
@@ -66,7 +67,7 @@ class BookieConfig:
 
     @property
     def journal_dir(self) -> Path:
-        return self.data_dir / "journal"
+        return self.journal_dir_override or self.data_dir / "journal"
 
     @property
     def ledger_dir(self) -> Path:
@@ -225,8 +226,16 @@ class Bookie:
         return du.free, du.total
 
     def _disk_usage(self) -> float:
-        free, total = self._disk_info()
-        return 1.0 - free / total if total else 0.0
+        """The fuller of the ledger disk and the journal disk (the same one unless --journal-dir says not)."""
+        worst = 0.0
+        for d in {self.config.data_dir, self.config.journal_dir}:
+            try:
+                du = shutil.disk_usage(d)
+            except OSError:
+                continue
+            if du.total:
+                worst = max(worst, 1.0 - du.free / du.total)
+        return worst
 
     def _update_readonly(self, initial: bool = False) -> None:
         assert self.core is not None
@@ -380,6 +389,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         checkpoint_interval_s=args.checkpoint_interval_s,
         partial_frame_timeout_s=args.partial_frame_timeout_s,
         inflight_max=args.inflight_max,
+        journal_dir_override=Path(args.journal_dir) if getattr(args, "journal_dir", None) else None,
     )
 
 

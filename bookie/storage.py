@@ -143,13 +143,19 @@ class RocksLedgerStorage:
     """RocksDB-backed storage (``rocksdict`` in raw mode, WAL off: the journal is the WAL)."""
 
     def __init__(self, directory: Path) -> None:
-        from rocksdict import Options, Rdict, WriteOptions
+        from rocksdict import DBCompressionType, Options, Rdict, WriteOptions
 
         directory.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.increase_parallelism(2)
         opts.set_write_buffer_size(64 * 1024 * 1024)
+        # Up to 4 memtables: one filling while others flush, so a flush slowed by journal traffic on the same
+        # disk does not stall writes (a stalled RocksDB write blocks the bookie's event loop).
+        opts.set_max_write_buffer_number(4)
+        # Entries are opaque and usually incompressible (or compressed by the application): compressing them
+        # on flush costs CPU the bookie's loop needs.
+        opts.set_compression_type(DBCompressionType.none())
         self._db = Rdict(str(directory), opts)
         self._wo = WriteOptions()
         self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; stubs are wrong

@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen-address", default=None, help="bind address (default: the advertised address)"
     )
     serve.add_argument("--journal-max-wait-ms", type=float, default=1.0)
+    serve.add_argument(
+        "--journal-dir",
+        default=None,
+        help="journal directory (default: DATA_DIR/journal); on its own disk, journal fsyncs do not queue "
+        "behind ledger storage flushes",
+    )
     serve.add_argument("--disk-usage-threshold", type=float, default=0.95)
     serve.add_argument("--disk-usage-lwm", type=float, default=0.90)
     serve.add_argument("--gc-interval-s", type=float, default=60.0)
