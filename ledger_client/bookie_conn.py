@@ -3,6 +3,12 @@
 Requests are written in per-loop-iteration batches; responses resolve futures (or callbacks, on the add fast
 path). A connection that breaks fails every outstanding request with ``BookieUnavailableError``; the pool
 (``BookiePool``) reconnects on the next use, with a bounded connect timeout.
+
+Ledger handles' adds take a faster path (``send_listened_add``): their request ids come from one client-wide
+counter starting at ``ADD_RID_BASE`` (so they never collide with a connection's own ids, which count from 1),
+one frame serves every bookie of the write set, and no per-request callback is kept. Their responses go, a
+whole received chunk at a time, to the ``AddListener`` registered in the pool for the response's ledger id;
+a lost connection is reported to every listener (each knows whether it still waits for that bookie).
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import struct
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from bookie import protocol as p
 
@@ -24,6 +31,25 @@ ResponseCallback = Callable[[p.Response | None, BaseException | None], None]
 AddCallback = Callable[[p.Status | None, BaseException | None], None]
 _STATUS = {int(s): s for s in p.Status}
 _ADD_RESP_BODY = 17  # u8 status, u64 ledger, i64 entry
+_ADD_RESP = struct.Struct(">BQq")
+
+#: First request id of the client-wide add counter (``BookiePool.next_add_id``); a connection's own ids count
+#: from 1 and never get near it.
+ADD_RID_BASE = 1 << 48
+
+#: An unpacked ADD_ENTRY response frame: (len, version, op, flags, request_id, status, ledger_id, entry_id).
+AddRow = tuple[int, int, int, int, int, int, int, int]
+
+
+class AddListener(Protocol):
+    """Receives the add responses of one ledger (request ids >= ``ADD_RID_BASE``) from every connection."""
+
+    def on_add_rows(self, bookie: str, rows: list[AddRow]) -> list[AddRow] | None:
+        """Handle the rows of this listener's ledger with request ids >= ``ADD_RID_BASE``; return the other
+        rows (or None when there are none). May raise ``ProtocolError`` (an unknown status)."""
+
+    def on_bookie_lost(self, bookie: str, exc: BaseException) -> None:
+        """A connection to ``bookie`` broke: adds sent on it will never be answered."""
 
 
 def split_address(bookie_id: str) -> tuple[str, int]:
@@ -34,8 +60,10 @@ def split_address(bookie_id: str) -> tuple[str, int]:
 
 
 class BookieConnection(asyncio.Protocol):
-    def __init__(self, bookie_id: str) -> None:
+    def __init__(self, bookie_id: str, listeners: dict[int, AddListener] | None = None) -> None:
         self.bookie_id = bookie_id
+        # ledger id -> handle receiving its add responses (shared by the pool's connections)
+        self._listeners: dict[int, AddListener] = listeners if listeners is not None else {}
         self.transport: asyncio.Transport | None = None
         self.decoder = p.FrameDecoder()
         self._pending: dict[int, ResponseCallback] = {}
@@ -67,47 +95,63 @@ class BookieConnection(asyncio.Protocol):
         self._can_write.set()
 
     def data_received(self, data: bytes) -> None:
-        self.decoder.feed(data)
+        decoder = self.decoder
+        decoder.feed(data)
+        rows: list[AddRow] | None = decoder.take_leading_add_responses()
+        if rows:
+            try:
+                first = rows[0]
+                if first[4] >= ADD_RID_BASE:  # the common case: one chunk of one ledger handle's acks
+                    listener = self._listeners.get(first[6])
+                    if listener is not None:
+                        rows = listener.on_add_rows(self.bookie_id, rows)
+                if rows:
+                    self._add_rows(rows)
+            except p.ProtocolError as e:
+                self._protocol_error(e)
+                return
+            if decoder.buffered < 4:  # nothing more, or not even the next frame's length yet
+                return
         pending = self._pending
         adds = self._pending_adds
         add_op = p.OpCode.ADD_ENTRY
-        rows = self.decoder.take_add_responses()
-        if rows is not None:
-            statuses = _STATUS
-            for row in rows:
-                st = statuses.get(row[5])
-                if st is None:
-                    self._protocol_error(p.ProtocolError(f"unknown status {row[5]}"))
-                    return
-                acb = adds.pop(row[4], None)
-                if acb is not None:
-                    acb(st, None)
-                    continue
-                cb = pending.pop(row[4], None)  # an add sent through the generic request() path
-                if cb is not None:
-                    cb(
-                        p.AddEntryResponse(request_id=row[4], status=st, ledger_id=row[6], entry_id=row[7]),
-                        None,
-                    )
-            return
         try:
             for op, flags, rid, buf, a, b in self.decoder.frames_raw():
-                if op == add_op:
-                    acb = adds.pop(rid, None)
-                    if acb is not None:
-                        if b - a != _ADD_RESP_BODY:
-                            raise p.ProtocolError("ADD_ENTRY response of wrong size")
-                        status = _STATUS.get(buf[a])
-                        if status is None:
-                            raise p.ProtocolError(f"unknown status {buf[a]}")
-                        acb(status, None)
-                        continue
+                if op == add_op and (rid >= ADD_RID_BASE or rid in adds):
+                    if b - a != _ADD_RESP_BODY:
+                        raise p.ProtocolError("ADD_ENTRY response of wrong size")
+                    row = (b - a + 12, p.PROTOCOL_VERSION, op, flags, rid, *_ADD_RESP.unpack_from(buf, a))
+                    self._add_rows([row])
+                    continue
                 cb = pending.pop(rid, None)
                 if cb is None:
                     continue  # a late answer to a request we gave up on
                 cb(p.decode_response(op, flags, rid, memoryview(buf)[a:b]), None)
         except p.ProtocolError as e:
             self._protocol_error(e)
+
+    def _add_rows(self, rows: list[AddRow]) -> None:
+        """ADD_ENTRY responses, one at a time: listeners (by ledger id), add callbacks, generic requests."""
+        adds = self._pending_adds
+        pending = self._pending
+        listeners = self._listeners
+        for row in rows:
+            rid = row[4]
+            if rid >= ADD_RID_BASE:
+                listener = listeners.get(row[6])
+                if listener is not None:
+                    listener.on_add_rows(self.bookie_id, [row])
+                continue  # else: a late answer for a handle that is gone
+            st = _STATUS.get(row[5])
+            if st is None:
+                raise p.ProtocolError(f"unknown status {row[5]}")
+            acb = adds.pop(rid, None)
+            if acb is not None:
+                acb(st, None)
+                continue
+            cb = pending.pop(rid, None)  # an add sent through the generic request() path
+            if cb is not None:
+                cb(p.AddEntryResponse(request_id=rid, status=st, ledger_id=row[6], entry_id=row[7]), None)
 
     def _protocol_error(self, e: p.ProtocolError) -> None:
         log.warning("bookie=%s sent a malformed frame: %s; closing", self.bookie_id, e)
@@ -131,6 +175,24 @@ class BookieConnection(asyncio.Protocol):
             return
         self._pending_adds[rid] = cb
         self._enqueue(frame)
+
+    def send_listened_add(self, frame: bytes) -> bool:
+        """Fast path for ledger handles: an ADD_ENTRY frame whose request id is >= ``ADD_RID_BASE``; its
+        response goes to the listener of its ledger. False (nothing sent) when the connection is closed."""
+        if self.closed:
+            return False
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return True
+
+    def write_listened_adds(self, frames: bytes) -> bool:
+        """Like ``send_listened_add`` for several frames at once, written now (no batching)."""
+        if self.closed or self.transport is None:
+            return False
+        self.transport.write(frames)
+        return True
 
     def _closed_error(self, cb: Callable[[Any, BaseException | None], None]) -> bool:
         if self.closed:
@@ -200,6 +262,8 @@ class BookieConnection(asyncio.Protocol):
             cb(None, exc)
         for acb in adds.values():
             acb(None, exc)
+        for listener in list(self._listeners.values()):
+            listener.on_bookie_lost(self.bookie_id, exc)
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
@@ -208,12 +272,16 @@ class BookieConnection(asyncio.Protocol):
         self._fail_all(BookieUnavailableError(f"connection to bookie {self.bookie_id} closed by client"))
 
 
-async def connect(bookie_id: str, timeout_s: float = CONNECT_TIMEOUT_S) -> BookieConnection:
+async def connect(
+    bookie_id: str,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+    listeners: dict[int, AddListener] | None = None,
+) -> BookieConnection:
     host, port = split_address(bookie_id)
     loop = asyncio.get_running_loop()
     try:
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: BookieConnection(bookie_id), host, port), timeout_s
+            loop.create_connection(lambda: BookieConnection(bookie_id, listeners), host, port), timeout_s
         )
     except (OSError, TimeoutError) as e:
         raise BookieUnavailableError(f"cannot connect to bookie {bookie_id}: {e or 'timeout'}") from None
@@ -227,6 +295,17 @@ class BookiePool:
         self._conns: dict[str, BookieConnection] = {}
         self._connecting: dict[str, asyncio.Future[BookieConnection]] = {}
         self.connect_timeout_s = connect_timeout_s
+        self.listeners: dict[int, AddListener] = {}  # ledger id -> its writer handle (every connection's)
+        #: ``next(pool.add_ids)``: request ids for listened adds, unique on every connection of this pool
+        self.add_ids = itertools.count(ADD_RID_BASE)
+
+    def add_listener(self, ledger_id: int, listener: AddListener) -> None:
+        """Route add responses for ``ledger_id`` (request ids >= ``ADD_RID_BASE``) to ``listener``."""
+        self.listeners[ledger_id] = listener
+
+    def remove_listener(self, ledger_id: int, listener: AddListener) -> None:
+        if self.listeners.get(ledger_id) is listener:
+            del self.listeners[ledger_id]
 
     def get_nowait(self, bookie_id: str) -> BookieConnection | None:
         c = self._conns.get(bookie_id)
@@ -238,7 +317,7 @@ class BookiePool:
             return c
         fut = self._connecting.get(bookie_id)
         if fut is None:
-            fut = asyncio.ensure_future(connect(bookie_id, self.connect_timeout_s))
+            fut = asyncio.ensure_future(connect(bookie_id, self.connect_timeout_s, self.listeners))
             self._connecting[bookie_id] = fut
             try:
                 conn = await fut

@@ -5,6 +5,11 @@
 
 Timeouts are swept periodically (not one timer per request): an add not answered by a bookie within
 ``add_timeout_s`` counts as that bookie's failure, which triggers an ensemble change.
+
+The write path is built for throughput: one ADD_ENTRY frame per entry (a request id from the pool's client-wide
+add counter) goes to every bookie of the write set; a writer handle is the pool's ``AddListener`` for its
+ledger, so each received chunk of acks reaches ``WritePipeline.on_acks`` in one call; a lost connection is
+reported to the handle, which fails that bookie if it still waits for one of its acks.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -23,7 +29,7 @@ from bookie.entryformat import DigestMismatchError as _RawDigestMismatch
 from bookie.entryformat import DigestType, EntryCodec, peek_header
 
 from . import errors as E
-from .bookie_conn import BookiePool
+from .bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool
 from .handle_state import (
     HandleEvent,
     HandleState,
@@ -48,6 +54,62 @@ from .recovery import (
 )
 
 log = logging.getLogger("ledgerstore.client")
+
+_STATUS = {int(s): s for s in p.Status}
+_OK = int(p.Status.OK)
+_FRAME_HEADER_LEN = 4 + p.FRAME_HEADER.size  # u32 length + version, op, flags, request id
+_PAYLOAD_MAX = p.ENTRY_SIZE_MAX - 64
+_OPEN = HandleState.OPEN
+
+#: ``append_callback``'s callback: ``(entry_id, None)`` once acknowledged, ``(entry_id, error)`` if it failed.
+AddCallback = Callable[[int, "E.LedgerError | None"], None]
+_Waiter = asyncio.Future[int] | AddCallback
+
+
+def _resolve(waiter: _Waiter, entry_id: int, error: E.LedgerError | None) -> None:
+    """Complete an append: resolve its future or call its callback (whose errors are logged, not raised)."""
+    if isinstance(waiter, asyncio.Future):
+        if not waiter.done():
+            if error is None:
+                waiter.set_result(entry_id)
+            else:
+                waiter.set_exception(error)
+        return
+    try:
+        waiter(entry_id, error)
+    except Exception:
+        log.exception("append callback for entry %d failed", entry_id)
+
+
+class _Routes:
+    """A writer's connections to its ensemble, for sending a batch of consecutive entries' frames with one
+    write per connection (each connection gets the frames of the entries whose write set holds it)."""
+
+    __slots__ = ("conns", "_masks", "_all")
+
+    def __init__(self, conns: Sequence[BookieConnection], write_quorum: int) -> None:
+        n = len(conns)
+        self.conns = tuple(conns)
+        self._all = write_quorum == n
+        # _masks[j][s]: for a batch starting at an entry id = s (mod E), which frames (cyclically) go to j
+        self._masks = tuple(
+            tuple(tuple((j - s - k) % n < write_quorum for k in range(n)) for s in range(n)) for j in range(n)
+        )
+
+    def write(self, first_entry_id: int, frames: list[bytes]) -> None:
+        """Send frames of entries first_entry_id, +1, ... (a closed connection is skipped: its loss is
+        reported to the writer, which then fails that bookie)."""
+        if self._all:
+            buf = frames[0] if len(frames) == 1 else b"".join(frames)
+            for conn in self.conns:
+                conn.write_listened_adds(buf)
+            return
+        n = len(self.conns)
+        for j, conn in enumerate(self.conns):
+            buf = b"".join(itertools.compress(frames, itertools.cycle(self._masks[j][first_entry_id % n])))
+            if buf:
+                conn.write_listened_adds(buf)
+
 
 _T = TypeVar("_T")
 
@@ -238,8 +300,18 @@ class LedgerHandle:
                 ensemble=md.last_ensemble.bookies,
                 outstanding_adds_max=bk.config.outstanding_adds_max,
             )
-            self._inflight: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
-            self._sent_at: dict[int, float] = {}
+            # entry id -> (ADD_ENTRY frame, the caller's future or callback, loop time of the last send), in
+            # entry-id order
+            self._inflight: dict[int, tuple[bytes, _Waiter, float]] = {}
+            self._add_ids = bk.pool.add_ids
+            self._build_frame = self._codec.add_frame_builder(self._key)
+            # The fast send path: while no bookie of the ensemble failed and all their connections are open,
+            # new frames collect in _out (entries _out_first, _out_first + 1, ...) and go out once per loop
+            # iteration, one write per connection. _routes is None otherwise (each entry on its own).
+            self._routes: _Routes | None = None
+            self._out: list[bytes] = []
+            self._out_first = 0
+            bk.pool.add_listener(self.ledger_id, self)
             self._capacity = asyncio.Event()
             self._capacity.set()
             self._ec_task: asyncio.Task[None] | None = None
@@ -284,56 +356,158 @@ class LedgerHandle:
     async def append_future(self, data: bytes) -> asyncio.Future[int]:
         """Like ``append`` but returns as soon as the entry is sent: the future resolves with its id.
         Waits (back-pressure) while ``outstanding_adds_max`` adds are pending."""
-        pipe = self._writer_pipe()
-        if len(data) > p.ENTRY_SIZE_MAX - 64:
-            raise E.IncorrectParameterError(f"entry of {len(data)} bytes exceeds the maximum entry size")
+        pipe = self._pipe
+        if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity:
+            await self._until_appendable()
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._add(data, fut)
+        return fut
+
+    async def append_callback(self, data: bytes, callback: AddCallback) -> int:
+        """Append one entry and return its id as soon as it is sent; ``callback(entry_id, None)`` runs once
+        it is acknowledged (under the same rules as ``append``), ``callback(entry_id, error)`` if it fails.
+        Callbacks run on the event loop, in entry-id order, and must not block (BookKeeper's
+        ``asyncAddEntry``; cheaper than a future per entry). Waits (back-pressure) while
+        ``outstanding_adds_max`` adds are pending."""
+        pipe = self._pipe
+        if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity:
+            await self._until_appendable()
+        return self._add(data, callback)
+
+    async def _until_appendable(self) -> None:
+        pipe = self._pipe
+        if pipe is None:
+            raise E.LedgerClosedError(
+                f"ledger {self.ledger_id} was opened for reading", ledger_id=self.ledger_id
+            )
         while True:
             self._state.check_append()
             if pipe.error is not None:
                 raise pipe.error
             if pipe.has_capacity:
-                break
+                return
             self._capacity.clear()
             await self._capacity.wait()
-        add = pipe.next_entry(len(data))
-        entry = self._codec.build(add.entry_id, add.lac, add.length, data)
-        fut: asyncio.Future[int] = self._loop.create_future()
-        self._inflight[add.entry_id] = (entry, fut)
-        self._sent_at[add.entry_id] = self._loop.time()
-        body = p.add_request_body(self.ledger_id, add.entry_id, self._key, entry)
-        for t in pipe.targets(add.entry_id):
-            self._send_add(add.entry_id, t.bookie, entry, body=body)
-        self._maybe_change_ensemble()
-        return fut
 
-    def _writer_pipe(self) -> WritePipeline:
-        if self._pipe is None:
-            raise E.LedgerClosedError(
-                f"ledger {self.ledger_id} was opened for reading", ledger_id=self.ledger_id
-            )
-        return self._pipe
+    def _add(self, data: bytes, waiter: _Waiter) -> int:
+        """Assign the next entry id and send the entry (the caller checked state and capacity)."""
+        pipe = self._pipe
+        assert pipe is not None
+        if len(data) > _PAYLOAD_MAX:
+            raise E.IncorrectParameterError(f"entry of {len(data)} bytes exceeds the maximum entry size")
+        eid, length, lac = pipe.assign(len(data))
+        frame = self._build_frame(next(self._add_ids), eid, lac, length, data)
+        self._inflight[eid] = (frame, waiter, self._loop.time())
+        if self._routes is not None or self._make_routes() is not None:
+            out = self._out
+            if not out:
+                self._out_first = eid
+                self._loop.call_soon(self._flush_out)
+            out.append(frame)
+        else:
+            for t in pipe.targets(eid):
+                self._send_add(eid, t.bookie, frame)
+            self._maybe_change_ensemble()
+        return eid
 
-    def _send_add(
-        self, entry_id: int, bookie: str, entry: bytes, flags: int = 0, body: bytes | None = None
-    ) -> None:
-        conn = self.bk.pool.get_nowait(bookie)
-        cb = functools.partial(self._on_add_response, entry_id, bookie)
-        if conn is None:
-            self._loop.create_task(self._connect_and_send(entry_id, bookie, entry, flags, cb))
+    def _make_routes(self) -> _Routes | None:
+        """Enable the fast send path if it applies now (no failed bookie, every connection open)."""
+        pipe = self._pipe
+        assert pipe is not None
+        if pipe.needs_ensemble_change or pipe.error is not None:
+            return None
+        conns = []
+        for bookie in pipe.ensemble:
+            conn = self.bk.pool.get_nowait(bookie)
+            if conn is None:
+                return None
+            conns.append(conn)
+        self._flush_out()  # (empty: _routes was None)
+        self._routes = _Routes(conns, pipe.write_quorum)
+        return self._routes
+
+    def _drop_routes(self) -> None:
+        """Leave the fast send path (a bookie failed, a connection broke, the ensemble changed)."""
+        if self._routes is not None:
+            self._flush_out()
+            self._routes = None
+
+    def _flush_out(self) -> None:
+        out = self._out
+        if not out:
             return
-        rid = conn.next_id()
-        if body is None:
-            body = p.add_request_body(self.ledger_id, entry_id, self._key, entry)
-        conn.send_add(rid, p.add_request_frame(rid, flags, body), cb)
+        self._out = []
+        routes = self._routes
+        if routes is None:  # pragma: no cover (_drop_routes flushes first)
+            for i, frame in enumerate(out):
+                self._resend_entry(self._out_first + i, frame)
+            return
+        routes.write(self._out_first, out)
 
-    async def _connect_and_send(self, entry_id: int, bookie: str, entry: bytes, flags: int, cb: Any) -> None:
+    def _resend_entry(self, entry_id: int, frame: bytes) -> None:
+        pipe = self._pipe
+        assert pipe is not None
+        if entry_id in self._inflight:
+            for t in pipe.targets(entry_id):
+                self._send_add(entry_id, t.bookie, frame)
+
+    def _send_add(self, entry_id: int, bookie: str, frame: bytes) -> None:
+        """Send an entry's ADD_ENTRY frame to one bookie (connecting first if need be)."""
+        conn = self.bk.pool.get_nowait(bookie)
+        if conn is None or not conn.send_listened_add(frame):
+            self._loop.create_task(self._connect_and_send(entry_id, bookie, frame))
+
+    async def _connect_and_send(self, entry_id: int, bookie: str, frame: bytes) -> None:
         try:
             conn = await self.bk.pool.get(bookie)
         except E.LedgerError as e:
-            cb(None, e)
+            self._on_add_response(entry_id, bookie, None, e)
             return
-        rid = conn.next_id()
-        conn.send_add(rid, p.encode_add_request(rid, self.ledger_id, entry_id, self._key, entry, flags), cb)
+        if not conn.send_listened_add(frame):
+            self._on_add_response(entry_id, bookie, None, conn.close_reason)
+
+    # -- AddListener (called by the pool's connections) ----------------------------------------------------
+    def on_add_rows(self, bookie: str, rows: list[AddRow]) -> list[AddRow] | None:
+        """A chunk of ADD_ENTRY responses from ``bookie``: OK acks of this ledger go to the pipeline in one
+        call; other statuses one by one; rows of other ledgers (or other requests) are handed back."""
+        lid = self.ledger_id
+        eids = [r[7] for r in rows if r[5] == _OK and r[6] == lid and r[4] >= ADD_RID_BASE]
+        rest: list[AddRow] | None = None
+        failures: list[AddRow] = []
+        if len(eids) != len(rows):
+            rest = []
+            for r in rows:
+                if r[6] != lid or r[4] < ADD_RID_BASE:
+                    rest.append(r)
+                elif r[5] != _OK:
+                    failures.append(r)
+        pipe = self._pipe
+        if pipe is None:  # pragma: no cover (only writers listen)
+            return rest
+        if eids:
+            progress = pipe.on_acks(bookie, eids)
+            if progress.completed or progress.error is not None:
+                self._apply(progress)
+        for r in failures:
+            status = _STATUS.get(r[5])
+            if status is None:
+                raise p.ProtocolError(f"unknown status {r[5]}")
+            self._on_add_response(r[7], bookie, status, None)
+        return rest or None
+
+    def on_bookie_lost(self, bookie: str, exc: BaseException) -> None:
+        """A connection to ``bookie`` broke: if this writer still waits for acks from it, it failed."""
+        self._drop_routes()
+        pipe = self._pipe
+        if pipe is None or pipe.error is not None:
+            return
+        waiting = pipe.waiting_on(bookie)
+        if not waiting:
+            return
+        log.debug("ledger=%d bookie=%s connection lost: %s", self.ledger_id, bookie, exc)
+        for eid in waiting:
+            self._apply(pipe.on_ack(eid, bookie, None))
+        self._maybe_change_ensemble()
 
     def _on_add_response(
         self, entry_id: int, bookie: str, status: p.Status | None, exc: BaseException | None
@@ -357,25 +531,35 @@ class LedgerHandle:
         self._maybe_change_ensemble()
 
     def _apply(self, progress: Progress) -> None:
-        for eid in progress.completed:
-            item = self._inflight.pop(eid, None)
-            self._sent_at.pop(eid, None)
-            if item is not None and not item[1].done():
-                item[1].set_result(eid)
+        completed = progress.completed
+        if completed:
+            pop = self._inflight.pop
+            for eid in completed:
+                item = pop(eid, None)
+                if item is None:
+                    continue
+                waiter = item[1]
+                if isinstance(waiter, asyncio.Future):
+                    if not waiter.done():
+                        waiter.set_result(eid)
+                    continue
+                try:
+                    waiter(eid, None)
+                except Exception:
+                    log.exception("append callback for entry %d failed", eid)
         if progress.failed:
             err = progress.error or E.LedgerError("append failed")
             for eid in progress.failed:
                 item = self._inflight.pop(eid, None)
-                self._sent_at.pop(eid, None)
-                if item is not None and not item[1].done():
-                    item[1].set_exception(err)
+                if item is not None:
+                    _resolve(item[1], eid, err)
         if progress.error is not None:
+            self._drop_routes()
             self._state.handle(HandleEvent.FAILED, error=progress.error)
-            for _, fut in self._inflight.values():
-                if not fut.done():
-                    fut.set_exception(progress.error)
-            self._inflight.clear()
-        if progress.completed or progress.failed or progress.error:
+            items, self._inflight = self._inflight, {}
+            for eid, item in items.items():
+                _resolve(item[1], eid, progress.error)
+        if completed or progress.failed or progress.error:
             self._capacity.set()
 
     async def _sweep_timeouts(self) -> None:
@@ -388,11 +572,12 @@ class LedgerHandle:
             if pipe.error is not None:
                 return
             now = self._loop.time()
-            expired = [eid for eid, t in self._sent_at.items() if now - t > timeout]
+            expired = [eid for eid, item in self._inflight.items() if now - item[2] > timeout]
             for eid in expired:
-                if eid not in self._inflight:
+                item = self._inflight.get(eid)
+                if item is None:
                     continue
-                self._sent_at[eid] = now
+                self._inflight[eid] = (item[0], item[1], now)
                 acked = pipe.acked_indices(eid)
                 md = self.metadata
                 for i in write_set(eid, md.ensemble_size, md.write_quorum):
@@ -435,7 +620,10 @@ class LedgerHandle:
 
     def _maybe_change_ensemble(self) -> None:
         pipe = self._pipe
-        if pipe is None or not pipe.needs_ensemble_change or pipe.changing_ensemble:
+        if pipe is None or not pipe.needs_ensemble_change:
+            return
+        self._drop_routes()
+        if pipe.changing_ensemble:
             return
         if self._ec_task is None or self._ec_task.done():
             self._ec_task = self._loop.create_task(self._change_ensemble())
@@ -523,13 +711,15 @@ class LedgerHandle:
                 list(pipe.ensemble),
                 new_bookies,
             )
+            self._drop_routes()
             result = pipe.apply_new_ensemble(plan.first_entry_id, new_bookies)
             now = self._loop.time()
             for r in result.resends:
                 item = self._inflight.get(r.entry_id)
                 if item is not None:
-                    self._sent_at[r.entry_id] = now
-                    self._send_add(r.entry_id, r.bookie, item[0])
+                    self._inflight[r.entry_id] = (item[0], item[1], now)
+                    frame = p.add_request_frame(next(self._add_ids), 0, item[0][_FRAME_HEADER_LEN:])
+                    self._send_add(r.entry_id, r.bookie, frame)
             self._apply(Progress(completed=result.completed))
 
     async def close(self) -> None:
@@ -542,13 +732,13 @@ class LedgerHandle:
             return
         self._state.handle(HandleEvent.CLOSE_START)
         while self._inflight and pipe.error is None:
-            futs = [f for _, f in self._inflight.values()]
-            await asyncio.gather(*futs, return_exceptions=True)
+            await self._drained()
         if self._ec_task is not None:
             with contextlib.suppress(Exception):
                 await self._ec_task
         self._stop_sweeper()
         self.bk._handles.discard(self)
+        self.bk.pool.remove_listener(self.ledger_id, self)
         if pipe.error is not None:
             raise pipe.error
         lac, length = pipe.lac, pipe.length
@@ -575,6 +765,15 @@ class LedgerHandle:
                 assert self._state.error is not None
                 raise self._state.error
             return
+
+    async def _drained(self) -> None:
+        """Wait until every append pending now completed or failed."""
+        pipe = self._pipe
+        assert pipe is not None
+        last = pipe.next_entry_id - 1
+        while pipe.error is None and pipe.lac < last and self._inflight:
+            self._capacity.clear()
+            await self._capacity.wait()
 
     # -- reading ------------------------------------------------------------------------------------------
     async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:

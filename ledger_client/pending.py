@@ -7,6 +7,7 @@ The I/O layer drives it like this::
     data = codec.build(add.entry_id, add.lac, add.length, payload)    # keep `data` until the entry completes
     for index, bookie in pipe.targets(add.entry_id): send ADD_ENTRY(data) to bookie
     on a response:           progress = pipe.on_ack(entry_id, bookie, status)
+    on a batch of OK acks from one bookie:  progress = pipe.on_acks(bookie, entry_ids)   (same as on_ack per id)
     on a timeout / no reply: progress = pipe.on_timeout(entry_id, bookie)    (or on_bookie_error(bookie))
     progress.completed -> resolve those appends (already in entry-id order); progress.failed -> fail them
                           with progress.error (terminal: the pipeline refuses everything afterwards)
@@ -44,6 +45,7 @@ entry has not: WRONG, for the correctness harness only (the LAC itself still adv
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,7 +57,7 @@ from .errors import (
     LedgerError,
     error_for_status,
 )
-from .quorum import AckSet, validate_quorum, write_set
+from .quorum import validate_quorum, write_set
 
 __all__ = [
     "DEFAULT_OUTSTANDING_ADDS_MAX",
@@ -122,13 +124,26 @@ class EnsembleChangeResult:
 
 
 class _Entry:
-    __slots__ = ("entry_id", "length", "acks", "reported")
+    """One pending entry. Acks are a bitmask over bookie indices (hot path: no set per entry).
 
-    def __init__(self, entry_id: int, length: int, acks: AckSet) -> None:
+    An ack is final (the bookie fsynced the entry): a later failure report for that index is ignored. An ack
+    from a replaced index is forgotten by the ensemble change (``forget``)."""
+
+    __slots__ = ("entry_id", "length", "write_mask", "acked", "nacked", "reported")
+
+    def __init__(self, entry_id: int, length: int, write_mask: int) -> None:
         self.entry_id = entry_id
         self.length = length
-        self.acks = acks
+        self.write_mask = write_mask  # bit i set <=> bookie index i is in the entry's write set
+        self.acked = 0  # bit i set <=> bookie index i acknowledged (and that ack still counts)
+        self.nacked = 0  # popcount(acked)
         self.reported = False  # completion already reported (only early in _unsafe_ack_out_of_order mode)
+
+    def forget(self, index: int) -> None:
+        bit = 1 << index
+        if self.acked & bit:
+            self.acked &= ~bit
+            self.nacked -= 1
 
 
 class WritePipeline:
@@ -169,8 +184,9 @@ class WritePipeline:
         self._changing = False
         self._error: LedgerError | None = None
         self._unsafe_out_of_order = _unsafe_ack_out_of_order
-        # Write sets repeat with period E: compute them once (hot path).
+        # Write sets repeat with period E: compute them (and their bitmasks) once (hot path).
         self._write_sets = tuple(write_set(i, ensemble_size, write_quorum) for i in range(ensemble_size))
+        self._write_masks = tuple(sum(1 << i for i in ws) for ws in self._write_sets)
 
     # -- introspection ----------------------------------------------------------------------------------
 
@@ -224,32 +240,31 @@ class WritePipeline:
     def acked_indices(self, entry_id: int) -> frozenset[int]:
         """Indices whose ack currently counts for a pending entry (empty if not pending)."""
         e = self._pending.get(entry_id)
-        return e.acks.acked if e is not None else frozenset()
+        if e is None:
+            return frozenset()
+        return frozenset(i for i in range(self.ensemble_size) if e.acked >> i & 1)
 
     # -- appends ----------------------------------------------------------------------------------------
 
     def next_entry(self, payload_len: int) -> PendingAdd:
         """Assign the next entry id. Raises the terminal error, or PipelineFullError when at the bound."""
+        eid, length, lac = self.assign(payload_len)
+        return PendingAdd(eid, payload_len, length, lac)
+
+    def assign(self, payload_len: int) -> tuple[int, int, int]:
+        """``next_entry`` as a plain ``(entry_id, length, lac)`` tuple (the I/O layer's hot path)."""
         if self._error is not None:
             raise self._error
         if payload_len < 0:
             raise IncorrectParameterError(f"payload length must be >= 0, got {payload_len}")
-        if len(self._pending) >= self.outstanding_adds_max:
-            raise PipelineFullError(
-                f"{len(self._pending)} adds outstanding (max {self.outstanding_adds_max})"
-            )
+        pending = self._pending
+        if len(pending) >= self.outstanding_adds_max:
+            raise PipelineFullError(f"{len(pending)} adds outstanding (max {self.outstanding_adds_max})")
         eid = self._next_entry_id
-        self._next_entry_id += 1
-        self._next_length += payload_len
-        acks = AckSet(
-            eid,
-            self.ensemble_size,
-            self.write_quorum,
-            self.ack_quorum,
-            precomputed_write_set=self._write_sets[eid % self.ensemble_size],
-        )
-        self._pending[eid] = _Entry(eid, self._next_length, acks)
-        return PendingAdd(entry_id=eid, payload_len=payload_len, length=self._next_length, lac=self._lac)
+        self._next_entry_id = eid + 1
+        length = self._next_length = self._next_length + payload_len
+        pending[eid] = _Entry(eid, length, self._write_masks[eid % self.ensemble_size])
+        return eid, length, self._lac
 
     def targets(self, entry_id: int) -> list[Target]:
         """Where to send a pending entry now: its write set in the current ensemble, minus failed indices
@@ -271,9 +286,15 @@ class WritePipeline:
         if status is Status.OK:
             entry = self._pending.get(entry_id)
             idx = self._index_of.get(bookie)
-            if entry is None or idx is None or idx not in entry.acks.write_set:
+            if entry is None or idx is None:
                 return _NOTHING  # completed already, or a replaced bookie's late answer
-            complete = entry.acks.ack(idx)
+            bit = 1 << idx
+            if not entry.write_mask & bit:
+                return _NOTHING
+            if not entry.acked & bit:
+                entry.acked |= bit
+                entry.nacked += 1
+            complete = entry.nacked >= self.ack_quorum
             if (not complete or entry_id != self._lac + 1) and not self._unsafe_out_of_order:
                 return (
                     _NOTHING  # nothing can complete: this entry is short of Qa, or an earlier one is pending
@@ -284,6 +305,34 @@ class WritePipeline:
             return self.fail(error_for_status(status, entry_id=entry_id, bookie=bookie))
         self._record_failure(entry_id, bookie)
         return _NOTHING
+
+    def on_acks(self, bookie: str, entry_ids: Iterable[int]) -> Progress:
+        """OK acks from one bookie for several entries (one batch of responses): the same outcome as
+        ``on_ack(entry_id, bookie, Status.OK)`` for each id in turn, with the completions reported together
+        (still ascending)."""
+        if self._error is not None:
+            return _NOTHING
+        idx = self._index_of.get(bookie)
+        if idx is None:
+            return _NOTHING  # a replaced bookie's late answers
+        bit = 1 << idx
+        pending = self._pending
+        qa = self.ack_quorum
+        head = self._lac + 1
+        advance = self._unsafe_out_of_order
+        for eid in entry_ids:
+            entry = pending.get(eid)
+            if entry is None or not entry.write_mask & bit or entry.acked & bit:
+                continue  # completed already, not in this entry's write set, or a duplicate
+            entry.acked |= bit
+            entry.nacked += 1
+            if eid == head and entry.nacked >= qa:
+                advance = True
+        if not advance:
+            entry = pending.get(head)  # the head may have completed before this batch (during a freeze)
+            if entry is None or entry.nacked < qa:
+                return _NOTHING
+        return self._advance()
 
     def on_timeout(self, entry_id: int, bookie: str) -> Progress:
         """The add of ``entry_id`` to ``bookie`` got no answer in time.
@@ -300,6 +349,14 @@ class WritePipeline:
             self._failed.add(idx)
         return Progress()
 
+    def waiting_on(self, bookie: str) -> tuple[int, ...]:
+        """Pending entries whose write set holds ``bookie`` (in the current ensemble) without its ack yet."""
+        idx = self._index_of.get(bookie)
+        if self._error is not None or idx is None:
+            return ()
+        bit = 1 << idx
+        return tuple(eid for eid, e in self._pending.items() if e.write_mask & bit and not e.acked & bit)
+
     def _record_failure(self, entry_id: int, bookie: str) -> None:
         idx = self._index_of.get(bookie)
         if idx is None or not 0 <= entry_id < self._next_entry_id:
@@ -307,10 +364,8 @@ class WritePipeline:
         if idx not in write_set(entry_id, self.ensemble_size, self.write_quorum):
             return
         entry = self._pending.get(entry_id)
-        if entry is not None:
-            if entry.acks.has_acked(idx):
-                return  # an ack is final; this failure report lost a race with it
-            entry.acks.fail(idx)
+        if entry is not None and entry.acked >> idx & 1:
+            return  # an ack is final; this failure report lost a race with it
         # A failure on an already completed entry still removes the bookie (BookKeeper's delayed write
         # failure): later entries in its write sets must not depend on it.
         self._failed.add(idx)
@@ -330,15 +385,22 @@ class WritePipeline:
         if self._changing:
             return _NOTHING  # LAC frozen during an ensemble change (see the module docstring)
         done: list[int] = []
-        while (entry := self._pending.get(self._lac + 1)) is not None and entry.acks.complete:
-            del self._pending[entry.entry_id]
-            self._lac = entry.entry_id
-            self._length = entry.length
+        pending = self._pending
+        qa = self.ack_quorum
+        lac = self._lac
+        entry = None
+        while (nxt := pending.get(lac + 1)) is not None and nxt.nacked >= qa:
+            entry = nxt
+            lac += 1
+            del pending[lac]
             if not entry.reported:
-                done.append(entry.entry_id)
+                done.append(lac)
+        if entry is not None:
+            self._lac = lac
+            self._length = entry.length
         if self._unsafe_out_of_order:
-            for entry in self._pending.values():
-                if entry.acks.complete and not entry.reported:
+            for entry in pending.values():
+                if entry.nacked >= qa and not entry.reported:
                     entry.reported = True
                     done.append(entry.entry_id)
         return Progress(completed=tuple(done)) if done else _NOTHING
@@ -385,9 +447,9 @@ class WritePipeline:
         self._changing = False
         resends: list[Resend] = []
         for eid, entry in self._pending.items():
-            for i in entry.acks.write_set:
+            for i in self._write_sets[eid % self.ensemble_size]:
                 if i in replaced:
-                    entry.acks.forget(i)
+                    entry.forget(i)
                     resends.append(Resend(eid, i, self._ensemble[i]))
         return EnsembleChangeResult(resends=tuple(resends), completed=self._advance().completed)
 

@@ -98,44 +98,55 @@ def sequential_write_rate(
     return total / (time.perf_counter() - t0)
 
 
-async def _loopback_rate(seconds: float = 1.0, size: int = 1024) -> float:
-    """Framed messages/s echoed over a loopback asyncio connection (the network limit of one client)."""
-    hdr = struct.Struct(">I")
-    counted = 0
+async def _loopback_rate(seconds: float = 1.0, size: int = 1024, window: int = 1000) -> float:
+    """The network side of ``bench bookie`` alone: ``size``-byte frames pipelined over one loopback asyncio
+    connection (``window`` in flight) to a server that answers each with a 33-byte frame (an add response's
+    size) and does nothing else. Frames/s answered: the most a bookie could do with zero work per add."""
+    reply = b"r" * 33
+    frame = struct.pack(">I", size - 4) + b"y" * (size - 4)
+    answered = 0
 
-    class Echo(asyncio.Protocol):
+    class Server(asyncio.Protocol):
         def connection_made(self, t: asyncio.BaseTransport) -> None:
             self.t = cast(asyncio.Transport, t)
+            self.pending = 0
 
         def data_received(self, d: bytes) -> None:
-            self.t.write(d)
+            self.pending += len(d)
+            n, self.pending = divmod(self.pending, size)
+            if n:
+                self.t.write(reply * n)
 
-    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    class Client(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.got = 0
+            self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def connection_made(self, t: asyncio.BaseTransport) -> None:
+            self.t = cast(asyncio.Transport, t)
+            self.t.write(frame * window)
+
+        def data_received(self, d: bytes) -> None:
+            nonlocal answered
+            self.got += len(d)
+            n, self.got = divmod(self.got, len(reply))
+            answered += n
+            if time.perf_counter() < deadline:
+                self.t.write(frame * n)
+            elif not self.done.done():
+                self.done.set_result(None)
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Server, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    frame = hdr.pack(size) + b"y" * size
-    batch = frame * 64
     t0 = time.perf_counter()
-
-    async def pump() -> None:
-        while time.perf_counter() - t0 < seconds:
-            writer.write(batch)
-            await writer.drain()
-
-    async def sink() -> None:
-        nonlocal counted
-        want = len(frame)
-        got = 0
-        while time.perf_counter() - t0 < seconds:
-            data = await reader.read(1 << 20)
-            got += len(data)
-            counted = got // want
-
-    await asyncio.gather(pump(), sink())
+    deadline = t0 + seconds
+    transport, client = await loop.create_connection(Client, "127.0.0.1", port)
+    await client.done
     elapsed = time.perf_counter() - t0
-    writer.close()
+    transport.close()
     server.close()
-    return counted / elapsed
+    return answered / elapsed
 
 
 def machine_limits(directory: Path) -> dict[str, float]:
@@ -147,6 +158,17 @@ def machine_limits(directory: Path) -> dict[str, float]:
         "seq_write_fsync_4mib_bytes_per_s": round(sequential_write_rate(directory)),
         "loopback_framed_1k_msgs_per_s": round(asyncio.run(_loopback_rate())),
     }
+
+
+#: Bytes a bookie writes per stored entry besides the payload: entry header + digest (36), the journal's
+#: per-entry length (4), RocksDB key and record overhead (~24). Each entry is written twice (journal, storage).
+_PER_ENTRY_OVERHEAD = 64
+
+
+def disk_bound(seq_write_bytes_per_s: float, entry_size: int, copies: int) -> int:
+    """The most entries/s this machine's disk can take when ``copies`` bookies on it each journal and store
+    every entry (an upper bound: RocksDB compaction and filesystem metadata add to it)."""
+    return round(seq_write_bytes_per_s / (2 * copies * (entry_size + _PER_ENTRY_OVERHEAD)))
 
 
 def _cmd_bench_limits(args: argparse.Namespace) -> int:
@@ -380,6 +402,9 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
         **limits,
     }
     result["vs_fsync_rate"] = round(result["acked_adds_per_s"] / max(1, limits["fsync_1k_per_s"]), 1)
+    result["disk_bound_adds_per_s"] = disk_bound(
+        limits["seq_write_fsync_4mib_bytes_per_s"], args.entry_size, 1
+    )
     if args.plot:
         plot_latencies(
             args.plot,

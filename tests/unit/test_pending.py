@@ -302,3 +302,132 @@ def test_completion_order_and_quorum_under_random_acks_and_ensemble_changes(shap
         seg = [b for first, b in segments if first <= e][-1]
         stored = {seg[i] for i in write_set(e, E, qw)} & holders[e]
         assert len(stored) >= qa, (e, seg, holders[e])
+
+
+# -- batch acks (the I/O layer's fast path) ---------------------------------------------------------------
+
+
+def _snapshot(p: WritePipeline) -> tuple:
+    return (
+        p.lac,
+        p.length,
+        p.next_entry_id,
+        p.pending_entry_ids,
+        p.failed_indices,
+        p.changing_ensemble,
+        p.ensemble,
+        type(p.error),
+        tuple(p.acked_indices(e) for e in p.pending_entry_ids),
+        tuple(p.waiting_on(b) for b in p.ensemble),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=st.sampled_from([(1, 1, 1), (2, 2, 1), (3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 3, 2), (5, 3, 2)]),
+    data=st.data(),
+)
+def test_on_acks_equals_on_ack_per_entry(shape, data):
+    """``on_acks(bookie, ids)`` ends in the same state and reports the same completions (same order) as
+    ``on_ack(id, bookie, OK)`` for each id, across failures, freezes and ensemble changes."""
+    E, qw, qa = shape
+    ens = [f"b{i}" for i in range(E)]
+    batch = pipe(E, qw, qa, ens, outstanding_adds_max=12)
+    single = pipe(E, qw, qa, ens, outstanding_adds_max=12)
+    spare = iter(f"s{i}" for i in range(1000))
+    done_batch: list[int] = []
+    done_single: list[int] = []
+    for _ in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(["add", "add", "acks", "acks", "acks", "fail", "change", "fence"]))
+        if op == "add" and batch.has_capacity:
+            assert batch.next_entry(3) == single.next_entry(3)
+        elif op == "acks":
+            known = list(ens) + ["gone"]
+            bookie = data.draw(st.sampled_from(known))
+            hi = batch.next_entry_id + 2
+            ids = data.draw(st.lists(st.integers(-1, hi), max_size=12))
+            done_batch += batch.on_acks(bookie, ids).completed
+            for eid in ids:
+                done_single += single.on_ack(eid, bookie, OK).completed
+        elif op == "fail" and batch.pending_entry_ids:
+            eid = data.draw(st.sampled_from(batch.pending_entry_ids))
+            bookie = data.draw(st.sampled_from(ens))
+            status = data.draw(st.sampled_from([None, Status.READONLY, Status.INTERNAL]))
+            batch.on_ack(eid, bookie, status)
+            single.on_ack(eid, bookie, status)
+        elif op == "change" and batch.needs_ensemble_change:
+            if not batch.changing_ensemble:
+                plan = batch.ensemble_change_plan()
+                assert single.ensemble_change_plan() == plan
+            elif data.draw(st.booleans()):
+                plan = batch.ensemble_change_plan()  # restart after a lost race
+                single.ensemble_change_plan()
+                new = list(batch.ensemble)
+                for i in plan.failed_indices:
+                    new[i] = next(spare)
+                a = batch.apply_new_ensemble(plan.first_entry_id, new)
+                b = single.apply_new_ensemble(plan.first_entry_id, new)
+                assert a == b
+                done_batch += a.completed
+                done_single += b.completed
+                ens = new
+            else:
+                done_batch += batch.cancel_ensemble_change().completed
+                done_single += single.cancel_ensemble_change().completed
+        elif op == "fence" and data.draw(st.integers(0, 9)) == 0:
+            err = LedgerFencedError("fenced")
+            assert batch.fail(err).failed == single.fail(err).failed
+        assert done_batch == done_single
+        assert _snapshot(batch) == _snapshot(single)
+    assert done_batch == sorted(done_batch) and len(set(done_batch)) == len(done_batch)
+
+
+def test_on_acks_counts_only_the_write_set_and_ignores_duplicates_and_replaced_bookies():
+    p = pipe(E=4, qw=2, qa=2, ens=("a", "b", "c", "d"))
+    for _ in range(4):
+        p.next_entry(1)
+    assert p.on_acks("a", [0, 0, 1, 2, 3, 99, -1]).completed == ()  # a is in the write sets of 0 and 3
+    assert p.acked_indices(0) == {0} and p.acked_indices(1) == set() and p.acked_indices(3) == {0}
+    assert p.on_acks("nobody", [0, 1]).completed == ()
+    assert p.on_acks("b", [1, 0]).completed == (0,)  # 1 still needs c
+    assert p.on_acks("c", [1, 2]).completed == (1,)
+    assert p.on_acks("d", [2, 3]).completed == (2, 3)
+    assert p.lac == 3 and p.outstanding == 0
+
+
+def test_on_acks_during_a_freeze_are_recorded_and_complete_with_apply():
+    p = pipe()
+    for _ in range(3):
+        p.next_entry(1)
+    p.on_ack(2, "b2", None)
+    plan = p.ensemble_change_plan()
+    assert p.on_acks("b0", [0, 1, 2]).completed == ()
+    assert p.on_acks("b1", [0, 1, 2]).completed == ()
+    assert p.lac == -1
+    result = p.apply_new_ensemble(plan.first_entry_id, ["b0", "b1", "x"])
+    assert result.completed == (0, 1, 2)
+
+
+def test_waiting_on_lists_pending_entries_without_that_bookies_ack():
+    p = pipe(E=3, qw=2, qa=2)
+    for _ in range(4):
+        p.next_entry(1)  # write sets: 0:(0,1) 1:(1,2) 2:(2,0) 3:(0,1)
+    assert p.waiting_on("b0") == (0, 2, 3)
+    p.on_acks("b0", [0, 3])
+    assert p.waiting_on("b0") == (2,)
+    assert p.waiting_on("elsewhere") == ()
+    p.fail(LedgerFencedError("fenced"))
+    assert p.waiting_on("b0") == ()
+
+
+def test_assign_is_next_entry_as_a_plain_tuple():
+    a, b = pipe(last_add_confirmed=2, length=10), pipe(last_add_confirmed=2, length=10)
+    for n in (4, 0, 7):
+        add = a.next_entry(n)
+        assert b.assign(n) == (add.entry_id, add.length, add.lac)
+    full = pipe(outstanding_adds_max=1)
+    full.assign(1)
+    with pytest.raises(PipelineFullError):
+        full.assign(1)
+    with pytest.raises(IncorrectParameterError):
+        pipe().assign(-1)

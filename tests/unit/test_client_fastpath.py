@@ -1,0 +1,386 @@
+"""The ledger client's add fast path without sockets: frame building, response decoding and dispatch to the
+writer handle (``AddListener``), batched sends (``_Routes``), connection loss, and the handle's append APIs."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bookie import protocol as p
+from bookie.entryformat import ADD_FRAME_ENTRY_OFFSET, DigestType, EntryCodec
+from ledger_client.bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool
+from ledger_client.client import ClientConfig, LedgerHandle, _Routes
+from ledger_client.errors import BookieUnavailableError, LedgerError, NotEnoughBookiesError
+from ledger_client.quorum import write_set
+
+KEY = p.master_key(b"pw")
+
+
+# -- frames --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("digest", list(DigestType))
+@pytest.mark.parametrize("flags", [0, p.Flag.RECOVERY_ADD])
+def test_add_frame_builder_equals_the_generic_encoding(digest, flags) -> None:
+    codec = EntryCodec(5, digest, KEY)
+    build = codec.add_frame_builder(KEY, flags)
+    for payload in (b"", b"hello", bytes(range(256)) * 5):
+        frame = build(ADD_RID_BASE + 3, 9, 7, 1234, payload)
+        entry = codec.build(9, 7, 1234, payload)
+        assert frame == p.encode_add_request(ADD_RID_BASE + 3, 5, 9, KEY, entry, flags)
+        assert frame[ADD_FRAME_ENTRY_OFFSET:] == entry
+        assert codec.verify(entry, 9)[1] == payload
+    with pytest.raises(p.ProtocolError):
+        codec.add_frame_builder(b"short")
+    with pytest.raises(p.ProtocolError):
+        build(1, 0, -1, 0, b"x" * p.FRAME_SIZE_MAX)
+
+
+def test_take_leading_add_responses_takes_the_run_up_to_another_or_partial_frame() -> None:
+    adds = [p.encode_add_response(i, p.Status.OK, 7, i) for i in range(4)]
+    other = p.encode(p.WriteLacResponse(request_id=9, status=p.Status.OK, ledger_id=7))
+    dec = p.FrameDecoder()
+    assert dec.take_leading_add_responses() == []
+    dec.feed(b"".join(adds[:3]) + adds[3][:5])
+    assert [r[4] for r in dec.take_leading_add_responses()] == [0, 1, 2]
+    assert dec.buffered == 5
+    dec.feed(adds[3][5:] + other + adds[0])
+    assert [r[4] for r in dec.take_leading_add_responses()] == [3]
+    assert dec.take_leading_add_responses() == []  # WriteLacResponse first now
+    assert [m.request_id for m in dec.responses()] == [9, 0]
+    assert dec.buffered == 0
+
+
+# -- connection dispatch -------------------------------------------------------------------------------
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.aborted = False
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+
+class Listener:
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        self.calls: list[tuple[str, list[AddRow]]] = []
+        self.lost: list[str] = []
+
+    def on_add_rows(self, bookie: str, rows: list[AddRow]) -> list[AddRow] | None:
+        mine = [r for r in rows if r[6] == self.ledger_id and r[4] >= ADD_RID_BASE]
+        if mine:
+            self.calls.append((bookie, mine))
+        rest = [r for r in rows if not (r[6] == self.ledger_id and r[4] >= ADD_RID_BASE)]
+        return rest or None
+
+    def on_bookie_lost(self, bookie: str, exc: BaseException) -> None:
+        self.lost.append(bookie)
+
+
+def _conn(listeners: dict[int, Any]) -> BookieConnection:
+    conn = BookieConnection("b:1", listeners)
+    conn.connection_made(FakeTransport())  # type: ignore[arg-type]
+    return conn
+
+
+def test_add_responses_go_to_the_listener_of_their_ledger_in_one_call_per_chunk() -> None:
+    async def go() -> None:
+        l7, l8 = Listener(7), Listener(8)
+        conn = _conn({7: l7, 8: l8})
+        got: list[Any] = []
+        conn.send_add(5, b"f", lambda st, exc: got.append(("add", st)))  # a connection's own request id
+        conn.send_frame(6, b"f", lambda resp, exc: got.append(("req", resp.status)))
+        frames = [p.encode_add_response(ADD_RID_BASE + i, p.Status.OK, 7, i) for i in range(5)]
+        frames.insert(2, p.encode_add_response(5, p.Status.OK, 7, 100))
+        frames.insert(3, p.encode_add_response(ADD_RID_BASE + 50, p.Status.OK, 8, 0))
+        frames.append(p.encode_add_response(6, p.Status.FENCED, 7, 101))
+        frames.append(p.encode_add_response(ADD_RID_BASE + 60, p.Status.OK, 99, 0))  # nobody listens: dropped
+        data = b"".join(frames)
+        conn.data_received(data[:50])  # a chunk ending inside a frame
+        conn.data_received(data[50:])
+        assert [r[7] for _, rows in l7.calls for r in rows] == [0, 1, 2, 3, 4]
+        assert len(l7.calls) <= 3
+        assert [r[7] for _, rows in l8.calls for r in rows] == [0]
+        assert got == [("add", p.Status.OK), ("req", p.Status.FENCED)]
+        assert conn.outstanding == 0
+
+    asyncio.run(go())
+
+
+def test_add_responses_after_another_frame_in_the_same_chunk() -> None:
+    async def go() -> None:
+        l7 = Listener(7)
+        conn = _conn({7: l7})
+        got: list[Any] = []
+        conn.send_frame(1, b"f", lambda resp, exc: got.append(resp))
+        other = p.encode(p.WriteLacResponse(request_id=1, status=p.Status.OK, ledger_id=7))
+        adds = [p.encode_add_response(ADD_RID_BASE + i, p.Status.OK, 7, i) for i in range(3)]
+        conn.data_received(other + b"".join(adds))
+        assert isinstance(got[0], p.WriteLacResponse)
+        assert [r[7] for _, rows in l7.calls for r in rows] == [0, 1, 2]
+
+    asyncio.run(go())
+
+
+def test_unknown_status_closes_the_connection_and_lost_connections_are_reported() -> None:
+    async def go() -> None:
+        l7 = Listener(7)
+        conn = _conn({7: l7})
+        failed: list[Any] = []
+        conn.send_add(3, b"f", lambda st, exc: failed.append(exc))
+        bad = p.encode_add_response(3, p.Status.OK, 7, 0)
+        bad = bad[:16] + bytes([200]) + bad[17:]  # status byte
+        conn.data_received(bad)
+        assert conn.closed and conn.transport.aborted  # type: ignore[union-attr]
+        assert isinstance(failed[0], BookieUnavailableError)
+        assert l7.lost == ["b:1"]
+        assert not conn.send_listened_add(b"x") and not conn.write_listened_adds(b"x")
+
+        conn2 = _conn({7: l7})
+        conn2.connection_lost(None)
+        assert l7.lost == ["b:1", "b:1"]
+
+    asyncio.run(go())
+
+
+def test_pool_add_ids_never_collide_with_a_connections_own_ids() -> None:
+    pool = BookiePool()
+    first = next(pool.add_ids)
+    assert first == ADD_RID_BASE and next(pool.add_ids) == first + 1
+    lst = Listener(1)
+    pool.add_listener(1, lst)
+    pool.remove_listener(1, Listener(1))  # not the registered one: stays
+    assert pool.listeners[1] is lst
+    pool.remove_listener(1, lst)
+    assert pool.listeners == {}
+
+
+# -- batched sends ---------------------------------------------------------------------------------------
+
+
+class FakeConn:
+    def __init__(self, name: str) -> None:
+        self.bookie_id = name
+        self.closed = False
+        self.written: list[bytes] = []
+        self.sent: list[bytes] = []
+
+    def write_listened_adds(self, buf: bytes) -> bool:
+        if self.closed:
+            return False
+        self.written.append(buf)
+        return True
+
+    def send_listened_add(self, frame: bytes) -> bool:
+        if self.closed:
+            return False
+        self.sent.append(frame)
+        return True
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    shape=st.sampled_from([(1, 1), (2, 1), (3, 2), (3, 3), (4, 2), (5, 3), (5, 5)]),
+    first=st.integers(0, 50),
+    n=st.integers(1, 20),
+)
+def test_routes_send_each_bookie_exactly_the_frames_of_its_write_sets(shape, first, n) -> None:
+    E, qw = shape
+    conns = [FakeConn(f"b{i}") for i in range(E)]
+    routes = _Routes(conns, qw)  # type: ignore[arg-type]
+    frames = [f"<{first + k}>".encode() for k in range(n)]
+    routes.write(first, frames)
+    for j, c in enumerate(conns):
+        want = b"".join(f for k, f in enumerate(frames) if j in write_set(first + k, E, qw))
+        assert b"".join(c.written) == want
+        assert len(c.written) <= 1
+
+
+# -- the writer handle -------------------------------------------------------------------------------------
+
+
+def _handle(E: int = 3, qw: int = 3, qa: int = 2, **cfg: Any) -> tuple[LedgerHandle, dict[str, FakeConn]]:
+    bookies = [f"b{i}" for i in range(E)]
+    conns = {b: FakeConn(b) for b in bookies}
+    pool = BookiePool()
+    pool.get_nowait = lambda b: (lambda c: c if c is not None and not c.closed else None)(conns.get(b))  # type: ignore[method-assign, assignment]
+
+    async def no_replacements(ensemble: Any, failed: Any) -> list[str]:
+        raise NotEnoughBookiesError("no spare bookie")
+
+    bk = SimpleNamespace(
+        config=ClientConfig(explicit_lac_interval_s=0, ensemble_change_timeout_s=0, **cfg),
+        pool=pool,
+        _handles=set(),
+        _replacements=no_replacements,
+    )
+    md = SimpleNamespace(
+        ledger_id=7,
+        digest_type="CRC32C",
+        ensemble_size=E,
+        write_quorum=qw,
+        ack_quorum=qa,
+        last_ensemble=SimpleNamespace(bookies=bookies),
+    )
+    return LedgerHandle(bk, SimpleNamespace(value=md), b"pw", writer=True), conns  # type: ignore[arg-type]
+
+
+def _frames(buf: bytes) -> list[tuple[int, int]]:
+    """(request id, entry id) of each ADD_ENTRY frame in a written buffer."""
+    dec = p.FrameDecoder()
+    dec.feed(buf)
+    return [(r.request_id, r.entry_id) for r in dec.requests()]  # type: ignore[attr-defined]
+
+
+def _ack(lh: LedgerHandle, conn: FakeConn, status: p.Status = p.Status.OK) -> None:
+    rows = [
+        (29, 1, int(p.OpCode.ADD_ENTRY), 0, rid, int(status), 7, eid)
+        for buf in conn.written + conn.sent
+        for rid, eid in _frames(buf)
+    ]
+    conn.written.clear()
+    conn.sent.clear()
+    assert lh.on_add_rows(conn.bookie_id, rows) is None
+
+
+def test_appends_go_out_as_one_write_per_bookie_and_complete_in_order() -> None:
+    async def go() -> None:
+        lh, conns = _handle(E=3, qw=2, qa=2)
+        order: list[tuple[int, LedgerError | None]] = []
+        futs = [await lh.append_future(b"x%d" % i) for i in range(3)]
+        ids = [await lh.append_callback(b"y%d" % i, lambda e, err: order.append((e, err))) for i in range(3)]
+        assert ids == [3, 4, 5]
+        await asyncio.sleep(0)  # the batch is flushed once per loop iteration
+        for c in conns.values():
+            assert len(c.written) == 1
+            got = _frames(c.written[0])
+            assert all(rid >= ADD_RID_BASE for rid, _ in got)
+            assert [e for _, e in got] == [e for e in range(6) if int(c.bookie_id[1]) in write_set(e, 3, 2)]
+        _ack(lh, conns["b2"])  # entries 1, 2, 4, 5
+        _ack(lh, conns["b1"])  # entries 0, 1, 3, 4: 1 and 4 reach Qa, but entry 0 has not
+        assert not any(f.done() for f in futs) and order == [] and lh.last_add_confirmed == -1
+        _ack(lh, conns["b0"])
+        assert [f.result() for f in futs] == [0, 1, 2]
+        assert order == [(3, None), (4, None), (5, None)] and lh.last_add_confirmed == 5
+        await asyncio.wait_for(lh._drained(), 1)
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+
+
+def test_back_pressure_waits_for_acks() -> None:
+    async def go() -> None:
+        lh, conns = _handle(outstanding_adds_max=2)
+        await lh.append_future(b"a")
+        await lh.append_future(b"b")
+        blocked = asyncio.ensure_future(lh.append_future(b"c"))
+        await asyncio.sleep(0.01)
+        assert not blocked.done()
+        _ack(lh, conns["b0"])
+        _ack(lh, conns["b1"])
+        fut = await asyncio.wait_for(blocked, 1)
+        _ack(lh, conns["b0"])
+        _ack(lh, conns["b1"])
+        assert await fut == 2
+
+    asyncio.run(go())
+
+
+def test_a_lost_connection_fails_the_bookie_only_if_the_writer_waits_for_it() -> None:
+    async def go() -> None:
+        lh, conns = _handle(E=3, qw=3, qa=2)
+        errors: list[tuple[int, LedgerError | None]] = []
+        for _ in range(2):
+            await lh.append_callback(b"x", lambda e, err: errors.append((e, err)))
+        await asyncio.sleep(0)
+        for b in ("b0", "b1", "b2"):
+            _ack(lh, conns[b])
+        assert errors == [(0, None), (1, None)]
+        lh.on_bookie_lost("b1", ConnectionError("gone"))  # nothing pending on b1: no ensemble change
+        assert lh._pipe is not None and not lh._pipe.needs_ensemble_change
+        await lh.append_callback(b"x", lambda e, err: errors.append((e, err)))
+        await asyncio.sleep(0)
+        _ack(lh, conns["b0"])
+        conns["b1"].closed = True
+        lh.on_bookie_lost("b1", ConnectionError("gone"))  # entry 2 waits for b1 -> ensemble change
+        assert lh._pipe.failed_indices == {1}
+        # no spare bookie (and a zero ensemble-change timeout): the writer fails, entry 2 with it
+        for _ in range(50):
+            if len(errors) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert errors[2][0] == 2 and isinstance(errors[2][1], NotEnoughBookiesError)
+        with pytest.raises(NotEnoughBookiesError):
+            await lh.append_future(b"y")
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+
+
+def test_a_failed_add_status_sends_later_entries_on_the_slow_path_without_the_bookie() -> None:
+    async def go() -> None:
+        lh, conns = _handle(E=3, qw=3, qa=2)
+        lh._maybe_change_ensemble = lambda: None  # type: ignore[method-assign]  (keep the failed bookie)
+        await lh.append_future(b"a")
+        await asyncio.sleep(0)
+        _ack(lh, conns["b2"], p.Status.READONLY)
+        assert lh._pipe is not None and lh._pipe.failed_indices == {2}
+        lh._drop_routes()
+        await lh.append_future(b"b")
+        await asyncio.sleep(0)
+        assert [e for _, e in _frames(b"".join(conns["b0"].written + conns["b0"].sent))] == [0, 1]
+        assert conns["b2"].sent == [] and conns["b2"].written == []
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+
+
+def test_callback_errors_are_logged_not_raised(caplog) -> None:
+    async def go() -> None:
+        lh, conns = _handle()
+
+        def boom(entry_id: int, err: LedgerError | None) -> None:
+            raise RuntimeError("user bug")
+
+        seen: list[int] = []
+        await lh.append_callback(b"a", boom)
+        await lh.append_callback(b"b", lambda e, err: seen.append(e))
+        await asyncio.sleep(0)
+        _ack(lh, conns["b0"])
+        _ack(lh, conns["b1"])
+        assert seen == [1] and lh.last_add_confirmed == 1
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+    assert "append callback for entry 0 failed" in caplog.text
+
+
+def test_reader_handles_refuse_appends() -> None:
+    async def go() -> None:
+        lh, _ = _handle()
+        lh._stop_sweeper()
+        lh._pipe = None
+        with pytest.raises(LedgerError):
+            await lh.append_future(b"x")
+        with pytest.raises(LedgerError):
+            await lh.append_callback(b"x", lambda e, err: None)
+
+    asyncio.run(go())
