@@ -142,14 +142,14 @@ class MemoryLedgerStorage:
 class RocksLedgerStorage:
     """RocksDB-backed storage (``rocksdict`` in raw mode, WAL off: the journal is the WAL)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, write_buffer_mb: int = 64) -> None:
         from rocksdict import DBCompressionType, Options, Rdict, WriteOptions
 
         directory.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.increase_parallelism(2)
-        opts.set_write_buffer_size(64 * 1024 * 1024)
+        opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
         # Up to 4 memtables: one filling while others flush, so a flush slowed by journal traffic on the same
         # disk does not stall writes (a stalled RocksDB write blocks the bookie's event loop).
         opts.set_max_write_buffer_number(4)

@@ -117,8 +117,10 @@ def run_ledger_bench(
             zk, root = args.zk, args.zk_root
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ls-bench-", dir=".")))
         else:
-            zk, _, tmp = stack.enter_context(local_cluster(max(args.bookies, args.ensemble)))
+            zk, _, tmp = stack.enter_context(local_cluster(max(args.bookies, args.ensemble), args.bookie_arg))
             root = "/ledgerstore"
+        # the machine's limits first, on a quiet disk (after the runs it is still writing back their data)
+        limits = machine_limits(tmp)
         runs = []
         for i in range(args.runs):
             r = asyncio.run(
@@ -139,7 +141,6 @@ def run_ledger_bench(
                 flush=True,
             )
             runs.append(r)
-        limits = machine_limits(tmp)
     if args.plot:
         from ledgerstore.bench import plot_latencies
 

@@ -36,6 +36,12 @@ def add_bench_commands(
     b.add_argument("--runs", type=int, default=3, help="report the median of this many runs")
     b.add_argument("--bookie", default=None, help="HOST:PORT of a running bookie (default: start one)")
     b.add_argument("--plot", default=None, help="write a PNG of the add-latency distribution of every run")
+    b.add_argument(
+        "--bookie-arg",
+        action="append",
+        default=[],
+        help="extra argument for the bookie process started (repeatable), e.g. --bookie-arg=--write-buffer-mb=1024",
+    )
     b.set_defaults(func=_cmd_bench_bookie)
     lg = sub.add_parser("ledger", help="the ledger client writing to a local cluster")
     common(lg)
@@ -52,6 +58,9 @@ def add_bench_commands(
     )
     lg.add_argument("--use-cluster", action="store_true", help="use the cluster registered at --zk")
     lg.add_argument("--plot", default=None, help="write a PNG of the add-latency distribution of every run")
+    lg.add_argument(
+        "--bookie-arg", action="append", default=[], help="extra argument for the bookie processes"
+    )
     lg.set_defaults(func=_cmd_bench_ledger)
     lim = sub.add_parser("limits", help="this machine's fsync and loopback limits")
     common(lim)
@@ -381,8 +390,10 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
             address = args.bookie
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ls-bench-", dir=".")))
         else:
-            _, procs, root = stack.enter_context(local_cluster(1))
+            _, procs, root = stack.enter_context(local_cluster(1, args.bookie_arg))
             address = procs[0].id
+        # the machine's limits first, on a quiet disk (after the runs it is still writing back their data)
+        limits = machine_limits(root)
         runs = []
         for i in range(args.runs):
             r = asyncio.run(_bookie_run(address, args.entry_size, args.outstanding, args.duration))
@@ -391,7 +402,6 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
                 flush=True,
             )
             runs.append(r)
-        limits = machine_limits(root)
     result = {
         "mode": "bookie",
         "entry_size": args.entry_size,

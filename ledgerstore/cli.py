@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--journal-max-wait-ms", type=float, default=1.0)
     serve.add_argument(
+        "--write-buffer-mb",
+        type=int,
+        default=64,
+        help="RocksDB memtable size in MiB (up to 4 in memory): bigger means rarer flushes competing with "
+        "the journal for the disk",
+    )
+    serve.add_argument(
         "--journal-dir",
         default=None,
         help="journal directory (default: DATA_DIR/journal); on its own disk, journal fsyncs do not queue "
