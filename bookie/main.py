@@ -61,6 +61,7 @@ class BookieConfig:
     inflight_max: int = 10_000
     journal_dir_override: Path | None = None  # put the journal on its own device (BookKeeper's advice)
     write_buffer_mb: int = 64  # RocksDB memtable size (up to 4 of them): acked entries held before a flush
+    storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
 
     @property
     def id(self) -> str:
@@ -109,7 +110,9 @@ class Bookie:
         def schedule(delay_s: float, fn: Any) -> Any:
             return loop.call_soon(fn) if delay_s <= 0 else loop.call_later(delay_s, fn)
 
-        self.storage = RocksLedgerStorage(cfg.ledger_dir, write_buffer_mb=cfg.write_buffer_mb)
+        self.storage = RocksLedgerStorage(
+            cfg.ledger_dir, write_buffer_mb=cfg.write_buffer_mb, write_rate_mb=cfg.storage_write_rate_mb
+        )
         self.journal = Journal(
             cfg.journal_dir,
             max_wait_ms=cfg.journal_max_wait_ms,
@@ -392,6 +395,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         inflight_max=args.inflight_max,
         journal_dir_override=Path(args.journal_dir) if getattr(args, "journal_dir", None) else None,
         write_buffer_mb=getattr(args, "write_buffer_mb", 64),
+        storage_write_rate_mb=getattr(args, "storage_write_rate_mb", 0),
     )
 
 

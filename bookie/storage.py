@@ -142,7 +142,7 @@ class MemoryLedgerStorage:
 class RocksLedgerStorage:
     """RocksDB-backed storage (``rocksdict`` in raw mode, WAL off: the journal is the WAL)."""
 
-    def __init__(self, directory: Path, *, write_buffer_mb: int = 64) -> None:
+    def __init__(self, directory: Path, *, write_buffer_mb: int = 64, write_rate_mb: int = 0) -> None:
         from rocksdict import DBCompressionType, Options, Rdict, WriteOptions
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -156,6 +156,11 @@ class RocksLedgerStorage:
         # Entries are opaque and usually incompressible (or compressed by the application): compressing them
         # on flush costs CPU the bookie's loop needs.
         opts.set_compression_type(DBCompressionType.none())
+        if write_rate_mb > 0:
+            # Paced flushes and compactions: direct I/O at most write_rate_mb MiB/s (refilled every 10 ms), so
+            # the device never holds a page-cache burst of a whole memtable in front of a journal fsync.
+            opts.set_use_direct_io_for_flush_and_compaction(True)
+            opts.set_ratelimiter(write_rate_mb * 1024 * 1024, 10_000, 10)
         self._db = Rdict(str(directory), opts)
         self._wo = WriteOptions()
         self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; stubs are wrong

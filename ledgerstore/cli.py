@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the journal for the disk",
     )
     serve.add_argument(
+        "--storage-write-rate-mb",
+        type=int,
+        default=0,
+        help="pace RocksDB flushes and compactions to this many MiB/s with direct I/O, so they do not queue "
+        "ahead of journal fsyncs on a shared disk (0: unpaced)",
+    )
+    serve.add_argument(
         "--journal-dir",
         default=None,
         help="journal directory (default: DATA_DIR/journal); on its own disk, journal fsyncs do not queue "
