@@ -14,6 +14,8 @@ Keys (all integers big-endian, so RocksDB's order is (ledger, entry) order):
 
 from __future__ import annotations
 
+import logging
+import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Protocol
 
 from .protocol import MASTER_KEY_LEN
+
+log = logging.getLogger("ledgerstore.bookie.storage")
 
 _ENTRY_KEY = struct.Struct(">cQQ")
 _LEDGER_KEY = struct.Struct(">cQ")
@@ -139,6 +143,21 @@ class MemoryLedgerStorage:
         pass
 
 
+def _supports_direct_io(directory: Path) -> bool:
+    """Whether files in ``directory`` can be opened with O_DIRECT (tmpfs, for one, refuses it)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    probe = directory / ".direct-io-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | flag, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    probe.unlink(missing_ok=True)
+    return True
+
+
 class RocksLedgerStorage:
     """RocksDB-backed storage (``rocksdict`` in raw mode, WAL off: the journal is the WAL)."""
 
@@ -159,7 +178,10 @@ class RocksLedgerStorage:
         if write_rate_mb > 0:
             # Paced flushes and compactions: direct I/O at most write_rate_mb MiB/s (refilled every 10 ms), so
             # the device never holds a page-cache burst of a whole memtable in front of a journal fsync.
-            opts.set_use_direct_io_for_flush_and_compaction(True)
+            if _supports_direct_io(directory):
+                opts.set_use_direct_io_for_flush_and_compaction(True)
+            else:
+                log.warning("%s does not support direct I/O: storage writes are rate-limited only", directory)
             opts.set_ratelimiter(write_rate_mb * 1024 * 1024, 10_000, 10)
         self._db = Rdict(str(directory), opts)
         self._wo = WriteOptions()
