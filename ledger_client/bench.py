@@ -107,8 +107,10 @@ def run_ledger_bench(
     machine_limits: Callable[[Any], dict[str, float]],
 ) -> int:
     from bookie.main import install_uvloop
+    from ledgerstore.bench import cpu_meter
 
     install_uvloop()
+    pids = {"client": os.getpid()}
     with contextlib.ExitStack() as stack:
         if args.use_cluster:
             import tempfile
@@ -117,27 +119,34 @@ def run_ledger_bench(
             zk, root = args.zk, args.zk_root
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ls-bench-", dir=".")))
         else:
-            zk, _, tmp = stack.enter_context(local_cluster(max(args.bookies, args.ensemble), args.bookie_arg))
+            zk, procs, tmp = stack.enter_context(
+                local_cluster(max(args.bookies, args.ensemble), args.bookie_arg)
+            )
             root = "/ledgerstore"
+            pids |= {f"bookie{i + 1}": bp.proc.pid for i, bp in enumerate(procs)}
         # the machine's limits first, on a quiet disk (after the runs it is still writing back their data)
         limits = machine_limits(tmp)
         runs = []
         for i in range(args.runs):
-            r = asyncio.run(
-                ledger_run(
-                    zk,
-                    root,
-                    ensemble=args.ensemble,
-                    write_quorum=args.write_quorum,
-                    ack_quorum=args.ack_quorum,
-                    entry_size=args.entry_size,
-                    outstanding=args.outstanding,
-                    ledgers=args.ledgers,
-                    duration=args.duration,
+            with cpu_meter(pids, "entry") as cpu:
+                r = asyncio.run(
+                    ledger_run(
+                        zk,
+                        root,
+                        ensemble=args.ensemble,
+                        write_quorum=args.write_quorum,
+                        ack_quorum=args.ack_quorum,
+                        entry_size=args.entry_size,
+                        outstanding=args.outstanding,
+                        ledgers=args.ledgers,
+                        duration=args.duration,
+                    )
                 )
-            )
+                cpu["units"] = r["acked"]
+            r |= cpu
             print(
-                f"  run {i + 1}/{args.runs}: {r['acked_entries_per_s']:,.0f} entries/s, p99 {r['p99_ms']} ms",
+                f"  run {i + 1}/{args.runs}: {r['acked_entries_per_s']:,.0f} entries/s, p99 {r['p99_ms']} ms, "
+                f"CPU busy {r.get('cpu_busy_pct', '?')}%",
                 flush=True,
             )
             runs.append(r)

@@ -191,6 +191,38 @@ def _cmd_bench_limits(args: argparse.Namespace) -> int:
 # Helpers
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; every thread, the kernel's work included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def cpu_meter(pids: dict[str, int], unit: str) -> Iterator[dict[str, float]]:
+    """Measure the CPU of named processes across a block. The block stores how many units it acked under
+    ``"units"`` in the yielded dict; on exit that key is replaced by ``cpu_us_per_<unit>_<name>`` (CPU µs per
+    unit) and ``cpu_busy_pct`` (of all cores). Left empty where /proc is missing."""
+    out: dict[str, float] = {}
+    try:
+        before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+    except OSError:
+        yield out
+        return
+    t0 = time.perf_counter()
+    yield out
+    wall = time.perf_counter() - t0
+    n = max(1, int(out.pop("units", 0)))
+    total = 0.0
+    for name, pid in pids.items():
+        try:
+            used = _cpu_seconds(pid) - before[name]
+        except OSError:
+            continue
+        total += used
+        out[f"cpu_us_per_{unit}_{name}"] = round(1e6 * used / n, 2)
+    out["cpu_busy_pct"] = round(100 * total / (wall * (os.cpu_count() or 1)), 1)
+
+
 def plot_latencies(path: str, title: str, runs: list[dict[str, Any]], rate_key: str) -> None:
     """Latency CDF per run (log scale), with the run's throughput in the legend."""
     import matplotlib
@@ -394,11 +426,16 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
             address = procs[0].id
         # the machine's limits first, on a quiet disk (after the runs it is still writing back their data)
         limits = machine_limits(root)
+        pids = {"client": os.getpid()} | ({} if args.bookie else {"bookie": procs[0].proc.pid})
         runs = []
         for i in range(args.runs):
-            r = asyncio.run(_bookie_run(address, args.entry_size, args.outstanding, args.duration))
+            with cpu_meter(pids, "add") as cpu:
+                r = asyncio.run(_bookie_run(address, args.entry_size, args.outstanding, args.duration))
+                cpu["units"] = r["acked"]
+            r |= cpu
             print(
-                f"  run {i + 1}/{args.runs}: {r['acked_adds_per_s']:,.0f} adds/s, p99 {r['p99_ms']} ms",
+                f"  run {i + 1}/{args.runs}: {r['acked_adds_per_s']:,.0f} adds/s, p99 {r['p99_ms']} ms, "
+                f"CPU busy {r.get('cpu_busy_pct', '?')}%",
                 flush=True,
             )
             runs.append(r)

@@ -1,0 +1,46 @@
+"""`ledgerstore bench` runs end to end (a smoke test of the commands, never of their speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LEDGERSTORE = [str(Path(sys.executable).parent / "ledgerstore")]  # the console script of this venv
+
+
+def _bench(tmp_path: Path, *args: str) -> dict:
+    out = subprocess.run(
+        [*LEDGERSTORE, "bench", *args, "--duration", "1", "--runs", "1", "--outstanding", "50", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    start = out.stdout.index("{")  # progress lines come first
+    return json.loads(out.stdout[start:])
+
+
+def test_bench_bookie_reports_throughput_latency_cpu_and_limits(tmp_path: Path) -> None:
+    r = _bench(tmp_path, "bookie")
+    assert r["acked"] > 0 and r["errors"] == 0
+    assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
+    for key in ("fsync_1k_per_s", "seq_write_fsync_4mib_bytes_per_s", "disk_bound_adds_per_s"):
+        assert r[key] > 0, key
+    assert r["cpu_us_per_add_bookie"] > 0 and r["cpu_us_per_add_client"] > 0
+
+
+@pytest.mark.parametrize("quorum", [("3", "3", "2"), ("3", "2", "2")])
+def test_bench_ledger_reports_throughput_latency_cpu_and_limits(
+    tmp_path: Path, quorum: tuple[str, ...]
+) -> None:
+    e, w, a = quorum
+    r = _bench(tmp_path, "ledger", "-E", e, "-W", w, "-A", a)
+    assert r["acked"] > 0 and r["errors"] == 0
+    assert r["E/Qw/Qa"] == f"{e}/{w}/{a}"
+    assert r["disk_bound_entries_per_s"] > 0
+    assert all(r[f"cpu_us_per_entry_bookie{i}"] > 0 for i in (1, 2, 3))
