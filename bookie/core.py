@@ -323,7 +323,12 @@ class BookieCore:
         """A durable group: write its entries and the changed index rows to storage, advance last entry ids
         and LACs, wake long polls."""
         changed = []
-        for lid, (info, last_eid, lac) in seen.items():
+        ledgers = self.ledgers
+        for lid, (noted, last_eid, lac) in seen.items():
+            info = ledgers.get(lid)
+            if info is None or info is not noted:  # garbage-collected while the group was in the journal
+                accepted = [r for r in accepted if r[3] != lid]
+                continue
             if last_eid > info.last_entry_id:
                 info.last_entry_id = last_eid
             if lac > info.lac:

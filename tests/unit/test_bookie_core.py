@@ -297,3 +297,15 @@ def test_batched_adds_follow_the_same_rules_and_ack_only_after_sync() -> None:
     }
     r.read(1, 1)
     assert r.replies[-1].status == p.Status.OK and r.core.ledgers[1].lac == 0
+
+
+def test_a_ledger_deleted_while_its_adds_wait_for_the_journal_is_not_written_back() -> None:
+    r = Rig()
+    r.add(4, 0)
+    r.add(5, 0)
+    r.core.delete_ledger(4)  # garbage collection runs before the group's journal sync
+    r.settle()
+    assert r.storage.get_entry(4, 0) is None and 4 not in r.storage.load_index()
+    assert r.storage.get_entry(5, 0) is not None and 5 in r.storage.load_index()
+    r.read(4, 0)
+    assert r.replies[-1].status == p.Status.NO_LEDGER
