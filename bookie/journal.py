@@ -618,7 +618,18 @@ class Journal:
     def append_many(self, records: list[tuple[int, int, int, bytes]], done: Done) -> None:
         """Queue several records (rtype, ledger_id, entry_id, data) with ONE completion: ``done`` runs once
         every record of the group (and all before it) is fsynced. The group always lands in one batch."""
-        if not records:
+        self._append(records, [], done)
+
+    def append_entries(
+        self, entries: list[bytes], done: Done, records: list[tuple[int, int, int, bytes]] | None = None
+    ) -> None:
+        """Queue ``records`` (as ``append_many``) and then every entry of ``entries`` as ONE ENTRIES record,
+        with one completion. Each entry must start with its 16-byte (ledger id, entry id) header."""
+        self._append(records or [], entries, done)
+
+    def _append(self, records: list[tuple[int, int, int, bytes]], entries: list[bytes], done: Done) -> None:
+        nrec = len(records) + (1 if entries else 0)
+        if not nrec:
             self._loop_call_soon(done, None)
             return
         if self._state != _RUNNING:
@@ -633,40 +644,21 @@ class Journal:
             self._oldest = now = loop.time()
             if not self._io_busy and self._timer is None:
                 self._timer = loop.call_at(now + self._max_wait, self._on_timer)
-        self._pack_records(buf, records)
+        if records:
+            self._pack_records(buf, records)
+        if entries:
+            self._pack_entries(buf, entries)
         # One real callback first, no-ops for the rest: per-record counters stay right, and ``done`` runs
         # when the batch holding the whole group is durable (the group is never split across batches).
         self._cbs.append(done)
-        if len(records) > 1:
-            self._cbs.extend([_noop_done] * (len(records) - 1))
-        self._appended += len(records)
+        if nrec > 1:
+            self._cbs.extend([_noop_done] * (nrec - 1))
+        self._appended += nrec
         if len(buf) >= self._flush_bytes and not self._io_busy:
             self._start_batch()
 
-    def append_entries(
-        self, entries: list[bytes], done: Done, records: list[tuple[int, int, int, bytes]] | None = None
-    ) -> None:
-        """Queue ``records`` (as ``append_many``) and then every entry of ``entries`` as ONE ENTRIES record,
-        with one completion. Each entry must start with its 16-byte (ledger id, entry id) header."""
-        if not entries:
-            self.append_many(records or [], done)
-            return
-        if self._state != _RUNNING:
-            if self._loop is None:
-                raise RuntimeError("journal not started")
-            self._loop.call_soon(done, JournalClosedError("journal is closed"))
-            return
-        buf = self._buf
-        if not buf:
-            loop = self._loop
-            assert loop is not None
-            self._oldest = now = loop.time()
-            if not self._io_busy and self._timer is None:
-                self._timer = loop.call_at(now + self._max_wait, self._on_timer)
-        nrec = 1
-        if records:
-            self._pack_records(buf, records)
-            nrec += len(records)
+    @staticmethod
+    def _pack_entries(buf: bytearray, entries: list[bytes]) -> None:
         head = len(buf)
         lens = array.array("I", map(len, entries))
         if not _BIG_ENDIAN:
@@ -679,12 +671,6 @@ class Journal:
         with memoryview(buf) as mv:
             crc = _crc(mv[head + 8 :])
         _LEN_CRC.pack_into(buf, head, len(buf) - head - _REC_HDR_LEN, crc)
-        self._cbs.append(done)
-        if nrec > 1:
-            self._cbs.extend([_noop_done] * (nrec - 1))
-        self._appended += nrec
-        if len(buf) >= self._flush_bytes and not self._io_busy:
-            self._start_batch()
 
     @staticmethod
     def _pack_records(buf: bytearray, records: list[tuple[int, int, int, bytes]]) -> None:
