@@ -625,27 +625,11 @@ class FrameDecoder:
         del buf[: count * size]
         return rows
 
-    def take_add_responses(self) -> list[tuple[int, int, int, int, int, int, int, int]] | None:
-        """Fast path for clients: when everything buffered is whole ADD_ENTRY responses (the common case under
-        load), consume and return them unpacked as (len, version, op, flags, request_id, status, ledger, entry)
-        rows; otherwise return None and leave the buffer alone."""
-        buf = self._buf
-        n = len(buf)
-        size = ADD_RESP_FRAME_SIZE
-        if not n or n % size or self.broken:
-            return None
-        rows = list(_ADD_RESP_FRAME.iter_unpack(buf))
-        want = (size - 4, PROTOCOL_VERSION, OpCode.ADD_ENTRY)
-        for r in rows:
-            if r[:3] != want:
-                return None
-        buf.clear()
-        return rows
-
     def take_leading_add_responses(self) -> list[tuple[int, int, int, int, int, int, int, int]]:
-        """Like ``take_add_responses`` but for the leading run only: consume and return (unpacked) the whole
-        ADD_ENTRY responses at the front of the buffer, up to the first other or partial frame, which stay
-        buffered for ``frames_raw``. Under load a received chunk usually ends inside a frame."""
+        """Fast path for clients: consume and return, unpacked as (len, version, op, flags, request_id, status,
+        ledger, entry) rows, the whole ADD_ENTRY responses at the front of the buffer, up to the first other or
+        partial frame, which stay buffered for ``frames_raw``. Under load a received chunk usually ends inside
+        a frame."""
         buf = self._buf
         size = ADD_RESP_FRAME_SIZE
         m = len(buf) // size * size

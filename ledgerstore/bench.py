@@ -364,9 +364,10 @@ class _AddLoad(asyncio.Protocol):
 
         dec = self.decoder
         dec.feed(data)
-        rows = dec.take_add_responses()
-        if rows is None:  # not a plain run of add responses: decode one by one
-            rows = [(0, 0, 0, 0, r.request_id, int(r.status), 0, 0) for r in dec.responses()]
+        rows = dec.take_leading_add_responses()
+        # more than a partial add response left: another kind of frame came first; decode the rest one by one
+        if dec.buffered >= p.ADD_RESP_FRAME_SIZE:
+            rows += [(0, 0, 0, 0, r.request_id, int(r.status), 0, 0) for r in dec.responses()]
         now = time.perf_counter()
         sent = self.sent_at
         ok = [now - sent[r[4] - 1] for r in rows if r[5] == p.Status.OK]

@@ -176,21 +176,6 @@ def test_master_key_depends_on_password() -> None:
     assert len(p.master_key(b"a")) == p.MASTER_KEY_LEN
 
 
-def test_take_add_responses_only_consumes_a_buffer_of_whole_add_responses() -> None:
-    adds = [p.encode_add_response(i, p.Status.OK, 7, i) for i in range(5)]
-    dec = p.FrameDecoder()
-    dec.feed(b"".join(adds))
-    rows = dec.take_add_responses()
-    assert rows is not None and [(r[4], r[5], r[6], r[7]) for r in rows] == [(i, 0, 7, i) for i in range(5)]
-    assert dec.buffered == 0
-    mixed = adds[0] + p.encode(p.WriteLacResponse(request_id=9, status=p.Status.OK, ledger_id=7))
-    dec.feed(mixed)
-    assert dec.take_add_responses() is None and dec.buffered == len(mixed)
-    assert [m.request_id for m in dec.responses()] == [0, 9]
-    dec.feed(adds[0][:10])
-    assert dec.take_add_responses() is None
-
-
 def test_build_add_frame_equals_the_generic_encoding() -> None:
     from bookie.entryformat import DigestType, EntryCodec
 
