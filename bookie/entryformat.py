@@ -29,7 +29,6 @@ from .protocol import PROTOCOL_VERSION as _VERSION
 from .protocol import OpCode as _OpCode
 from .protocol import ProtocolError as _ProtocolError
 
-_ADD_PREFIX_PACK = _ADD_FRAME_PREFIX.pack
 _ADD_PREFIX_LEN = _ADD_FRAME_PREFIX.size - 4  # frame_len counts the bytes after itself
 _OP_ADD = int(_OpCode.ADD_ENTRY)
 
@@ -110,25 +109,6 @@ class EntryCodec:
         d = _digest(self.digest_type, self.key, header + payload)
         return b"".join((header, d, payload))
 
-    def build_add_frame(
-        self,
-        request_id: int,
-        entry_id: int,
-        lac: int,
-        length: int,
-        payload: bytes,
-        key: bytes,
-        flags: int = 0,
-    ) -> tuple[bytes, bytes]:
-        """(ADD_ENTRY frame, entry bytes) in one go: the client's hot path (CRC32C only; see protocol.py)."""
-        header = HEADER.pack(self.ledger_id, entry_id, lac, length)
-        if self.digest_type is DigestType.CRC32C:
-            digest = _crc32c.crc32c(payload, _crc32c.crc32c(header)).to_bytes(4, "big")
-        else:
-            digest = _digest(self.digest_type, self.key, header + payload)
-        entry = b"".join((header, digest, payload))
-        return _add_frame_prefix(request_id, self.ledger_id, entry_id, key, flags, len(entry)) + entry, entry
-
     def add_frame_builder(self, key: bytes, flags: int = 0) -> Callable[[int, int, int, int, bytes], bytes]:
         """``build(request_id, entry_id, lac, length, payload) -> ADD_ENTRY frame`` for this ledger and master
         key: the writer's hot path (one pack for the frame and entry headers, one copy of the payload; the
@@ -143,20 +123,15 @@ class EntryCodec:
         if self.digest_type is DigestType.CRC32C:
             crc = _crc32c.crc32c
 
-            def build(request_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
-                n = len(payload)
-                if n > limit:
-                    raise _ProtocolError(f"add frame of {fixed + n} bytes exceeds FRAME_SIZE_MAX")
-                head = pack(
-                    fixed + n, _VERSION, _OP_ADD, flags, request_id, ledger_id, entry_id, key,
-                    ledger_id, entry_id, lac, length,
-                )  # fmt: skip
-                return join((head, crc(payload, crc(head[_HEADER_AT:])).to_bytes(4, "big"), payload))
+            def digest(header: bytes, payload: bytes) -> bytes:  # incremental: no header + payload copy
+                return crc(payload, crc(header)).to_bytes(4, "big")
+        else:
+            kind, dkey = self.digest_type, self.key
 
-            return build
-        kind, dkey = self.digest_type, self.key
+            def digest(header: bytes, payload: bytes) -> bytes:
+                return _digest(kind, dkey, header + payload)
 
-        def build_other(request_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+        def build(request_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
             n = len(payload)
             if n > limit:
                 raise _ProtocolError(f"add frame of {fixed + n} bytes exceeds FRAME_SIZE_MAX")
@@ -164,9 +139,9 @@ class EntryCodec:
                 fixed + n, _VERSION, _OP_ADD, flags, request_id, ledger_id, entry_id, key,
                 ledger_id, entry_id, lac, length,
             )  # fmt: skip
-            return join((head, _digest(kind, dkey, head[_HEADER_AT:] + payload), payload))
+            return join((head, digest(head[_HEADER_AT:], payload), payload))
 
-        return build_other
+        return build
 
     def verify(self, entry: bytes, expected_entry_id: int | None = None) -> tuple[EntryHeader, bytes]:
         """Return (header, payload) or raise DigestMismatchError."""
@@ -203,12 +178,3 @@ class EntryCodec:
         ):
             raise DigestMismatchError("explicit LAC blob digest mismatch")
         return int(lac)
-
-
-def _add_frame_prefix(
-    request_id: int, ledger_id: int, entry_id: int, key: bytes, flags: int, n: int
-) -> bytes:
-    size = _ADD_PREFIX_LEN + n
-    if size > _FRAME_SIZE_MAX:
-        raise _ProtocolError(f"add frame of {size} bytes exceeds FRAME_SIZE_MAX")
-    return _ADD_PREFIX_PACK(size, _VERSION, _OP_ADD, flags, request_id, ledger_id, entry_id, key)

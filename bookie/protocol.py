@@ -350,7 +350,7 @@ def encode(msg: Request | Response) -> bytes:
 _ADD_RESP_FRAME = struct.Struct(">IBBHQBQq")
 ADD_RESP_FRAME = _ADD_RESP_FRAME  # a whole ADD_ENTRY response frame: u32 len, version, op, flags, rid, body
 ADD_RESP_FRAME_SIZE = _ADD_RESP_FRAME.size
-#: frame header + ADD_ENTRY request body before the entry bytes (used by EntryCodec.build_add_frame)
+#: frame header + ADD_ENTRY request body before the entry bytes (used by EntryCodec.add_frame_builder)
 ADD_FRAME_PREFIX = struct.Struct(f">IBBHQQq{MASTER_KEY_LEN}s")
 _ADD_RESP_LEN = FRAME_HEADER.size + _ADD_RESP.size
 _LEN_VER_OP = struct.Struct(">IBB")

@@ -176,16 +176,6 @@ def test_master_key_depends_on_password() -> None:
     assert len(p.master_key(b"a")) == p.MASTER_KEY_LEN
 
 
-def test_build_add_frame_equals_the_generic_encoding() -> None:
-    from bookie.entryformat import DigestType, EntryCodec
-
-    codec = EntryCodec(5, DigestType.CRC32C)
-    key = p.master_key(b"x")
-    frame, entry = codec.build_add_frame(7, 3, 2, 100, b"hello", key, p.Flag.RECOVERY_ADD)
-    assert entry == codec.build(3, 2, 100, b"hello")
-    assert frame == p.encode_add_request(7, 5, 3, key, entry, p.Flag.RECOVERY_ADD)
-
-
 def test_add_request_frame_from_a_shared_body_equals_the_generic_encoding() -> None:
     key = p.master_key(b"k")
     body = p.add_request_body(3, 9, key, b"entry-bytes")
