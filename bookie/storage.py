@@ -6,8 +6,14 @@ and a checkpoint (``flush``) happens before the journal mark advances.
 
 Keys (all integers big-endian, so RocksDB's order is (ledger, entry) order):
 
-    b"E" + u64 ledger_id + u64 entry_id   -> entry bytes, exactly as the client built them
-    b"L" + u64 ledger_id                  -> ledger index row (see ``LedgerInfo.to_bytes``)
+    default column family:  b"E" + u64 ledger_id + u64 entry_id -> entry bytes, exactly as the client built them
+    column family "index":  b"L" + u64 ledger_id                -> ledger index row (see ``LedgerInfo.to_bytes``)
+
+The index rows live in their own column family because every write batch rewrites them: in the entries' key
+space they would make every flushed SST span from its first entry key to the ``L`` rows, so all SSTs would
+overlap and RocksDB would merge-rewrite every entry again and again in compaction (measured: 3.1 GB of compaction
+writes for 1.9 GB of entries in 20 s). Alone, a ledger's entries arrive in key order, flushed SSTs do not overlap,
+and compaction moves them down without rewriting them.
 
 ``MemoryLedgerStorage`` implements the same interface in memory for the simulator and unit tests.
 """
@@ -158,6 +164,9 @@ def _supports_direct_io(directory: Path) -> bool:
     return True
 
 
+INDEX_CF = "index"
+
+
 class RocksLedgerStorage:
     """RocksDB-backed storage (``rocksdict`` in raw mode, WAL off: the journal is the WAL)."""
 
@@ -167,6 +176,7 @@ class RocksLedgerStorage:
         directory.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
         opts.increase_parallelism(2)
         opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
         # Up to 4 memtables: one filling while others flush, so a flush slowed by journal traffic on the same
@@ -183,14 +193,39 @@ class RocksLedgerStorage:
             else:
                 log.warning("%s does not support direct I/O: storage writes are rate-limited only", directory)
             opts.set_ratelimiter(write_rate_mb * 1024 * 1024, 10_000, 10)
-        self._db = Rdict(str(directory), opts)
+        index_opts = Options(raw_mode=True)
+        index_opts.set_write_buffer_size(4 * 1024 * 1024)
+        self._db = Rdict(str(directory), opts, column_families={INDEX_CF: index_opts})
+        self._index = self._db.get_column_family(INDEX_CF)
+        self._index_cf = self._db.get_column_family_handle(INDEX_CF)
         self._wo = WriteOptions()
         self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; stubs are wrong
         self.directory = directory
+        self._move_legacy_index_rows()
+
+    def _move_legacy_index_rows(self) -> None:
+        """Move index rows an older version kept beside the entries into the index column family."""
+        from rocksdict import WriteBatch
+
+        wb = WriteBatch(raw_mode=True)
+        moved = 0
+        it = self._db.iter()
+        it.seek(b"L")
+        while it.valid() and it.key().startswith(b"L"):
+            wb.put(it.key(), it.value(), self._index_cf)
+            wb.delete(it.key())
+            moved += 1
+            it.next()
+        del it
+        if moved:
+            self._db.write(wb)  # WAL on: the move is durable before anything else happens
+            log.info(
+                "%s: moved %d ledger index rows into the %r column family", self.directory, moved, INDEX_CF
+            )
 
     def load_index(self) -> dict[int, LedgerInfo]:
         out: dict[int, LedgerInfo] = {}
-        it = self._db.iter()
+        it = self._index.iter()
         it.seek(b"L")
         while it.valid():
             key = it.key()
@@ -211,8 +246,9 @@ class RocksLedgerStorage:
         pack = _ENTRY_KEY.pack
         for lid, eid, data in entries:
             wb.put(pack(b"E", lid, eid), data)
+        index_cf = self._index_cf
         for lid, info in ledgers:
-            wb.put(ledger_key(lid), info.to_bytes())
+            wb.put(ledger_key(lid), info.to_bytes(), index_cf)
         self._db.write(wb, self._wo)
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
@@ -243,22 +279,23 @@ class RocksLedgerStorage:
         return out
 
     def delete_ledger(self, ledger_id: int) -> None:
-        from rocksdict import WriteBatch
+        from rocksdict import WriteBatch, WriteOptions
 
         wb = WriteBatch(raw_mode=True)
         wb.delete_range(entry_key(ledger_id, 0), entry_key(ledger_id, _U64_MAX))
         wb.delete(entry_key(ledger_id, _U64_MAX))
-        wb.delete(ledger_key(ledger_id))
+        wb.delete(ledger_key(ledger_id), self._index_cf)
         # Deletes are made durable at once (WAL on): a deleted ledger must not reappear after a crash
         # unless the journal replays it, and the journal only replays records after the last checkpoint.
-        from rocksdict import WriteOptions
-
         wo = WriteOptions()
         wo.sync = True  # type: ignore[method-assign,assignment]
         self._db.write(wb, wo)
 
     def flush(self) -> None:
         self._db.flush(True)
+        self._index.flush(True)
 
     def close(self) -> None:
+        # The column family's Rdict holds the database open too: drop it first, or the LOCK stays held.
+        del self._index, self._index_cf
         self._db.close()

@@ -1,0 +1,88 @@
+"""RocksLedgerStorage on a real RocksDB: layout, the legacy-layout move, and compaction without rewrites."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bookie.storage import INDEX_CF, LedgerInfo, RocksLedgerStorage, entry_key, ledger_key
+
+KEY = b"k" * 20
+
+
+def _wait_for_compactions(storage: RocksLedgerStorage, timeout_s: float = 10.0) -> None:
+    db = storage._db
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (
+            db.property_int_value("rocksdb.compaction-pending") == 0
+            and db.property_int_value("rocksdb.num-running-compactions") == 0
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError("RocksDB compactions did not finish")
+
+
+def test_round_trip_across_reopen_and_delete(tmp_path: Path) -> None:
+    s = RocksLedgerStorage(tmp_path / "db")
+    s.write([(1, 0, b"a"), (1, 1, b"b"), (2, 0, b"c")], [(1, LedgerInfo(KEY, lac=0)), (2, LedgerInfo(KEY))])
+    s.flush()
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")
+    assert s.load_index()[1].lac == 0 and set(s.load_index()) == {1, 2}
+    assert s.get_range(1, 0, 9, 1 << 20) == [b"a", b"b"]
+    s.delete_ledger(1)
+    assert set(s.load_index()) == {2} and s.get_entry(1, 0) is None and s.get_entry(2, 0) == b"c"
+    s.close()
+
+
+def test_index_rows_live_in_their_own_column_family(tmp_path: Path) -> None:
+    s = RocksLedgerStorage(tmp_path / "db")
+    s.write([(5, 0, b"x")], [(5, LedgerInfo(KEY))])
+    s.flush()
+    entries_keys = list(s._db.keys())
+    index_keys = list(s._index.keys())
+    assert entries_keys == [entry_key(5, 0)]
+    assert index_keys == [ledger_key(5)]
+    s.close()
+
+
+def test_index_rows_of_the_old_layout_are_moved_once(tmp_path: Path) -> None:
+    from rocksdict import Options, Rdict
+
+    raw = Rdict(str(tmp_path / "db"), Options(raw_mode=True))
+    raw[ledger_key(7)] = LedgerInfo(KEY, fenced=True).to_bytes()
+    raw[entry_key(7, 0)] = b"zz"
+    raw.close()
+
+    s = RocksLedgerStorage(tmp_path / "db")
+    assert s.load_index()[7].fenced
+    assert list(s._db.keys()) == [entry_key(7, 0)]  # the row left the entries' key space
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")  # reopening finds nothing more to move and keeps the row
+    assert s.load_index()[7].fenced and s.get_entry(7, 0) == b"zz"
+    s.close()
+    assert INDEX_CF in Rdict.list_cf(str(tmp_path / "db"))
+
+
+def test_one_ledgers_entries_are_never_rewritten_by_compaction(tmp_path: Path) -> None:
+    """Each write batch also rewrites the ledger's index row. Were the rows in the entries' key space, every
+    flushed SST would overlap every other and compaction would merge-rewrite the entries into new files; in
+    their own column family the SSTs of one ledger do not overlap and compaction only moves them down."""
+    s = RocksLedgerStorage(tmp_path / "db")
+    info = LedgerInfo(KEY)
+    flushed: set[str] = set()
+    eid = 0
+    for _ in range(12):  # three times RocksDB's L0 compaction trigger (4 files)
+        info.last_entry_id = eid + 99
+        s.write([(1, eid + i, b"e" * 1000) for i in range(100)], [(1, info)])
+        eid += 100
+        s.flush()
+        flushed |= {f["name"] for f in s._db.live_files() if f["start_key"].startswith(b"E")}
+    _wait_for_compactions(s)
+    live = [f for f in s._db.live_files() if f["start_key"].startswith(b"E")]
+    assert {f["name"] for f in live} <= flushed, "compaction wrote new entry files"
+    assert sum(f["num_entries"] for f in live) == 1200
+    assert any(f["level"] > 0 for f in live), "no compaction moved anything down"
+    assert s.get_range(1, 0, 1199, 1 << 30) == [b"e" * 1000] * 1200
+    s.close()
