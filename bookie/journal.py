@@ -139,6 +139,28 @@ _WITH_ID: frozenset[int] = frozenset({RecordType.ENTRY, RecordType.EXPLICIT_LAC}
 _TYPES: dict[int, RecordType] = {int(t): t for t in RecordType}
 
 
+# Freeing a whole segment's extents at once makes one big filesystem-journal commit, and every journal fdatasync
+# that needs a commit (each one that grows the segment being written) waits behind it: measured on this VM's
+# ext4, each checkpoint's unlink of ~1 GiB of segments stalled adds for ~100 ms. Shrinking a segment in steps
+# with a pause between them spreads that work over many small commits.
+DELETE_STEP_BYTES = 8 * 1024 * 1024
+DELETE_STEP_PAUSE_S = 0.005
+
+
+def _shrink_gently(path: Path, step: int, pause_s: float) -> None:
+    """Truncate ``path`` to zero ``step`` bytes at a time, sleeping ``pause_s`` between steps (checkpoint thread
+    only: the segment is below the persisted mark, so replay would delete it anyway if this is interrupted)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        while size > step:
+            size -= step
+            os.ftruncate(fd, size)
+            time.sleep(pause_s)
+    finally:
+        os.close(fd)
+
+
 class JournalError(Exception):
     """Base class of journal errors."""
 
@@ -452,8 +474,11 @@ class Journal:
         return None
 
     def _delete_segment(self, seq: int) -> None:
+        """Delete a checkpointed segment, shrinking it in steps first (see ``_shrink_gently``)."""
+        path = self._seg_path(seq)
         try:
-            os.unlink(self._seg_path(seq))
+            _shrink_gently(path, DELETE_STEP_BYTES, DELETE_STEP_PAUSE_S)
+            os.unlink(path)
             self.stats["segments_deleted"] += 1
         except FileNotFoundError:
             pass

@@ -487,6 +487,62 @@ def test_checkpoint_replays_only_after_mark_and_deletes_old_segments(tmp_path: P
     assert replay_all(tmp_path) == entries(3, first=500)
 
 
+def test_checkpoint_shrinks_old_segments_in_steps_before_deleting_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bookie.journal as journal_mod
+
+    monkeypatch.setattr(journal_mod, "DELETE_STEP_BYTES", 1000)
+    monkeypatch.setattr(journal_mod, "DELETE_STEP_PAUSE_S", 0.0)
+    sizes: dict[int, list[int]] = {}
+    real_ftruncate = os.ftruncate
+
+    def recording_ftruncate(fd: int, size: int) -> None:
+        sizes.setdefault(os.fstat(fd).st_ino, []).append(size)
+        real_ftruncate(fd, size)
+
+    monkeypatch.setattr(journal_mod.os, "ftruncate", recording_ftruncate)
+    after = entries(20, size=500, first=20)
+
+    async def main() -> None:
+        j = await open_journal(tmp_path, segment_bytes=4096)
+        await append_all(j, entries(20, size=500), chunk=5)
+        mark = j.mark
+        old = {
+            os.stat(p).st_ino: os.path.getsize(p) for p in segments(tmp_path) if int(p.stem, 16) < mark.seq
+        }
+        assert old
+        await append_all(j, after, chunk=5)
+        j.checkpoint(mark)
+        for ino, size in old.items():
+            steps = sizes[ino]
+            assert steps == list(range(size - 1000, 0, -1000)), (size, steps)
+        await j.close()
+
+    asyncio.run(main())
+    assert replay_all(tmp_path) == after
+
+
+def test_replay_deletes_an_old_segment_left_half_shrunk(tmp_path: Path) -> None:
+    before = entries(30, size=500)
+    after = entries(30, size=500, first=30)
+    holder: list[JournalMark] = []
+
+    async def main() -> None:
+        j = await open_journal(tmp_path, segment_bytes=4096)
+        await append_all(j, before, chunk=5)
+        holder.append(j.mark)
+        await append_all(j, after, chunk=5)
+        j._write_mark(holder[0])
+        await j.close()  # the process dies while shrinking the first old segment
+        victim = min(segments(tmp_path))
+        os.truncate(victim, os.path.getsize(victim) // 3)
+
+    asyncio.run(main())
+    assert replay_all(tmp_path) == after
+    assert all(int(p.stem, 16) >= holder[0].seq for p in segments(tmp_path))
+
+
 def test_checkpoint_crash_between_mark_and_delete(tmp_path: Path) -> None:
     before = entries(30, size=500)
     after = entries(30, size=500, first=30)
