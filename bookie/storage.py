@@ -165,6 +165,7 @@ def _supports_direct_io(directory: Path) -> bool:
 
 
 INDEX_CF = "index"
+DIRECT_WRITE_BYTES = 128 * 1024
 
 
 class RocksLedgerStorage:
@@ -185,13 +186,21 @@ class RocksLedgerStorage:
         # Entries are opaque and usually incompressible (or compressed by the application): compressing them
         # on flush costs CPU the bookie's loop needs.
         opts.set_compression_type(DBCompressionType.none())
+        # Flushes and compactions write with direct I/O in 128 KiB requests. Through the page cache, a memtable
+        # flush lands on the device as one 64 MiB burst at the SST's fsync, and every journal fdatasync queued
+        # behind it waits 30-100 ms; small direct writes interleave with the journal's (measured: journal
+        # fsyncs over 10 ms went from ~6 % to < 0.5 %, add p99 from ~80 ms to 15-25 ms at ~105k adds/s).
+        self.direct_io = _supports_direct_io(directory)
+        if self.direct_io:
+            opts.set_use_direct_io_for_flush_and_compaction(True)
+            opts.set_writable_file_max_buffer_size(DIRECT_WRITE_BYTES)
+        else:
+            log.warning(
+                "%s does not support direct I/O: storage flushes go through the page cache", directory
+            )
         if write_rate_mb > 0:
-            # Paced flushes and compactions: direct I/O at most write_rate_mb MiB/s (refilled every 10 ms), so
-            # the device never holds a page-cache burst of a whole memtable in front of a journal fsync.
-            if _supports_direct_io(directory):
-                opts.set_use_direct_io_for_flush_and_compaction(True)
-            else:
-                log.warning("%s does not support direct I/O: storage writes are rate-limited only", directory)
+            # Opt-in: RocksDB's rate limiter paces flushes and compactions further, but when it falls behind,
+            # writes stall, and a stalled write holds the GIL (rocksdict), which stops the whole bookie.
             opts.set_ratelimiter(write_rate_mb * 1024 * 1024, 10_000, 10)
         index_opts = Options(raw_mode=True)
         index_opts.set_write_buffer_size(4 * 1024 * 1024)

@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--storage-write-rate-mb",
         type=int,
         default=0,
-        help="pace RocksDB flushes and compactions to this many MiB/s with direct I/O, so they do not queue "
-        "ahead of journal fsyncs on a shared disk (0: unpaced)",
+        help="also pace RocksDB flushes and compactions to this many MiB/s (0: off, the default; when the "
+        "limiter falls behind, RocksDB stalls writes and the bookie with them)",
     )
     serve.add_argument(
         "--journal-dir",
