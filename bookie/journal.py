@@ -49,8 +49,9 @@ record. A batch is handed to a dedicated single-thread executor (``pwrite`` + ``
 GIL) when the oldest waiting record has waited ``max_wait_ms`` (one ``call_at`` timer per batch; ``0`` means
 "at the next loop iteration") or ``flush_bytes`` are buffered. Only one batch is in flight at a time; records
 appended meanwhile form the next batch, which starts as soon as the previous one completes if its oldest
-record is already due, so under load there is always one fsync in flight and the batch size adapts.
-Callbacks run on the event loop, in append order, after the batch's fsync returned.
+record is already due (before the previous batch's callbacks run), so under load there is always one fsync in
+flight and the batch size adapts. Callbacks run on the event loop, in append order, after the batch's fsync
+returned.
 
 Errors: if a batch's write or fsync fails, the file is truncated back to the last good offset (and fsynced),
 and ``done(exc)`` is called for every record of that batch *and* for every record appended before the failure
@@ -751,6 +752,9 @@ class Journal:
             st["last_batch_records"] = n
             if n > st["max_batch_records"]:
                 st["max_batch_records"] = n
+            # The next batch goes to the disk before this one's callbacks run (they store the entries in
+            # RocksDB and write the replies: ~1 ms under load that the disk would otherwise sit idle).
+            self._maybe_next()
             for cb in cbs:
                 try:
                     cb(None)

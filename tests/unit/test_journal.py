@@ -206,6 +206,33 @@ def test_callbacks_fire_only_after_fsync_and_in_order(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_next_batch_is_on_its_way_to_disk_before_callbacks_run(tmp_path: Path) -> None:
+    """Completion callbacks (RocksDB writes, replies) must not keep the disk idle: when a batch completes with
+    records waiting, their batch is already handed to the writer thread when the first callback runs."""
+
+    async def main() -> None:
+        j = await open_journal(tmp_path, max_wait_ms=0)
+        gate = threading.Event()
+        real_fsync = j._fsync
+
+        def hook(fd: int) -> None:
+            gate.wait(10)
+            real_fsync(fd)
+
+        j._fsync = hook
+        busy_in_callback: list[bool] = []
+        j.append(RecordType.ENTRY, 1, 0, b"first", lambda exc: busy_in_callback.append(j._io_busy))
+        await asyncio.sleep(0.01)  # the first batch is in its fsync
+        j.append(RecordType.ENTRY, 1, 1, b"second", lambda exc: None)
+        await asyncio.sleep(0.01)
+        gate.set()
+        await j.flush()
+        assert busy_in_callback == [True]
+        await j.close()
+
+    asyncio.run(main())
+
+
 def test_new_segment_is_durable_before_its_records_are_acked(tmp_path: Path) -> None:
     async def main() -> None:
         j = Journal(tmp_path, segment_bytes=4096, max_wait_ms=0)
