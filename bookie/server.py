@@ -5,7 +5,10 @@ goes to the core, and replies are coalesced into one ``transport.write`` per loo
 
 * a malformed, oversized or wrong-version frame closes that connection (logged with the peer and reason);
 * a partial frame that makes no progress for ``partial_frame_timeout_s`` closes the connection (slow loris);
-* at most ``inflight_max`` requests in flight per connection; beyond that, ``TOO_MANY_REQUESTS``;
+* back-pressure first: with ``inflight_max / 2`` requests in flight on a connection we stop reading it, and
+  resume at ``inflight_max / 4`` (BookKeeper's bookie also stops reading rather than refusing adds); the
+  client's socket buffers fill and its writes wait. Only requests beyond ``inflight_max`` that arrived in
+  chunks already read are refused with ``TOO_MANY_REQUESTS`` (bounded memory either way);
 * when the peer stops reading our replies (transport buffer high), we stop reading its requests.
 """
 
@@ -66,6 +69,10 @@ class BookieConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.inflight = 0
+        self._pause_at = max(1, server.limits.inflight_max // 2)
+        self._resume_at = self._pause_at // 2
+        self._paused_inflight = False  # reading paused: too many requests in flight
+        self._paused_writing = False  # reading paused: the peer does not read our replies
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._closed = False
@@ -90,12 +97,22 @@ class BookieConnection(asyncio.Protocol):
             self._watchdog.cancel()
 
     def pause_writing(self) -> None:
-        if self.transport is not None:
+        self._paused_writing = True
+        if self.transport is not None and not self._paused_inflight:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self._closed:
+        self._paused_writing = False
+        if self.transport is not None and not self._closed and not self._paused_inflight:
             self.transport.resume_reading()
+
+    def _done(self, count: int) -> None:
+        """``count`` requests answered: resume reading once few enough are in flight."""
+        self.inflight -= count
+        if self._paused_inflight and self.inflight <= self._resume_at:
+            self._paused_inflight = False
+            if self.transport is not None and not self._closed and not self._paused_writing:
+                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         dec = self.decoder
@@ -144,6 +161,11 @@ class BookieConnection(asyncio.Protocol):
             self._abort()
         finally:
             self._last_progress = time.monotonic()
+            if self.inflight >= self._pause_at and not self._paused_inflight and not self._closed:
+                self._paused_inflight = True
+                server.backpressure_pauses += 1
+                if self.transport is not None and not self._paused_writing:
+                    self.transport.pause_reading()
 
     def _submit_adds(self, rows: list[AddRow]) -> None:
         server = self.server
@@ -164,15 +186,15 @@ class BookieConnection(asyncio.Protocol):
 
         def reply(frames: bytes, count: int) -> None:
             hist.observe(time.perf_counter() - t0)
-            self.inflight -= count
             self._write(frames)
+            self._done(count)
 
         self.core.add_entries(rows, reply)
 
     # replies -------------------------------------------------------------------------------------------
     def _reply(self, frame: bytes) -> None:
-        self.inflight -= 1
         self._write(frame)
+        self._done(1)
 
     def _write(self, frame: bytes) -> None:
         if self._closed:
@@ -202,6 +224,8 @@ class BookieConnection(asyncio.Protocol):
     def _check_partial(self) -> None:
         if self._closed:
             return
+        if self._paused_inflight or self._paused_writing:
+            self._last_progress = time.monotonic()  # we stopped reading: the peer is not the slow one
         idle = time.monotonic() - self._last_progress
         if self.decoder.buffered and idle > self.server.limits.partial_frame_timeout_s:
             self.server.slow_closed += 1
@@ -234,6 +258,7 @@ class BookieServer:
         self.connections: set[BookieConnection] = set()
         self.malformed = 0
         self.overloaded = 0
+        self.backpressure_pauses = 0
         self.slow_closed = 0
         self.adds_received = 0
         self.add_rate = RateMeter(time.monotonic, lambda: self.adds_received)
@@ -343,6 +368,11 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
     )
     m.counter(
         "bookie_overload_rejections_total", "Requests answered TOO_MANY_REQUESTS", lambda: server.overloaded
+    )
+    m.counter(
+        "bookie_backpressure_pauses_total",
+        "Times a connection stopped being read because too many of its requests were in flight",
+        lambda: server.backpressure_pauses,
     )
     m.counter(
         "bookie_journal_bytes_total", "Bytes written to the journal", lambda: journal_stats().get("bytes", 0)

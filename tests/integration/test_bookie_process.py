@@ -6,6 +6,7 @@ import asyncio
 import random
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,30 @@ def test_too_many_requests_instead_of_unbounded_memory(bookies) -> None:
     assert p.Status.TOO_MANY_REQUESTS in statuses
     assert p.Status.OK in statuses
     assert set(statuses) <= {p.Status.OK, p.Status.TOO_MANY_REQUESTS}
+
+
+def test_a_busy_connection_is_paused_not_refused(bookies) -> None:
+    """Adds arriving faster than the journal commits them: the bookie stops reading the connection at half its
+    in-flight bound and resumes at a quarter, so a client that keeps sending in ordinary chunks is slowed by
+    TCP, never refused (a refused add costs the writer an ensemble change)."""
+    bp = bookies.start("--inflight-max", "400", "--journal-max-wait-ms", "50")
+
+    async def stream() -> list[p.Status]:
+        raw = await RawBookie.open(bp.id)
+        tasks = []
+        for first in range(0, 4000, 40):  # 40 KiB per loop iteration, far faster than a 50 ms group commit
+            tasks += [asyncio.ensure_future(raw.add(13, e, size=1024)) for e in range(first, first + 40)]
+            await asyncio.sleep(0.001)
+        statuses = await asyncio.gather(*tasks)
+        raw.close()
+        return list(statuses)
+
+    statuses = asyncio.run(stream())
+    assert statuses == [p.Status.OK] * 4000
+    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics") as r:
+        metrics = r.read().decode()
+    pauses = [ln for ln in metrics.splitlines() if ln.startswith("bookie_backpressure_pauses_total ")]
+    assert pauses and float(pauses[0].split()[1]) > 0, pauses
 
 
 def test_payload_helper_is_deterministic() -> None:
