@@ -41,6 +41,10 @@ ADD_RID_BASE = 1 << 48
 AddRow = tuple[int, int, int, int, int, int, int, int]
 
 
+#: Unsent bytes on one bookie connection above which its writers wait (see ``AddListener.on_congestion``).
+WRITE_BUFFER_HIGH = 16 * 1024 * 1024
+
+
 class AddListener(Protocol):
     """Receives the add responses of one ledger (request ids >= ``ADD_RID_BASE``) from every connection."""
 
@@ -50,6 +54,10 @@ class AddListener(Protocol):
 
     def on_bookie_lost(self, bookie: str, exc: BaseException) -> None:
         """A connection to ``bookie`` broke: adds sent on it will never be answered."""
+
+    def on_congestion(self, bookie: str, congested: bool) -> None:
+        """The connection to ``bookie`` holds more than ``WRITE_BUFFER_HIGH`` unsent bytes (the bookie reads
+        slower than we write), or, with ``congested=False``, no longer does."""
 
 
 def split_address(bookie_id: str) -> tuple[str, int]:
@@ -81,7 +89,7 @@ class BookieConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have the same methods.
         self.transport = cast(asyncio.Transport, transport)
-        self.transport.set_write_buffer_limits(high=16 * 1024 * 1024)
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail_all(
@@ -90,9 +98,13 @@ class BookieConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._can_write.clear()
+        for listener in list(self._listeners.values()):
+            listener.on_congestion(self.bookie_id, True)
 
     def resume_writing(self) -> None:
         self._can_write.set()
+        for listener in list(self._listeners.values()):
+            listener.on_congestion(self.bookie_id, False)
 
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder

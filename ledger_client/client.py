@@ -314,6 +314,10 @@ class LedgerHandle:
             bk.pool.add_listener(self.ledger_id, self)
             self._capacity = asyncio.Event()
             self._capacity.set()
+            # bookie -> loop time since which its connection holds too many unsent bytes: appends wait (a
+            # slow bookie must not make the client buffer without limit); past add_timeout_s it counts as
+            # failed and is replaced
+            self._congested: dict[str, float] = {}
             self._ec_task: asyncio.Task[None] | None = None
             self._sweeper: asyncio.Task[None] | None = self._loop.create_task(self._sweep_timeouts())
             self._lac_sent = -1
@@ -357,7 +361,7 @@ class LedgerHandle:
         """Like ``append`` but returns as soon as the entry is sent: the future resolves with its id.
         Waits (back-pressure) while ``outstanding_adds_max`` adds are pending."""
         pipe = self._pipe
-        if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity:
+        if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity or self._congested:
             await self._until_appendable()
         fut: asyncio.Future[int] = self._loop.create_future()
         self._add(data, fut)
@@ -370,7 +374,7 @@ class LedgerHandle:
         ``asyncAddEntry``; cheaper than a future per entry). Waits (back-pressure) while
         ``outstanding_adds_max`` adds are pending."""
         pipe = self._pipe
-        if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity:
+        if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity or self._congested:
             await self._until_appendable()
         return self._add(data, callback)
 
@@ -384,7 +388,7 @@ class LedgerHandle:
             self._state.check_append()
             if pipe.error is not None:
                 raise pipe.error
-            if pipe.has_capacity:
+            if pipe.has_capacity and not self._congested:
                 return
             self._capacity.clear()
             await self._capacity.wait()
@@ -498,6 +502,8 @@ class LedgerHandle:
     def on_bookie_lost(self, bookie: str, exc: BaseException) -> None:
         """A connection to ``bookie`` broke: if this writer still waits for acks from it, it failed."""
         self._drop_routes()
+        if self._congested.pop(bookie, None) is not None:  # its unsent bytes went with it
+            self._capacity.set()
         pipe = self._pipe
         if pipe is None or pipe.error is not None:
             return
@@ -507,6 +513,34 @@ class LedgerHandle:
         log.debug("ledger=%d bookie=%s connection lost: %s", self.ledger_id, bookie, exc)
         for eid in waiting:
             self._apply(pipe.on_ack(eid, bookie, None))
+        self._maybe_change_ensemble()
+
+    def on_congestion(self, bookie: str, congested: bool) -> None:
+        """Back-pressure from one bookie's connection (see ``BookieConnection.pause_writing``)."""
+        pipe = self._pipe
+        if pipe is None:
+            return
+        if congested and bookie in pipe.ensemble and pipe.error is None:
+            self._congested.setdefault(bookie, self._loop.time())
+        elif self._congested.pop(bookie, None) is not None:
+            self._capacity.set()
+
+    def _fail_congested(self, now: float, timeout: float) -> None:
+        """A bookie that has not drained its connection for ``timeout`` is as good as failed: replace it."""
+        pipe = self._pipe
+        assert pipe is not None
+        self._forget_congestion_outside(pipe.ensemble)
+        for bookie, since in list(self._congested.items()):
+            if now - since > timeout:
+                log.warning(
+                    "ledger=%d bookie=%s has not read our adds for %.1fs: replacing it",
+                    self.ledger_id,
+                    bookie,
+                    now - since,
+                )
+                del self._congested[bookie]
+                self._capacity.set()
+                self._apply(pipe.on_bookie_error(bookie))
         self._maybe_change_ensemble()
 
     def _on_add_response(
@@ -572,6 +606,8 @@ class LedgerHandle:
             if pipe.error is not None:
                 return
             now = self._loop.time()
+            if self._congested:
+                self._fail_congested(now, timeout)
             expired = [eid for eid, item in self._inflight.items() if now - item[2] > timeout]
             for eid in expired:
                 item = self._inflight.get(eid)
@@ -721,6 +757,12 @@ class LedgerHandle:
                     frame = p.add_request_frame(next(self._add_ids), 0, item[0][_FRAME_HEADER_LEN:])
                     self._send_add(r.entry_id, r.bookie, frame)
             self._apply(Progress(completed=result.completed))
+            self._forget_congestion_outside(pipe.ensemble)
+
+    def _forget_congestion_outside(self, ensemble: tuple[str, ...]) -> None:
+        for bookie in [b for b in self._congested if b not in ensemble]:
+            del self._congested[bookie]
+            self._capacity.set()
 
     async def close(self) -> None:
         """Writer: wait for pending adds, then CAS OPEN→CLOSED(LAC, length). Reader: release resources."""

@@ -118,6 +118,49 @@ def test_kill9_bookie_while_appending_changes_ensemble_and_loses_nothing(bookies
     asyncio.run(go())
 
 
+def test_a_bookie_that_stops_reading_throttles_then_is_replaced(bookies) -> None:
+    """SIGSTOP one bookie of a 3/3/2 ledger: its two peers still ack every entry, so nothing times out, but the
+    client's unsent bytes toward the stopped bookie would grow without limit. They stop at the connection's
+    high-water mark (appends wait), and once the bookie has not drained it for add_timeout_s it is replaced."""
+    from ledger_client.bookie_conn import WRITE_BUFFER_HIGH
+
+    procs = bookies.start_many(4)
+    size = 32 * 1024
+
+    async def go() -> None:
+        bk = await _bk(bookies, add_timeout_s=2.0, outstanding_adds_max=32)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        victim = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[2])
+        acked: dict[int, bytes] = {}
+        most_buffered = 0
+
+        async def writer() -> None:
+            nonlocal most_buffered
+            for i in range(2000):  # ~64 MiB: four times the high-water mark
+                eid = await lh.append(payload(i, size))
+                acked[eid] = payload(i, size)
+                if i == 50:
+                    victim.pause()
+                conn = bk.pool.get_nowait(victim.id)
+                if conn is not None and conn.transport is not None:
+                    most_buffered = max(most_buffered, conn.transport.get_write_buffer_size())
+
+        try:
+            await asyncio.wait_for(writer(), 90)
+        finally:
+            victim.resume()
+        await lh.close()
+        assert most_buffered <= WRITE_BUFFER_HIGH + 32 * (size + 100), most_buffered
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert len(md.ensembles) == 2, md.ensembles
+        assert victim.id not in md.ensembles[1].bookies
+        rh = await bk.open_ledger(lh.ledger_id, password=PW)
+        assert {i: d for i, d in enumerate(await _read_all(rh))} == acked
+        await bk.close()
+
+    asyncio.run(go())
+
+
 def test_recovery_while_writer_appends_fences_the_writer_and_keeps_every_ack(bookies) -> None:
     bookies.start_many(3)
 

@@ -94,6 +94,9 @@ class Listener:
     def on_bookie_lost(self, bookie: str, exc: BaseException) -> None:
         self.lost.append(bookie)
 
+    def on_congestion(self, bookie: str, congested: bool) -> None:
+        pass
+
 
 def _conn(listeners: dict[int, Any]) -> BookieConnection:
     conn = BookieConnection("b:1", listeners)
