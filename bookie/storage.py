@@ -15,6 +15,15 @@ overlap and RocksDB would merge-rewrite every entry again and again in compactio
 writes for 1.9 GB of entries in 20 s). Alone, a ledger's entries arrive in key order, flushed SSTs do not overlap,
 and compaction moves them down without rewriting them.
 
+Entries of ``BLOB_MIN_BYTES`` or more are kept in RocksDB's blob files (BlobDB): a flush writes the values once,
+sequentially, into a blob file, and the SSTs hold only keys and blob references. Many ledgers written at once
+interleave in every memtable, so their SSTs do overlap and are compacted, but compaction then rewrites ~30-byte
+references instead of the entries (measured with 16 ledgers over 20 s: 1.6 GB of compaction writes without blob
+files, 24 MB with them). This is BookKeeper's entry-log design inside RocksDB: values in append-only files, an
+index beside them. Deleting a ledger range-deletes its keys and compacts that key range at once, so its SSTs
+go and blob files left without live references are deleted; blob garbage collection relocates what still
+lives in the oldest quarter of blob files during compaction.
+
 ``MemoryLedgerStorage`` implements the same interface in memory for the simulator and unit tests.
 """
 
@@ -166,6 +175,8 @@ def _supports_direct_io(directory: Path) -> bool:
 
 INDEX_CF = "index"
 DIRECT_WRITE_BYTES = 128 * 1024
+BLOB_MIN_BYTES = 256
+BLOB_FILE_BYTES = 256 * 1024 * 1024
 
 
 class RocksLedgerStorage:
@@ -202,6 +213,10 @@ class RocksLedgerStorage:
             # Opt-in: RocksDB's rate limiter paces flushes and compactions further, but when it falls behind,
             # writes stall, and a stalled write holds the GIL (rocksdict), which stops the whole bookie.
             opts.set_ratelimiter(write_rate_mb * 1024 * 1024, 10_000, 10)
+        opts.set_enable_blob_files(True)
+        opts.set_min_blob_size(BLOB_MIN_BYTES)
+        opts.set_blob_file_size(BLOB_FILE_BYTES)
+        opts.set_enable_blob_gc(True)
         index_opts = Options(raw_mode=True)
         index_opts.set_write_buffer_size(4 * 1024 * 1024)
         self._db = Rdict(str(directory), opts, column_families={INDEX_CF: index_opts})
@@ -299,6 +314,9 @@ class RocksLedgerStorage:
         wo = WriteOptions()
         wo.sync = True  # type: ignore[method-assign,assignment]
         self._db.write(wb, wo)
+        # Give the space back now (GC runs in a thread; compaction releases the GIL): SSTs holding only this
+        # ledger are dropped, the others rewritten without it, and blob files left unreferenced are deleted.
+        self._db.compact_range(entry_key(ledger_id, 0), entry_key(ledger_id, _U64_MAX))
 
     def flush(self) -> None:
         self._db.flush(True)

@@ -161,6 +161,51 @@ def test_a_bookie_that_stops_reading_throttles_then_is_replaced(bookies) -> None
     asyncio.run(go())
 
 
+def test_deleted_ledger_is_garbage_collected_from_its_bookie(bookies) -> None:
+    import urllib.error
+    import urllib.request
+
+    bp = bookies.start("--gc-interval-s", "0.5")
+
+    def status(lid: int) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/ledgers/{lid}") as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        doomed = await bk.create_ledger(1, 1, 1, password=PW)
+        kept = await bk.create_ledger(1, 1, 1, password=PW)
+        for i in range(500):
+            await doomed.append(payload(i, 1024))
+            await kept.append(payload(i, 1024))
+        await doomed.close()
+        await kept.close()
+        assert status(doomed.ledger_id) == 200
+        await bk.delete_ledger(doomed.ledger_id)
+        for _ in range(100):
+            if status(doomed.ledger_id) == 404:
+                break
+            await asyncio.sleep(0.1)
+        assert status(doomed.ledger_id) == 404, "the bookie kept a ledger deleted from metadata"
+        conn = await connect(bp.id)
+        resp = await conn.request(
+            lambda rid: p.ReadEntryRequest(
+                request_id=rid, ledger_id=doomed.ledger_id, entry_id=0, master_key=p.master_key(PW)
+            ),
+            5.0,
+        )
+        assert resp.status in (p.Status.NO_LEDGER, p.Status.NO_ENTRY)
+        conn.close()
+        rh = await bk.open_ledger(kept.ledger_id, password=PW)
+        assert await _read_all(rh) == [payload(i, 1024) for i in range(500)]
+        await bk.close()
+
+    asyncio.run(go())
+
+
 def test_recovery_while_writer_appends_fences_the_writer_and_keeps_every_ack(bookies) -> None:
     bookies.start_many(3)
 

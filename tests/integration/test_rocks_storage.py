@@ -86,3 +86,44 @@ def test_one_ledgers_entries_are_never_rewritten_by_compaction(tmp_path: Path) -
     assert any(f["level"] > 0 for f in live), "no compaction moved anything down"
     assert s.get_range(1, 0, 1199, 1 << 30) == [b"e" * 1000] * 1200
     s.close()
+
+
+def _bytes_on_disk(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.suffix in (".sst", ".blob"))
+
+
+def test_interleaved_ledgers_are_compacted_without_rewriting_their_entries(tmp_path: Path) -> None:
+    """Eight ledgers written together overlap in every flushed SST, so compaction runs; the entries live in
+    blob files, written once at flush, and the SSTs it rewrites hold only keys and references."""
+    s = RocksLedgerStorage(tmp_path / "db")
+    infos = {lid: LedgerInfo(KEY) for lid in range(1, 9)}
+    for batch in range(6):
+        rows = [(lid, batch * 50 + i, bytes([lid]) * 1000) for i in range(50) for lid in infos]
+        s.write(rows, list(infos.items()))
+        s.flush()
+    _wait_for_compactions(s)
+    data = 8 * 300 * 1000
+    sst = sum(f["size"] for f in s._db.live_files() if f["start_key"].startswith(b"E"))
+    blobs = [f for f in (tmp_path / "db").iterdir() if f.suffix == ".blob"]
+    assert blobs and sum(f.stat().st_size for f in blobs) >= data
+    assert sst < data // 10, f"{sst} bytes of SSTs for {data} bytes of entries: values are not in blob files"
+    for lid in infos:
+        assert s.get_range(lid, 0, 299, 1 << 30) == [bytes([lid]) * 1000] * 300
+    s.close()
+
+
+def test_deleting_a_ledger_gives_its_space_back(tmp_path: Path) -> None:
+    s = RocksLedgerStorage(tmp_path / "db")
+    for lid in (1, 2):
+        s.write([(lid, e, bytes([lid]) * 1000) for e in range(2000)], [(lid, LedgerInfo(KEY))])
+        s.flush()
+    before = _bytes_on_disk(tmp_path / "db")
+    s.delete_ledger(1)
+    _wait_for_compactions(s)
+    after = _bytes_on_disk(tmp_path / "db")
+    assert before - after >= 1_500_000, (before, after)
+    assert s.get_entry(1, 0) is None and s.get_range(2, 0, 1999, 1 << 30) == [b"\x02" * 1000] * 2000
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")
+    assert set(s.load_index()) == {2} and s.get_entry(2, 1999) == b"\x02" * 1000
+    s.close()
