@@ -60,7 +60,7 @@ class BookieConfig:
     partial_frame_timeout_s: float = 30.0
     inflight_max: int = 10_000
     journal_dir_override: Path | None = None  # put the journal on its own device (BookKeeper's advice)
-    write_buffer_mb: int = 64  # RocksDB memtable size (up to 4 of them): acked entries held before a flush
+    write_buffer_mb: int = 64  # RocksDB memtable size (up to 8 of them): acked entries held before a flush
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
 
     @property

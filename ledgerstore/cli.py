@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--write-buffer-mb",
         type=int,
         default=64,
-        help="RocksDB memtable size in MiB (up to 4 in memory): bigger means rarer flushes competing with "
+        help="RocksDB memtable size in MiB (up to 8 in memory): bigger means rarer flushes competing with "
         "the journal for the disk",
     )
     serve.add_argument(
