@@ -550,42 +550,36 @@ def test_checkpoint_shrinks_old_segments_in_steps_before_deleting_them(
     assert replay_all(tmp_path) == after
 
 
-def test_replay_deletes_an_old_segment_left_half_shrunk(tmp_path: Path) -> None:
+def _die_after_writing_the_mark(directory: Path) -> tuple[JournalMark, list[JournalRecord]]:
+    """Write records, take a mark mid-journal, write more, persist the mark, then stop as a crash would:
+    before the checkpoint deletes anything. Returns the mark and the records after it."""
     before = entries(30, size=500)
     after = entries(30, size=500, first=30)
     holder: list[JournalMark] = []
 
     async def main() -> None:
-        j = await open_journal(tmp_path, segment_bytes=4096)
+        j = await open_journal(directory, segment_bytes=4096)
         await append_all(j, before, chunk=5)
         holder.append(j.mark)
         await append_all(j, after, chunk=5)
-        j._write_mark(holder[0])
-        await j.close()  # the process dies while shrinking the first old segment
-        victim = min(segments(tmp_path))
-        os.truncate(victim, os.path.getsize(victim) // 3)
-
-    asyncio.run(main())
-    assert replay_all(tmp_path) == after
-    assert all(int(p.stem, 16) >= holder[0].seq for p in segments(tmp_path))
-
-
-def test_checkpoint_crash_between_mark_and_delete(tmp_path: Path) -> None:
-    before = entries(30, size=500)
-    after = entries(30, size=500, first=30)
-    holder: list[JournalMark] = []
-
-    async def main() -> None:
-        j = await open_journal(tmp_path, segment_bytes=4096)
-        await append_all(j, before, chunk=5)
-        holder.append(j.mark)
-        await append_all(j, after, chunk=5)
-        j._write_mark(j.mark.__class__(holder[0].seq, holder[0].offset))  # the mark is written ...
+        j._write_mark(holder[0])  # the mark is written ...
         await j.close()  # ... and the process dies before deleting anything
 
     asyncio.run(main())
-    mark = holder[0]
-    assert any(int(p.stem, 16) < mark.seq for p in segments(tmp_path))
+    assert any(int(p.stem, 16) < holder[0].seq for p in segments(directory))
+    return holder[0], after
+
+
+def test_replay_deletes_an_old_segment_left_half_shrunk(tmp_path: Path) -> None:
+    mark, after = _die_after_writing_the_mark(tmp_path)
+    victim = min(segments(tmp_path))  # the process died while shrinking it
+    os.truncate(victim, os.path.getsize(victim) // 3)
+    assert replay_all(tmp_path) == after
+    assert all(int(p.stem, 16) >= mark.seq for p in segments(tmp_path))
+
+
+def test_checkpoint_crash_between_mark_and_delete(tmp_path: Path) -> None:
+    mark, after = _die_after_writing_the_mark(tmp_path)
     assert replay_all(tmp_path) == after
     assert all(int(p.stem, 16) >= mark.seq for p in segments(tmp_path)), "replay finishes the deletion"
     assert replay_all(tmp_path) == after
