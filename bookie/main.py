@@ -31,7 +31,7 @@ from aiohttp import web
 from .core import BookieCore
 from .journal import Journal
 from .server import BookieServer, ServerLimits, admin_app, register_core_metrics
-from .storage import RocksLedgerStorage
+from .storage import MEMTABLES_MAX, RocksLedgerStorage
 
 log = logging.getLogger("ledgerstore.bookie")
 
@@ -152,6 +152,7 @@ class Bookie:
         self.server = BookieServer(self.core, limits)
         journal = self.journal
         register_core_metrics(self.server, lambda: journal.stats)
+        self._register_storage_metrics()
         await self.server.listen(cfg.listen_address or cfg.advertised_address, cfg.port)
         app = admin_app(self.server, self.info)
         self._http = web.AppRunner(app, access_log=None)
@@ -217,6 +218,32 @@ class Bookie:
             "uptime_s": round(time.time() - self.started_at, 1),
             "journal": dict(self.journal.stats),
         }
+
+    def _register_storage_metrics(self) -> None:
+        assert self.server is not None and self.storage is not None
+        gauges = self.storage.gauges
+        m = self.server.metrics
+        m.gauge(
+            "bookie_storage_memtables_waiting",
+            f"RocksDB memtables full and waiting for a flush (at {MEMTABLES_MAX - 1} RocksDB delays writes, "
+            "and a delayed write pauses the whole bookie)",
+            lambda: gauges()["memtables_waiting"],
+        )
+        m.gauge(
+            "bookie_storage_writes_delayed",
+            "1 while RocksDB delays or stops writes",
+            lambda: gauges()["writes_delayed"],
+        )
+        m.gauge(
+            "bookie_storage_sst_bytes",
+            "Bytes of RocksDB SST files (keys, small entries)",
+            lambda: gauges()["sst_bytes"],
+        )
+        m.gauge(
+            "bookie_storage_blob_bytes",
+            "Bytes of live RocksDB blob files (entries)",
+            lambda: gauges()["blob_bytes"],
+        )
 
     def _on_sync(self, nbytes: int, seconds: float) -> None:
         if self.server is not None:

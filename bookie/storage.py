@@ -325,6 +325,19 @@ class RocksLedgerStorage:
         self._db.flush(True)
         self._index.flush(True)
 
+    def gauges(self) -> dict[str, int]:
+        """RocksDB's own view of the entries column family (cheap in-memory properties, for /metrics)."""
+        prop = self._db.property_int_value
+        delayed = (prop("rocksdb.actual-delayed-write-rate") or 0) > 0 or bool(
+            prop("rocksdb.is-write-stopped")
+        )
+        return {
+            "memtables_waiting": prop("rocksdb.num-immutable-mem-table") or 0,
+            "writes_delayed": int(delayed),
+            "sst_bytes": prop("rocksdb.total-sst-files-size") or 0,
+            "blob_bytes": prop("rocksdb.live-blob-file-size") or 0,
+        }
+
     def close(self) -> None:
         # The column family's Rdict holds the database open too: drop it first, or the LOCK stays held.
         del self._index, self._index_cf
