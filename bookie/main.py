@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -34,6 +35,11 @@ from .server import BookieServer, ServerLimits, admin_app, register_core_metrics
 from .storage import MEMTABLES_MAX, RocksLedgerStorage
 
 log = logging.getLogger("ledgerstore.bookie")
+
+
+def _gauge(read: Callable[[], dict[str, int]], key: str) -> float:
+    return read()[key]
+
 
 EXIT_COOKIE_MISMATCH = 3
 ZK_STOP_TIMEOUT_S = 2.0
@@ -222,28 +228,19 @@ class Bookie:
     def _register_storage_metrics(self) -> None:
         assert self.server is not None and self.storage is not None
         gauges = self.storage.gauges
-        m = self.server.metrics
-        m.gauge(
-            "bookie_storage_memtables_waiting",
-            f"RocksDB memtables full and waiting for a flush (at {MEMTABLES_MAX - 1} RocksDB delays writes, "
-            "and a delayed write pauses the whole bookie)",
-            lambda: gauges()["memtables_waiting"],
-        )
-        m.gauge(
-            "bookie_storage_writes_delayed",
-            "1 while RocksDB delays or stops writes",
-            lambda: gauges()["writes_delayed"],
-        )
-        m.gauge(
-            "bookie_storage_sst_bytes",
-            "Bytes of RocksDB SST files (keys, small entries)",
-            lambda: gauges()["sst_bytes"],
-        )
-        m.gauge(
-            "bookie_storage_blob_bytes",
-            "Bytes of live RocksDB blob files (entries)",
-            lambda: gauges()["blob_bytes"],
-        )
+        for key, help_text in (
+            (
+                "memtables_waiting",
+                f"RocksDB memtables full and waiting for a flush (at {MEMTABLES_MAX - 1} RocksDB delays writes, "
+                "and a delayed write pauses the whole bookie)",
+            ),
+            ("writes_delayed", "1 while RocksDB delays or stops writes"),
+            ("sst_bytes", "Bytes of RocksDB SST files (keys, small entries)"),
+            ("blob_bytes", "Bytes of live RocksDB blob files (entries)"),
+        ):
+            self.server.metrics.gauge(
+                f"bookie_storage_{key}", help_text, functools.partial(_gauge, gauges, key)
+            )
 
     def _on_sync(self, nbytes: int, seconds: float) -> None:
         if self.server is not None:
