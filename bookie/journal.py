@@ -474,11 +474,13 @@ class Journal:
             return f"header seq {hseq} does not match the file name"
         return None
 
-    def _delete_segment(self, seq: int) -> None:
-        """Delete a checkpointed segment, shrinking it in steps first (see ``_shrink_gently``)."""
+    def _delete_segment(self, seq: int, *, gently: bool = False) -> None:
+        """Delete a segment; ``gently`` (a checkpoint, with fsyncs running) shrinks it in steps first (see
+        ``_shrink_gently``). Replay deletes at once: nothing is being acknowledged yet."""
         path = self._seg_path(seq)
         try:
-            _shrink_gently(path, DELETE_STEP_BYTES, DELETE_STEP_PAUSE_S)
+            if gently:
+                _shrink_gently(path, DELETE_STEP_BYTES, DELETE_STEP_PAUSE_S)
             os.unlink(path)
             self.stats["segments_deleted"] += 1
         except FileNotFoundError:
@@ -626,7 +628,7 @@ class Journal:
                 self._persisted = mark
             for seq in self._list_segments():
                 if seq < self._persisted.seq:
-                    self._delete_segment(seq)
+                    self._delete_segment(seq, gently=True)
 
     # ------------------------------------------------------------------ append path (loop thread)
 
