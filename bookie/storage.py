@@ -204,8 +204,7 @@ class RocksLedgerStorage:
         # flush lands on the device as one 64 MiB burst at the SST's fsync, and every journal fdatasync queued
         # behind it waits 30-100 ms; small direct writes interleave with the journal's (measured: journal
         # fsyncs over 10 ms went from ~6 % to < 0.5 %, add p99 from ~80 ms to 15-25 ms at ~105k adds/s).
-        self.direct_io = _supports_direct_io(directory)
-        if self.direct_io:
+        if _supports_direct_io(directory):
             opts.set_use_direct_io_for_flush_and_compaction(True)
             opts.set_writable_file_max_buffer_size(DIRECT_WRITE_BYTES)
         else:
