@@ -57,6 +57,8 @@ class BookieConfig:
     listen_address: str | None = None
     bookie_id: str | None = None
     journal_max_wait_ms: float = 1.0
+    journal_segment_mb: int = 256
+    journal_reuse_segments: int = 4  # old segments kept to be written over
     fsync: bool = True
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
@@ -122,9 +124,13 @@ class Bookie:
         self.journal = Journal(
             cfg.journal_dir,
             max_wait_ms=cfg.journal_max_wait_ms,
+            segment_bytes=cfg.journal_segment_mb * 1024 * 1024,
+            reuse_segments=cfg.journal_reuse_segments,
             fsync=cfg.fsync,
             on_sync=self._on_sync,
         )
+        # keep old journal segments to write over only while the disk has room to spare
+        self.journal.may_reuse = lambda: self._disk_usage() < cfg.disk_usage_lwm
         self.core = BookieCore(
             self.storage,
             self.journal.append,
@@ -241,6 +247,15 @@ class Bookie:
             self.server.metrics.gauge(
                 f"bookie_storage_{key}", help_text, functools.partial(_gauge, gauges, key)
             )
+        assert self.journal is not None
+        jstats = self.journal.stats
+        for key, help_text in (
+            ("segments_created", "Journal segments created as new files"),
+            ("segments_reused", "Journal segments written over an old segment's file (cheaper fsyncs)"),
+        ):
+            self.server.metrics.counter(
+                f"bookie_journal_{key}_total", help_text, functools.partial(jstats.__getitem__, key)
+            )
 
     def _on_sync(self, nbytes: int, seconds: float) -> None:
         if self.server is not None:
@@ -279,6 +294,8 @@ class Bookie:
             log.warning(
                 "bookie=%s going %s: %s", self.config.id, "read-only" if readonly else "writable", why
             )
+            if readonly and self.journal is not None:
+                asyncio.get_running_loop().run_in_executor(None, self.journal.release_free_segments)
         self.core.readonly = readonly
         if self.registry is not None and self._registered_readonly != readonly:
             asyncio.get_running_loop().create_task(self._register())
@@ -410,6 +427,8 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         listen_address=args.listen_address,
         bookie_id=args.bookie_id,
         journal_max_wait_ms=args.journal_max_wait_ms,
+        journal_segment_mb=getattr(args, "journal_segment_mb", 256),
+        journal_reuse_segments=getattr(args, "journal_reuse_segments", 4),
         fsync=not args.no_fsync,
         disk_usage_threshold=args.disk_usage_threshold,
         disk_usage_lwm=args.disk_usage_lwm,

@@ -73,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--journal-max-wait-ms", type=float, default=1.0)
     serve.add_argument(
+        "--journal-segment-mb", type=int, default=256, help="journal segment size in MiB (a new one after it)"
+    )
+    serve.add_argument(
+        "--journal-reuse-segments",
+        type=int,
+        default=4,
+        help="old journal segments kept to be written over (writing over a file's blocks is much cheaper "
+        "than growing a file; 0: delete them)",
+    )
+    serve.add_argument(
         "--write-buffer-mb",
         type=int,
         default=64,
