@@ -424,6 +424,8 @@ class Journal:
             "last_fsync_s": 0.0,
             "max_fsync_s": 0.0,
             "total_fsync_s": 0.0,
+            "total_write_s": 0.0,  # in pwrite (copying batches into the page cache)
+            "total_idle_s": 0.0,  # writer idle between the end of one batch and the start of the next
             "last_batch_records": 0,
             "max_batch_records": 0,
             "segments_created": 0,  # new files
@@ -454,6 +456,7 @@ class Journal:
         self._seq = 0
         self._offset = 0
         self._broken: BaseException | None = None
+        self._idle_since = 0.0  # perf_counter when the last batch ended (0: none yet)
         # replay / checkpoint
         self._ckpt_lock = threading.Lock()
         self._pool_lock = threading.Lock()  # guards _free (checkpoint thread and writer thread)
@@ -1002,16 +1005,23 @@ class Journal:
             )
         fd = self._fd
         start = self._offset
+        st = self.stats
+        tw = time.perf_counter()
+        if self._idle_since:
+            st["total_idle_s"] += tw - self._idle_since
         try:
             _pwrite_all(fd, data, start)
             t0 = time.perf_counter()
             self._fsync(fd)
-            dt = time.perf_counter() - t0
+            t1 = time.perf_counter()
         except BaseException as exc:
+            self._idle_since = 0.0
             self._cut_back(exc)
             raise
+        self._idle_since = t1
+        st["total_write_s"] += t0 - tw
         self._offset = start + len(data)
-        return self._seq, self._offset, dt
+        return self._seq, self._offset, t1 - t0
 
     def _io_close(self) -> None:
         if self._fd < 0:
