@@ -107,7 +107,7 @@ def run_ledger_bench(
     machine_limits: Callable[[Any], dict[str, float]],
 ) -> int:
     from bookie.main import install_uvloop
-    from ledgerstore.bench import cpu_meter
+    from ledgerstore.bench import cpu_meter, disk_meter
 
     install_uvloop()
     pids = {"client": os.getpid()}
@@ -128,7 +128,7 @@ def run_ledger_bench(
         limits = machine_limits(tmp)
         runs = []
         for i in range(args.runs):
-            with cpu_meter(pids, "entry") as cpu:
+            with cpu_meter(pids, "entry") as cpu, disk_meter(tmp) as disk:
                 r = asyncio.run(
                     ledger_run(
                         zk,
@@ -143,10 +143,10 @@ def run_ledger_bench(
                     )
                 )
                 cpu["units"] = r["acked"]
-            r |= cpu
+            r |= cpu | disk
             print(
                 f"  run {i + 1}/{args.runs}: {r['acked_entries_per_s']:,.0f} entries/s, p99 {r['p99_ms']} ms, "
-                f"CPU busy {r.get('cpu_busy_pct', '?')}%",
+                f"CPU busy {r.get('cpu_busy_pct', '?')}%, disk busy {r.get('disk_busy_pct', '?')}%",
                 flush=True,
             )
             runs.append(r)

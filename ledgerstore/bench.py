@@ -223,6 +223,47 @@ def cpu_meter(pids: dict[str, int], unit: str) -> Iterator[dict[str, float]]:
     out["cpu_busy_pct"] = round(100 * total / (wall * (os.cpu_count() or 1)), 1)
 
 
+def block_device(path: Path) -> str | None:
+    """The /proc/diskstats name of the block device holding ``path`` (None for tmpfs and the like)."""
+    try:
+        st = os.stat(path)
+        link = os.readlink(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    except OSError:
+        return None
+    return os.path.basename(link)
+
+
+def _diskstats(device: str) -> tuple[int, int] | None:
+    """(bytes written, ms the device was busy) so far, from /proc/diskstats."""
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 12 and fields[2] == device:
+                    return int(fields[9]) * 512, int(fields[12])
+    except OSError:
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def disk_meter(path: Path) -> Iterator[dict[str, float]]:
+    """Measure the disk holding ``path`` across a block: ``disk_write_mb_per_s`` (everything written to that
+    device, other processes' writes included) and ``disk_busy_pct`` (time it had requests in flight; near
+    100 the disk, not the software, sets the pace). Left empty where the device cannot be found."""
+    out: dict[str, float] = {}
+    device = block_device(path)
+    before = _diskstats(device) if device else None
+    t0 = time.perf_counter()
+    yield out
+    after = _diskstats(device) if device else None
+    wall = time.perf_counter() - t0
+    if before is None or after is None or wall <= 0:
+        return
+    out["disk_write_mb_per_s"] = round((after[0] - before[0]) / wall / 1e6, 1)
+    out["disk_busy_pct"] = round(min(100.0, (after[1] - before[1]) / (10 * wall)), 1)
+
+
 def plot_latencies(path: str, title: str, runs: list[dict[str, Any]], rate_key: str) -> None:
     """Latency CDF per run (log scale), with the run's throughput in the legend."""
     import matplotlib
@@ -430,13 +471,13 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
         pids = {"client": os.getpid()} | ({} if args.bookie else {"bookie": procs[0].proc.pid})
         runs = []
         for i in range(args.runs):
-            with cpu_meter(pids, "add") as cpu:
+            with cpu_meter(pids, "add") as cpu, disk_meter(root) as disk:
                 r = asyncio.run(_bookie_run(address, args.entry_size, args.outstanding, args.duration))
                 cpu["units"] = r["acked"]
-            r |= cpu
+            r |= cpu | disk
             print(
                 f"  run {i + 1}/{args.runs}: {r['acked_adds_per_s']:,.0f} adds/s, p99 {r['p99_ms']} ms, "
-                f"CPU busy {r.get('cpu_busy_pct', '?')}%",
+                f"CPU busy {r.get('cpu_busy_pct', '?')}%, disk busy {r.get('disk_busy_pct', '?')}%",
                 flush=True,
             )
             runs.append(r)

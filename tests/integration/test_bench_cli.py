@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ledgerstore.bench import block_device, disk_meter
 
 LEDGERSTORE = [str(Path(sys.executable).parent / "ledgerstore")]  # the console script of this venv
 
@@ -32,6 +35,18 @@ def test_bench_bookie_reports_throughput_latency_cpu_and_limits(tmp_path: Path) 
     for key in ("fsync_1k_per_s", "seq_write_fsync_4mib_bytes_per_s", "disk_bound_adds_per_s"):
         assert r[key] > 0, key
     assert r["cpu_us_per_add_bookie"] > 0 and r["cpu_us_per_add_client"] > 0
+    if block_device(tmp_path) is not None:  # the disk's own view of the run (absent on tmpfs)
+        assert r["disk_write_mb_per_s"] > 0 and 0 < r["disk_busy_pct"] <= 100
+
+
+def test_disk_meter_sees_a_write_reach_the_disk(tmp_path: Path) -> None:
+    if block_device(tmp_path) is None:
+        pytest.skip("no block device under the temp dir")
+    with disk_meter(tmp_path) as d, open(tmp_path / "blob", "wb") as f:
+        f.write(b"x" * (8 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    assert d["disk_write_mb_per_s"] > 0 and d["disk_busy_pct"] > 0
 
 
 @pytest.mark.parametrize("quorum", [("3", "3", "2"), ("3", "2", "2")])
