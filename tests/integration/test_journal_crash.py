@@ -56,8 +56,12 @@ async def main():
         return cb
 
     i = base
+    reused = 0
     os.write(1, b"S\n")
     while True:
+        if j.stats["segments_reused"] > reused:  # segments written over old ones: their tails are old records
+            reused = int(j.stats["segments_reused"])
+            os.write(1, b"U\n")
         for _ in range(rnd.randint(1, 300)):
             j.append(RecordType.ENTRY, 5, i, payload(i), make(i))
             i += 1
@@ -143,3 +147,4 @@ def test_kill_9_never_loses_acknowledged_records(tmp_path: Path) -> None:
         assert acked == sorted(acked), f"acknowledgements out of order (seed {seed})"
         checked += check_replay(directory, all_lines, seed)
     assert checked > 0, f"no acknowledgement was ever checked (seed {seed})"
+    assert "U" in all_lines, f"no segment was ever written over an old one (seed {seed})"
