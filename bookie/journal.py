@@ -52,7 +52,7 @@ Recycling
 Writing into blocks a file already has is much cheaper than growing a file: each fdatasync of a growing file
 also commits the filesystem's allocation metadata (measured on this VM's ext4: 64 KiB writes + fdatasync
 262 -> 412 MB/s, 256 KiB 474 -> 816 MB/s, 4 MiB 684 -> 1079 MB/s). So a checkpoint does not delete segments it
-no longer needs: it renames up to ``reuse_segments`` of them to ``<seq>.free``, and a rotation renames a free
+no longer needs: it renames up to ``reuse_segments`` of them to ``<seq>-<unique>.free``, and a rotation renames a free
 file to the new segment's name, overwrites its header and writes records over the old ones (BookKeeper's
 ``journalReuseFiles``). What lies beyond the last record is then an older segment's data, not end-of-file:
 
@@ -145,7 +145,7 @@ _BIG_ENDIAN = sys.byteorder == "big"
 assert array.array("I").itemsize == 4, "array('I') must hold u32"
 
 _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
-_FREE_NAME = re.compile(r"^([0-9a-f]{16})\.free$")
+_FREE_NAME = re.compile(r"^([0-9a-f]{16})-[0-9a-f]+\.free$")
 _U64 = struct.Struct(">Q")
 _READ_CHUNK = 1 << 20
 
@@ -539,7 +539,8 @@ class Journal:
                 try:
                     big = os.path.getsize(path) >= self._segment_bytes // 2
                     if big:
-                        free = self.directory / f"{seq:016x}.free"
+                        # unique: an unfinished segment dropped by replay leaves its number to the next one
+                        free = self.directory / f"{seq:016x}-{time.time_ns():x}.free"
                         os.rename(path, free)
                 except FileNotFoundError:
                     return
@@ -611,6 +612,7 @@ class Journal:
                     logger.warning("journal: %s: %s; dropping the unfinished segment", path, bad)
                     self._retire(seq)
                     self._fsync_dir(self.directory)
+                    next_seq = seq  # the next segment takes its number: no gap
                     continue
                 raise JournalCorruptError(f"{path}: {bad}")
             start = mark.offset if seq == mark.seq else SEGMENT_HEADER_LEN
