@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import enum
 import functools
 import logging
@@ -384,7 +385,7 @@ class Journal:
     """See the module docstring. Replay (synchronous) before ``start()``; then append from the loop thread.
 
     ``directory`` is the journal directory itself (segments and ``lastmark`` live directly in it).
-    ``reuse_segments``: how many segments a checkpoint keeps (as ``<seq>.free``) for later segments to be
+    ``reuse_segments``: how many segments a checkpoint keeps (as ``<seq>-<unique>.free``) for later segments to be
     written over (0: delete them all). Only segments of at least half ``segment_bytes`` are kept.
     ``on_sync(bytes, fsync_seconds)`` runs on the event loop after each successful batch. ``fsync=False``
     skips every fsync (tests, benchmarks; nothing is durable then). Tests may replace ``_fsync`` (called with
@@ -933,6 +934,8 @@ class Journal:
             except OSError as e:
                 logger.warning("journal: reusing %s failed (%s); creating a new segment", free, e)
                 free = None
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         if free is None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
