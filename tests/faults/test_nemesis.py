@@ -37,7 +37,9 @@ from tests.faults.workload import PASSWORD, client_config
 REPO = Path(__file__).resolve().parents[2]
 N_BOOKIES = 5
 WORKERS = (("writer", 3), ("recoverer", 2), ("reader", 2))
-BOOKIE_ARGS = ("--checkpoint-interval-s", "2")
+# small journal segments: they rotate, get checkpointed away and written over again all through the run, so
+# kill -9 and disk faults land on recycled segments too
+BOOKIE_ARGS = ("--checkpoint-interval-s", "2", "--journal-segment-mb", "1")
 
 
 @pytest.fixture
