@@ -174,8 +174,6 @@ def run_ledger_bench(
     from ledgerstore.bench import disk_bound
 
     # every bookie of the write set journals and stores each entry, all on this machine's one disk
-    result["disk_bound_entries_per_s"] = disk_bound(
-        limits["seq_write_fsync_4mib_bytes_per_s"], args.entry_size, args.write_quorum
-    )
+    result["disk_bound_entries_per_s"] = disk_bound(limits, args.entry_size, args.write_quorum)
     emit(args, f"bench ledger (median of {args.runs} runs)", result)
     return 0

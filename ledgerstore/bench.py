@@ -90,21 +90,28 @@ def fsync_rate(directory: Path, size: int = 1024, seconds: float = 1.0) -> float
 
 
 def sequential_write_rate(
-    directory: Path, total: int = 256 * 1024 * 1024, chunk: int = 4 * 1024 * 1024
+    directory: Path, total: int = 256 * 1024 * 1024, chunk: int = 4 * 1024 * 1024, *, overwrite: bool = False
 ) -> float:
-    """Bytes/s writing `total` bytes with an fdatasync every `chunk`."""
+    """Bytes/s writing `total` bytes with an fdatasync every `chunk`: into a new file (it grows, as RocksDB's
+    files do), or with ``overwrite`` over a file already written (as the journal writes over old segments)."""
     path = directory / "seq-probe"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     buf = os.urandom(chunk)
-    t0 = time.perf_counter()
     try:
+        if overwrite:
+            for _ in range(total // chunk):
+                os.write(fd, buf)
+            os.fsync(fd)
+            os.lseek(fd, 0, os.SEEK_SET)
+        t0 = time.perf_counter()
         for _ in range(total // chunk):
             os.write(fd, buf)
             os.fdatasync(fd)
+        elapsed = time.perf_counter() - t0
     finally:
         os.close(fd)
         path.unlink()
-    return total / (time.perf_counter() - t0)
+    return total / elapsed
 
 
 async def _loopback_rate(seconds: float = 1.0, size: int = 1024, window: int = 1000) -> float:
@@ -165,6 +172,7 @@ def machine_limits(directory: Path) -> dict[str, float]:
     return {
         "fsync_1k_per_s": round(fsync_rate(directory)),
         "seq_write_fsync_4mib_bytes_per_s": round(sequential_write_rate(directory)),
+        "seq_overwrite_fsync_4mib_bytes_per_s": round(sequential_write_rate(directory, overwrite=True)),
         "loopback_framed_1k_msgs_per_s": round(asyncio.run(_loopback_rate())),
     }
 
@@ -174,10 +182,14 @@ def machine_limits(directory: Path) -> dict[str, float]:
 _PER_ENTRY_OVERHEAD = 64
 
 
-def disk_bound(seq_write_bytes_per_s: float, entry_size: int, copies: int) -> int:
-    """The most entries/s this machine's disk can take when ``copies`` bookies on it each journal and store
-    every entry (an upper bound: RocksDB compaction and filesystem metadata add to it)."""
-    return round(seq_write_bytes_per_s / (2 * copies * (entry_size + _PER_ENTRY_OVERHEAD)))
+def disk_bound(limits: dict[str, float], entry_size: int, copies: int) -> int:
+    """The most entries/s this machine's disk can take when ``copies`` bookies on it each journal every entry
+    (written over old segments: the overwrite rate) and store it (RocksDB's new files: the new-file rate). An
+    upper bound: RocksDB compaction and filesystem metadata add to it."""
+    size = copies * (entry_size + _PER_ENTRY_OVERHEAD)
+    new = limits["seq_write_fsync_4mib_bytes_per_s"]
+    over = limits.get("seq_overwrite_fsync_4mib_bytes_per_s") or new
+    return round(1 / (size / over + size / new))
 
 
 def _cmd_bench_limits(args: argparse.Namespace) -> int:
@@ -491,9 +503,7 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
         **limits,
     }
     result["vs_fsync_rate"] = round(result["acked_adds_per_s"] / max(1, limits["fsync_1k_per_s"]), 1)
-    result["disk_bound_adds_per_s"] = disk_bound(
-        limits["seq_write_fsync_4mib_bytes_per_s"], args.entry_size, 1
-    )
+    result["disk_bound_adds_per_s"] = disk_bound(limits, args.entry_size, 1)
     if args.plot:
         plot_latencies(
             args.plot,
