@@ -19,8 +19,10 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Protocol
 
 from . import protocol as p
@@ -38,6 +40,10 @@ REC_ENTRY = 1
 REC_MASTER_KEY = 2
 REC_FENCE = 3
 REC_EXPLICIT_LAC = 4
+
+#: The entry header's first three fields (ledger id, entry id, piggybacked LAC): what the core reads of an entry.
+ENTRY_HEAD = struct.Struct(HEADER.format[: len(">Qqq")])
+assert ENTRY_HEAD.format == ">Qqq" and HEADER.format.startswith(ENTRY_HEAD.format)
 
 LONG_POLL_TIMEOUT_MS_MAX = 60_000
 
@@ -60,9 +66,9 @@ class JournalAppendEntries(Protocol):
     ) -> None: ...
 
 
-#: One add as the server decodes it (``protocol.FrameDecoder.take_add_requests`` rows): (frame prefix, flags,
-#: request id, ledger id, entry id, master key, entry bytes). The core ignores the prefix.
-AddRow = tuple[bytes, int, int, int, int, bytes, bytes]
+#: One add as the server decodes it (``protocol.FrameDecoder.take_add_requests`` rows): (flags, request id,
+#: ledger id, entry id, master key, entry bytes).
+AddRow = tuple[int, int, int, int, bytes, bytes]
 
 
 Schedule = Callable[[float, Callable[[], None]], Any]
@@ -234,9 +240,7 @@ class BookieCore:
         self, rid: int, ledger_id: int, entry_id: int, key: bytes, entry: bytes, flags: int, reply: Reply
     ) -> None:
         """One add: the group path with a group of one (so the simulator exercises the server's hot path)."""
-        self.add_entries(
-            [(b"", flags, rid, ledger_id, entry_id, key, entry)], lambda frames, _n: reply(frames)
-        )
+        self.add_entries([(flags, rid, ledger_id, entry_id, key, entry)], lambda frames, _n: reply(frames))
 
     def _append_entries_one_by_one(
         self, entries: list[bytes], done: Done, records: list[tuple[int, int, int, bytes]] | None = None
@@ -249,10 +253,17 @@ class BookieCore:
         last = recs[-1]
         self.journal_append(last[0], last[1], last[2], last[3], done)
 
-    def add_entries(self, rows: list[AddRow], reply: BatchReply) -> None:
+    def add_entries(
+        self, rows: list[AddRow], reply: BatchReply, heads: Sequence[tuple[int, int, int]] | None = None
+    ) -> None:
         """Many adds at once (``AddRow`` each): the same rules as one add, with one journal record for the
         group's entries, one storage batch and one reply frame run for the lot. ``reply(frames, n)`` carries
-        ``n`` responses; refusals are answered at once, acceptances once the group is durable and stored."""
+        ``n`` responses; refusals are answered at once, acceptances once the group is durable and stored.
+
+        ``heads``: when the decoder read them already (``FrameDecoder.take_add_run(ENTRY_HEAD)``), each
+        entry's (ledger id, entry id, LAC) header fields, every entry of ``rows`` being of one length."""
+        if len(rows) > 1 and self._add_run(rows, reply, heads):
+            return
         ledgers = self.ledgers
         readonly = self.readonly
         unpack_hdr = HEADER.unpack_from
@@ -265,7 +276,7 @@ class BookieCore:
         last_lid = -1
         cur: list[Any] = []
         for row in rows:
-            _, flags, rid, lid, eid, key, entry = row
+            flags, rid, lid, eid, key, entry = row
             info = ledgers.get(lid)
             if (
                 readonly
@@ -300,34 +311,85 @@ class BookieCore:
             reply(b"".join(refused), len(refused))
         if not accepted:
             return
+        _, rids, lids, eids, _, entries = zip(*accepted, strict=True)
+        self._journal_group(rids, lids, eids, list(entries), seen, new_keys, reply)
+
+    def _add_run(
+        self, rows: list[AddRow], reply: BatchReply, heads: Sequence[tuple[int, int, int]] | None
+    ) -> bool:
+        """``add_entries`` for the common case, column by column: every row adds to one ledger (an open one, or
+        a new one) with one master key and a well-formed entry. Returns False, having done nothing, when any
+        row needs the general path (which then decides each row on its own)."""
+        flags, rids, lids, eids, keys, entries = zip(*rows, strict=True)
+        n = len(rows)
+        lid, key = lids[0], keys[0]
+        info = self.ledgers.get(lid)
+        if (
+            self.readonly
+            or lids.count(lid) != n
+            or keys.count(key) != n
+            or (info is not None and (info.master_key != key or info.fenced))
+            or min(eids) < 0
+            # a run's entries are all one size (take_add_run), so its first entry speaks for the lot
+            or (len(entries[0]) if heads is not None else min(map(len, entries))) < HEADER_LEN
+        ):
+            return False
+        hls, hes, lacs = zip(
+            *(heads if heads is not None else map(ENTRY_HEAD.unpack_from, entries)), strict=True
+        )
+        if hes != eids or hls.count(lid) != n:
+            return False  # an entry whose header names another entry
+        new_keys: list[tuple[int, int, int, bytes]] = []
+        if info is None:
+            info = self.ledgers[lid] = LedgerInfo(master_key=key)
+            new_keys.append((REC_MASTER_KEY, lid, -1, key))
+        seen = {lid: [info, max(eids), max(lacs)]}
+        self._journal_group(rids, lids, eids, list(entries), seen, new_keys, reply)
+        return True
+
+    def _journal_group(
+        self,
+        rids: Sequence[int],
+        lids: Sequence[int],
+        eids: Sequence[int],
+        entries: list[bytes],
+        seen: dict[int, list[Any]],
+        new_keys: list[tuple[int, int, int, bytes]],
+        reply: BatchReply,
+    ) -> None:
+        """Journal accepted adds (columns: request ids, ledger ids, entry ids, entries; ``seen``: per ledger
+        [info, highest entry id, highest piggybacked LAC]) and, once durable, store them and reply."""
+        n = len(rids)
 
         def done(exc: BaseException | None) -> None:
             if exc is not None:
                 self._journal_failed(exc)
                 status = p.Status.READONLY if _is_enospc(exc) else p.Status.INTERNAL
                 resp = p.encode_add_response
-                reply(b"".join([resp(r[2], status, r[3], r[4]) for r in accepted]), len(accepted))
+                reply(b"".join(map(resp, rids, repeat(status, n), lids, eids)), n)
                 return
-            self._store_group(accepted, entries, seen)
-            pack = _ADD_RESP_FRAME.pack
+            self._store_group(lids, eids, entries, seen)
             ok = p.Status.OK
-            reply(
-                b"".join([pack(_ADD_RESP_LEN, _VERSION, _ADD, 0, r[2], ok, r[3], r[4]) for r in accepted]),
-                len(accepted),
-            )
+            frames = map(_ADD_RESP_FRAME.pack, repeat(_ADD_RESP_LEN, n), repeat(_VERSION, n), repeat(_ADD, n),
+                         repeat(0, n), rids, repeat(ok, n), lids, eids)  # fmt: skip
+            reply(b"".join(frames), n)
 
-        entries = [r[6] for r in accepted]
         self.journal_append_entries(entries, done, new_keys)
 
-    def _store_group(self, accepted: list[AddRow], entries: list[bytes], seen: dict[int, list[Any]]) -> None:
+    def _store_group(
+        self, lids: Sequence[int], eids: Sequence[int], entries: Sequence[bytes], seen: dict[int, list[Any]]
+    ) -> None:
         """A durable group: write its entries and the changed index rows to storage, advance last entry ids
         and LACs, wake long polls."""
         changed = []
         ledgers = self.ledgers
+        rows: Iterable[tuple[int, int, bytes]] = zip(lids, eids, entries, strict=True)
+        count = len(eids)
         for lid, (noted, last_eid, lac) in seen.items():
             info = ledgers.get(lid)
             if info is None or info is not noted:  # garbage-collected while the group was in the journal
-                accepted = [r for r in accepted if r[3] != lid]
+                rows = [r for r in rows if r[0] != lid]
+                count = len(rows)
                 continue
             if last_eid > info.last_entry_id:
                 info.last_entry_id = last_eid
@@ -336,13 +398,13 @@ class BookieCore:
                 if lid in self._waiters:
                     self.schedule(0.0, functools.partial(self._wake, lid))
             changed.append((lid, info))
-        self.storage.write([(r[3], r[4], r[6]) for r in accepted], changed)
+        self.storage.write(rows, changed)
         st = self.stats
-        st.adds += len(accepted)
+        st.adds += count
         st.add_bytes += sum(map(len, entries))
 
     def _refuse(self, info: LedgerInfo | None, row: AddRow, status: p.Status | None = None) -> bytes:
-        _, flags, rid, lid, eid, key, _entry = row
+        flags, rid, lid, eid, key, _entry = row
         if status is None:
             if info is not None and info.master_key != key:
                 self.stats.unauthorized += 1

@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
 
 from . import protocol as p
-from .core import AddRow, BookieCore
+from .core import ENTRY_HEAD, AddRow, BookieCore
 from .metrics import RateMeter, Registry
 
 log = logging.getLogger("ledgerstore.bookie.server")
@@ -121,9 +121,9 @@ class BookieConnection(asyncio.Protocol):
         server = self.server
         limit = server.limits.inflight_max
         try:
-            rows = dec.take_add_requests()  # the whole chunk, when it is a run of same-size adds
-            if rows is not None:
-                self._submit_adds(rows)
+            run = dec.take_add_run(ENTRY_HEAD)  # the whole chunk, when it is a run of same-size adds
+            if run is not None:
+                self._submit_adds(*run)
                 if not dec.buffered:
                     return
             adds: list[AddRow] = []
@@ -134,7 +134,7 @@ class BookieConnection(asyncio.Protocol):
                     if b - a < add_body:
                         raise p.ProtocolError("ADD_ENTRY: body too short")
                     lid, eid, key = unpack_add(buf, a)
-                    adds.append((b"", flags, rid, lid, eid, key, buf[a + add_body : b]))
+                    adds.append((flags, rid, lid, eid, key, buf[a + add_body : b]))
                     continue
                 if adds:
                     self._submit_adds(adds)
@@ -167,15 +167,16 @@ class BookieConnection(asyncio.Protocol):
                 if self.transport is not None and not self._paused_writing:
                     self.transport.pause_reading()
 
-    def _submit_adds(self, rows: list[AddRow]) -> None:
+    def _submit_adds(self, rows: list[AddRow], heads: Sequence[tuple[int, int, int]] | None = None) -> None:
         server = self.server
         room = server.limits.inflight_max - self.inflight
         if len(rows) > room:  # over the per-connection bound: refuse the excess, keep the order of the rest
             room = max(0, room)
             server.overloaded += len(rows) - room
             busy = p.Status.TOO_MANY_REQUESTS
-            self._write(b"".join([p.encode_add_response(r[2], busy, r[3], r[4]) for r in rows[room:]]))
+            self._write(b"".join([p.encode_add_response(r[1], busy, r[2], r[3]) for r in rows[room:]]))
             rows = rows[:room]
+            heads = None if heads is None else heads[:room]
             if not rows:
                 return
         n = len(rows)
@@ -189,7 +190,7 @@ class BookieConnection(asyncio.Protocol):
             self._write(frames)
             self._done(count)
 
-        self.core.add_entries(rows, reply)
+        self.core.add_entries(rows, reply, heads)
 
     # replies -------------------------------------------------------------------------------------------
     def _reply(self, frame: bytes) -> None:

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 from bookie import protocol as p
@@ -34,8 +34,8 @@ _ADD_RESP_BODY = 17  # u8 status, u64 ledger, i64 entry
 _ADD_RESP = struct.Struct(">BQq")
 
 #: First request id of the client-wide add counter (``BookiePool.next_add_id``); a connection's own ids count
-#: from 1 and never get near it.
-ADD_RID_BASE = 1 << 48
+#: from 1 and never get near it. (``FrameDecoder.take_add_acks`` knows these ids by this bound.)
+ADD_RID_BASE = p.LISTENED_RID_MIN
 
 #: An unpacked ADD_ENTRY response frame: (len, version, op, flags, request_id, status, ledger_id, entry_id).
 AddRow = tuple[int, int, int, int, int, int, int, int]
@@ -47,6 +47,9 @@ WRITE_BUFFER_HIGH = 16 * 1024 * 1024
 
 class AddListener(Protocol):
     """Receives the add responses of one ledger (request ids >= ``ADD_RID_BASE``) from every connection."""
+
+    def on_add_acks(self, bookie: str, entry_ids: Sequence[int]) -> None:
+        """OK responses from ``bookie`` to this listener's adds, for these entry ids (in arrival order)."""
 
     def on_add_rows(self, bookie: str, rows: list[AddRow]) -> list[AddRow] | None:
         """Handle the rows of this listener's ledger with request ids >= ``ADD_RID_BASE``; return the other
@@ -109,6 +112,13 @@ class BookieConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder
         decoder.feed(data)
+        acks = decoder.take_add_acks()  # the common case: a chunk of one ledger handle's OK acks
+        if acks is not None:
+            listener = self._listeners.get(acks[0])
+            if listener is not None:  # (else late answers for a handle that is gone)
+                listener.on_add_acks(self.bookie_id, acks[1])
+            if decoder.buffered < 4:  # nothing more, or not even the next frame's length yet
+                return
         rows: list[AddRow] | None = decoder.take_leading_add_responses()
         if rows:
             try:

@@ -311,6 +311,7 @@ class LedgerHandle:
             self._routes: _Routes | None = None
             self._out: list[bytes] = []
             self._out_first = 0
+            self._out_time = 0.0  # loop time of the batch in _out (its entries' send time)
             bk.pool.add_listener(self.ledger_id, self)
             self._capacity = asyncio.Event()
             self._capacity.set()
@@ -401,14 +402,16 @@ class LedgerHandle:
             raise E.IncorrectParameterError(f"entry of {len(data)} bytes exceeds the maximum entry size")
         eid, length, lac = pipe.assign(len(data))
         frame = self._build_frame(next(self._add_ids), eid, lac, length, data)
-        self._inflight[eid] = (frame, waiter, self._loop.time())
         if self._routes is not None or self._make_routes() is not None:
             out = self._out
             if not out:
                 self._out_first = eid
+                self._out_time = self._loop.time()  # the batch goes out in this loop iteration
                 self._loop.call_soon(self._flush_out)
             out.append(frame)
+            self._inflight[eid] = (frame, waiter, self._out_time)
         else:
+            self._inflight[eid] = (frame, waiter, self._loop.time())
             for t in pipe.targets(eid):
                 self._send_add(eid, t.bookie, frame)
             self._maybe_change_ensemble()
@@ -471,6 +474,15 @@ class LedgerHandle:
             self._on_add_response(entry_id, bookie, None, conn.close_reason)
 
     # -- AddListener (called by the pool's connections) ----------------------------------------------------
+    def on_add_acks(self, bookie: str, entry_ids: Sequence[int]) -> None:
+        """OK acks from ``bookie`` for these entries of this ledger: to the pipeline in one call."""
+        pipe = self._pipe
+        if pipe is None:  # pragma: no cover (only writers listen)
+            return
+        progress = pipe.on_acks(bookie, entry_ids)
+        if progress.completed or progress.error is not None:
+            self._apply(progress)
+
     def on_add_rows(self, bookie: str, rows: list[AddRow]) -> list[AddRow] | None:
         """A chunk of ADD_ENTRY responses from ``bookie``: OK acks of this ledger go to the pipeline in one
         call; other statuses one by one; rows of other ledgers (or other requests) are handed back."""

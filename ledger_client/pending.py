@@ -123,29 +123,6 @@ class EnsembleChangeResult:
     completed: tuple[int, ...]  # entries that completed once the LAC unfroze (ascending)
 
 
-class _Entry:
-    """One pending entry. Acks are a bitmask over bookie indices (hot path: no set per entry).
-
-    An ack is final (the bookie fsynced the entry): a later failure report for that index is ignored. An ack
-    from a replaced index is forgotten by the ensemble change (``forget``)."""
-
-    __slots__ = ("entry_id", "length", "write_mask", "acked", "nacked", "reported")
-
-    def __init__(self, entry_id: int, length: int, write_mask: int) -> None:
-        self.entry_id = entry_id
-        self.length = length
-        self.write_mask = write_mask  # bit i set <=> bookie index i is in the entry's write set
-        self.acked = 0  # bit i set <=> bookie index i acknowledged (and that ack still counts)
-        self.nacked = 0  # popcount(acked)
-        self.reported = False  # completion already reported (only early in _unsafe_ack_out_of_order mode)
-
-    def forget(self, index: int) -> None:
-        bit = 1 << index
-        if self.acked & bit:
-            self.acked &= ~bit
-            self.nacked -= 1
-
-
 class WritePipeline:
     """Pending adds of one ledger handle (see the module docstring for the protocol)."""
 
@@ -179,7 +156,14 @@ class WritePipeline:
         self._length = length  # cumulative length through the LAC
         self._next_entry_id = last_add_confirmed + 1
         self._next_length = length
-        self._pending: dict[int, _Entry] = {}  # insertion order == entry-id order
+        # The pending entries are exactly LAC + 1 .. next_entry_id - 1 (ids are assigned in order and leave in
+        # order, as the LAC advances). Per entry (hot path: plain ints, no object per entry):
+        # _pending[eid]: bitmask of the bookie indices whose ack counts for it (insertion order == id order;
+        # an ack is final: a later failure report for that index is ignored; an ack from a replaced index is
+        # forgotten by the ensemble change); _lengths[eid - LAC - 1]: its cumulative ledger length.
+        self._pending: dict[int, int] = {}
+        self._lengths: list[int] = []
+        self._reported: set[int] = set()  # completed early (only in _unsafe_ack_out_of_order mode)
         self._failed: set[int] = set()
         self._changing = False
         self._error: LedgerError | None = None
@@ -187,6 +171,7 @@ class WritePipeline:
         # Write sets repeat with period E: compute them (and their bitmasks) once (hot path).
         self._write_sets = tuple(write_set(i, ensemble_size, write_quorum) for i in range(ensemble_size))
         self._write_masks = tuple(sum(1 << i for i in ws) for ws in self._write_sets)
+        self._every_write_set_full = write_quorum == ensemble_size  # every index is in every write set
 
     # -- introspection ----------------------------------------------------------------------------------
 
@@ -239,10 +224,10 @@ class WritePipeline:
 
     def acked_indices(self, entry_id: int) -> frozenset[int]:
         """Indices whose ack currently counts for a pending entry (empty if not pending)."""
-        e = self._pending.get(entry_id)
-        if e is None:
+        acked = self._pending.get(entry_id)
+        if acked is None:
             return frozenset()
-        return frozenset(i for i in range(self.ensemble_size) if e.acked >> i & 1)
+        return frozenset(i for i in range(self.ensemble_size) if acked >> i & 1)
 
     # -- appends ----------------------------------------------------------------------------------------
 
@@ -263,7 +248,8 @@ class WritePipeline:
         eid = self._next_entry_id
         self._next_entry_id = eid + 1
         length = self._next_length = self._next_length + payload_len
-        pending[eid] = _Entry(eid, length, self._write_masks[eid % self.ensemble_size])
+        pending[eid] = 0
+        self._lengths.append(length)
         return eid, length, self._lac
 
     def targets(self, entry_id: int) -> list[Target]:
@@ -284,17 +270,16 @@ class WritePipeline:
         if status is not None and not isinstance(status, Status):
             status = Status(status)
         if status is Status.OK:
-            entry = self._pending.get(entry_id)
+            acked = self._pending.get(entry_id)
             idx = self._index_of.get(bookie)
-            if entry is None or idx is None:
+            if acked is None or idx is None:
                 return _NOTHING  # completed already, or a replaced bookie's late answer
             bit = 1 << idx
-            if not entry.write_mask & bit:
+            if not self._write_masks[entry_id % self.ensemble_size] & bit:
                 return _NOTHING
-            if not entry.acked & bit:
-                entry.acked |= bit
-                entry.nacked += 1
-            complete = entry.nacked >= self.ack_quorum
+            acked |= bit
+            self._pending[entry_id] = acked
+            complete = acked.bit_count() >= self.ack_quorum
             if (not complete or entry_id != self._lac + 1) and not self._unsafe_out_of_order:
                 return (
                     _NOTHING  # nothing can complete: this entry is short of Qa, or an earlier one is pending
@@ -317,20 +302,22 @@ class WritePipeline:
             return _NOTHING  # a replaced bookie's late answers
         bit = 1 << idx
         pending = self._pending
-        qa = self.ack_quorum
-        head = self._lac + 1
-        advance = self._unsafe_out_of_order
-        for eid in entry_ids:
-            entry = pending.get(eid)
-            if entry is None or not entry.write_mask & bit or entry.acked & bit:
-                continue  # completed already, not in this entry's write set, or a duplicate
-            entry.acked |= bit
-            entry.nacked += 1
-            if eid == head and entry.nacked >= qa:
-                advance = True
-        if not advance:
-            entry = pending.get(head)  # the head may have completed before this batch (during a freeze)
-            if entry is None or entry.nacked < qa:
+        if self._every_write_set_full:
+            for eid in entry_ids:
+                acked = pending.get(eid)
+                if acked is not None:  # else completed already
+                    pending[eid] = acked | bit
+        else:
+            masks = self._write_masks
+            e = self.ensemble_size
+            for eid in entry_ids:
+                acked = pending.get(eid)
+                if acked is not None and masks[eid % e] & bit:  # else completed, or not in its write set
+                    pending[eid] = acked | bit
+        if not self._unsafe_out_of_order:
+            # only the head can start an advance (it may have completed before this batch, during a freeze)
+            acked = pending.get(self._lac + 1)
+            if acked is None or acked.bit_count() < self.ack_quorum:
                 return _NOTHING
         return self._advance()
 
@@ -355,7 +342,8 @@ class WritePipeline:
         if self._error is not None or idx is None:
             return ()
         bit = 1 << idx
-        return tuple(eid for eid, e in self._pending.items() if e.write_mask & bit and not e.acked & bit)
+        masks, e = self._write_masks, self.ensemble_size
+        return tuple(eid for eid, acked in self._pending.items() if masks[eid % e] & bit and not acked & bit)
 
     def _record_failure(self, entry_id: int, bookie: str) -> None:
         idx = self._index_of.get(bookie)
@@ -363,8 +351,8 @@ class WritePipeline:
             return  # a replaced bookie, or an entry never sent
         if idx not in write_set(entry_id, self.ensemble_size, self.write_quorum):
             return
-        entry = self._pending.get(entry_id)
-        if entry is not None and entry.acked >> idx & 1:
+        acked = self._pending.get(entry_id)
+        if acked is not None and acked >> idx & 1:
             return  # an ack is final; this failure report lost a race with it
         # A failure on an already completed entry still removes the bookie (BookKeeper's delayed write
         # failure): later entries in its write sets must not depend on it.
@@ -375,8 +363,11 @@ class WritePipeline:
         if self._error is not None:
             return Progress()
         self._error = error
-        failed = tuple(eid for eid, e in self._pending.items() if not e.reported)
+        reported = self._reported
+        failed = tuple(eid for eid in self._pending if eid not in reported)
         self._pending.clear()
+        self._lengths.clear()
+        reported.clear()
         self._failed.clear()
         self._changing = False
         return Progress(failed=failed, error=error)
@@ -384,26 +375,31 @@ class WritePipeline:
     def _advance(self) -> Progress:
         if self._changing:
             return _NOTHING  # LAC frozen during an ensemble change (see the module docstring)
-        done: list[int] = []
         pending = self._pending
         qa = self.ack_quorum
-        lac = self._lac
-        entry = None
-        while (nxt := pending.get(lac + 1)) is not None and nxt.nacked >= qa:
-            entry = nxt
+        old = lac = self._lac
+        while (acked := pending.get(lac + 1)) is not None and acked.bit_count() >= qa:
             lac += 1
             del pending[lac]
-            if not entry.reported:
-                done.append(lac)
-        if entry is not None:
+        if lac == old and not self._unsafe_out_of_order:
+            return _NOTHING
+        done = range(old + 1, lac + 1)
+        if lac != old:
             self._lac = lac
-            self._length = entry.length
+            lengths = self._lengths
+            n = lac - old
+            self._length = lengths[n - 1]
+            del lengths[:n]
+        reported = self._reported
         if self._unsafe_out_of_order:
-            for entry in pending.values():
-                if entry.nacked >= qa and not entry.reported:
-                    entry.reported = True
-                    done.append(entry.entry_id)
-        return Progress(completed=tuple(done)) if done else _NOTHING
+            completed = [eid for eid in done if eid not in reported]
+            reported.difference_update(done)
+            for eid, acked in pending.items():
+                if acked.bit_count() >= qa and eid not in reported:
+                    reported.add(eid)
+                    completed.append(eid)
+            return Progress(completed=tuple(completed)) if completed else _NOTHING
+        return Progress(completed=tuple(done))
 
     # -- ensemble change --------------------------------------------------------------------------------
 
@@ -446,11 +442,13 @@ class WritePipeline:
         self._failed -= replaced
         self._changing = False
         resends: list[Resend] = []
-        for eid, entry in self._pending.items():
+        pending = self._pending
+        for eid, acked in pending.items():
             for i in self._write_sets[eid % self.ensemble_size]:
                 if i in replaced:
-                    entry.forget(i)
+                    acked &= ~(1 << i)  # that bookie's copy is in a segment that no longer covers the entry
                     resends.append(Resend(eid, i, self._ensemble[i]))
+            pending[eid] = acked
         return EnsembleChangeResult(resends=tuple(resends), completed=self._advance().completed)
 
     def _set_ensemble(self, bookies: list[str] | tuple[str, ...]) -> None:

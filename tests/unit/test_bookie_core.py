@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import errno
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from bookie import protocol as p
 from bookie.core import BookieCore
 from bookie.entryformat import DigestType, EntryCodec
@@ -269,13 +272,13 @@ def test_batched_adds_follow_the_same_rules_and_ack_only_after_sync() -> None:
     r.settle()
     codec1 = EntryCodec(1, DigestType.CRC32C)
     codec9 = EntryCodec(9, DigestType.CRC32C)
-    items = [  # (frame prefix, flags, rid, ledger, entry, key, entry bytes), as the server decodes them
-        (b"", 0, 101, 1, 0, KEY, codec1.build(0, -1, 1, b"a")),
-        (b"", 0, 102, 1, 1, KEY, codec1.build(1, 0, 2, b"b")),
-        (b"", 0, 103, 1, 2, OTHER, codec1.build(2, 1, 3, b"c")),  # wrong key
-        (b"", 0, 104, 9, 1, KEY, codec9.build(1, 0, 2, b"d")),  # fenced
-        (b"", p.Flag.RECOVERY_ADD, 105, 9, 1, KEY, codec9.build(1, 0, 2, b"d")),
-        (b"", 0, 106, 1, 7, KEY, codec1.build(3, 1, 3, b"e")),  # header names another entry
+    items = [  # (flags, rid, ledger, entry, key, entry bytes), as the server decodes them
+        (0, 101, 1, 0, KEY, codec1.build(0, -1, 1, b"a")),
+        (0, 102, 1, 1, KEY, codec1.build(1, 0, 2, b"b")),
+        (0, 103, 1, 2, OTHER, codec1.build(2, 1, 3, b"c")),  # wrong key
+        (0, 104, 9, 1, KEY, codec9.build(1, 0, 2, b"d")),  # fenced
+        (p.Flag.RECOVERY_ADD, 105, 9, 1, KEY, codec9.build(1, 0, 2, b"d")),
+        (0, 106, 1, 7, KEY, codec1.build(3, 1, 3, b"e")),  # header names another entry
     ]
     got: list[tuple[bytes, int]] = []
     r.core.add_entries(items, lambda frames, n: got.append((frames, n)))
@@ -309,3 +312,76 @@ def test_a_ledger_deleted_while_its_adds_wait_for_the_journal_is_not_written_bac
     assert r.storage.get_entry(5, 0) is not None and 5 in r.storage.load_index()
     r.read(4, 0)
     assert r.replies[-1].status == p.Status.NO_LEDGER
+
+
+_row_shapes = st.tuples(
+    st.sampled_from([0, p.Flag.RECOVERY_ADD]),
+    st.sampled_from([1, 1, 1, 5, 9, 3]),  # 1 and 5 open, 9 fenced, 3 new
+    st.sampled_from([KEY, KEY, KEY, OTHER]),
+    st.integers(-1, 6),
+    st.sampled_from(["ok", "ok", "ok", "other entry", "other ledger", "short"]),
+    st.integers(-1, 5),  # piggybacked LAC
+)
+
+
+def _rig_for_batches() -> Rig:
+    r = Rig()
+    for lid in (1, 5, 9):
+        r.add(lid, 0)
+    r.settle()
+    r.read(9, -1, flags=p.Flag.FENCE)
+    r.settle()
+    return r
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    shapes=st.lists(_row_shapes, min_size=1, max_size=8),
+    one_ledger=st.sampled_from([None, 1, 9, 3]),
+    clean=st.booleans(),
+    spoiler=st.one_of(st.none(), st.tuples(st.integers(0, 7), _row_shapes)),
+)
+@example(
+    shapes=[(0, 1, KEY, 0, "ok", 0)] * 2, one_ledger=1, clean=True, spoiler=(1, (0, 1, KEY, -1, "ok", 0))
+)
+@example(
+    shapes=[(0, 1, KEY, 0, "ok", 0)] * 2, one_ledger=3, clean=True, spoiler=(2, (0, 1, OTHER, 1, "ok", 0))
+)
+@example(
+    shapes=[(0, 1, KEY, 0, "ok", 0)] * 2, one_ledger=1, clean=True, spoiler=(0, (0, 1, KEY, 1, "short", 0))
+)
+@example(shapes=[(0, 1, KEY, 0, "ok", 0)] * 3, one_ledger=9, clean=False, spoiler=None)
+@example(shapes=[(p.Flag.RECOVERY_ADD, 1, KEY, 2, "ok", 1)] * 3, one_ledger=9, clean=False, spoiler=None)
+def test_the_column_fast_path_decides_every_batch_as_the_row_by_row_path(
+    shapes, one_ledger, clean, spoiler
+) -> None:
+    """``add_entries`` takes a column-by-column fast path for a batch of one ledger's well-formed adds; any
+    batch must get the same replies, storage, index and journal either way."""
+    if clean:  # mostly well-formed batches, so that one odd row (the spoiler) decides
+        shapes = [(0, lid, KEY, abs(eid), "ok", lac) for _, lid, _, eid, _, lac in shapes]
+    if spoiler is not None:
+        shapes.insert(min(spoiler[0], len(shapes)), spoiler[1])
+    rows = []
+    for i, (flags, lid, key, eid, kind, lac) in enumerate(shapes):
+        lid = one_ledger if one_ledger is not None else lid
+        hl, he = (
+            (lid + 1, eid) if kind == "other ledger" else (lid, eid + 1 if kind == "other entry" else eid)
+        )
+        entry = EntryCodec(hl, DigestType.CRC32C).build(max(he, 0), lac, 10, b"p%d" % i)
+        entry = entry[:10] if kind == "short" else entry[:8] + he.to_bytes(8, "big", signed=True) + entry[16:]
+        rows.append((flags, 200 + i, lid, eid, key, entry))
+    fast, slow = _rig_for_batches(), _rig_for_batches()
+    slow.core._add_run = lambda rows, reply, heads: False  # type: ignore[method-assign]
+    took: list[bool] = []
+    run = fast.core._add_run
+    fast.core._add_run = lambda rows, reply, heads: took.append(run(rows, reply, heads)) or took[-1]  # type: ignore[method-assign]
+    got: dict[str, list[tuple[bytes, int]]] = {"fast": [], "slow": []}
+    for name, r in (("fast", fast), ("slow", slow)):
+        r.core.add_entries(list(rows), lambda frames, n, name=name: got[name].append((frames, n)))
+        r.settle()
+    assert got["fast"] == got["slow"]
+    assert fast.storage.entries == slow.storage.entries and fast.storage.index == slow.storage.index
+    assert fast.core.ledgers == slow.core.ledgers and fast.core.stats == slow.core.stats
+    assert list(fast.journal.replay()) == list(slow.journal.replay())
+    if clean and spoiler is None and one_ledger in (1, 3) and len(rows) > 1:
+        assert took == [True]  # the fast path did serve it

@@ -4,6 +4,7 @@ writer handle (``AddListener``), batched sends (``_Routes``), connection loss, a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -56,6 +57,103 @@ def test_take_leading_add_responses_takes_the_run_up_to_another_or_partial_frame
     assert dec.buffered == 0
 
 
+def test_take_add_acks_takes_a_whole_run_of_one_ledgers_ok_acks_or_nothing() -> None:
+    def ack(rid: int, eid: int, ledger: int = 7, status: p.Status = p.Status.OK) -> bytes:
+        return p.encode_add_response(rid, status, ledger, eid)
+
+    dec = p.FrameDecoder()
+    assert dec.take_add_acks() is None
+    eids = [5, 3, 2**40, 0, 9]  # any order, any value: returned as they came
+    rids = [ADD_RID_BASE, 2**55, 2**63 - 1, ADD_RID_BASE + 2**20, 2**49 + 255]  # second byte never zero
+    data = b"".join(ack(r, e) for r, e in zip(rids, eids, strict=True))
+    dec.feed(data + data[:7])  # and a partial frame
+    got = dec.take_add_acks()
+    assert got is not None and got[0] == 7 and list(got[1]) == eids
+    assert dec.buffered == 7
+    dec.feed(data[7:33])
+    got = dec.take_add_acks()
+    assert got is not None and list(got[1]) == [5] and dec.buffered == 0
+
+    ok = [ack(ADD_RID_BASE + i, i) for i in range(4)]
+    spoilers = [
+        ack(ADD_RID_BASE - 1, 4),  # a connection's own request id
+        ack(3, 4),
+        ack(ADD_RID_BASE + 4, 4, ledger=8),  # another ledger
+        ack(ADD_RID_BASE + 4, 4, ledger=7 + (1 << 56)),
+        ack(ADD_RID_BASE + 4, 4, status=p.Status.FENCED),
+        ack(ADD_RID_BASE + 4, 4, status=p.Status.NO_LEDGER),
+        ack(ADD_RID_BASE + 4, 4)[:5] + b"\x02" + ack(ADD_RID_BASE + 4, 4)[6:],  # another op
+        ack(ADD_RID_BASE + 4, 4)[:4] + b"\x02" + ack(ADD_RID_BASE + 4, 4)[5:],  # another version
+        p.encode(p.WriteLacResponse(request_id=ADD_RID_BASE, status=p.Status.OK, ledger_id=7)) + b"\0" * 20,
+    ]
+    for bad in spoilers:
+        for at in (0, 2, 4):
+            frames = ok[:at] + [bad] + ok[at:]
+            dec = p.FrameDecoder()
+            dec.feed(b"".join(frames))
+            before = dec.buffered
+            assert dec.take_add_acks() is None, (bad, at)
+            assert dec.buffered == before
+    dec = p.FrameDecoder()
+    dec.feed(ack(2**56, 1) + ack(2**57, 2))  # first byte never zero
+    got = dec.take_add_acks()
+    assert got is not None and list(got[1]) == [1, 2]
+    # a mix of top request-id bytes that no single column check can vouch for: left to the slower path
+    dec = p.FrameDecoder()
+    dec.feed(ack(2**56, 0) + ack(ADD_RID_BASE, 1) + ack(0x0100_0000_0000_0000 + 2**48, 2))
+    got = dec.take_add_acks()
+    assert got is None or list(got[1]) == [0, 1, 2]
+
+
+_frame_kinds = st.one_of(
+    st.tuples(
+        st.just("ack"),
+        st.sampled_from([ADD_RID_BASE, ADD_RID_BASE + 1, 2**56, 5]),
+        st.sampled_from([p.Status.OK, p.Status.OK, p.Status.FENCED]),
+        st.sampled_from([7, 7, 8]),
+        st.integers(0, 2**62),
+    ),
+    st.tuples(st.just("lac"), st.integers(1, 50)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(_frame_kinds, max_size=12), cuts=st.lists(st.integers(0, 400), max_size=4))
+def test_take_add_acks_then_the_other_paths_see_every_frame_once_in_order(frames, cuts) -> None:
+    """The client's decoding order (take_add_acks, take_leading_add_responses, frames_raw) on any chunking:
+    every response comes out exactly once, in order, with its fields."""
+    want = []
+    parts = []
+    for f in frames:
+        if f[0] == "ack":
+            _, rid, status, ledger, eid = f
+            parts.append(p.encode_add_response(rid, status, ledger, eid))
+            want.append((rid, int(status), ledger, eid))
+        else:
+            parts.append(p.encode(p.WriteLacResponse(request_id=f[1], status=p.Status.OK, ledger_id=9)))
+            want.append((f[1], 0, 9, None))
+    data = b"".join(parts)
+    bounds = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    dec = p.FrameDecoder()
+    got: list[tuple[int, int, int, int | None]] = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        dec.feed(data[a:b])
+        acks = dec.take_add_acks()
+        if acks is not None:
+            got += [(ADD_RID_BASE, 0, acks[0], e) for e in acks[1]]  # rid: only known to be listened
+        got += [(r[4], r[5], r[6], r[7]) for r in dec.take_leading_add_responses()]
+        for op, _flags, rid, buf, x, y in dec.frames_raw():
+            resp = p.decode_response(op, _flags, rid, memoryview(buf)[x:y])
+            eid = resp.entry_id if isinstance(resp, p.AddEntryResponse) else None
+            got.append((rid, int(resp.status), resp.ledger_id, eid))
+    assert dec.buffered == 0
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        if g[0] == ADD_RID_BASE and w[0] >= ADD_RID_BASE and g[1] == 0:
+            g = (w[0], *g[1:])  # take_add_acks vouches only for "a listened add"
+        assert g == w
+
+
 # -- connection dispatch -------------------------------------------------------------------------------
 
 
@@ -81,13 +179,16 @@ class FakeTransport:
 class Listener:
     def __init__(self, ledger_id: int) -> None:
         self.ledger_id = ledger_id
-        self.calls: list[tuple[str, list[AddRow]]] = []
+        self.calls: list[tuple[str, list[int]]] = []  # (bookie, entry ids acked) per call
         self.lost: list[str] = []
+
+    def on_add_acks(self, bookie: str, entry_ids: Sequence[int]) -> None:
+        self.calls.append((bookie, list(entry_ids)))
 
     def on_add_rows(self, bookie: str, rows: list[AddRow]) -> list[AddRow] | None:
         mine = [r for r in rows if r[6] == self.ledger_id and r[4] >= ADD_RID_BASE]
         if mine:
-            self.calls.append((bookie, mine))
+            self.calls.append((bookie, [r[7] for r in mine]))
         rest = [r for r in rows if not (r[6] == self.ledger_id and r[4] >= ADD_RID_BASE)]
         return rest or None
 
@@ -119,9 +220,9 @@ def test_add_responses_go_to_the_listener_of_their_ledger_in_one_call_per_chunk(
         data = b"".join(frames)
         conn.data_received(data[:50])  # a chunk ending inside a frame
         conn.data_received(data[50:])
-        assert [r[7] for _, rows in l7.calls for r in rows] == [0, 1, 2, 3, 4]
+        assert [e for _, eids in l7.calls for e in eids] == [0, 1, 2, 3, 4]
         assert len(l7.calls) <= 3
-        assert [r[7] for _, rows in l8.calls for r in rows] == [0]
+        assert [e for _, eids in l8.calls for e in eids] == [0]
         assert got == [("add", p.Status.OK), ("req", p.Status.FENCED)]
         assert conn.outstanding == 0
 
@@ -138,7 +239,7 @@ def test_add_responses_after_another_frame_in_the_same_chunk() -> None:
         adds = [p.encode_add_response(ADD_RID_BASE + i, p.Status.OK, 7, i) for i in range(3)]
         conn.data_received(other + b"".join(adds))
         assert isinstance(got[0], p.WriteLacResponse)
-        assert [r[7] for _, rows in l7.calls for r in rows] == [0, 1, 2]
+        assert [e for _, eids in l7.calls for e in eids] == [0, 1, 2]
 
     asyncio.run(go())
 

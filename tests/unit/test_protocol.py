@@ -215,7 +215,7 @@ def test_take_add_requests_then_frames_raw_see_every_frame_once_in_order(
         while True:
             rows = dec.take_add_requests()
             if rows is not None:
-                seen.extend((int(p.OpCode.ADD_ENTRY), r[2], r[6]) for r in rows)
+                seen.extend((int(p.OpCode.ADD_ENTRY), r[1], r[5]) for r in rows)
             progressed = False
             for op, _flags, rid, buf, a, b in dec.frames_raw():
                 progressed = True
@@ -240,11 +240,9 @@ def test_take_add_requests_unpacks_fields_and_stops_at_another_size() -> None:
     dec.feed(b"".join(run + other) + run[0][:10])
     rows = dec.take_add_requests()
     assert rows is not None and len(rows) == 5
-    assert [(r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
-        (0, 100 + i, 7, i, p.master_key(b"k"), bytes([i]) * 40) for i in range(5)
-    ]
+    assert rows == [(0, 100 + i, 7, i, p.master_key(b"k"), bytes([i]) * 40) for i in range(5)]
     rows = dec.take_add_requests()
-    assert rows is not None and [r[4] for r in rows] == [5]
+    assert rows is not None and [r[3] for r in rows] == [5]
     assert dec.take_add_requests() is None and dec.buffered == 10
 
 
