@@ -10,13 +10,13 @@ Segment files ``<directory>/<16 lower-case hex digits seq>.jnl``, ``seq`` starti
 per segment (a gap is corruption). A new segment is created by every ``start()`` and on rotation. Each file
 starts with a 16-byte header::
 
-    b"LSJN" | u16 version (2; 1 is still read) | u16 reserved (0) | u64 seq   (seq must match the file name)
+    b"LSJN" | u16 version (3; 1 and 2 are still read) | u16 reserved (0) | u64 seq   (seq must match the name)
 
 followed by records::
 
     u32 body_len | u32 crc32c(type byte + body, seeded) | u8 type | body
 
-The CRC of a version-2 segment starts from ``seed(seq) = crc32c(u64 seq)`` (version 1: from 0), so a record
+The CRC of a version-2 or -3 segment starts from ``seed(seq) = crc32c(u64 seq)`` (version 1: from 0), so a record
 left over from an earlier use of a recycled file never checks out in its new segment (see "Recycling").
 
     ENTRY=1         body: u64 ledger_id | i64 entry_id | entry bytes
@@ -26,8 +26,10 @@ left over from an earlier use of a recycled file never checks out in its new seg
     ENTRIES=5       body: u32 n | n x u32 entry length | the n entries, concatenated
                     (a group of adds in one record; each entry names its ledger and entry id in its own first
                     16 bytes, the entry header, so replay yields them as n ENTRY records)
-    SEGMENT_END=6   body: u64 seq of the next segment (version 2 only; written on rotation and on close:
+    SEGMENT_END=6   body: u64 seq of the next segment (version 2 and later; written on rotation and on close:
                     replay stops reading the segment there and never yields it)
+    PADDING=7       body: zero bytes, as many as it takes (version 3): ends every batch on a ``ALIGNMENT``
+                    boundary; replay skips it (see "Alignment")
 
 New types either carry ``u64 ledger_id | i64 id | data`` (add them to ``_WITH_ID``) or ``u64 ledger_id | data``
 (ENTRIES is the one exception).
@@ -61,6 +63,16 @@ file to the new segment's name, overwrites its header and writes records over th
   reached the end and is not reading a corrupt acknowledged record;
 * a crash after renaming a free file but before its new header is durable leaves a last segment whose header
   names an older seq: nothing was written to it yet, so replay recycles it again.
+
+Alignment
+---------
+Every batch ends with a PADDING record that makes it end on a 4 KiB boundary (BookKeeper's
+``journalAlignmentSize``), so every batch after a segment's first starts on one too. Without it a batch ends
+mid-page: its fdatasync writes that page, and the next batch writes it again; and when the file is a recycled
+one whose old pages are no longer cached, ``pwrite`` first *reads* the old page it only partly overwrites,
+synchronously, on the journal's critical path (traced under load: ~150 such 4 KiB reads per second per
+bookie, ~1 ms each). Measured with three journal-like writers beside three storage-like ones on this VM: 422
+-> 524 MB/s of journal writes, fsync p50 2.4 -> 1.8 ms. The cost is under 4 KiB per batch.
 
 Group commit
 ------------
@@ -103,6 +115,7 @@ from typing import Any
 import crc32c as _crc32c_mod
 
 __all__ = [
+    "ALIGNMENT",
     "Journal",
     "JournalClosedError",
     "JournalCorruptError",
@@ -113,6 +126,7 @@ __all__ = [
     "SEGMENT_HEADER_LEN",
     "bench_journal",
     "bench_journal_async",
+    "crc_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -120,8 +134,9 @@ logger = logging.getLogger(__name__)
 _crc = _crc32c_mod.crc32c
 
 SEGMENT_MAGIC = b"LSJN"
-SEGMENT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+SEGMENT_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+ALIGNMENT = 4096  # every batch ends on this boundary (a PADDING record fills the gap)
 _SEG_HDR = struct.Struct(">4sHHQ")
 SEGMENT_HEADER_LEN = _SEG_HDR.size  # 16
 
@@ -140,6 +155,7 @@ _LEDGER_ID = struct.Struct(">Qq")
 _LEDGER = struct.Struct(">Q")
 
 _U32 = struct.Struct(">I")
+_PADDING_TYPE = b"\x07"
 _ENTRIES_HDR = bytes(8) + b"\x05"  # u32 len, u32 crc (both patched in place), type ENTRIES (5)
 _ENTRY_IDS = struct.Struct(">Qq")  # the first 16 bytes of an entry (its header): ledger id, entry id
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -158,6 +174,7 @@ class RecordType(enum.IntEnum):
     EXPLICIT_LAC = 4
     ENTRIES = 5
     SEGMENT_END = 6
+    PADDING = 7
 
 
 def crc_seed(seq: int, version: int = SEGMENT_VERSION) -> int:
@@ -307,6 +324,10 @@ class _SegmentScan:
                 if rtype == RecordType.SEGMENT_END:
                     self.ended = True
                     return
+                if rtype == RecordType.PADDING:
+                    pos = end
+                    self.end = base + pos
+                    continue
                 t = _TYPES.get(rtype)
                 if t is None:
                     raise JournalError(
@@ -387,6 +408,7 @@ class Journal:
     ``directory`` is the journal directory itself (segments and ``lastmark`` live directly in it).
     ``reuse_segments``: how many segments a checkpoint keeps (as ``<seq>-<unique>.free``) for later segments to be
     written over (0: delete them all). Only segments of at least half ``segment_bytes`` are kept.
+    ``alignment``: every batch ends on a multiple of it (a PADDING record fills the gap; 0: no padding).
     ``on_sync(bytes, fsync_seconds)`` runs on the event loop after each successful batch. ``fsync=False``
     skips every fsync (tests, benchmarks; nothing is durable then). Tests may replace ``_fsync`` (called with
     a segment fd from the writer thread) and ``_fsync_dir`` (called with the directory path).
@@ -400,6 +422,7 @@ class Journal:
         flush_bytes: int = 512 * 1024,
         segment_bytes: int = 256 * 1024 * 1024,
         reuse_segments: int = 4,
+        alignment: int = ALIGNMENT,
         fsync: bool = True,
         on_sync: Callable[[int, float], None] | None = None,
     ) -> None:
@@ -411,6 +434,9 @@ class Journal:
         self._flush_bytes = max(1, int(flush_bytes))
         self._segment_bytes = max(SEGMENT_HEADER_LEN + 1, int(segment_bytes))
         self._reuse = max(0, int(reuse_segments))
+        if alignment < 0:
+            raise ValueError("alignment must be >= 0")
+        self._alignment = int(alignment)
         self._fsync_enabled = fsync
         # overridable (tests inject hooks): fsync of a segment fd, fsync of the directory
         self._fsync: Callable[[int], None] = os.fdatasync if fsync else _no_fsync
@@ -817,6 +843,19 @@ class Journal:
             buf += prefix
             buf += data
 
+    @staticmethod
+    def _pad(buf: bytearray, start: int, seed: int, alignment: int) -> None:
+        """Append one PADDING record to ``buf`` (a batch to be written at file offset ``start``) so that the
+        batch ends on an ``alignment`` boundary; nothing when it already does."""
+        gap = -(start + len(buf)) % alignment
+        if not gap:
+            return
+        if gap < _REC_HDR_LEN:  # too small for a record header: pad to the boundary after the next one
+            gap += alignment
+        body = bytes(gap - _REC_HDR_LEN)
+        buf += _REC_HDR.pack(len(body), _crc(body, _crc(_PADDING_TYPE, seed)), RecordType.PADDING)
+        buf += body
+
     def _loop_call_soon(self, fn: Done, arg: BaseException | None) -> None:
         assert self._loop is not None
         self._loop.call_soon(fn, arg)
@@ -834,6 +873,8 @@ class Journal:
         self._buf = bytearray()
         self._cbs = []
         self._io_busy = True
+        if self._alignment:
+            self._pad(buf, self._w_off, self._seed, self._alignment)
         loop = self._loop
         assert loop is not None
         fut = loop.run_in_executor(self._executor, self._io_write, buf, self._buf_seq, self._w_off)

@@ -15,11 +15,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bookie.journal import (
+    ALIGNMENT,
     SEGMENT_HEADER_LEN,
     Journal,
     JournalClosedError,
@@ -28,6 +30,7 @@ from bookie.journal import (
     JournalRecord,
     RecordType,
     bench_journal,
+    crc_seed,
 )
 
 # ---------------------------------------------------------------------- helpers
@@ -399,7 +402,7 @@ def test_torn_tail_is_cut_and_appends_continue(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path, int, int], None]
 ) -> None:
     records = entries(20, size=200)
-    write_journal(tmp_path, records)
+    write_journal(tmp_path, records, alignment=0)
     (seg,) = segments(tmp_path)
     unseal(seg)
     last_len = rec_size(records[-1])
@@ -412,7 +415,7 @@ def test_torn_tail_is_cut_and_appends_continue(
     assert any(seg.name in m and str(last_off) in m for m in caplog.messages), caplog.messages
     # the cut is clean: start, append more, and everything replays
     more = entries(5, first=100)
-    write_journal(tmp_path, more)
+    write_journal(tmp_path, more, alignment=0)
     assert replay_all(tmp_path) == records[:-1] + more
     assert len(segments(tmp_path)) == 2
 
@@ -422,7 +425,7 @@ def template_journal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, li
     d = tmp_path_factory.mktemp("template")
     records = [rec(RecordType.ENTRY, 1, i, bytes([i % 256]) * (i * 7 % 300)) for i in range(40)]
     records.insert(10, rec(RecordType.FENCE, 1, -1, b""))
-    write_journal(d, records)
+    write_journal(d, records, alignment=0)
     unseal(segments(d)[0])
     return d, records
 
@@ -640,7 +643,7 @@ def _recycled_journal(directory: Path) -> tuple[JournalMark, list[JournalRecord]
     after: list[JournalRecord] = []
 
     async def main() -> JournalMark:
-        j = await open_journal(directory, segment_bytes=4096, reuse_segments=2)
+        j = await open_journal(directory, segment_bytes=4096, reuse_segments=2, alignment=0)
         await append_all(j, entries(20, size=500), chunk=1)  # segments 1, 2 and half of 3
         mark = j.mark
         assert mark.seq == 3
@@ -668,7 +671,7 @@ def test_segments_are_written_over_and_old_records_behind_them_never_replay(tmp_
     assert last.stat().st_size > SEGMENT_HEADER_LEN + 4 * size, "the old records are still behind"
     assert replay_all(tmp_path) == after
     assert last.stat().st_size == SEGMENT_HEADER_LEN + 3 * size, "the old records are cut like a torn tail"
-    write_journal(tmp_path, entries(2, size=500, first=100))
+    write_journal(tmp_path, entries(2, size=500, first=100), alignment=0)
     assert replay_all(tmp_path) == after + entries(2, size=500, first=100)
 
 
@@ -688,14 +691,14 @@ def test_a_free_file_renamed_but_not_yet_rewritten_is_dropped(tmp_path: Path) ->
     mark, after, _ = _recycled_journal(tmp_path)
     assert replay_all(tmp_path) == after
     # a later checkpoint makes free files again; then a crash right after renaming one to the next segment
-    j = Journal(tmp_path, segment_bytes=4096, reuse_segments=2)
+    j = Journal(tmp_path, segment_bytes=4096, reuse_segments=2, alignment=0)
     assert list(j.replay()) == after
     j.checkpoint(j.mark)
     (free, *_) = free_files(tmp_path)
     nxt = tmp_path / f"{int(segments(tmp_path)[-1].stem, 16) + 1:016x}.jnl"
     os.rename(free, nxt)
     # the same journal replays (dropping it) and starts: its next segment takes the dropped one's number
-    write_journal(tmp_path, entries(3, size=500, first=200), segment_bytes=4096)
+    write_journal(tmp_path, entries(3, size=500, first=200), segment_bytes=4096, alignment=0)
     assert nxt.exists(), "no gap in the segment numbers"
     assert replay_all(tmp_path) == entries(3, size=500, first=200)
     assert replay_all(tmp_path) == entries(3, size=500, first=200)
@@ -705,7 +708,7 @@ def test_no_free_files_while_the_disk_is_short_and_release_deletes_them(tmp_path
     roomy = {"ok": False}
 
     async def main() -> None:
-        j = await open_journal(tmp_path, segment_bytes=4096, reuse_segments=4)
+        j = await open_journal(tmp_path, segment_bytes=4096, reuse_segments=4, alignment=0)
         j.may_reuse = lambda: roomy["ok"]
         await append_all(j, entries(20, size=500), chunk=1)
         j.checkpoint(JournalMark(2, SEGMENT_HEADER_LEN))
@@ -741,7 +744,7 @@ def test_version_1_segments_still_replay(tmp_path: Path) -> None:
 
 def test_a_failed_rotation_fails_its_batch_and_the_next_batch_rotates(tmp_path: Path) -> None:
     async def main() -> None:
-        j = await open_journal(tmp_path, segment_bytes=4096, reuse_segments=0)
+        j = await open_journal(tmp_path, segment_bytes=4096, reuse_segments=0, alignment=0)
         assert await append_all(j, entries(8, size=500), chunk=1) == [None] * 8  # segment 1 is full
         real = j._fsync_dir
         fail = {"n": 1}
@@ -839,7 +842,7 @@ def test_enospc_fails_batch_no_partial_tail_and_recovers(small_tmpfs: Path) -> N
     payload = os.urandom(64 * 1024)
 
     async def main() -> tuple[list[int], list[int]]:
-        j = await open_journal(jdir, flush_bytes=128 * 1024, max_wait_ms=1)
+        j = await open_journal(jdir, flush_bytes=128 * 1024, max_wait_ms=1, alignment=0)
         results: list[BaseException | None] = []
         for i in range(40):  # 2.5 MiB: cannot fit
             j.append(RecordType.ENTRY, 1, i, payload, results.append)
@@ -931,7 +934,7 @@ def test_a_torn_entries_record_is_cut_whole(tmp_path: Path) -> None:
     second = [_entry(1, 10 + i, b"b" * 100) for i in range(10)]
 
     async def main() -> None:
-        j = await open_journal(tmp_path)
+        j = await open_journal(tmp_path, alignment=0)
         j.append_entries(first, lambda exc: None)
         await j.flush()
         j.append_entries(second, lambda exc: None)
@@ -964,3 +967,89 @@ def test_an_inconsistent_entries_record_stops_replay(tmp_path: Path) -> None:
     with open(seg, "ab") as f:
         f.write(record)
     assert [r.entry_id for r in replay_all(tmp_path)] == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------- alignment (PADDING records)
+
+
+def record_layout(seg: Path) -> list[tuple[int, int, int]]:
+    """(offset, total length, type) of every record in a segment file, read straight from the headers."""
+    raw = seg.read_bytes()
+    out = []
+    pos = SEGMENT_HEADER_LEN
+    while pos + 9 <= len(raw):
+        blen = int.from_bytes(raw[pos : pos + 4], "big")
+        if pos + 9 + blen > len(raw):
+            break
+        out.append((pos, 9 + blen, raw[pos + 8]))
+        pos += 9 + blen
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=st.integers(0, 3 * ALIGNMENT), size=st.integers(0, 2 * ALIGNMENT), seq=st.integers(1, 2**40))
+def test_padding_ends_any_batch_on_the_boundary_with_one_valid_record(
+    start: int, size: int, seq: int
+) -> None:
+    buf = bytearray(os.urandom(size))
+    Journal._pad(buf, start, crc_seed(seq), ALIGNMENT)
+    assert (start + len(buf)) % ALIGNMENT == 0
+    pad = bytes(buf[size:])
+    if (start + size) % ALIGNMENT == 0:
+        assert pad == b""
+        return
+    assert 9 <= len(pad) < ALIGNMENT + 9
+    blen = int.from_bytes(pad[:4], "big")
+    assert 9 + blen == len(pad) and pad[8] == RecordType.PADDING
+    assert crc32c.crc32c(pad[8:], crc_seed(seq)) == int.from_bytes(pad[4:8], "big")
+
+
+def test_every_batch_ends_on_the_boundary_and_padding_never_replays(tmp_path: Path) -> None:
+    records = mixed_records()
+    write_journal(tmp_path, records, segment_bytes=128 * 1024, chunk=7)
+    segs = segments(tmp_path)
+    assert len(segs) >= 3, "segment_bytes should have forced rotations"
+    pads = 0
+    for seg in segs:
+        layout = record_layout(seg)
+        assert sum(n for _, n, _ in layout) + SEGMENT_HEADER_LEN == seg.stat().st_size
+        for off, n, rtype in layout:
+            if rtype == RecordType.PADDING:
+                pads += 1
+                assert (off + n) % ALIGNMENT == 0, f"{seg.name}: a batch ends at {off + n}"
+            elif rtype == RecordType.SEGMENT_END:
+                assert off % ALIGNMENT == 0, "the batch before SEGMENT_END was not padded"
+    assert pads > len(records) // 7 // 2, "few batches were padded"
+    assert replay_all(tmp_path) == records
+
+
+def test_a_batch_torn_in_its_padding_keeps_its_records(tmp_path: Path) -> None:
+    records = entries(30, size=300)
+    write_journal(tmp_path, records)
+    (seg,) = segments(tmp_path)
+    unseal(seg)
+    *_, (off, n, rtype) = record_layout(seg)
+    assert rtype == RecordType.PADDING and n > 100
+    os.truncate(seg, off + n // 2)
+    assert replay_all(tmp_path) == records
+    assert seg.stat().st_size == off, "the torn padding is cut like any torn tail"
+    more = entries(3, first=50)
+    write_journal(tmp_path, more)
+    assert replay_all(tmp_path) == records + more
+
+
+def _noop(exc: BaseException | None) -> None:
+    assert exc is None
+
+
+def test_the_mark_after_a_batch_is_aligned(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        for i in range(5):
+            j.append(RecordType.ENTRY, 1, i, b"x" * (100 + 37 * i), _noop)
+            await j.flush()
+            assert j.mark.offset % ALIGNMENT == 0
+        await j.close()
+
+    asyncio.run(main())
+    assert [r.entry_id for r in replay_all(tmp_path)] == list(range(5))
