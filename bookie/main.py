@@ -70,6 +70,7 @@ class BookieConfig:
     journal_dir_override: Path | None = None  # put the journal on its own device (BookKeeper's advice)
     write_buffer_mb: int = 64  # RocksDB memtable size (up to 8 of them): acked entries held before a flush
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
+    storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
 
     @property
     def id(self) -> str:
@@ -119,7 +120,10 @@ class Bookie:
             return loop.call_soon(fn) if delay_s <= 0 else loop.call_later(delay_s, fn)
 
         self.storage = RocksLedgerStorage(
-            cfg.ledger_dir, write_buffer_mb=cfg.write_buffer_mb, write_rate_mb=cfg.storage_write_rate_mb
+            cfg.ledger_dir,
+            write_buffer_mb=cfg.write_buffer_mb,
+            write_rate_mb=cfg.storage_write_rate_mb,
+            flush_threads=cfg.storage_flush_threads,
         )
         self.journal = Journal(
             cfg.journal_dir,
@@ -439,6 +443,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         journal_dir_override=Path(args.journal_dir) if getattr(args, "journal_dir", None) else None,
         write_buffer_mb=getattr(args, "write_buffer_mb", 64),
         storage_write_rate_mb=getattr(args, "storage_write_rate_mb", 0),
+        storage_flush_threads=getattr(args, "storage_flush_threads", 1),
     )
 
 

@@ -183,7 +183,9 @@ BLOB_FILE_BYTES = 256 * 1024 * 1024
 class RocksLedgerStorage:
     """RocksDB-backed storage (``rocksdict`` in raw mode, WAL off: the journal is the WAL)."""
 
-    def __init__(self, directory: Path, *, write_buffer_mb: int = 64, write_rate_mb: int = 0) -> None:
+    def __init__(
+        self, directory: Path, *, write_buffer_mb: int = 64, write_rate_mb: int = 0, flush_threads: int = 1
+    ) -> None:
         from rocksdict import DBCompressionType, Options, Rdict, WriteOptions
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -191,6 +193,12 @@ class RocksLedgerStorage:
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         opts.increase_parallelism(2)
+        if flush_threads > 1:
+            # RocksDB runs max(1, jobs / 4) memtable flushes at once. A flush writes its 128 KiB direct-I/O
+            # requests one after another, so one flush thread is bounded by the disk's write latency: with the
+            # journal on its own device (``--journal-dir``), 3/3/2 at ~65k entries/s outran it and memtables
+            # piled up into write delays; two flush threads held the rate (docs/BENCHMARKS.md, session 6).
+            opts.set_max_background_jobs(4 * flush_threads)
         opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
         # Up to MEMTABLES_MAX memtables: one filling while others flush. RocksDB delays writes once all but one
         # are full, and rocksdict holds the GIL through a delayed write, so the whole bookie (loop and journal

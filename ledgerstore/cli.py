@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
         "limiter falls behind, RocksDB stalls writes and the bookie with them)",
     )
     serve.add_argument(
+        "--storage-flush-threads",
+        type=int,
+        default=1,
+        help="RocksDB memtable flushes run at once (2 helps when the journal has its own disk; on one disk "
+        "shared with the journal it made the tail longer)",
+    )
+    serve.add_argument(
         "--journal-dir",
         default=None,
         help="journal directory (default: DATA_DIR/journal); on its own disk, journal fsyncs do not queue "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from bookie.storage import INDEX_CF, LedgerInfo, RocksLedgerStorage, entry_key, ledger_key
 
 KEY = b"k" * 20
@@ -127,3 +129,25 @@ def test_deleting_a_ledger_gives_its_space_back(tmp_path: Path) -> None:
     s = RocksLedgerStorage(tmp_path / "db")
     assert set(s.load_index()) == {2} and s.get_entry(2, 1999) == b"\x02" * 1000
     s.close()
+
+
+def _persisted_option(db_dir: Path, name: str) -> str:
+    """The value RocksDB itself wrote for option ``name`` in the newest OPTIONS file of ``db_dir``."""
+    newest = max(db_dir.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    for line in newest.read_text().splitlines():
+        key, _, value = line.strip().partition("=")
+        if key == name:
+            return value
+    raise AssertionError(f"{name} not in {newest}")
+
+
+@pytest.mark.parametrize(("threads", "jobs"), [(1, "2"), (2, "8"), (3, "12")])
+def test_flush_threads_reach_rocksdb(tmp_path: Path, threads: int, jobs: str) -> None:
+    s = RocksLedgerStorage(tmp_path / "db", write_buffer_mb=1, flush_threads=threads)
+    try:
+        assert _persisted_option(tmp_path / "db", "max_background_jobs") == jobs
+        s.write([(1, e, bytes([e % 251]) * 1000) for e in range(5000)], [])
+        s.flush()
+        assert s.get_range(1, 0, 4999, 1 << 30) == [bytes([e % 251]) * 1000 for e in range(5000)]
+    finally:
+        s.close()
