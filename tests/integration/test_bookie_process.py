@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bookie import protocol as p
+from bookie.journal import SEGMENT_HEADER_LEN, RecordType
 from ledgerstore.cluster import BookieProcess, free_port
 from tests.integration.rawbookie import KEY, WRONG, RawBookie, build, payload_for
 
@@ -72,6 +73,21 @@ def test_every_acked_entry_fence_and_key_survive_kill9(bookies) -> None:
     asyncio.run(verify())
 
 
+def _end_of_last_entry_record(seg: Path) -> int:
+    """File offset just after the last record that is not PADDING (read from the record headers)."""
+    raw = seg.read_bytes()
+    pos, end = SEGMENT_HEADER_LEN, 0
+    while pos + 9 <= len(raw):
+        blen = int.from_bytes(raw[pos : pos + 4], "big")
+        if pos + 9 + blen > len(raw):
+            break
+        if raw[pos + 8] != RecordType.PADDING:
+            end = pos + 9 + blen
+        pos += 9 + blen
+    assert end, f"no record in {seg}"
+    return end
+
+
 def test_torn_journal_tail_replays_to_last_whole_record(bookies) -> None:
     bp = bookies.start("--checkpoint-interval-s", "3600")
 
@@ -84,9 +100,9 @@ def test_torn_journal_tail_replays_to_last_whole_record(bookies) -> None:
     asyncio.run(write(50))
     bp.kill9()
     last = _journal_segments(bp.data_dir)[-1]
-    size = last.stat().st_size
+    end = _end_of_last_entry_record(last)  # each batch is padded to 4 KiB after its last record
     with open(last, "r+b") as f:
-        f.truncate(size - 500)  # cuts the last entry record (about 1.1 KB) in the middle
+        f.truncate(end - 500)  # cuts the last entry record (about 1.1 KB) in the middle
     bp.start()
 
     async def verify() -> None:
