@@ -71,6 +71,7 @@ class BookieConfig:
     write_buffer_mb: int = 64  # RocksDB memtable size (up to 8 of them): acked entries held before a flush
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
     storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
+    storage_blob_files: str = "auto"  # entries in blob files: auto (while ledgers interleave), on, off
 
     @property
     def id(self) -> str:
@@ -124,6 +125,7 @@ class Bookie:
             write_buffer_mb=cfg.write_buffer_mb,
             write_rate_mb=cfg.storage_write_rate_mb,
             flush_threads=cfg.storage_flush_threads,
+            blob_files=cfg.storage_blob_files,
         )
         self.journal = Journal(
             cfg.journal_dir,
@@ -247,6 +249,11 @@ class Bookie:
             ("writes_delayed", "1 while RocksDB delays or stops writes"),
             ("sst_bytes", "Bytes of RocksDB SST files (keys, small entries)"),
             ("blob_bytes", "Bytes of live RocksDB blob files (entries)"),
+            (
+                "blob_files_on",
+                "1 while flushes put entries in blob files (--storage-blob-files; auto: ledgers interleave)",
+            ),
+            ("blob_files_switches", "Times --storage-blob-files auto switched blob files on or off"),
         ):
             self.server.metrics.gauge(
                 f"bookie_storage_{key}", help_text, functools.partial(_gauge, gauges, key)
@@ -444,6 +451,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         write_buffer_mb=getattr(args, "write_buffer_mb", 64),
         storage_write_rate_mb=getattr(args, "storage_write_rate_mb", 0),
         storage_flush_threads=getattr(args, "storage_flush_threads", 1),
+        storage_blob_files=getattr(args, "storage_blob_files", "auto"),
     )
 
 

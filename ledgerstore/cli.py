@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
         "shared with the journal it made the tail longer)",
     )
     serve.add_argument(
+        "--storage-blob-files",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="keep entries in RocksDB blob files: auto (the default: while more than one ledger is being "
+        "written, so interleaved ledgers are compacted without rewriting entries), on, or off",
+    )
+    serve.add_argument(
         "--journal-dir",
         default=None,
         help="journal directory (default: DATA_DIR/journal); on its own disk, journal fsyncs do not queue "

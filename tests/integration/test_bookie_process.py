@@ -254,6 +254,7 @@ def test_bookie_info_and_admin_http(bookies, n: int) -> None:
     assert "bookie_adds_total 1" in text and "bookie_journal_fsync_seconds_count" in text
     assert "bookie_storage_memtables_waiting 0" in text and "bookie_storage_writes_delayed 0" in text
     assert "bookie_storage_blob_bytes " in text and "bookie_storage_sst_bytes " in text
+    assert "bookie_storage_blob_files_on " in text and "bookie_storage_blob_files_switches " in text
     with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/ledgers/44") as r:
         assert json.loads(r.read())["last_entry_id"] == 0
     with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/info") as r:

@@ -151,3 +151,45 @@ def test_flush_threads_reach_rocksdb(tmp_path: Path, threads: int, jobs: str) ->
         assert s.get_range(1, 0, 4999, 1 << 30) == [bytes([e % 251]) * 1000 for e in range(5000)]
     finally:
         s.close()
+
+
+def _entry_bytes_in(storage: RocksLedgerStorage, suffix: str) -> int:
+    if suffix == ".sst":
+        return sum(f["size"] for f in storage._db.live_files() if f["start_key"].startswith(b"E"))
+    return sum(f.stat().st_size for f in storage.directory.iterdir() if f.suffix == suffix)
+
+
+def test_blob_files_follow_whether_ledgers_interleave(tmp_path: Path) -> None:
+    """``auto``: one ledger at a time keeps its entries in the SSTs (no blob CRC, nothing to rewrite); a second
+    ledger switches blob files on for the next flush. Entries of both kinds read back, also after reopening."""
+    s = RocksLedgerStorage(tmp_path / "db", blob_window_s=0.0)  # every write closes a window
+    info = {lid: LedgerInfo(KEY) for lid in (1, 2)}
+    for batch in range(4):
+        s.write([(1, batch * 100 + i, b"a" * 1000) for i in range(100)], [(1, info[1])])
+    assert s.gauges()["blob_files_on"] == 0 and s.gauges()["blob_files_switches"] == 1
+    s.flush()
+    assert _entry_bytes_in(s, ".blob") == 0
+    assert _entry_bytes_in(s, ".sst") >= 400 * 1000, "one ledger's entries are not in its SSTs"
+    rows = [(lid, 400 + i, bytes([lid]) * 1000) for i in range(100) for lid in (1, 2)]
+    s.write(rows, list(info.items()))
+    assert s.gauges()["blob_files_on"] == 1 and s.gauges()["blob_files_switches"] == 2
+    s.flush()
+    assert _entry_bytes_in(s, ".blob") >= 200 * 1000, "interleaved ledgers' entries are not in blob files"
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db", blob_files="on")
+    assert s.get_range(1, 0, 499, 1 << 30) == [b"a" * 1000] * 400 + [b"\x01" * 1000] * 100
+    assert s.get_range(2, 400, 499, 1 << 30) == [b"\x02" * 1000] * 100
+    s.close()
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_fixed_blob_file_modes(tmp_path: Path, mode: str) -> None:
+    s = RocksLedgerStorage(tmp_path / "db", blob_files=mode, blob_window_s=0.0)
+    for batch in range(4):
+        s.write([(1, batch * 100 + i, b"a" * 1000) for i in range(100)], [(1, LedgerInfo(KEY))])
+    s.flush()
+    blob = _entry_bytes_in(s, ".blob")
+    assert (blob >= 400 * 1000) if mode == "on" else (blob == 0)
+    assert s.gauges()["blob_files_switches"] == 0
+    assert s.get_range(1, 0, 399, 1 << 30) == [b"a" * 1000] * 400
+    s.close()
