@@ -14,6 +14,7 @@ a lost connection is reported to every listener (each knows whether it still wai
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import struct
@@ -341,15 +342,26 @@ class BookiePool:
         if fut is None:
             fut = asyncio.ensure_future(connect(bookie_id, self.connect_timeout_s, self.listeners))
             self._connecting[bookie_id] = fut
-            try:
-                conn = await fut
-            finally:
-                self._connecting.pop(bookie_id, None)
-            self._conns[bookie_id] = conn
-            return conn
-        return await asyncio.shield(fut)
+            fut.add_done_callback(functools.partial(self._connected, bookie_id))
+        # Every caller, the first included, waits behind a shield: one caller cancelled (its own timeout, or a
+        # read that stopped waiting for the slower bookies) must not cancel the attempt the others share.
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if fut.cancelled() and (task is None or not task.cancelling()):
+                raise BookieUnavailableError(f"connecting to bookie {bookie_id} was cancelled") from None
+            raise
+
+    def _connected(self, bookie_id: str, fut: asyncio.Future[BookieConnection]) -> None:
+        if self._connecting.get(bookie_id) is fut:
+            del self._connecting[bookie_id]
+        if not fut.cancelled() and fut.exception() is None:  # (retrieves a failure nobody waited for)
+            self._conns[bookie_id] = fut.result()
 
     async def close(self) -> None:
+        for fut in list(self._connecting.values()):
+            fut.cancel()
         for c in self._conns.values():
             c.close()
         self._conns.clear()
