@@ -262,7 +262,21 @@ def _no_fsync_dir(path: Path) -> None:
     return None
 
 
-def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
+_IOV_MAX = 1024  # Linux: pwritev takes at most this many buffers
+
+
+def _pwritev_all(fd: int, pieces: list[bytes | bytearray], size: int, offset: int) -> None:
+    """Write ``pieces`` (``size`` bytes) at ``offset``: one pwritev when it takes them all, else the rest
+    joined (a short write, or more pieces than one call takes)."""
+    done = 0
+    if len(pieces) <= _IOV_MAX:
+        done = os.pwritev(fd, pieces, offset)
+        if done == size:
+            return
+    _pwrite_all(fd, memoryview(b"".join(pieces))[done:], offset + done)
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     with memoryview(data) as mv:
         n = len(mv)
         pos = 0
@@ -465,15 +479,18 @@ class Journal:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
         # loop-thread state
-        self._buf = bytearray()
+        # the next batch, as the pieces the writer hands to one pwritev (entries are joined once per group,
+        # never copied again on the loop thread), and its length
+        self._pieces: list[bytes | bytearray] = []
+        self._buf_len = 0
         self._cbs: list[Done] = []
-        self._oldest = 0.0  # loop time of the oldest record in _buf
+        self._oldest = 0.0  # loop time of the oldest record in the batch
         self._timer: asyncio.TimerHandle | None = None
         self._io_busy = False
         self._appended = 0
         self._finished = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        # where the batches handed to the writer end (segment, offset), and the segment and CRC seed of _buf
+        # where the batches handed to the writer end (segment, offset), and the segment and CRC seed of the batch
         self._w_seq = 0
         self._w_off = 0
         self._buf_seq = 0
@@ -706,7 +723,7 @@ class Journal:
         assert self._loop is not None
         fut: asyncio.Future[None] = self._loop.create_future()
         self._waiters.append((target, fut))
-        if not self._io_busy and self._buf:
+        if not self._io_busy and self._buf_len:
             self._start_batch()
         await fut
 
@@ -788,8 +805,7 @@ class Journal:
                 raise RuntimeError("journal not started")
             self._loop.call_soon(done, JournalClosedError("journal is closed"))
             return
-        buf = self._buf
-        if not buf:
+        if not self._buf_len:
             loop = self._loop
             assert loop is not None
             self._oldest = now = loop.time()
@@ -803,33 +819,41 @@ class Journal:
             if self._buf_seq != self._w_seq:
                 self._buf_seq = self._w_seq
                 self._seed = crc_seed(self._w_seq)
+        pieces = self._pieces
         if records:
-            self._pack_records(buf, records, self._seed)
+            packed = bytearray()
+            self._pack_records(packed, records, self._seed)
+            pieces.append(packed)
+            self._buf_len += len(packed)
         if entries:
-            self._pack_entries(buf, entries, self._seed)
+            head, body = self._pack_entries(entries, self._seed)
+            pieces.append(head)
+            pieces.append(body)
+            self._buf_len += len(head) + len(body)
         # One real callback first, no-ops for the rest: per-record counters stay right, and ``done`` runs
         # when the batch holding the whole group is durable (the group is never split across batches).
         self._cbs.append(done)
         if nrec > 1:
             self._cbs.extend([_noop_done] * (nrec - 1))
         self._appended += nrec
-        if len(buf) >= self._flush_bytes and not self._io_busy:
+        if self._buf_len >= self._flush_bytes and not self._io_busy:
             self._start_batch()
 
     @staticmethod
-    def _pack_entries(buf: bytearray, entries: list[bytes], seed: int) -> None:
-        head = len(buf)
+    def _pack_entries(entries: list[bytes], seed: int) -> tuple[bytearray, bytes]:
+        """One ENTRIES record as (its header, count and lengths; the entries joined): written one after the
+        other, they are the record."""
         lens = array.array("I", map(len, entries))
         if not _BIG_ENDIAN:
             lens.byteswap()
-        buf += _ENTRIES_HDR
-        buf += _U32.pack(len(entries))
-        buf += lens.tobytes()
-        for e in entries:
-            buf += e
-        with memoryview(buf) as mv:
-            crc = _crc(mv[head + 8 :], seed)
-        _LEN_CRC.pack_into(buf, head, len(buf) - head - _REC_HDR_LEN, crc)
+        head = bytearray(_ENTRIES_HDR)
+        head += _U32.pack(len(entries))
+        head += lens.tobytes()
+        body = b"".join(entries)
+        with memoryview(head) as mv:
+            crc = _crc(body, _crc(mv[8:], seed))
+        _LEN_CRC.pack_into(head, 0, len(head) + len(body) - _REC_HDR_LEN, crc)
+        return head, body
 
     @staticmethod
     def _pack_records(buf: bytearray, records: list[tuple[int, int, int, bytes]], seed: int) -> None:
@@ -862,24 +886,29 @@ class Journal:
 
     def _on_timer(self) -> None:
         self._timer = None
-        if not self._io_busy and self._buf:
+        if not self._io_busy and self._buf_len:
             self._start_batch()
 
     def _start_batch(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        buf, cbs = self._buf, self._cbs
-        self._buf = bytearray()
+        pieces, size, cbs = self._pieces, self._buf_len, self._cbs
+        self._pieces = []
+        self._buf_len = 0
         self._cbs = []
         self._io_busy = True
         if self._alignment:
-            self._pad(buf, self._w_off, self._seed, self._alignment)
+            pad = bytearray()
+            self._pad(pad, self._w_off + size, self._seed, self._alignment)
+            if pad:
+                pieces.append(pad)
+                size += len(pad)
         loop = self._loop
         assert loop is not None
-        fut = loop.run_in_executor(self._executor, self._io_write, buf, self._buf_seq, self._w_off)
-        self._w_off += len(buf)
-        fut.add_done_callback(functools.partial(self._on_batch_done, cbs, len(buf)))
+        fut = loop.run_in_executor(self._executor, self._io_write, pieces, size, self._buf_seq, self._w_off)
+        self._w_off += size
+        fut.add_done_callback(functools.partial(self._on_batch_done, cbs, size))
 
     def _on_batch_done(
         self, cbs: list[Done], nbytes: int, fut: asyncio.Future[tuple[int, int, float]]
@@ -919,7 +948,8 @@ class Journal:
             failed = cbs
             if self._cbs:
                 failed = cbs + self._cbs
-                self._buf = bytearray()
+                self._pieces = []
+                self._buf_len = 0
                 self._cbs = []
                 if self._timer is not None:
                     self._timer.cancel()
@@ -949,13 +979,13 @@ class Journal:
         self._maybe_next()
 
     def _maybe_next(self) -> None:
-        if self._io_busy or not self._buf:
+        if self._io_busy or not self._buf_len:
             return
         loop = self._loop
         assert loop is not None
         if (
             self._waiters
-            or len(self._buf) >= self._flush_bytes
+            or self._buf_len >= self._flush_bytes
             or loop.time() - self._oldest >= self._max_wait
         ):
             self._start_batch()
@@ -1039,8 +1069,11 @@ class Journal:
         self._fsync(self._fd)
         self._broken = None
 
-    def _io_write(self, data: bytearray, seq: int, offset: int) -> tuple[int, int, float]:
-        """Write and fsync one batch at (``seq``, ``offset``), the place the loop planned for it."""
+    def _io_write(
+        self, pieces: list[bytes | bytearray], size: int, seq: int, offset: int
+    ) -> tuple[int, int, float]:
+        """Write (``pieces``, ``size`` bytes in all) and fsync one batch at (``seq``, ``offset``), the place
+        the loop planned for it."""
         if self._broken is not None:
             self._io_repair()
         if seq != self._seq:
@@ -1056,7 +1089,7 @@ class Journal:
         if self._idle_since:
             st["total_idle_s"] += tw - self._idle_since
         try:
-            _pwrite_all(fd, data, start)
+            _pwritev_all(fd, pieces, size, start)
             t0 = time.perf_counter()
             self._fsync(fd)
             t1 = time.perf_counter()
@@ -1066,7 +1099,7 @@ class Journal:
             raise
         self._idle_since = t1
         st["total_write_s"] += t0 - tw
-        self._offset = start + len(data)
+        self._offset = start + size
         return self._seq, self._offset, t1 - t0
 
     def _io_close(self) -> None:

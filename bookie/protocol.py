@@ -547,12 +547,32 @@ class FrameDecoder:
     __slots__ = ("_buf", "frame_size_max", "broken")
 
     def __init__(self, frame_size_max: int = FRAME_SIZE_MAX) -> None:
-        self._buf = bytearray()
+        # a received chunk is kept as it came (bytes, no copy) while nothing else is buffered; a partial frame
+        # left over is kept in a bytearray that later chunks extend
+        self._buf: bytes | bytearray = b""
         self.frame_size_max = frame_size_max
         self.broken = False
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        buf = self._buf
+        if not buf and type(data) is bytes:
+            self._buf = data
+        elif type(buf) is bytearray:
+            buf += data
+        else:
+            grown = bytearray(buf)
+            grown += data
+            self._buf = grown
+
+    def _consume(self, m: int) -> None:
+        """Drop the first ``m`` buffered bytes."""
+        buf = self._buf
+        if m >= len(buf):
+            self._buf = b""
+        elif type(buf) is bytearray:
+            del buf[:m]
+        else:
+            self._buf = bytearray(memoryview(buf)[m:])
 
     @property
     def buffered(self) -> int:
@@ -582,16 +602,19 @@ class FrameDecoder:
                 break
             end += 4 + length
         if end:
-            with memoryview(buf) as mv:
-                data = bytes(mv[:end])
-            del buf[:end]
+            if end == n and type(buf) is bytes:
+                data = buf
+            else:
+                with memoryview(buf) as mv:
+                    data = bytes(mv[:end])
+            self._consume(end)
             pos = 0
             hdr = _HDR_FULL.unpack_from
             while pos < end:
                 length, version, op, flags, rid = hdr(data, pos)
                 if version != PROTOCOL_VERSION:
                     self.broken = True
-                    self._buf.clear()
+                    self._buf = b""
                     raise ProtocolError(f"unsupported protocol version {version}")
                 body_start = pos + _HDR_FULL.size
                 pos += 4 + length
@@ -660,7 +683,7 @@ class FrameDecoder:
                     head_struct = _ADD_HEADS[key] = struct.Struct(f">{_ADD_MIN_FRAME}x{fmt}{rest}x")
                 heads = list(head_struct.iter_unpack(run))
             run.release()
-        del buf[:m]
+        self._consume(m)
         return rows, heads
 
     def take_leading_add_responses(self) -> list[tuple[int, int, int, int, int, int, int, int]]:
@@ -680,7 +703,7 @@ class FrameDecoder:
             if r[:3] != want:
                 del rows[i:]
                 break
-        del buf[: len(rows) * size]
+        self._consume(len(rows) * size)
         return rows
 
     def take_add_acks(self) -> tuple[int, array.array[int]] | None:
@@ -719,7 +742,7 @@ class FrameDecoder:
         eids.frombytes(ids)
         if _LITTLE_ENDIAN:
             eids.byteswap()
-        del buf[:m]
+        self._consume(m)
         return ledger_id, eids
 
     def frames(self) -> Iterator[tuple[int, int, int, memoryview]]:

@@ -1053,3 +1053,22 @@ def test_the_mark_after_a_batch_is_aligned(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert [r.entry_id for r in replay_all(tmp_path)] == list(range(5))
+
+
+@pytest.mark.parametrize("count", [1, 3, 1024, 1500])
+def test_pwritev_all_writes_every_piece_in_order(tmp_path: Path, count: int) -> None:
+    """A batch's pieces land back to back at its offset, also when there are more than one pwritev takes."""
+    from bookie import journal as j
+
+    pieces: list[bytes | bytearray] = [
+        (bytearray if i % 2 else bytes)(bytes([i % 251]) * (1 + i % 7)) for i in range(count)
+    ]
+    size = sum(map(len, pieces))
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        j._pwritev_all(fd, pieces, size, 10)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 10 + b"".join(pieces)

@@ -114,6 +114,28 @@ def test_decoder_reassembles_frames_split_at_any_point(msgs: list[p.Request], da
     assert dec.buffered == 0
 
 
+@given(st.lists(requests, min_size=1, max_size=8), st.data())
+def test_decoder_keeps_no_reference_to_a_callers_mutable_chunk(
+    msgs: list[p.Request], data: st.DataObject
+) -> None:
+    """A bytes chunk may be kept as it came (immutable); a bytearray chunk is copied, so the caller reusing its
+    buffer cannot change frames still buffered. Each chunk is fed, partly consumed, then overwritten."""
+    stream = b"".join(p.encode(m) for m in msgs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    dec = p.FrameDecoder()
+    out: list[p.Request] = []
+    prev = 0
+    for i, c in enumerate([*cuts, len(stream)]):
+        chunk = bytearray(stream[prev:c]) if i % 2 else stream[prev:c]
+        dec.feed(chunk)  # type: ignore[arg-type]
+        prev = c
+        out.extend(dec.requests())
+        if isinstance(chunk, bytearray):
+            chunk[:] = b"\xff" * len(chunk)
+    assert out == msgs
+    assert dec.buffered == 0
+
+
 @settings(max_examples=500)
 @given(st.binary(max_size=300))
 def test_any_bytes_either_decode_or_raise_protocol_error(raw: bytes) -> None:
