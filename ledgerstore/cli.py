@@ -105,10 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--storage-blob-files",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="keep entries in RocksDB blob files: auto (the default: while more than one ledger is being "
-        "written, so interleaved ledgers are compacted without rewriting entries), on, or off",
+        choices=("on", "auto", "off"),
+        default="on",
+        help="keep entries in RocksDB blob files: on (the default: compacting interleaved ledgers and deleting "
+        "a ledger never rewrite or read its entries), auto (only while more than one ledger is being written: "
+        "less flush CPU, costlier deletes), or off",
     )
     serve.add_argument(
         "--journal-dir",

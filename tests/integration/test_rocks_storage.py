@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bookie.storage import INDEX_CF, LedgerInfo, RocksLedgerStorage, entry_key, ledger_key
+from bookie.storage import (
+    INDEX_CF,
+    LedgerInfo,
+    RocksLedgerStorage,
+    _supports_direct_io,
+    entry_key,
+    ledger_key,
+)
 
 KEY = b"k" * 20
 
@@ -162,7 +169,7 @@ def _entry_bytes_in(storage: RocksLedgerStorage, suffix: str) -> int:
 def test_blob_files_follow_whether_ledgers_interleave(tmp_path: Path) -> None:
     """``auto``: one ledger at a time keeps its entries in the SSTs (no blob CRC, nothing to rewrite); a second
     ledger switches blob files on for the next flush. Entries of both kinds read back, also after reopening."""
-    s = RocksLedgerStorage(tmp_path / "db", blob_window_s=0.0)  # every write closes a window
+    s = RocksLedgerStorage(tmp_path / "db", blob_files="auto", blob_window_s=0.0)  # a window per write
     info = {lid: LedgerInfo(KEY) for lid in (1, 2)}
     for batch in range(4):
         s.write([(1, batch * 100 + i, b"a" * 1000) for i in range(100)], [(1, info[1])])
@@ -192,4 +199,40 @@ def test_fixed_blob_file_modes(tmp_path: Path, mode: str) -> None:
     assert (blob >= 400 * 1000) if mode == "on" else (blob == 0)
     assert s.gauges()["blob_files_switches"] == 0
     assert s.get_range(1, 0, 399, 1 << 30) == [b"a" * 1000] * 400
+    s.close()
+
+
+def _read_bytes() -> int:
+    """Bytes this process (RocksDB's threads included) read from the block layer."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("no read_bytes in /proc/self/io")
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_what_deleting_a_ledger_reads(tmp_path: Path, mode: str) -> None:
+    """Why blob files are the default: a deleted ledger's blob files are removed unread, while entries kept in
+    the SSTs are all read again by the range delete's compaction (direct I/O: no page cache to hide it)."""
+    if mode == "off" and not _supports_direct_io(tmp_path):
+        pytest.skip(
+            "no direct I/O here: compaction reads come from the page cache and /proc/self/io misses them"
+        )
+    s = RocksLedgerStorage(tmp_path / "db", blob_files=mode)
+    data = 0
+    for lid in (1, 2):
+        for batch in range(10):
+            rows = [(lid, batch * 400 + i, bytes([lid]) * 1000) for i in range(400)]
+            s.write(rows, [(lid, LedgerInfo(KEY))])
+            data += 400 * 1000
+        s.flush()
+    before = _read_bytes()
+    s.delete_ledger(1)
+    _wait_for_compactions(s)
+    read = _read_bytes() - before
+    if mode == "on":
+        assert read < data // 2 // 10, f"deleting read {read} bytes of a ledger of {data // 2} bytes"
+    else:
+        assert read >= data // 2, f"deleting read only {read} bytes of a ledger of {data // 2} bytes"
+    assert s.get_entry(1, 0) is None and s.get_range(2, 0, 3999, 1 << 30) == [b"\x02" * 1000] * 4000
     s.close()
