@@ -438,6 +438,7 @@ class Journal:
         reuse_segments: int = 4,
         alignment: int = ALIGNMENT,
         fsync: bool = True,
+        remove_pages_from_cache: bool = True,
         on_sync: Callable[[int, float], None] | None = None,
     ) -> None:
         if max_wait_ms < 0:
@@ -452,6 +453,7 @@ class Journal:
             raise ValueError("alignment must be >= 0")
         self._alignment = int(alignment)
         self._fsync_enabled = fsync
+        self._drop_pages = fsync and remove_pages_from_cache and hasattr(os, "posix_fadvise")
         # overridable (tests inject hooks): fsync of a segment fd, fsync of the directory
         self._fsync: Callable[[int], None] = os.fdatasync if fsync else _no_fsync
         self._fsync_dir: Callable[[Path], None] = _fsync_dir if fsync else _no_fsync_dir
@@ -1100,6 +1102,11 @@ class Journal:
         self._idle_since = t1
         st["total_write_s"] += t0 - tw
         self._offset = start + size
+        if self._drop_pages:
+            try:  # durable and clean now: nothing reads them before a restart
+                os.posix_fadvise(fd, start, size, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
         return self._seq, self._offset, t1 - t0
 
     def _io_close(self) -> None:

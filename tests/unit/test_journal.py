@@ -1072,3 +1072,37 @@ def test_pwritev_all_writes_every_piece_in_order(tmp_path: Path, count: int) -> 
     finally:
         os.close(fd)
     assert path.read_bytes() == b"x" * 10 + b"".join(pieces)
+
+
+def _resident_bytes(path: Path) -> int:
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(out.split()[0])
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")
+def test_synced_batches_leave_the_page_cache(tmp_path: Path) -> None:
+    """BookKeeper's journalRemovePagesFromCache: nothing reads a journal before a restart, so each batch's pages
+    are dropped once durable (measured: later in a run, pwritev took 94 -> 354 us per batch while they piled up;
+    62-70 us when dropped). Keeping them is still possible."""
+    from bookie.storage import _supports_direct_io
+
+    if not _supports_direct_io(tmp_path):
+        pytest.skip("a memory filesystem: its pages cannot leave the cache")
+    data = [
+        JournalRecord(type=RecordType.ENTRY, ledger_id=1, entry_id=i, data=os.urandom(4000))
+        for i in range(512)
+    ]
+    for keep, where in ((False, tmp_path / "dropped"), (True, tmp_path / "kept")):
+        write_journal(where, data, chunk=64, remove_pages_from_cache=not keep)
+        (seg,) = segments(where)
+        resident = _resident_bytes(seg)
+        if keep:
+            assert resident >= 1024 * 1024, resident
+        else:
+            assert resident <= 64 * 1024, f"{resident} bytes of a synced journal still cached"
+        assert replay_all(where) == data
