@@ -31,9 +31,11 @@ ledger was written. Both kinds of files are read alike. It is not the default be
 costs more than it saves: the range delete's compaction must read every entry kept in the SSTs, where a
 blob file whose entries are all deleted is just removed (measured, 300k 1 KiB entries per ledger: write + flush
 2.5-2.8 against 3.4-3.9 us per entry, but delete 2.1-2.4 against 0.5; over an entry's life 4.6-5.2 against
-3.9-4.4). ``auto`` suits ledgers that are kept, or a bookie whose ingest CPU matters more than its deletes'. Deleting a ledger range-deletes its keys and compacts that key range at once, so its SSTs
-go and blob files left without live references are deleted; blob garbage collection relocates what still
-lives in the oldest quarter of blob files during compaction.
+3.9-4.4). ``auto`` suits ledgers that are kept, or a bookie whose ingest CPU matters more than its deletes'.
+
+Deleting a ledger range-deletes its keys and compacts that key range at once, so its SSTs go and blob files left
+without live references are deleted; blob garbage collection relocates what still lives in the oldest quarter
+of blob files during compaction.
 
 ``MemoryLedgerStorage`` implements the same interface in memory for the simulator and unit tests.
 """
@@ -366,6 +368,8 @@ class RocksLedgerStorage:
             wb.put(ledger_key(lid), info.to_bytes(), index_cf)
             lids.append(lid)
         self._db.write(wb, self._wo)
+        if self._separation.mode != "auto":
+            return
         switch = self._separation.observe(lids, time.monotonic())
         if switch is not None:
             self._db.set_options({"enable_blob_files": "true" if switch else "false"})
