@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -147,6 +148,7 @@ def run_ledger_bench(
             print(
                 f"  run {i + 1}/{args.runs}: {r['acked_entries_per_s']:,.0f} entries/s, p99 {r['p99_ms']} ms, "
                 f"CPU busy {r.get('cpu_busy_pct', '?')}%, disk busy {r.get('disk_busy_pct', '?')}%",
+                file=sys.stderr,
                 flush=True,
             )
             runs.append(r)

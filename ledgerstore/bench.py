@@ -17,6 +17,7 @@ import contextlib
 import os
 import statistics
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -464,6 +465,9 @@ def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         vals = [r[k] for r in runs]
         out[k] = statistics.median(vals) if isinstance(vals[0], int | float) else vals[0]
+    rate = next((k for k in ("acked_entries_per_s", "acked_adds_per_s") if k in runs[0]), None)
+    if rate is not None:
+        out["per_run_" + rate.removeprefix("acked_")] = [round(r[rate]) for r in runs]
     return out
 
 
@@ -490,6 +494,7 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
             print(
                 f"  run {i + 1}/{args.runs}: {r['acked_adds_per_s']:,.0f} adds/s, p99 {r['p99_ms']} ms, "
                 f"CPU busy {r.get('cpu_busy_pct', '?')}%, disk busy {r.get('disk_busy_pct', '?')}%",
+                file=sys.stderr,
                 flush=True,
             )
             runs.append(r)

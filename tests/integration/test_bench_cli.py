@@ -24,8 +24,8 @@ def _bench(tmp_path: Path, *args: str) -> dict:
         timeout=180,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    start = out.stdout.index("{")  # progress lines come first
-    return json.loads(out.stdout[start:])
+    assert "run 1/1" in out.stderr  # progress goes to stderr: with --json, stdout is the JSON document alone
+    return json.loads(out.stdout)
 
 
 def test_bench_bookie_reports_throughput_latency_cpu_and_limits(tmp_path: Path) -> None:
@@ -35,6 +35,7 @@ def test_bench_bookie_reports_throughput_latency_cpu_and_limits(tmp_path: Path) 
     for key in ("fsync_1k_per_s", "seq_write_fsync_4mib_bytes_per_s", "disk_bound_adds_per_s"):
         assert r[key] > 0, key
     assert r["cpu_us_per_add_bookie"] > 0 and r["cpu_us_per_add_client"] > 0
+    assert r["per_run_adds_per_s"] == [round(r["acked_adds_per_s"])]
     if block_device(tmp_path) is not None:  # the disk's own view of the run (absent on tmpfs)
         assert r["disk_write_mb_per_s"] > 0 and 0 < r["disk_busy_pct"] <= 100
 
@@ -58,4 +59,5 @@ def test_bench_ledger_reports_throughput_latency_cpu_and_limits(
     assert r["acked"] > 0 and r["errors"] == 0
     assert r["E/Qw/Qa"] == f"{e}/{w}/{a}"
     assert r["disk_bound_entries_per_s"] > 0
+    assert r["per_run_entries_per_s"] == [round(r["acked_entries_per_s"])]
     assert all(r[f"cpu_us_per_entry_bookie{i}"] > 0 for i in (1, 2, 3))
