@@ -20,7 +20,7 @@ import errno
 import functools
 import logging
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Protocol
@@ -383,13 +383,11 @@ class BookieCore:
         and LACs, wake long polls."""
         changed = []
         ledgers = self.ledgers
-        rows: Iterable[tuple[int, int, bytes]] = zip(lids, eids, entries, strict=True)
-        count = len(eids)
         for lid, (noted, last_eid, lac) in seen.items():
             info = ledgers.get(lid)
             if info is None or info is not noted:  # garbage-collected while the group was in the journal
-                rows = [r for r in rows if r[0] != lid]
-                count = len(rows)
+                kept = [r for r in zip(lids, eids, entries, strict=True) if r[0] != lid]
+                lids, eids, entries = (tuple(c) for c in zip(*kept, strict=True)) if kept else ((), (), ())
                 continue
             if last_eid > info.last_entry_id:
                 info.last_entry_id = last_eid
@@ -398,9 +396,9 @@ class BookieCore:
                 if lid in self._waiters:
                     self.schedule(0.0, functools.partial(self._wake, lid))
             changed.append((lid, info))
-        self.storage.write(rows, changed)
+        self.storage.write_columns(lids, eids, entries, changed)
         st = self.stats
-        st.adds += count
+        st.adds += len(eids)
         st.add_bytes += sum(map(len, entries))
 
     def _refuse(self, info: LedgerInfo | None, row: AddRow, status: p.Status | None = None) -> bytes:

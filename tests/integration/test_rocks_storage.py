@@ -14,6 +14,7 @@ from bookie.storage import (
     _supports_direct_io,
     entry_key,
     ledger_key,
+    run_key,
 )
 
 KEY = b"k" * 20
@@ -51,7 +52,7 @@ def test_index_rows_live_in_their_own_column_family(tmp_path: Path) -> None:
     s.flush()
     entries_keys = list(s._db.keys())
     index_keys = list(s._index.keys())
-    assert entries_keys == [entry_key(5, 0)]
+    assert entries_keys == [run_key(5, 0)]
     assert index_keys == [ledger_key(5)]
     s.close()
 
@@ -74,6 +75,56 @@ def test_index_rows_of_the_old_layout_are_moved_once(tmp_path: Path) -> None:
     assert INDEX_CF in Rdict.list_cf(str(tmp_path / "db"))
 
 
+def test_entries_an_older_version_kept_under_their_own_keys_read_beside_runs(tmp_path: Path) -> None:
+    """Entries 0-2 written one key each (the layout before runs), 3-5 as a run by this version: one range read
+    crosses from one layout into the other, and deleting the ledger removes both."""
+    from rocksdict import Options, Rdict
+
+    raw = Rdict(str(tmp_path / "db"), Options(raw_mode=True))
+    for e in range(3):
+        raw[entry_key(7, e)] = bytes([e]) * 10
+    raw.close()
+    s = RocksLedgerStorage(tmp_path / "db")
+    s.write([(7, e, bytes([e]) * 10) for e in range(3, 6)], [(7, LedgerInfo(KEY))])
+    assert s.get_range(7, 0, 9, 1 << 20) == [bytes([e]) * 10 for e in range(6)]
+    assert s.get_entry(7, 1) == b"\x01" * 10 and s.get_entry(7, 4) == b"\x04" * 10
+    s.delete_ledger(7)
+    assert s.get_range(7, 0, 9, 1 << 20) == [] and list(s._db.keys()) == []
+    s.close()
+
+
+def test_runs_overlapping_gaps_and_reads_across_run_boundaries(tmp_path: Path) -> None:
+    """Runs as the client's retries and recovery make them: a long run, a shorter one re-adding entries inside
+    it (same bytes), a separate run after a gap. Every entry is found whichever run holds it; a range read
+    stops at the gap and at ``max_bytes``; a read after a delete finds nothing, however recently it was read."""
+    s = RocksLedgerStorage(tmp_path / "db")
+    info = [(1, LedgerInfo(KEY))]
+
+    def entry(e: int) -> bytes:
+        return e.to_bytes(4, "big") * 25
+
+    s.write([(1, e, entry(e)) for e in range(0, 200)], info)  # runs 0-63, 64-127, 128-191, 192-199
+    s.write([(1, e, entry(e)) for e in range(100, 110)], info)  # a run starting inside 64-127
+    s.write([(1, e, entry(e)) for e in range(300, 310)], info)  # after a gap
+    for e in (0, 63, 64, 99, 100, 109, 110, 127, 128, 199, 300, 309):
+        assert s.get_entry(1, e) == entry(e), e
+    for e in (200, 250, 299, 310, 10_000):
+        assert s.get_entry(1, e) is None, e
+    assert s.get_entry(2, 0) is None
+    assert s.get_range(1, 50, 1000, 1 << 20) == [entry(e) for e in range(50, 200)]
+    assert s.get_range(1, 105, 130, 1 << 20) == [entry(e) for e in range(105, 131)]
+    assert s.get_range(1, 60, 1000, 1000) == [entry(e) for e in range(60, 70)]  # 100 bytes each
+    assert s.get_range(1, 60, 1000, 50) == [entry(60)]  # at least one entry
+    s.flush()
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")
+    assert s.get_range(1, 0, 199, 1 << 30) == [entry(e) for e in range(200)]
+    assert s.get_range(1, 300, 400, 1 << 30) == [entry(e) for e in range(300, 310)]
+    s.delete_ledger(1)
+    assert s.get_entry(1, 5) is None and s.get_range(1, 0, 199, 1 << 30) == []
+    s.close()
+
+
 def test_one_ledgers_entries_are_never_rewritten_by_compaction(tmp_path: Path) -> None:
     """Each write batch also rewrites the ledger's index row. Were the rows in the entries' key space, every
     flushed SST would overlap every other and compaction would merge-rewrite the entries into new files; in
@@ -87,11 +138,11 @@ def test_one_ledgers_entries_are_never_rewritten_by_compaction(tmp_path: Path) -
         s.write([(1, eid + i, b"e" * 1000) for i in range(100)], [(1, info)])
         eid += 100
         s.flush()
-        flushed |= {f["name"] for f in s._db.live_files() if f["start_key"].startswith(b"E")}
+        flushed |= {f["name"] for f in s._db.live_files() if f["start_key"].startswith(b"R")}
     _wait_for_compactions(s)
-    live = [f for f in s._db.live_files() if f["start_key"].startswith(b"E")]
+    live = [f for f in s._db.live_files() if f["start_key"].startswith(b"R")]
     assert {f["name"] for f in live} <= flushed, "compaction wrote new entry files"
-    assert sum(f["num_entries"] for f in live) == 1200
+    assert sum(f["num_entries"] for f in live) == 12 * 2  # each batch of 100: runs of 64 and 36 entries
     assert any(f["level"] > 0 for f in live), "no compaction moved anything down"
     assert s.get_range(1, 0, 1199, 1 << 30) == [b"e" * 1000] * 1200
     s.close()
@@ -162,7 +213,7 @@ def test_flush_threads_reach_rocksdb(tmp_path: Path, threads: int, jobs: str) ->
 
 def _entry_bytes_in(storage: RocksLedgerStorage, suffix: str) -> int:
     if suffix == ".sst":
-        return sum(f["size"] for f in storage._db.live_files() if f["start_key"].startswith(b"E"))
+        return sum(f["size"] for f in storage._db.live_files() if f["start_key"].startswith(b"R"))
     return sum(f.stat().st_size for f in storage.directory.iterdir() if f.suffix == suffix)
 
 
