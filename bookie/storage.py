@@ -197,6 +197,10 @@ def run_offsets(value: bytes) -> list[int]:
     return offsets
 
 
+Ints = Sequence[int]
+LedgerRows = Iterable[tuple[int, LedgerInfo]]
+
+
 class LedgerStorage(Protocol):
     def load_index(self) -> dict[int, LedgerInfo]: ...
 
@@ -205,13 +209,7 @@ class LedgerStorage(Protocol):
     ) -> None:
         """Store entries and index rows together (one batch)."""
 
-    def write_columns(
-        self,
-        lids: Sequence[int],
-        eids: Sequence[int],
-        entries: Sequence[bytes],
-        ledgers: Iterable[tuple[int, LedgerInfo]],
-    ) -> None:
+    def write_columns(self, lids: Ints, eids: Ints, entries: Sequence[bytes], ledgers: LedgerRows) -> None:
         """``write`` with the entries given as columns (ledger ids, entry ids, entries)."""
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None: ...
@@ -244,13 +242,7 @@ class MemoryLedgerStorage:
         for lid, info in ledgers:
             self.index[lid] = info.to_bytes()
 
-    def write_columns(
-        self,
-        lids: Sequence[int],
-        eids: Sequence[int],
-        entries: Sequence[bytes],
-        ledgers: Iterable[tuple[int, LedgerInfo]],
-    ) -> None:
+    def write_columns(self, lids: Ints, eids: Ints, entries: Sequence[bytes], ledgers: LedgerRows) -> None:
         self.write(zip(lids, eids, entries, strict=True), ledgers)
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
@@ -483,13 +475,7 @@ class RocksLedgerStorage:
         else:
             self.write_columns((), (), (), ledgers)
 
-    def write_columns(
-        self,
-        lids: Sequence[int],
-        eids: Sequence[int],
-        entries: Sequence[bytes],
-        ledgers: Iterable[tuple[int, LedgerInfo]],
-    ) -> None:
+    def write_columns(self, lids: Ints, eids: Ints, entries: Sequence[bytes], ledgers: LedgerRows) -> None:
         from rocksdict import WriteBatch
 
         wb = WriteBatch(raw_mode=True)
