@@ -71,7 +71,7 @@ class BookieConfig:
     write_buffer_mb: int = 64  # RocksDB memtable size (up to 8 of them): acked entries held before a flush
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
     storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
-    storage_blob_files: str = "on"  # entries in blob files: on, auto (while ledgers interleave), off
+    storage_blob_files: str = "auto"  # entries in blob files: auto (while ledgers interleave), on, off
 
     @property
     def id(self) -> str:
@@ -451,7 +451,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         write_buffer_mb=getattr(args, "write_buffer_mb", 64),
         storage_write_rate_mb=getattr(args, "storage_write_rate_mb", 0),
         storage_flush_threads=getattr(args, "storage_flush_threads", 1),
-        storage_blob_files=getattr(args, "storage_blob_files", "on"),
+        storage_blob_files=getattr(args, "storage_blob_files", "auto"),
     )
 
 

@@ -106,10 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--storage-blob-files",
         choices=("on", "auto", "off"),
-        default="on",
-        help="keep entries in RocksDB blob files: on (the default: compacting interleaved ledgers and deleting "
-        "a ledger never rewrite or read its entries), auto (only while more than one ledger is being written: "
-        "less flush CPU, costlier deletes), or off",
+        default="auto",
+        help="keep entries in RocksDB blob files: auto (the default: only while more than one ledger is being "
+        "written, so compacting interleaved ledgers rewrites references, not entries; a lone ledger stays in "
+        "its SSTs, which saves the blob files' CRC), on (always: deleting a ledger reads nothing back), or off",
     )
     serve.add_argument(
         "--journal-dir",

@@ -263,7 +263,7 @@ def _read_bytes() -> int:
 
 @pytest.mark.parametrize("mode", ["on", "off"])
 def test_what_deleting_a_ledger_reads(tmp_path: Path, mode: str) -> None:
-    """Why blob files are the default: a deleted ledger's blob files are removed unread, while entries kept in
+    """What blob files save a delete: a deleted ledger's blob files are removed unread, while entries kept in
     the SSTs are all read again by the range delete's compaction (direct I/O: no page cache to hide it)."""
     if mode == "off" and not _supports_direct_io(tmp_path):
         pytest.skip(
