@@ -300,7 +300,7 @@ def plot_latencies(path: str, title: str, runs: list[dict[str, Any]], rate_key: 
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    print(f"  latency plot written to {path}")
+    print(f"  latency plot written to {path}", file=sys.stderr)
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

@@ -29,7 +29,8 @@ def _bench(tmp_path: Path, *args: str) -> dict:
 
 
 def test_bench_bookie_reports_throughput_latency_cpu_and_limits(tmp_path: Path) -> None:
-    r = _bench(tmp_path, "bookie")
+    r = _bench(tmp_path, "bookie", "--plot", str(tmp_path / "latency.png"))
+    assert (tmp_path / "latency.png").stat().st_size > 0
     assert r["acked"] > 0 and r["errors"] == 0
     assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"]
     for key in ("fsync_1k_per_s", "seq_write_fsync_4mib_bytes_per_s", "disk_bound_adds_per_s"):
