@@ -11,11 +11,13 @@ Keys (all integers big-endian, so RocksDB's order is (ledger, entry) order):
 
 A run is up to ``RUN_ENTRIES_MAX`` (64) consecutive entries of one ledger, stored exactly as the client built
 them, in one value (a count, each entry's length, the entries): ``plan_runs`` cuts every storage write into runs.
+Runs never cross a multiple of 64 entry ids, so an entry's run is usually the one keyed by its block's first id.
 One key per run instead of one per entry is most of what RocksDB costs per entry (the write batch, the memtable's
 skip list, the flush's per-record work, a blob record with its CRC32C and a blob reference in the SST): write +
-flush of 1 KiB entries measured 1.8-2.6 us per entry one key each, 1.3-1.4 in runs of 16-256. A read finds its
-run with one backward seek (``seek_for_prev`` to the entry's key; a run starting more than 64 ids earlier cannot
-hold it, which bounds the scan when runs overlap, as re-added entries make them) and keeps the last
+flush of 1 KiB entries measured 1.8-2.6 us per entry one key each, 1.3-1.4 in runs of 16-256. A read gets the
+run of its entry's block, and only when that run does not hold the entry (its block was written in pieces)
+seeks backward (``seek_for_prev`` to the entry's key; a run starting more than 64 ids earlier cannot hold it,
+which bounds the scan when runs overlap, as re-added entries make them); it keeps the last
 ``RUNS_CACHED`` runs it decoded, so reading a ledger entry by entry reads each run once. A run is at most
 ``RUN_BYTES_MAX`` (256 KiB) unless it is one larger entry, which bounds what a one-entry read must fetch. Entries
 an older version stored one key each (``b"E" + ledger + entry``) are still read, and deleted with their ledger.
@@ -139,8 +141,10 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 
 def plan_runs(lids: Sequence[int], eids: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
     """Split rows (columns: ledger ids, entry ids, entry sizes) into runs, as [start, end) row ranges: a run's
-    rows are one ledger's consecutive entry ids, at most ``RUN_ENTRIES_MAX`` of them, and their sizes add up
-    to at most ``RUN_BYTES_MAX`` unless the run is one entry. Pure."""
+    rows are one ledger's consecutive entry ids within one block of ``RUN_ENTRIES_MAX`` ids (so a run never
+    holds ids from both sides of a multiple of ``RUN_ENTRIES_MAX``, and a block written in one go is one run
+    whose key is the block's first id), and their sizes add up to at most ``RUN_BYTES_MAX`` unless the run
+    is one entry. Pure."""
     n = len(lids)
     if not n:
         return []
@@ -150,15 +154,16 @@ def plan_runs(lids: Sequence[int], eids: Sequence[int], sizes: Sequence[int]) ->
         and eids[-1] - e0 == n - 1
         and max(sizes) * RUN_ENTRIES_MAX <= RUN_BYTES_MAX
         and tuple(eids) == tuple(range(e0, e0 + n))
-    ):  # the common case (one connection's adds to one ledger): cut by count alone
-        return [(i, min(n, i + RUN_ENTRIES_MAX)) for i in range(0, n, RUN_ENTRIES_MAX)]
+    ):  # the common case (one connection's adds to one ledger): cut at block boundaries alone
+        cuts = [0, *range((-e0) % RUN_ENTRIES_MAX or RUN_ENTRIES_MAX, n, RUN_ENTRIES_MAX), n]
+        return list(itertools.pairwise(cuts))
     runs = []
     start, size = 0, sizes[0]
     for i in range(1, n):
         if (
             lids[i] != lids[i - 1]
             or eids[i] != eids[i - 1] + 1
-            or i - start >= RUN_ENTRIES_MAX
+            or eids[i] % RUN_ENTRIES_MAX == 0
             or size + sizes[i] > RUN_BYTES_MAX
         ):
             runs.append((start, i))
@@ -498,13 +503,21 @@ class RocksLedgerStorage:
 
     def _run_at(self, ledger_id: int, entry_id: int) -> tuple[int, bytes, list[int]] | None:
         """The stored run holding ``entry_id`` as (its first entry id, its value, ``run_offsets``), or None.
-        A run holds at most ``RUN_ENTRIES_MAX`` entries, so only runs starting within that many ids before
-        ``entry_id`` can hold it: a bounded backward scan from the last run starting at or before it."""
+        Usually one ``get``: the run keyed by the first id of the entry's block. Otherwise (the block was
+        written in pieces) a bounded backward scan: a run holds at most ``RUN_ENTRIES_MAX`` entries, so only
+        runs starting within that many ids before ``entry_id`` can hold it."""
         with self._runs_lock:
             for (lid, first), (value, offsets) in reversed(self._runs.items()):
                 if lid == ledger_id and first <= entry_id < first + len(offsets) - 1:
                     self._runs.move_to_end((lid, first))
                     return first, value, offsets
+        block = entry_id - entry_id % RUN_ENTRIES_MAX
+        raw = self._db.get(run_key(ledger_id, block))
+        if raw is not None:
+            value = bytes(raw)
+            offsets = run_offsets(value)
+            if entry_id < block + len(offsets) - 1:
+                return self._remember(ledger_id, block, value, offsets)
         it = self._db.iter()
         try:
             it.seek_for_prev(run_key(ledger_id, entry_id))
@@ -518,15 +531,20 @@ class RocksLedgerStorage:
                 value = bytes(it.value())
                 offsets = run_offsets(value)
                 if entry_id < first + len(offsets) - 1:
-                    with self._runs_lock:
-                        self._runs[(lid, first)] = (value, offsets)
-                        if len(self._runs) > RUNS_CACHED:
-                            self._runs.popitem(last=False)
-                    return first, value, offsets
+                    return self._remember(ledger_id, first, value, offsets)
                 it.prev()
             return None
         finally:
             del it
+
+    def _remember(
+        self, ledger_id: int, first: int, value: bytes, offsets: list[int]
+    ) -> tuple[int, bytes, list[int]]:
+        with self._runs_lock:
+            self._runs[(ledger_id, first)] = (value, offsets)
+            if len(self._runs) > RUNS_CACHED:
+                self._runs.popitem(last=False)
+        return first, value, offsets
 
     def _legacy_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """An entry an older version stored under its own key (``entry_key``)."""

@@ -14,6 +14,7 @@ from bookie.storage import (
     _supports_direct_io,
     entry_key,
     ledger_key,
+    plan_runs,
     run_key,
 )
 
@@ -104,14 +105,18 @@ def test_runs_overlapping_gaps_and_reads_across_run_boundaries(tmp_path: Path) -
         return e.to_bytes(4, "big") * 25
 
     s.write([(1, e, entry(e)) for e in range(0, 200)], info)  # runs 0-63, 64-127, 128-191, 192-199
+    s.write([(1, e, entry(e)) for e in range(230, 240)], info)  # a block written in pieces: 230-239 ...
+    s.write([(1, e, entry(e)) for e in range(240, 250)], info)  # ... and 240-249, neither keyed 192
     s.write([(1, e, entry(e)) for e in range(100, 110)], info)  # a run starting inside 64-127
     s.write([(1, e, entry(e)) for e in range(300, 310)], info)  # after a gap
-    for e in (0, 63, 64, 99, 100, 109, 110, 127, 128, 199, 300, 309):
+    for e in (0, 63, 64, 99, 100, 109, 110, 127, 128, 199, 230, 239, 240, 249, 300, 309):
         assert s.get_entry(1, e) == entry(e), e
-    for e in (200, 250, 299, 310, 10_000):
+        s._runs.clear()  # each found by the store, not the cache of runs read
+    for e in (200, 229, 250, 255, 299, 310, 10_000):
         assert s.get_entry(1, e) is None, e
     assert s.get_entry(2, 0) is None
     assert s.get_range(1, 50, 1000, 1 << 20) == [entry(e) for e in range(50, 200)]
+    assert s.get_range(1, 232, 1000, 1 << 20) == [entry(e) for e in range(232, 250)]
     assert s.get_range(1, 105, 130, 1 << 20) == [entry(e) for e in range(105, 131)]
     assert s.get_range(1, 60, 1000, 1000) == [entry(e) for e in range(60, 70)]  # 100 bytes each
     assert s.get_range(1, 60, 1000, 50) == [entry(60)]  # at least one entry
@@ -142,7 +147,8 @@ def test_one_ledgers_entries_are_never_rewritten_by_compaction(tmp_path: Path) -
     _wait_for_compactions(s)
     live = [f for f in s._db.live_files() if f["start_key"].startswith(b"R")]
     assert {f["name"] for f in live} <= flushed, "compaction wrote new entry files"
-    assert sum(f["num_entries"] for f in live) == 12 * 2  # each batch of 100: runs of 64 and 36 entries
+    runs = sum(len(plan_runs([1] * 100, range(b, b + 100), [1000] * 100)) for b in range(0, 1200, 100))
+    assert sum(f["num_entries"] for f in live) == runs
     assert any(f["level"] > 0 for f in live), "no compaction moved anything down"
     assert s.get_range(1, 0, 1199, 1 << 30) == [b"e" * 1000] * 1200
     s.close()

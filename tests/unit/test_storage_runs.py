@@ -10,29 +10,38 @@ from bookie.storage import RUN_BYTES_MAX, RUN_ENTRIES_MAX, pack_run, plan_runs, 
 
 
 def _check(lids: list[int], eids: list[int], sizes: list[int], runs: list[tuple[int, int]]) -> None:
-    """The invariants of a plan: the runs tile the rows in order, each is one ledger's consecutive ids, at most
-    RUN_ENTRIES_MAX entries and RUN_BYTES_MAX bytes unless it is one entry."""
+    """The invariants of a plan: the runs tile the rows in order, each is one ledger's consecutive ids within
+    one block of RUN_ENTRIES_MAX ids, at most RUN_BYTES_MAX bytes unless it is one entry."""
     if not lids:
         assert runs == []
         return
     assert [a for a, _ in runs] == [0] + [b for _, b in runs[:-1]] and runs[-1][1] == len(lids)
     for a, b in runs:
         assert 0 < b - a <= RUN_ENTRIES_MAX
+        assert eids[a] // RUN_ENTRIES_MAX == eids[b - 1] // RUN_ENTRIES_MAX
         assert len(set(lids[a:b])) == 1
         assert eids[a:b] == list(range(eids[a], eids[a] + b - a))
         assert b - a == 1 or sum(sizes[a:b]) <= RUN_BYTES_MAX
 
 
-def test_one_ledgers_consecutive_entries_are_cut_by_count() -> None:
+def test_one_ledgers_consecutive_entries_are_cut_at_block_boundaries() -> None:
     n = 3 * RUN_ENTRIES_MAX + 5
     runs = plan_runs([9] * n, list(range(100, 100 + n)), [1024] * n)
-    assert runs == [(0, 64), (64, 128), (128, 192), (192, n)]
+    assert runs == [(0, 28), (28, 92), (92, 156), (156, n)]  # entries 100-127, 128-191, 192-255, 256-296
+    assert plan_runs([9] * n, list(range(128, 128 + n)), [1024] * n) == [
+        (0, 64),
+        (64, 128),
+        (128, 192),
+        (192, n),
+    ]
+    assert plan_runs([9] * 3, [62, 63, 64], [1] * 3) == [(0, 2), (2, 3)]
 
 
 def test_a_run_ends_at_another_ledger_a_gap_or_its_byte_limit() -> None:
     lids = [1, 1, 2, 2, 2, 1, 1]
     eids = [5, 6, 0, 1, 3, 7, 8]
     assert plan_runs(lids, eids, [10] * 7) == [(0, 2), (2, 4), (4, 5), (5, 7)]
+    assert plan_runs([1] * 4, [62, 63, 64, 65], [10] * 4) == [(0, 2), (2, 4)]
     big = RUN_BYTES_MAX // 2
     assert plan_runs([1] * 4, [0, 1, 2, 3], [big, big, big + 1, big]) == [(0, 2), (2, 3), (3, 4)]
     assert plan_runs([1] * 2, [0, 1], [RUN_BYTES_MAX * 3, 1]) == [(0, 1), (1, 2)]  # too big: a run alone
