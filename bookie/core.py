@@ -91,6 +91,7 @@ class BookieStats:
     read_bytes: int = 0
     fences: int = 0
     unauthorized: int = 0
+    storage_read_errors: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
 
 
@@ -183,6 +184,14 @@ class BookieCore:
 
     def _get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self.storage.get_entry(ledger_id, entry_id)
+
+    def _storage_failed(self, ledger_id: int, what: str, exc: Exception) -> p.Status:
+        """A storage read raised (a corrupt value, an I/O error): the request gets INTERNAL, never NO_ENTRY, which
+        a recovering client would count as this bookie not having the entry."""
+        log.error("bookie=%s ledger=%d %s failed in storage: %r", self.bookie_id, ledger_id, what, exc)
+        self.stats.storage_read_errors += 1
+        self._count(p.Status.INTERNAL)
+        return p.Status.INTERNAL
 
     def _queue_commit(self, send: Callable[[], None] | None = None) -> None:
         """Schedule one storage write of everything durable so far; ``send`` runs right after it."""
@@ -473,7 +482,10 @@ class BookieCore:
         if info is None:
             return reply(_read_resp(req, p.Status.NO_LEDGER))
         eid = info.last_entry_id if req.entry_id == p.LAST_ENTRY else req.entry_id
-        data = self._get_entry(req.ledger_id, eid) if eid >= 0 else None
+        try:
+            data = self._get_entry(req.ledger_id, eid) if eid >= 0 else None
+        except Exception as e:
+            return reply(_read_resp(req, self._storage_failed(req.ledger_id, f"reading entry {eid}", e)))
         if data is None:
             self._count(p.Status.NO_ENTRY)
             return reply(
@@ -603,7 +615,12 @@ class BookieCore:
             return resp(p.Status.BAD_REQUEST)
         max_bytes = min(req.max_bytes, p.READ_RANGE_BYTES_MAX)
         last = min(req.last_entry_id, info.last_entry_id)
-        entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes)
+        try:
+            entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes)
+        except Exception as e:
+            return resp(
+                self._storage_failed(req.ledger_id, f"reading entries {req.first_entry_id}-{last}", e)
+            )
         if not entries:
             return resp(p.Status.NO_ENTRY)
         self.stats.reads += 1

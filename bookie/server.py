@@ -359,6 +359,11 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
     m.counter("bookie_read_bytes_total", "Bytes of entries read", lambda: core.stats.read_bytes)
     m.counter("bookie_fence_requests_total", "Fencing reads", lambda: core.stats.fences)
     m.counter(
+        "bookie_storage_read_errors_total",
+        "Reads answered INTERNAL because storage failed (a corrupt value, an I/O error)",
+        lambda: core.stats.storage_read_errors,
+    )
+    m.counter(
         "bookie_unauthorized_total", "Requests with a wrong master key", lambda: core.stats.unauthorized
     )
     m.gauge("bookie_ledgers", "Ledgers stored on this bookie", lambda: len(core.ledgers))

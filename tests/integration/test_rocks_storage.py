@@ -293,3 +293,17 @@ def test_what_deleting_a_ledger_reads(tmp_path: Path, mode: str) -> None:
         assert read >= data // 2, f"deleting read only {read} bytes of a ledger of {data // 2} bytes"
     assert s.get_entry(1, 0) is None and s.get_range(2, 0, 3999, 1 << 30) == [b"\x02" * 1000] * 4000
     s.close()
+
+
+def test_a_corrupt_run_is_an_error_not_a_wrong_entry(tmp_path: Path) -> None:
+    """A run value whose lengths do not add up (a torn or corrupted value) raises, so the bookie answers
+    INTERNAL rather than slicing garbage or claiming the entry is absent; other runs still read."""
+    s = RocksLedgerStorage(tmp_path / "db")
+    s.write([(9, e, b"%d" % e) for e in range(70)], [(9, LedgerInfo(KEY))])
+    s._db.put(run_key(9, 0), b"\x03\x00\x00\x00\x05\x00\x00\x00garbage")
+    with pytest.raises(ValueError):
+        s.get_entry(9, 5)
+    with pytest.raises(ValueError):
+        s.get_range(9, 0, 69, 1 << 20)
+    assert s.get_range(9, 64, 69, 1 << 20) == [b"%d" % e for e in range(64, 70)]
+    s.close()

@@ -385,3 +385,39 @@ def test_the_column_fast_path_decides_every_batch_as_the_row_by_row_path(
     assert list(fast.journal.replay()) == list(slow.journal.replay())
     if clean and spoiler is None and one_ledger in (1, 3) and len(rows) > 1:
         assert took == [True]  # the fast path did serve it
+
+
+class _FailingStorage(MemoryLedgerStorage):
+    """Storage whose entry 1 of every ledger cannot be read (a corrupt run, an I/O error)."""
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        if entry_id == 1:
+            raise ValueError("run value of 7 bytes cannot hold 3 entry lengths")
+        return super().get_entry(ledger_id, entry_id)
+
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+        if first <= 1 <= last:
+            raise OSError(5, "Input/output error")
+        return super().get_range(ledger_id, first, last, max_bytes)
+
+
+def test_a_storage_read_error_is_answered_internal_never_no_entry() -> None:
+    """A recovering client counts NO_ENTRY as "this bookie does not have it" and may cut the ledger there, so an
+    entry the bookie cannot read must be an error. The connection and the bookie go on serving."""
+    r = Rig(_FailingStorage())
+    for e in range(3):
+        r.add(2, e)
+    r.settle()
+    r.read(2, 1)
+    assert r.replies[-1].status == p.Status.INTERNAL
+    r.read(2, 1, flags=p.Flag.FENCE)  # a recovery read: fences, then answers
+    r.settle()
+    assert r.replies[-1].status == p.Status.INTERNAL and r.core.ledgers[2].fenced
+    r.core.handle(
+        p.ReadRangeRequest(request_id=60, ledger_id=2, first_entry_id=0, last_entry_id=2, master_key=KEY),
+        r.reply,
+    )
+    assert r.replies[-1].status == p.Status.INTERNAL
+    r.read(2, 2)
+    assert r.replies[-1].status == p.Status.OK
+    assert r.core.stats.storage_read_errors == 3 and r.core.stats.by_status["INTERNAL"] == 3
