@@ -426,6 +426,8 @@ class RocksLedgerStorage:
         # recently read runs, newest last: (ledger id, first entry id) -> (value, run_offsets)
         self._runs: OrderedDict[tuple[int, int], tuple[bytes, list[int]]] = OrderedDict()
         self._runs_lock = threading.Lock()
+        # ledger id -> the first entry id of its last run in key order (see _top_run), for the ledgers written
+        self._tops: dict[int, int] = {}
         self._legacy_keys = self._has_entry_keys()
 
     def _has_entry_keys(self) -> bool:
@@ -485,14 +487,28 @@ class RocksLedgerStorage:
 
         wb = WriteBatch(raw_mode=True)
         key = _ENTRY_KEY.pack
+        tops = self._tops
+        batch_tops: dict[int, int] = {}
+        batch_runs: dict[bytes, int] = {}  # key -> entries of the run this batch puts there
         for a, b in plan_runs(lids, eids, list(map(len, entries))):
-            wb.put(key(b"R", lids[a], eids[a]), pack_run(entries[a:b]))
+            lid, first = lids[a], eids[a]
+            k = key(b"R", lid, first)
+            top = batch_tops.get(lid)
+            if top is None:
+                top = batch_tops[lid] = tops[lid] if lid in tops else self._top_run(lid)
+            if first > top:  # appending past every run of the ledger: no run has this key yet
+                batch_tops[lid] = first
+            elif self._holds_as_many(k, b - a, batch_runs):
+                continue  # entries are immutable: the run already there holds these and maybe more
+            wb.put(k, pack_run(entries[a:b]))
+            batch_runs[k] = b - a
         index_cf = self._index_cf
         lids_written = []
         for lid, info in ledgers:
             wb.put(ledger_key(lid), info.to_bytes(), index_cf)
             lids_written.append(lid)
         self._db.write(wb, self._wo)
+        tops.update(batch_tops)
         if self._separation.mode != "auto":
             return
         switch = self._separation.observe(lids_written, time.monotonic())
@@ -500,6 +516,34 @@ class RocksLedgerStorage:
             self._db.set_options({"enable_blob_files": "true" if switch else "false"})
             log.info("%s: %s", self.directory, "ledgers interleave: entries go to blob files" if switch
                      else "one ledger at a time: entries stay in the SSTs")  # fmt: skip
+
+    def _top_run(self, ledger_id: int) -> int:
+        """The first entry id of the ledger's last run in key order (-1 when it has none): a run starting after
+        it is new. Read from RocksDB once per ledger, then kept in ``_tops`` by ``write_columns``."""
+        it = self._db.iter()
+        try:
+            it.seek_for_prev(run_key(ledger_id, _U64_MAX))
+            if it.valid():
+                key = it.key()
+                if len(key) == _ENTRY_KEY.size and key[:1] == b"R":
+                    _, lid, first = _ENTRY_KEY.unpack(key)
+                    if lid == ledger_id:
+                        return int(first)
+            return -1
+        finally:
+            del it
+
+    def _holds_as_many(self, key: bytes, count: int, batch_runs: dict[bytes, int]) -> bool:
+        """Whether the run at ``key`` (put earlier in this batch, or stored) holds at least ``count`` entries.
+        Runs with one key start at one entry id, so the longer holds the shorter's entries: a write never
+        replaces it with a shorter one (a re-add from a block's start, a duplicate, a journal replay)."""
+        held = batch_runs.get(key)
+        if held is None:
+            raw = self._db.get(key)
+            if raw is None or len(raw) < _RUN_COUNT.size:
+                return False
+            (held,) = _RUN_COUNT.unpack_from(raw)
+        return held >= count
 
     def _run_at(self, ledger_id: int, entry_id: int) -> tuple[int, bytes, list[int]] | None:
         """The stored run holding ``entry_id`` as (its first entry id, its value, ``run_offsets``), or None.
@@ -603,6 +647,7 @@ class RocksLedgerStorage:
         self._db.write(wb, wo)
         # Give the space back now (GC runs in a thread; compaction releases the GIL): SSTs holding only this
         # ledger are dropped, the others rewritten without it, and blob files left unreferenced are deleted.
+        self._tops.pop(ledger_id, None)
         with self._runs_lock:
             for cached in [k for k in self._runs if k[0] == ledger_id]:
                 del self._runs[cached]

@@ -290,7 +290,11 @@ def test_what_deleting_a_ledger_reads(tmp_path: Path, mode: str) -> None:
     if mode == "on":
         assert read < data // 2 // 10, f"deleting read {read} bytes of a ledger of {data // 2} bytes"
     else:
-        assert read >= data // 2, f"deleting read only {read} bytes of a ledger of {data // 2} bytes"
+        # all of it but what RocksDB still holds in memory: the block a read or a write's look at the ledger's
+        # last run left in the block cache, an SST's tail read when it was opened (a run is ~64 KB here)
+        assert read >= data // 2 * 9 // 10, (
+            f"deleting read only {read} bytes of a ledger of {data // 2} bytes"
+        )
     assert s.get_entry(1, 0) is None and s.get_range(2, 0, 3999, 1 << 30) == [b"\x02" * 1000] * 4000
     s.close()
 
@@ -306,4 +310,31 @@ def test_a_corrupt_run_is_an_error_not_a_wrong_entry(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         s.get_range(9, 0, 69, 1 << 20)
     assert s.get_range(9, 64, 69, 1 << 20) == [b"%d" % e for e in range(64, 70)]
+    s.close()
+
+
+def test_a_shorter_run_never_replaces_a_longer_one_under_the_same_key(tmp_path: Path) -> None:
+    """Entries re-added from the start of a block (a recovery writing back from LAC+1 in smaller batches, a
+    duplicate within one batch, a journal replay) make a run with the key of one already stored. Entries are
+    immutable, so the longer run must stay: written over, the entries only it held would be lost."""
+    s = RocksLedgerStorage(tmp_path / "db")
+    info = [(1, LedgerInfo(KEY))]
+
+    def rows(first: int, last: int) -> list[tuple[int, int, bytes]]:
+        return [(1, e, b"%d" % e) for e in range(first, last + 1)]
+
+    s.write(rows(64, 127), info)
+    s.write(rows(64, 80), info)  # a re-add from the block's start, shorter
+    assert s.get_range(1, 64, 127, 1 << 20) == [b"%d" % e for e in range(64, 128)]
+    s.write(rows(128, 140) + rows(128, 130), info)  # a duplicate within one batch
+    assert s.get_range(1, 128, 140, 1 << 20) == [b"%d" % e for e in range(128, 141)]
+    s.flush()
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")  # after a restart too (what this storage wrote is not in memory)
+    s.write(rows(64, 66) + rows(128, 129), info)
+    s._runs.clear()
+    assert s.get_range(1, 64, 140, 1 << 20) == [b"%d" % e for e in range(64, 141)]
+    s.write(rows(128, 150), info)  # a longer run does replace a shorter one (the same entries, and more)
+    s._runs.clear()
+    assert s.get_range(1, 64, 150, 1 << 20) == [b"%d" % e for e in range(64, 151)]
     s.close()
