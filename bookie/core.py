@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from . import protocol as p
 from .entryformat import HEADER, HEADER_LEN
-from .storage import LedgerInfo, LedgerStorage
+from .storage import LedgerInfo, LedgerStorage, entry_columns
 
 log = logging.getLogger("ledgerstore.bookie")
 
@@ -395,8 +395,8 @@ class BookieCore:
         for lid, (noted, last_eid, lac) in seen.items():
             info = ledgers.get(lid)
             if info is None or info is not noted:  # garbage-collected while the group was in the journal
-                kept = [r for r in zip(lids, eids, entries, strict=True) if r[0] != lid]
-                lids, eids, entries = (tuple(c) for c in zip(*kept, strict=True)) if kept else ((), (), ())
+                rows = zip(lids, eids, entries, strict=True)
+                lids, eids, entries = entry_columns(r for r in rows if r[0] != lid)
                 continue
             if last_eid > info.last_entry_id:
                 info.last_entry_id = last_eid

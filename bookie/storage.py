@@ -206,6 +206,12 @@ Ints = Sequence[int]
 LedgerRows = Iterable[tuple[int, LedgerInfo]]
 
 
+def entry_columns(rows: Iterable[tuple[int, int, bytes]]) -> tuple[Ints, Ints, Sequence[bytes]]:
+    """(ledger id, entry id, entry) rows as three columns."""
+    cols = tuple(zip(*rows, strict=True))
+    return (cols[0], cols[1], cols[2]) if cols else ((), (), ())
+
+
 class LedgerStorage(Protocol):
     def load_index(self) -> dict[int, LedgerInfo]: ...
 
@@ -475,12 +481,7 @@ class RocksLedgerStorage:
     def write(
         self, entries: Iterable[tuple[int, int, bytes]], ledgers: Iterable[tuple[int, LedgerInfo]]
     ) -> None:
-        rows = list(entries)
-        if rows:
-            lids, eids, data = zip(*rows, strict=True)
-            self.write_columns(lids, eids, data, ledgers)
-        else:
-            self.write_columns((), (), (), ledgers)
+        self.write_columns(*entry_columns(entries), ledgers)
 
     def write_columns(self, lids: Ints, eids: Ints, entries: Sequence[bytes], ledgers: LedgerRows) -> None:
         from rocksdict import WriteBatch
