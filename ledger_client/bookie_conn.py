@@ -154,17 +154,21 @@ class BookieConnection(asyncio.Protocol):
             self._protocol_error(e)
 
     def _add_rows(self, rows: list[AddRow]) -> None:
-        """ADD_ENTRY responses, one at a time: listeners (by ledger id), add callbacks, generic requests."""
+        """ADD_ENTRY responses: the listened ones to their ledger's listener, one call per ledger (many ledgers'
+        handles share a connection, so a chunk interleaves their acks); add callbacks and generic requests one
+        at a time."""
         adds = self._pending_adds
         pending = self._pending
-        listeners = self._listeners
+        listened: dict[int, list[AddRow]] = {}
         for row in rows:
             rid = row[4]
             if rid >= ADD_RID_BASE:
-                listener = listeners.get(row[6])
-                if listener is not None:
-                    listener.on_add_rows(self.bookie_id, [row])
-                continue  # else: a late answer for a handle that is gone
+                by_ledger = listened.get(row[6])
+                if by_ledger is None:
+                    listened[row[6]] = [row]
+                else:
+                    by_ledger.append(row)
+                continue
             st = _STATUS.get(row[5])
             if st is None:
                 raise p.ProtocolError(f"unknown status {row[5]}")
@@ -175,6 +179,10 @@ class BookieConnection(asyncio.Protocol):
             cb = pending.pop(rid, None)  # an add sent through the generic request() path
             if cb is not None:
                 cb(p.AddEntryResponse(request_id=rid, status=st, ledger_id=row[6], entry_id=row[7]), None)
+        for lid, lrows in listened.items():
+            listener = self._listeners.get(lid)
+            if listener is not None:  # (else late answers for a handle that is gone)
+                listener.on_add_rows(self.bookie_id, lrows)
 
     def _protocol_error(self, e: p.ProtocolError) -> None:
         log.warning("bookie=%s sent a malformed frame: %s; closing", self.bookie_id, e)

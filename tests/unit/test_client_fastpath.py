@@ -229,6 +229,25 @@ def test_add_responses_go_to_the_listener_of_their_ledger_in_one_call_per_chunk(
     asyncio.run(go())
 
 
+def test_interleaved_ledgers_acks_reach_each_listener_in_one_call_per_chunk() -> None:
+    """Many ledgers' handles share a connection: a chunk of their acks, interleaved, is one call per ledger
+    (in entry order), not one call per ack."""
+
+    async def go() -> None:
+        listeners = {lid: Listener(lid) for lid in (7, 8, 9)}
+        conn = _conn(dict(listeners))
+        frames = [
+            p.encode_add_response(ADD_RID_BASE + 10 * i + lid, p.Status.OK, lid, i)
+            for i in range(20)
+            for lid in (7, 8, 9)
+        ]
+        conn.data_received(b"".join(frames))
+        for lst in listeners.values():
+            assert lst.calls == [("b:1", list(range(20)))]
+
+    asyncio.run(go())
+
+
 def test_add_responses_after_another_frame_in_the_same_chunk() -> None:
     async def go() -> None:
         l7 = Listener(7)
