@@ -32,7 +32,7 @@ from aiohttp import web
 from .core import BookieCore
 from .journal import Journal
 from .server import BookieServer, ServerLimits, admin_app, register_core_metrics
-from .storage import MEMTABLES_MAX, RocksLedgerStorage
+from .storage import MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
 
 log = logging.getLogger("ledgerstore.bookie")
 
@@ -72,6 +72,8 @@ class BookieConfig:
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
     storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
     storage_blob_files: str = "auto"  # entries in blob files: auto (while ledgers interleave), on, off
+    storage_blob_gc_ratio: float = 0.5  # collect blob files' garbage once it is this share of them...
+    storage_blob_gc_min_mb: int = 64  # ...and at least this many MiB
 
     @property
     def id(self) -> str:
@@ -126,6 +128,7 @@ class Bookie:
             write_rate_mb=cfg.storage_write_rate_mb,
             flush_threads=cfg.storage_flush_threads,
             blob_files=cfg.storage_blob_files,
+            blob_gc=BlobGarbagePolicy(cfg.storage_blob_gc_ratio, cfg.storage_blob_gc_min_mb * 1024 * 1024),
         )
         self.journal = Journal(
             cfg.journal_dir,
@@ -172,7 +175,7 @@ class Bookie:
         register_core_metrics(self.server, lambda: journal.stats)
         self._register_storage_metrics()
         await self.server.listen(cfg.listen_address or cfg.advertised_address, cfg.port)
-        app = admin_app(self.server, self.info)
+        app = admin_app(self.server, self.info, gc=self.gc_now)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
         await web.TCPSite(self._http, cfg.listen_address or cfg.advertised_address, cfg.http_port).start()
@@ -250,6 +253,11 @@ class Bookie:
             ("sst_bytes", "Bytes of RocksDB SST files (keys, small entries)"),
             ("blob_bytes", "Bytes of live RocksDB blob files (entries)"),
             (
+                "blob_garbage_bytes",
+                "Bytes of the blob files that hold deleted entries (collected once they are "
+                "--storage-blob-gc-ratio of the blob files)",
+            ),
+            (
                 "blob_files_on",
                 "1 while flushes put entries in blob files (--storage-blob-files; auto: ledgers interleave)",
             ),
@@ -257,6 +265,18 @@ class Bookie:
         ):
             self.server.metrics.gauge(
                 f"bookie_storage_{key}", help_text, functools.partial(_gauge, gauges, key)
+            )
+        storage = self.storage
+        for name, help_text, attr in (
+            ("blob_gc_passes_total", "Blob garbage collection passes run", "blob_gc_passes"),
+            (
+                "blob_gc_reclaimed_bytes_total",
+                "Bytes of blob files freed by those passes",
+                "blob_gc_reclaimed_bytes",
+            ),
+        ):
+            self.server.metrics.counter(
+                f"bookie_storage_{name}", help_text, functools.partial(getattr, storage, attr)
             )
         assert self.journal is not None
         jstats = self.journal.stats
@@ -348,17 +368,39 @@ class Bookie:
         await asyncio.to_thread(self.journal.checkpoint, mark)
 
     async def gc(self) -> None:
-        """Delete ledgers that no longer exist in metadata (snapshot local ids first, then read metadata)."""
+        """Delete ledgers that no longer exist in metadata, then collect blob garbage if enough has built up."""
+        await self._delete_absent_ledgers()
+        assert self.storage is not None
+        await asyncio.to_thread(self.storage.collect_blob_garbage)
+
+    async def _delete_absent_ledgers(self) -> None:
+        """Snapshot local ids first, then read metadata: a ledger created meanwhile is never collected."""
         assert self.core is not None
         from zk import LedgerMetadataStore
 
         local = set(self.core.ledgers)
-        if not local:
-            return
-        existing = set(await asyncio.to_thread(LedgerMetadataStore(self.store).list))
-        for lid in sorted(local - existing):
-            log.info("bookie=%s gc: deleting ledger %d (absent from metadata)", self.config.id, lid)
-            await asyncio.to_thread(self.core.delete_ledger, lid)
+        if local:
+            existing = set(await asyncio.to_thread(LedgerMetadataStore(self.store).list))
+            for lid in sorted(local - existing):
+                log.info("bookie=%s gc: deleting ledger %d (absent from metadata)", self.config.id, lid)
+                await asyncio.to_thread(self.core.delete_ledger, lid)
+
+    async def gc_now(self) -> dict[str, Any]:
+        """The admin API's ``PUT /api/v1/gc``: a garbage-collection round now, with a blob garbage pass whenever
+        the blob files hold any garbage, and what it did."""
+        assert self.storage is not None
+        await self._delete_absent_ledgers()
+        done = await asyncio.to_thread(self.storage.collect_blob_garbage, force=True)
+        blob, garbage = self.storage.blob_garbage()
+        out: dict[str, Any] = {"blob_bytes": blob, "blob_garbage_bytes": garbage, "blob_gc_pass": None}
+        if done is not None:
+            out["blob_gc_pass"] = {
+                "blob_bytes_before": done.blob_bytes_before,
+                "garbage_bytes_before": done.garbage_bytes_before,
+                "reclaimed_bytes": done.reclaimed_bytes,
+                "seconds": round(done.seconds, 3),
+            }
+        return out
 
     async def _every(self, period_s: float, fn: Any) -> None:
         while True:
@@ -452,6 +494,8 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         storage_write_rate_mb=getattr(args, "storage_write_rate_mb", 0),
         storage_flush_threads=getattr(args, "storage_flush_threads", 1),
         storage_blob_files=getattr(args, "storage_blob_files", "auto"),
+        storage_blob_gc_ratio=getattr(args, "storage_blob_gc_ratio", 0.5),
+        storage_blob_gc_min_mb=getattr(args, "storage_blob_gc_min_mb", 64),
     )
 
 

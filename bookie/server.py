@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -298,7 +298,11 @@ class BookieServer:
 # Admin HTTP
 
 
-def admin_app(server: BookieServer, info: Callable[[], dict[str, Any]]) -> web.Application:
+def admin_app(
+    server: BookieServer,
+    info: Callable[[], dict[str, Any]],
+    gc: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+) -> web.Application:
     core = server.core
 
     async def health(_: web.Request) -> web.Response:
@@ -333,12 +337,18 @@ def admin_app(server: BookieServer, info: Callable[[], dict[str, Any]]) -> web.A
             return web.json_response({"error": f"no ledger {lid} on this bookie"}, status=404)
         return web.json_response(_ledger_row(lid))
 
+    async def api_gc(_: web.Request) -> web.Response:
+        if gc is None:
+            return web.json_response({"error": "this bookie has no garbage collector"}, status=501)
+        return web.json_response(await gc())
+
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/info", api_info)
     app.router.add_get("/api/v1/ledgers", api_ledgers)
     app.router.add_get("/api/v1/ledgers/{id}", api_ledger)
+    app.router.add_put("/api/v1/gc", api_gc)
     return app
 
 

@@ -112,6 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
         "its SSTs, which saves the blob files' CRC), on (always: deleting a ledger reads nothing back), or off",
     )
     serve.add_argument(
+        "--storage-blob-gc-ratio",
+        type=float,
+        default=0.5,
+        help="collect the garbage in blob files (deleted ledgers' entries) once it is this share of them: a pass "
+        "copies the live entries out, at most (1 - ratio) / ratio bytes per byte freed (default 0.5)",
+    )
+    serve.add_argument(
+        "--storage-blob-gc-min-mb",
+        type=int,
+        default=64,
+        help="... and once it is at least this many MiB (default 64)",
+    )
+    serve.add_argument(
         "--journal-dir",
         default=None,
         help="journal directory (default: DATA_DIR/journal); on its own disk, journal fsyncs do not queue "

@@ -9,6 +9,7 @@ import pytest
 
 from bookie.storage import (
     INDEX_CF,
+    BlobGarbagePolicy,
     LedgerInfo,
     RocksLedgerStorage,
     _supports_direct_io,
@@ -337,4 +338,107 @@ def test_a_shorter_run_never_replaces_a_longer_one_under_the_same_key(tmp_path: 
     s.write(rows(128, 150), info)  # a longer run does replace a shorter one (the same entries, and more)
     s._runs.clear()
     assert s.get_range(1, 64, 150, 1 << 20) == [b"%d" % e for e in range(64, 151)]
+    s.close()
+
+
+def _blob_files(s: RocksLedgerStorage) -> set[str]:
+    return {f.name for f in s.directory.iterdir() if f.suffix == ".blob"}
+
+
+def _write_interleaved(s: RocksLedgerStorage, ledgers: range, flushes: int, per_flush: int = 200) -> None:
+    infos = {lid: LedgerInfo(KEY) for lid in ledgers}
+    for f in range(flushes):
+        rows = [(lid, f * per_flush + i, bytes([lid]) * 1000) for i in range(per_flush) for lid in ledgers]
+        s.write(rows, list(infos.items()))
+        s.flush()
+
+
+def test_compacting_interleaved_ledgers_copies_no_entry_out_of_its_blob_file(tmp_path: Path) -> None:
+    """RocksDB's age-driven blob GC stays off: compactions of overlapping SSTs (which interleaved ledgers make
+    all the time) rewrite keys and references only. Every blob file there is was written by a flush."""
+    s = RocksLedgerStorage(tmp_path / "db", blob_files="on")
+    flushed: set[str] = set()
+    infos = {lid: LedgerInfo(KEY) for lid in range(1, 5)}
+    for f in range(12):  # three times RocksDB's L0 compaction trigger (4 files)
+        rows = [(lid, f * 200 + i, bytes([lid]) * 1000) for i in range(200) for lid in infos]
+        s.write(rows, list(infos.items()))
+        s.flush()
+        flushed |= _blob_files(s)
+    _wait_for_compactions(s)
+    assert s._db.property_int_value("rocksdb.num-files-at-level0") < 12, "no compaction ran"
+    assert _blob_files(s) <= flushed, f"compaction wrote blob files {sorted(_blob_files(s) - flushed)}"
+    for lid in infos:
+        assert s.get_range(lid, 0, 2399, 1 << 30) == [bytes([lid]) * 1000] * 2400
+    s.close()
+
+
+def test_blob_garbage_of_deleted_ledgers_is_collected_once_due(tmp_path: Path) -> None:
+    """A long-lived ledger written beside short-lived ones pins every blob file: deleting the others frees no
+    file, only garbage. Below the ratio nothing is copied; at it one pass copies the live entries out, frees the
+    rest, and every live entry reads back identical, before and after reopening."""
+    s = RocksLedgerStorage(tmp_path / "db", blob_files="on", blob_gc=BlobGarbagePolicy(0.5, 1024 * 1024))
+    _write_interleaved(s, range(1, 6), flushes=4)  # 5 ledgers x 800 entries of 1000 bytes, in 4 blob files
+    blob, garbage = s.blob_garbage()
+    assert blob >= 5 * 800 * 1000 and garbage == 0
+    s.delete_ledger(2)  # 20 % garbage: not due
+    _wait_for_compactions(s)
+    files = _blob_files(s)
+    assert 0.15 * blob <= s.blob_garbage()[1] <= 0.25 * blob
+    assert s.collect_blob_garbage() is None and _blob_files(s) == files and s.blob_gc_passes == 0
+    for lid in (3, 4, 5):
+        s.delete_ledger(lid)
+    _wait_for_compactions(s)
+    assert _blob_files(s) == files, "a blob file holding the live ledger's entries was freed"
+    assert s.blob_garbage()[1] >= 0.75 * blob, s.blob_garbage()
+    done = s.collect_blob_garbage()
+    assert done is not None and done.garbage_bytes_before >= 0.75 * blob
+    assert done.garbage_bytes_after == 0 and done.blob_bytes_after <= 0.25 * blob, done
+    assert done.reclaimed_bytes >= 0.7 * blob and s.blob_gc_passes == 1
+    assert s.blob_gc_reclaimed_bytes == done.reclaimed_bytes
+    assert not (_blob_files(s) & files), "old blob files survived the pass"
+    assert sum((s.directory / f).stat().st_size for f in _blob_files(s)) <= 0.3 * blob
+    assert s.collect_blob_garbage() is None  # nothing left to collect
+    assert s.collect_blob_garbage(force=True) is None
+    assert s.get_range(1, 0, 799, 1 << 30) == [b"\x01" * 1000] * 800
+    assert all(s.get_entry(lid, 0) is None for lid in range(2, 6))
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")
+    assert s.get_range(1, 0, 799, 1 << 30) == [b"\x01" * 1000] * 800
+    assert set(s.load_index()) == {1}
+    s.close()
+
+
+def test_a_forced_pass_collects_garbage_under_the_ratio_while_writes_go_on(tmp_path: Path) -> None:
+    import threading
+
+    s = RocksLedgerStorage(tmp_path / "db", blob_files="on")  # default policy: 0.5 and 64 MiB, never due here
+    _write_interleaved(s, range(1, 5), flushes=3)
+    s.delete_ledger(4)
+    _wait_for_compactions(s)
+    assert s.collect_blob_garbage() is None
+    stop = threading.Event()
+    written: list[int] = []
+
+    def writer() -> (
+        None
+    ):  # a ledger appended to during the pass, in its own thread as the bookie's loop would
+        e = 0
+        while not stop.is_set() and e < 20_000:
+            s.write([(9, e + i, b"\x09" * 1000) for i in range(100)], [(9, LedgerInfo(KEY))])
+            e += 100
+            written.append(e)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        done = s.collect_blob_garbage(force=True)
+    finally:
+        stop.set()
+        t.join()
+    assert done is not None and done.garbage_bytes_before > 0
+    assert s.blob_garbage()[1] < done.garbage_bytes_before
+    for lid in (1, 2, 3):
+        assert s.get_range(lid, 0, 599, 1 << 30) == [bytes([lid]) * 1000] * 600
+    n = written[-1]
+    assert s.get_range(9, 0, n - 1, 1 << 40) == [b"\x09" * 1000] * n
     s.close()
