@@ -271,8 +271,13 @@ class Bookie:
             ("blob_gc_passes_total", "Blob garbage collection passes run", "blob_gc_passes"),
             (
                 "blob_gc_reclaimed_bytes_total",
-                "Bytes of blob files freed by those passes",
+                "Bytes of storage freed by those passes",
                 "blob_gc_reclaimed_bytes",
+            ),
+            (
+                "blob_gc_no_room_total",
+                "Blob garbage passes due but not run: the disk had no room for their copies",
+                "blob_gc_no_room",
             ),
         ):
             self.server.metrics.counter(
@@ -391,11 +396,11 @@ class Bookie:
         assert self.storage is not None
         await self._delete_absent_ledgers()
         done = await asyncio.to_thread(self.storage.collect_blob_garbage, force=True)
-        blob, garbage = self.storage.blob_garbage()
-        out: dict[str, Any] = {"blob_bytes": blob, "blob_garbage_bytes": garbage, "blob_gc_pass": None}
+        stored, garbage = self.storage.blob_garbage()
+        out: dict[str, Any] = {"stored_bytes": stored, "blob_garbage_bytes": garbage, "blob_gc_pass": None}
         if done is not None:
             out["blob_gc_pass"] = {
-                "blob_bytes_before": done.blob_bytes_before,
+                "stored_bytes_before": done.stored_bytes_before,
                 "garbage_bytes_before": done.garbage_bytes_before,
                 "reclaimed_bytes": done.reclaimed_bytes,
                 "seconds": round(done.seconds, 3),

@@ -283,6 +283,10 @@ class MemoryLedgerStorage:
         pass
 
 
+def _free_bytes(directory: Path) -> int:
+    return os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+
+
 def _supports_direct_io(directory: Path) -> bool:
     """Whether files in ``directory`` can be opened with O_DIRECT (tmpfs, for one, refuses it)."""
     flag = getattr(os, "O_DIRECT", 0)
@@ -374,13 +378,16 @@ class BlobGarbagePolicy:
     so compactions run all the time, and live entries were reread and rewritten over and over (measured, 4 ledgers
     at once, 3/3/2: the compaction threads took 15 % of a core per bookie, 86.5k entries/s against 115.3k without
     it). Garbage only appears when a ledger is deleted (or a run is replaced by a longer one), so, like
-    BookKeeper's entry-log compaction, collection is driven by how much of the blob files is garbage: a pass is
-    due once garbage is at least ``ratio`` of the blob files' bytes and at least ``min_bytes``. A pass rewrites
-    the live entries, at most ``(1 - ratio) / ratio`` bytes per byte it frees (1 at the default 0.5), and the
-    blob files never hold more than ``1 / (1 - ratio)`` times their live entries for long (2x at 0.5).
+    BookKeeper's entry-log compaction, collection is driven by the share of garbage: a pass is due once the
+    blob files' garbage is at least ``ratio`` of the bytes stored (blob files and SSTs: a pass rewrites both) and
+    at least ``min_bytes``. A pass copies what is live, at most ``(1 - ratio) / ratio`` bytes per byte it frees
+    (1 at the default 0.5), and between passes storage holds at most ``1 / (1 - ratio)`` times the live entries'
+    bytes (2x at 0.5) plus ``min_bytes``. A pass needs free disk space for its copies: ``room`` asks for the live
+    bytes plus a margin, and without it the pass waits (the deleted entries stay, nothing live is at risk).
     """
 
     __slots__ = ("ratio", "min_bytes")
+    ROOM_MARGIN_BYTES = 256 * 1024 * 1024
 
     def __init__(self, ratio: float = 0.5, min_bytes: int = 64 * 1024 * 1024) -> None:
         if not 0.0 < ratio <= 1.0:
@@ -390,25 +397,33 @@ class BlobGarbagePolicy:
         self.ratio = ratio
         self.min_bytes = min_bytes
 
-    def due(self, blob_bytes: int, garbage_bytes: int) -> bool:
+    def due(self, stored_bytes: int, garbage_bytes: int) -> bool:
+        """``stored_bytes``: blob files and SSTs of the entries; ``garbage_bytes``: the blob files' garbage."""
         return (
-            garbage_bytes > 0 and garbage_bytes >= self.min_bytes and garbage_bytes >= self.ratio * blob_bytes
+            garbage_bytes > 0
+            and garbage_bytes >= self.min_bytes
+            and garbage_bytes >= self.ratio * stored_bytes
         )
+
+    def room(self, stored_bytes: int, garbage_bytes: int, free_bytes: int) -> bool:
+        """Whether the disk has room for a pass: its copies of what is live, and a margin for writes meanwhile."""
+        return free_bytes >= max(0, stored_bytes - garbage_bytes) + self.ROOM_MARGIN_BYTES
 
 
 @dataclass(frozen=True)
 class BlobGcPass:
-    """What one blob garbage collection pass did (``RocksLedgerStorage.collect_blob_garbage``)."""
+    """What one blob garbage collection pass did (``RocksLedgerStorage.collect_blob_garbage``): the entries'
+    bytes stored (blob files and SSTs) and the blob files' garbage, before and after."""
 
-    blob_bytes_before: int
+    stored_bytes_before: int
     garbage_bytes_before: int
-    blob_bytes_after: int
+    stored_bytes_after: int
     garbage_bytes_after: int
     seconds: float
 
     @property
     def reclaimed_bytes(self) -> int:
-        return max(0, self.blob_bytes_before - self.blob_bytes_after)
+        return max(0, self.stored_bytes_before - self.stored_bytes_after)
 
 
 class RocksLedgerStorage:
@@ -472,6 +487,7 @@ class RocksLedgerStorage:
         self._gc_lock = threading.Lock()
         self.blob_gc_passes = 0
         self.blob_gc_reclaimed_bytes = 0
+        self.blob_gc_no_room = 0  # passes due but not run: too little free disk space
         index_opts = Options(raw_mode=True)
         index_opts.set_write_buffer_size(4 * 1024 * 1024)
         self._db = Rdict(str(directory), opts, column_families={INDEX_CF: index_opts})
@@ -709,27 +725,38 @@ class RocksLedgerStorage:
             self._db.compact_range(entry_key(ledger_id, 0), entry_key(ledger_id, _U64_MAX))
 
     def blob_garbage(self) -> tuple[int, int]:
-        """(bytes of live blob files, bytes of them no key refers to any more), from RocksDB's counters."""
+        """(bytes of the entries' blob files and SSTs, bytes of the blob files no key refers to any more), from
+        RocksDB's counters."""
         prop = self._db.property_int_value
-        return (prop("rocksdb.live-blob-file-size") or 0, prop("rocksdb.live-blob-file-garbage-size") or 0)
+        stored = (prop("rocksdb.live-blob-file-size") or 0) + (prop("rocksdb.total-sst-files-size") or 0)
+        return stored, prop("rocksdb.live-blob-file-garbage-size") or 0
 
     def collect_blob_garbage(self, *, force: bool = False) -> BlobGcPass | None:
         """Collect the blob files' garbage when ``blob_gc`` says it is due (or whenever there is some, with
-        ``force``); None when no pass ran. Blocking, for a worker thread: RocksDB releases the GIL while it
-        compacts. A pass is a manual compaction of every entry key with RocksDB's blob GC on for all blob files:
-        the SSTs are rewritten, each live entry in a blob file with garbage is copied to a new blob file, and
-        the old files are deleted. Writes and reads go on meanwhile (the compaction is not exclusive)."""
+        ``force``), and the disk has room for it; None when no pass ran. Blocking, for a worker thread: RocksDB
+        releases the GIL while it compacts. A pass is a manual compaction of every entry key with RocksDB's blob
+        GC on for all blob files: the SSTs are rewritten, each live entry in a blob file is copied to a new blob
+        file, and the old files are deleted. Writes and reads go on meanwhile (the compaction is not exclusive).
+        """
         from rocksdict import BottommostLevelCompaction, CompactOptions
 
         if not self._gc_lock.acquire(blocking=False):
             return None  # a pass is running already
         try:
-            blob, garbage = self.blob_garbage()
-            if not (self.blob_gc.due(blob, garbage) or (force and garbage > 0)):
+            stored, garbage = self.blob_garbage()
+            if not (self.blob_gc.due(stored, garbage) or (force and garbage > 0)):
+                return None
+            free = _free_bytes(self.directory)
+            if not self.blob_gc.room(stored, garbage, free):
+                self.blob_gc_no_room += 1
+                log.warning(
+                    "%s: blob garbage (%.1f MiB) not collected: a pass would copy %.1f MiB and %.1f MiB are free",
+                    self.directory, garbage / 2**20, (stored - garbage) / 2**20, free / 2**20,
+                )  # fmt: skip
                 return None
             log.info(
-                "%s: collecting blob garbage: %.1f of %.1f MiB of blob files", self.directory,
-                garbage / 2**20, blob / 2**20,
+                "%s: collecting blob garbage: %.1f of %.1f MiB stored", self.directory,
+                garbage / 2**20, stored / 2**20,
             )  # fmt: skip
             start = time.monotonic()
             co = CompactOptions()
@@ -742,12 +769,12 @@ class RocksLedgerStorage:
                 self._db.compact_range(None, None, co)
             finally:
                 self._db.set_options({"enable_blob_garbage_collection": "false"})
-            done = BlobGcPass(blob, garbage, *self.blob_garbage(), time.monotonic() - start)
+            done = BlobGcPass(stored, garbage, *self.blob_garbage(), time.monotonic() - start)
             self.blob_gc_passes += 1
             self.blob_gc_reclaimed_bytes += done.reclaimed_bytes
             log.info(
-                "%s: blob garbage collected in %.2fs: blob files %.1f -> %.1f MiB", self.directory,
-                done.seconds, blob / 2**20, done.blob_bytes_after / 2**20,
+                "%s: blob garbage collected in %.2fs: stored %.1f -> %.1f MiB", self.directory,
+                done.seconds, stored / 2**20, done.stored_bytes_after / 2**20,
             )  # fmt: skip
             return done
         finally:

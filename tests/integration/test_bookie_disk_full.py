@@ -139,3 +139,28 @@ def test_enospc_in_the_journal_answers_readonly_and_loses_nothing(bookies, small
     assert asyncio.run(write(10 + ok_extra, 2)) == [p.Status.OK] * 2
     bp.restart()
     asyncio.run(read_back())
+
+
+def test_blob_garbage_waits_when_the_disk_has_no_room_for_the_copies(small_fs: Path) -> None:
+    """A pass copies every live entry before it frees anything: on a disk without room for that (and a margin),
+    it does not start, the garbage stays, and every live entry still reads back."""
+    from bookie.storage import BlobGarbagePolicy, LedgerInfo, RocksLedgerStorage
+
+    s = RocksLedgerStorage(small_fs / "db", blob_files="on", blob_gc=BlobGarbagePolicy(0.5, 0))
+    key = b"k" * 20
+    infos = {lid: LedgerInfo(key) for lid in range(1, 5)}
+    for f in range(3):
+        s.write(
+            [(lid, f * 500 + i, bytes([lid]) * 1000) for i in range(500) for lid in infos],
+            list(infos.items()),
+        )
+        s.flush()
+    for lid in (2, 3, 4):
+        s.delete_ledger(lid)
+    stored, garbage = s.blob_garbage()
+    assert garbage >= 0.5 * stored  # due...
+    assert s.collect_blob_garbage() is None and s.collect_blob_garbage(force=True) is None  # ...but no room
+    assert s.blob_gc_no_room == 2 and s.blob_gc_passes == 0
+    assert s.blob_garbage()[1] == garbage
+    assert s.get_range(1, 0, 1499, 1 << 30) == [b"\x01" * 1000] * 1500
+    s.close()

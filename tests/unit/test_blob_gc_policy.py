@@ -51,6 +51,15 @@ def test_the_bytes_a_pass_copies_per_byte_it_frees_are_bounded_by_the_ratio() ->
                     assert (blob - garbage) <= (1 - ratio) / ratio * garbage + 1e-9
 
 
+def test_a_pass_needs_room_for_its_copies_and_a_margin() -> None:
+    policy = BlobGarbagePolicy(0.5, 0)
+    margin = BlobGarbagePolicy.ROOM_MARGIN_BYTES
+    assert policy.room(1000 * MIB, 600 * MIB, 400 * MIB + margin)  # copies the live 400 MiB
+    assert not policy.room(1000 * MIB, 600 * MIB, 400 * MIB + margin - 1)
+    assert policy.room(100 * MIB, 100 * MIB, margin)  # nothing live: only the margin
+    assert not policy.room(100 * MIB, 100 * MIB, margin - 1)
+
+
 def test_a_pass_reports_what_it_freed() -> None:
     assert BlobGcPass(100, 60, 40, 0, 0.1).reclaimed_bytes == 60
     assert BlobGcPass(100, 0, 120, 0, 0.1).reclaimed_bytes == 0  # writes went on meanwhile: never negative
