@@ -21,6 +21,7 @@ from __future__ import annotations
 import array
 import enum
 import hashlib
+import itertools
 import struct
 import sys
 from collections.abc import Iterator
@@ -359,12 +360,28 @@ _ADD_RESP_LEN = FRAME_HEADER.size + _ADD_RESP.size
 #: Request ids from this value up are a client's "listened" adds (``ledger_client.bookie_conn.ADD_RID_BASE``):
 #: ``FrameDecoder.take_add_acks`` recognises them by their two top bytes not both being zero.
 LISTENED_RID_MIN = 1 << 48
-# take_add_acks: offsets in an ADD_ENTRY response frame of the bytes every OK response of one ledger shares
-# (u32 len, version, op, flags; status; ledger id), and of the entry id
-_ACK_SAME_OFFSETS = (*range(0, 8), *range(16, 25))
+# take_add_acks: offsets in an ADD_ENTRY response frame of the bytes every OK response shares (u32 len,
+# version, op, flags; status), of the ledger id, and of the entry id
+_ACK_SAME_OFFSETS = (*range(0, 8), 16)
+_ACK_LEDGER_AT = 17
 _ACK_EID_AT = 25
 _OK = 0
 _LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def _gather_i64(buf: bytes | bytearray, at: int, m: int, count: int) -> array.array[int]:
+    """The big-endian i64 at offset ``at`` of each of ``count`` ADD_ENTRY response frames in ``buf[:m]``."""
+    size = ADD_RESP_FRAME_SIZE
+    col = bytearray(8 * count)
+    for k in range(8):  # gather the column into one contiguous array, byte by byte
+        col[k::8] = buf[at + k : m : size]
+    out = array.array("q")
+    out.frombytes(col)
+    if _LITTLE_ENDIAN:
+        out.byteswap()
+    return out
+
+
 _LEN_VER_OP = struct.Struct(">IBB")
 _ADD_MIN_FRAME = _HDR_FULL.size + _ADD_REQ.size  # an ADD_ENTRY frame with an empty entry
 # ADD_ENTRY frame length -> row struct for take_add_requests
@@ -714,6 +731,17 @@ class FrameDecoder:
 
         Works on the raw bytes column by column (one strided slice per byte offset, the same cost whatever
         the number of frames), not frame by frame."""
+        groups = self._take_acks(many=False)
+        return None if groups is None else groups[0]
+
+    def take_add_ack_groups(self) -> list[tuple[int, array.array[int]]] | None:
+        """``take_add_acks`` for chunks that may interleave several ledgers' acks (their writers' handles share
+        the connection): one (ledger id, entry ids in arrival order) per ledger, in the order the ledgers first
+        appear. Ledgers' acks usually come in runs (a handle sends its adds in one write), which are found in
+        C (``itertools.groupby`` over the gathered ledger ids), not row by row in Python."""
+        return self._take_acks(many=True)
+
+    def _take_acks(self, *, many: bool) -> list[tuple[int, array.array[int]]] | None:
         buf = self._buf
         size = ADD_RESP_FRAME_SIZE
         count = len(buf) // size
@@ -735,15 +763,30 @@ class FrameDecoder:
         # rid >= 2**48 <=> its top two bytes are not both zero: check one of them is nonzero in every frame
         if 0 in buf[9:m:size] and 0 in buf[8:m:size]:
             return None  # (also when only a mix would do: rare enough to leave to the slower path)
-        ids = bytearray(8 * count)
-        for k in range(8):  # gather the big-endian entry ids into one contiguous array
-            ids[k::8] = buf[_ACK_EID_AT + k : m : size]
-        eids = array.array("q")
-        eids.frombytes(ids)
-        if _LITTLE_ENDIAN:
-            eids.byteswap()
+        one_ledger = True
+        for k in range(_ACK_LEDGER_AT, _ACK_LEDGER_AT + 8):
+            if buf[k:m:size].count(buf[k]) != count:
+                if not many:
+                    return None
+                one_ledger = False
+                break
+        eids = _gather_i64(buf, _ACK_EID_AT, m, count)
+        if one_ledger:
+            groups = [(ledger_id, eids)]
+        else:
+            by_ledger: dict[int, array.array[int]] = {}
+            at = 0
+            for lid, run in itertools.groupby(_gather_i64(buf, _ACK_LEDGER_AT, m, count)):
+                n = len(list(run))
+                got = by_ledger.get(lid)
+                if got is None:
+                    by_ledger[lid] = eids[at : at + n]
+                else:
+                    got.extend(eids[at : at + n])
+                at += n
+            groups = list(by_ledger.items())
         self._consume(m)
-        return ledger_id, eids
+        return groups
 
     def frames(self) -> Iterator[tuple[int, int, int, memoryview]]:
         """Yield (op, flags, request_id, body) for each whole frame buffered."""

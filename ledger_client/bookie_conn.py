@@ -113,11 +113,13 @@ class BookieConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder
         decoder.feed(data)
-        acks = decoder.take_add_acks()  # the common case: a chunk of one ledger handle's OK acks
-        if acks is not None:
-            listener = self._listeners.get(acks[0])
-            if listener is not None:  # (else late answers for a handle that is gone)
-                listener.on_add_acks(self.bookie_id, acks[1])
+        groups = decoder.take_add_ack_groups()  # the common case: a chunk of OK acks, one ledger or a few
+        if groups is not None:
+            listeners = self._listeners
+            for ledger_id, eids in groups:
+                listener = listeners.get(ledger_id)
+                if listener is not None:  # (else late answers for a handle that is gone)
+                    listener.on_add_acks(self.bookie_id, eids)
             if decoder.buffered < 4:  # nothing more, or not even the next frame's length yet
                 return
         rows: list[AddRow] | None = decoder.take_leading_add_responses()

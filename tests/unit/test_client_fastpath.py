@@ -105,6 +105,56 @@ def test_take_add_acks_takes_a_whole_run_of_one_ledgers_ok_acks_or_nothing() -> 
     assert got is None or list(got[1]) == [0, 1, 2]
 
 
+def test_take_add_ack_groups_takes_several_ledgers_acks_one_group_each_in_arrival_order() -> None:
+    def ack(rid: int, eid: int, ledger: int) -> bytes:
+        return p.encode_add_response(rid, p.Status.OK, ledger, eid)
+
+    rows = [(7, 0), (7, 1), (8, 0), (7, 2), (8, 1), (8, 2), (7 + (1 << 56), 5), (7, 3)]
+    dec = p.FrameDecoder()
+    dec.feed(b"".join(ack(ADD_RID_BASE + i, e, lid) for i, (lid, e) in enumerate(rows)) + b"\0\0")
+    got = dec.take_add_ack_groups()
+    assert got is not None and [(lid, list(eids)) for lid, eids in got] == [
+        (7, [0, 1, 2, 3]),
+        (8, [0, 1, 2]),
+        (7 + (1 << 56), [5]),
+    ]
+    assert dec.buffered == 2
+    dec = p.FrameDecoder()  # one ledger: the same single group as take_add_acks
+    dec.feed(ack(ADD_RID_BASE, 4, 9) + ack(ADD_RID_BASE, 5, 9))
+    got = dec.take_add_ack_groups()
+    assert got is not None and [(lid, list(eids)) for lid, eids in got] == [(9, [4, 5])]
+    for bad in (  # anything but OK acks to listened adds: the buffer is left alone
+        p.encode_add_response(ADD_RID_BASE, p.Status.FENCED, 8, 3),
+        ack(5, 3, 8),
+        p.encode(p.WriteLacResponse(request_id=ADD_RID_BASE, status=p.Status.OK, ledger_id=7)) + b"\0" * 20,
+    ):
+        dec = p.FrameDecoder()
+        dec.feed(ack(ADD_RID_BASE, 1, 7) + bad + ack(ADD_RID_BASE, 2, 8))
+        before = dec.buffered
+        assert dec.take_add_ack_groups() is None and dec.buffered == before
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from([1, 2, 3, 2**40]), st.integers(0, 2**62)), min_size=1, max_size=40
+    )
+)
+def test_take_add_ack_groups_keeps_each_ledgers_acks_in_order(rows) -> None:
+    dec = p.FrameDecoder()
+    dec.feed(
+        b"".join(
+            p.encode_add_response(ADD_RID_BASE + i, p.Status.OK, lid, e) for i, (lid, e) in enumerate(rows)
+        )
+    )
+    got = dec.take_add_ack_groups()
+    assert got is not None and dec.buffered == 0
+    want: dict[int, list[int]] = {}
+    for lid, e in rows:
+        want.setdefault(lid, []).append(e)
+    assert [(lid, list(eids)) for lid, eids in got] == list(want.items())
+
+
 _frame_kinds = st.one_of(
     st.tuples(
         st.just("ack"),
