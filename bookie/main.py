@@ -255,7 +255,7 @@ class Bookie:
             (
                 "blob_garbage_bytes",
                 "Bytes of the blob files that hold deleted entries (collected once they are "
-                "--storage-blob-gc-ratio of the blob files)",
+                "--storage-blob-gc-ratio of the entries' bytes stored)",
             ),
             (
                 "blob_files_on",

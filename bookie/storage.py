@@ -284,7 +284,8 @@ class MemoryLedgerStorage:
 
 
 def _free_bytes(directory: Path) -> int:
-    return os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
 
 
 def _supports_direct_io(directory: Path) -> bool:
