@@ -486,6 +486,7 @@ class RocksLedgerStorage:
         opts.set_enable_blob_gc(False)
         self.blob_gc = blob_gc or BlobGarbagePolicy()
         self._gc_lock = threading.Lock()
+        self._closing = False
         self.blob_gc_passes = 0
         self.blob_gc_reclaimed_bytes = 0
         self.blob_gc_no_room = 0  # passes due but not run: too little free disk space
@@ -741,8 +742,8 @@ class RocksLedgerStorage:
         """
         from rocksdict import BottommostLevelCompaction, CompactOptions
 
-        if not self._gc_lock.acquire(blocking=False):
-            return None  # a pass is running already
+        if self._closing or not self._gc_lock.acquire(blocking=False):
+            return None  # closing, or a pass is running already
         try:
             stored, garbage = self.blob_garbage()
             if not (self.blob_gc.due(stored, garbage) or (force and garbage > 0)):
@@ -768,8 +769,16 @@ class RocksLedgerStorage:
             )
             try:
                 self._db.compact_range(None, None, co)
+            except Exception:
+                if self._closing:  # close() stopped the pass
+                    return None
+                raise
             finally:
-                self._db.set_options({"enable_blob_garbage_collection": "false"})
+                if not self._closing:
+                    self._db.set_options({"enable_blob_garbage_collection": "false"})
+            if self._closing:  # stopped by close(): RocksDB returns from the compaction without an error
+                log.info("%s: blob garbage pass stopped: closing", self.directory)
+                return None
             done = BlobGcPass(stored, garbage, *self.blob_garbage(), time.monotonic() - start)
             self.blob_gc_passes += 1
             self.blob_gc_reclaimed_bytes += done.reclaimed_bytes
@@ -802,7 +811,26 @@ class RocksLedgerStorage:
         }
 
     def close(self) -> None:
-        self._gc_lock.acquire()  # a blob garbage pass in a worker thread finishes first; none starts after
+        self._closing = True
+        if not self._gc_lock.acquire(blocking=False):
+            # A blob garbage pass is running in a worker thread: stop it rather than wait for it (a pass can
+            # take minutes). RocksDB drops the unfinished compaction's output; what it finished stays, and the
+            # garbage left is collected by a later pass.
+            log.info("%s: stopping a blob garbage pass to close", self.directory)
+            self._db.cancel_all_background(True)
+            self._gc_lock.acquire()
+            cancelled = True
+        else:
+            cancelled = False
+        # (the lock stays held: no pass starts after this)
         # The column family's Rdict holds the database open too: drop it first, or the LOCK stays held.
         del self._index, self._index_cf
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as e:
+            # After cancel_all_background, RocksDB closes but reports its last flush as "shutdown in progress".
+            # Nothing is lost: the bookie checkpoints storage before it closes it, and the journal replays any
+            # entry written after the last checkpoint.
+            if not cancelled:
+                raise
+            log.info("%s: closed after stopping background work (%s)", self.directory, e)
