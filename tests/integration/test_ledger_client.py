@@ -221,6 +221,51 @@ def test_deleted_ledger_is_garbage_collected_from_its_bookie(bookies) -> None:
     asyncio.run(go())
 
 
+def test_blob_storage_stays_bounded_while_ledgers_beside_a_long_lived_one_are_deleted(bookies) -> None:
+    """Retention's pattern: one long-lived ledger written beside a stream of short-lived ones, each deleted in
+    turn. The long-lived ledger's entries are in every blob file, so deleting the others frees no file by
+    itself; the bookie's blob garbage passes keep what it stores within 1 / (1 - ratio) of the live entries
+    (plus the minimum and the round in flight), where without them it would hold everything ever written."""
+    bp = bookies.start(
+        "--gc-interval-s", "0.3", "--checkpoint-interval-s", "0.2", "--storage-blob-gc-min-mb", "1"
+    )  # fmt: skip
+    size, rounds, per_round, per_round_kept = 1024, 8, 1000, 150
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        kept = await bk.create_ledger(1, 1, 1, password=PW)
+        n_kept = 0
+        for _ in range(rounds):
+            doomed = await bk.create_ledger(1, 1, 1, password=PW)
+            adds = [doomed.append(payload(i, size)) for i in range(per_round)]
+            for j in range(per_round_kept):
+                adds.insert(j * (per_round // per_round_kept), kept.append(payload(n_kept + j, size)))
+            n_kept += per_round_kept
+            await asyncio.gather(*adds)
+            await doomed.close()
+            await asyncio.sleep(0.3)  # a checkpoint: the round's entries are in blob files before the delete
+            await bk.delete_ledger(doomed.ledger_id)
+        live = n_kept * size
+        written = rounds * (per_round + per_round_kept) * size
+        bound = 2 * live + 1024 * 1024 + per_round * size * 2  # ratio 0.5, the minimum, a round's slack
+
+        def stored() -> float:
+            return _metric(bp, "bookie_storage_blob_bytes") + _metric(bp, "bookie_storage_sst_bytes")
+
+        for _ in range(100):  # the last deletes and passes happen in the bookie's next GC rounds
+            if stored() <= bound:
+                break
+            await asyncio.sleep(0.1)
+        assert stored() <= bound < written * 0.75, (stored(), bound, written)
+        assert _metric(bp, "bookie_storage_blob_gc_passes_total") >= 1
+        await kept.close()
+        rh = await bk.open_ledger(kept.ledger_id, password=PW)
+        assert await _read_all(rh) == [payload(i, size) for i in range(n_kept)]
+        await bk.close()
+
+    asyncio.run(go())
+
+
 def _metric(bp: Any, name: str) -> float:
     import urllib.request
 
