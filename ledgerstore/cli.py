@@ -143,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(fmt)
     fmt.add_argument("--bookie-id", required=True)
     fmt.add_argument("--delete-cookie", action="store_true", required=True)
+    gc = bs.add_parser(
+        "gc",
+        help="run garbage collection on registered bookies now: delete ledgers gone from metadata and collect "
+        "blob garbage (PUT /api/v1/gc on each)",
+    )
+    _common(gc)
+    gc.add_argument("--bookie-id", action="append", default=None, help="only this bookie (repeatable)")
+    gc.add_argument("--timeout-s", type=float, default=600.0, help="per bookie: a pass can take minutes")
     bp.set_defaults(func=_cmd_bookie)
 
     # cluster -------------------------------------------------------------------------------------
@@ -206,6 +214,10 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
 
     if args.action == "serve":
         return bookie_main.serve(args)
+    if args.action == "gc":
+        from ledgerstore.bookie_admin import trigger_gc
+
+        return trigger_gc(args)
     return bookie_main.format_cookie(args)
 
 

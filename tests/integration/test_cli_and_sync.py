@@ -60,3 +60,49 @@ def test_sync_facade_same_names_as_async(bookies) -> None:
         bk.delete_ledger(lh.ledger_id)
     finally:
         bk.close()
+
+
+def test_bookie_gc_deletes_absent_ledgers_and_collects_blob_garbage_on_every_bookie(bookies) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    # frequent checkpoints: the entries reach blob files (two ledgers interleave) before the delete; the
+    # bookies' own GC round is an hour away, so `bookie gc` does the deleting as well
+    procs = [bookies.start("--gc-interval-s", "3600", "--checkpoint-interval-s", "0.2") for _ in range(2)]
+    bk = BookKeeper.connect(bookies.zk, zk_root=bookies.root)
+    try:
+        doomed = bk.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2, password=b"p")
+        kept = bk.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2, password=b"p")
+        for i in range(100):
+            doomed.append_many([b"d" * 1000] * 5)
+            kept.append_many([b"k%04d" % i + b"k" * 995])
+        doomed.close()
+        kept.close()
+        time.sleep(0.5)  # a checkpoint or two
+        bk.delete_ledger(doomed.ledger_id)
+        r = _ls(bookies, "bookie", "gc", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert sorted(out) == sorted(bp.id for bp in procs)
+        for result in out.values():
+            assert result["blob_gc_pass"]["reclaimed_bytes"] >= 300_000, result
+            assert result["blob_garbage_bytes"] == 0
+        r = _ls(bookies, "bookie", "gc", "--bookie-id", procs[0].id)
+        assert r.returncode == 0, r.stderr
+        assert (
+            r.stdout.startswith(f"{procs[0].id}: no blob garbage pass (stored ") and r.stdout.count("\n") == 1
+        )
+        assert "blob garbage 0.0 MiB" in r.stdout
+        for bp in procs:  # `bookie gc` deleted the ledger from the bookies too
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/ledgers/{doomed.ledger_id}")
+                raise AssertionError(f"{bp.id} still has ledger {doomed.ledger_id}")
+            except urllib.error.HTTPError as e:
+                assert e.code == 404
+        r = _ls(bookies, "bookie", "gc", "--bookie-id", "nosuch:1")
+        assert r.returncode != 0 and "not registered" in r.stderr and "nosuch:1" in r.stderr
+        rh = bk.open_ledger(kept.ledger_id, password=b"p")
+        assert [e.data for e in rh.read(0, 99)] == [b"k%04d" % i + b"k" * 995 for i in range(100)]
+    finally:
+        bk.close()
