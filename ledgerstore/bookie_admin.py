@@ -1,9 +1,13 @@
-"""``ledgerstore bookie gc``: ask registered bookies to collect garbage now, through their admin API."""
+"""``ledgerstore bookie gc`` (ask registered bookies to collect garbage now, through their admin API) and
+``ledgerstore bookie recover`` (re-replicate a lost bookie's entries: ``ledger_client.rereplicator``)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import json
+import sys
 import urllib.error
 import urllib.request
 from typing import Any
@@ -59,3 +63,50 @@ def trigger_gc(args: argparse.Namespace) -> int:
             results[bookie_id] = {"error": str(e)}
     emit(args, lambda: "\n".join(gc_line(b, results[b]) for b in wanted), results)
     return 1 if any("error" in r for r in results.values()) else 0
+
+
+def recover_line(r: Any) -> str:
+    """One line of ``bookie recover``'s summary for a ``LedgerRereplication``."""
+    if r.status == "done":
+        to = ", ".join(f"ensemble {k} -> {b}" for k, b in sorted(r.replacements.items()))
+        return f"  ledger {r.ledger_id}: {r.entries_copied} entries copied; {to}"
+    if r.status == "open":
+        return (
+            f"  ledger {r.ledger_id}: not closed, left to its writer (or close it: ledgerstore ledger recover "
+            f"{r.ledger_id})"
+        )
+    return f"  ledger {r.ledger_id}: {r.status}: {r.error} (metadata unchanged)"
+
+
+def recover_bookie(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from bookie.main import install_uvloop
+    from ledger_client import BookKeeper, ClientConfig
+    from ledger_client.rereplicator import rereplicate_bookie
+
+    install_uvloop()
+
+    async def go() -> list[Any]:
+        bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
+        try:
+            with tqdm(
+                desc="re-replicating", unit="entry", disable=args.json, file=sys.stderr, leave=False
+            ) as bar:
+                return await rereplicate_bookie(bk, args.bookie, args.password.encode(), bar.update)
+        finally:
+            await bk.close()
+
+    results = asyncio.run(go())
+    done = [r for r in results if r.status == "done"]
+    bad = [r for r in results if r.status not in ("done", "open")]
+    head = (
+        f"bookie {args.bookie}: {len(done)} ledgers re-replicated ({sum(r.entries_copied for r in done)} entries "
+        f"copied), {sum(r.status == 'open' for r in results)} not closed, {len(bad)} not re-replicated"
+    )
+    emit(
+        args,
+        lambda: "\n".join([head, *(recover_line(r) for r in results)]),
+        {"bookie": args.bookie, "ledgers": [dataclasses.asdict(r) for r in results]},
+    )
+    return 1 if bad else 0

@@ -151,6 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
     _common(gc)
     gc.add_argument("--bookie-id", action="append", default=None, help="only this bookie (repeatable)")
     gc.add_argument("--timeout-s", type=float, default=600.0, help="per bookie: a pass can take minutes")
+    rec = bs.add_parser(
+        "recover",
+        help="re-replicate a lost bookie's entries of every CLOSED ledger to other bookies and swap them into "
+        "the ledgers' metadata (open ledgers are reported, not touched)",
+    )
+    _common(rec)
+    rec.add_argument("bookie", help="the lost bookie's id (HOST:PORT)")
+    rec.add_argument(
+        "--password",
+        default="",
+        help="the ledgers' password (ledgers with another one are reported, not touched)",
+    )
     bp.set_defaults(func=_cmd_bookie)
 
     # cluster -------------------------------------------------------------------------------------
@@ -218,6 +230,10 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
         from ledgerstore.bookie_admin import trigger_gc
 
         return trigger_gc(args)
+    if args.action == "recover":
+        from ledgerstore.bookie_admin import recover_bookie
+
+        return recover_bookie(args)
     return bookie_main.format_cookie(args)
 
 

@@ -326,7 +326,9 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
     * identical metadata is always fine (a no-op);
     * the fields fixed at creation (:data:`IMMUTABLE_FIELDS`) never change, ``format_version`` never decreases;
     * state moves only OPEN -> IN_RECOVERY -> CLOSED or OPEN -> CLOSED (or stays);
-    * a CLOSED ledger's metadata never changes: not its last_entry_id, length nor ensembles;
+    * a CLOSED ledger's metadata never changes: not its last_entry_id, length nor ensembles, except that a bookie
+      of an ensemble may be swapped, in place, for one not in that ensemble (re-replication, which copies the
+      bookie's entries to its replacement first: :func:`check_bookie_swap`);
     * ensembles are only appended, with first_entry_ids strictly increasing; earlier ensembles are unchanged,
       except that the *last* ensemble may be replaced by one starting at the same first_entry_id (an ensemble
       change before any entry reached it) - replace or append in one write, not both; except when
@@ -353,7 +355,7 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
                 f"last_entry_id/length cannot change (to {new.last_entry_id}/{new.length})"
             )
         if new.ensembles != old.ensembles:
-            raise MetadataTransitionError(f"ledger {old.ledger_id} is CLOSED: its ensembles cannot change")
+            check_bookie_swap(old, new)
         return
     o, n = old.ensembles, new.ensembles
     if len(n) < len(o):
@@ -373,6 +375,25 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
                 f"ledger {old.ledger_id}: replacing the last ensemble and appending another in one write"
             )
     # Appended ensembles start strictly after the previous ones: LedgerMetadata validation guarantees it.
+
+
+def check_bookie_swap(old: LedgerMetadata, new: LedgerMetadata) -> None:
+    """The one change a CLOSED ledger's ensembles may take: re-replication moves a lost bookie's entries to
+    another bookie, then swaps it in at the same position. Ensembles keep their count and first entry ids; in each,
+    a changed position gets a bookie that was not in that ensemble, so no bookie changes position and every
+    entry's write set keeps its other bookies (which still hold it)."""
+    o, n = old.ensembles, new.ensembles
+    if len(o) != len(n) or any(a.first_entry_id != b.first_entry_id for a, b in zip(o, n, strict=True)):
+        raise MetadataTransitionError(
+            f"ledger {old.ledger_id} is CLOSED: its ensembles cannot change, only have a bookie swapped in place"
+        )
+    for a, b in zip(o, n, strict=True):
+        for was, now in zip(a.bookies, b.bookies, strict=True):
+            if was != now and now in a.bookies:
+                raise MetadataTransitionError(
+                    f"ledger {old.ledger_id} is CLOSED: bookie {now} cannot move within the ensemble from entry "
+                    f"{a.first_entry_id} (only a bookie not in it may take {was}'s place)"
+                )
 
 
 class LedgerMetadataStore:

@@ -217,6 +217,16 @@ ALLOWED = [
     ("ensemble change during recovery", REC, REC.with_new_ensemble(12, B[:3])),
     ("close with an ensemble change", OPEN, OPEN.with_new_ensemble(5, B[3:6]).close(4, 100)),
     (
+        "closed: a bookie swapped in place for a new one (re-replication)",
+        CLOSED,
+        CLOSED.replace(ensembles=(Ensemble(0, (B[0], B[7], B[2])), CLOSED.ensembles[1])),
+    ),
+    (
+        "closed: bookies swapped in two ensembles at once",
+        CLOSED,
+        CLOSED.replace(ensembles=(Ensemble(0, (B[6], B[1], B[2])), Ensemble(10, (B[3], B[4], B[7])))),
+    ),
+    (
         "recovery close replaces the last ensemble and appends another (write-back changes)",
         REC,
         REC.replace(
@@ -234,6 +244,26 @@ FORBIDDEN = [
     ("closed: length changes", CLOSED, OPEN_2ENS.close(20, 1)),
     ("closed: ensemble appended", CLOSED, OPEN_2ENS.with_new_ensemble(30, B[:3]).close(20, 2000)),
     ("closed: last ensemble replaced", CLOSED, OPEN_2ENS.with_new_ensemble(10, B[5:8]).close(20, 2000)),
+    (
+        "closed: bookies reordered within an ensemble",
+        CLOSED,
+        CLOSED.replace(ensembles=(Ensemble(0, (B[1], B[0], B[2])), CLOSED.ensembles[1])),
+    ),
+    (
+        "closed: a bookie moved to another position while one is swapped in",
+        CLOSED,
+        CLOSED.replace(ensembles=(Ensemble(0, (B[2], B[1], B[7])), CLOSED.ensembles[1])),
+    ),
+    (
+        "closed: an ensemble's first entry moved",
+        CLOSED,
+        CLOSED.replace(ensembles=(CLOSED.ensembles[0], Ensemble(11, tuple(B[3:6])))),
+    ),
+    (
+        "open: a bookie swapped in an earlier ensemble (only a CLOSED ledger's may be)",
+        OPEN_2ENS,
+        OPEN_2ENS.replace(ensembles=(Ensemble(0, (B[0], B[7], B[2])), OPEN_2ENS.ensembles[1])),
+    ),
     ("ensemble removed", OPEN_2ENS, OPEN),
     (
         "earlier ensemble changed",
