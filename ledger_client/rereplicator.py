@@ -38,8 +38,9 @@ COPIES_IN_FLIGHT = 64
 
 @dataclass
 class LedgerRereplication:
-    """What re-replicating one ledger did: ``status`` is ``done``, ``not_on_bookie``, ``open`` (skipped),
-    ``unauthorized`` (another password) or ``failed`` (``error`` says why; metadata unchanged)."""
+    """What re-replicating one ledger did: ``status`` is ``done``, ``planned`` (a dry run: what it would copy,
+    where), ``not_on_bookie``, ``open`` (skipped), ``unauthorized`` (another password) or ``failed`` (``error``
+    says why; metadata unchanged)."""
 
     ledger_id: int
     status: str
@@ -149,8 +150,11 @@ async def rereplicate_ledger(
     lost: str,
     password: bytes,
     on_entry: Callable[[int], None] = lambda n: None,
+    *,
+    dry_run: bool = False,
 ) -> LedgerRereplication:
-    """Copy ``lost``'s share of a CLOSED ledger to replacement bookies and swap them into its metadata."""
+    """Copy ``lost``'s share of a CLOSED ledger to replacement bookies and swap them into its metadata (with
+    ``dry_run``, only choose the replacements and count the entries)."""
     from .client import _meta
 
     md = await bk.ledger_metadata(ledger_id)
@@ -163,24 +167,29 @@ async def rereplicate_ledger(
     key = p.master_key(password)
     codec = EntryCodec(ledger_id, DigestType(md.digest_type), key)
     available = await _meta(bk.registry.available)
-    result = LedgerRereplication(ledger_id, "done")
+    result = LedgerRereplication(ledger_id, "planned" if dry_run else "done")
     try:
         for fragment in lost_fragments(md, lost):
             ensemble = md.ensembles[fragment.ensemble_index].bookies
             target = replace_failed(ensemble, [fragment.bookie_index], available, exclude={lost})[
                 fragment.bookie_index
             ]
+            if dry_run:
+                result.entries_copied += sum(1 for _ in fragment.entries())
+                result.replacements[fragment.ensemble_index] = target
+                continue
             result.entries_copied += await _copy_fragment(
                 bk, codec, key, ensemble, fragment, target, on_entry
             )
             await _fence(bk, ledger_id, key, target)
             result.replacements[fragment.ensemble_index] = target
-        await _meta(
-            functools.partial(
-                bk.ledgers.update, ledger_id, lambda cur: swapped(cur, lost, result.replacements)
-            ),
-            ledger_id,
-        )
+        if not dry_run:
+            await _meta(
+                functools.partial(
+                    bk.ledgers.update, ledger_id, lambda cur: swapped(cur, lost, result.replacements)
+                ),
+                ledger_id,
+            )
     except (E.LedgerError, ValueError) as e:
         return LedgerRereplication(ledger_id, "failed", result.entries_copied, error=str(e))
     return result
@@ -192,12 +201,14 @@ async def rereplicate_bookie(
     password: bytes,
     on_entry: Callable[[int], None] = lambda n: None,
     on_ledger: Callable[[LedgerRereplication], None] = lambda r: None,
+    *,
+    dry_run: bool = False,
 ) -> list[LedgerRereplication]:
     """``rereplicate_ledger`` for every ledger ``lost`` is in (ledgers it is not in are not reported)."""
     out = []
     for lid in await bk.list_ledgers():
         try:
-            r = await rereplicate_ledger(bk, lid, lost, password, on_entry)
+            r = await rereplicate_ledger(bk, lid, lost, password, on_entry, dry_run=dry_run)
         except E.NoSuchLedgerError:
             continue  # deleted meanwhile
         if r.status != "not_on_bookie":

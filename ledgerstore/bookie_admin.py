@@ -67,9 +67,10 @@ def trigger_gc(args: argparse.Namespace) -> int:
 
 def recover_line(r: Any) -> str:
     """One line of ``bookie recover``'s summary for a ``LedgerRereplication``."""
-    if r.status == "done":
+    if r.status in ("done", "planned"):
         to = ", ".join(f"ensemble {k} -> {b}" for k, b in sorted(r.replacements.items()))
-        return f"  ledger {r.ledger_id}: {r.entries_copied} entries copied; {to}"
+        verb = "copied" if r.status == "done" else "to copy"
+        return f"  ledger {r.ledger_id}: {r.entries_copied} entries {verb}; {to}"
     if r.status == "open":
         return (
             f"  ledger {r.ledger_id}: not closed, left to its writer (or close it: ledgerstore ledger recover "
@@ -93,16 +94,20 @@ def recover_bookie(args: argparse.Namespace) -> int:
             with tqdm(
                 desc="re-replicating", unit="entry", disable=args.json, file=sys.stderr, leave=False
             ) as bar:
-                return await rereplicate_bookie(bk, args.bookie, args.password.encode(), bar.update)
+                return await rereplicate_bookie(
+                    bk, args.bookie, args.password.encode(), bar.update, dry_run=args.dry_run
+                )
         finally:
             await bk.close()
 
     results = asyncio.run(go())
-    done = [r for r in results if r.status == "done"]
-    bad = [r for r in results if r.status not in ("done", "open")]
+    done = [r for r in results if r.status in ("done", "planned")]
+    bad = [r for r in results if r.status not in ("done", "planned", "open")]
     head = (
-        f"bookie {args.bookie}: {len(done)} ledgers re-replicated ({sum(r.entries_copied for r in done)} entries "
-        f"copied), {sum(r.status == 'open' for r in results)} not closed, {len(bad)} not re-replicated"
+        f"bookie {args.bookie}: {len(done)} ledgers {'to re-replicate' if args.dry_run else 're-replicated'} "
+        f"({sum(r.entries_copied for r in done)} entries {'to copy' if args.dry_run else 'copied'}), "
+        f"{sum(r.status == 'open' for r in results)} not closed, {len(bad)} not re-replicated"
+        + (" (dry run: nothing copied, metadata unchanged)" if args.dry_run else "")
     )
     emit(
         args,

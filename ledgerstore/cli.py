@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="the ledgers' password (ledgers with another one are reported, not touched)",
     )
+    rec.add_argument(
+        "--dry-run", action="store_true", help="only say what would be copied where; copy and change nothing"
+    )
     bp.set_defaults(func=_cmd_bookie)
 
     # cluster -------------------------------------------------------------------------------------

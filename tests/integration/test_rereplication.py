@@ -68,6 +68,22 @@ def test_recover_copies_a_dead_bookies_entries_and_swaps_it_out_of_closed_ledger
     assert r.returncode == 1, r.stderr
     assert {x["ledger_id"]: x["status"] for x in json.loads(r.stdout)["ledgers"]}[la] == "unauthorized"
 
+    r = _cli(bookies, "bookie", "recover", victim, "--password", PW.decode(), "--dry-run")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert (
+        "dry run" in r.stdout.splitlines()[0]
+        and f"ledger {la}: 200 entries to copy; ensemble 0 -> " in r.stdout
+    )
+
+    async def still_there() -> bool:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            return victim in (await bk.ledger_metadata(la)).ensembles[0].bookies
+        finally:
+            await bk.close()
+
+    assert asyncio.run(still_there())
+
     r = _cli(bookies, "bookie", "recover", victim, "--password", PW.decode(), "--json")
     assert r.returncode == 0, (r.stdout, r.stderr)
     got = {x["ledger_id"]: x for x in json.loads(r.stdout)["ledgers"]}
