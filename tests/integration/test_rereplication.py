@@ -134,3 +134,57 @@ def test_recover_copies_a_dead_bookies_entries_and_swaps_it_out_of_closed_ledger
             await bk.close()
 
     asyncio.run(check())
+
+
+def test_a_copy_that_fails_swaps_nothing_and_a_rerun_completes(bookies) -> None:
+    """The only possible replacement is down while copying: the ledger is reported failed and its metadata keeps
+    the dead bookie (no swap to a bookie without the entries); once the replacement is back, a rerun completes."""
+    procs = bookies.start_many(4)
+    by_id = {bp.id: bp for bp in procs}
+
+    async def write() -> tuple[int, str, str]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            lh = await bk.create_ledger(3, 2, 2, password=PW)
+            for i in range(100):
+                await lh.append(payload(lh.ledger_id, i))
+            await lh.close()
+            ensemble = lh.metadata.ensembles[0].bookies
+            (spare,) = set(by_id) - set(ensemble)
+            return lh.ledger_id, ensemble[0], spare
+        finally:
+            await bk.close()
+
+    async def ensemble_of(lid: int) -> tuple[str, ...]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            return tuple((await bk.ledger_metadata(lid)).ensembles[0].bookies)
+        finally:
+            await bk.close()
+
+    lid, victim, spare = asyncio.run(write())
+    before = asyncio.run(ensemble_of(lid))
+    by_id[victim].kill9()
+    by_id[spare].kill9()  # still registered until its ZooKeeper session expires: chosen, then unreachable
+    r = _cli(bookies, "bookie", "recover", victim, "--password", PW.decode(), "--json")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    (got,) = json.loads(r.stdout)["ledgers"]
+    # chosen and unreachable, or (had its session already expired) no replacement at all: no copy either way
+    assert got["status"] == "failed" and (spare in got["error"] or "no replacement" in got["error"]), got
+    assert asyncio.run(ensemble_of(lid)) == before
+    by_id[spare].restart()
+    r = _cli(bookies, "bookie", "recover", victim, "--password", PW.decode(), "--json")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    (got,) = json.loads(r.stdout)["ledgers"]
+    assert got["status"] == "done" and got["replacements"] == {"0": spare}
+    assert asyncio.run(ensemble_of(lid)) == tuple(spare if b == victim else b for b in before)
+
+    async def read_back() -> list[bytes]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            h = await bk.open_ledger(lid, password=PW)
+            return [e.data async for e in h.read(0, 99)]
+        finally:
+            await bk.close()
+
+    assert asyncio.run(read_back()) == [payload(lid, i) for i in range(100)]
