@@ -191,6 +191,21 @@ class BookKeeper:
     async def readonly_bookies(self) -> list[str]:
         return sorted(await _meta(self.registry.readonly))
 
+    async def _ask(
+        self, bookie: str, build: Callable[[int], p.Request], timeout_s: float | None = None
+    ) -> p.Response:
+        """One request to ``bookie`` over its pooled connection (``read_timeout_s`` unless told); raises the
+        client's ``LedgerError`` when the bookie cannot be reached or does not answer in time."""
+        conn = await self.pool.get(bookie)
+        return await conn.request(build, self.config.read_timeout_s if timeout_s is None else timeout_s)
+
+    async def _ask_or_none(self, bookie: str, build: Callable[[int], p.Request]) -> p.Response | None:
+        """``_ask``, with None for a bookie that cannot be reached or does not answer in time."""
+        try:
+            return await self._ask(bookie, build)
+        except E.LedgerError:
+            return None
+
     async def _replacements(self, ensemble: Sequence[str], failed: Sequence[int]) -> list[str]:
         available = await _meta(self.registry.available)
         return replace_failed(ensemble, failed, available, rng=self._rng)
@@ -901,12 +916,11 @@ class LedgerHandle:
         missing = 0
         for bookie in bookies:
             try:
-                conn = await self.bk.pool.get(bookie)
-                resp = await conn.request(
+                resp = await self.bk._ask(
+                    bookie,
                     lambda rid: p.ReadEntryRequest(
                         request_id=rid, ledger_id=self.ledger_id, entry_id=entry_id, master_key=self._key
                     ),
-                    self.bk.config.read_timeout_s,
                 )
             except E.LedgerError as e:
                 errors.append(f"{bookie}: {e.code}")
@@ -955,12 +969,11 @@ class LedgerHandle:
 
         async def ask(i: int, bookie: str) -> tuple[int, p.Status | None, int]:
             try:
-                conn = await self.bk.pool.get(bookie)
-                resp = await conn.request(
+                resp = await self.bk._ask(
+                    bookie,
                     lambda rid: p.ReadEntryRequest(
                         request_id=rid, ledger_id=self.ledger_id, entry_id=p.LAST_ENTRY, master_key=self._key
                     ),
-                    self.bk.config.read_timeout_s,
                 )
             except E.LedgerError:
                 return i, None, -1
@@ -1000,8 +1013,8 @@ class LedgerHandle:
         random.shuffle(bookies)
         for bookie in bookies:
             try:
-                conn = await self.bk.pool.get(bookie)
-                resp = await conn.request(
+                resp = await self.bk._ask(
+                    bookie,
                     lambda rid: p.ReadEntryRequest(
                         request_id=rid,
                         ledger_id=self.ledger_id,
@@ -1184,11 +1197,7 @@ class _RecoveryDriver:
         t.add_done_callback(self.tasks.discard)
 
     async def _request(self, bookie: str, build: Callable[[int], p.Request]) -> p.Response | None:
-        try:
-            conn = await self.lh.bk.pool.get(bookie)
-            return await conn.request(build, self.lh.bk.config.read_timeout_s)
-        except E.LedgerError:
-            return None
+        return await self.lh.bk._ask_or_none(bookie, build)
 
     def _valid(self, entry: bytes, entry_id: int) -> bool:
         try:

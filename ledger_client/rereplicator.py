@@ -49,14 +49,6 @@ class LedgerRereplication:
     error: str = ""
 
 
-async def _call(bk: BookKeeper, bookie: str, build: Callable[[int], p.Request]) -> p.Response | None:
-    try:
-        conn = await bk.pool.get(bookie)
-        return await conn.request(build, bk.config.read_timeout_s)
-    except E.LedgerError:
-        return None
-
-
 async def _read_verified(
     bk: BookKeeper, codec: EntryCodec, key: bytes, entry_id: int, sources: list[str]
 ) -> bytes:
@@ -64,8 +56,7 @@ async def _read_verified(
     lid = codec.ledger_id
     seen = []
     for bookie in sources:
-        r = await _call(
-            bk,
+        r = await bk._ask_or_none(
             bookie,
             lambda rid: p.ReadEntryRequest(request_id=rid, ledger_id=lid, entry_id=entry_id, master_key=key),
         )
@@ -85,8 +76,7 @@ async def _read_verified(
 
 
 async def _write(bk: BookKeeper, lid: int, key: bytes, bookie: str, entry_id: int, entry: bytes) -> None:
-    r = await _call(
-        bk,
+    r = await bk._ask_or_none(
         bookie,
         lambda rid: p.AddEntryRequest(
             request_id=rid,
@@ -132,8 +122,7 @@ async def _copy_fragment(
 
 async def _fence(bk: BookKeeper, lid: int, key: bytes, bookie: str) -> None:
     """Fence the ledger on its new bookie, as its other bookies were fenced when it was closed."""
-    r = await _call(
-        bk,
+    r = await bk._ask_or_none(
         bookie,
         lambda rid: p.ReadEntryRequest(
             request_id=rid, ledger_id=lid, entry_id=p.LAST_ENTRY, master_key=key, flags=p.Flag.FENCE
