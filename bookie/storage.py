@@ -61,6 +61,7 @@ import array
 import itertools
 import logging
 import os
+import shutil
 import struct
 import sys
 import threading
@@ -281,11 +282,6 @@ class MemoryLedgerStorage:
 
     def close(self) -> None:
         pass
-
-
-def _free_bytes(directory: Path) -> int:
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize
 
 
 def _supports_direct_io(directory: Path) -> bool:
@@ -748,7 +744,7 @@ class RocksLedgerStorage:
             stored, garbage = self.blob_garbage()
             if not (self.blob_gc.due(stored, garbage) or (force and garbage > 0)):
                 return None
-            free = _free_bytes(self.directory)
+            free = shutil.disk_usage(self.directory).free
             if not self.blob_gc.room(stored, garbage, free):
                 self.blob_gc_no_room += 1
                 log.warning(
@@ -770,13 +766,14 @@ class RocksLedgerStorage:
             try:
                 self._db.compact_range(None, None, co)
             except Exception:
-                if self._closing:  # close() stopped the pass
-                    return None
-                raise
+                if not self._closing:
+                    raise
             finally:
                 if not self._closing:
                     self._db.set_options({"enable_blob_garbage_collection": "false"})
-            if self._closing:  # stopped by close(): RocksDB returns from the compaction without an error
+            if (
+                self._closing
+            ):  # stopped by close(): RocksDB returns from the compaction, with or without an error
                 log.info("%s: blob garbage pass stopped: closing", self.directory)
                 return None
             done = BlobGcPass(stored, garbage, *self.blob_garbage(), time.monotonic() - start)

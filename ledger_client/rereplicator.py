@@ -49,6 +49,10 @@ class LedgerRereplication:
     error: str = ""
 
 
+def _why(r: p.Response | None) -> str:
+    return p.Status(r.status).name if r is not None else "unreachable"
+
+
 async def _read_verified(
     bk: BookKeeper, codec: EntryCodec, key: bytes, entry_id: int, sources: list[str]
 ) -> bytes:
@@ -67,7 +71,7 @@ async def _read_verified(
                 seen.append(f"{bookie}: digest mismatch")
                 continue
             return bytes(r.entry)
-        seen.append(f"{bookie}: {p.Status(r.status).name if r is not None else 'unreachable'}")
+        seen.append(f"{bookie}: {_why(r)}")
     raise E.LedgerError(
         f"ledger {lid} entry {entry_id}: no readable copy ({'; '.join(seen) or 'no other bookie holds it'})",
         ledger_id=lid,
@@ -88,9 +92,8 @@ async def _write(bk: BookKeeper, lid: int, key: bytes, bookie: str, entry_id: in
         ),
     )
     if r is None or r.status != p.Status.OK:
-        why = p.Status(r.status).name if r is not None else "unreachable"
         raise E.LedgerError(
-            f"ledger {lid} entry {entry_id}: writing to {bookie} failed: {why}", ledger_id=lid
+            f"ledger {lid} entry {entry_id}: writing to {bookie} failed: {_why(r)}", ledger_id=lid
         )
 
 
@@ -129,8 +132,7 @@ async def _fence(bk: BookKeeper, lid: int, key: bytes, bookie: str) -> None:
         ),
     )
     if r is None or r.status not in (p.Status.OK, p.Status.NO_ENTRY):
-        why = p.Status(r.status).name if r is not None else "unreachable"
-        raise E.LedgerError(f"ledger {lid}: fencing it on {bookie} failed: {why}", ledger_id=lid)
+        raise E.LedgerError(f"ledger {lid}: fencing it on {bookie} failed: {_why(r)}", ledger_id=lid)
 
 
 async def rereplicate_ledger(
@@ -163,15 +165,14 @@ async def rereplicate_ledger(
             target = replace_failed(ensemble, [fragment.bookie_index], available, exclude={lost})[
                 fragment.bookie_index
             ]
+            result.replacements[fragment.ensemble_index] = target
             if dry_run:
                 result.entries_copied += sum(1 for _ in fragment.entries())
-                result.replacements[fragment.ensemble_index] = target
                 continue
             result.entries_copied += await _copy_fragment(
                 bk, codec, key, ensemble, fragment, target, on_entry
             )
             await _fence(bk, ledger_id, key, target)
-            result.replacements[fragment.ensemble_index] = target
         if not dry_run:
             await _meta(
                 functools.partial(
