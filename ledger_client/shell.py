@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ledgerstore.cli import emit
+from ledgerstore.cli import CommandError, emit
 
 from .client import BookKeeper, ClientConfig
 
@@ -64,7 +64,15 @@ def add_ledger_commands(
     a.add_argument("--first", type=int, default=0)
     a.add_argument("--last", type=int, default=None)
     a.add_argument("--password", default="")
-    a.add_argument("--no-recovery", action="store_true", help="read without fencing (tailing reader)")
+    a.add_argument(
+        "-r",
+        "--recover",
+        "--force-recovery",
+        action="store_true",
+        help="fence and recover an open ledger first (closes it; its writer gets no more acks)",
+    )
+    # Reading never fences by default; the old opt-out stays accepted so existing scripts keep working.
+    a.add_argument("--no-recovery", action="store_true", help=argparse.SUPPRESS)
 
 
 def _run(
@@ -216,7 +224,11 @@ async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 
 async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
-    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=not args.no_recovery)
+    # Like BookKeeper's `readledger`: a look at the data must never close a live writer's ledger; an open
+    # ledger is read up to its LAC, and only --recover fences and closes it.
+    if args.recover and args.no_recovery:
+        raise CommandError("--recover and --no-recovery contradict each other", code=2)
+    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=args.recover)
     last = lh.last_add_confirmed if args.last is None else args.last
     rows = []
     async for e in lh.read(args.first, last):

@@ -106,3 +106,28 @@ def test_bookie_gc_deletes_absent_ledgers_and_collects_blob_garbage_on_every_boo
         assert [e.data for e in rh.read(0, 99)] == [b"k%04d" % i + b"k" * 995 for i in range(100)]
     finally:
         bk.close()
+
+
+def test_ledger_read_of_an_open_ledger_leaves_it_open_and_its_writer_appending(bookies) -> None:
+    bookies.start_many(3)
+    bk = BookKeeper.connect(bookies.zk, zk_root=bookies.root)
+    try:
+        lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
+        for i in range(20):  # one at a time: each add carries the LAC of the one before it to the bookies
+            lh.append(b"e%d" % i)
+        r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--json")
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)
+        # an open ledger reads up to its LAC, which trails the last add by at most the in-flight piggyback
+        assert [row["entry_id"] for row in rows] == list(range(len(rows))) and len(rows) >= 19
+        md = json.loads(_ls(bookies, "ledger", "metadata", str(lh.ledger_id), "--json").stdout)
+        assert md["state"] == "OPEN"
+        assert lh.append(b"after the read") == 20  # the writer was not fenced
+
+        r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--recover", "--json")
+        assert r.returncode == 0, r.stderr
+        assert [row["entry_id"] for row in json.loads(r.stdout)] == list(range(21))
+        md = json.loads(_ls(bookies, "ledger", "metadata", str(lh.ledger_id), "--json").stdout)
+        assert md["state"] == "CLOSED" and md["last_entry_id"] == 20
+    finally:
+        bk.close()
