@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-dev,docker}
+EXTRAS=${EXTRAS:-dev,docker,spark,pulsar}
 
 need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
