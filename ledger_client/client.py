@@ -40,6 +40,7 @@ from .handle_state import (
 from .pending import DEFAULT_OUTSTANDING_ADDS_MAX, Progress, WritePipeline
 from .placement import choose_ensemble, replace_failed
 from .quorum import CoverageSet, answer_for_status, validate_quorum, write_set
+from .read_planner import Batch, Outcome, ReadPlanner, Unreadable
 from .recovery import (
     ChangeEnsemble,
     Close,
@@ -122,7 +123,11 @@ class ClientConfig:
     outstanding_adds_max: int = DEFAULT_OUTSTANDING_ADDS_MAX
     ensemble_change_timeout_s: float = 30.0
     recovery_attempts_max: int = 5
-    read_window: int = 256
+    # Sequential reads: READ_RANGE batches of at most this many entries and bytes (the bytes also kept under the
+    # frame limit), ``read_ahead_batches`` of them in flight
+    read_batch_entries: int = 512
+    read_batch_bytes: int = 1024 * 1024
+    read_ahead_batches: int = 8
     zk_session_timeout_s: float = 10.0
     # A writer sends its LAC explicitly (WRITE_LAC) this often while it has advanced, so tailing readers see
     # the latest entries without waiting for the next add to piggyback it (0 disables).
@@ -872,34 +877,53 @@ class LedgerHandle:
             if last < first:
                 return
             raise E.IncorrectParameterError(f"bad range {first}..{last}")
-        window = self.bk.config.read_window
-        pending: dict[int, asyncio.Task[LedgerEntry | None]] = {}
         nxt = first
-        try:
-            for eid in range(first, last + 1):
-                while nxt <= last and len(pending) < window:
-                    pending[nxt] = self._loop.create_task(self._read_one(nxt, missing_ok=stop_on_missing))
-                    nxt += 1
-                entry = await pending.pop(eid)
-                if entry is None:
-                    return
-                yield entry
-        finally:  # an error, the end of an unconfirmed read, or a consumer that stopped early
-            _discard(pending.values())
+        refreshed_at = -1
+        while True:
+            try:
+                async for e in self._read_batched(nxt, last, stop_on_missing, final=nxt == refreshed_at):
+                    nxt = e.entry_id + 1
+                    yield e
+                return
+            except _RefreshAndRetry as r:
+                # The ledger is still open: a writer may have replaced bookies since this handle read its
+                # metadata (an ensemble change moves entries from LAC+1 on to new bookies). Follow the
+                # metadata, like a BookKeeper read handle does, and try that entry once more.
+                await self._refresh_metadata()
+                nxt = refreshed_at = r.entry_id
 
-    async def _read_one(self, entry_id: int, *, missing_ok: bool = False) -> LedgerEntry | None:
-        ens = self.metadata.ensemble_at(entry_id)
+    async def _read_batched(
+        self, first: int, last: int, stop_on_missing: bool, *, final: bool
+    ) -> AsyncIterator[LedgerEntry]:
+        """Entries first..last from READ_RANGE batches (``ReadPlanner``), verified and in order. An entry no
+        replica returned ends the read: silently (``stop_on_missing`` and every replica said it has none), with
+        ``_RefreshAndRetry`` (an open ledger, unless ``final``) or with the error."""
+        reader = _BatchReader(self, first, last)
         try:
-            return await self._read_from(entry_id, ens, missing_ok=missing_ok)
-        except (E.NoSuchEntryError, E.BookieUnavailableError):
-            if self.metadata.state.value == "CLOSED":
-                raise
-        # The ledger is still open: a writer may have replaced bookies since this handle read its metadata
-        # (an ensemble change moves entries from LAC+1 on to new bookies). Follow the metadata, like a
-        # BookKeeper read handle does, and try once more.
-        await self._refresh_metadata()
-        fresh = self.metadata.ensemble_at(entry_id)
-        return await self._read_from(entry_id, fresh, missing_ok=missing_ok)
+            reader.start()
+            eid = first
+            while eid <= last:
+                entry = reader.ready.pop(eid, None)
+                if entry is None:
+                    if reader.fatal is not None:
+                        raise reader.fatal
+                    bad = reader.unreadable.get(eid)
+                    if bad is not None:
+                        if stop_on_missing and bad.missing:
+                            return
+                        if not final and self.metadata.state.value != "CLOSED":
+                            raise _RefreshAndRetry(eid)
+                        raise reader.error(bad)
+                    reader.more(eid)
+                    reader.wake.clear()
+                    await reader.wake.wait()
+                    continue
+                yield entry
+                eid += 1
+                if not eid & 63:
+                    reader.more(eid)
+        finally:  # an error, the end of an unconfirmed read, or a consumer that stopped early
+            reader.close()
 
     async def _refresh_metadata(self) -> None:
         fresh = await _meta(functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id)
@@ -907,55 +931,6 @@ class LedgerHandle:
             self._versioned = fresh
             if self._pipe is None and fresh.value.state.value == "CLOSED":
                 self._lac = max(self._lac, fresh.value.last_entry_id)
-
-    async def _read_from(self, entry_id: int, ens: Any, *, missing_ok: bool) -> LedgerEntry | None:
-        md = self.metadata
-        ws = write_set(entry_id, md.ensemble_size, md.write_quorum)
-        bookies = [ens.bookies[i] for i in ws]
-        errors: list[str] = []
-        missing = 0
-        for bookie in bookies:
-            try:
-                resp = await self.bk._ask(
-                    bookie,
-                    lambda rid: p.ReadEntryRequest(
-                        request_id=rid, ledger_id=self.ledger_id, entry_id=entry_id, master_key=self._key
-                    ),
-                )
-            except E.LedgerError as e:
-                errors.append(f"{bookie}: {e.code}")
-                continue
-            assert isinstance(resp, p.ReadEntryResponse)
-            if resp.status == p.Status.OK:
-                try:
-                    _, payload = self._codec.verify(resp.entry, entry_id)
-                except _RawDigestMismatch as e:
-                    log.error(
-                        "ledger=%d entry=%d bookie=%s digest mismatch: %s",
-                        self.ledger_id,
-                        entry_id,
-                        bookie,
-                        e,
-                    )
-                    errors.append(f"{bookie}: DIGEST_MISMATCH")
-                    continue
-                return LedgerEntry(self.ledger_id, entry_id, payload)
-            if resp.status == p.Status.UNAUTHORIZED:
-                raise E.UnauthorizedError(f"bookie {bookie} refused the key", ledger_id=self.ledger_id)
-            if resp.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
-                missing += 1
-            errors.append(f"{bookie}: {resp.status.name}")
-        if missing_ok and missing == len(bookies):
-            return None
-        if missing == len(bookies):
-            raise E.NoSuchEntryError(
-                f"entry {entry_id} not found on {bookies}", ledger_id=self.ledger_id, entry_id=entry_id
-            )
-        raise E.BookieUnavailableError(
-            f"entry {entry_id} unreadable from every replica: {'; '.join(errors)}",
-            ledger_id=self.ledger_id,
-            entry_id=entry_id,
-        )
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the last ensemble for its LAC (max over a coverage set of answers); never goes backwards."""
@@ -1148,6 +1123,181 @@ class LedgerHandle:
                 close.length,
             )
             return
+
+
+class _RefreshAndRetry(Exception):
+    """An open ledger's entry no replica of the handle's metadata returned: refresh it and read on from there."""
+
+    def __init__(self, entry_id: int) -> None:
+        super().__init__(entry_id)
+        self.entry_id = entry_id
+
+
+_RANGE_REPLY_FIXED = _FRAME_HEADER_LEN + 21  # frame header + u8 status, u64 ledger, i64 first, u32 n
+
+
+class _BatchReader:
+    """The I/O of one batched sequential read: sends the ``ReadPlanner``'s batches as READ_RANGE requests (with a
+    timeout each), verifies every returned entry's digest, and files the entries in ``ready`` (entry id ->
+    entry) for the consumer, which ``wake`` wakes."""
+
+    def __init__(self, lh: LedgerHandle, first: int, last: int) -> None:
+        md = lh.metadata
+        cfg = lh.bk.config
+        self.lh = lh
+        self.batch_entries = max(1, cfg.read_batch_entries)
+        # the reply must fit a frame: its fixed part and a u32 length per entry, then at most max_bytes
+        self.max_bytes = max(
+            1, min(cfg.read_batch_bytes, p.FRAME_SIZE_MAX - _RANGE_REPLY_FIXED - 4 * self.batch_entries)
+        )
+        self.planner = ReadPlanner(
+            first,
+            last,
+            [(ens.first_entry_id, ens.bookies) for ens in md.ensembles],
+            ensemble_size=md.ensemble_size,
+            write_quorum=md.write_quorum,
+            batch_entries=self.batch_entries,
+            window=max(1, cfg.read_ahead_batches),
+        )
+        self.ready: dict[int, LedgerEntry] = {}
+        self.unreadable: dict[int, Unreadable] = {}
+        self.fatal: E.LedgerError | None = None
+        self.wake = asyncio.Event()
+        # batch -> (connection, request id, its timeout) while it waits for an answer
+        self._waiting: dict[Batch, tuple[BookieConnection | None, int, asyncio.TimerHandle | None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def start(self) -> None:
+        self._send_all(self.planner.next_batches())
+
+    def more(self, consumed: int) -> None:
+        """The consumer took every entry before ``consumed``: read ahead from there."""
+        planner = self.planner
+        planner.consumed = consumed
+        if planner.in_flight < planner.window and not planner.done_planning:
+            self._send_all(planner.next_batches())
+
+    def _send_all(self, batches: list[Batch]) -> None:
+        for b in batches:
+            self._send(b)
+
+    def _send(self, b: Batch, conn: BookieConnection | None = None) -> None:
+        if self._closed:
+            return
+        conn = conn or self.lh.bk.pool.get_nowait(b.bookie)
+        self._waiting[b] = (conn, 0, None)
+        if conn is None:
+            task = asyncio.ensure_future(self._connect_and_send(b))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        lh = self.lh
+        ledger_id, key, first, last, max_bytes = lh.ledger_id, lh._key, b.first, b.last, self.max_bytes
+        rid = conn.send(
+            lambda rid: p.ReadRangeRequest(
+                request_id=rid,
+                ledger_id=ledger_id,
+                first_entry_id=first,
+                last_entry_id=last,
+                master_key=key,
+                max_bytes=max_bytes,
+            ),
+            functools.partial(self._on_reply, b),
+        )
+        if b in self._waiting:  # (a closed connection answers at once)
+            timer = lh._loop.call_later(lh.bk.config.read_timeout_s, self._on_timeout, b)
+            self._waiting[b] = (conn, rid, timer)
+
+    async def _connect_and_send(self, b: Batch) -> None:
+        try:
+            conn = await self.lh.bk.pool.get(b.bookie)
+        except E.LedgerError as e:
+            self._answer(b, 0, Outcome.FAILED, e.code)
+            return
+        except OSError as e:
+            self._answer(b, 0, Outcome.FAILED, str(e))
+            return
+        if b in self._waiting:
+            self._send(b, conn)
+
+    def _on_timeout(self, b: Batch) -> None:
+        conn, rid, _ = self._waiting.get(b, (None, 0, None))
+        if conn is not None:
+            conn.forget(rid)
+        self._answer(b, 0, Outcome.FAILED, "TIMEOUT")
+
+    def _on_reply(self, b: Batch, resp: p.Response | None, exc: BaseException | None) -> None:
+        if b not in self._waiting:  # timed out before (or closed)
+            return
+        if exc is not None or resp is None:
+            code = exc.code if isinstance(exc, E.LedgerError) else type(exc).__name__
+            self._answer(b, 0, Outcome.FAILED, code)
+            return
+        assert isinstance(resp, p.ReadRangeResponse)
+        status = resp.status
+        if status == p.Status.OK:
+            lh = self.lh
+            verify = lh._codec.verify
+            ready = self.ready
+            ledger_id = lh.ledger_id
+            eid = b.first
+            outcome: Outcome | None = None
+            why = ""
+            for data in resp.entries[: b.last - b.first + 1]:
+                try:
+                    _, payload = verify(data, eid)
+                except _RawDigestMismatch as e:
+                    log.error("ledger=%d entry=%d bookie=%s digest mismatch: %s", ledger_id, eid, b.bookie, e)
+                    outcome, why = Outcome.FAILED, "DIGEST_MISMATCH"
+                    break
+                ready[eid] = LedgerEntry(ledger_id, eid, payload)
+                eid += 1
+            if outcome is None and eid <= b.last:
+                outcome = Outcome.SHORT
+            self._answer(b, eid - b.first, outcome, why)
+        elif status == p.Status.UNAUTHORIZED:
+            self.fatal = E.UnauthorizedError(
+                f"bookie {b.bookie} refused the key", ledger_id=self.lh.ledger_id
+            )
+            self._answer(b, 0, Outcome.FAILED, status.name)
+        elif status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
+            self._answer(b, 0, Outcome.MISSING, status.name)
+        else:
+            self._answer(b, 0, Outcome.FAILED, status.name)
+
+    def _answer(self, b: Batch, delivered: int, outcome: Outcome | None, why: str) -> None:
+        waiting = self._waiting.pop(b, None)
+        if waiting is None or self._closed:
+            return
+        if waiting[2] is not None:
+            waiting[2].cancel()
+        settled = self.planner.on_answer(b, delivered, outcome, why)
+        if settled.unreadable is not None:
+            self.unreadable[settled.unreadable.entry_id] = settled.unreadable
+        self._send_all(settled.retries)
+        if delivered or settled.unreadable is not None or self.fatal is not None:
+            self.wake.set()
+
+    def error(self, bad: Unreadable) -> E.LedgerError:
+        eid, lid = bad.entry_id, self.lh.ledger_id
+        if bad.missing:
+            return E.NoSuchEntryError(
+                f"entry {eid} not found on any replica: {'; '.join(bad.errors)}", ledger_id=lid, entry_id=eid
+            )
+        return E.BookieUnavailableError(
+            f"entry {eid} unreadable from every replica: {'; '.join(bad.errors)}", ledger_id=lid, entry_id=eid
+        )
+
+    def close(self) -> None:
+        self._closed = True
+        waiting, self._waiting = self._waiting, {}
+        for conn, rid, timer in waiting.values():
+            if conn is not None:
+                conn.forget(rid)
+            if timer is not None:
+                timer.cancel()
+        _discard(list(self._tasks))
 
 
 class _RecoveryDriver:
