@@ -1,0 +1,321 @@
+"""The pure dispatch core of a subscription, driven without sockets or storage."""
+
+from __future__ import annotations
+
+import pytest
+
+from topic_broker.subscription import (
+    ActiveConsumerChanged,
+    Command,
+    ConsumerBusyError,
+    Deliver,
+    DispatchEntry,
+    Position,
+    Read,
+    ReadReplay,
+    Subscription,
+    SubType,
+)
+
+
+class FakeLog:
+    """A managed ledger stand-in: entries (1, 0), (1, 1), ... with optional keys and batch sizes."""
+
+    def __init__(self, n: int, keys: list[bytes] | None = None, batch: int = 1) -> None:
+        self.entries = [DispatchEntry((1, i), batch, keys[i] if keys else b"", f"m{i}") for i in range(n)]
+
+    def read(self, start: Position, max_entries: int) -> tuple[list[DispatchEntry], Position]:
+        got = [e for e in self.entries if e.position >= start][:max_entries]
+        nxt = (got[-1].position[0], got[-1].position[1] + 1) if got else start
+        return got, nxt
+
+    def get(self, positions: tuple[Position, ...]) -> list[DispatchEntry]:
+        want = set(positions)
+        return [e for e in self.entries if e.position in want]
+
+
+def run(sub: Subscription, log: FakeLog, cmds: list[Command]) -> list[Command]:
+    """Execute Read/ReadReplay commands against the log until none is left; return everything else."""
+    out: list[Command] = []
+    queue = list(cmds)
+    while queue:
+        c = queue.pop(0)
+        if isinstance(c, Read):
+            entries, nxt = log.read(c.start, c.max_entries)
+            queue += sub.on_read(c.epoch, entries, nxt)
+        elif isinstance(c, ReadReplay):
+            queue += sub.on_replay_read(c.epoch, log.get(c.positions))
+        else:
+            out.append(c)
+    return out
+
+
+def delivered(cmds: list[Command]) -> list[tuple[int, Position, int]]:
+    return [(c.consumer_id, c.entry.position, c.redelivery_count) for c in cmds if isinstance(c, Deliver)]
+
+
+def test_exclusive_delivers_in_order_within_permits() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(10)
+    assert run(sub, log, sub.add_consumer(1, "a")) == []
+    out = delivered(run(sub, log, sub.flow(1, 4)))
+    assert out == [(1, (1, i), 0) for i in range(4)]
+    assert sub.permits(1) == 0
+    out = delivered(run(sub, log, sub.flow(1, 100)))
+    assert [p for _, p, _ in out] == [(1, i) for i in range(4, 10)]
+    assert sub.caught_up
+
+
+def test_second_exclusive_consumer_is_busy() -> None:
+    sub = Subscription(SubType.EXCLUSIVE)
+    sub.add_consumer(1, "a")
+    with pytest.raises(ConsumerBusyError):
+        sub.add_consumer(2, "b")
+
+
+def test_other_type_refused_while_consumers_attached() -> None:
+    sub = Subscription(SubType.SHARED)
+    sub.add_consumer(1, "a")
+    with pytest.raises(ConsumerBusyError):
+        sub.add_consumer(2, "b", sub_type=SubType.FAILOVER)
+    sub.remove_consumer(1)
+    sub.add_consumer(2, "b", sub_type=SubType.FAILOVER)
+    assert sub.sub_type == SubType.FAILOVER
+
+
+def test_batch_entry_costs_its_message_count() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(5, batch=10)
+    sub.add_consumer(1, "a")
+    out = delivered(run(sub, log, sub.flow(1, 15)))
+    # one entry of 10 leaves 5 permits, the next one takes it to -5, then nothing more
+    assert [p for _, p, _ in out] == [(1, 0), (1, 1)]
+    assert sub.permits(1) == -5
+
+
+def test_shared_round_robin_within_permits() -> None:
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(6)
+    sub.add_consumer(1, "a")
+    sub.add_consumer(2, "b")
+    run(sub, log, sub.flow(1, 1))
+    out = delivered(run(sub, log, sub.flow(2, 10)))
+    consumers = [c for c, _, _ in out]
+    assert sub.permits(1) == 0
+    assert consumers.count(2) == 5
+    assert sorted(sub.pending(1) + sub.pending(2)) == [(1, i) for i in range(6)]
+
+
+def test_consumer_loss_redelivers_to_others_with_count() -> None:
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(4)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 4))
+    assert sub.pending(1) == [(1, i) for i in range(4)]
+    sub.add_consumer(2, "b")
+    run(sub, log, sub.flow(2, 10))
+    out = delivered(run(sub, log, sub.remove_consumer(1)))
+    assert out == [(2, (1, i), 1) for i in range(4)]
+
+
+def test_redeliver_named_positions_bumps_count_each_time() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(3)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    for expected in (1, 2, 3):
+        out = delivered(run(sub, log, sub.redeliver(1, [(1, 1)])))
+        assert out == [(1, (1, 1), expected)]
+
+
+def test_redeliver_all_resends_in_order_before_new_entries() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(3)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    log.entries.append(DispatchEntry((1, 3), 1, b"", "m3"))
+    cmds = sub.redeliver(1)
+    cmds += sub.on_new_entries()
+    out = delivered(run(sub, log, cmds))
+    assert [p for _, p, _ in out] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [r for _, _, r in out] == [1, 1, 1, 0]
+
+
+def test_individual_and_cumulative_acks() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(6)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    res = sub.ack_individual([((1, 4), -1, None)])
+    assert res.acked == [(1, 4)]
+    res = sub.ack_cumulative((1, 2))
+    assert sorted(res.acked) == [(1, 0), (1, 1), (1, 2)]
+    assert res.mark_delete == (1, 2)
+    assert sub.pending(1) == [(1, 3), (1, 5)]
+    # nothing acked is redelivered
+    out = delivered(run(sub, log, sub.remove_consumer(1) + sub.add_consumer(2, "b") + sub.flow(2, 100)))
+    assert [p for _, p, _ in out] == [(1, 3), (1, 5)]
+
+
+@pytest.mark.parametrize(
+    ("acks", "fully_acked"),
+    [
+        ([((1, 0), 0, None), ((1, 0), 1, None)], []),
+        ([((1, 0), 0, None), ((1, 0), 1, None), ((1, 0), 2, None)], [(1, 0)]),
+        ([((1, 0), 1, [0b101])], []),
+        ([((1, 0), 1, [0])], [(1, 0)]),
+        ([((1, 0), -1, None)], [(1, 0)]),
+    ],
+)
+def test_batch_index_acks(acks: list, fully_acked: list[Position]) -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(1, batch=3)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    assert sub.ack_individual(acks).acked == fully_acked
+
+
+def test_cumulative_ack_inside_a_batch_marks_the_entry_before() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(3, batch=3)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    res = sub.ack_cumulative((1, 1), 1)
+    assert res.acked == [(1, 0)] and res.mark_delete == (1, 0)
+    res = sub.ack_cumulative((1, 1), 2)
+    assert res.mark_delete == (1, 1)
+
+
+def test_failover_picks_by_priority_then_name_and_announces() -> None:
+    sub = Subscription(SubType.FAILOVER, partition=-1, read_position=(1, 0))
+    log = FakeLog(4)
+    assert sub.add_consumer(1, "b") == [ActiveConsumerChanged(1, True)]
+    cmds = sub.add_consumer(2, "a")
+    assert set(cmds) == {ActiveConsumerChanged(1, False), ActiveConsumerChanged(2, True)}
+    assert sub.active_consumer == 2
+    run(sub, log, sub.flow(1, 100))
+    out = delivered(run(sub, log, sub.flow(2, 100)))
+    assert {c for c, _, _ in out} == {2}
+    cmds = sub.remove_consumer(2)
+    assert ActiveConsumerChanged(1, True) in cmds
+    out = delivered(run(sub, log, cmds))
+    assert out == [(1, (1, i), 1) for i in range(4)]
+
+
+def test_failover_partition_index_selects_consumer() -> None:
+    sub = Subscription(SubType.FAILOVER, partition=3)
+    sub.add_consumer(1, "a")
+    sub.add_consumer(2, "b")
+    assert sub.active_consumer == 2  # 3 % 2 = 1 -> second by name
+    sub.add_consumer(3, "c", priority=-1)  # a lower priority level sorts first
+    assert sub.active_consumer == 3  # sorted: c, a, b; 3 % 3 = 0 -> c
+    sub2 = Subscription(SubType.FAILOVER, partition=0)
+    sub2.add_consumer(1, "a")
+    sub2.add_consumer(3, "c", priority=-1)
+    assert sub2.active_consumer == 3
+
+
+def test_key_shared_keeps_each_key_on_one_consumer() -> None:
+    keys = [f"k{i % 7}".encode() for i in range(70)]
+    sub = Subscription(SubType.KEY_SHARED, read_position=(1, 0))
+    log = FakeLog(70, keys=keys)
+    sub.add_consumer(1, "a")
+    sub.add_consumer(2, "b")
+    cmds = sub.flow(1, 1000) + sub.flow(2, 1000)
+    out = [c for c in run(sub, log, cmds) if isinstance(c, Deliver)]
+    owner: dict[bytes, int] = {}
+    for d in out:
+        assert owner.setdefault(d.entry.key, d.consumer_id) == d.consumer_id
+    assert len(out) == 70
+    assert set(owner.values()) == {1, 2}
+
+
+def test_key_shared_key_stays_while_unacked_then_moves() -> None:
+    sub = Subscription(SubType.KEY_SHARED, read_position=(1, 0))
+    log = FakeLog(1, keys=[b"k"])
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    assert sub.pending(1) == [(1, 0)]
+    # a newcomer whose ring share would take "k" does not get it while consumer 1 holds an unacked "k"
+    for cid in range(2, 12):
+        sub.add_consumer(cid, f"c{cid}")
+        sub.flow(cid, 100)
+    assert sub.consumer_for_key(b"k") == 1
+    sub.ack_individual([((1, 0), -1, None)])
+    assert sub.consumer_for_key(b"k") is not None
+
+
+def test_key_shared_blocked_key_does_not_overtake() -> None:
+    keys = [b"x", b"x", b"y"]
+    sub = Subscription(SubType.KEY_SHARED, read_position=(1, 0))
+    log = FakeLog(3, keys=keys)
+    sub.add_consumer(1, "a")
+    sub.add_consumer(2, "b")
+    owner_x = sub.consumer_for_key(b"x")
+    assert owner_x is not None
+    other = 2 if owner_x == 1 else 1
+    out = delivered(run(sub, log, sub.flow(other, 100)))
+    # x entries wait for their consumer; y (if on `other`) goes through
+    assert all(p != (1, 0) and p != (1, 1) for _, p, _ in out)
+    out = delivered(run(sub, log, sub.flow(owner_x, 100)))
+    assert [p for c, p, _ in out if c == owner_x][:2] == [(1, 0), (1, 1)]
+
+
+def test_key_shared_sticky_ranges() -> None:
+    from topic_broker.subscription import key_hash
+
+    h = key_hash(b"k")
+    sub = Subscription(SubType.KEY_SHARED)
+    sub.add_consumer(1, "a", hash_ranges=[(0, h)])
+    with pytest.raises(ConsumerBusyError):
+        sub.add_consumer(2, "b", hash_ranges=[(h, 65535)])
+    if h < 65535:
+        sub.add_consumer(2, "b", hash_ranges=[(h + 1, 65535)])
+    assert sub.consumer_for_key(b"k") == 1
+
+
+def test_reset_drops_reads_in_flight_and_pending() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(5)
+    sub.add_consumer(1, "a")
+    cmds = sub.flow(1, 100)
+    assert isinstance(cmds[0], Read)
+    stale = cmds[0]
+    seek = sub.reset((1, 3))
+    entries, nxt = log.read(stale.start, stale.max_entries)
+    assert sub.on_read(stale.epoch, entries, nxt) == []
+    out = delivered(run(sub, log, seek))
+    assert [p for _, p, _ in out] == [(1, 3), (1, 4)]
+
+
+def test_caught_up_waits_for_new_entries() -> None:
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(1)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    assert sub.caught_up
+    assert sub.flow(1, 1) == []
+    log.entries.append(DispatchEntry((1, 1), 1, b"", "m1"))
+    out = delivered(run(sub, log, sub.on_new_entries()))
+    assert out == [(1, (1, 1), 0)]
+
+
+def test_replayed_positions_gone_from_the_log_are_dropped() -> None:
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(2)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    log.entries = []  # trimmed
+    out = delivered(run(sub, log, sub.redeliver(1)))
+    assert out == [] and sub.replay_positions == []
+
+
+def test_unacked_limit_stops_dispatch_until_acks() -> None:
+    sub = Subscription(SubType.SHARED, read_position=(1, 0), unacked_messages_max=2)
+    log = FakeLog(5)
+    sub.add_consumer(1, "a")
+    out = delivered(run(sub, log, sub.flow(1, 100)))
+    assert len(out) == 2
+    res = sub.ack_individual([((1, 0), -1, None), ((1, 1), -1, None)])
+    out = delivered(run(sub, log, res.commands))
+    assert [p for _, p, _ in out] == [(1, 2), (1, 3)]

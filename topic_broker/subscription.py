@@ -1,0 +1,646 @@
+"""Dispatch state of one subscription: a pure core (no sockets, clocks, asyncio or storage).
+
+The service drives it like this (h11 style: events in, commands out)::
+
+    sub = Subscription(SubType.SHARED, partition=-1)
+    cmds = sub.add_consumer(consumer_id, name, priority)     # ConsumerBusyError for a 2nd Exclusive
+    cmds = sub.flow(consumer_id, permits)                    # FLOW
+    execute cmds:
+      Read(epoch, start, max_entries)   read up to max_entries entries from `start` (an ML position, inclusive);
+                                        answer with sub.on_read(epoch, entries, next_start)
+                                        (entries the cursor already acked left out; [] = caught up: the
+                                        service calls sub.on_new_entries() on the next append)
+      ReadReplay(epoch, positions)      read those positions again -> sub.on_replay_read(epoch, entries)
+                                        (positions gone from the ML simply missing from `entries`)
+      Deliver(consumer_id, entry, redelivery_count)   send MESSAGE
+      ActiveConsumerChanged(consumer_id, is_active)   send ACTIVE_CONSUMER_CHANGE (Failover)
+    sub.ack_individual(...) / sub.ack_cumulative(...) -> AckOutcome: what the cursor must record, plus commands
+    sub.redeliver(consumer_id, positions | None)     REDELIVER_UNACKNOWLEDGED_MESSAGES (None = all)
+    sub.remove_consumer(consumer_id)                 the consumer's unacked messages are redelivered to others
+    sub.reset(start)                                 SEEK / reset-cursor: forget everything in flight
+
+Rules (Pulsar's, as the official client expects them):
+
+- Permits are charged per message: an entry holding a batch of N costs N. An entry is never split; a consumer
+  with at least one permit may receive an entry larger than its permits (its permits go negative, as in Pulsar).
+- Exclusive: one consumer; a second one is refused (ConsumerBusy). Failover: every consumer is attached but one
+  is active: consumers sorted by (priority, name), index = partition % count (0 for a non-partitioned topic).
+  Exclusive and Failover deliver in position order, and replays (redeliveries) go before new entries.
+- Shared: round robin over the consumers that have permits. Key_Shared: an entry's key (ordering key, else
+  partition key, else the empty key) maps to one consumer through a hash ring (auto split) or the consumer's
+  declared hash ranges (sticky); a key stays with the consumer that holds unacked messages of it, so a key is
+  never on two consumers at once, and an entry never overtakes an earlier entry of its key waiting for replay.
+- Every dispatched entry is pending on its consumer until acked. A lost consumer's pending entries, and those
+  named by a redelivery request, go to the replay set with their redelivery count raised by one.
+- Acks are subscription-wide (a reconnected client acks with a new consumer id). A batch entry is acked when
+  every message of it is (batch indices, or an empty ack set), or by a cumulative ack at or past it.
+- At most one read is in flight; a read started before a reset is recognised by its epoch and dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DEFAULT_READ_ENTRIES_MAX",
+    "DEFAULT_REPLAY_ENTRIES_MAX",
+    "DEFAULT_UNACKED_MESSAGES_MAX",
+    "HASH_RANGE_SIZE",
+    "AckOutcome",
+    "ActiveConsumerChanged",
+    "Command",
+    "ConsumerBusyError",
+    "Deliver",
+    "DispatchEntry",
+    "Position",
+    "Read",
+    "ReadReplay",
+    "SubType",
+    "Subscription",
+    "key_hash",
+]
+
+Position = tuple[int, int]
+
+#: Entries asked of the managed ledger per read.
+DEFAULT_READ_ENTRIES_MAX = 100
+#: Replay entries beyond which no new entries are read (Key_Shared with a stalled consumer).
+DEFAULT_REPLAY_ENTRIES_MAX = 10_000
+#: Pulsar's maxUnackedMessagesPerConsumer: a consumer holding this many unacked messages receives nothing more.
+DEFAULT_UNACKED_MESSAGES_MAX = 50_000
+#: Key_Shared hash space (Pulsar's DEFAULT_HASH_RANGE_SIZE).
+HASH_RANGE_SIZE = 65536
+#: Points per consumer on the auto-split hash ring.
+RING_POINTS_PER_CONSUMER = 100
+
+
+class SubType(enum.IntEnum):
+    """Pulsar's CommandSubscribe.SubType."""
+
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+    KEY_SHARED = 3
+
+
+class ConsumerBusyError(Exception):
+    """The subscription refuses this consumer (Pulsar's ConsumerBusy)."""
+
+
+def key_hash(key: bytes) -> int:
+    """The Key_Shared hash of a key, in [0, HASH_RANGE_SIZE)."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
+
+
+@dataclass(slots=True)
+class DispatchEntry:
+    """What the dispatcher needs of one stored entry; ``data`` is opaque to it (the stored bytes)."""
+
+    position: Position
+    num_messages: int = 1
+    key: bytes = b""
+    data: Any = None
+
+
+# -- commands -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    epoch: int
+    start: Position
+    max_entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadReplay:
+    epoch: int
+    positions: tuple[Position, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    consumer_id: int
+    entry: DispatchEntry
+    redelivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveConsumerChanged:
+    consumer_id: int
+    is_active: bool
+
+
+Command = Read | ReadReplay | Deliver | ActiveConsumerChanged
+
+
+@dataclass(slots=True)
+class AckOutcome:
+    """``acked``: entries now fully acked (for the cursor's individual acks); ``mark_delete``: a cumulative
+    ack's new mark-delete position (the entry before a partially acked batch); ``commands``: dispatch
+    that the freed permits/keys allow."""
+
+    acked: list[Position] = field(default_factory=list)
+    mark_delete: Position | None = None
+    commands: list[Command] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Consumer:
+    consumer_id: int
+    name: str
+    priority: int
+    seq: int
+    permits: int = 0
+    unacked_messages: int = 0
+    #: position -> number of messages, in dispatch order
+    pending: dict[Position, int] = field(default_factory=dict)
+    #: declared Key_Shared sticky ranges (inclusive), empty for auto split
+    hash_ranges: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(slots=True)
+class _Info:
+    num_messages: int
+    key: bytes
+
+
+class Subscription:
+    def __init__(
+        self,
+        sub_type: SubType,
+        *,
+        partition: int = -1,
+        read_position: Position = (0, 0),
+        read_entries_max: int = DEFAULT_READ_ENTRIES_MAX,
+        replay_entries_max: int = DEFAULT_REPLAY_ENTRIES_MAX,
+        unacked_messages_max: int = DEFAULT_UNACKED_MESSAGES_MAX,
+    ) -> None:
+        assert read_entries_max > 0
+        self.sub_type = sub_type
+        self.partition = partition
+        self.read_position: Position = read_position
+        self.read_entries_max = read_entries_max
+        self.replay_entries_max = replay_entries_max
+        self.unacked_messages_max = unacked_messages_max
+        self.epoch = 0
+        self.reading = False
+        self.caught_up = False
+        self._consumers: dict[int, _Consumer] = {}
+        self._seq = 0
+        self._active: int | None = None
+        self._rr: list[int] = []  # Shared round-robin order
+        self._rr_next = 0
+        self._owner: dict[Position, int] = {}  # pending position -> consumer id
+        self._info: dict[Position, _Info] = {}  # pending and replay positions
+        self._replay: set[Position] = set()
+        self._replay_keys: dict[bytes, int] = {}  # Key_Shared: replay entries per key
+        self._redeliveries: dict[Position, int] = {}
+        self._batch_acks: dict[Position, set[int]] = {}
+        self._key_owner: dict[bytes, int] = {}
+        self._key_pending: dict[bytes, int] = {}
+        self._ring: list[tuple[int, int]] = []  # (point, consumer id)
+
+    # -- introspection --------------------------------------------------------------------------------------
+
+    @property
+    def consumer_ids(self) -> list[int]:
+        return list(self._consumers)
+
+    @property
+    def active_consumer(self) -> int | None:
+        return self._active
+
+    def permits(self, consumer_id: int) -> int:
+        return self._consumers[consumer_id].permits
+
+    def pending(self, consumer_id: int) -> list[Position]:
+        return list(self._consumers[consumer_id].pending)
+
+    def unacked_messages(self, consumer_id: int) -> int:
+        return self._consumers[consumer_id].unacked_messages
+
+    @property
+    def replay_positions(self) -> list[Position]:
+        return sorted(self._replay)
+
+    def redelivery_count(self, position: Position) -> int:
+        return self._redeliveries.get(position, 0)
+
+    def consumer_for_key(self, key: bytes) -> int | None:
+        """Key_Shared: the consumer a new entry with this key would go to."""
+        return self._key_target(key)
+
+    # -- consumers ------------------------------------------------------------------------------------------
+
+    def add_consumer(
+        self,
+        consumer_id: int,
+        name: str = "",
+        priority: int = 0,
+        *,
+        sub_type: SubType | None = None,
+        hash_ranges: Sequence[tuple[int, int]] = (),
+    ) -> list[Command]:
+        if consumer_id in self._consumers:
+            raise ConsumerBusyError(f"consumer id {consumer_id} already attached")
+        if sub_type is not None and sub_type != self.sub_type:
+            if self._consumers:
+                raise ConsumerBusyError(
+                    f"subscription is of type {self.sub_type.name}, not {SubType(sub_type).name}"
+                )
+            self.sub_type = sub_type
+        if self.sub_type == SubType.EXCLUSIVE and self._consumers:
+            raise ConsumerBusyError("Exclusive consumer is already connected")
+        for start, end in hash_ranges:
+            if not 0 <= start <= end < HASH_RANGE_SIZE:
+                raise ConsumerBusyError(f"hash range [{start}, {end}] outside [0, {HASH_RANGE_SIZE})")
+            for other in self._consumers.values():
+                for s2, e2 in other.hash_ranges:
+                    if start <= e2 and s2 <= end:
+                        raise ConsumerBusyError(f"hash range [{start}, {end}] overlaps consumer {other.name}")
+        self._seq += 1
+        c = _Consumer(consumer_id, name, priority, self._seq, hash_ranges=tuple(hash_ranges))
+        self._consumers[consumer_id] = c
+        self._rr.append(consumer_id)
+        cmds: list[Command] = []
+        if self.sub_type == SubType.KEY_SHARED and not c.hash_ranges:
+            self._ring_add(c)
+        if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            cmds += self._elect(announce_to=consumer_id)
+        return cmds + self._dispatch()
+
+    def remove_consumer(self, consumer_id: int) -> list[Command]:
+        c = self._consumers.pop(consumer_id, None)
+        if c is None:
+            return []
+        self._rr.remove(consumer_id)
+        if self._ring:
+            self._ring = [(p, cid) for p, cid in self._ring if cid != consumer_id]
+        self._to_replay(c, list(c.pending), bump=True)
+        cmds: list[Command] = []
+        if self._active == consumer_id:
+            self._active = None
+        if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            cmds += self._elect()
+        return cmds + self._dispatch()
+
+    def flow(self, consumer_id: int, permits: int) -> list[Command]:
+        c = self._consumers.get(consumer_id)
+        if c is None or permits <= 0:
+            return []
+        c.permits += permits
+        return self._dispatch()
+
+    # -- reads ----------------------------------------------------------------------------------------------
+
+    def on_new_entries(self) -> list[Command]:
+        """The managed ledger has new entries past where this subscription caught up."""
+        if not self.caught_up:
+            return []
+        self.caught_up = False
+        return self._dispatch()
+
+    def on_read(self, epoch: int, entries: Sequence[DispatchEntry], next_start: Position) -> list[Command]:
+        if epoch != self.epoch:
+            return []
+        self.reading = False
+        self.read_position = next_start
+        if not entries:
+            self.caught_up = True
+        else:  # size the next read by the batch size seen (Pulsar's avgMessagesPerEntry)
+            self._messages_per_entry = max(1, sum(e.num_messages for e in entries) // len(entries))
+        cmds: list[Command] = []
+        self._assign(entries, cmds, replay=False)
+        return cmds + self._dispatch()
+
+    def on_replay_read(self, epoch: int, entries: Sequence[DispatchEntry]) -> list[Command]:
+        if epoch != self.epoch:
+            return []
+        self.reading = False
+        found = {e.position for e in entries}
+        for pos in self._reading_replay:
+            if pos not in found and pos in self._replay:  # gone from the ML (trimmed): nothing to deliver
+                self._drop_replay(pos)
+                self._info.pop(pos, None)
+        self._reading_replay = ()
+        cmds: list[Command] = []
+        wanted = [e for e in entries if e.position in self._replay]
+        for e in wanted:
+            self._drop_replay(e.position)
+        self._assign(wanted, cmds, replay=True)
+        return cmds + self._dispatch()
+
+    def on_read_failed(self, epoch: int) -> list[Command]:
+        """A read failed (the service retries later by calling :meth:`resume`)."""
+        if epoch == self.epoch:
+            self.reading = False
+            self._reading_replay = ()
+        return []
+
+    def resume(self) -> list[Command]:
+        return self._dispatch()
+
+    # -- acks -----------------------------------------------------------------------------------------------
+
+    def ack_individual(self, acks: Iterable[tuple[Position, int, Sequence[int] | None]]) -> AckOutcome:
+        """Each ack is (position, batch index or -1, ack set or None). An ack set is Pulsar's bit set of the
+        batch's messages still unacked: all zero means the whole entry is acked."""
+        out = AckOutcome()
+        for pos, batch_index, ack_set in acks:
+            if ack_set is not None:
+                if any(ack_set):
+                    continue  # part of a batch: the entry stays pending until its last message is acked
+            elif batch_index >= 0:
+                info = self._info.get(pos)
+                if info is None or info.num_messages <= 1:
+                    if info is None and batch_index > 0:
+                        continue  # unknown batch size: wait for the whole-entry ack
+                else:
+                    done = self._batch_acks.setdefault(pos, set())
+                    done.add(batch_index)
+                    if len(done) < info.num_messages:
+                        continue
+            self._ack_entry(pos)
+            out.acked.append(pos)
+        out.commands = self._dispatch()
+        return out
+
+    def ack_cumulative(self, position: Position, batch_index: int = -1) -> AckOutcome:
+        """Acks every entry before ``position``, and ``position`` itself unless the ack stops inside its
+        batch (then the mark-delete position is the entry before it)."""
+        info = self._info.get(position)
+        whole = batch_index < 0 or info is None or batch_index >= info.num_messages - 1
+        out = AckOutcome()
+        for pos in [p for p in self._owner if p < position] + [p for p in self._replay if p < position]:
+            if pos in self._owner or pos in self._replay:
+                self._ack_entry(pos)
+                out.acked.append(pos)
+        if whole:
+            if position in self._owner or position in self._replay:
+                self._ack_entry(position)
+                out.acked.append(position)
+            out.mark_delete = position
+        else:
+            done = self._batch_acks.setdefault(position, set())
+            done.update(range(batch_index + 1))
+            out.mark_delete = (position[0], position[1] - 1)
+        out.commands = self._dispatch()
+        return out
+
+    def _ack_entry(self, pos: Position) -> None:
+        self._batch_acks.pop(pos, None)
+        self._redeliveries.pop(pos, None)
+        cid = self._owner.pop(pos, None)
+        if cid is not None:
+            c = self._consumers[cid]
+            n = c.pending.pop(pos)
+            c.unacked_messages -= n
+            self._unpin_key(pos)
+        if pos in self._replay:
+            self._drop_replay(pos)
+        self._info.pop(pos, None)
+
+    # -- redelivery -----------------------------------------------------------------------------------------
+
+    def redeliver(self, consumer_id: int, positions: Iterable[Position] | None = None) -> list[Command]:
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES: the named (or all) unacked entries of this consumer are sent
+        again, each with its redelivery count raised."""
+        c = self._consumers.get(consumer_id)
+        if c is None:
+            return []
+        chosen = list(c.pending) if positions is None else [p for p in positions if p in c.pending]
+        self._to_replay(c, chosen, bump=True)
+        return self._dispatch()
+
+    def reset(self, start: Position) -> list[Command]:
+        """Seek: forget pending, replays and reads in flight; the next read starts at ``start``."""
+        self.epoch += 1
+        self.reading = False
+        self.caught_up = False
+        self._reading_replay = ()
+        self.read_position = start
+        for c in self._consumers.values():
+            c.pending.clear()
+            c.unacked_messages = 0
+        self._owner.clear()
+        self._info.clear()
+        self._replay.clear()
+        self._replay_keys.clear()
+        self._redeliveries.clear()
+        self._batch_acks.clear()
+        self._key_owner.clear()
+        self._key_pending.clear()
+        return self._dispatch()
+
+    def _to_replay(self, c: _Consumer, positions: Iterable[Position], *, bump: bool) -> None:
+        for pos in positions:
+            n = c.pending.pop(pos, None)
+            if n is None:
+                continue
+            c.unacked_messages -= n
+            del self._owner[pos]
+            self._unpin_key(pos)
+            if bump:
+                self._redeliveries[pos] = self._redeliveries.get(pos, 0) + 1
+            self._add_replay(pos)
+
+    def _add_replay(self, pos: Position) -> None:
+        if pos in self._replay:
+            return
+        self._replay.add(pos)
+        if self.sub_type == SubType.KEY_SHARED:
+            key = self._info[pos].key
+            self._replay_keys[key] = self._replay_keys.get(key, 0) + 1
+
+    def _drop_replay(self, pos: Position) -> None:
+        self._replay.discard(pos)
+        info = self._info.get(pos)
+        if info is not None and info.key in self._replay_keys:
+            left = self._replay_keys[info.key] - 1
+            if left:
+                self._replay_keys[info.key] = left
+            else:
+                del self._replay_keys[info.key]
+
+    # -- dispatch -------------------------------------------------------------------------------------------
+
+    _reading_replay: tuple[Position, ...] = ()
+    _messages_per_entry = 1
+
+    def _ready(self, c: _Consumer) -> bool:
+        return c.permits > 0 and c.unacked_messages < self.unacked_messages_max
+
+    def _dispatch(self) -> list[Command]:
+        if self.reading or not self._consumers:
+            return []
+        if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            active = self._consumers.get(self._active) if self._active is not None else None
+            if active is None or not self._ready(active):
+                return []
+            budget = active.permits
+            if self._replay:
+                positions = tuple(sorted(self._replay)[: min(budget, self.read_entries_max)])
+                return self._start_replay(positions)
+        else:
+            budget = sum(c.permits for c in self._consumers.values() if self._ready(c))
+            if budget <= 0:
+                return []
+            if self._replay:
+                positions = self._replay_candidates(min(budget, self.read_entries_max))
+                if positions:
+                    return self._start_replay(positions)
+                if len(self._replay) >= self.replay_entries_max:
+                    return []
+        if self.caught_up:
+            return []
+        self.reading = True
+        wanted = max(1, budget // max(1, self._messages_per_entry))
+        return [Read(self.epoch, self.read_position, min(wanted, self.read_entries_max))]
+
+    def _start_replay(self, positions: tuple[Position, ...]) -> list[Command]:
+        self.reading = True
+        self._reading_replay = positions
+        return [ReadReplay(self.epoch, positions)]
+
+    def _replay_candidates(self, limit: int) -> tuple[Position, ...]:
+        if self.sub_type == SubType.SHARED:
+            return tuple(sorted(self._replay)[:limit])
+        chosen: list[Position] = []
+        blocked: set[bytes] = set()
+        for pos in sorted(self._replay):
+            key = self._info[pos].key
+            if key in blocked:
+                continue
+            cid = self._key_target(key)
+            if cid is None or not self._ready(self._consumers[cid]):
+                blocked.add(key)  # keep this key's order: nothing later of it goes first
+                continue
+            chosen.append(pos)
+            if len(chosen) >= limit:
+                break
+        return tuple(chosen)
+
+    def _assign(self, entries: Sequence[DispatchEntry], cmds: list[Command], *, replay: bool) -> None:
+        t = self.sub_type
+        if t in (SubType.EXCLUSIVE, SubType.FAILOVER):
+            active = self._consumers.get(self._active) if self._active is not None else None
+            for e in entries:
+                if active is None or active.permits <= 0:
+                    self._park(e)  # later entries park too: replays go first, so the order holds
+                else:
+                    self._send(active, e, cmds)
+        elif t == SubType.SHARED:
+            for e in entries:
+                c = self._next_shared()
+                if c is None:
+                    self._park(e)
+                else:
+                    self._send(c, e, cmds)
+        else:
+            blocked: set[bytes] = set()
+            for e in entries:
+                key = e.key
+                if key in blocked or (not replay and key in self._replay_keys):
+                    self._park(e)
+                    continue
+                cid = self._key_target(key)
+                kc = self._consumers.get(cid) if cid is not None else None
+                if kc is None or not self._ready(kc):
+                    blocked.add(key)
+                    self._park(e)
+                else:
+                    self._send(kc, e, cmds)
+
+    def _park(self, e: DispatchEntry) -> None:
+        """Not deliverable now: remember it for replay (keeping what the dispatcher knows of it)."""
+        self._info[e.position] = _Info(e.num_messages, e.key)
+        self._add_replay(e.position)
+
+    def _send(self, c: _Consumer, e: DispatchEntry, cmds: list[Command]) -> None:
+        pos = e.position
+        self._info[pos] = _Info(e.num_messages, e.key)
+        c.pending[pos] = e.num_messages
+        c.unacked_messages += e.num_messages
+        c.permits -= e.num_messages
+        self._owner[pos] = c.consumer_id
+        if self.sub_type == SubType.KEY_SHARED:
+            self._key_owner[e.key] = c.consumer_id
+            self._key_pending[e.key] = self._key_pending.get(e.key, 0) + 1
+        cmds.append(Deliver(c.consumer_id, e, self._redeliveries.get(pos, 0)))
+
+    def _next_shared(self) -> _Consumer | None:
+        n = len(self._rr)
+        for i in range(n):
+            cid = self._rr[(self._rr_next + i) % n]
+            c = self._consumers[cid]
+            if self._ready(c):
+                self._rr_next = (self._rr_next + i + 1) % n
+                return c
+        return None
+
+    # -- Failover / Exclusive election ----------------------------------------------------------------------
+
+    def _elect(self, announce_to: int | None = None) -> list[Command]:
+        """Pick the active consumer; announce a change to everyone, or the current state to a newcomer."""
+        if not self._consumers:
+            self._active = None
+            return []
+        ordered = sorted(self._consumers.values(), key=lambda c: (c.priority, c.name, c.seq))
+        index = self.partition % len(ordered) if self.partition >= 0 else 0
+        new = ordered[index].consumer_id
+        if self.sub_type == SubType.EXCLUSIVE:
+            self._active = new
+            return []
+        old = self._active
+        cmds: list[Command] = []
+        if new != old:
+            if old is not None and old in self._consumers:
+                prev = self._consumers[old]
+                # Pulsar rewinds the cursor on a switch: the new active consumer gets what the old one had not
+                # acked, in order (the old consumer's late acks still count).
+                self._to_replay(prev, list(prev.pending), bump=False)
+            self._active = new
+            cmds += [ActiveConsumerChanged(cid, cid == new) for cid in self._consumers]
+        elif announce_to is not None:
+            cmds.append(ActiveConsumerChanged(announce_to, announce_to == new))
+        return cmds
+
+    # -- Key_Shared -----------------------------------------------------------------------------------------
+
+    def _ring_add(self, c: _Consumer) -> None:
+        for i in range(RING_POINTS_PER_CONSUMER):
+            point = key_hash(f"{c.name}#{c.consumer_id}#{i}".encode())
+            bisect.insort(self._ring, (point, c.consumer_id))
+
+    def _key_target(self, key: bytes) -> int | None:
+        owner = self._key_owner.get(key)
+        if owner is not None and owner in self._consumers:
+            return owner
+        h = key_hash(key)
+        for c in self._consumers.values():
+            for start, end in c.hash_ranges:
+                if start <= h <= end:
+                    return c.consumer_id
+        if not self._ring:
+            return None
+        i = bisect.bisect_left(self._ring, (h, -1))
+        return self._ring[i % len(self._ring)][1]
+
+    def _unpin_key(self, pos: Position) -> None:
+        if self.sub_type != SubType.KEY_SHARED:
+            return
+        info = self._info.get(pos)
+        if info is None:
+            return
+        left = self._key_pending.get(info.key, 0) - 1
+        if left > 0:
+            self._key_pending[info.key] = left
+        else:
+            self._key_pending.pop(info.key, None)
+            self._key_owner.pop(info.key, None)
