@@ -1,1 +1,29 @@
-"""PySpark data sources for ledgers and topics (planned; see the issues)."""
+"""PySpark data sources over ledgerstore, read straight from the bookies (no broker in the path).
+
+    from pyspark.sql import SparkSession
+    import spark as ledgerstore_spark
+
+    session = SparkSession.builder.master("local[2]").getOrCreate()
+    ledgerstore_spark.register(session)          # registers the "ledger" source
+    df = (session.read.format("ledger").option("zk", "127.0.0.1:2181").option("ledgers", "all")
+          .option("password", "secret").load())
+
+Sources: ``ledger`` (:mod:`spark.ledger_source`, options in :mod:`spark.options`). The ``topic`` source follows
+the broker's managed-ledger storage. Analyses users run: :mod:`spark.jobs` (``ledgerstore spark JOB``).
+
+Executors import this package (and ``ledger_client``, ``zk``, ``bookie``) to read: install ledgerstore in the
+Python that the executors run (``PYSPARK_PYTHON`` / ``spark.pyspark.python``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(session: Any) -> None:
+    """Register ledgerstore's data sources with a ``SparkSession`` (idempotent)."""
+    from spark.ledger_source import LedgerDataSource
+
+    session.dataSource.register(LedgerDataSource)
