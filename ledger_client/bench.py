@@ -1,5 +1,8 @@
 """``ledgerstore bench ledger``: the ledger client writing E/Qw/Qa ledgers to bookie processes.
 
+``ledgerstore bench read``: the same client writing ``entries`` entries to one ledger, closing it, and reading it
+back with ``read(0, last)`` (batched READ_RANGE reads), each timed: write and read figures of one run.
+
 One client process keeps ``outstanding`` appends in flight (spread over ``ledgers`` ledgers) for ``duration``
 seconds and reports acked entries/s, MB/s and add latency percentiles (append call to ack, as the caller sees
 it). The machine's limits are measured in the same run.
@@ -178,4 +181,117 @@ def run_ledger_bench(
     # every bookie of the write set journals and stores each entry, all on this machine's one disk
     result["disk_bound_entries_per_s"] = disk_bound(limits, args.entry_size, args.write_quorum)
     emit(args, f"bench ledger (median of {args.runs} runs)", result)
+    return 0
+
+
+async def read_run(
+    zk: str,
+    zk_root: str,
+    *,
+    ensemble: int,
+    write_quorum: int,
+    ack_quorum: int,
+    entry_size: int,
+    entries: int,
+    outstanding: int,
+    read_config: dict[str, int],
+) -> dict[str, Any]:
+    """Write ``entries`` entries to a new ledger, close it, read them all back in order (checking each one)."""
+    cfg = ClientConfig(zk_root=zk_root, outstanding_adds_max=max(1, outstanding), **read_config)
+    bk = await BookKeeper.connect(zk, config=cfg)
+    try:
+        lh = await bk.create_ledger(ensemble, write_quorum, ack_quorum, password=b"bench")
+        payload = os.urandom(entry_size)
+        stats = {"acked": 0, "errors": 0}
+        perf = time.perf_counter
+        t0 = perf()
+        await _drive(lh, payload, None, [], stats, count=entries)
+        await lh.close()
+        t_write = perf() - t0
+        if stats["errors"]:
+            raise RuntimeError(f"{stats['errors']} appends failed")
+        reader = await bk.open_ledger(lh.ledger_id, password=b"bench", recovery=False)
+        last = reader.last_add_confirmed
+        t0 = perf()
+        n = 0
+        async for e in reader.read(0, last):
+            if e.entry_id != n or len(e.data) != entry_size:
+                raise RuntimeError(f"read entry {e.entry_id} ({len(e.data)} B), expected {n}")
+            n += 1
+        t_read = perf() - t0
+        if n != entries:
+            raise RuntimeError(f"read {n} entries, wrote {entries}")
+        with contextlib.suppress(Exception):
+            await bk.delete_ledger(lh.ledger_id)
+    finally:
+        await bk.close()
+    return {
+        "write_entries_per_s": entries / t_write,
+        "write_mb_per_s": entries * entry_size / t_write / 1e6,
+        "read_entries_per_s": entries / t_read,
+        "read_mb_per_s": entries * entry_size / t_read / 1e6,
+        "write_s": round(t_write, 3),
+        "read_s": round(t_read, 3),
+    }
+
+
+def run_read_bench(
+    args: argparse.Namespace,
+    emit: Callable[[argparse.Namespace, str, dict[str, Any]], None],
+    median: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    local_cluster: Any,
+) -> int:
+    from bookie.main import install_uvloop
+
+    install_uvloop()
+    read_config = {
+        k: v
+        for k, v in (
+            ("read_batch_entries", args.batch_entries),
+            ("read_batch_bytes", args.batch_bytes),
+            ("read_ahead_batches", args.read_ahead),
+        )
+        if v is not None
+    }
+    with contextlib.ExitStack() as stack:
+        if args.use_cluster:
+            zk, root = args.zk, args.zk_root
+        else:
+            zk, _, _ = stack.enter_context(local_cluster(max(args.bookies, args.ensemble), args.bookie_arg))
+            root = "/ledgerstore"
+        runs = []
+        for i in range(args.runs):
+            r = asyncio.run(
+                read_run(
+                    zk,
+                    root,
+                    ensemble=args.ensemble,
+                    write_quorum=args.write_quorum,
+                    ack_quorum=args.ack_quorum,
+                    entry_size=args.entry_size,
+                    entries=args.entries,
+                    outstanding=args.outstanding,
+                    read_config=read_config,
+                )
+            )
+            print(
+                f"  run {i + 1}/{args.runs}: write {r['write_entries_per_s']:,.0f} entries/s, "
+                f"read {r['read_entries_per_s']:,.0f} entries/s",
+                file=sys.stderr,
+                flush=True,
+            )
+            runs.append(r)
+    cfg = ClientConfig()
+    result = {
+        "mode": "read",
+        "E/Qw/Qa": f"{args.ensemble}/{args.write_quorum}/{args.ack_quorum}",
+        "entries": args.entries,
+        "entry_size": args.entry_size,
+        "read_batch_entries": read_config.get("read_batch_entries", cfg.read_batch_entries),
+        "read_batch_bytes": read_config.get("read_batch_bytes", cfg.read_batch_bytes),
+        "read_ahead_batches": read_config.get("read_ahead_batches", cfg.read_ahead_batches),
+        "runs": args.runs,
+        **median(runs),
+    }
+    emit(args, f"bench read (median of {args.runs} runs)", result)
     return 0

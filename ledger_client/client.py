@@ -40,6 +40,7 @@ from .handle_state import (
 from .pending import DEFAULT_OUTSTANDING_ADDS_MAX, Progress, WritePipeline
 from .placement import choose_ensemble, replace_failed
 from .quorum import CoverageSet, answer_for_status, validate_quorum, write_set
+from .read_conn import ReadPool
 from .read_planner import Batch, Outcome, ReadPlanner, Unreadable
 from .recovery import (
     ChangeEnsemble,
@@ -169,6 +170,7 @@ class BookKeeper:
         self.ledgers = zk.LedgerMetadataStore(store)
         self.registry = zk.BookieRegistry(store)
         self.pool = BookiePool()
+        self.read_pool = ReadPool()  # batched reads' connections (apart from the writers')
         self._rng = random.Random()
         self._handles: set[LedgerHandle] = set()
         self._closed = False
@@ -283,6 +285,7 @@ class BookKeeper:
         for h in list(self._handles):
             h._stop_sweeper()
         await self.pool.close()
+        self.read_pool.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.store.close)
 
@@ -1185,7 +1188,7 @@ class _BatchReader:
     def _send(self, b: Batch, conn: BookieConnection | None = None) -> None:
         if self._closed:
             return
-        conn = conn or self.lh.bk.pool.get_nowait(b.bookie)
+        conn = conn or self.lh.bk.read_pool.get_nowait(b.bookie)
         self._waiting[b] = (conn, 0, None)
         if conn is None:
             task = asyncio.ensure_future(self._connect_and_send(b))
@@ -1211,7 +1214,7 @@ class _BatchReader:
 
     async def _connect_and_send(self, b: Batch) -> None:
         try:
-            conn = await self.lh.bk.pool.get(b.bookie)
+            conn = await self.lh.bk.read_pool.get(b.bookie)
         except E.LedgerError as e:
             self._answer(b, 0, Outcome.FAILED, e.code)
             return

@@ -3,6 +3,8 @@
 Modes:
 * ``bench bookie``  — one client pipelining adds to one bookie process (journal fsync on);
 * ``bench ledger``  — the ledger client writing E/Qw/Qa ledgers to a local cluster of bookie processes;
+* ``bench read``    — the ledger client writing N entries to a ledger, closing it and reading it back
+  sequentially: write and read entries/s of the same run;
 * ``bench limits``  — only the machine limits: 1 KiB append+fsync rate, sequential fsync'd write, loopback
   framed-message rate.
 
@@ -63,6 +65,26 @@ def add_bench_commands(
         "--bookie-arg", action="append", default=[], help="extra argument for the bookie processes"
     )
     lg.set_defaults(func=_cmd_bench_ledger)
+    rd = sub.add_parser("read", help="write N entries to a ledger, close it, read it back sequentially")
+    common(rd)
+    rd.add_argument("-E", "--ensemble", type=int, default=3)
+    rd.add_argument("-W", "--write-quorum", type=int, default=2)
+    rd.add_argument("-A", "--ack-quorum", type=int, default=2)
+    rd.add_argument("-n", "--entries", type=int, default=200_000)
+    rd.add_argument("--entry-size", type=int, default=1024)
+    rd.add_argument("--outstanding", type=int, default=2000, help="appends in flight while writing")
+    rd.add_argument("--batch-entries", type=int, default=None, help="ClientConfig.read_batch_entries")
+    rd.add_argument("--batch-bytes", type=int, default=None, help="ClientConfig.read_batch_bytes")
+    rd.add_argument("--read-ahead", type=int, default=None, help="ClientConfig.read_ahead_batches")
+    rd.add_argument("--runs", type=int, default=3)
+    rd.add_argument(
+        "--bookies", type=int, default=3, help="bookie processes to start (when no --use-cluster)"
+    )
+    rd.add_argument("--use-cluster", action="store_true", help="use the cluster registered at --zk")
+    rd.add_argument(
+        "--bookie-arg", action="append", default=[], help="extra argument for the bookie processes"
+    )
+    rd.set_defaults(func=_cmd_bench_read)
     lim = sub.add_parser("limits", help="this machine's fsync and loopback limits")
     common(lim)
     lim.set_defaults(func=_cmd_bench_limits)
@@ -465,9 +487,9 @@ def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         vals = [r[k] for r in runs]
         out[k] = statistics.median(vals) if isinstance(vals[0], int | float) else vals[0]
-    rate = next((k for k in ("acked_entries_per_s", "acked_adds_per_s") if k in runs[0]), None)
-    if rate is not None:
-        out["per_run_" + rate.removeprefix("acked_")] = [round(r[rate]) for r in runs]
+    for rate in ("acked_entries_per_s", "acked_adds_per_s", "write_entries_per_s", "read_entries_per_s"):
+        if rate in runs[0]:
+            out["per_run_" + rate.removeprefix("acked_")] = [round(r[rate]) for r in runs]
     return out
 
 
@@ -524,3 +546,9 @@ def _cmd_bench_ledger(args: argparse.Namespace) -> int:
     from ledger_client.bench import run_ledger_bench
 
     return run_ledger_bench(args, _print, _median_runs, local_cluster, machine_limits)
+
+
+def _cmd_bench_read(args: argparse.Namespace) -> int:
+    from ledger_client.bench import run_read_bench
+
+    return run_read_bench(args, _print, _median_runs, local_cluster)

@@ -1,0 +1,83 @@
+"""Connections for batched reads, apart from the writers' connections.
+
+A READ_RANGE answer is large (up to ``ClientConfig.read_batch_bytes``) and arrives in many chunks. On the pool's
+``BookieConnection`` every chunk first goes through the add-ack fast paths, which look for ADD_ENTRY responses
+over the whole buffered bytes; a connection that carries only reads has none, so ``ReadConnection`` hands its
+chunks straight to the frame decoder. Keeping reads off the writers' connections also keeps a reader's big answers
+from delaying a writer's acks on the same socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+from bookie import protocol as p
+
+from .bookie_conn import CONNECT_TIMEOUT_S, BookieConnection, split_address
+from .errors import BookieUnavailableError
+
+
+class ReadConnection(BookieConnection):
+    """A ``BookieConnection`` for requests with callbacks only (no adds)."""
+
+    def data_received(self, data: bytes) -> None:
+        decoder = self.decoder
+        decoder.feed(data)
+        pending = self._pending
+        try:
+            for op, flags, rid, buf, a, b in decoder.frames_raw():
+                cb = pending.pop(rid, None)
+                if cb is not None:  # (else a late answer to a request given up on)
+                    cb(p.decode_response(op, flags, rid, memoryview(buf)[a:b]), None)
+        except p.ProtocolError as e:
+            self._protocol_error(e)
+
+
+class ReadPool:
+    """One ``ReadConnection`` per bookie, opened on first use and replaced when it breaks."""
+
+    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        self._conns: dict[str, ReadConnection] = {}
+        self._opening: dict[str, asyncio.Future[ReadConnection]] = {}
+        self.connect_timeout_s = connect_timeout_s
+
+    def get_nowait(self, bookie_id: str) -> ReadConnection | None:
+        c = self._conns.get(bookie_id)
+        return c if c is not None and not c.closed else None
+
+    async def get(self, bookie_id: str) -> ReadConnection:
+        c = self.get_nowait(bookie_id)
+        if c is not None:
+            return c
+        fut = self._opening.get(bookie_id)
+        if fut is None:
+            fut = asyncio.ensure_future(self._open(bookie_id))
+            self._opening[bookie_id] = fut
+            fut.add_done_callback(functools.partial(self._opened, bookie_id))
+        # shielded: one waiter given up (a read that stopped) must not cancel the others' attempt
+        return await asyncio.shield(fut)
+
+    async def _open(self, bookie_id: str) -> ReadConnection:
+        host, port = split_address(bookie_id)
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: ReadConnection(bookie_id), host, port), self.connect_timeout_s
+            )
+        except (OSError, TimeoutError) as e:
+            raise BookieUnavailableError(f"cannot connect to bookie {bookie_id}: {e or 'timeout'}") from None
+        return conn
+
+    def _opened(self, bookie_id: str, fut: asyncio.Future[ReadConnection]) -> None:
+        if self._opening.get(bookie_id) is fut:
+            del self._opening[bookie_id]
+        if not fut.cancelled() and fut.exception() is None:  # (retrieves a failure nobody waited for)
+            self._conns[bookie_id] = fut.result()
+
+    def close(self) -> None:
+        for fut in list(self._opening.values()):
+            fut.cancel()
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
