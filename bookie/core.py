@@ -1,6 +1,6 @@
 """Bookie request handling, without sockets: requests in, replies out through callbacks.
 
-``BookieCore`` owns the in-memory ledger index and applies the rules of ARCHITECTURE §5/§6:
+``BookieCore`` owns the in-memory ledger index and applies the rules of docs/architecture.md §5/§6:
 
 * every request naming a ledger carries its master key; a mismatch is ``UNAUTHORIZED``;
 * an add is acknowledged only after its journal record is fsynced (``journal_append``'s ``done``), and the

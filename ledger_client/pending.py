@@ -19,7 +19,7 @@ The I/O layer drives it like this::
         (CAS found IN_RECOVERY -> pipe.fail(LedgerFencedError); CLOSED -> pipe.fail(LedgerClosedError);
          no replacement -> pipe.fail(NotEnoughBookiesError); a lost CAS race -> re-read, call plan() again)
 
-Rules (ARCHITECTURE §8):
+Rules (docs/architecture.md §8):
 
 - Entry ids are assigned contiguously from LAC + 1. An entry completes at >= Qa acks of its write set, and is
   reported only once every earlier entry has completed, so acks and the LAC advance strictly in order.

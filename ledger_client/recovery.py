@@ -1,8 +1,8 @@
 """Ledger recovery (fence, read the tail, write it back, close): a pure state machine.
 
-ARCHITECTURE §8, with BookKeeper's fixes for #2614 (recovery reads fence) and #2615 (the recovery start is
-never below the last segment's first entry - 1). The I/O layer feeds events and executes the commands each
-call returns (h11 style; no sockets, clocks or asyncio here)::
+docs/architecture.md §8, with BookKeeper's fixes for #2614 (recovery reads fence) and #2615 (the recovery
+start is never below the last segment's first entry - 1). The I/O layer feeds events and executes the commands
+each call returns (h11 style; no sockets, clocks or asyncio here)::
 
     metadata: recovery_metadata_decision(state) -> "mark_in_recovery" (CAS OPEN->IN_RECOVERY, then start)
               | "proceed" | "already_closed" (nothing to do)

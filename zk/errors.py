@@ -77,7 +77,7 @@ class InvalidMetadataError(MetadataError, ValueError):
 
 
 class MetadataTransitionError(MetadataError):
-    """A metadata update breaks the ledger state machine (ARCHITECTURE invariant 5)."""
+    """A metadata update breaks the ledger state machine (docs/architecture.md invariant 5)."""
 
     code = "METADATA_TRANSITION"
 

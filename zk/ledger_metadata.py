@@ -1,4 +1,4 @@
-"""Ledger metadata: the value type, its JSON form, the state machine, and the CAS store (ARCHITECTURE section 7).
+"""Ledger metadata: its value type, JSON form, state machine and CAS store (docs/architecture.md §7).
 
 A ledger's znode (``layout.ledger_path``) holds::
 

@@ -314,7 +314,7 @@ class Cluster:
         return self._kazoo
 
     def registered_bookies(self) -> set[str]:
-        """Bookie ids registered as available or read-only (ARCHITECTURE section 7)."""
+        """Bookie ids registered as available or read-only (docs/architecture.md §7)."""
         from zk import layout
 
         zk = self.kazoo()

@@ -1,5 +1,5 @@
-"""The history checker of the fault run (ARCHITECTURE §10, invariants 1, 3, 4, 5, 6): a pure function of the
-history records (``history.py``) and of what the final phase read back after healing everything.
+"""The history checker of the fault run (docs/architecture.md §10, invariants 1, 3, 4, 5, 6): a pure function
+of the history records (``history.py``) and of what the final phase read back after healing everything.
 
 ``check(history, final)`` returns every violation found; kinds:
 

@@ -1,4 +1,4 @@
-"""Invariant checkers for ARCHITECTURE §10 (1-7 and 10), run as the simulation goes.
+"""Invariant checkers for docs/architecture.md §10 (1-7 and 10), run as the simulation goes.
 
 Cheap checks run at the event that can break them (an ack to the user, a metadata write, a bookie restart, a
 read); the costlier sweeps (every entry of every ledger against the bookies' disks) run every
