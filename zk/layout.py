@@ -185,3 +185,58 @@ def ownership_path(topic: str) -> str:
 def join(*parts: str) -> str:
     """Join relative path components, ignoring empty ones and stray slashes."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+# --- topic broker: managed ledgers, cursors, partitioned topics, ownership, namespaces (docs/broker.md) ------
+
+NAMESPACES = "namespaces"
+ML_CURSORS = "cursors"
+
+
+def check_ml_name(ml_name: str) -> str:
+    """A managed-ledger name is ``tenant/ns/persistent/<percent-encoded local>``: four valid components."""
+    if not isinstance(ml_name, str):
+        raise ValueError("managed-ledger name must be a string")
+    parts = ml_name.split("/")
+    if len(parts) != 4 or parts[2] != "persistent":
+        raise ValueError(f"invalid managed-ledger name {ml_name!r}: expected tenant/ns/persistent/<local>")
+    for part in parts:
+        check_znode_name(part, "managed-ledger name component")
+    return ml_name
+
+
+def encode_component(name: str) -> str:
+    """``quote(name, safe="")``: any name (a subscription, a topic's local name) as one znode component."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("name must be a non-empty string")
+    encoded = quote(name, safe="")
+    return encoded.replace(".", "%2E") if encoded in (".", "..") else encoded
+
+
+def ml_info_path(ml_name: str) -> str:
+    """``managed-ledgers/<tenant>/<ns>/persistent/<local>``: the managed ledger's ledger list."""
+    return f"{MANAGED_LEDGERS}/{check_ml_name(ml_name)}"
+
+
+def ml_cursors_path(ml_name: str) -> str:
+    return f"{ml_info_path(ml_name)}/{ML_CURSORS}"
+
+
+def ml_cursor_path(ml_name: str, subscription: str) -> str:
+    """``managed-ledgers/<ml>/cursors/<percent-encoded subscription>``."""
+    return f"{ml_cursors_path(ml_name)}/{encode_component(subscription)}"
+
+
+def partitioned_topic_path(ml_name: str) -> str:
+    """``topics/<tenant>/<ns>/persistent/<local>``: the partition count of a partitioned topic."""
+    return f"{TOPICS}/{check_ml_name(ml_name)}"
+
+
+def topic_ownership_path(ml_name: str) -> str:
+    """``ownership/<tenant>/<ns>/persistent/<local>`` (ephemeral): the broker serving the topic."""
+    return f"{OWNERSHIP}/{check_ml_name(ml_name)}"
+
+
+def namespace_policies_path(tenant: str, namespace: str) -> str:
+    """``namespaces/<tenant>/<ns>``: retention, deduplication and backlog-quota policies."""
+    return f"{NAMESPACES}/{check_znode_name(tenant, 'tenant')}/{check_znode_name(namespace, 'namespace')}"

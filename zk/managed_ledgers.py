@@ -1,0 +1,426 @@
+"""The topic broker's znode records (``docs/broker.md``) and a small async store over :class:`MetadataStore`.
+
+Records are frozen dataclasses with ``to_json``/``from_json``; ``from_json`` ignores unknown keys (forward
+compatible within ``format_version`` 1) and raises :class:`MetadataFormatError` for a body it cannot read.
+
+* :class:`ManagedLedgerInfo` at ``managed-ledgers/<ml>``: the ordered ledger list (only the last may be open),
+  ``properties`` (e.g. ``dedup/<producer>``) and ``terminated_position``. Every change is a CAS; a conflict means
+  another owner.
+* :class:`CursorInfo` at ``managed-ledgers/<ml>/cursors/<sub>``.
+* :class:`PartitionedTopicMetadata` at ``topics/<ml>``.
+* :class:`BrokerInfo` at ``brokers/<id>`` (ephemeral) and :class:`OwnershipInfo` at ``ownership/<ml>``
+  (ephemeral, first creator wins).
+* :class:`NamespacePolicies` at ``namespaces/<tenant>/<ns>``; ``public/default`` is created with defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from zk import layout
+from zk.client import JsonDict, MetadataStore
+from zk.errors import MetadataExistsError, MetadataFormatError, MetadataNotFoundError, MetadataVersionError
+from zk.versioned import Versioned
+
+__all__ = [
+    "BacklogQuota",
+    "BrokerInfo",
+    "BrokerMetadataStore",
+    "CursorInfo",
+    "LedgerInfo",
+    "ManagedLedgerInfo",
+    "NamespacePolicies",
+    "OwnershipInfo",
+    "PartitionedTopicMetadata",
+]
+
+DEFAULT_TENANT = "public"
+DEFAULT_NAMESPACE = "default"
+
+
+def _field(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in d:
+        if default is ...:
+            raise MetadataFormatError(f"missing field {key!r}")
+        return default
+    value = d[key]
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        raise MetadataFormatError(f"field {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _pos(value: Any, what: str) -> tuple[int, int]:
+    if not (isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)):
+        raise MetadataFormatError(f"{what} must be [ledger, entry], got {value!r}")
+    return (int(value[0]), int(value[1]))
+
+
+# --- managed ledger --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerInfo:
+    """One ledger of a managed ledger. ``entries``/``size`` are 0 and ``timestamp_ms`` 0 while it is open;
+    ``timestamp_ms`` is the time it was closed (retention counts from it)."""
+
+    ledger_id: int
+    entries: int = 0
+    size: int = 0
+    timestamp_ms: int = 0
+
+    def to_json(self) -> JsonDict:
+        return {
+            "ledger_id": self.ledger_id,
+            "entries": self.entries,
+            "size": self.size,
+            "timestamp_ms": self.timestamp_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LedgerInfo:
+        return cls(
+            ledger_id=_field(d, "ledger_id", int),
+            entries=_field(d, "entries", int, 0),
+            size=_field(d, "size", int, 0),
+            timestamp_ms=_field(d, "timestamp_ms", int, 0),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManagedLedgerInfo:
+    ledgers: tuple[LedgerInfo, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    terminated_position: tuple[int, int] | None = None
+
+    def to_json(self) -> JsonDict:
+        return {
+            "ledgers": [li.to_json() for li in self.ledgers],
+            "properties": dict(self.properties),
+            "terminated_position": None
+            if self.terminated_position is None
+            else list(self.terminated_position),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ManagedLedgerInfo:
+        ledgers = tuple(LedgerInfo.from_json(x) for x in _field(d, "ledgers", list, []))
+        ids = [li.ledger_id for li in ledgers]
+        if ids != sorted(set(ids)):
+            raise MetadataFormatError(f"managed-ledger ledger ids are not strictly increasing: {ids}")
+        tp = d.get("terminated_position")
+        return cls(
+            ledgers=ledgers,
+            properties={str(k): str(v) for k, v in _field(d, "properties", dict, {}).items()},
+            terminated_position=None if tp is None else _pos(tp, "terminated_position"),
+        )
+
+
+# --- cursors -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CursorInfo:
+    """A durable subscription: everything up to ``mark_delete`` is acknowledged, plus the closed ranges
+    ``(l1, e1, l2, e2)`` of ``individually_deleted`` after it."""
+
+    mark_delete: tuple[int, int]
+    individually_deleted: tuple[tuple[int, int, int, int], ...] = ()
+    properties: Mapping[str, int] = field(default_factory=dict)
+    last_active_ms: int = 0
+
+    def to_json(self) -> JsonDict:
+        return {
+            "mark_delete": list(self.mark_delete),
+            "individually_deleted": [list(r) for r in self.individually_deleted],
+            "properties": dict(self.properties),
+            "last_active_ms": self.last_active_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CursorInfo:
+        ranges = []
+        for r in _field(d, "individually_deleted", list, []):
+            if not (isinstance(r, list) and len(r) == 4 and all(isinstance(v, int) for v in r)):
+                raise MetadataFormatError(f"individually_deleted range must be [l1, e1, l2, e2], got {r!r}")
+            ranges.append((r[0], r[1], r[2], r[3]))
+        return cls(
+            mark_delete=_pos(_field(d, "mark_delete", list), "mark_delete"),
+            individually_deleted=tuple(ranges),
+            properties={str(k): int(v) for k, v in _field(d, "properties", dict, {}).items()},
+            last_active_ms=_field(d, "last_active_ms", int, 0),
+        )
+
+
+# --- topics, brokers, ownership, namespaces ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionedTopicMetadata:
+    partitions: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or self.partitions < 1:
+            raise ValueError(f"a partitioned topic has at least 1 partition, got {self.partitions!r}")
+
+    def to_json(self) -> JsonDict:
+        return {"partitions": self.partitions}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PartitionedTopicMetadata:
+        try:
+            return cls(_field(d, "partitions", int))
+        except ValueError as e:
+            raise MetadataFormatError(str(e)) from e
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerInfo:
+    service_url: str
+    web_service_url: str
+
+    def to_json(self) -> JsonDict:
+        return {"service_url": self.service_url, "web_service_url": self.web_service_url}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BrokerInfo:
+        return cls(
+            service_url=_field(d, "service_url", str), web_service_url=_field(d, "web_service_url", str, "")
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnershipInfo:
+    broker_id: str
+    service_url: str
+    web_service_url: str
+
+    def to_json(self) -> JsonDict:
+        return {
+            "broker_id": self.broker_id,
+            "service_url": self.service_url,
+            "web_service_url": self.web_service_url,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OwnershipInfo:
+        return cls(
+            broker_id=_field(d, "broker_id", str),
+            service_url=_field(d, "service_url", str),
+            web_service_url=_field(d, "web_service_url", str, ""),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BacklogQuota:
+    """Pulsar's backlog quota: ``limit_size`` bytes (−1 = none), ``limit_time`` seconds (−1 = none), and what
+    happens at the limit (``producer_request_hold`` | ``producer_exception`` | ``consumer_backlog_eviction``)."""
+
+    limit_size: int = -1
+    limit_time: int = -1
+    policy: str = "producer_request_hold"
+
+    def to_json(self) -> JsonDict:
+        return {"limit_size": self.limit_size, "limit_time": self.limit_time, "policy": self.policy}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BacklogQuota:
+        return cls(
+            limit_size=_field(d, "limit_size", int, -1),
+            limit_time=_field(d, "limit_time", int, -1),
+            policy=_field(d, "policy", str, "producer_request_hold"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NamespacePolicies:
+    """Pulsar's defaults: no retention beyond the slowest subscription (0 / 0; −1 = unlimited), no dedup."""
+
+    retention_time_minutes: int = 0
+    retention_size_mb: int = 0
+    deduplication_enabled: bool = False
+    backlog_quota: BacklogQuota = field(default_factory=BacklogQuota)
+
+    @property
+    def retention_time_s(self) -> float:
+        return -1.0 if self.retention_time_minutes < 0 else self.retention_time_minutes * 60.0
+
+    @property
+    def retention_size_bytes(self) -> int:
+        return -1 if self.retention_size_mb < 0 else self.retention_size_mb * 1024 * 1024
+
+    def to_json(self) -> JsonDict:
+        return {
+            "retention_time_minutes": self.retention_time_minutes,
+            "retention_size_mb": self.retention_size_mb,
+            "deduplication_enabled": self.deduplication_enabled,
+            "backlog_quota": self.backlog_quota.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NamespacePolicies:
+        return cls(
+            retention_time_minutes=_field(d, "retention_time_minutes", int, 0),
+            retention_size_mb=_field(d, "retention_size_mb", int, 0),
+            deduplication_enabled=_field(d, "deduplication_enabled", bool, False),
+            backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
+        )
+
+
+# --- the store -------------------------------------------------------------------------------------------------
+
+
+class BrokerMetadataStore:
+    """Async access to the broker's znodes. zk errors propagate (``MetadataVersionError`` on a CAS conflict)."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+
+    # managed ledgers
+    async def get_ml_info(self, ml_name: str) -> Versioned[ManagedLedgerInfo] | None:
+        v = await self.store.aget_optional(layout.ml_info_path(ml_name))
+        return None if v is None else v.map(ManagedLedgerInfo.from_json)
+
+    async def create_ml_info(self, ml_name: str, info: ManagedLedgerInfo) -> Versioned[ManagedLedgerInfo]:
+        """Raises ``MetadataExistsError`` if another broker created it first."""
+        await self.store.acreate(layout.ml_info_path(ml_name), info.to_json())
+        return Versioned(info, 0)
+
+    async def set_ml_info(
+        self, ml_name: str, info: ManagedLedgerInfo, version: int
+    ) -> Versioned[ManagedLedgerInfo]:
+        """CAS; raises ``MetadataVersionError`` when another owner changed it."""
+        v = await self.store.aset(layout.ml_info_path(ml_name), info.to_json(), version)
+        return Versioned(info, v.version)
+
+    async def delete_ml(self, ml_name: str) -> None:
+        """The managed ledger's znode and its cursors (the ledgers themselves are the caller's)."""
+        await self.store.adelete(layout.ml_info_path(ml_name), recursive=True, missing_ok=True)
+
+    # cursors
+    async def list_cursors(self, ml_name: str) -> list[str]:
+        try:
+            names = await self.store.achildren(layout.ml_cursors_path(ml_name))
+        except MetadataNotFoundError:
+            return []
+        return [layout.decode_name(n) for n in names]
+
+    async def get_cursor(self, ml_name: str, subscription: str) -> Versioned[CursorInfo] | None:
+        v = await self.store.aget_optional(layout.ml_cursor_path(ml_name, subscription))
+        return None if v is None else v.map(CursorInfo.from_json)
+
+    async def save_cursor(
+        self, ml_name: str, subscription: str, info: CursorInfo, version: int
+    ) -> Versioned[CursorInfo]:
+        """Create (``version`` −1) or CAS the cursor; raises ``MetadataExistsError``/``MetadataVersionError``
+        when another owner wrote it."""
+        path = layout.ml_cursor_path(ml_name, subscription)
+        if version < 0:
+            await self.store.acreate(path, info.to_json())
+            return Versioned(info, 0)
+        v = await self.store.aset(path, info.to_json(), version)
+        return Versioned(info, v.version)
+
+    async def delete_cursor(self, ml_name: str, subscription: str) -> None:
+        await self.store.adelete(layout.ml_cursor_path(ml_name, subscription), missing_ok=True)
+
+    # partitioned topics
+    async def get_partitions(self, ml_name: str) -> PartitionedTopicMetadata | None:
+        v = await self.store.aget_optional(layout.partitioned_topic_path(ml_name))
+        return None if v is None else PartitionedTopicMetadata.from_json(v.value)
+
+    async def create_partitioned_topic(self, ml_name: str, partitions: int) -> None:
+        """Raises ``MetadataExistsError`` if the topic is already partitioned."""
+        await self.store.acreate(
+            layout.partitioned_topic_path(ml_name), PartitionedTopicMetadata(partitions).to_json()
+        )
+
+    async def update_partitions(self, ml_name: str, partitions: int) -> None:
+        """Grow a partitioned topic (partitions never shrink, as in Pulsar)."""
+        new = PartitionedTopicMetadata(partitions)
+
+        def grow(cur: JsonDict) -> JsonDict:
+            if PartitionedTopicMetadata.from_json(cur).partitions > partitions:
+                raise ValueError("the number of partitions can only grow")
+            return {**cur, **new.to_json()}
+
+        await self.store.aupdate(layout.partitioned_topic_path(ml_name), grow)
+
+    async def delete_partitioned_topic(self, ml_name: str) -> None:
+        await self.store.adelete(layout.partitioned_topic_path(ml_name), missing_ok=True)
+
+    # brokers
+    async def register_broker(self, broker_id: str, info: BrokerInfo) -> None:
+        """Ephemeral: gone when this store's session ends. Replaces a stale registration of a dead session."""
+        path = layout.broker_path(broker_id)
+        try:
+            await self.store.acreate(path, info.to_json(), ephemeral=True)
+        except MetadataExistsError:
+            await self.store.adelete(path, missing_ok=True)
+            await self.store.acreate(path, info.to_json(), ephemeral=True)
+
+    async def unregister_broker(self, broker_id: str) -> None:
+        await self.store.adelete(layout.broker_path(broker_id), missing_ok=True)
+
+    async def list_brokers(self) -> dict[str, BrokerInfo]:
+        try:
+            ids = await self.store.achildren(layout.BROKERS)
+        except MetadataNotFoundError:
+            return {}
+        bodies = await asyncio.to_thread(self.store.get_many, [layout.broker_path(i) for i in ids])
+        return {i: BrokerInfo.from_json(v.value) for i in ids if (v := bodies[layout.broker_path(i)])}
+
+    # ownership
+    async def acquire_ownership(self, ml_name: str, info: OwnershipInfo) -> OwnershipInfo:
+        """Create the ephemeral ownership znode if absent; returns the current owner (``info`` if we won)."""
+        path = layout.topic_ownership_path(ml_name)
+        for _attempt in range(10):
+            try:
+                await self.store.acreate(path, info.to_json(), ephemeral=True)
+                return info
+            except MetadataExistsError:
+                current = await self.store.aget_optional(path)
+                if current is not None:
+                    return OwnershipInfo.from_json(current.value)
+        raise MetadataVersionError("ownership znode keeps appearing and disappearing", path=path)
+
+    async def get_owner(self, ml_name: str) -> OwnershipInfo | None:
+        v = await self.store.aget_optional(layout.topic_ownership_path(ml_name))
+        return None if v is None else OwnershipInfo.from_json(v.value)
+
+    async def release_ownership(self, ml_name: str, broker_id: str) -> bool:
+        """Delete the ownership znode if ``broker_id`` holds it; True if it did."""
+        path = layout.topic_ownership_path(ml_name)
+        current = await self.store.aget_optional(path)
+        if current is None or OwnershipInfo.from_json(current.value).broker_id != broker_id:
+            return False
+        try:
+            return await self.store.adelete(path, current.version, missing_ok=True)
+        except MetadataVersionError:
+            return False
+
+    # namespaces
+    async def get_policies(self, tenant: str, namespace: str) -> NamespacePolicies | None:
+        v = await self.store.aget_optional(layout.namespace_policies_path(tenant, namespace))
+        return None if v is None else NamespacePolicies.from_json(v.value)
+
+    async def set_policies(self, tenant: str, namespace: str, policies: NamespacePolicies) -> None:
+        await self.store.aupdate(
+            layout.namespace_policies_path(tenant, namespace),
+            lambda cur: {**cur, **policies.to_json()},
+            default={},
+        )
+
+    async def ensure_default_namespace(self) -> NamespacePolicies:
+        """``public/default`` with default policies, created if absent; returns its policies."""
+        path = layout.namespace_policies_path(DEFAULT_TENANT, DEFAULT_NAMESPACE)
+        v = await self.store.aupdate(path, lambda cur: cur, default=NamespacePolicies().to_json())
+        return NamespacePolicies.from_json(v.value)
+
+    async def list_namespaces(self, tenant: str) -> list[str]:
+        try:
+            return await self.store.achildren(f"{layout.NAMESPACES}/{layout.check_znode_name(tenant)}")
+        except MetadataNotFoundError:
+            return []
