@@ -1,0 +1,334 @@
+"""Durable subscriptions: the pure :class:`Cursor` and the persisted :class:`ManagedCursor`.
+
+A cursor is Pulsar's ManagedCursor state: every entry at or before ``mark_delete`` is acknowledged, and so is
+every entry inside one of the ``individually_deleted`` closed ranges after it (the "ack holes" are the gaps).
+Ranges are kept sorted, disjoint and merged; when the range right after ``mark_delete`` touches it,
+``mark_delete`` moves over it. What "right after" means across ledger boundaries is the managed ledger's
+knowledge, so the cursor takes a ``next_position`` callable (``ManagedLedger.next_position``).
+
+Persisted (``zk.managed_ledgers.CursorInfo`` at ``managed-ledgers/<ml>/cursors/<sub>``) at most once per
+``flush_interval_s`` and on close; at most :data:`MAX_STORED_RANGES` ranges are stored (the ones nearest
+``mark_delete``; the rest are redelivered after a restart, never lost), with a logged warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import zk
+from topic_broker.managed_ledger import (
+    ManagedLedger,
+    ManagedLedgerClosedError,
+    ManagedLedgerFencedError,
+    Position,
+)
+from zk.managed_ledgers import CursorInfo
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_FLUSH_INTERVAL_S",
+    "MAX_STORED_RANGES",
+    "Cursor",
+    "InitialPosition",
+    "ManagedCursor",
+]
+
+MAX_STORED_RANGES = 10_000
+DEFAULT_FLUSH_INTERVAL_S = 1.0
+
+NextPosition = Callable[[Position], Position]
+
+
+def _plus_one(pos: Position) -> Position:
+    return Position(pos.ledger_id, pos.entry_id + 1)
+
+
+class Cursor:
+    """Pure acknowledgement state. ``next_position`` defaults to "same ledger, next entry"."""
+
+    def __init__(
+        self,
+        mark_delete: Position,
+        ranges: Iterable[tuple[Position, Position]] = (),
+        next_position: NextPosition = _plus_one,
+    ) -> None:
+        self._md = Position(*mark_delete)
+        self._next = next_position
+        self._starts: list[Position] = []
+        self._ends: list[Position] = []
+        for start, end in ranges:
+            self._add_range(Position(*start), Position(*end))
+        self._advance()
+
+    # -- queries ----------------------------------------------------------------------------------------------
+    @property
+    def mark_delete(self) -> Position:
+        return self._md
+
+    @property
+    def individually_deleted(self) -> list[tuple[Position, Position]]:
+        return list(zip(self._starts, self._ends, strict=True))
+
+    def is_acked(self, pos: Position) -> bool:
+        if pos <= self._md:
+            return True
+        i = bisect.bisect_right(self._starts, pos) - 1
+        return i >= 0 and pos <= self._ends[i]
+
+    def set_next_position(self, next_position: NextPosition) -> None:
+        self._next = next_position
+
+    # -- changes ----------------------------------------------------------------------------------------------
+    def ack_individual(self, pos: Position) -> bool:
+        """Acknowledge one entry; True if that changed anything."""
+        pos = Position(*pos)
+        if self.is_acked(pos):
+            return False
+        self._add_range(pos, pos)
+        self._advance()
+        return True
+
+    def ack_cumulative(self, pos: Position) -> bool:
+        """Acknowledge everything up to and including ``pos``; True if that changed anything."""
+        pos = Position(*pos)
+        if pos <= self._md:
+            return False
+        md = pos
+        while self._starts and self._starts[0] <= pos:
+            md = max(md, self._ends[0])
+            del self._starts[0], self._ends[0]
+        self._md = md
+        self._advance()
+        return True
+
+    def reset(self, mark_delete: Position) -> None:
+        """Rewind or skip: everything up to ``mark_delete`` acknowledged, nothing after it."""
+        self._md = Position(*mark_delete)
+        self._starts.clear()
+        self._ends.clear()
+
+    def _add_range(self, start: Position, end: Position) -> None:
+        """Insert ``[start, end]`` (not overlapping an existing range), merging with touching neighbours."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i >= 0 and (self._ends[i] >= start or self._next(self._ends[i]) == start):
+            self._ends[i] = max(self._ends[i], end)
+            j = i
+        else:
+            j = i + 1
+            self._starts.insert(j, start)
+            self._ends.insert(j, end)
+        while j + 1 < len(self._starts) and (
+            self._starts[j + 1] <= self._ends[j] or self._next(self._ends[j]) == self._starts[j + 1]
+        ):
+            self._ends[j] = max(self._ends[j], self._ends[j + 1])
+            del self._starts[j + 1], self._ends[j + 1]
+
+    def _advance(self) -> None:
+        while self._starts and (self._starts[0] <= self._md or self._starts[0] == self._next(self._md)):
+            self._md = max(self._md, self._ends[0])
+            del self._starts[0], self._ends[0]
+
+    # -- (de)serialisation -------------------------------------------------------------------------------------
+    def to_info(self, *, properties: Mapping[str, int] | None = None, last_active_ms: int = 0) -> CursorInfo:
+        ranges = self.individually_deleted
+        if len(ranges) > MAX_STORED_RANGES:
+            log.warning(
+                "cursor has %d ack ranges; storing the first %d (later acks are redelivered after a restart)",
+                len(ranges),
+                MAX_STORED_RANGES,
+            )
+            ranges = ranges[:MAX_STORED_RANGES]
+        return CursorInfo(
+            mark_delete=(self._md.ledger_id, self._md.entry_id),
+            individually_deleted=tuple((s.ledger_id, s.entry_id, e.ledger_id, e.entry_id) for s, e in ranges),
+            properties=dict(properties or {}),
+            last_active_ms=last_active_ms,
+        )
+
+    @classmethod
+    def from_info(cls, info: CursorInfo, next_position: NextPosition = _plus_one) -> Cursor:
+        ranges = [(Position(a, b), Position(c, d)) for a, b, c, d in info.individually_deleted]
+        return cls(Position(*info.mark_delete), ranges, next_position)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.to_info().to_json()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], next_position: NextPosition = _plus_one) -> Cursor:
+        return cls.from_info(CursorInfo.from_json(d), next_position)
+
+    def __repr__(self) -> str:
+        return f"Cursor(mark_delete={self._md}, ranges={len(self._starts)})"
+
+
+class InitialPosition(enum.Enum):
+    """Where a new subscription starts (Pulsar's ``InitialPosition``)."""
+
+    LATEST = "latest"
+    EARLIEST = "earliest"
+
+
+class ManagedCursor:
+    """A durable subscription of a :class:`ManagedLedger`, persisted rate-limited. Build it with :meth:`open`."""
+
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        name: str,
+        cursor: Cursor,
+        version: int,
+        properties: Mapping[str, int],
+        flush_interval_s: float,
+    ) -> None:
+        self.ml = ml
+        self.name = name
+        self.cursor = cursor
+        self.properties: dict[str, int] = dict(properties)
+        self.read_position = ml.next_position(cursor.mark_delete)
+        self._version = version
+        self._flush_interval_s = flush_interval_s
+        self._dirty = False
+        self._last_flush = 0.0
+        self._flush_lock = asyncio.Lock()
+        self._flush_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        ml: ManagedLedger,
+        name: str,
+        initial_position: InitialPosition = InitialPosition.LATEST,
+        *,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    ) -> ManagedCursor:
+        """Restore the subscription ``name``, or create it at ``initial_position``."""
+        stored = await ml.store.get_cursor(ml.name, name)
+        if stored is not None:
+            cursor = Cursor.from_info(stored.value, ml.next_position)
+            mc = cls(ml, name, cursor, stored.version, stored.value.properties, flush_interval_s)
+        else:
+            if initial_position is InitialPosition.EARLIEST:
+                md = ml.first_position().previous()
+            else:
+                md = ml.last_confirmed_position()
+            mc = cls(ml, name, Cursor(md, (), ml.next_position), -1, {}, flush_interval_s)
+            mc._dirty = True
+            await mc.flush()
+        ml.attach_cursor(mc)
+        return mc
+
+    # -- state ------------------------------------------------------------------------------------------------
+    @property
+    def mark_delete(self) -> Position:
+        return self.cursor.mark_delete
+
+    def is_acked(self, pos: Position) -> bool:
+        return self.cursor.is_acked(pos)
+
+    def backlog(self) -> int:
+        """Entries after the mark-delete up to the last confirmed entry, minus those individually acked."""
+        view = self.ml.view()
+        total = view.count_entries(self.mark_delete, view.last_position())
+        acked = sum(view.count_entries(s.previous(), e) for s, e in self.cursor.individually_deleted)
+        return max(0, total - acked)
+
+    # -- acknowledgements ----------------------------------------------------------------------------------------
+    def ack_individual(self, pos: Position) -> bool:
+        changed = self.cursor.ack_individual(pos)
+        if changed:
+            self._changed()
+        return changed
+
+    def ack_cumulative(self, pos: Position) -> bool:
+        changed = self.cursor.ack_cumulative(pos)
+        if changed:
+            self._changed()
+        return changed
+
+    async def reset(self, position: Position) -> None:
+        """Move the subscription so that ``position`` is the next entry delivered (seek / reset-cursor)."""
+        self.cursor.reset(Position(*position).previous())
+        self.read_position = Position(*position)
+        self._dirty = True
+        await self.flush()
+
+    async def read_entries(self, max_entries: int) -> list[tuple[Position, bytes]]:
+        """The next entries from ``read_position`` on that are not acknowledged yet; advances ``read_position``."""
+        if self.read_position <= self.mark_delete:
+            self.read_position = self.ml.next_position(self.mark_delete)
+        got = await self.ml.read_entries(self.read_position, max_entries)
+        if got:
+            self.read_position = self.ml.next_position(got[-1][0])
+        return [(p, data) for p, data in got if not self.cursor.is_acked(p)]
+
+    def _changed(self) -> None:
+        self.cursor.set_next_position(self.ml.next_position)
+        self._dirty = True
+        if self._flush_task is None and not self._closed:
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        delay = self._last_flush + self._flush_interval_s - time.monotonic()
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+        finally:
+            self._flush_task = None
+        try:
+            await self.flush()
+        except (ManagedLedgerFencedError, ManagedLedgerClosedError):
+            pass
+        except Exception:  # a task nobody awaits: log; the next ack, tick or close tries again
+            log.exception("ml=%s cursor=%s flush failed", self.ml.name, self.name)
+
+    # -- persistence --------------------------------------------------------------------------------------------
+    async def maybe_flush(self) -> None:
+        if self._dirty and time.monotonic() - self._last_flush >= self._flush_interval_s:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write the cursor now if it changed. A conflict means another owner: the managed ledger is fenced."""
+        async with self._flush_lock:
+            if not self._dirty:
+                return
+            if self.ml.fenced:
+                raise ManagedLedgerFencedError(
+                    "cursor not persisted: the topic is fenced", ml_name=self.ml.name
+                )
+            info = self.cursor.to_info(properties=self.properties, last_active_ms=int(time.time() * 1000))
+            self._dirty = False
+            try:
+                saved = await self.ml.store.save_cursor(self.ml.name, self.name, info, self._version)
+            except (zk.MetadataVersionError, zk.MetadataExistsError) as e:
+                raise self.ml.fence(f"cursor {self.name} written by another owner") from e
+            except BaseException:
+                self._dirty = True
+                raise
+            self._version = saved.version
+            self._last_flush = time.monotonic()
+
+    async def close(self) -> None:
+        """Flush and stop the delayed flush."""
+        self._closed = True
+        task, self._flush_task = self._flush_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not self.ml.fenced:
+            await self.flush()
+
+    async def delete(self) -> None:
+        """Remove the subscription (unsubscribe)."""
+        await self.close()
+        self.ml.detach_cursor(self.name)
+        await self.ml.store.delete_cursor(self.ml.name, self.name)
