@@ -1,0 +1,260 @@
+"""The ``ledger`` data source against a live ZooKeeper and bookie processes, through a local[2] SparkSession."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ledger_client import ClientConfig
+from ledger_client.sync import BookKeeper
+
+PW = b"secret"
+
+
+def payload(ledger: int, i: int, size: int = 100) -> bytes:
+    # sizes vary per entry so a length or offset mix-up shows
+    return (f"L{ledger}-E{i}-".encode() * (size // 4 + 8))[: size + (i * 7) % 50]
+
+
+@pytest.fixture
+def client(bookies: Any) -> Iterator[BookKeeper]:
+    bk = BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root, add_timeout_s=3.0))
+    yield bk
+    bk.close()
+
+
+def reader(spark: Any, bookies: Any, **options: Any) -> Any:
+    r = spark.read.format("ledger").option("zk", bookies.zk).option("zkRoot", bookies.root)
+    r = r.option("password", PW.decode())
+    for k, v in options.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+def summary(df: Any) -> dict[int, tuple[int, int, int, int, int]]:
+    """ledger id -> (count, min id, max id, total bytes, sum of crc32 of the data)."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        df.groupBy("ledger_id")
+        .agg(
+            F.count("*"),
+            F.min("entry_id"),
+            F.max("entry_id"),
+            F.sum("length"),
+            F.sum(F.crc32("data")),
+        )
+        .collect()
+    )
+    return {r[0]: (r[1], r[2], r[3], r[4], r[5]) for r in rows}
+
+
+def expected(entries: list[bytes]) -> tuple[int, int, int, int, int]:
+    return (
+        len(entries),
+        0,
+        len(entries) - 1,
+        sum(map(len, entries)),
+        sum(zlib.crc32(e) for e in entries),
+    )
+
+
+def test_closed_and_open_ledgers_read_exactly_what_was_written_and_the_writer_keeps_appending(
+    bookies: Any, client: BookKeeper, spark: Any
+) -> None:
+    bookies.start_many(3)
+    closed = client.create_ledger(3, 2, 2, password=PW, custom_metadata={"app": b"\x00\xffx"})
+    closed_data = [payload(1, i) for i in range(2500)]
+    closed.append_many(closed_data)
+    closed.close()
+    live = client.create_ledger(3, 3, 2, password=PW)
+    live_data = [payload(2, i) for i in range(700)]
+    live.append_many(live_data)
+
+    df = reader(spark, bookies, ledgers="all", entriesPerPartition=600, maxRecordsPerBatch=256)
+    got = summary(df)
+    assert got[closed.ledger_id] == expected(closed_data)
+    # an open ledger reads to its LAC: every acknowledged entry but possibly the last (the LAC travels with the
+    # next add or the writer's periodic explicit LAC)
+    n_live = got[live.ledger_id][0]
+    assert n_live >= 699
+    assert got[live.ledger_id] == expected(live_data[:n_live])
+    rows = (
+        df.where(f"ledger_id = {live.ledger_id} and entry_id < 50")
+        .orderBy("entry_id")
+        .select("entry_id", "data", "length", "state")
+        .collect()
+    )
+    assert [(r.entry_id, bytes(r.data), r.length, r.state) for r in rows] == [
+        (i, live_data[i], len(live_data[i]), "OPEN") for i in range(50)
+    ]
+    meta = df.where("entry_id = 0").select("ledger_id", "state", "custom_metadata", "ctime").collect()
+    by_id = {r.ledger_id: r for r in meta}
+    assert by_id[closed.ledger_id].state == "CLOSED"
+    assert by_id[closed.ledger_id].custom_metadata == {"app": b"\x00\xffx"}
+    md = client.ledger_metadata(closed.ledger_id)
+    assert abs(by_id[closed.ledger_id].ctime.timestamp() * 1000 - md.ctime_ms) < 1.0
+
+    # the scan fenced nothing: the writer keeps appending and closes normally
+    assert client.ledger_metadata(live.ledger_id).state.value == "OPEN"
+    assert live.append(b"after the scan") == 700
+    live.close()
+    md_live = client.ledger_metadata(live.ledger_id)
+    assert md_live.state.value == "CLOSED" and md_live.last_entry_id == 700
+    assert summary(reader(spark, bookies, ledgers=str(live.ledger_id)))[live.ledger_id] == expected(
+        [*live_data, b"after the scan"]
+    )
+
+
+def test_ledger_with_an_ensemble_change_inside_one_partition(
+    bookies: Any, client: BookKeeper, spark: Any
+) -> None:
+    procs = bookies.start_many(4)
+    lh = client.create_ledger(3, 2, 2, password=PW)
+    data = [payload(1, i) for i in range(600)]
+    lh.append_many(data[:300])
+    victim = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[0])
+    victim.stop()
+    lh.append_many(data[300:])
+    lh.close()
+    md = client.ledger_metadata(lh.ledger_id)
+    assert len(md.ensembles) == 2 and 0 < md.ensembles[1].first_entry_id <= 300
+    victim.start()  # its entries of the first ensemble are readable from it again
+    df = reader(spark, bookies, ledgers=str(lh.ledger_id), entriesPerPartition=1000)
+    assert df.rdd.getNumPartitions() == 1
+    assert summary(df) == {lh.ledger_id: expected(data)}
+
+
+def test_a_bookie_killed_during_the_scan_reads_fail_over(
+    bookies: Any, client: BookKeeper, spark: Any
+) -> None:
+    procs = bookies.start_many(3)
+    ledgers = []
+    for n in range(2):
+        lh = client.create_ledger(3, 2, 2, password=PW)
+        data = [payload(n, i, 1000) for i in range(6000)]
+        lh.append_many(data)
+        lh.close()
+        ledgers.append((lh.ledger_id, data))
+    victim = procs[1]
+    killed_at: list[float] = []
+
+    def kill_soon() -> None:
+        time.sleep(1.0)
+        victim.kill9()
+        killed_at.append(time.monotonic())
+
+    df = reader(spark, bookies, entriesPerPartition=1000, readTimeoutMs=3000)
+    t = threading.Thread(target=kill_soon)
+    t.start()
+    try:
+        got = summary(df)
+        finished = time.monotonic()
+    finally:
+        t.join()
+    assert got == {lid: expected(data) for lid, data in ledgers}
+    # every write set of a 3/2 ledger on 3 bookies has the victim in 2 of 3 entries; whether the kill landed
+    # mid-scan or before, a scan after it still reads everything from the other replica
+    assert killed_at and killed_at[0] < finished
+    assert summary(reader(spark, bookies, entriesPerPartition=1000)) == got
+
+
+def test_ledger_selection_all_ids_and_ranges(bookies: Any, client: BookKeeper, spark: Any) -> None:
+    bookies.start_many(3)
+    ids = []
+    for n in range(4):
+        lh = client.create_ledger(3, 2, 2, password=PW)
+        lh.append_many([payload(n, i) for i in range(10 + n)])
+        lh.close()
+        ids.append(lh.ledger_id)
+    empty_lh = client.create_ledger(3, 2, 2, password=PW)  # open and empty: no rows, no error
+    empty = empty_lh.ledger_id
+    a, b, c, d = ids
+
+    def counts(sel: str) -> dict[int, int]:
+        rows = reader(spark, bookies, ledgers=sel).select("ledger_id").collect()  # no shuffle: quicker here
+        return dict(Counter(r[0] for r in rows))
+
+    assert counts("all") == {a: 10, b: 11, c: 12, d: 13}
+    assert counts(f"{b}-{c}") == {b: 11, c: 12}
+    assert counts(f"{a},{d}") == {a: 10, d: 13}
+    assert counts(f"{a},{c}-{empty + 100}") == {a: 10, c: 12, d: 13}
+    assert counts(f"{empty}") == {}
+    # an explicit id that does not exist is data loss; a range over nothing is just empty
+    assert counts(f"{empty + 50}-{empty + 60}") == {}
+    with pytest.raises(Exception, match=f"ledger {empty + 50} does not exist"):
+        counts(f"{a},{empty + 50}")
+    missing_ok = reader(spark, bookies, ledgers=f"{a},{empty + 50}", failOnDataLoss="false")
+    assert len(missing_ok.select("entry_id").collect()) == 10
+    empty_lh.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"ledgers": "1,two"}, "ledgers"),
+        ({"entriesPerPartition": "0"}, "entriesPerPartition"),
+        ({"failOnDataLoss": "sometimes"}, "failOnDataLoss"),
+        ({"zk": "no-port"}, "zk"),
+        ({"bogus": "1"}, "bogus"),
+    ],
+)
+def test_bad_options_fail_when_the_dataframe_is_defined_naming_the_option(
+    spark: Any, options: dict[str, str], named: str
+) -> None:
+    r = spark.read.format("ledger")
+    for k, v in options.items():
+        r = r.option(k, v)
+    with pytest.raises(Exception, match=f"option '{named}'"):
+        r.load()
+
+
+def test_wrong_password_fails_at_plan_time_naming_the_option(
+    bookies: Any, client: BookKeeper, spark: Any
+) -> None:
+    bookies.start_many(3)
+    lh = client.create_ledger(3, 2, 2, password=PW)
+    lh.append(b"x")
+    lh.close()
+    df = (
+        spark.read.format("ledger")
+        .option("zk", bookies.zk)
+        .option("zkRoot", bookies.root)
+        .option("password", "not-it")
+        .load()
+    )
+    with pytest.raises(Exception, match="option 'password'"):
+        df.count()
+
+
+def test_a_ledger_deleted_under_a_query_fails_or_is_skipped_by_fail_on_data_loss(
+    bookies: Any, client: BookKeeper
+) -> None:
+    """Planned, then deleted before its partition is read (the source's reader driven directly, as Spark would)."""
+    from spark.ledger_source import LEDGER_SCHEMA, LedgerDataLossError, LedgerDataSource
+
+    bookies.start_many(3)
+    keep = client.create_ledger(3, 2, 2, password=PW)
+    keep.append_many([b"k"] * 5)
+    keep.close()
+    gone = client.create_ledger(3, 2, 2, password=PW)
+    gone.append_many([b"g"] * 5)
+    gone.close()
+    base = {"zk": bookies.zk, "zkRoot": bookies.root, "password": PW.decode(), "ledgers": "all"}
+    strict = LedgerDataSource(dict(base)).reader(LEDGER_SCHEMA)
+    lenient = LedgerDataSource({**base, "failOnDataLoss": "false"}).reader(LEDGER_SCHEMA)
+    parts = strict.partitions()
+    assert sorted(p.ledger_id for p in parts) == [keep.ledger_id, gone.ledger_id]
+    client.delete_ledger(gone.ledger_id)
+    for p in parts:
+        rows = sum(b.num_rows for b in lenient.read(p))
+        assert rows == (5 if p.ledger_id == keep.ledger_id else 0)
+    lost = next(p for p in parts if p.ledger_id == gone.ledger_id)
+    with pytest.raises(LedgerDataLossError, match=f"ledger {gone.ledger_id} was deleted"):
+        list(strict.read(lost))
