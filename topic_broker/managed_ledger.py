@@ -708,12 +708,12 @@ class ManagedLedger:
     async def delete(self) -> None:
         """Remove the topic's storage: every ledger (metadata and bookie data), cursors and the znode."""
         async with self._submit_lock, self._meta_lock:
-            was_open = self._state == _OPEN
+            was_fenced = self._state == _FENCED
             self._state = _CLOSED
             with contextlib.suppress(LE.LedgerError):
                 await self._current.close()
             await self._release_read_handles()
-            if not was_open:
+            if was_fenced:
                 raise ManagedLedgerFencedError("only the owner deletes a managed ledger", ml_name=self.name)
             ids = {li.ledger_id for li in self._info.value.ledgers} | {self._current.ledger_id}
             await self.store.delete_ml(self.name)
