@@ -29,7 +29,7 @@ INSTANCEID = "INSTANCEID"
 UNDERREPLICATED = "underreplicated"
 UNDERREPLICATED_LEDGERS = "underreplicated/ledgers"
 UNDERREPLICATED_LOCKS = "underreplicated/locks"
-# Reserved for the topic broker (ARCHITECTURE section 7); not yet used by the zk package itself.
+# The topic broker's znodes (docs/architecture.md §7, bodies in docs/broker.md and zk/managed_ledgers.py).
 MANAGED_LEDGERS = "managed-ledgers"
 TOPICS = "topics"
 BROKERS = "brokers"
@@ -145,7 +145,7 @@ def underreplicated_lock_path(ledger_id: int) -> str:
     return f"{UNDERREPLICATED_LOCKS}/{UNDERREPLICATED_LEAF_PREFIX}{ledger_id:0{LEDGER_ID_DIGITS}d}"
 
 
-# --- topic broker (reserved, not yet used) -----------------------------------------------------------------
+# --- topic broker (docs/broker.md) ------------------------------------------------------------------------
 
 
 def encode_name(name: str) -> str:
@@ -162,24 +162,8 @@ def decode_name(component: str) -> str:
     return unquote(component)
 
 
-def managed_ledger_path(topic: str) -> str:
-    return f"{MANAGED_LEDGERS}/{encode_name(topic)}"
-
-
-def cursor_path(topic: str, subscription: str) -> str:
-    return f"{managed_ledger_path(topic)}/cursors/{encode_name(subscription)}"
-
-
-def topic_path(topic: str) -> str:
-    return f"{TOPICS}/{encode_name(topic)}"
-
-
 def broker_path(broker_id: str) -> str:
     return f"{BROKERS}/{check_znode_name(broker_id, 'broker id')}"
-
-
-def ownership_path(topic: str) -> str:
-    return f"{OWNERSHIP}/{encode_name(topic)}"
 
 
 def join(*parts: str) -> str:
