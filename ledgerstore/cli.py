@@ -196,6 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_commands(bench, _common)
 
+    # broker --------------------------------------------------------------------------------------
+    brp = sub.add_parser("broker", help="run a topic broker (Apache Pulsar's binary protocol)")
+    brs = brp.add_subparsers(dest="action", required=True)
+    br_serve = brs.add_parser("serve", help="run a broker in the foreground")
+    from topic_broker.main import add_serve_arguments
+
+    add_serve_arguments(br_serve)
+    brp.set_defaults(func=_cmd_broker)
+
     # demo ----------------------------------------------------------------------------------------
     demo = sub.add_parser("demo", help="the end-to-end story (what `make run` shows)")
     _common(demo)
@@ -240,6 +249,12 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
     return bookie_main.format_cookie(args)
 
 
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from topic_broker import main as broker_main
+
+    return broker_main.run(args)
+
+
 def _cmd_cluster(args: argparse.Namespace) -> int:
     from ledgerstore import cluster
 
@@ -255,7 +270,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    server = args.command == "bookie" and getattr(args, "action", "") == "serve"
+    server = args.command in ("bookie", "broker") and getattr(args, "action", "") == "serve"
     logging.basicConfig(
         level=logging.DEBUG
         if getattr(args, "verbose", False)

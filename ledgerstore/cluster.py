@@ -282,3 +282,118 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
         {"zk": st["zk"], "bookies": rows},
     )
     return 0 if all(r["alive"] for r in rows) else 1
+
+
+@dataclass
+class BrokerProcess:
+    """A topic broker process (``ledgerstore broker serve``): start, wait until its Pulsar port accepts
+    connections, SIGTERM, kill -9, SIGSTOP/SIGCONT."""
+
+    zk: str
+    port: int
+    http_port: int
+    zk_root: str = "/ledgerstore"
+    extra_args: list[str] = field(default_factory=list)
+    broker_id: str | None = None
+    log_path: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.broker_id or f"127.0.0.1:{self.port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "ledgerstore.cli",
+            "broker",
+            "serve",
+            "--zk",
+            self.zk,
+            "--zk-root",
+            self.zk_root,
+            "--port",
+            str(self.port),
+            "--http-port",
+            str(self.http_port),
+            "--advertised-address",
+            "127.0.0.1",
+            *self.extra_args,
+        ]
+        if self.broker_id:
+            cmd += ["--broker-id", self.broker_id]
+        return cmd
+
+    def start(self, wait: bool = True, timeout_s: float = 60.0) -> BrokerProcess:
+        log_path = self.log_path or Path(f"/tmp/broker-{self.port}.log")
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **self.env},
+        )
+        logf.close()
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def ready(self) -> bool:
+        import socket
+
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"broker {self.id} exited with {self.proc.returncode}: {self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"broker {self.id} not ready after {timeout_s}s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

@@ -306,14 +306,23 @@ class Subscription:
         self.caught_up = False
         return self._dispatch()
 
-    def on_read(self, epoch: int, entries: Sequence[DispatchEntry], next_start: Position) -> list[Command]:
+    def on_read(
+        self,
+        epoch: int,
+        entries: Sequence[DispatchEntry],
+        next_start: Position,
+        *,
+        at_end: bool | None = None,
+    ) -> list[Command]:
+        """``at_end``: the read found nothing to read (defaults to "no entries"; pass False when entries were
+        read but all were already acked and left out)."""
         if epoch != self.epoch:
             return []
         self.reading = False
         self.read_position = next_start
-        if not entries:
+        if (not entries) if at_end is None else at_end:
             self.caught_up = True
-        else:  # size the next read by the batch size seen (Pulsar's avgMessagesPerEntry)
+        if entries:  # size the next read by the batch size seen (Pulsar's avgMessagesPerEntry)
             self._messages_per_entry = max(1, sum(e.num_messages for e in entries) // len(entries))
         cmds: list[Command] = []
         self._assign(entries, cmds, replay=False)

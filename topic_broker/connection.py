@@ -1,0 +1,237 @@
+"""One client connection's protocol state: a pure core (no sockets, clocks or asyncio).
+
+The server drives it like this (h11 style)::
+
+    conn = ProtocolConnection(config)
+    on bytes:   requests = conn.receive_data(data, now)   # CONNECT, PING and PONG are answered inside
+                for r in requests: getattr(service, handler_name(r.type))(session, r)   # see HANDLERS
+    replies:    conn.send(cmd) / conn.send_raw(frame_bytes)
+    on a tick:  conn.tick(now)                             # keep-alive: PING when idle, close when silent
+    after each: write conn.data_to_send(); if conn.closed: close the socket (reason in conn.close_reason)
+
+States: AWAITING_CONNECT --CONNECT--> CONNECTED --error/close--> CLOSED.
+
+- The first command must be CONNECT; anything else gets ERROR and the connection closes. A second CONNECT
+  closes it too. CONNECTED carries server_version (the client requires it), the negotiated protocol version
+  min(ours, the client's) and our max message size.
+- Our protocol version is 17: keep-alive (1), checksums (6), GET_LAST_MESSAGE_ID and ACTIVE_CONSUMER_CHANGE
+  (12), Key_Shared (14), ack receipts (17). Clients older than 12 are refused (their readers cannot work).
+- A frame that cannot be decoded (too large, bad sizes, bad protobuf, a SEND without its payload) closes the
+  connection: there is no way to resynchronise a byte stream. Nothing else is affected.
+- Commands we do not serve (transactions, topic-list watchers, ...) are answered with ERROR NotAllowed when
+  they carry a request id; the connection stays open.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from . import pulsar_api_pb2 as pb
+from . import wire
+
+__all__ = [
+    "DEFAULT_KEEPALIVE_INTERVAL_S",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "HANDLERS",
+    "MIN_CLIENT_PROTOCOL_VERSION",
+    "PROTOCOL_VERSION",
+    "ConnState",
+    "ConnectionConfig",
+    "ProtocolConnection",
+    "Request",
+]
+
+T = pb.BaseCommand
+
+PROTOCOL_VERSION = 17
+MIN_CLIENT_PROTOCOL_VERSION = 12
+DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+DEFAULT_KEEPALIVE_INTERVAL_S = 30.0
+SERVER_VERSION = "ledgerstore-broker"
+
+#: Client command type -> (BaseCommand field, service handler method).
+HANDLERS: dict[int, tuple[str, str]] = {
+    T.PARTITIONED_METADATA: ("partitionMetadata", "on_partitioned_metadata"),
+    T.LOOKUP: ("lookupTopic", "on_lookup"),
+    T.PRODUCER: ("producer", "on_producer"),
+    T.SEND: ("send", "on_send"),
+    T.CLOSE_PRODUCER: ("close_producer", "on_close_producer"),
+    T.SUBSCRIBE: ("subscribe", "on_subscribe"),
+    T.FLOW: ("flow", "on_flow"),
+    T.ACK: ("ack", "on_ack"),
+    T.REDELIVER_UNACKNOWLEDGED_MESSAGES: ("redeliverUnacknowledgedMessages", "on_redeliver"),
+    T.UNSUBSCRIBE: ("unsubscribe", "on_unsubscribe"),
+    T.CLOSE_CONSUMER: ("close_consumer", "on_close_consumer"),
+    T.SEEK: ("seek", "on_seek"),
+    T.GET_LAST_MESSAGE_ID: ("getLastMessageId", "on_get_last_message_id"),
+    T.GET_TOPICS_OF_NAMESPACE: ("getTopicsOfNamespace", "on_get_topics_of_namespace"),
+    T.GET_SCHEMA: ("getSchema", "on_get_schema"),
+    T.CONSUMER_STATS: ("consumerStats", "on_consumer_stats"),
+}
+
+
+class ConnState(enum.Enum):
+    AWAITING_CONNECT = "awaiting-connect"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionConfig:
+    server_version: str = SERVER_VERSION
+    protocol_version: int = PROTOCOL_VERSION
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    keepalive_interval_s: float = DEFAULT_KEEPALIVE_INTERVAL_S
+
+
+@dataclass(slots=True)
+class Request:
+    """A client command for the service: ``body`` is the sub-command, ``frame`` the decoded frame (for SEND,
+    its headers-and-payload are in it)."""
+
+    type: int
+    body: object
+    frame: wire.Frame
+    handler: str
+
+
+class ProtocolConnection:
+    def __init__(self, config: ConnectionConfig = ConnectionConfig(), now: float = 0.0) -> None:
+        self.config = config
+        self.state = ConnState.AWAITING_CONNECT
+        self.protocol_version = 0
+        self.client_version = ""
+        self.close_reason: str | None = None
+        self._decoder = wire.FrameDecoder(max_frame_size=config.max_message_size + wire.FRAME_PADDING_SIZE)
+        self._out: list[bytes] = []
+        self._last_received = now
+        self._ping_sent_at: float | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.state == ConnState.CLOSED
+
+    # -- input ----------------------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float) -> list[Request]:
+        if self.closed:
+            return []
+        self._last_received = now
+        self._ping_sent_at = None
+        try:
+            frames = self._decoder.feed(data)
+        except wire.FrameError as e:
+            self.close(f"bad frame: {e}")
+            return []
+        out: list[Request] = []
+        for frame in frames:
+            req = self._on_frame(frame)
+            if self.closed:
+                break
+            if req is not None:
+                out.append(req)
+        return out
+
+    def _on_frame(self, frame: wire.Frame) -> Request | None:
+        cmd = frame.command
+        t = cmd.type
+        if self.state == ConnState.AWAITING_CONNECT:
+            if t != T.CONNECT or not cmd.HasField("connect"):
+                self._error(_request_id(cmd), pb.ServiceNotReady, "the first command must be CONNECT")
+                self.close(f"{_type_name(t)} before CONNECT")
+                return None
+            self._on_connect(cmd.connect)
+            return None
+        if t == T.PING:
+            self.send_raw(wire.pong())
+            return None
+        if t == T.PONG:
+            return None
+        if t == T.CONNECT:
+            self.close("a second CONNECT")
+            return None
+        route = HANDLERS.get(t)
+        if route is None:
+            rid = _request_id(cmd)
+            if rid is not None:
+                self._error(rid, pb.NotAllowedError, f"{_type_name(t)} is not supported by this broker")
+            return None
+        field, handler = route
+        if not cmd.HasField(field):
+            self.close(f"{_type_name(t)} without its body")
+            return None
+        return Request(t, getattr(cmd, field), frame, handler)
+
+    def _on_connect(self, c: pb.CommandConnect) -> None:
+        version = c.protocol_version
+        if version < MIN_CLIENT_PROTOCOL_VERSION:
+            self._error(
+                0,
+                pb.UnsupportedVersionError,
+                f"protocol version {version} < {MIN_CLIENT_PROTOCOL_VERSION} is not supported",
+            )
+            self.close(f"client protocol version {version}")
+            return
+        self.protocol_version = min(version, self.config.protocol_version)
+        self.client_version = c.client_version
+        self.state = ConnState.CONNECTED
+        self.send_raw(
+            wire.connected(self.config.server_version, self.protocol_version, self.config.max_message_size)
+        )
+
+    # -- output ---------------------------------------------------------------------------------------------
+
+    def send(self, cmd: pb.BaseCommand) -> None:
+        if not self.closed:
+            self._out.append(wire.encode_command(cmd))
+
+    def send_raw(self, data: bytes) -> None:
+        """An already encoded frame (MESSAGE frames are built by the dispatcher)."""
+        if not self.closed:
+            self._out.append(data)
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        return data
+
+    @property
+    def has_data_to_send(self) -> bool:
+        return bool(self._out)
+
+    def close(self, reason: str) -> None:
+        """No more input is processed; what is queued may still be written, then the socket closes."""
+        if not self.closed:
+            self.state = ConnState.CLOSED
+            self.close_reason = reason
+
+    def _error(self, request_id: int | None, code: int, message: str) -> None:
+        self.send_raw(wire.error(request_id or 0, code, message))  # type: ignore[arg-type]
+
+    # -- keep-alive -----------------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        if self.closed or self.state != ConnState.CONNECTED:
+            return
+        interval = self.config.keepalive_interval_s
+        if self._ping_sent_at is not None:
+            if now - self._ping_sent_at >= interval:
+                self.close("keep-alive timeout: no answer to PING")
+        elif now - self._last_received >= interval:
+            self._ping_sent_at = now
+            self.send_raw(wire.ping())
+
+
+def _request_id(cmd: pb.BaseCommand) -> int | None:
+    """The request id of whatever sub-command is set, if it has one."""
+    for desc, value in cmd.ListFields():
+        if desc.name != "type" and hasattr(value, "request_id"):
+            return int(value.request_id)
+    return None
+
+
+def _type_name(t: int) -> str:
+    return wire.command_name(t)

@@ -1,0 +1,105 @@
+"""``ledgerstore broker serve``: run a topic broker (Pulsar protocol) until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+
+from .server import BrokerServer
+from .service import (
+    DEFAULT_ACK_QUORUM,
+    DEFAULT_ENSEMBLE_SIZE,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_PORT,
+    DEFAULT_WRITE_QUORUM,
+    BrokerConfig,
+    BrokerService,
+)
+
+__all__ = ["add_serve_arguments", "config_from_args", "main", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: BrokerConfig, stop: asyncio.Event | None = None) -> int:
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT when none is given)."""
+    service = BrokerService(config)
+    await service.start()
+    server = BrokerServer(service)
+    await server.start()
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+    await service.stop()
+    return 0
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zk", default="127.0.0.1:2181")
+    p.add_argument("--zk-root", default="/ledgerstore")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
+    p.add_argument("--listen-address", default="0.0.0.0")
+    p.add_argument("--advertised-address", default="127.0.0.1")
+    p.add_argument("--broker-id", default=None, help="defaults to <advertised address>:<port>")
+    p.add_argument("--max-message-size", type=int, default=DEFAULT_MAX_MESSAGE_SIZE)
+    p.add_argument("--ensemble-size", type=int, default=DEFAULT_ENSEMBLE_SIZE)
+    p.add_argument("--write-quorum", type=int, default=DEFAULT_WRITE_QUORUM)
+    p.add_argument("--ack-quorum", type=int, default=DEFAULT_ACK_QUORUM)
+    p.add_argument("--managed-ledger-password", default="")
+    p.add_argument("--max-entries-per-ledger", type=int, default=50_000)
+    p.add_argument("--min-rollover-time-s", type=float, default=600.0)
+    p.add_argument("--max-rollover-time-s", type=float, default=4 * 3600.0)
+    p.add_argument("--no-dedup", action="store_true", help="deduplicate only where the namespace policy asks")
+    p.add_argument("--zk-session-timeout-s", type=float, default=10.0)
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    return BrokerConfig(
+        zk=args.zk,
+        zk_root=args.zk_root,
+        port=args.port,
+        http_port=args.http_port,
+        listen_address=args.listen_address,
+        advertised_address=args.advertised_address,
+        broker_id=args.broker_id,
+        max_message_size=args.max_message_size,
+        ensemble_size=args.ensemble_size,
+        write_quorum=args.write_quorum,
+        ack_quorum=args.ack_quorum,
+        managed_ledger_password=args.managed_ledger_password.encode(),
+        max_entries_per_ledger=args.max_entries_per_ledger,
+        min_rollover_time_s=args.min_rollover_time_s,
+        max_rollover_time_s=args.max_rollover_time_s,
+        dedup_enabled=not args.no_dedup,
+        zk_session_timeout_s=args.zk_session_timeout_s,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from bookie.main import install_uvloop
+
+    install_uvloop()
+    return asyncio.run(serve(config_from_args(args)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ledgerstore broker serve")
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

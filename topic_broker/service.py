@@ -1,0 +1,1143 @@
+"""The broker service: topics, producers, subscriptions, ownership and lookup, behind the protocol connections.
+
+Decisions live in the pure cores (``connection.py`` for the protocol state, ``subscription.py`` for dispatch,
+``managed_ledger``/``cursor`` rules); this module executes them against ZooKeeper, the ledgers and sockets.
+
+- Ownership: a topic (or partition) is served only by the broker holding its ephemeral ``ownership/<ml>`` znode.
+  LOOKUP on any broker answers the owner's URL (taking ownership when nobody holds it). A topic is opened
+  lazily (its managed ledger fences the previous owner's ledger) on the first PRODUCER or SUBSCRIBE.
+- When a topic is fenced (another owner appended or wrote its metadata) or the ZooKeeper session is lost, the
+  topic is unloaded: its producers and consumers get CLOSE_PRODUCER/CLOSE_CONSUMER, so clients look up again and
+  land on the new owner; nothing more is acknowledged (invariant 9).
+- SEND: one entry per SEND, stored as received (checksum verified: ChecksumError on mismatch); appends are
+  pipelined by one appender task per topic; receipts leave strictly in order per producer.
+- Dedup (namespace policy ``deduplication_enabled``, or the broker's default): by (producer name, highest
+  sequence id); the last ids are kept in the managed ledger's properties (``dedup/<name>``, written with every
+  ledger-list change) and a new owner rebuilds them from those plus the metadata of the tail ledger's entries.
+
+The admin side (``admin.py``) uses :meth:`BrokerService.topic_names`, :meth:`topic_stats`,
+:meth:`internal_stats`, :meth:`subscriptions`, :meth:`get_topic` and :meth:`unload`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import zk
+from ledger_client import BookKeeper, ClientConfig
+from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, OwnershipInfo
+
+from . import pulsar_api_pb2 as pb
+from . import wire
+from .connection import ConnectionConfig, ProtocolConnection, Request
+from .cursor import InitialPosition, ManagedCursor
+from .managed_ledger import (
+    ManagedLedger,
+    ManagedLedgerConfig,
+    ManagedLedgerError,
+    ManagedLedgerFencedError,
+    Position,
+)
+from .names import InvalidTopicName, TopicName
+from .subscription import (
+    ActiveConsumerChanged,
+    Command,
+    ConsumerBusyError,
+    Deliver,
+    DispatchEntry,
+    Read,
+    ReadReplay,
+    Subscription,
+    SubType,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_PORT",
+    "BrokerConfig",
+    "BrokerService",
+    "Session",
+]
+
+DEFAULT_PORT = 6650
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_MAX_MESSAGE_SIZE = wire.DEFAULT_MAX_MESSAGE_SIZE
+DEFAULT_ENSEMBLE_SIZE = 3
+DEFAULT_WRITE_QUORUM = 2
+DEFAULT_ACK_QUORUM = 2
+DEFAULT_TICK_INTERVAL_S = 5.0
+DEFAULT_DEDUP_ENABLED = True
+INT64_MAX = 2**63 - 1
+#: Pending SENDs per topic beyond which reading from producers' sockets pauses.
+APPEND_QUEUE_MAX = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerConfig:
+    zk: str = "127.0.0.1:2181"
+    zk_root: str = "/ledgerstore"
+    port: int = DEFAULT_PORT
+    http_port: int = DEFAULT_HTTP_PORT
+    listen_address: str = "0.0.0.0"
+    advertised_address: str = "127.0.0.1"
+    broker_id: str | None = None
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    ensemble_size: int = DEFAULT_ENSEMBLE_SIZE
+    write_quorum: int = DEFAULT_WRITE_QUORUM
+    ack_quorum: int = DEFAULT_ACK_QUORUM
+    managed_ledger_password: bytes = b""
+    max_entries_per_ledger: int = 50_000
+    min_rollover_time_s: float = 10 * 60.0
+    max_rollover_time_s: float = 4 * 3600.0
+    dedup_enabled: bool = DEFAULT_DEDUP_ENABLED
+    tick_interval_s: float = DEFAULT_TICK_INTERVAL_S
+    zk_session_timeout_s: float = 10.0
+
+    @property
+    def id(self) -> str:
+        return self.broker_id or f"{self.advertised_address}:{self.port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.advertised_address}:{self.port}"
+
+    @property
+    def web_service_url(self) -> str:
+        return f"http://{self.advertised_address}:{self.http_port}"
+
+    def ml_config(self) -> ManagedLedgerConfig:
+        return ManagedLedgerConfig(
+            ensemble_size=self.ensemble_size,
+            write_quorum=self.write_quorum,
+            ack_quorum=self.ack_quorum,
+            password=self.managed_ledger_password,
+            max_entries_per_ledger=self.max_entries_per_ledger,
+            min_rollover_time_s=self.min_rollover_time_s,
+            max_rollover_time_s=self.max_rollover_time_s,
+        )
+
+
+class NotOwnerError(Exception):
+    def __init__(self, owner: OwnershipInfo) -> None:
+        super().__init__(f"topic owned by {owner.broker_id}")
+        self.owner = owner
+
+
+# ------------------------------------------------------------------------------------------------------------
+# per connection
+
+
+class Session:
+    """One client connection: its protocol state, producers and consumers. Writes are coalesced: everything
+    produced during one event-loop iteration leaves in one ``transport.write``."""
+
+    def __init__(self, service: BrokerService, transport: Any, peer: str) -> None:
+        self.service = service
+        self.transport = transport
+        self.peer = peer
+        self.conn = ProtocolConnection(service.conn_config, time.monotonic())
+        self.producers: dict[int, Producer] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self._flush_scheduled = False
+        self.closed = False
+
+    def send(self, frame: bytes) -> None:
+        self.conn.send_raw(frame)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        data = self.conn.data_to_send()
+        if data and not self.closed:
+            self.transport.write(data)
+        if self.conn.closed and not self.closed:
+            log.info("connection %s closed by the broker: %s", self.peer, self.conn.close_reason)
+            self.closed = True
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        for req in self.conn.receive_data(data, time.monotonic()):
+            try:
+                result = getattr(self.service, req.handler)(self, req)
+            except Exception:
+                log.exception("connection %s: %s failed", self.peer, req.handler)
+                self.conn.close(f"internal error in {req.handler}")
+                break
+            if result is not None:
+                self.service.spawn(self._guard(result, req.handler))
+        self.flush()
+
+    async def _guard(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        try:
+            await coro
+        except Exception:
+            log.exception("connection %s: %s failed", self.peer, what)
+            self.conn.close(f"internal error in {what}")  # the client reconnects and retries
+            self.flush()
+
+    def tick(self, now: float) -> None:
+        self.conn.tick(now)
+        if self.conn.has_data_to_send or self.conn.closed:
+            self.flush()
+
+    def connection_lost(self) -> None:
+        self.closed = True
+        for p in list(self.producers.values()):
+            p.topic.remove_producer(p)
+        self.producers.clear()
+        for c in list(self.consumers.values()):
+            c.sub.remove_consumer(c)
+        self.consumers.clear()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# producers and topics
+
+
+@dataclass(slots=True)
+class _Receipt:
+    sequence_id: int
+    highest_sequence_id: int
+    position: Position | None = None
+    error: str | None = None
+    done: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Producer:
+    session: Session
+    producer_id: int
+    name: str
+    topic: Topic
+    exclusive: bool = False
+    receipts: deque[_Receipt] = field(default_factory=deque)
+    closed: bool = False
+
+    def flush_receipts(self) -> None:
+        q = self.receipts
+        while q and q[0].done:
+            r = q.popleft()
+            if self.closed:
+                continue
+            if r.error is not None:
+                self.session.send(
+                    wire.send_error(self.producer_id, r.sequence_id, pb.PersistenceError, r.error)
+                )
+            else:
+                pos = r.position or Position(-1, -1)
+                self.session.send(
+                    wire.send_receipt(
+                        self.producer_id,
+                        r.sequence_id,
+                        pos.ledger_id,
+                        pos.entry_id,
+                        highest_sequence_id=r.highest_sequence_id,
+                    )
+                )
+
+
+@dataclass(slots=True, eq=False)
+class Consumer:
+    session: Session
+    consumer_id: int
+    name: str
+    sub: SubscriptionRuntime
+    sub_key: int = -1
+
+
+class SubscriptionRuntime:
+    """Executes a :class:`Subscription`'s commands: reads from the managed ledger, MESSAGE frames to consumers."""
+
+    def __init__(
+        self, topic: Topic, name: str, core: Subscription, cursor: ManagedCursor | None, start: Position
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.core = core
+        self.cursor = cursor  # None for a non-durable (reader) subscription
+        self.consumers: dict[int, Consumer] = {}
+        self._next_key = itertools.count()
+        self._by_key: dict[int, Consumer] = {}
+        core.read_position = start
+        self.mark_delete: Position = cursor.mark_delete if cursor else start.previous()
+
+    @property
+    def durable(self) -> bool:
+        return self.cursor is not None
+
+    def add_consumer(
+        self, c: Consumer, sub_type: SubType, priority: int, ranges: list[tuple[int, int]]
+    ) -> None:
+        key = next(self._next_key)
+        cmds = self.core.add_consumer(key, c.name, priority, sub_type=sub_type, hash_ranges=ranges)
+        self.consumers[key] = c
+        self._by_key[key] = c
+        c.sub_key = key
+        self.execute(cmds)
+
+    def remove_consumer(self, c: Consumer) -> None:
+        key = c.sub_key
+        if key not in self.consumers:
+            return
+        del self.consumers[key]
+        self.execute(self.core.remove_consumer(key))
+        self._by_key.pop(key, None)
+        if not self.consumers and not self.durable:
+            self.topic.subscriptions.pop(self.name, None)
+
+    def key_of(self, c: Consumer) -> int:
+        return c.sub_key
+
+    def execute(self, cmds: list[Command]) -> None:
+        for cmd in cmds:
+            if isinstance(cmd, Deliver):
+                c = self._by_key.get(cmd.consumer_id)
+                if c is None:
+                    continue
+                pos = cmd.entry.position
+                c.session.send(
+                    wire.message(
+                        c.consumer_id, pos[0], pos[1], cmd.entry.data, redelivery_count=cmd.redelivery_count
+                    )
+                )
+            elif isinstance(cmd, Read):
+                self.topic.service.spawn(self._read(cmd))
+            elif isinstance(cmd, ReadReplay):
+                self.topic.service.spawn(self._read_replay(cmd))
+            elif isinstance(cmd, ActiveConsumerChanged):
+                c = self._by_key.get(cmd.consumer_id)
+                if c is not None:
+                    c.session.send(wire.active_consumer_change(c.consumer_id, cmd.is_active))
+
+    async def _read(self, cmd: Read) -> None:
+        ml = self.topic.ml
+        try:
+            got = await ml.read_entries(Position(*cmd.start), cmd.max_entries)
+        except ManagedLedgerError as e:
+            log.warning("topic=%s sub=%s read failed: %s", self.topic.name, self.name, e)
+            self.core.on_read_failed(cmd.epoch)
+            await asyncio.sleep(1.0)
+            self.execute(self.core.resume())
+            return
+        if not got:
+            self.execute(self.core.on_read(cmd.epoch, [], cmd.start))
+            return
+        nxt = ml.next_position(got[-1][0])
+        entries = [_dispatch_entry(p, d) for p, d in got if not self._acked(p)]
+        self.execute(self.core.on_read(cmd.epoch, entries, nxt, at_end=False))
+
+    async def _read_replay(self, cmd: ReadReplay) -> None:
+        ml = self.topic.ml
+        out: list[DispatchEntry] = []
+        try:
+            for pos in cmd.positions:
+                got = await ml.read_entries(Position(*pos), 1)
+                if got and got[0][0] == pos:
+                    out.append(_dispatch_entry(got[0][0], got[0][1]))
+        except ManagedLedgerError as e:
+            log.warning("topic=%s sub=%s replay read failed: %s", self.topic.name, self.name, e)
+            self.core.on_read_failed(cmd.epoch)
+            await asyncio.sleep(1.0)
+            self.execute(self.core.resume())
+            return
+        self.execute(self.core.on_replay_read(cmd.epoch, out))
+
+    def _acked(self, pos: Position) -> bool:
+        if self.cursor is not None:
+            return self.cursor.is_acked(pos)
+        return pos <= self.mark_delete
+
+    def ack(self, ack: pb.CommandAck) -> None:
+        if ack.ack_type == pb.CommandAck.Cumulative:
+            if not ack.message_id:
+                return
+            mid = ack.message_id[0]
+            pos = Position(mid.ledgerId, mid.entryId)
+            out = self.core.ack_cumulative(pos, mid.batch_index if mid.HasField("batch_index") else -1)
+            if out.mark_delete is not None:
+                md = Position(*out.mark_delete)
+                if self.cursor is not None:
+                    self.cursor.ack_cumulative(md)
+                elif md > self.mark_delete:
+                    self.mark_delete = md
+        else:
+            items = [
+                (
+                    (m.ledgerId, m.entryId),
+                    m.batch_index if m.HasField("batch_index") else -1,
+                    list(m.ack_set) if m.ack_set else None,
+                )
+                for m in ack.message_id
+            ]
+            out = self.core.ack_individual(items)
+            if self.cursor is not None:
+                for p in out.acked:
+                    self.cursor.ack_individual(Position(*p))
+        self.execute(out.commands)
+
+    def on_new_entries(self) -> None:
+        if self.core.caught_up:
+            self.execute(self.core.on_new_entries())
+
+    async def seek(self, position: Position) -> None:
+        if self.cursor is not None:
+            await self.cursor.reset(position)
+        self.mark_delete = position.previous()
+        self.execute(self.core.reset(position))
+
+    def stats(self) -> dict[str, Any]:
+        backlog = self.cursor.backlog() if self.cursor else 0
+        return {
+            "type": self.core.sub_type.name,
+            "durable": self.durable,
+            "msgBacklog": backlog,
+            "markDeletePosition": str(Position(*self.mark_position)),
+            "readPosition": str(Position(*self.core.read_position)),
+            "consumers": [
+                {
+                    "consumerName": c.name,
+                    "availablePermits": self.core.permits(k),
+                    "unackedMessages": self.core.unacked_messages(k),
+                }
+                for k, c in self.consumers.items()
+            ],
+        }
+
+    @property
+    def mark_position(self) -> Position:
+        return self.cursor.mark_delete if self.cursor else self.mark_delete
+
+
+def _dispatch_entry(pos: Position, data: bytes) -> DispatchEntry:
+    try:
+        md, _ = wire.parse_entry(data, verify_checksum=False)
+    except wire.EntryFormatError:
+        return DispatchEntry(pos, 1, b"", data)
+    key = md.ordering_key or (md.partition_key.encode() if md.partition_key else b"")
+    n = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+    return DispatchEntry(pos, max(1, n), key, data)
+
+
+class Topic:
+    def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger, dedup: bool) -> None:
+        self.service = service
+        self.name = name
+        self.ml = ml
+        self.dedup_enabled = dedup
+        self.producers: dict[int, Producer] = {}  # by id(producer)
+        self.subscriptions: dict[str, SubscriptionRuntime] = {}
+        self.last_sequence: dict[str, int] = {}  # producer name -> highest sequence id accepted
+        self.schema: pb.Schema | None = None
+        self.last_entry_messages: int | None = None
+        self._queue: deque[tuple[Producer, _Receipt, bytes]] = deque()
+        self._appending = False
+        self._producer_seq = itertools.count()
+        self.unloaded = False
+        self.msg_in = 0
+        self.bytes_in = 0
+
+    # -- producers ------------------------------------------------------------------------------------------
+
+    def add_producer(self, p: Producer) -> None:
+        self.producers[id(p)] = p
+
+    def remove_producer(self, p: Producer) -> None:
+        p.closed = True
+        self.producers.pop(id(p), None)
+
+    def publish(self, p: Producer, send: pb.CommandSend, entry: bytes, num_messages: int) -> None:
+        seq = send.sequence_id
+        highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else seq
+        highest = max(highest, seq)
+        rec = _Receipt(seq, highest)
+        p.receipts.append(rec)
+        if self.dedup_enabled:
+            last = self.last_sequence.get(p.name, -1)
+            if highest <= last:
+                rec.done = True  # a resend of what is stored (or on its way): answered in its turn
+                p.flush_receipts()
+                return
+            self.last_sequence[p.name] = highest
+        self.msg_in += num_messages
+        self.bytes_in += len(entry)
+        self._queue.append((p, rec, entry))
+        if not self._appending:
+            self._appending = True
+            self.service.spawn(self._append_loop())
+
+    async def _append_loop(self) -> None:
+        try:
+            while self._queue and not self.unloaded:
+                p, rec, entry = self._queue.popleft()
+                try:
+                    fut = await self.ml.append_future(entry)
+                except ManagedLedgerFencedError as e:
+                    self.service.topic_lost(self, str(e))
+                    return
+                except ManagedLedgerError as e:
+                    rec.error = str(e)
+                    rec.done = True
+                    p.flush_receipts()
+                    continue
+                fut.add_done_callback(functools.partial(self._appended, p=p, rec=rec))
+        finally:
+            self._appending = False
+
+    def _appended(self, fut: asyncio.Future[Position], *, p: Producer, rec: _Receipt) -> None:
+        if self.unloaded:
+            return
+        exc = fut.exception()
+        if isinstance(exc, ManagedLedgerFencedError):
+            self.service.topic_lost(self, str(exc))
+            return
+        if exc is not None:
+            rec.error = str(exc)
+        else:
+            rec.position = fut.result()
+            if self.dedup_enabled:
+                self.ml.set_property(f"dedup/{p.name}", str(rec.highest_sequence_id))
+            self.last_entry_messages = None
+            for sub in self.subscriptions.values():
+                sub.on_new_entries()
+        rec.done = True
+        p.flush_receipts()
+
+    async def rebuild_dedup(self) -> None:
+        """A new owner: the persisted last sequence ids, then the tail ledger's entries on top."""
+        for k, v in self.ml.properties.items():
+            if k.startswith("dedup/"):
+                with contextlib.suppress(ValueError):
+                    self.last_sequence[k[len("dedup/") :]] = int(v)
+        ledgers = self.ml.view().ledgers
+        tail = [(lid, n) for lid, n in ledgers if n > 0]
+        if not tail:
+            return
+        lid, n = tail[-1]
+        pos = Position(lid, 0)
+        while True:
+            got = await self.ml.read_entries(pos, 1000)
+            got = [(p, d) for p, d in got if p.ledger_id == lid]
+            if not got:
+                break
+            for _p, data in got:
+                with contextlib.suppress(wire.EntryFormatError):
+                    md, _ = wire.parse_entry(data, verify_checksum=False)
+                    seq = md.highest_sequence_id if md.HasField("highest_sequence_id") else md.sequence_id
+                    if seq > self.last_sequence.get(md.producer_name, -1):
+                        self.last_sequence[md.producer_name] = seq
+            if len(got) < 1000:
+                break
+            pos = Position(lid, got[-1][0].entry_id + 1)
+
+    # -- subscriptions --------------------------------------------------------------------------------------
+
+    async def subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
+        rt = self.subscriptions.get(s.subscription)
+        if rt is not None:
+            return rt
+        sub_type = SubType(s.subType)
+        core = Subscription(sub_type, partition=self.name.partition_index)
+        if s.durable:
+            initial = (
+                InitialPosition.EARLIEST
+                if s.initialPosition == pb.CommandSubscribe.Earliest
+                else InitialPosition.LATEST
+            )
+            cursor = await ManagedCursor.open(self.ml, s.subscription, initial)
+            start = self.ml.next_position(cursor.mark_delete)
+            rt = SubscriptionRuntime(self, s.subscription, core, cursor, start)
+        else:
+            start = self._reader_start(s)
+            rt = SubscriptionRuntime(self, s.subscription, core, None, start)
+        existing = self.subscriptions.get(s.subscription)  # opened concurrently
+        if existing is not None:
+            return existing
+        self.subscriptions[s.subscription] = rt
+        return rt
+
+    def _reader_start(self, s: pb.CommandSubscribe) -> Position:
+        if s.HasField("start_message_id"):
+            mid = s.start_message_id
+            if mid.ledgerId == INT64_MAX or mid.entryId == INT64_MAX:
+                return self.ml.next_position(self.ml.last_confirmed_position())
+            if mid.ledgerId < 0 or mid.entryId < 0:
+                return self.ml.first_position()
+            return Position(mid.ledgerId, mid.entryId)
+        if s.initialPosition == pb.CommandSubscribe.Earliest:
+            return self.ml.first_position()
+        return self.ml.next_position(self.ml.last_confirmed_position())
+
+    # -- stats ----------------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "msgInCounter": self.msg_in,
+            "bytesInCounter": self.bytes_in,
+            "publishers": [
+                {"producerName": p.name, "producerId": p.producer_id} for p in self.producers.values()
+            ],
+            "subscriptions": {n: s.stats() for n, s in self.subscriptions.items()},
+        }
+
+    def internal_stats(self) -> dict[str, Any]:
+        view = self.ml.view()
+        return {
+            "entriesAddedCounter": view.total_entries(),
+            "numberOfEntries": view.total_entries(),
+            "currentLedgerEntries": view.entries_in(view.current_ledger_id),
+            "lastConfirmedEntry": str(self.ml.last_confirmed_position()),
+            "ledgers": [{"ledgerId": lid, "entries": n} for lid, n in view.ledgers],
+            "cursors": {
+                n: {
+                    "markDeletePosition": str(s.mark_position),
+                    "readPosition": str(Position(*s.core.read_position)),
+                    "individuallyDeletedMessages": str(
+                        [(str(a), str(b)) for a, b in s.cursor.cursor.individually_deleted]
+                    )
+                    if s.cursor
+                    else "[]",
+                }
+                for n, s in self.subscriptions.items()
+            },
+            "properties": dict(self.ml.properties),
+        }
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the service
+
+
+class BrokerService:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.conn_config = ConnectionConfig(max_message_size=config.max_message_size)
+        self.bk: BookKeeper | None = None
+        self.meta: BrokerMetadataStore | None = None
+        self.topics: dict[str, asyncio.Future[Topic]] = {}
+        self.sessions: set[Session] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._producer_names = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._session_lost = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.bk = await BookKeeper.connect(
+            self.config.zk,
+            config=ClientConfig(
+                zk_root=self.config.zk_root, zk_session_timeout_s=self.config.zk_session_timeout_s
+            ),
+        )
+        self.meta = BrokerMetadataStore(self.bk.store)
+        await self.meta.ensure_default_namespace()
+        await self._register()
+        self.bk.store.add_session_listener(self._session_listener)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+        log.info("broker=%s serving %s", self.config.id, self.config.service_url)
+
+    async def _register(self) -> None:
+        assert self.meta is not None
+        await self.meta.register_broker(
+            self.config.id,
+            BrokerInfo(service_url=self.config.service_url, web_service_url=self.config.web_service_url),
+        )
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for s in list(self.sessions):
+            s.transport.close()
+        for name in list(self.topics):
+            fut = self.topics.pop(name)
+            if fut.done() and not fut.exception():
+                topic = fut.result()
+                topic.unloaded = True
+                with contextlib.suppress(Exception):
+                    await topic.ml.close()
+                if self.meta is not None:
+                    with contextlib.suppress(Exception):
+                        await self.meta.release_ownership(topic.name.ml_name, self.config.id)
+        if self.meta is not None:
+            with contextlib.suppress(Exception):
+                await self.meta.unregister_broker(self.config.id)
+        if self.bk is not None:
+            with contextlib.suppress(Exception):
+                await self.bk.close()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _session_listener(self, state: str) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_session_state, state)
+
+    def _on_session_state(self, state: str) -> None:
+        log.warning("broker=%s ZooKeeper session %s", self.config.id, state)
+        if state == "LOST":
+            self._session_lost = True
+            for fut in list(self.topics.values()):
+                if fut.done() and not fut.exception():
+                    self.topic_lost(fut.result(), "ZooKeeper session lost")
+        elif state == "CONNECTED" and self._session_lost:
+            self._session_lost = False
+            self.spawn(self._register())
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for s in list(self.sessions):
+                s.tick(now)
+            if int(now) % max(1, int(self.config.tick_interval_s)) == 0:
+                for fut in list(self.topics.values()):
+                    if fut.done() and not fut.exception():
+                        try:
+                            await fut.result().ml.tick()
+                        except ManagedLedgerFencedError as e:
+                            self.topic_lost(fut.result(), str(e))
+                        except Exception as e:
+                            log.warning("topic tick failed: %s", e)
+
+    # -- topics ---------------------------------------------------------------------------------------------
+
+    async def get_topic(self, name: TopicName) -> Topic:
+        """The topic, opened if this broker owns it (or nobody does); NotOwnerError otherwise."""
+        key = str(name)
+        fut = self.topics.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self.topics[key] = fut
+            try:
+                fut.set_result(await self._open_topic(name))
+            except BaseException as e:
+                self.topics.pop(key, None)
+                fut.set_exception(e)
+                fut.exception()  # retrieved: waiters get it re-raised
+                raise
+        return await asyncio.shield(fut)
+
+    async def _open_topic(self, name: TopicName) -> Topic:
+        assert self.meta is not None and self.bk is not None
+        owner = await self.meta.acquire_ownership(name.ml_name, self._ownership())
+        if owner.broker_id != self.config.id:
+            raise NotOwnerError(owner)
+        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        dedup = self.config.dedup_enabled or bool(policies and policies.deduplication_enabled)
+        try:
+            ml = await ManagedLedger.open(self.bk, self.meta, name.ml_name, self.config.ml_config())
+        except BaseException:
+            await self.meta.release_ownership(name.ml_name, self.config.id)
+            raise
+        topic = Topic(self, name, ml, dedup)
+        if dedup:
+            await topic.rebuild_dedup()
+        log.info("broker=%s now serves topic=%s", self.config.id, name)
+        return topic
+
+    def _ownership(self) -> OwnershipInfo:
+        return OwnershipInfo(
+            broker_id=self.config.id,
+            service_url=self.config.service_url,
+            web_service_url=self.config.web_service_url,
+        )
+
+    def topic_lost(self, topic: Topic, reason: str) -> None:
+        """Stop serving: clients are told to reconnect (and look the topic up again)."""
+        if topic.unloaded:
+            return
+        topic.unloaded = True
+        log.warning("broker=%s stops serving topic=%s: %s", self.config.id, topic.name, reason)
+        key = str(topic.name)
+        fut = self.topics.get(key)
+        if fut is not None and fut.done() and not fut.exception() and fut.result() is topic:
+            del self.topics[key]
+        self._disconnect_clients(topic)
+        self.spawn(self._close_topic(topic))
+
+    def _disconnect_clients(self, topic: Topic) -> None:
+        for p in list(topic.producers.values()):
+            topic.remove_producer(p)
+            p.session.producers.pop(p.producer_id, None)
+            p.session.send(wire.close_producer(p.producer_id, 0))
+        for sub in list(topic.subscriptions.values()):
+            for c in list(sub.consumers.values()):
+                c.session.consumers.pop(c.consumer_id, None)
+                c.session.send(wire.close_consumer(c.consumer_id, 0))
+            sub.consumers.clear()
+
+    async def _close_topic(self, topic: Topic) -> None:
+        with contextlib.suppress(Exception):
+            await topic.ml.close()
+        if self.meta is not None and not self._session_lost:
+            with contextlib.suppress(Exception):
+                await self.meta.release_ownership(topic.name.ml_name, self.config.id)
+
+    async def unload(self, name: TopicName) -> bool:
+        fut = self.topics.get(str(name))
+        if fut is None or not fut.done() or fut.exception():
+            return False
+        self.topic_lost(fut.result(), "unloaded")
+        return True
+
+    # admin hooks
+    def topic_names(self) -> list[str]:
+        return sorted(k for k, f in self.topics.items() if f.done() and not f.exception())
+
+    def _served(self, name: str) -> Topic | None:
+        fut = self.topics.get(str(TopicName.parse(name)))
+        return fut.result() if fut is not None and fut.done() and not fut.exception() else None
+
+    def topic_stats(self, name: str) -> dict[str, Any] | None:
+        t = self._served(name)
+        return t.stats() if t else None
+
+    def internal_stats(self, name: str) -> dict[str, Any] | None:
+        t = self._served(name)
+        return t.internal_stats() if t else None
+
+    def subscriptions(self, name: str) -> list[str]:
+        t = self._served(name)
+        return sorted(t.subscriptions) if t else []
+
+    # -- request handlers (named in connection.HANDLERS) ----------------------------------------------------
+
+    async def on_partitioned_metadata(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandPartitionedTopicMetadata = r.body  # type: ignore[assignment]
+        try:
+            name = TopicName.parse(cmd.topic)
+        except InvalidTopicName as e:
+            s.send(
+                wire.partitioned_metadata_response(
+                    cmd.request_id, error_code=pb.InvalidTopicName, message=str(e)
+                )
+            )
+            return
+        assert self.meta is not None
+        meta = await self.meta.get_partitions(name.base.ml_name) if not name.is_partition else None
+        s.send(wire.partitioned_metadata_response(cmd.request_id, meta.partitions if meta else 0))
+
+    async def on_lookup(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandLookupTopic = r.body  # type: ignore[assignment]
+        try:
+            name = TopicName.parse(cmd.topic)
+        except InvalidTopicName as e:
+            s.send(wire.lookup_response(cmd.request_id, error_code=pb.InvalidTopicName, message=str(e)))
+            return
+        assert self.meta is not None
+        try:
+            owner = await self.meta.get_owner(name.ml_name)
+            if owner is None:
+                owner = await self.meta.acquire_ownership(name.ml_name, self._ownership())
+        except zk.MetadataError as e:
+            s.send(wire.lookup_response(cmd.request_id, error_code=pb.MetadataError, message=str(e)))
+            return
+        s.send(wire.lookup_response(cmd.request_id, broker_service_url=owner.service_url))
+
+    async def _topic_for(self, s: Session, topic: str, request_id: int) -> Topic | None:
+        try:
+            name = TopicName.parse(topic)
+            return await self.get_topic(name)
+        except InvalidTopicName as e:
+            s.send(wire.error(request_id, pb.InvalidTopicName, str(e)))
+        except NotOwnerError as e:
+            s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} is served by {e.owner.service_url}"))
+        except (ManagedLedgerError, zk.MetadataError) as e:
+            s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} cannot be served now: {e}"))
+        return None
+
+    async def on_producer(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandProducer = r.body  # type: ignore[assignment]
+        topic = await self._topic_for(s, cmd.topic, cmd.request_id)
+        if topic is None:
+            return
+        existing = s.producers.get(cmd.producer_id)
+        if existing is not None and existing.topic is topic:
+            s.send(
+                wire.producer_success(
+                    cmd.request_id, existing.name, topic.last_sequence.get(existing.name, -1)
+                )
+            )
+            return
+        mode = cmd.producer_access_mode if cmd.HasField("producer_access_mode") else pb.Shared
+        if mode != pb.Shared and topic.producers:
+            if mode == pb.ExclusiveWithFencing:
+                for other in list(topic.producers.values()):
+                    topic.remove_producer(other)
+                    other.session.producers.pop(other.producer_id, None)
+                    other.session.send(wire.close_producer(other.producer_id, 0))
+            else:
+                s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"{topic.name} has producers already"))
+                return
+        if any(p.exclusive for p in topic.producers.values()):
+            s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"{topic.name} has an exclusive producer"))
+            return
+        if cmd.HasField("producer_name") and cmd.producer_name:
+            name = cmd.producer_name
+            if any(p.name == name for p in topic.producers.values()):
+                s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"producer {name} is already connected"))
+                return
+        else:
+            name = f"{self.config.id.replace(':', '-')}-{next(self._producer_names)}"
+        if cmd.HasField("schema") and (cmd.schema.type != 0 or cmd.schema.schema_data):
+            topic.schema = cmd.schema  # bytes producers declare none
+        p = Producer(s, cmd.producer_id, name, topic, exclusive=mode != pb.Shared)
+        topic.add_producer(p)
+        s.producers[cmd.producer_id] = p
+        last = topic.last_sequence.get(name, -1) if topic.dedup_enabled else -1
+        schema_version = b"\x00" * 8 if topic.schema is not None else None
+        s.send(wire.producer_success(cmd.request_id, name, last, schema_version=schema_version))
+
+    def on_send(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandSend = r.body  # type: ignore[assignment]
+        p = s.producers.get(cmd.producer_id)
+        if p is None:
+            s.conn.send_raw(wire.error(0, pb.ProducerBusy, f"no producer with id {cmd.producer_id}"))
+            s.conn.close(f"SEND for unknown producer {cmd.producer_id}")
+            return
+        frame = r.frame
+        if not frame.checksum_ok:
+            s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.ChecksumError, "checksum mismatch"))
+            return
+        entry = frame.entry
+        assert entry is not None
+        if len(entry) > self.config.max_message_size + 64:
+            s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, "message too large"))
+            return
+        p.topic.publish(p, cmd, entry, cmd.num_messages if cmd.HasField("num_messages") else 1)
+
+    def on_close_producer(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandCloseProducer = r.body  # type: ignore[assignment]
+        p = s.producers.pop(cmd.producer_id, None)
+        if p is not None:
+            p.topic.remove_producer(p)
+        s.send(wire.success(cmd.request_id))
+
+    async def on_subscribe(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandSubscribe = r.body  # type: ignore[assignment]
+        topic = await self._topic_for(s, cmd.topic, cmd.request_id)
+        if topic is None:
+            return
+        if cmd.consumer_id in s.consumers:
+            s.send(wire.success(cmd.request_id))  # a repeated SUBSCRIBE of the same consumer
+            return
+        try:
+            sub = await topic.subscription(cmd)
+        except (ManagedLedgerError, zk.MetadataError) as e:
+            s.send(wire.error(cmd.request_id, pb.ServiceNotReady, str(e)))
+            return
+        ranges: list[tuple[int, int]] = []
+        if cmd.HasField("keySharedMeta") and cmd.keySharedMeta.keySharedMode == pb.STICKY:
+            ranges = [(rg.start, rg.end) for rg in cmd.keySharedMeta.hashRanges]
+        c = Consumer(s, cmd.consumer_id, cmd.consumer_name, sub)
+        s.consumers[cmd.consumer_id] = c
+        try:
+            sub.add_consumer(
+                c, SubType(cmd.subType), cmd.priority_level if cmd.HasField("priority_level") else 0, ranges
+            )
+        except ConsumerBusyError as e:
+            s.consumers.pop(cmd.consumer_id, None)
+            s.send(wire.error(cmd.request_id, pb.ConsumerBusy, str(e)))
+            return
+        s.send(wire.success(cmd.request_id))
+
+    def _consumer(self, s: Session, consumer_id: int) -> Consumer | None:
+        return s.consumers.get(consumer_id)
+
+    def on_flow(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandFlow = r.body  # type: ignore[assignment]
+        c = self._consumer(s, cmd.consumer_id)
+        if c is not None:
+            c.sub.execute(c.sub.core.flow(c.sub.key_of(c), cmd.messagePermits))
+
+    def on_ack(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandAck = r.body  # type: ignore[assignment]
+        c = self._consumer(s, cmd.consumer_id)
+        if c is not None:
+            c.sub.ack(cmd)
+        if cmd.HasField("request_id"):
+            s.send(wire.ack_response(cmd.consumer_id, cmd.request_id))
+
+    def on_redeliver(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandRedeliverUnacknowledgedMessages = r.body  # type: ignore[assignment]
+        c = self._consumer(s, cmd.consumer_id)
+        if c is None:
+            return
+        positions = [(m.ledgerId, m.entryId) for m in cmd.message_ids] if cmd.message_ids else None
+        c.sub.execute(c.sub.core.redeliver(c.sub.key_of(c), positions))
+
+    async def on_unsubscribe(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandUnsubscribe = r.body  # type: ignore[assignment]
+        c = self._consumer(s, cmd.consumer_id)
+        if c is None:
+            s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        sub = c.sub
+        if len(sub.consumers) > 1:
+            s.send(wire.error(cmd.request_id, pb.ConsumerBusy, "the subscription has other consumers"))
+            return
+        s.consumers.pop(cmd.consumer_id, None)
+        sub.remove_consumer(c)
+        sub.topic.subscriptions.pop(sub.name, None)
+        if sub.cursor is not None:
+            try:
+                await sub.cursor.delete()
+            except (ManagedLedgerError, zk.MetadataError) as e:
+                s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
+                return
+        s.send(wire.success(cmd.request_id))
+
+    def on_close_consumer(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandCloseConsumer = r.body  # type: ignore[assignment]
+        c = s.consumers.pop(cmd.consumer_id, None)
+        if c is not None:
+            c.sub.remove_consumer(c)
+        s.send(wire.success(cmd.request_id))
+
+    async def on_seek(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandSeek = r.body  # type: ignore[assignment]
+        c = self._consumer(s, cmd.consumer_id)
+        if c is None:
+            s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        sub = c.sub
+        ml = sub.topic.ml
+        if cmd.HasField("message_publish_time"):
+            t = cmd.message_publish_time
+            try:
+                found = await ml.find_first(lambda data: wire.entry_publish_time(data) >= t)
+            except ManagedLedgerError as e:
+                s.send(wire.error(cmd.request_id, pb.PersistenceError, str(e)))
+                return
+            pos = found if found is not None else ml.next_position(ml.last_confirmed_position())
+        elif cmd.HasField("message_id"):
+            mid = cmd.message_id
+            if mid.ledgerId < 0 or mid.entryId < 0:
+                pos = ml.first_position()
+            elif mid.ledgerId == INT64_MAX:
+                pos = ml.next_position(ml.last_confirmed_position())
+            else:
+                pos = Position(mid.ledgerId, mid.entryId)
+        else:
+            s.send(wire.error(cmd.request_id, pb.NotAllowedError, "SEEK needs a message id or publish time"))
+            return
+        try:
+            await sub.seek(pos)
+        except (ManagedLedgerError, zk.MetadataError) as e:
+            s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
+            return
+        s.send(wire.success(cmd.request_id))
+        # Like Pulsar: the consumers reconnect, and start over with fresh permits and an empty queue.
+        for other in list(sub.consumers.values()):
+            other.session.consumers.pop(other.consumer_id, None)
+            if not sub.durable:
+                sub.topic.subscriptions.pop(sub.name, None)
+            sub.consumers.pop(sub.key_of(other), None)
+            sub.execute(sub.core.remove_consumer(sub.key_of(other)))
+            other.session.send(wire.close_consumer(other.consumer_id, 0))
+
+    async def on_get_last_message_id(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandGetLastMessageId = r.body  # type: ignore[assignment]
+        c = self._consumer(s, cmd.consumer_id)
+        if c is None:
+            s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        topic = c.sub.topic
+        last = topic.ml.last_confirmed_position()
+        batch_index = -1
+        if last.entry_id >= 0:
+            if topic.last_entry_messages is None:
+                try:
+                    md, _ = wire.parse_entry(await topic.ml.read_entry(last), verify_checksum=False)
+                    topic.last_entry_messages = (
+                        md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 0
+                    )
+                except (ManagedLedgerError, wire.EntryFormatError):
+                    topic.last_entry_messages = 0
+            if topic.last_entry_messages:
+                batch_index = topic.last_entry_messages - 1
+        s.send(
+            wire.get_last_message_id_response(
+                cmd.request_id,
+                last.ledger_id,
+                last.entry_id,
+                batch_index=batch_index,
+                mark_delete_position=tuple(c.sub.mark_position) if c.sub.durable else None,  # type: ignore[arg-type]
+            )
+        )
+
+    async def on_get_topics_of_namespace(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandGetTopicsOfNamespace = r.body  # type: ignore[assignment]
+        assert self.bk is not None
+        try:
+            tenant, ns = cmd.namespace.split("/", 1)
+            names = await self.bk.store.achildren(f"managed-ledgers/{tenant}/{ns}/persistent")
+        except (ValueError, zk.MetadataNotFoundError):
+            names = []
+        except zk.MetadataError as e:
+            s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
+            return
+        topics = sorted(f"persistent://{cmd.namespace}/{unquote(n)}" for n in names)
+        s.send(wire.get_topics_of_namespace_response(cmd.request_id, topics))
+
+    async def on_get_schema(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandGetSchema = r.body  # type: ignore[assignment]
+        schema = None
+        with contextlib.suppress(InvalidTopicName):
+            fut = self.topics.get(str(TopicName.parse(cmd.topic)))
+            if fut is not None and fut.done() and not fut.exception():
+                schema = fut.result().schema
+        if schema is None:
+            s.send(
+                wire.get_schema_response(
+                    cmd.request_id, error_code=pb.TopicNotFound, error_message="Topic not found or no-schema"
+                )
+            )
+        else:
+            s.send(wire.get_schema_response(cmd.request_id, schema=schema, schema_version=b"\x00" * 8))
+
+    def on_consumer_stats(self, s: Session, r: Request) -> None:
+        cmd: pb.CommandConsumerStats = r.body  # type: ignore[assignment]
+        c = self._consumer(s, cmd.consumer_id)
+        if c is None:
+            s.send(
+                wire.consumer_stats_response(
+                    cmd.request_id, error_code=pb.ConsumerNotFound, error_message="no such consumer"
+                )
+            )
+            return
+        key = c.sub.key_of(c)
+        s.send(
+            wire.consumer_stats_response(
+                cmd.request_id,
+                consumerName=c.name,
+                availablePermits=c.sub.core.permits(key),
+                unackedMessages=c.sub.core.unacked_messages(key),
+                type=c.sub.core.sub_type.name,
+                msgBacklog=c.sub.cursor.backlog() if c.sub.cursor else 0,
+            )
+        )
