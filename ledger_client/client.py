@@ -1136,6 +1136,14 @@ class _RefreshAndRetry(Exception):
         self.entry_id = entry_id
 
 
+def _read_window(cfg: ClientConfig, ensemble_size: int, write_quorum: int) -> int:
+    """Batches in flight: ``read_ahead_batches`` of full size; with Qw < E a batch is at most Qw entries, so as
+    many more of those as keep the same entries in flight (up to 256 requests)."""
+    ahead = max(1, cfg.read_ahead_batches)
+    per_batch = max(1, cfg.read_batch_entries if write_quorum >= ensemble_size else write_quorum)
+    return max(ahead, min(256, ahead * max(1, cfg.read_batch_entries) // per_batch))
+
+
 _RANGE_REPLY_FIXED = _FRAME_HEADER_LEN + 21  # frame header + u8 status, u64 ledger, i64 first, u32 n
 
 
@@ -1160,7 +1168,7 @@ class _BatchReader:
             ensemble_size=md.ensemble_size,
             write_quorum=md.write_quorum,
             batch_entries=self.batch_entries,
-            window=max(1, cfg.read_ahead_batches),
+            window=_read_window(cfg, md.ensemble_size, md.write_quorum),
         )
         self.ready: dict[int, LedgerEntry] = {}
         self.unreadable: dict[int, Unreadable] = {}
