@@ -196,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_commands(bench, _common)
 
+    # spark (analysis jobs; ledgerstore/spark_cmd.py) -------------------------------------------
+    from ledgerstore.spark_cmd import add_spark_command
+
+    add_spark_command(sub, _common)
+
     # broker --------------------------------------------------------------------------------------
     brp = sub.add_parser("broker", help="run a topic broker (Apache Pulsar's binary protocol)")
     brs = brp.add_subparsers(dest="action", required=True)

@@ -1,0 +1,111 @@
+"""``ledgerstore spark JOB [--master URL]``: run one of the analyses in ``spark/jobs`` and print its summary.
+
+    ledgerstore spark ledger-health                                   # local[2]
+    ledgerstore spark entry-sizes --master spark://10.0.0.9:7077 --ledgers 3-9 --out reports/
+
+The job writes ``<out>/<job>.png`` (the chart), ``<job>.txt`` (the tables as printed) and ``<job>.json``. On a
+cluster, the executors import ledgerstore: install it into the Python they run and name that Python with
+``--executor-python`` (or ``PYSPARK_PYTHON``); they must reach ZooKeeper and the bookies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MASTER = "local[2]"
+
+
+def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    from spark.jobs import JOBS
+
+    p: argparse.ArgumentParser = sub.add_parser(
+        "spark",
+        help="run an analysis job over ledgers with Spark",
+        description="Jobs: " + "; ".join(f"{j.name}: {j.help}" for j in JOBS.values()),
+    )
+    common(p)
+    p.add_argument("job", choices=sorted(JOBS), help="the analysis to run")
+    p.add_argument(
+        "--master",
+        default=os.environ.get("LEDGERSTORE_SPARK_MASTER", DEFAULT_MASTER),
+        help="Spark master URL: local[N], spark://HOST:PORT, ... (default local[2] or $LEDGERSTORE_SPARK_MASTER)",
+    )
+    p.add_argument("--ledgers", default="all", help="'all', ids '1,2,5' or ranges '3-9' (default all)")
+    p.add_argument("--password", default="", help="the ledgers' password")
+    p.add_argument("--entries-per-partition", type=int, default=None, help="entries per Spark partition")
+    p.add_argument("--out", type=Path, default=Path("spark-out"), help="where the chart and report go")
+    p.add_argument(
+        "--executor-python",
+        default=os.environ.get("PYSPARK_PYTHON", sys.executable),
+        help="the Python the executors run, with ledgerstore installed (default $PYSPARK_PYTHON or this one)",
+    )
+    p.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting (repeatable)"
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _session(args: argparse.Namespace) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(args.master)
+        .appName(f"ledgerstore {args.job}")
+        .config("spark.pyspark.python", args.executor_python)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+    )
+    for kv in args.conf:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            from ledgerstore.cli import CommandError
+
+            raise CommandError(f"--conf expects KEY=VALUE, got {kv!r}")
+        builder = builder.config(key.strip(), value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def run(args: argparse.Namespace) -> int:
+    from ledgerstore.cli import CommandError, emit
+    from spark.jobs import JOBS, JobOptions
+    from spark.options import LedgerOptionError, parse_ledgers
+
+    try:
+        parse_ledgers(args.ledgers, option="--ledgers")
+    except LedgerOptionError as e:
+        raise CommandError(str(e)) from None
+    opts = JobOptions(
+        zk=args.zk,
+        zk_root=args.zk_root,
+        ledgers=args.ledgers,
+        password=args.password,
+        entries_per_partition=args.entries_per_partition,
+        out_dir=args.out,
+    )
+    session = _session(args)
+    try:
+        result = JOBS[args.job].run(session, opts)
+    except Exception as e:
+        raise CommandError(f"spark job {args.job} failed: {_one_line(e)}") from e
+    finally:
+        session.stop()
+    result.write(args.out)
+    emit(args, lambda: result.render() + f"\nreport: {result.report}", result.to_json())
+    return 0
+
+
+def _one_line(e: BaseException) -> str:
+    """Spark wraps Python errors in pages of JVM trace: keep the first line that says what went wrong."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if "Error:" in ln or "option '" in ln:
+            return ln
+    return lines[0] if lines else type(e).__name__

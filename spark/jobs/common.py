@@ -1,0 +1,126 @@
+"""What every job shares: its options, its result (tables + a PNG chart), and reading the ``ledger`` source."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Job", "JobOptions", "JobResult", "Table", "ledger_frame", "new_figure"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    zk: str = "127.0.0.1:2181"
+    zk_root: str = "/ledgerstore"
+    ledgers: str = "all"
+    password: str = ""
+    entries_per_partition: int | None = None
+    out_dir: Path = Path("spark-out")
+
+    def source_options(self) -> dict[str, str]:
+        opts = {"zk": self.zk, "zkRoot": self.zk_root, "ledgers": self.ledgers, "password": self.password}
+        if self.entries_per_partition is not None:
+            opts["entriesPerPartition"] = str(self.entries_per_partition)
+        return opts
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+
+    def render(self) -> str:
+        cells = [[_cell(v) for v in row] for row in self.rows]
+        widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(self.columns)]
+
+        def line(values: Sequence[str]) -> str:
+            return "  ".join(
+                v.ljust(w) if i == 0 else v.rjust(w)
+                for i, (v, w) in enumerate(zip(values, widths, strict=True))
+            ).rstrip()
+
+        out = [self.title, line(list(self.columns)), line(["-" * w for w in widths])]
+        out += [line(r) for r in cells] or ["(no rows)"]
+        return "\n".join(out)
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+@dataclass
+class JobResult:
+    job: str
+    tables: list[Table]
+    chart: Path | None = None
+    report: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        parts = [t.render() for t in self.tables] + self.notes
+        if self.chart:
+            parts.append(f"chart: {self.chart}")
+        return "\n\n".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "tables": {t.title: t.as_dicts() for t in self.tables},
+            "chart": str(self.chart) if self.chart else None,
+            "notes": self.notes,
+        }
+
+    def write(self, out_dir: Path) -> None:
+        """The summary beside the chart: ``<job>.txt`` and ``<job>.json``."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.report = out_dir / f"{self.job}.txt"
+        self.report.write_text(self.render() + "\n")
+        (out_dir / f"{self.job}.json").write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    help: str
+    run: Callable[[Any, JobOptions], JobResult]
+
+
+def ledger_frame(session: Any, opts: JobOptions) -> Any:
+    """The selected ledgers' entries as a DataFrame (registers the sources on ``session`` first)."""
+    from spark import register
+
+    register(session)
+    return session.read.format("ledger").options(**opts.source_options()).load()
+
+
+def new_figure(ncols: int, title: str) -> tuple[Any, Any]:
+    """A matplotlib figure on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.5), squeeze=False)
+    fig.suptitle(title)
+    return fig, axes[0]
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
