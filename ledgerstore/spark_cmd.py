@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 DEFAULT_MASTER = "local[2]"
+_PY_ERROR = re.compile(r"^[\w.]*(Error|Exception): ")
 
 
 def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
@@ -53,6 +55,10 @@ def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None
 
 def _session(args: argparse.Namespace) -> Any:
     from pyspark.sql import SparkSession
+
+    # Spark's Python workers on the driver (which plan the data source's partitions) follow PYSPARK_PYTHON,
+    # not spark.pyspark.python: give both the Python that has ledgerstore and pyarrow.
+    os.environ["PYSPARK_PYTHON"] = args.executor_python
 
     builder = (
         SparkSession.builder.master(args.master)
@@ -103,9 +109,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    """Spark wraps Python errors in pages of JVM trace: keep the first line that says what went wrong."""
+    """Spark wraps Python errors in pages of JVM trace: keep the line that says what went wrong (ours first,
+    else the last Python exception line)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for ln in lines:
-        if "Error:" in ln or "option '" in ln:
+    python_errors = [
+        ln for ln in lines if _PY_ERROR.match(ln) and not ln.startswith(("org.", "java.", "py4j."))
+    ]
+    for ln in python_errors:
+        if ln.startswith(("LedgerOptionError", "LedgerDataLossError")):
             return ln
+    if python_errors:
+        return python_errors[-1]
     return lines[0] if lines else type(e).__name__
