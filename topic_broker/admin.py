@@ -1,0 +1,1262 @@
+"""The broker's HTTP side (``--http-port``, 8080 by default): Pulsar's admin REST ``/admin/v2``, the HTTP lookup
+``/lookup/v2`` that ``pulsar.Client("http://…")`` uses, ``/metrics`` (Prometheus) and ``/health``.
+
+Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the Pulsar clients work:
+
+- ``/admin/v2/clusters``, ``/admin/v2/tenants[/{t}]``, ``/admin/v2/namespaces/{t}[/{ns}]`` with the namespace
+  policies users set (``retention``, ``deduplication``, ``backlogQuota``), stored in ZooKeeper
+  (``namespaces/<t>/<ns>``, docs/broker.md).
+- ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
+  ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
+  ``skip_all``), ``lastMessageId``.
+- ``/lookup/v2/topic/{domain}/{t}/{ns}/{topic}``: the owner's URLs; any broker answers for any topic and takes
+  ownership when nobody holds it, as the binary LOOKUP does.
+
+Where a topic lives: calls that need the topic itself (stats, cursors, delete) run on its owner. A broker that
+does not own the topic answers ``307 Temporary Redirect`` to the owner's web URL, as Pulsar does; when nobody
+owns it, this broker takes it. Calls that only read or write ZooKeeper (list, partition counts, topic creation,
+namespace policies) are answered by any broker. Calls on a partitioned topic are made per partition through
+HTTP to this broker, which follows the redirects to each partition's owner.
+
+Errors are Pulsar's: a JSON body ``{"reason": "…"}`` with 400 (bad body), 404 (no such topic, subscription,
+namespace), 409 (already exists, not empty), 412 (invalid name, active clients without ``force``), 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+import aiohttp
+from aiohttp import web
+
+import zk
+from zk import layout
+from zk.managed_ledgers import (
+    BacklogQuota,
+    CursorInfo,
+    ManagedLedgerInfo,
+    NamespacePolicies,
+)
+
+from . import wire
+from .cursor import InitialPosition, ManagedCursor
+from .managed_ledger import ManagedLedgerError, Position
+from .metrics import BrokerMetrics, Sample, render
+from .names import InvalidTopicName, TopicName
+
+if TYPE_CHECKING:
+    from .service import BrokerService, SubscriptionRuntime, Topic
+
+__all__ = ["CLUSTER_NAME", "AdminServer", "build_app", "install_metrics"]
+
+log = logging.getLogger(__name__)
+
+#: The one cluster a ledgerstore deployment is (``/admin/v2/clusters``).
+CLUSTER_NAME = "ledgerstore"
+INT64_MAX = 2**63 - 1
+#: How often the namespaces' retention policies are applied to the topics this broker serves.
+POLICY_REFRESH_S = 5.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class AdminError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def _no_content() -> web.Response:
+    return web.Response(status=204)
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return web.json_response({"reason": reason}, status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except AdminError as e:
+        return _error(e.status, e.reason)
+    except InvalidTopicName as e:
+        return _error(412, str(e))
+    except web.HTTPException:
+        raise
+    except zk.MetadataNotFoundError as e:
+        return _error(404, str(e))
+    except (zk.MetadataError, ManagedLedgerError) as e:
+        log.warning("admin %s %s failed: %s", request.method, request.path, e)
+        return _error(500, str(e))
+    except Exception as e:
+        log.exception("admin %s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {e}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# metrics hook
+
+
+_patched = False
+_publish_started: dict[int, tuple[float, int, int]] = {}
+
+
+def install_metrics(service: BrokerService) -> BrokerMetrics:
+    """The service's :class:`BrokerMetrics`. A service that does not report to one yet (no ``metrics``
+    attribute) gets one, fed by thin wrappers around ``Topic.publish``/``Topic._appended`` (publish counts and
+    latency) and ``SubscriptionRuntime.execute`` (deliveries)."""
+    existing = getattr(service, "metrics", None)
+    if isinstance(existing, BrokerMetrics):
+        return existing
+    metrics = BrokerMetrics()
+    service.metrics = metrics  # type: ignore[attr-defined]
+    _patch_service_classes()
+    return metrics
+
+
+def _patch_service_classes() -> None:
+    global _patched
+    if _patched:
+        return
+    _patched = True
+    from .service import SubscriptionRuntime, Topic
+    from .subscription import Deliver
+
+    orig_publish = Topic.publish
+    orig_appended = Topic._appended
+    orig_execute = SubscriptionRuntime.execute
+
+    def publish(self: Topic, p: Any, send: Any, entry: bytes, num_messages: int) -> None:
+        t0 = time.monotonic()
+        orig_publish(self, p, send, entry, num_messages)
+        if p.receipts and not p.receipts[-1].done:
+            if len(_publish_started) > 1_000_000:  # failed appends never reach _appended
+                _publish_started.clear()
+            _publish_started[id(p.receipts[-1])] = (t0, num_messages, len(entry))
+
+    def appended(self: Topic, fut: asyncio.Future[Position], *, p: Any, rec: Any) -> None:
+        started = _publish_started.pop(id(rec), None)
+        orig_appended(self, fut, p=p, rec=rec)
+        m = getattr(self.service, "metrics", None)
+        if started is not None and m is not None and not fut.cancelled() and fut.exception() is None:
+            t0, n, size = started
+            m.published(str(self.name), n, size, time.monotonic() - t0)
+
+    def execute(self: SubscriptionRuntime, cmds: list[Any]) -> None:
+        m = getattr(self.topic.service, "metrics", None)
+        if m is not None:
+            for cmd in cmds:
+                if isinstance(cmd, Deliver) and cmd.consumer_id in self.consumers:
+                    data = cmd.entry.data
+                    m.dispatched(
+                        str(self.topic.name), self.name, cmd.entry.num_messages, len(data) if data else 0
+                    )
+        orig_execute(self, cmds)
+
+    Topic.publish = publish  # type: ignore[method-assign]
+    Topic._appended = appended  # type: ignore[method-assign]
+    SubscriptionRuntime.execute = execute  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# helpers over the service's topics
+
+
+def _storage_size(topic: Topic) -> int:
+    ml = topic.ml
+    closed = sum(li.size for li in ml.info.ledgers[:-1])
+    current = getattr(ml, "current_size", None)
+    if not isinstance(current, int):
+        current = getattr(ml, "_current_size", 0)
+    return closed + int(current or 0)
+
+
+def _cursor_backlog(topic: Topic, mark_delete: Position, ranges: list[tuple[Position, Position]]) -> int:
+    view = topic.ml.view()
+    total = view.count_entries(mark_delete, view.last_position())
+    acked = sum(view.count_entries(s.previous(), e) for s, e in ranges)
+    return max(0, total - acked)
+
+
+def _ranges_text(ranges: list[tuple[Position, Position]]) -> str:
+    """Pulsar's ``individuallyDeletedMessages``: open-closed ranges ``[(l:e..l:e],…]``."""
+    return "[" + ",".join(f"({s.previous()}..{e}]" for s, e in ranges) + "]"
+
+
+def _info_ranges(ci: CursorInfo) -> list[tuple[Position, Position]]:
+    return [(Position(a, b), Position(c, d)) for a, b, c, d in ci.individually_deleted]
+
+
+def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[str, int]:
+    out = {"ledgerId": pos.ledger_id, "entryId": pos.entry_id, "partitionIndex": partition}
+    if batch_index >= 0:
+        out["batchIndex"] = batch_index
+    return out
+
+
+def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
+    """Pulsar's ``Policies`` shape (the fields we keep)."""
+    return {
+        "retention_policies": _retention_json(p),
+        "deduplicationEnabled": p.deduplication_enabled,
+        "backlog_quota_map": {"destination_storage": _quota_json(p.backlog_quota)},
+        "replication_clusters": [CLUSTER_NAME],
+        "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
+    }
+
+
+def _retention_json(p: NamespacePolicies) -> dict[str, int]:
+    return {"retentionTimeInMinutes": p.retention_time_minutes, "retentionSizeInMB": p.retention_size_mb}
+
+
+def _quota_json(q: BacklogQuota) -> dict[str, Any]:
+    return {"limitSize": q.limit_size, "limitTime": q.limit_time, "policy": q.policy}
+
+
+_QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
+
+
+async def _body_json(request: web.Request) -> Any:
+    text = await request.text()
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise AdminError(400, f"the body is not JSON: {e}") from e
+
+
+def _int_field(d: Mapping[str, Any], key: str, default: int) -> int:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise AdminError(400, f"{key} must be an integer, got {v!r}")
+    return v
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the app
+
+
+class AdminApp:
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+        self.metrics = install_metrics(service)
+        self._http: aiohttp.ClientSession | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------------------------
+
+    @property
+    def meta(self) -> Any:
+        meta = self.service.meta
+        if meta is None:
+            raise AdminError(503, "the broker is starting")
+        return meta
+
+    @property
+    def store(self) -> zk.MetadataStore:
+        return self.meta.store  # type: ignore[no-any-return]
+
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    def _topic_name(self, request: web.Request) -> TopicName:
+        mi = request.match_info
+        return TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
+
+    async def _redirect_if_not_owner(self, request: web.Request, name: TopicName) -> None:
+        owner = await self.meta.get_owner(name.ml_name)
+        if owner is not None and owner.broker_id != self.service.config.id:
+            if not owner.web_service_url:
+                raise AdminError(503, f"{name} is served by {owner.broker_id}, which has no web service URL")
+            raise web.HTTPTemporaryRedirect(owner.web_service_url.rstrip("/") + request.raw_path)
+
+    async def _exists(self, name: TopicName) -> bool:
+        return await self.store.aexists(layout.ml_info_path(name.ml_name))
+
+    async def _partitions(self, name: TopicName) -> int:
+        if name.is_partition:
+            return 0
+        meta = await self.meta.get_partitions(name.ml_name)
+        return meta.partitions if meta else 0
+
+    async def _owned_topic(self, request: web.Request, name: TopicName, *, must_exist: bool = True) -> Topic:
+        """The topic opened on this broker (redirecting to its owner, taking it when nobody owns it)."""
+        from .service import NotOwnerError
+
+        served = self._served(name)
+        if served is not None:
+            return served
+        await self._redirect_if_not_owner(request, name)
+        if must_exist and not await self._exists(name):
+            if await self._partitions(name):
+                raise AdminError(
+                    404, f"{name} is a partitioned topic: use its partitions or the partitioned-* calls"
+                )
+            raise AdminError(404, f"Topic {name} not found")
+        try:
+            return await self.service.get_topic(name)
+        except NotOwnerError as e:  # lost a race for ownership
+            url = e.owner.web_service_url.rstrip("/")
+            raise web.HTTPTemporaryRedirect(url + request.raw_path) from e
+
+    def _served(self, name: TopicName) -> Topic | None:
+        fut = self.service.topics.get(str(name))
+        if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+            topic = fut.result()
+            if not topic.unloaded:
+                return topic
+        return None
+
+    def _served_topics(self) -> list[Topic]:
+        out = []
+        for key in list(self.service.topics):
+            t = self._served(TopicName.parse(key))
+            if t is not None:
+                out.append(t)
+        return out
+
+    def _partition_path(self, name: TopicName, index: int, suffix: str) -> str:
+        p = name.partition(index)
+        return (
+            f"{self.service.config.web_service_url.rstrip('/')}/admin/v2/persistent/"
+            f"{quote(p.tenant, safe='')}/{quote(p.namespace, safe='')}/{quote(p.local, safe='')}{suffix}"
+        )
+
+    async def _each_partition(
+        self,
+        name: TopicName,
+        method: str,
+        suffix: str,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> list[tuple[int, int, Any]]:
+        """Send the call to every partition (through this broker's HTTP port, following redirects to each
+        partition's owner); (index, status, parsed body) per partition."""
+        n = await self._partitions(name)
+        if n == 0:
+            raise AdminError(404, f"Partitioned topic {name} does not exist")
+
+        async def one(i: int) -> tuple[int, int, Any]:
+            url = self._partition_path(name, i, suffix)
+            kw: dict[str, Any] = {"params": dict(params or {})}
+            if body is not None:
+                kw["json"] = body
+            async with self.http().request(method, url, **kw) as r:
+                text = await r.text()
+                try:
+                    data = json.loads(text) if text else None
+                except json.JSONDecodeError:
+                    data = text
+                return i, r.status, data
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+    @staticmethod
+    def _check_partition_results(results: list[tuple[int, int, Any]], ok_404: bool = False) -> None:
+        for i, status, data in results:
+            if status >= 300 and not (ok_404 and status == 404):
+                reason = data.get("reason") if isinstance(data, dict) else data
+                raise AdminError(status, f"partition {i}: {reason}")
+
+    # -- clusters, tenants, brokers -----------------------------------------------------------------------------
+
+    async def clusters(self, request: web.Request) -> web.Response:
+        return _json([CLUSTER_NAME])
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        if request.match_info["cluster"] != CLUSTER_NAME:
+            raise AdminError(404, "Cluster does not exist")
+        cfg = self.service.config
+        return _json(
+            {"serviceUrl": cfg.web_service_url, "brokerServiceUrl": cfg.service_url, "peerClusterNames": []}
+        )
+
+    async def brokers(self, request: web.Request) -> web.Response:
+        if request.match_info["cluster"] != CLUSTER_NAME:
+            raise AdminError(404, "Cluster does not exist")
+        brokers = await self.meta.list_brokers()
+        return _json(sorted(b.web_service_url.split("://", 1)[-1] for b in brokers.values()))
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.service.meta is None or getattr(self.service, "_session_lost", False):
+            return web.Response(status=503, text="not connected to ZooKeeper")
+        return web.Response(text="ok")
+
+    async def tenants(self, request: web.Request) -> web.Response:
+        try:
+            names = await self.store.achildren(layout.NAMESPACES)
+        except zk.MetadataNotFoundError:
+            names = []
+        return _json(sorted(names))
+
+    async def _tenant_exists(self, tenant: str) -> bool:
+        return await self.store.aexists(f"{layout.NAMESPACES}/{layout.check_znode_name(tenant, 'tenant')}")
+
+    async def tenant_get(self, request: web.Request) -> web.Response:
+        if not await self._tenant_exists(request.match_info["tenant"]):
+            raise AdminError(404, "Tenant does not exist")
+        return _json({"adminRoles": [], "allowedClusters": [CLUSTER_NAME]})
+
+    async def tenant_put(self, request: web.Request) -> web.Response:
+        tenant = request.match_info["tenant"]
+        TopicName.parse(f"{tenant}/ns/t")  # Pulsar's rule for the name
+        try:
+            await self.store.acreate(f"{layout.NAMESPACES}/{layout.check_znode_name(tenant, 'tenant')}", {})
+        except zk.MetadataExistsError:
+            raise AdminError(409, "Tenant already exists") from None
+        return _no_content()
+
+    async def tenant_delete(self, request: web.Request) -> web.Response:
+        tenant = request.match_info["tenant"]
+        if not await self._tenant_exists(tenant):
+            raise AdminError(404, "Tenant does not exist")
+        if await self.meta.list_namespaces(tenant):
+            raise AdminError(409, "The tenant still has namespaces")
+        await self.store.adelete(f"{layout.NAMESPACES}/{tenant}", missing_ok=True)
+        return _no_content()
+
+    # -- namespaces -------------------------------------------------------------------------------------------
+
+    async def namespaces(self, request: web.Request) -> web.Response:
+        tenant = request.match_info["tenant"]
+        if not await self._tenant_exists(tenant):
+            raise AdminError(404, "Tenant does not exist")
+        return _json(sorted(f"{tenant}/{ns}" for ns in await self.meta.list_namespaces(tenant)))
+
+    async def _policies(self, request: web.Request) -> tuple[str, str, NamespacePolicies]:
+        tenant, ns = request.match_info["tenant"], request.match_info["namespace"]
+        TopicName.parse(f"{tenant}/{ns}/t")
+        p = await self.meta.get_policies(tenant, ns)
+        if p is None:
+            raise AdminError(404, "Namespace does not exist")
+        return tenant, ns, p
+
+    async def _set_policies(self, tenant: str, ns: str, p: NamespacePolicies) -> web.Response:
+        await self.meta.set_policies(tenant, ns, p)
+        self._apply_retention(tenant, ns, p)
+        return _no_content()
+
+    async def namespace_get(self, request: web.Request) -> web.Response:
+        _t, _n, p = await self._policies(request)
+        return _json(_policies_json(p))
+
+    async def namespace_put(self, request: web.Request) -> web.Response:
+        tenant, ns = request.match_info["tenant"], request.match_info["namespace"]
+        TopicName.parse(f"{tenant}/{ns}/t")
+        if not await self._tenant_exists(tenant):
+            raise AdminError(404, "Tenant does not exist")
+        try:
+            await self.store.acreate(
+                layout.namespace_policies_path(tenant, ns), NamespacePolicies().to_json()
+            )
+        except zk.MetadataExistsError:
+            raise AdminError(409, "Namespace already exists") from None
+        return _no_content()
+
+    async def namespace_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, _p = await self._policies(request)
+        if await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns):
+            raise AdminError(409, "Cannot delete non empty namespace")
+        await self.store.adelete(layout.namespace_policies_path(tenant, ns), missing_ok=True)
+        return _no_content()
+
+    async def namespace_topics(self, request: web.Request) -> web.Response:
+        tenant, ns, _p = await self._policies(request)
+        return _json(await self._list_topics(tenant, ns))
+
+    async def retention_get(self, request: web.Request) -> web.Response:
+        _t, _n, p = await self._policies(request)
+        return _json(_retention_json(p))
+
+    async def retention_set(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        body = await _body_json(request)
+        if not isinstance(body, dict):
+            raise AdminError(400, 'expected {"retentionTimeInMinutes": M, "retentionSizeInMB": S}')
+        minutes = _int_field(body, "retentionTimeInMinutes", 0)
+        size = _int_field(body, "retentionSizeInMB", 0)
+        if minutes < -1 or size < -1:
+            raise AdminError(412, "retention values are -1 (infinite), 0 or positive")
+        new = dataclasses.replace(p, retention_time_minutes=minutes, retention_size_mb=size)
+        return await self._set_policies(tenant, ns, new)
+
+    async def retention_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        return await self._set_policies(
+            tenant, ns, dataclasses.replace(p, retention_time_minutes=0, retention_size_mb=0)
+        )
+
+    async def dedup_get(self, request: web.Request) -> web.Response:
+        _t, _n, p = await self._policies(request)
+        return _json(p.deduplication_enabled)
+
+    async def dedup_set(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        body = await _body_json(request)
+        if not isinstance(body, bool):
+            raise AdminError(400, "expected true or false")
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=body))
+
+    async def dedup_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=False))
+
+    async def quota_get(self, request: web.Request) -> web.Response:
+        _t, _n, p = await self._policies(request)
+        return _json(_quota_json(p.backlog_quota))
+
+    async def quota_map(self, request: web.Request) -> web.Response:
+        _t, _n, p = await self._policies(request)
+        return _json({"destination_storage": _quota_json(p.backlog_quota)})
+
+    async def quota_set(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        qtype = request.query.get("backlogQuotaType", "destination_storage")
+        if qtype != "destination_storage":
+            raise AdminError(412, f"backlog quota type {qtype!r} is not supported (destination_storage is)")
+        body = await _body_json(request)
+        if not isinstance(body, dict):
+            raise AdminError(400, 'expected {"limitSize": bytes, "limitTime": seconds, "policy": …}')
+        limit_size = _int_field(body, "limitSize", _int_field(body, "limit", -1))
+        limit_time = _int_field(body, "limitTime", -1)
+        policy = body.get("policy", "producer_request_hold")
+        if policy not in _QUOTA_POLICIES:
+            raise AdminError(400, f"policy must be one of {', '.join(_QUOTA_POLICIES)}")
+        quota = BacklogQuota(limit_size=limit_size, limit_time=limit_time, policy=policy)
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, backlog_quota=quota))
+
+    async def quota_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, backlog_quota=BacklogQuota()))
+
+    def _apply_retention(self, tenant: str, ns: str, p: NamespacePolicies) -> None:
+        for t in self._served_topics():
+            if t.name.tenant == tenant and t.name.namespace == ns:
+                t.ml.retention_time_s = p.retention_time_s
+                t.ml.retention_size_bytes = p.retention_size_bytes
+
+    async def refresh_policies(self) -> None:
+        """Apply each namespace's retention to the topics served here (topics opened since, other brokers'
+        changes)."""
+        seen: dict[tuple[str, str], NamespacePolicies | None] = {}
+        for t in self._served_topics():
+            key = (t.name.tenant, t.name.namespace)
+            if key not in seen:
+                seen[key] = await self.meta.get_policies(*key)
+            p = seen[key]
+            if p is not None:
+                t.ml.retention_time_s = p.retention_time_s
+                t.ml.retention_size_bytes = p.retention_size_bytes
+
+    # -- topic lists and partitions --------------------------------------------------------------------------
+
+    async def _list_topics(self, tenant: str, ns: str) -> list[str]:
+        path = f"{layout.MANAGED_LEDGERS}/{tenant}/{ns}/persistent"
+        try:
+            names = await self.store.achildren(path)
+        except zk.MetadataNotFoundError:
+            names = []
+        return sorted(f"persistent://{tenant}/{ns}/{unquote(n)}" for n in names)
+
+    async def _list_partitioned(self, tenant: str, ns: str) -> list[str]:
+        try:
+            names = await self.store.achildren(f"{layout.TOPICS}/{tenant}/{ns}/persistent")
+        except zk.MetadataNotFoundError:
+            names = []
+        return sorted(f"persistent://{tenant}/{ns}/{unquote(n)}" for n in names)
+
+    async def topics_list(self, request: web.Request) -> web.Response:
+        tenant, ns, _p = await self._policies(request)
+        return _json(await self._list_topics(tenant, ns))
+
+    async def partitioned_list(self, request: web.Request) -> web.Response:
+        tenant, ns, _p = await self._policies(request)
+        return _json(await self._list_partitioned(tenant, ns))
+
+    async def partitions_get(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        return _json({"partitions": await self._partitions(name)})
+
+    async def _partition_count_from(self, request: web.Request) -> int:
+        body = await _body_json(request)
+        if isinstance(body, dict):
+            body = body.get("partitions")
+        if isinstance(body, bool) or not isinstance(body, int) or body < 1:
+            raise AdminError(412, "Number of partitions should be more than 0")
+        return body
+
+    async def partitions_create(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        n = await self._partition_count_from(request)
+        if name.is_partition:
+            raise AdminError(412, f"{name} is a partition; a partitioned topic needs a base name")
+        if await self._exists(name):
+            raise AdminError(409, "This topic already exists")
+        try:
+            await self.meta.create_partitioned_topic(name.ml_name, n)
+        except zk.MetadataExistsError:
+            raise AdminError(409, "Partitioned topic already exists") from None
+        await self._create_partition_mls(name, 0, n)
+        return _no_content()
+
+    async def _create_partition_mls(self, name: TopicName, start: int, end: int) -> None:
+        for i in range(start, end):
+            with contextlib.suppress(zk.MetadataExistsError):
+                await self.meta.create_ml_info(name.partition(i).ml_name, ManagedLedgerInfo())
+
+    async def partitions_update(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        n = await self._partition_count_from(request)
+        current = await self._partitions(name)
+        if current == 0:
+            raise AdminError(404, f"Partitioned topic {name} does not exist")
+        if n < current:
+            raise AdminError(409, f"The number of partitions can only grow ({current} now, asked {n})")
+        try:
+            await self.meta.update_partitions(name.ml_name, n)
+        except ValueError as e:
+            raise AdminError(409, str(e)) from e
+        await self._create_partition_mls(name, current, n)
+        return _no_content()
+
+    async def partitions_delete(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        force = request.query.get("force", "false").lower() == "true"
+        results = await self._each_partition(name, "DELETE", "", params={"force": str(force).lower()})
+        self._check_partition_results(results, ok_404=True)
+        await self.meta.delete_partitioned_topic(name.ml_name)
+        return _no_content()
+
+    # -- one topic --------------------------------------------------------------------------------------------
+
+    async def topic_create(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        if await self._partitions(name.base) and not name.is_partition:
+            raise AdminError(409, "This topic already exists (as a partitioned topic)")
+        try:
+            await self.meta.create_ml_info(name.ml_name, ManagedLedgerInfo())
+        except zk.MetadataExistsError:
+            raise AdminError(409, "This topic already exists") from None
+        return _no_content()
+
+    async def topic_delete(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        force = request.query.get("force", "false").lower() == "true"
+        if not name.is_partition and await self._partitions(name):
+            raise AdminError(
+                409, f"{name} is a partitioned topic: delete it with DELETE …/{name.local}/partitions"
+            )
+        topic = await self._owned_topic(request, name)
+        active = bool(topic.producers) or any(rt.consumers for rt in topic.subscriptions.values())
+        if active and not force:
+            raise AdminError(412, "Topic has active producers/subscriptions")
+        await self._delete_topic(topic)
+        return _no_content()
+
+    async def _delete_topic(self, topic: Topic) -> None:
+        svc = self.service
+        deleter = getattr(svc, "delete_topic", None)
+        if deleter is not None:  # the service's own, when it has one
+            await deleter(topic.name)
+            self.metrics.forget(str(topic.name))
+            return
+        topic.unloaded = True
+        key = str(topic.name)
+        fut = svc.topics.get(key)
+        if fut is not None and fut.done() and not fut.exception() and fut.result() is topic:
+            del svc.topics[key]
+        svc._disconnect_clients(topic)
+        for c in list(topic.ml.cursors.values()):
+            with contextlib.suppress(Exception):
+                await c.close()
+        try:
+            await topic.ml.delete()
+        finally:
+            if svc.meta is not None:
+                with contextlib.suppress(Exception):
+                    await svc.meta.release_ownership(topic.name.ml_name, svc.config.id)
+            self.metrics.forget(key)
+
+    async def _subscription_rows(self, topic: Topic) -> dict[str, dict[str, Any]]:
+        """Every subscription of the topic: the live ones, and durable cursors from ZooKeeper."""
+        counters = self.metrics.topic(str(topic.name))
+        out: dict[str, dict[str, Any]] = {}
+        live = dict(topic.subscriptions)
+        for sub in await self.meta.list_cursors(topic.name.ml_name):
+            if sub in live:
+                continue
+            attached = topic.ml.cursors.get(sub)
+            if isinstance(attached, ManagedCursor):
+                md, ranges = attached.mark_delete, attached.cursor.individually_deleted
+            else:
+                ci = await self.meta.get_cursor(topic.name.ml_name, sub)
+                if ci is None:
+                    continue
+                md, ranges = Position(*ci.value.mark_delete), _info_ranges(ci.value)
+            backlog = _cursor_backlog(topic, md, ranges)
+            out[sub] = {
+                "type": "Exclusive",
+                "isDurable": True,
+                "msgBacklog": backlog,
+                "backlogSize": 0,
+                "msgOutCounter": counters.sub_msg_out.get(sub, 0),
+                "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
+                "unackedMessages": 0,
+                "markDeletePosition": str(md),
+                "readPosition": str(topic.ml.next_position(md)),
+                "consumers": [],
+            }
+        for sub, rt in live.items():
+            s = rt.stats()
+            out[sub] = {
+                "type": s.get("type", rt.core.sub_type.name),
+                "isDurable": rt.durable,
+                "msgBacklog": s.get("msgBacklog", 0),
+                "backlogSize": 0,
+                "msgOutCounter": counters.sub_msg_out.get(sub, 0),
+                "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
+                "unackedMessages": sum(c.get("unackedMessages", 0) for c in s.get("consumers", [])),
+                "markDeletePosition": s.get("markDeletePosition"),
+                "readPosition": s.get("readPosition"),
+                "consumers": s.get("consumers", []),
+            }
+        return out
+
+    async def _topic_stats(self, topic: Topic) -> dict[str, Any]:
+        base = topic.stats()
+        key = str(topic.name)
+        c = self.metrics.topic(key)
+        msg_in, bytes_in = int(base.get("msgInCounter", 0)), int(base.get("bytesInCounter", 0))
+        subs = await self._subscription_rows(topic)
+        storage = _storage_size(topic)
+        return {
+            "msgRateIn": c.rate("msg_in", msg_in),
+            "msgThroughputIn": c.rate("bytes_in", bytes_in),
+            "msgRateOut": c.rate("msg_out", c.msg_out),
+            "msgThroughputOut": c.rate("bytes_out", c.bytes_out),
+            "msgInCounter": msg_in,
+            "bytesInCounter": bytes_in,
+            "msgOutCounter": c.msg_out,
+            "bytesOutCounter": c.bytes_out,
+            "averageMsgSize": (bytes_in / msg_in) if msg_in else 0.0,
+            "storageSize": storage,
+            "backlogSize": max((s["msgBacklog"] for s in subs.values()), default=0),
+            "entriesInStorage": topic.ml.view().total_entries(),
+            "publishers": base.get("publishers", []),
+            "subscriptions": subs,
+            "deduplicationStatus": "Enabled" if topic.dedup_enabled else "Disabled",
+            "topicEpoch": 0,
+            "ownerBroker": self.service.config.id,
+        }
+
+    async def stats(self, request: web.Request) -> web.Response:
+        topic = await self._owned_topic(request, self._topic_name(request))
+        return _json(await self._topic_stats(topic))
+
+    async def partitioned_stats(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        per_partition = request.query.get("perPartition", "true").lower() != "false"
+        results = await self._each_partition(name, "GET", "/stats")
+        self._check_partition_results(results, ok_404=True)
+        total: dict[str, Any] = {
+            k: 0
+            for k in (
+                "msgRateIn",
+                "msgThroughputIn",
+                "msgRateOut",
+                "msgThroughputOut",
+                "msgInCounter",
+                "bytesInCounter",
+                "msgOutCounter",
+                "bytesOutCounter",
+                "storageSize",
+                "backlogSize",
+            )
+        }
+        publishers: list[Any] = []
+        subs: dict[str, dict[str, Any]] = {}
+        partitions: dict[str, Any] = {}
+        for i, status, data in results:
+            if status == 404 or not isinstance(data, dict):
+                continue
+            for k in total:
+                total[k] += data.get(k, 0)
+            publishers += data.get("publishers", [])
+            for sn, s in data.get("subscriptions", {}).items():
+                agg = subs.setdefault(
+                    sn,
+                    {
+                        "type": s.get("type"),
+                        "msgBacklog": 0,
+                        "msgOutCounter": 0,
+                        "bytesOutCounter": 0,
+                        "unackedMessages": 0,
+                        "consumers": [],
+                    },
+                )
+                for k in ("msgBacklog", "msgOutCounter", "bytesOutCounter", "unackedMessages"):
+                    agg[k] += s.get(k, 0)
+                agg["consumers"] += s.get("consumers", [])
+            if per_partition:
+                partitions[str(name.partition(i))] = data
+        msg_in = total["msgInCounter"]
+        total["averageMsgSize"] = total["bytesInCounter"] / msg_in if msg_in else 0.0
+        out = {
+            **total,
+            "publishers": publishers,
+            "subscriptions": subs,
+            "metadata": {"partitions": len(results)},
+            "partitions": partitions,
+        }
+        return _json(out)
+
+    async def internal_stats(self, request: web.Request) -> web.Response:
+        topic = await self._owned_topic(request, self._topic_name(request))
+        ml = topic.ml
+        view = ml.view()
+        info = ml.info
+        sizes = {li.ledger_id: li.size for li in info.ledgers}
+        current = view.current_ledger_id
+        current_size = _storage_size(topic) - sum(li.size for li in info.ledgers[:-1])
+        ledgers = [
+            {
+                "ledgerId": lid,
+                "entries": n,
+                "size": current_size if lid == current else sizes.get(lid, 0),
+                "offloaded": False,
+                "underReplicated": False,
+            }
+            for lid, n in view.ledgers
+        ]
+        cursors: dict[str, Any] = {}
+        names = set(await self.meta.list_cursors(ml.name)) | set(topic.subscriptions)
+        for sub in sorted(names):
+            rt = topic.subscriptions.get(sub)
+            attached = ml.cursors.get(sub)
+            mc = rt.cursor if rt is not None and rt.cursor is not None else attached
+            if isinstance(mc, ManagedCursor):
+                md, ranges = mc.mark_delete, mc.cursor.individually_deleted
+            elif rt is not None:
+                md, ranges = rt.mark_position, []
+            else:
+                ci = await self.meta.get_cursor(ml.name, sub)
+                if ci is None:
+                    continue
+                md, ranges = Position(*ci.value.mark_delete), _info_ranges(ci.value)
+            read = Position(*rt.core.read_position) if rt is not None else ml.next_position(md)
+            cursors[sub] = {
+                "markDeletePosition": str(md),
+                "readPosition": str(read),
+                "individuallyDeletedMessages": _ranges_text(ranges),
+                "totalNonContiguousDeletedMessagesRange": len(ranges),
+                "numberOfEntriesSinceFirstNotAckedMessage": view.count_entries(md, view.last_position()),
+                "messagesConsumedCounter": self.metrics.topic(str(topic.name)).sub_msg_out.get(sub, 0),
+                "cursorLedger": -1,
+                "cursorLedgerLastEntry": -1,
+                "state": "Open",
+                "active": bool(rt is not None and rt.consumers),
+                "durable": rt.durable if rt is not None else True,
+                "waitingReadOp": False,
+                "pendingReadOps": 0,
+                "properties": dict(mc.properties) if isinstance(mc, ManagedCursor) else {},
+            }
+        total = view.total_entries()
+        out = {
+            "entriesAddedCounter": total,
+            "numberOfEntries": total,
+            "totalSize": _storage_size(topic),
+            "currentLedgerEntries": view.entries_in(current),
+            "currentLedgerSize": current_size,
+            "lastLedgerCreatedTimestamp": "",
+            "waitingCursorsCount": 0,
+            "pendingAddEntriesCount": 0,
+            "lastConfirmedEntry": str(ml.last_confirmed_position()),
+            "state": "Fenced" if ml.fenced else "Closed" if ml.closed else "LedgerOpened",
+            "ledgers": ledgers,
+            "cursors": cursors,
+            "properties": dict(ml.properties),
+        }
+        return _json(out)
+
+    async def last_message_id(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        topic = await self._owned_topic(request, name)
+        last = topic.ml.last_confirmed_position()
+        batch_index = -1
+        if last.entry_id >= 0:
+            with contextlib.suppress(ManagedLedgerError, wire.EntryFormatError):
+                md, _ = wire.parse_entry(await topic.ml.read_entry(last), verify_checksum=False)
+                if md.HasField("num_messages_in_batch"):
+                    batch_index = md.num_messages_in_batch - 1
+        return _json(_message_id(last, name.partition_index, batch_index))
+
+    # -- subscriptions ----------------------------------------------------------------------------------------
+
+    async def subscriptions(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        if not name.is_partition and await self._partitions(name):
+            results = await self._each_partition(name, "GET", "/subscriptions")
+            self._check_partition_results(results, ok_404=True)
+            subs = {s for _i, status, data in results if status == 200 for s in data}
+            return _json(sorted(subs))
+        served = self._served(name)
+        if served is not None:
+            cursors = set(await self.meta.list_cursors(name.ml_name))
+            return _json(sorted(cursors | set(served.subscriptions)))
+        await self._redirect_if_not_owner(request, name)
+        if not await self._exists(name):
+            raise AdminError(404, f"Topic {name} not found")
+        return _json(sorted(await self.meta.list_cursors(name.ml_name)))
+
+    def _sub_suffix(self, request: web.Request, tail: str = "") -> str:
+        return f"/subscription/{quote(request.match_info['subscription'], safe='')}{tail}"
+
+    async def _fan_out_if_partitioned(
+        self, request: web.Request, name: TopicName, method: str, tail: str, body: Any = None
+    ) -> web.Response | None:
+        if name.is_partition or not await self._partitions(name):
+            return None
+        results = await self._each_partition(
+            name, method, self._sub_suffix(request, tail), body=body, params=dict(request.query)
+        )
+        self._check_partition_results(results)
+        return _no_content()
+
+    async def _start_position(self, topic: Topic, body: Any) -> Position | None:
+        """A MessageId body (Pulsar's ``{"ledgerId", "entryId", …}``), "earliest"/"latest", or None (latest)."""
+        ml = topic.ml
+        if body is None or body == "latest":
+            return None
+        if body == "earliest":
+            return ml.first_position()
+        if not isinstance(body, dict):
+            raise AdminError(
+                400, 'expected a MessageId {"ledgerId": L, "entryId": E}, "earliest" or "latest"'
+            )
+        lid, eid = _int_field(body, "ledgerId", INT64_MAX), _int_field(body, "entryId", INT64_MAX)
+        if lid == INT64_MAX or eid == INT64_MAX:
+            return None
+        if lid < 0 or eid < 0:
+            return ml.first_position()
+        return Position(lid, eid)
+
+    async def subscription_create(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        sub = request.match_info["subscription"]
+        body = await _body_json(request)
+        fanned = await self._fan_out_if_partitioned(request, name, "PUT", "", body)
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        if sub in topic.subscriptions or await self.meta.get_cursor(name.ml_name, sub) is not None:
+            raise AdminError(409, "Subscription already exists for topic")
+        start = await self._start_position(topic, body)
+        mc = await ManagedCursor.open(topic.ml, sub, InitialPosition.LATEST)
+        if start is not None:
+            await mc.reset(start)
+        return _no_content()
+
+    async def subscription_delete(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        sub = request.match_info["subscription"]
+        force = request.query.get("force", "false").lower() == "true"
+        fanned = await self._fan_out_if_partitioned(request, name, "DELETE", "")
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        rt = topic.subscriptions.get(sub)
+        stored = await self.meta.get_cursor(name.ml_name, sub)
+        if rt is None and stored is None:
+            raise AdminError(404, "Subscription not found")
+        if rt is not None:
+            if rt.consumers and not force:
+                raise AdminError(412, "Subscription has active connected consumers")
+            self._disconnect(rt)
+            topic.subscriptions.pop(sub, None)
+            if rt.cursor is not None:
+                await rt.cursor.delete()
+        topic.ml.detach_cursor(sub)
+        await self.meta.delete_cursor(name.ml_name, sub)
+        return _no_content()
+
+    @staticmethod
+    def _disconnect(rt: SubscriptionRuntime) -> None:
+        """Close the subscription's consumers (they reconnect), as Pulsar does on reset-cursor."""
+        for c in list(rt.consumers.values()):
+            c.session.consumers.pop(c.consumer_id, None)
+            key = rt.key_of(c)
+            rt.consumers.pop(key, None)
+            rt.execute(rt.core.remove_consumer(key))
+            c.session.send(wire.close_consumer(c.consumer_id, 0))
+
+    async def _move_cursor(self, topic: Topic, sub: str, pos: Position, *, disconnect: bool) -> None:
+        rt = topic.subscriptions.get(sub)
+        if rt is not None:
+            await rt.seek(pos)
+            if disconnect:
+                self._disconnect(rt)
+            return
+        if await self.meta.get_cursor(topic.name.ml_name, sub) is None:
+            raise AdminError(404, "Subscription not found")
+        mc = await ManagedCursor.open(topic.ml, sub, InitialPosition.LATEST)
+        await mc.reset(pos)
+
+    async def reset_cursor(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        sub = request.match_info["subscription"]
+        try:
+            ts = int(request.match_info["timestamp"])
+        except ValueError:
+            raise AdminError(412, "the timestamp must be milliseconds since the epoch") from None
+        fanned = await self._fan_out_if_partitioned(request, name, "POST", f"/resetcursor/{ts}")
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        ml = topic.ml
+
+        def at_or_after(data: bytes) -> bool:
+            try:
+                return wire.entry_publish_time(data) >= ts
+            except wire.EntryFormatError:
+                return False
+
+        found = await ml.find_first(at_or_after)
+        pos = found if found is not None else ml.next_position(ml.last_confirmed_position())
+        await self._move_cursor(topic, sub, pos, disconnect=True)
+        return _no_content()
+
+    async def reset_cursor_to_id(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        sub = request.match_info["subscription"]
+        body = await _body_json(request)
+        fanned = await self._fan_out_if_partitioned(request, name, "POST", "/resetcursor", body)
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        start = await self._start_position(topic, body)
+        ml = topic.ml
+        pos = start if start is not None else ml.next_position(ml.last_confirmed_position())
+        await self._move_cursor(topic, sub, pos, disconnect=True)
+        return _no_content()
+
+    async def skip_all(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        sub = request.match_info["subscription"]
+        fanned = await self._fan_out_if_partitioned(request, name, "POST", "/skip_all")
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        ml = topic.ml
+        await self._move_cursor(topic, sub, ml.next_position(ml.last_confirmed_position()), disconnect=False)
+        return _no_content()
+
+    # -- lookup -----------------------------------------------------------------------------------------------
+
+    async def lookup(self, request: web.Request) -> web.Response:
+        mi = request.match_info
+        domain = mi["domain"]
+        if domain != "persistent":
+            raise AdminError(412, f"only persistent topics are supported, not {domain}")
+        name = TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
+        owner = await self.meta.get_owner(name.ml_name)
+        if owner is None:
+            owner = await self.meta.acquire_ownership(name.ml_name, self.service._ownership())
+        return _json(
+            {
+                "brokerUrl": owner.service_url,
+                "brokerUrlTls": "",
+                "httpUrl": owner.web_service_url,
+                "httpUrlTls": "",
+                "nativeUrl": owner.service_url,
+            }
+        )
+
+    # -- metrics ----------------------------------------------------------------------------------------------
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text=self.render_metrics(),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Format": "0.0.4"},
+        )
+
+    def render_metrics(self) -> str:
+        fam: dict[str, list[Sample]] = {}
+
+        def add(name: str, labels: dict[str, str], value: float) -> None:
+            fam.setdefault(name, []).append(Sample(name, labels, value))
+
+        topics = self._served_topics()
+        for t in topics:
+            key = str(t.name)
+            labels = {"cluster": CLUSTER_NAME, "namespace": t.name.namespace_name, "topic": key}
+            c = self.metrics.topic(key)
+            add("pulsar_in_messages_total", labels, t.msg_in)
+            add("pulsar_in_bytes_total", labels, t.bytes_in)
+            add("pulsar_out_messages_total", labels, c.msg_out)
+            add("pulsar_out_bytes_total", labels, c.bytes_out)
+            add("pulsar_storage_size", labels, _storage_size(t))
+            add("pulsar_storage_entries", labels, t.ml.view().total_entries())
+            add("pulsar_producers_count", labels, len(t.producers))
+            add("pulsar_consumers_count", labels, sum(len(rt.consumers) for rt in t.subscriptions.values()))
+            backlogs: dict[str, int] = {}
+            for name, hook in t.ml.cursors.items():
+                if isinstance(hook, ManagedCursor):
+                    backlogs[name] = hook.backlog()
+            for name, rt in t.subscriptions.items():
+                if rt.cursor is not None:
+                    backlogs[name] = rt.cursor.backlog()
+            add("pulsar_subscriptions_count", labels, len(set(backlogs) | set(t.subscriptions)))
+            add("pulsar_msg_backlog", labels, sum(backlogs.values()))
+            for name, backlog in sorted(backlogs.items()):
+                add("pulsar_subscription_back_log", {**labels, "subscription": name}, backlog)
+            for name, n in sorted(c.sub_msg_out.items()):
+                sl = {**labels, "subscription": name}
+                add("pulsar_subscription_out_messages_total", sl, n)
+                add("pulsar_subscription_out_bytes_total", sl, c.sub_bytes_out.get(name, 0))
+        broker = {"cluster": CLUSTER_NAME, "broker": self.service.config.id}
+        add("pulsar_topics_count", broker, len(topics))
+        add("pulsar_broker_connections", broker, len(self.service.sessions))
+        help_text = {
+            "pulsar_in_messages_total": ("counter", "messages published to the topic on this broker"),
+            "pulsar_in_bytes_total": (
+                "counter",
+                "bytes (stored entries) published to the topic on this broker",
+            ),
+            "pulsar_out_messages_total": ("counter", "messages dispatched to consumers"),
+            "pulsar_out_bytes_total": ("counter", "bytes (stored entries) dispatched to consumers"),
+            "pulsar_storage_size": ("gauge", "bytes in the topic's ledgers (before replication)"),
+            "pulsar_storage_entries": ("gauge", "entries in the topic's ledgers"),
+            "pulsar_producers_count": ("gauge", "connected producers"),
+            "pulsar_consumers_count": ("gauge", "connected consumers"),
+            "pulsar_subscriptions_count": ("gauge", "subscriptions"),
+            "pulsar_msg_backlog": (
+                "gauge",
+                "entries not yet acknowledged, summed over durable subscriptions",
+            ),
+            "pulsar_subscription_back_log": ("gauge", "entries not yet acknowledged by the subscription"),
+            "pulsar_subscription_out_messages_total": ("counter", "messages dispatched to the subscription"),
+            "pulsar_subscription_out_bytes_total": ("counter", "bytes dispatched to the subscription"),
+            "pulsar_topics_count": ("gauge", "topics (partitions) this broker serves"),
+            "pulsar_broker_connections": ("gauge", "open client connections"),
+        }
+        families = [(name, help_text[name][0], help_text[name][1], samples) for name, samples in fam.items()]
+        return render(families, [(broker, self.metrics.publish_latency)])
+
+    # -- routes -----------------------------------------------------------------------------------------------
+
+    def routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/admin/v2/brokers/health", self.health)
+        r.add_get("/metrics", self.prometheus)
+        r.add_get("/metrics/", self.prometheus)
+        r.add_get("/admin/v2/clusters", self.clusters)
+        r.add_get("/admin/v2/clusters/{cluster}", self.cluster)
+        r.add_get("/admin/v2/brokers/{cluster}", self.brokers)
+        r.add_get("/admin/v2/tenants", self.tenants)
+        r.add_get("/admin/v2/tenants/{tenant}", self.tenant_get)
+        r.add_put("/admin/v2/tenants/{tenant}", self.tenant_put)
+        r.add_delete("/admin/v2/tenants/{tenant}", self.tenant_delete)
+        ns = "/admin/v2/namespaces/{tenant}/{namespace}"
+        r.add_get("/admin/v2/namespaces/{tenant}", self.namespaces)
+        r.add_get(ns, self.namespace_get)
+        r.add_put(ns, self.namespace_put)
+        r.add_delete(ns, self.namespace_delete)
+        r.add_get(ns + "/topics", self.namespace_topics)
+        r.add_get(ns + "/retention", self.retention_get)
+        r.add_post(ns + "/retention", self.retention_set)
+        r.add_delete(ns + "/retention", self.retention_delete)
+        r.add_get(ns + "/deduplication", self.dedup_get)
+        r.add_post(ns + "/deduplication", self.dedup_set)
+        r.add_delete(ns + "/deduplication", self.dedup_delete)
+        r.add_get(ns + "/backlogQuota", self.quota_get)
+        r.add_get(ns + "/backlogQuotaMap", self.quota_map)
+        r.add_post(ns + "/backlogQuota", self.quota_set)
+        r.add_delete(ns + "/backlogQuota", self.quota_delete)
+        pns = "/admin/v2/persistent/{tenant}/{namespace}"
+        r.add_get(pns, self.topics_list)
+        r.add_get(pns + "/partitioned", self.partitioned_list)
+        t = pns + "/{topic}"
+        r.add_put(t, self.topic_create)
+        r.add_delete(t, self.topic_delete)
+        r.add_get(t + "/partitions", self.partitions_get)
+        r.add_put(t + "/partitions", self.partitions_create)
+        r.add_post(t + "/partitions", self.partitions_update)
+        r.add_delete(t + "/partitions", self.partitions_delete)
+        r.add_get(t + "/stats", self.stats)
+        r.add_get(t + "/partitioned-stats", self.partitioned_stats)
+        r.add_get(t + "/internalStats", self.internal_stats)
+        r.add_get(t + "/lastMessageId", self.last_message_id)
+        r.add_get(t + "/subscriptions", self.subscriptions)
+        s = t + "/subscription/{subscription}"
+        r.add_put(s, self.subscription_create)
+        r.add_delete(s, self.subscription_delete)
+        r.add_post(s + "/resetcursor/{timestamp}", self.reset_cursor)
+        r.add_post(s + "/resetcursor", self.reset_cursor_to_id)
+        r.add_post(s + "/skip_all", self.skip_all)
+        r.add_get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", self.lookup)
+
+
+def build_app(service: BrokerService) -> tuple[web.Application, AdminApp]:
+    app = web.Application(middlewares=[_errors])
+    admin = AdminApp(service)
+    admin.routes(app)
+    return app, admin
+
+
+class AdminServer:
+    """Serves the admin app on the broker's ``--http-port`` (``listen_address``) from a started service."""
+
+    def __init__(self, service: BrokerService, host: str | None = None, port: int | None = None) -> None:
+        self.service = service
+        self.host = host if host is not None else service.config.listen_address
+        self.port = port if port is not None else service.config.http_port
+        self.app, self.admin = build_app(service)
+        self._runner: web.AppRunner | None = None
+        self._refresher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port, reuse_address=True).start()
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+        log.info("broker=%s admin REST on http://%s:%d", self.service.config.id, self.host, self.port)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(POLICY_REFRESH_S)
+            try:
+                await self.admin.refresh_policies()
+            except Exception as e:  # ZooKeeper away: the next round tries again
+                log.debug("namespace policy refresh failed: %s", e)
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self.admin.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
