@@ -1,0 +1,336 @@
+"""``ledgerstore topic …``: pulsar-admin's everyday verbs against a broker.
+
+Admin verbs (create, list, delete, stats, internal-stats) call the broker's REST (``--url``, default
+``$LEDGERSTORE_BROKER_HTTP`` or ``http://127.0.0.1:8080``) and follow its redirects to a topic's owner;
+produce and consume use the official ``pulsar-client`` on ``--service-url`` (``$LEDGERSTORE_BROKER_URL`` or
+``pulsar://127.0.0.1:6650``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urljoin
+
+from ledgerstore.cli import CommandError, emit
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
+SUBSCRIPTION_TYPES = ("exclusive", "shared", "failover", "key_shared")
+
+
+# -- REST -------------------------------------------------------------------------------------------------------
+
+
+def rest(url: str, method: str, path: str, body: Any = None, timeout_s: float = 60.0) -> Any:
+    """One admin call; follows 307/308 to the owner (keeping method and body); raises CommandError with the
+    broker's ``reason`` on an error status."""
+    target = url.rstrip("/") + path
+    data = None if body is None else json.dumps(body).encode()
+    for _hop in range(5):
+        req = urllib.request.Request(target, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with _OPENER.open(req, timeout=timeout_s) as r:
+                text = r.read().decode()
+                return json.loads(text) if text else None
+        except urllib.error.HTTPError as e:
+            if e.code in (307, 308) and e.headers.get("Location"):
+                target = urljoin(target, e.headers["Location"])
+                continue
+            text = e.read().decode(errors="replace")
+            try:
+                reason = json.loads(text).get("reason", text)
+            except (json.JSONDecodeError, AttributeError):
+                reason = text or e.reason
+            raise CommandError(f"{method} {path}: {e.code} {reason}") from None
+        except OSError as e:
+            raise CommandError(f"broker admin at {url} unreachable: {e}") from None
+    raise CommandError(f"{method} {path}: too many redirects")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # handled by rest(), which keeps the method and body
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def topic_path(name: str) -> tuple[str, str]:
+    """(REST path of the topic, its full name)."""
+    from topic_broker.names import TopicName
+
+    t = TopicName.parse(name)
+    parts = (t.tenant, t.namespace, t.local)
+    return "/admin/v2/persistent/" + "/".join(quote(p, safe="") for p in parts), str(t)
+
+
+# -- verbs ------------------------------------------------------------------------------------------------------
+
+
+def _create(args: argparse.Namespace) -> int:
+    path, full = topic_path(args.name)
+    if args.partitions:
+        rest(args.url, "PUT", f"{path}/partitions", args.partitions)
+        emit(
+            args,
+            f"created {full} with {args.partitions} partitions",
+            {"topic": full, "partitions": args.partitions},
+        )
+    else:
+        rest(args.url, "PUT", path)
+        emit(args, f"created {full}", {"topic": full, "partitions": 0})
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    ns = args.namespace
+    if ns.count("/") != 1:
+        raise CommandError(f"a namespace is TENANT/NAMESPACE, got {ns!r}")
+    tenant, name = ns.split("/")
+    base = f"/admin/v2/persistent/{quote(tenant, safe='')}/{quote(name, safe='')}"
+    topics: list[str] = rest(args.url, "GET", base)
+    partitioned: list[str] = rest(args.url, "GET", f"{base}/partitioned")
+    emit(
+        args,
+        lambda: "\n".join([*(f"{t} (partitioned)" for t in partitioned), *topics]) or f"no topics in {ns}",
+        {"topics": topics, "partitioned": partitioned},
+    )
+    return 0
+
+
+def _partitions(args: argparse.Namespace, path: str) -> int:
+    got = rest(args.url, "GET", f"{path}/partitions")
+    return int(got.get("partitions", 0)) if isinstance(got, dict) else 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    path, full = topic_path(args.name)
+    force = "?force=true" if args.force else ""
+    n = _partitions(args, path)
+    rest(args.url, "DELETE", f"{path}/partitions{force}" if n else f"{path}{force}")
+    emit(args, f"deleted {full}" + (f" ({n} partitions)" if n else ""), {"topic": full, "deleted": True})
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    path, full = topic_path(args.name)
+    n = _partitions(args, path)
+    st = rest(args.url, "GET", f"{path}/partitioned-stats" if n else f"{path}/stats")
+
+    def human() -> str:
+        lines = [
+            f"{full}" + (f" ({n} partitions)" if n else ""),
+            f"  in   {st.get('msgInCounter', 0):>12,} messages {st.get('bytesInCounter', 0):>14,} bytes"
+            f"   {st.get('msgRateIn', 0.0):,.1f} msg/s",
+            f"  out  {st.get('msgOutCounter', 0):>12,} messages {st.get('bytesOutCounter', 0):>14,} bytes"
+            f"   {st.get('msgRateOut', 0.0):,.1f} msg/s",
+            f"  storage {st.get('storageSize', 0):,} bytes; publishers {len(st.get('publishers', []))}",
+        ]
+        for sub, s in sorted(st.get("subscriptions", {}).items()):
+            lines.append(
+                f"  subscription {sub}: {s.get('type')} backlog {s.get('msgBacklog', 0):,}, "
+                f"consumers {len(s.get('consumers', []))}, delivered {s.get('msgOutCounter', 0):,}"
+            )
+        return "\n".join(lines)
+
+    emit(args, human, st)
+    return 0
+
+
+def _internal_stats(args: argparse.Namespace) -> int:
+    path, full = topic_path(args.name)
+    n = _partitions(args, path)
+    names = [f"{args.name}-partition-{i}" for i in range(n)] if n else [args.name]
+    all_stats: dict[str, Any] = {}
+    for name in names:
+        p, f = topic_path(name)
+        all_stats[f] = rest(args.url, "GET", f"{p}/internalStats")
+
+    def human() -> str:
+        lines: list[str] = []
+        for f, st in all_stats.items():
+            lines.append(
+                f"{f}: {st['numberOfEntries']:,} entries, {st['totalSize']:,} bytes, "
+                f"last confirmed {st['lastConfirmedEntry']}, state {st['state']}"
+            )
+            for li in st["ledgers"]:
+                lines.append(
+                    f"  ledger {li['ledgerId']:>8}  entries {li['entries']:>9,}  size {li['size']:>12,}"
+                )
+            for c, cs in sorted(st["cursors"].items()):
+                lines.append(
+                    f"  cursor {c}: markDelete {cs['markDeletePosition']} read {cs['readPosition']} "
+                    f"acked ranges {cs['individuallyDeletedMessages']}"
+                )
+        return "\n".join(lines)
+
+    emit(args, human, all_stats[full] if not n else all_stats)
+    return 0
+
+
+def _client(args: argparse.Namespace) -> Any:
+    try:
+        import pulsar
+    except ImportError as e:  # pragma: no cover - the bootstrap installs it
+        raise CommandError("produce/consume need pulsar-client (pip install 'ledgerstore[pulsar]')") from e
+    kw: dict[str, Any] = {"operation_timeout_seconds": 30}
+    if hasattr(pulsar, "ConsoleLogger") and hasattr(pulsar, "LoggerLevel"):
+        kw["logger"] = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    return pulsar.Client(args.service_url, **kw)
+
+
+def _produce(args: argparse.Namespace) -> int:
+    _path, full = topic_path(args.name)
+    client = _client(args)
+    ids: list[str] = []
+    try:
+        producer = client.create_producer(full, batching_enabled=args.batching, send_timeout_millis=30_000)
+        t0 = time.perf_counter()
+        messages = args.messages or ["hello"]
+        for _ in range(args.num):
+            for m in messages:
+                kw: dict[str, Any] = {"partition_key": args.key} if args.key else {}
+                if args.batching:
+                    producer.send_async(m.encode(), lambda res, mid: ids.append(str(mid)), **kw)
+                else:
+                    ids.append(str(producer.send(m.encode(), **kw)))
+        producer.flush()
+        dt = time.perf_counter() - t0
+        producer.close()
+    except Exception as e:
+        raise CommandError(f"produce to {full} failed: {e}") from e
+    finally:
+        client.close()
+    emit(
+        args,
+        lambda: (
+            f"produced {len(ids)} messages to {full} in {dt:.2f}s"
+            + (f"; last message id {ids[-1]}" if ids else "")
+        ),
+        {"topic": full, "produced": len(ids), "message_ids": ids},
+    )
+    return 0
+
+
+def _consume(args: argparse.Namespace) -> int:
+    import pulsar
+
+    _path, full = topic_path(args.name)
+    client = _client(args)
+    types = {
+        "exclusive": pulsar.ConsumerType.Exclusive,
+        "shared": pulsar.ConsumerType.Shared,
+        "failover": pulsar.ConsumerType.Failover,
+        "key_shared": pulsar.ConsumerType.KeyShared,
+    }
+    initial = (
+        pulsar.InitialPosition.Earliest
+        if args.initial_position == "earliest"
+        else pulsar.InitialPosition.Latest
+    )
+    got: list[dict[str, Any]] = []
+    try:
+        consumer = client.subscribe(
+            full, args.subscription, consumer_type=types[args.subscription_type], initial_position=initial
+        )
+        deadline = time.monotonic() + args.timeout_s
+        while args.num <= 0 or len(got) < args.num:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            try:
+                msg = consumer.receive(timeout_millis=left_ms)
+            except Exception:  # pulsar.Timeout (its type differs across client versions)
+                break
+            consumer.acknowledge(msg)
+            row = {
+                "message_id": str(msg.message_id()),
+                "data": msg.data().decode(errors="replace"),
+                "key": msg.partition_key() or None,
+                "publish_time": msg.publish_timestamp(),
+                "redelivery_count": msg.redelivery_count(),
+                "topic": msg.topic_name(),
+            }
+            got.append(row)
+            if not args.json:
+                print(f"{row['message_id']}  " + (f"key={row['key']}  " if row["key"] else "") + row["data"])
+        consumer.close()
+    except Exception as e:
+        raise CommandError(f"consume from {full} failed: {e}") from e
+    finally:
+        client.close()
+    if args.json:
+        emit(
+            args,
+            "",
+            {"topic": full, "subscription": args.subscription, "consumed": len(got), "messages": got},
+        )
+    else:
+        print(f"consumed {len(got)} messages from {full} (subscription {args.subscription})")
+    if args.num > 0 and len(got) < args.num:
+        raise CommandError(f"only {len(got)} of {args.num} messages arrived within {args.timeout_s}s")
+    return 0
+
+
+# -- wiring -----------------------------------------------------------------------------------------------------
+
+
+def add_topic_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    tp = sub.add_parser(
+        "topic", help="pulsar-admin's everyday verbs: create, list, delete, produce, consume, stats"
+    )
+    ts = tp.add_subparsers(dest="action", required=True)
+
+    def verb(name: str, help_text: str, fn: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        p = ts.add_parser(name, help=help_text)
+        common(p)
+        p.add_argument(
+            "--url",
+            default=os.environ.get("LEDGERSTORE_BROKER_HTTP", DEFAULT_ADMIN_URL),
+            help="broker admin URL (any broker; calls follow redirects to the owner)",
+        )
+        p.add_argument(
+            "--service-url",
+            default=os.environ.get("LEDGERSTORE_BROKER_URL", DEFAULT_SERVICE_URL),
+            help="Pulsar service URL for produce/consume (pulsar://… or http://…)",
+        )
+        p.set_defaults(func=fn)
+        return p
+
+    p = verb("create", "create a topic (partitioned with --partitions N)", _create)
+    p.add_argument("name")
+    p.add_argument("--partitions", "-p", type=int, default=0)
+    p = verb("list", "topics of a namespace", _list)
+    p.add_argument("namespace", nargs="?", default="public/default")
+    p = verb("delete", "delete a topic (and its partitions)", _delete)
+    p.add_argument("name")
+    p.add_argument("--force", "-f", action="store_true", help="even with connected producers/consumers")
+    p = verb("produce", "send messages with pulsar-client", _produce)
+    p.add_argument("name")
+    p.add_argument("-m", "--messages", action="append", help="message text (repeatable)")
+    p.add_argument("-n", "--num", type=int, default=1, help="send the messages this many times")
+    p.add_argument("--key", "-k", default=None, help="partition key")
+    p.add_argument("--batching", action="store_true", help="batch messages (send_async + flush)")
+    p = verb("consume", "receive and acknowledge messages with pulsar-client", _consume)
+    p.add_argument("name")
+    p.add_argument("-s", "--subscription", required=True)
+    p.add_argument("-n", "--num", type=int, default=1, help="messages to receive (0 = until the timeout)")
+    p.add_argument("--subscription-type", "-t", choices=SUBSCRIPTION_TYPES, default="exclusive")
+    p.add_argument("--initial-position", choices=("earliest", "latest"), default="earliest")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="give up waiting after this long")
+    p = verb("stats", "a topic's stats (partitioned-stats for a partitioned topic)", _stats)
+    p.add_argument("name")
+    p = verb("internal-stats", "ledgers and cursors of a topic (each partition's)", _internal_stats)
+    p.add_argument("name")
