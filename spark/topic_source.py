@@ -1,0 +1,729 @@
+"""The ``topic`` PySpark data source: Pulsar topics read straight from the bookies, batch and streaming.
+
+    from spark import register
+    register(spark)
+    df = (spark.read.format("topic").option("zk", "127.0.0.1:2181").option("topic", "orders")
+          .option("startingOffsets", "earliest").load())
+    q = (spark.readStream.format("topic").option("zk", "127.0.0.1:2181").option("topics", "a,b")
+         .option("maxEntriesPerTrigger", 10000).load()
+         .writeStream.format("parquet").option("checkpointLocation", ck).trigger(availableNow=True).start(out))
+
+No broker is in the path: the driver reads the managed ledgers' znodes (``docs/broker.md``) and, for a topic's
+open (current) ledger, its last add confirmed with a non-fencing open, so the broker keeps writing undisturbed;
+executors read entries from the bookies with their own client and unpack them (batches into one row per message).
+
+Options (names case-insensitive; every mistake fails when the query is defined/started, naming the option):
+
+* ``zk``, ``zkRoot`` (default ``/ledgerstore``), ``password``: the managed-ledger password (default empty).
+* exactly one of ``topic`` (a name: ``t``, ``tenant/ns/t`` or ``persistent://tenant/ns/t``), ``topics`` (a comma
+  list) or ``topicsPattern`` (a regex matched against full names ``persistent://tenant/ns/<topic>``; the namespace
+  is the pattern's ``persistent://tenant/ns/`` prefix, ``public/default`` for a bare regex). A partitioned topic
+  (``topics/<ml>`` znode, N partitions) reads its N partitions ``<topic>-partition-<i>``, each its own managed
+  ledger; a topic is matched by its base name or a partition's name.
+* ``startingOffsets``: ``earliest`` (batch default), ``latest`` (streaming default) or JSON
+  ``{"persistent://public/default/t-partition-0": [ledgerId, entryId], ...}``: per partition, the position of the
+  first entry to read (inclusive); a value may also be ``"earliest"``/``"latest"``; partitions not named start at
+  ``earliest``. ``endingOffsets`` (batch only): ``latest`` (default) or the same JSON, the position *after* the last
+  entry to read (exclusive; partitions not named read to ``latest``). Positions are Pulsar's MessageIdData
+  ``(ledgerId, entryId)``, the ``__ledgerId``/``__entryId`` columns: to resume after a row, start at
+  ``[ledgerId, entryId + 1]``.
+* ``startingTime`` / ``endingTime`` (ms since the epoch, publish time): start at the first entry published at or
+  after ``startingTime``; stop before the first entry published at or after ``endingTime`` (found by binary search
+  over each partition's entries; the messages of a batch entry share its publish time).
+* ``failOnDataLoss`` (default true): a ledger deleted (trimmed by retention) before the query read it fails the
+  query naming the ledger; false skips it with a warning.
+* streaming: ``maxEntriesPerTrigger`` (admission control counted in ledger entries: a batch entry counts once),
+  ``maxBytesPerTrigger`` (estimated from each ledger's average entry size), ``subscriptionName``.
+* tuning: ``entriesPerPartition`` (default 50000: one Spark partition per this many entries of one ledger),
+  ``maxRecordsPerBatch`` (rows per Arrow batch), ``readTimeoutMs``.
+
+Columns: ``value`` binary (null for a message sent with a null value), ``__key`` string, ``__topic`` string (the
+partition's full name), ``__messageId`` binary (a serialised ``MessageIdData``: ledgerId, entryId, partition,
+batch_index/batch_size for batch messages, what pulsar-spark gives; ``pulsar.MessageId.deserialize`` reads it),
+``__publishTime`` timestamp, ``__eventTime`` timestamp (null when 0), ``__messageProperties``
+map<string,string>, ``__partition`` int (−1 for a non-partitioned topic), ``__ledgerId`` long, ``__entryId`` long,
+``__batchIndex`` int (−1 for a message not in a batch).
+
+Streaming: the offset is ``{partition full name: [ledgerId, entryId]}``, the next position to read per partition.
+Partitions added to a topic while the query runs are picked up and read from their earliest entry.
+``commit(end)`` moves the durable subscription ``subscriptionName`` (default ``spark-topic-<hash>`` of the query's
+zkRoot, topics and starting position: one stable name per query definition, never random per run; give two queries
+over the same topics different names) on every partition: its cursor znode ``managed-ledgers/<ml>/cursors/<sub>``
+gets ``mark_delete`` = the position before the committed end, so retention (the broker trims only ledgers every
+cursor consumed) keeps what Spark has not processed. ``Trigger.AvailableNow`` reads up to the latest positions
+seen when the query starts, in as many micro-batches as the read limit makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from spark._topic_offsets import (
+    EARLIEST,
+    LedgerSlot,
+    Pos,
+    Snapshot,
+    advance,
+    allot,
+    bytes_between,
+    count_between,
+    entries_within_bytes,
+    entry_ranges,
+    missing_ledger_is_loss,
+    positions_from_json,
+    positions_json,
+    resolve_start,
+)
+from spark._topic_options import OffsetSpec, TopicOptionError, TopicOptions, parse_topic_options
+from spark.ledger_source import _exists
+from spark.options import BATCH_BYTES_MAX
+
+__all__ = [
+    "TOPIC_SCHEMA",
+    "TopicDataLossError",
+    "TopicDataSource",
+    "TopicOptionError",
+    "TopicRange",
+    "TopicReader",
+    "TopicStreamReader",
+]
+
+log = logging.getLogger("spark.topic_source")
+
+TOPIC_SCHEMA = StructType(
+    [
+        StructField("value", BinaryType(), True),
+        StructField("__key", StringType(), True),
+        StructField("__topic", StringType(), False),
+        StructField("__messageId", BinaryType(), False),
+        StructField("__publishTime", TimestampType(), False),
+        StructField("__eventTime", TimestampType(), True),
+        StructField("__messageProperties", MapType(StringType(), StringType(), True), False),
+        StructField("__partition", IntegerType(), False),
+        StructField("__ledgerId", LongType(), False),
+        StructField("__entryId", LongType(), False),
+        StructField("__batchIndex", IntegerType(), False),
+    ]
+)
+
+
+class TopicDataLossError(RuntimeError):
+    """Entries the query was to read were deleted (a trimmed ledger) while ``failOnDataLoss`` is true."""
+
+    def __init__(self, topic: str, ledger_id: int, what: str) -> None:
+        super().__init__(
+            f"{topic}: ledger {ledger_id} {what} (failOnDataLoss is true; set option failOnDataLoss=false to "
+            "skip lost ledgers with a warning)"
+        )
+        self.topic = topic
+        self.ledger_id = ledger_id
+
+
+def _data_loss(opts: TopicOptions, topic: str, ledger_id: int, what: str) -> None:
+    if opts.fail_on_data_loss:
+        raise TopicDataLossError(topic, ledger_id, what)
+    log.warning("%s: ledger %d %s; skipped (failOnDataLoss=false)", topic, ledger_id, what)
+
+
+@dataclass(frozen=True)
+class PartitionRef:
+    """One topic partition (or a non-partitioned topic): its full name, index (−1) and managed ledger."""
+
+    name: str
+    index: int
+    ml_name: str
+
+
+@dataclass(frozen=True)
+class TopicRange(InputPartition):  # type: ignore[misc]
+    """One Spark partition: entries ``first_entry_id..last_entry_id`` of one ledger of one topic partition."""
+
+    topic: str
+    partition: int
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+
+
+# --- driver side: topics, ledger chains, positions ----------------------------------------------------------------
+
+
+def _bk_client(opts: TopicOptions) -> Any:
+    from ledger_client import ClientConfig
+    from ledger_client.sync import BookKeeper
+
+    return BookKeeper.connect(
+        opts.zk, config=ClientConfig(zk_root=opts.zk_root, read_timeout_s=opts.read_timeout_ms / 1000)
+    )
+
+
+class _Driver:
+    """ZooKeeper and bookie access of the driver (planning, offsets, commits). Not picklable: built lazily."""
+
+    def __init__(self, opts: TopicOptions) -> None:
+        from zk.client import MetadataStore
+
+        self.opts = opts
+        self.store = MetadataStore.connect(opts.zk, opts.zk_root)
+        self._bk: Any = None
+        self._open_handles: dict[int, Any] = {}
+        #: ledger id -> entries of ledgers seen closed (fixed for good): tells a trimmed ledger from a loss
+        self.known_closed: dict[int, int] = {}
+
+    @property
+    def bk(self) -> Any:
+        if self._bk is None:
+            self._bk = _bk_client(self.opts)
+        return self._bk
+
+    def close(self) -> None:
+        for h in self._open_handles.values():
+            try:
+                h.close()
+            except Exception:  # noqa: BLE001 - releasing a read handle never matters
+                pass
+        self._open_handles.clear()
+        if self._bk is not None:
+            self._bk.close()
+            self._bk = None
+        self.store.close()
+
+    # topics
+    def partitions(self) -> list[PartitionRef]:
+        from topic_broker.names import TopicName
+        from zk import layout
+        from zk.managed_ledgers import PartitionedTopicMetadata
+
+        opts = self.opts
+        out: list[PartitionRef] = []
+        if opts.pattern is None:
+            for full in opts.topics:
+                tn = TopicName.parse(full)
+                meta = self.store.get_optional(layout.partitioned_topic_path(tn.ml_name))
+                if meta is not None:
+                    n = PartitionedTopicMetadata.from_json(meta.value).partitions
+                    out += [PartitionRef(str(tn.partition(i)), i, tn.partition(i).ml_name) for i in range(n)]
+                elif self.store.exists(layout.ml_info_path(tn.ml_name)):
+                    out.append(PartitionRef(str(tn), tn.partition_index, tn.ml_name))
+                else:
+                    raise TopicOptionError(
+                        "topics" if len(opts.topics) > 1 else "topic", f"topic {full} does not exist"
+                    )
+            return out
+        regex = re.compile(opts.pattern)
+        tenant, ns = opts.pattern_namespace.split("/")
+        ml_dir = f"{layout.MANAGED_LEDGERS}/{tenant}/{ns}/persistent"
+        topic_dir = f"{layout.TOPICS}/{tenant}/{ns}/persistent"
+        locals_ = self._children(ml_dir)
+        partitioned = {}
+        for local in self._children(topic_dir):
+            tn = TopicName(tenant, ns, local)
+            meta = self.store.get_optional(layout.partitioned_topic_path(tn.ml_name))
+            if meta is not None:
+                partitioned[local] = PartitionedTopicMetadata.from_json(meta.value).partitions
+        seen: set[str] = set()
+        for local, n in sorted(partitioned.items()):
+            base = TopicName(tenant, ns, local)
+            for i in range(n):
+                p = base.partition(i)
+                if regex.fullmatch(str(base)) or regex.fullmatch(str(p)):
+                    out.append(PartitionRef(str(p), i, p.ml_name))
+                    seen.add(p.local)
+        for local in sorted(locals_):
+            tn = TopicName(tenant, ns, local)
+            if local in seen or tn.base.local in partitioned or not regex.fullmatch(str(tn)):
+                continue
+            out.append(PartitionRef(str(tn), tn.partition_index, tn.ml_name))
+        return out
+
+    def _children(self, path: str) -> list[str]:
+        from zk.errors import MetadataNotFoundError
+
+        try:
+            return sorted(unquote(c) for c in self.store.children(path))
+        except MetadataNotFoundError:
+            return []
+
+    # ledger chains
+    def snapshot(self, part: PartitionRef) -> Snapshot:
+        """The partition's ledgers and how far each is readable (the open one to its LAC, never fencing)."""
+        from ledger_client import NoSuchLedgerError
+        from zk import layout
+        from zk.managed_ledgers import ManagedLedgerInfo
+
+        v = self.store.get_optional(layout.ml_info_path(part.ml_name))
+        if v is None:
+            return Snapshot()
+        info = ManagedLedgerInfo.from_json(v.value)
+        slots: list[LedgerSlot] = []
+        for i, li in enumerate(info.ledgers):
+            last = i == len(info.ledgers) - 1
+            if li.entries > 0 or not last:
+                slots.append(LedgerSlot(li.ledger_id, li.entries, li.size, True))
+                self.known_closed[li.ledger_id] = li.entries
+                continue
+            try:
+                slots.append(self._open_slot(li.ledger_id))
+            except NoSuchLedgerError:
+                continue  # dropped by a new owner: it held nothing
+        return Snapshot(tuple(slots))
+
+    def _open_slot(self, ledger_id: int) -> LedgerSlot:
+        from ledger_client import NoSuchLedgerError
+
+        md = self.bk.ledger_metadata(ledger_id)
+        if md.state.value == "CLOSED":
+            self._drop_handle(ledger_id)
+            self.known_closed[ledger_id] = md.last_entry_id + 1
+            return LedgerSlot(ledger_id, md.last_entry_id + 1, md.length, True)
+        h = self._open_handles.get(ledger_id)
+        if h is None:
+            h = self.bk.open_ledger(ledger_id, self.opts.password, recovery=False)  # never fences the broker
+            self._open_handles[ledger_id] = h
+            for old in [k for k in self._open_handles if k != ledger_id and k < ledger_id]:
+                self._drop_handle(old)
+        try:
+            lac = h.read_last_add_confirmed()
+        except NoSuchLedgerError:
+            self._drop_handle(ledger_id)
+            raise
+        return LedgerSlot(ledger_id, lac + 1, max(0, h.length), False)
+
+    def _drop_handle(self, ledger_id: int) -> None:
+        h = self._open_handles.pop(ledger_id, None)
+        if h is not None:
+            try:
+                h.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def first_at_or_after(self, part: PartitionRef, snap: Snapshot, time_ms: int) -> Pos:
+        """The position of the first entry published at or after ``time_ms`` (the snapshot's end if none)."""
+        from topic_broker.wire import entry_publish_time
+
+        index: list[tuple[int, int]] = [(s.ledger_id, s.entries) for s in snap.ledgers if s.entries > 0]
+        total = sum(n for _, n in index)
+
+        def position(i: int) -> Pos:
+            for lid, n in index:
+                if i < n:
+                    return (lid, i)
+                i -= n
+            raise IndexError(i)
+
+        handles: dict[int, Any] = {}
+        try:
+            lo, hi = 0, total
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lid, eid = position(mid)
+                h = handles.get(lid)
+                if h is None:
+                    h = handles[lid] = self.bk.open_ledger(lid, self.opts.password, recovery=False)
+                if entry_publish_time(h.read_entry(eid).data) >= time_ms:
+                    hi = mid
+                else:
+                    lo = mid + 1
+        finally:
+            for h in handles.values():
+                h.close()
+        return snap.latest() if lo == total else position(lo)
+
+    def position(self, part: PartitionRef, snap: Snapshot, spec: OffsetSpec, option: str) -> Pos:
+        kind = spec.kind
+        if kind == "positions":
+            for name, lid, eid in spec.positions:
+                if name == part.name:
+                    if lid == -2:
+                        return snap.earliest()
+                    if lid == -3:
+                        return snap.latest()
+                    return (lid, eid)
+            kind = spec.default
+        if kind == "earliest":
+            return snap.earliest()
+        if kind == "latest":
+            return snap.latest()
+        if kind == "time":
+            return self.first_at_or_after(part, snap, spec.time_ms)
+        raise TopicOptionError(option, f"unsupported offset kind {kind!r}")
+
+    def check_positions_name_partitions(self, parts: list[PartitionRef]) -> None:
+        names = {p.name for p in parts}
+        for spec, option in ((self.opts.starting, "startingOffsets"), (self.opts.ending, "endingOffsets")):
+            for name, _, _ in spec.positions:
+                if name not in names:
+                    raise TopicOptionError(
+                        option,
+                        f"{name} is not a partition of the topics read (they are: {', '.join(sorted(names))})",
+                    )
+
+    def check_start(self, part: PartitionRef, snap: Snapshot, start: Pos, committed: Pos | None) -> Pos:
+        """``start`` on the chain; a start inside a ledger that is gone is data loss unless it was consumed."""
+        for lid in snap.lost_ledgers(start):
+            if missing_ledger_is_loss(start, self.known_closed, committed):
+                _data_loss(self.opts, part.name, lid, f"was deleted before entry {start[1]} on was read")
+        return resolve_start(snap, start)
+
+    # durable subscription
+    def commit(self, part: PartitionRef, mark_delete: Pos) -> None:
+        from zk.errors import MetadataExistsError, MetadataVersionError
+        from zk.managed_ledgers import BrokerMetadataStore, CursorInfo
+
+        bms = BrokerMetadataStore(self.store)
+        sub = self.opts.subscription
+        for _attempt in range(5):
+            cur = asyncio.run(bms.get_cursor(part.ml_name, sub))
+            info = CursorInfo(
+                mark_delete=mark_delete,
+                properties=dict(cur.value.properties) if cur is not None else {},
+                last_active_ms=int(time.time() * 1000),
+            )
+            try:
+                asyncio.run(bms.save_cursor(part.ml_name, sub, info, -1 if cur is None else cur.version))
+                return
+            except (MetadataExistsError, MetadataVersionError):
+                continue  # written meanwhile (the broker flushing it): read again and retry
+        raise RuntimeError(f"{part.name}: subscription {sub} keeps changing under the commit")
+
+    def committed(self, part: PartitionRef) -> Pos | None:
+        from zk import layout
+        from zk.managed_ledgers import CursorInfo
+
+        v = self.store.get_optional(layout.ml_cursor_path(part.ml_name, self.opts.subscription))
+        return None if v is None else CursorInfo.from_json(v.value).mark_delete
+
+
+# --- executor side: entries to Arrow rows ---------------------------------------------------------------------------
+
+
+def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iterator[Any]:
+    """The range's messages as Arrow record batches. Stateless: its own client, closed at the end."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from ledger_client import NoSuchEntryError, NoSuchLedgerError
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker.wire import EntryFormatError, iter_batch, parse_entry
+
+    pa_schema = to_arrow_schema(schema, timezone="UTC")
+    names = [f.name for f in schema.fields]
+    cols: dict[str, list[Any]] = {n: [] for n in names}
+    size = 0
+
+    def flush() -> Any:
+        nonlocal cols, size
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(cols[f.name], type=f.type) for f in pa_schema], schema=pa_schema
+        )
+        cols = {n: [] for n in names}
+        size = 0
+        return batch
+
+    def add(entry_id: int, data: bytes) -> None:
+        nonlocal size
+        try:
+            meta, payload = parse_entry(data)
+            messages = list(iter_batch(meta, payload))
+        except EntryFormatError as e:
+            raise RuntimeError(f"{part.topic}: entry {part.ledger_id}:{entry_id} is malformed: {e}") from e
+        publish_us = meta.publish_time * 1000
+        batched = meta.HasField("num_messages_in_batch")
+        for i, (single, value) in enumerate(messages):
+            src: Any = meta if single is None else single
+            if single is not None and single.compacted_out:
+                continue
+            mid = pb.MessageIdData(ledgerId=part.ledger_id, entryId=entry_id)
+            if part.partition >= 0:
+                mid.partition = part.partition
+            if batched:
+                mid.batch_index = i
+                mid.batch_size = len(messages)
+            null_value = single is not None and single.null_value
+            cols["value"].append(None if null_value else value)
+            cols["__key"].append(src.partition_key if src.HasField("partition_key") else None)
+            cols["__topic"].append(part.topic)
+            cols["__messageId"].append(mid.SerializeToString())
+            cols["__publishTime"].append(publish_us)
+            cols["__eventTime"].append(src.event_time * 1000 if src.event_time else None)
+            cols["__messageProperties"].append([(kv.key, kv.value) for kv in src.properties])
+            cols["__partition"].append(part.partition)
+            cols["__ledgerId"].append(part.ledger_id)
+            cols["__entryId"].append(entry_id)
+            cols["__batchIndex"].append(i if batched else -1)
+            size += len(value)
+
+    bk = _bk_client(opts)
+    try:
+        try:
+            lh = bk.open_ledger(part.ledger_id, opts.password, recovery=False)
+        except NoSuchLedgerError:
+            _data_loss(opts, part.topic, part.ledger_id, "was deleted before it was read")
+            return
+        if lh.last_add_confirmed < part.last_entry_id:
+            lh.read_last_add_confirmed()  # planned from a LAC; it never goes backwards
+        expected = part.first_entry_id
+        try:
+            for entry in lh.read(part.first_entry_id, part.last_entry_id):
+                assert entry.entry_id == expected, (entry.entry_id, expected)
+                expected += 1
+                add(entry.entry_id, entry.data)
+                if len(cols["value"]) >= opts.max_records_per_batch or size >= BATCH_BYTES_MAX:
+                    yield flush()
+        except (NoSuchEntryError, NoSuchLedgerError):
+            if _exists(bk, part.ledger_id):
+                raise
+            _data_loss(
+                opts, part.topic, part.ledger_id, f"was deleted during the query (read to {expected - 1})"
+            )
+            return
+        if cols["value"]:
+            yield flush()
+    finally:
+        bk.close()
+
+
+def _check_schema(schema: StructType) -> None:
+    if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in TOPIC_SCHEMA]:
+        raise TopicOptionError(
+            "schema", f"the topic source has a fixed schema: {TOPIC_SCHEMA.simpleString()}"
+        )
+
+
+# --- batch ----------------------------------------------------------------------------------------------------------
+
+
+class TopicReader(DataSourceReader):  # type: ignore[misc]
+    """Holds only the parsed options and the schema: it is pickled to the executors."""
+
+    def __init__(self, opts: TopicOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> list[TopicRange]:
+        drv = _Driver(self.opts)
+        try:
+            parts = drv.partitions()
+            drv.check_positions_name_partitions(parts)
+            out: list[TopicRange] = []
+            for p in parts:
+                snap = drv.snapshot(p)
+                start = drv.check_start(
+                    p, snap, drv.position(p, snap, self.opts.starting, "startingOffsets"), None
+                )
+                end = drv.position(p, snap, self.opts.ending, "endingOffsets")
+                for lid, first, last in entry_ranges(snap, start, end, self.opts.entries_per_partition):
+                    out.append(TopicRange(p.name, p.index, lid, first, last))
+            return out
+        finally:
+            drv.close()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, TopicRange):  # Spark hands us InputPartition(None) for an empty plan
+            return iter(())
+        return read_range(self.opts, partition, self.schema)
+
+
+# --- streaming ------------------------------------------------------------------------------------------------------
+
+
+class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """Driver-side state (ZooKeeper session, cached open handles, the AvailableNow target) is rebuilt lazily and
+    never pickled; ``read`` is stateless."""
+
+    def __init__(self, opts: TopicOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self._drv: _Driver | None = None
+        self._target: dict[str, Pos] | None = None
+        self._parts: dict[str, PartitionRef] = {}
+        self._snaps: dict[str, Snapshot] = {}
+        self._committed: dict[str, Pos | None] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"], state["schema"])  # type: ignore[misc]
+
+    @property
+    def drv(self) -> _Driver:
+        if self._drv is None:
+            self._drv = _Driver(self.opts)
+        return self._drv
+
+    def _refresh(self) -> dict[str, Snapshot]:
+        parts = self.drv.partitions()
+        self.drv.check_positions_name_partitions(parts)
+        self._parts = {p.name: p for p in parts}
+        self._snaps = {p.name: self.drv.snapshot(p) for p in parts}
+        return self._snaps
+
+    def initialOffset(self) -> dict[str, Any]:
+        snaps = self._refresh()
+        return positions_json(
+            {
+                name: self.drv.position(self._parts[name], snap, self.opts.starting, "startingOffsets")
+                for name, snap in snaps.items()
+            }
+        )
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_entries_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_entries_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {name: snap.latest() for name, snap in self._refresh().items()}
+
+    def _committed_mark(self, name: str) -> Pos | None:
+        if name not in self._committed:
+            self._committed[name] = self.drv.committed(self._parts[name])
+        return self._committed[name]
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        snaps = self._refresh()
+        begin = positions_from_json(start or {})
+        starts: dict[str, Pos] = {}
+        caps: dict[str, Pos] = {}
+        for name, snap in snaps.items():
+            if self._target is not None and name not in self._target:
+                continue  # appeared after AvailableNow's target was taken: the next run reads it
+            s = begin.get(name, EARLIEST)
+            starts[name] = self.drv.check_start(self._parts[name], snap, s, self._committed_mark(name))
+            cap = snap.latest()
+            if self._target is not None:
+                cap = min(cap, self._target[name])
+            caps[name] = cap
+        max_entries: float | None = None
+        max_bytes: float | None = None
+        if isinstance(limit, ReadMaxRows):
+            max_entries = limit.max_rows
+            max_bytes = self.opts.max_bytes_per_trigger
+        elif isinstance(limit, ReadMaxBytes):
+            max_bytes = limit.max_bytes
+            max_entries = self.opts.max_entries_per_trigger
+        budget: dict[str, float] = {n: float(count_between(snaps[n], starts[n], caps[n])) for n in starts}
+        if max_entries is not None:
+            budget = allot(budget, float(max_entries))
+        if max_bytes is not None:
+            byte_share = allot(
+                {n: bytes_between(snaps[n], starts[n], caps[n]) for n in starts}, float(max_bytes)
+            )
+            for n in starts:
+                fit = (
+                    entries_within_bytes(snaps[n], starts[n], caps[n], byte_share[n])
+                    if byte_share[n] > 0
+                    else 0
+                )
+                budget[n] = min(budget[n], float(fit))
+            if sum(budget.values()) == 0:  # always make progress: at least one entry
+                for n in sorted(starts):
+                    if count_between(snaps[n], starts[n], caps[n]) > 0:
+                        budget[n] = 1.0
+                        break
+        end = dict(begin)
+        for n in starts:
+            moved = advance(snaps[n], starts[n], int(budget[n]), caps[n])
+            if moved != starts[n] or n not in begin:
+                end[n] = moved
+        return positions_json(end)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TopicRange]:
+        begin = positions_from_json(start or {})
+        stop = positions_from_json(end)
+        if not self._parts or any(n not in self._parts for n in stop):
+            self._refresh()
+        out: list[TopicRange] = []
+        for name, e in sorted(stop.items()):
+            s = begin.get(name, EARLIEST)
+            if s == e or name not in self._parts:
+                continue
+            part = self._parts[name]
+            snap = self._snaps.get(name)
+            if snap is None or not snap.covers(e):  # e.g. a batch planned by an earlier run of the query
+                snap = self.drv.snapshot(part)
+            s = self.drv.check_start(part, snap, s, self._committed_mark(name))
+            for lid, first, last in entry_ranges(snap, s, e, self.opts.entries_per_partition):
+                out.append(TopicRange(name, part.index, lid, first, last))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, TopicRange):
+            return iter(())
+        return read_range(self.opts, partition, self.schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        for name, (lid, eid) in positions_from_json(end).items():
+            part = self._parts.get(name)
+            if part is None or lid < 0:
+                continue
+            mark = (lid, eid - 1)
+            if self._committed.get(name) == mark:
+                continue
+            try:
+                self.drv.commit(part, mark)
+            except Exception as e:  # noqa: BLE001 - the next commit retries; retention waits meanwhile
+                log.warning(
+                    "%s: cannot move subscription %s to %s: %s", name, self.opts.subscription, mark, e
+                )
+                continue
+            self._committed[name] = mark
+
+    def stop(self) -> None:
+        if self._drv is not None:
+            self._drv.close()
+            self._drv = None
+
+
+# --- the source -----------------------------------------------------------------------------------------------------
+
+
+class TopicDataSource(DataSource):  # type: ignore[misc]
+    """``spark.read.format("topic")`` and ``spark.readStream.format("topic")``: see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "topic"
+
+    def schema(self) -> StructType:
+        parse_topic_options(self.options, streaming=False)  # bad options fail when the DataFrame is defined
+        return TOPIC_SCHEMA
+
+    def reader(self, schema: StructType) -> TopicReader:
+        opts = parse_topic_options(self.options, streaming=False)
+        _check_schema(schema)
+        return TopicReader(opts, schema)
+
+    def streamReader(self, schema: StructType) -> TopicStreamReader:
+        opts = parse_topic_options(self.options, streaming=True)
+        _check_schema(schema)
+        return TopicStreamReader(opts, schema)
