@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # cluster -------------------------------------------------------------------------------------
     cp = sub.add_parser(
-        "cluster", help="a whole local cluster (ZooKeeper + bookies) as processes or containers"
+        "cluster", help="a whole local cluster (ZooKeeper + bookies + brokers) as processes or containers"
     )
     cs = cp.add_subparsers(dest="action", required=True)
     for name in ("up", "down", "status"):
@@ -178,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         _common(a)
         a.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
         a.add_argument("--bookies", type=int, default=3)
-        a.add_argument("--brokers", type=int, default=0)
+        a.add_argument("--brokers", type=int, default=1, help="topic brokers (ports 6650.., HTTP 8080..)")
+        a.add_argument("--broker-port", type=int, default=6650)
+        a.add_argument("--broker-http-port", type=int, default=8080)
         a.add_argument("--docker", action="store_true", help="run as containers (docker/compose.yaml)")
         a.add_argument("--zk-port", type=int, default=2181)
         a.add_argument("--base-port", type=int, default=3181)

@@ -1,4 +1,4 @@
-"""A local cluster as processes (ZooKeeper + N bookies), state under one directory.
+"""A local cluster as processes (ZooKeeper + N bookies + M topic brokers), state under one directory.
 
 ``BookieProcess`` is also what integration and fault tests use to run real bookie processes: start, wait for
 health, SIGTERM, kill -9, SIGSTOP/SIGCONT, restart on the same directories.
@@ -195,6 +195,19 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         bookies.append(bp)
     for bp in bookies:
         bp.wait_healthy(60)
+    brokers = []
+    for i in range(getattr(args, "brokers", 0)):
+        br = BrokerProcess(
+            zk=zk,
+            zk_root=args.zk_root,
+            port=args.broker_port + i,
+            http_port=args.broker_http_port + i,
+            log_path=state_dir / f"broker-{i}.log",
+        )
+        br.start(wait=False)
+        brokers.append(br)
+    for br in brokers:
+        br.wait_ready(60)
     state = {
         "zk": zk,
         "zk_root": args.zk_root,
@@ -207,6 +220,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
             }
             for b in bookies
         ],
+        "brokers": [_broker_row(br) for br in brokers],
     }
     _state_file(state_dir).write_text(json.dumps(state, indent=2))
     emit(
@@ -214,11 +228,62 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         lambda: (
             f"cluster up: ZooKeeper {zk}, bookies "
             + ", ".join(b.id for b in bookies)
-            + f" (logs in {state_dir})"
+            + "".join(
+                f"\n  broker {br.id}: service URL {br.service_url}, admin http://127.0.0.1:{br.http_port}"
+                for br in brokers
+            )
+            + f"\n  (logs in {state_dir})"
         ),
         state,
     )
     return 0
+
+
+def _broker_row(br: BrokerProcess) -> dict[str, Any]:
+    return {
+        "id": br.id,
+        "pid": br.proc.pid if br.proc else 0,
+        "port": br.port,
+        "http_port": br.http_port,
+        "service_url": br.service_url,
+        "web_service_url": f"http://127.0.0.1:{br.http_port}",
+        "log": str(br.log_path),
+    }
+
+
+def _stop_pid(pid: int, timeout_s: float = 15.0) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout_s``; True if it was running."""
+    if not _pid_alive(pid):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def restart_broker(state_dir: Path, index: int = 0) -> dict[str, Any]:
+    """Stop the cluster's ``index``-th broker (SIGTERM: it flushes cursors and closes its ledgers) and start it
+    again on the same ports; returns its new state row."""
+    st = _read_state(state_dir)
+    if not st or len(st.get("brokers", [])) <= index:
+        raise CommandError(f"no broker {index} in the cluster of {state_dir}")
+    row = st["brokers"][index]
+    _stop_pid(row["pid"])
+    br = BrokerProcess(
+        zk=st["zk"],
+        zk_root=st.get("zk_root", "/ledgerstore"),
+        port=row["port"],
+        http_port=row["http_port"],
+        log_path=Path(row["log"]),
+    )
+    br.start(wait=True)
+    st["brokers"][index] = _broker_row(br)
+    _state_file(state_dir).write_text(json.dumps(st, indent=2))
+    return dict(st["brokers"][index])
 
 
 def _read_state(state_dir: Path) -> dict[str, Any] | None:
@@ -233,24 +298,15 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     from zk import launcher
 
     st = _read_state(state_dir) or {"bookies": []}
-    stopped = 0
-    for b in st["bookies"]:
-        pid = b["pid"]
-        if _pid_alive(pid):
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(150):
-                if not _pid_alive(pid):
-                    break
-                time.sleep(0.1)
-            else:
-                os.kill(pid, signal.SIGKILL)
-            stopped += 1
+    brokers_stopped = sum(_stop_pid(b["pid"]) for b in st.get("brokers", []))  # before the bookies
+    stopped = sum(_stop_pid(b["pid"]) for b in st["bookies"])
     zk_stopped = launcher.cli_stop(state_dir)
     _state_file(state_dir).unlink(missing_ok=True)
     emit(
         args,
-        f"cluster down: {stopped} bookies stopped, ZooKeeper {'stopped' if zk_stopped else 'not running'}",
-        {"bookies_stopped": stopped, "zk_stopped": zk_stopped},
+        f"cluster down: {brokers_stopped} brokers and {stopped} bookies stopped, "
+        f"ZooKeeper {'stopped' if zk_stopped else 'not running'}",
+        {"brokers_stopped": brokers_stopped, "bookies_stopped": stopped, "zk_stopped": zk_stopped},
     )
     return 0
 
@@ -269,6 +325,14 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
         except OSError:
             health = None
         rows.append({**b, "alive": alive, "health": health})
+    broker_rows = []
+    for b in st.get("brokers", []):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{b['http_port']}/health", timeout=1) as r:
+                admin_ok = r.status == 200
+        except OSError:
+            admin_ok = False
+        broker_rows.append({**b, "alive": _pid_alive(b["pid"]), "admin": admin_ok})
     emit(
         args,
         lambda: (
@@ -278,10 +342,16 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
                 + (" read-only" if r["health"] and r["health"].get("readonly") else "")
                 for r in rows
             )
+            + "".join(
+                f"\n  broker {r['id']:<22} pid {r['pid']:<7} {'up' if r['alive'] else 'DOWN'}"
+                f"  {r['service_url']}  {r['web_service_url']}"
+                + ("" if r["admin"] else " (admin not answering)")
+                for r in broker_rows
+            )
         ),
-        {"zk": st["zk"], "bookies": rows},
+        {"zk": st["zk"], "bookies": rows, "brokers": broker_rows},
     )
-    return 0 if all(r["alive"] for r in rows) else 1
+    return 0 if all(r["alive"] for r in [*rows, *broker_rows]) else 1
 
 
 @dataclass
