@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import struct
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ledgerstore.cluster import BrokerProcess, free_port
-from topic_broker import pulsar_api_pb2 as pb  # noqa: F401
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -90,3 +94,295 @@ def test_produce_consume_round_trip_in_order(broker: BrokerProcess, batching: bo
         consumer.close()
     finally:
         c.close()
+
+
+def test_second_exclusive_consumer_is_refused_shared_splits(broker: BrokerProcess) -> None:
+    c = client(broker)
+    try:
+        t = topic_name()
+        first = c.subscribe(t, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
+        with pytest.raises(pulsar.ConsumerBusy):
+            c.subscribe(t, "ex", consumer_type=pulsar.ConsumerType.Exclusive)
+        first.close()
+        s1 = c.subscribe(t, "sh", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=10)
+        s2 = c.subscribe(t, "sh", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=10)
+        p = c.create_producer(t)
+        for i in range(40):
+            p.send(f"{i}".encode())
+        seen: list[bytes] = []
+        counts = [0, 0]
+        while len(seen) < 40:
+            for idx, s in enumerate((s1, s2)):
+                try:
+                    m = s.receive(timeout_millis=200)
+                except pulsar.Timeout:
+                    continue
+                seen.append(m.data())
+                counts[idx] += 1
+                s.acknowledge(m)
+        assert sorted(seen, key=int) == [f"{i}".encode() for i in range(40)]
+        assert counts[0] > 0 and counts[1] > 0
+    finally:
+        c.close()
+
+
+def test_failover_and_key_shared(broker: BrokerProcess) -> None:
+    c = client(broker)
+    try:
+        t = topic_name()
+        f1 = c.subscribe(t, "fo", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a")
+        f2 = c.subscribe(t, "fo", consumer_type=pulsar.ConsumerType.Failover, consumer_name="b")
+        k1 = c.subscribe(t, "ks", consumer_type=pulsar.ConsumerType.KeyShared)
+        k2 = c.subscribe(t, "ks", consumer_type=pulsar.ConsumerType.KeyShared)
+        p = c.create_producer(t)
+        for i in range(60):
+            p.send(f"{i}".encode(), partition_key=f"k{i % 6}")
+        got = drain(f1, 60)
+        assert [m.data() for m in got] == [f"{i}".encode() for i in range(60)]
+        with pytest.raises(pulsar.Timeout):
+            f2.receive(timeout_millis=300)
+        f1.close()  # the standby takes over and gets what was not acked
+        again = drain(f2, 60)
+        assert [m.data() for m in again] == [f"{i}".encode() for i in range(60)]
+        owner: dict[str, int] = {}
+        total = 0
+        while total < 60:
+            for idx, k in enumerate((k1, k2)):
+                try:
+                    m = k.receive(timeout_millis=200)
+                except pulsar.Timeout:
+                    continue
+                total += 1
+                assert owner.setdefault(m.partition_key(), idx) == idx
+                k.acknowledge(m)
+    finally:
+        c.close()
+
+
+def test_reader_earliest_latest_message_id_and_has_message_available(broker: BrokerProcess) -> None:
+    c = client(broker)
+    try:
+        t = topic_name()
+        p = c.create_producer(t)
+        ids = [p.send(f"{i}".encode()) for i in range(10)]
+        r = c.create_reader(t, pulsar.MessageId.earliest)
+        assert [r.read_next(5000).data() for _ in range(10)] == [f"{i}".encode() for i in range(10)]
+        assert not r.has_message_available()
+        latest = c.create_reader(t, pulsar.MessageId.latest)
+        assert not latest.has_message_available()
+        p.send(b"10")
+        assert latest.read_next(5000).data() == b"10"
+        mid = c.create_reader(t, ids[4])
+        assert mid.read_next(5000).data() == b"5"
+        assert mid.has_message_available()
+    finally:
+        c.close()
+
+
+def test_seek_by_message_id_and_time(broker: BrokerProcess) -> None:
+    c = client(broker)
+    try:
+        t = topic_name()
+        p = c.create_producer(t)
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        ids = []
+        for i in range(10):
+            ids.append(p.send(f"{i}".encode()))
+            if i == 4:
+                time.sleep(0.05)
+                t_mid = int(time.time() * 1000)
+                time.sleep(0.05)
+        got = drain(consumer, 10)
+        for m in got:
+            consumer.acknowledge(m)
+        consumer.seek(ids[2])
+        assert consumer.receive(10_000).data() == b"2"
+        consumer.seek(t_mid)
+        assert consumer.receive(10_000).data() == b"5"
+    finally:
+        c.close()
+
+
+def test_negative_ack_redelivery_count_grows(broker: BrokerProcess) -> None:
+    c = client(broker)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(
+            t, "s", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=100
+        )
+        p = c.create_producer(t)
+        p.send(b"x")
+        counts = []
+        for _ in range(3):
+            m = consumer.receive(10_000)
+            counts.append(m.redelivery_count())
+            consumer.negative_acknowledge(m)
+        assert counts == [0, 1, 2]
+    finally:
+        c.close()
+
+
+def test_dedup_with_a_fixed_producer_name(broker: BrokerProcess) -> None:
+    c = client(broker)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t, producer_name="fixed")
+        for i in range(5):
+            p.send(f"{i}".encode(), sequence_id=i)
+        p.close()
+        p2 = c.create_producer(t, producer_name="fixed")
+        assert p2.last_sequence_id() == 4
+        for i in range(3, 8):  # 3 and 4 are duplicates
+            p2.send(f"{i}".encode(), sequence_id=i)
+        got = [m.data() for m in drain(consumer, 8)]
+        assert got == [f"{i}".encode() for i in range(8)]
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=500)
+    finally:
+        c.close()
+
+
+def test_partitioned_topic(broker: BrokerProcess, cluster: Brokers) -> None:
+    import asyncio
+
+    from topic_broker.names import TopicName
+    from zk import MetadataStore
+    from zk.managed_ledgers import BrokerMetadataStore
+
+    t = topic_name()
+
+    async def create() -> None:
+        store = MetadataStore.connect(cluster.bookies.zk, root=cluster.bookies.root)
+        try:
+            await BrokerMetadataStore(store).create_partitioned_topic(TopicName.parse(t).ml_name, 3)
+        finally:
+            store.close()
+
+    asyncio.run(create())
+    c = client(broker)
+    try:
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t)
+        for i in range(30):
+            p.send(f"{i}".encode(), partition_key=f"k{i % 5}")
+        got = drain(consumer, 30)
+        assert sorted(int(m.data()) for m in got) == list(range(30))
+        assert {m.topic_name() for m in got} == {
+            f"persistent://public/default/{t}-partition-{i}" for i in range(3)
+        }
+        per_key: dict[str, list[int]] = {}
+        for m in got:
+            per_key.setdefault(m.partition_key(), []).append(int(m.data()))
+        assert all(v == sorted(v) for v in per_key.values())
+    finally:
+        c.close()
+
+
+def test_broker_kill9_moves_clients_to_the_survivor(cluster: Brokers) -> None:
+    b1 = cluster.start()
+    b2 = cluster.start()
+    c = pulsar.Client(b1.service_url, operation_timeout_seconds=30)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t, send_timeout_millis=60_000)
+        for i in range(20):
+            p.send(f"{i}".encode())
+        got = drain(consumer, 10)
+        for m in got:
+            consumer.acknowledge(m)
+        time.sleep(1.5)  # the cursor is persisted (rate-limited to 1/s)
+        b1.kill9()
+        for i in range(20, 30):
+            p.send(f"{i}".encode())
+        rest = [int(m.data()) for m in drain(consumer, 20, timeout_ms=60_000)]
+        assert rest[:10] == list(range(10, 20)) or sorted(set(rest)) == list(range(10, 30))
+        assert set(range(10, 30)) <= set(rest)
+        assert b2.alive
+    finally:
+        c.close()
+
+
+# -- bad input ----------------------------------------------------------------------------------------------
+
+
+def _raw(bp: BrokerProcess) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", bp.port), timeout=5)
+    return s
+
+
+def _connect(s: socket.socket) -> None:
+    s.sendall(
+        wire.encode_command(
+            T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+        )
+    )
+    frames = wire.FrameDecoder().feed(s.recv(65536))
+    assert frames[0].command.type == T.CONNECTED
+    assert frames[0].command.connected.server_version
+
+
+def _closed(s: socket.socket) -> bool:
+    s.settimeout(5)
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return True
+    except (ConnectionResetError, TimeoutError, OSError):
+        return True
+
+
+@pytest.mark.parametrize("bad", ["before_connect", "garbage", "too_large", "unknown_producer"])
+def test_bad_input_closes_that_connection_only(broker: BrokerProcess, bad: str) -> None:
+    c = client(broker)
+    try:
+        t = topic_name()
+        p = c.create_producer(t)
+        s = _raw(broker)
+        if bad == "before_connect":
+            s.sendall(wire.encode_command(T(type=T.PING, ping=pb.CommandPing())))
+        elif bad == "garbage":
+            _connect(s)
+            s.sendall(b"\x00\x00\x00\x09garbage!!")
+        elif bad == "too_large":
+            _connect(s)
+            s.sendall(struct.pack(">I", 64 * 1024 * 1024) + b"x" * 100)
+        else:
+            _connect(s)
+            send = T(type=T.SEND, send=pb.CommandSend(producer_id=77, sequence_id=0))
+            md = pb.MessageMetadata(producer_name="x", sequence_id=0, publish_time=1)
+            s.sendall(wire.encode_send(send, md, b"hello"))
+        assert _closed(s)
+        s.close()
+        p.send(b"still serving")
+    finally:
+        c.close()
+
+
+def test_send_with_wrong_checksum_gets_checksum_error(broker: BrokerProcess) -> None:
+    s = _raw(broker)
+    _connect(s)
+    t = f"persistent://public/default/{topic_name()}"
+    s.sendall(
+        wire.encode_command(
+            T(type=T.PRODUCER, producer=pb.CommandProducer(topic=t, producer_id=1, request_id=1))
+        )
+    )
+    dec = wire.FrameDecoder()
+    frames: list = []
+    while not frames:
+        frames = dec.feed(s.recv(65536))
+    assert frames[0].command.type == T.PRODUCER_SUCCESS
+    send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=0))
+    md = pb.MessageMetadata(producer_name="x", sequence_id=0, publish_time=1)
+    frame = bytearray(wire.encode_send(send, md, b"hello"))
+    frame[-1] ^= 0xFF  # the payload no longer matches its checksum
+    s.sendall(bytes(frame))
+    frames = []
+    while not frames:
+        frames = dec.feed(s.recv(65536))
+    assert frames[0].command.type == T.SEND_ERROR
+    assert frames[0].command.send_error.error == pb.ChecksumError
+    s.close()
