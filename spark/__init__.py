@@ -4,12 +4,13 @@
     import spark as ledgerstore_spark
 
     session = SparkSession.builder.master("local[2]").getOrCreate()
-    ledgerstore_spark.register(session)          # registers the "ledger" source
+    ledgerstore_spark.register(session)          # registers the "ledger" and "topic" sources
     df = (session.read.format("ledger").option("zk", "127.0.0.1:2181").option("ledgers", "all")
           .option("password", "secret").load())
 
-Sources: ``ledger`` (:mod:`spark.ledger_source`, options in :mod:`spark.options`). The ``topic`` source follows
-the broker's managed-ledger storage. Analyses users run: :mod:`spark.jobs` (``ledgerstore spark JOB``).
+Sources: ``ledger`` (:mod:`spark.ledger_source`, options in :mod:`spark.options`) and ``topic``
+(:mod:`spark.topic_source`: a topic's managed ledgers, batch and streaming). Analyses users run: :mod:`spark.jobs`
+(``ledgerstore spark JOB``).
 
 Executors import this package (and ``ledger_client``, ``zk``, ``bookie``) to read: install ledgerstore in the
 Python that the executors run (``PYSPARK_PYTHON`` / ``spark.pyspark.python``).
@@ -23,7 +24,9 @@ __all__ = ["register"]
 
 
 def register(session: Any) -> None:
-    """Register ledgerstore's data sources with a ``SparkSession`` (idempotent)."""
+    """Register ledgerstore's data sources (``ledger``, ``topic``) with a ``SparkSession`` (idempotent)."""
     from spark.ledger_source import LedgerDataSource
+    from spark.topic_source import TopicDataSource
 
     session.dataSource.register(LedgerDataSource)
+    session.dataSource.register(TopicDataSource)
