@@ -46,7 +46,9 @@ map<string,string>, ``__partition`` int (−1 for a non-partitioned topic), ``__
 
 Streaming: the offset is ``{partition full name: [ledgerId, entryId]}``, the next position to read per partition.
 Partitions added to a topic while the query runs are picked up and read from their earliest entry.
-``commit(end)`` moves the durable subscription ``subscriptionName`` (default ``spark-topic-<hash>`` of the query's
+``commit(end)`` (and the planning of each micro-batch, whose start is the end of the completed previous one:
+Spark commits a batch only when it plans the next one with data) moves the durable subscription
+``subscriptionName`` (default ``spark-topic-<hash>`` of the query's
 zkRoot, topics and starting position: one stable name per query definition, never random per run; give two queries
 over the same topics different names) on every partition: its cursor znode ``managed-ledgers/<ml>/cursors/<sub>``
 gets ``mark_delete`` = the position before the committed end, so retention (the broker trims only ledgers every
@@ -610,6 +612,10 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         return self._committed[name]
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # ``start`` is the end of the last completed micro-batch (or the initial offset): Spark calls
+        # ``commit`` for a batch only when it plans the next one with data, so the subscription moves here too
+        # and stands on what Spark has processed even after AvailableNow's last batch.
+        self.commit(start or {})
         snaps = self._refresh()
         begin = positions_from_json(start or {})
         starts: dict[str, Pos] = {}
@@ -691,6 +697,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 continue
             try:
                 self.drv.commit(part, mark)
+                log.debug("%s: subscription %s at %s", name, self.opts.subscription, mark)
             except Exception as e:  # noqa: BLE001 - the next commit retries; retention waits meanwhile
                 log.warning(
                     "%s: cannot move subscription %s to %s: %s", name, self.opts.subscription, mark, e
