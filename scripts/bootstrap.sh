@@ -17,12 +17,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-stamp="$VENV/.installed-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)-$EXTRAS"
+stamp="$VENV/.installed-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)-$EXTRAS-compat"
 if [ ! -f "$stamp" ]; then
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   echo "bootstrap: installing Python packages into $VENV (extras: $EXTRAS)"
   "$VENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v -i "warning" || true
-  "$VENV/bin/pip" install -q -e ".[$EXTRAS]" 2>&1 | grep -v -i "warning: location" || true
+  # compat: a .pth puts the checkout on sys.path, so PySpark's scan of top-level `pyspark_*` modules finds our
+  # data sources (an import-hook editable install hides them from pkgutil.iter_modules).
+  "$VENV/bin/pip" install -q -e ".[$EXTRAS]" --config-settings editable_mode=compat 2>&1 | grep -v -i "warning: location" || true
   "$VENV/bin/python" -c "import kazoo, rocksdict, aiohttp, crc32c" 
   rm -f "$VENV"/.installed-*
   touch "$stamp"
