@@ -173,13 +173,6 @@ class Broker:
         self.thread.join(5)
 
 
-@pytest.fixture(autouse=True)
-def _topic_source_registered(spark: Any) -> None:
-    from spark.topic_source import TopicDataSource
-
-    spark.dataSource.register(TopicDataSource)  # until spark.register() registers it too
-
-
 @pytest.fixture
 def broker(bookies: Any) -> Iterator[Broker]:
     bookies.start_many(3)
@@ -508,3 +501,89 @@ def test_position_arithmetic_across_ledgers() -> None:
     assert not missing_ledger_is_loss((5, 2), {}, (5, 1))
     assert missing_ledger_is_loss((5, 2), {}, (5, 0))
     assert missing_ledger_is_loss((5, 2), {}, None)
+
+
+# --- end to end: the real pulsar-client through a broker process ----------------------------------------------------
+
+
+def test_messages_produced_through_a_broker_read_back_with_their_message_ids(
+    bookies: Any, spark: Any, tmp_path: Path
+) -> None:
+    pulsar = pytest.importorskip("pulsar")
+    from ledgerstore.cluster import BrokerProcess, free_port
+
+    bookies.start_many(3)
+    port = free_port()
+    bp = BrokerProcess(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=port,
+        http_port=free_port(),
+        log_path=tmp_path / "broker.log",
+    )
+    bp.start()
+    topic = "persistent://public/default/e2e"
+    sent: dict[tuple[int, int, int], tuple[bytes, str, dict[str, str], int]] = {}
+    try:
+        c = pulsar.Client(bp.service_url, operation_timeout_seconds=15)
+        try:
+            for batching in (False, True):
+                p = c.create_producer(topic, batching_enabled=batching, batching_max_publish_delay_ms=20)
+                futures: list[Any] = []
+                for i in range(60):
+                    value = f"{batching}-{i}".encode()
+                    props = {"n": str(i)}
+                    key = f"key-{i % 4}"
+                    event = T0 + i
+
+                    def done(
+                        res: Any,
+                        mid: Any,
+                        v: bytes = value,
+                        k: str = key,
+                        pr: dict[str, str] = props,
+                        e: int = event,
+                        out: list[Any] = futures,
+                    ) -> None:
+                        out.append((mid, v, k, pr, e))
+
+                    p.send_async(value, done, properties=props, partition_key=key, event_timestamp=event)
+                p.flush()
+                p.close()
+                for mid, v, k, pr, e in futures:
+                    sent[(mid.ledger_id(), mid.entry_id(), mid.batch_index())] = (v, k, pr, e)
+        finally:
+            c.close()
+        assert len(sent) == 120
+        df = (
+            spark.read.format("topic")
+            .option("zk", bookies.zk)
+            .option("zkRoot", bookies.root)
+            .option("topic", "e2e")
+        )
+        cols = [
+            "__ledgerId",
+            "__entryId",
+            "__batchIndex",
+            "value",
+            "__key",
+            "__messageProperties",
+            "__eventTime",
+        ]
+        got = {
+            (lid, eid, bidx): (bytes(v), k, dict(pr), int(ev.timestamp() * 1000 + 0.5))
+            for lid, eid, bidx, v, k, pr, ev in df.load().select(*cols).collect()
+        }
+        # the broker's ledger is open: Spark reads to its LAC, every acknowledged entry but perhaps the last
+        assert got.items() <= sent.items() and len(got) >= len(sent) - 60
+        assert any(b >= 0 for _, _, b in got), "the batched producer's entries unpack into messages"
+    finally:
+        bp.stop()
+    # the broker closed its ledger on shutdown: now everything reads
+    df = (
+        spark.read.format("topic")
+        .option("zk", bookies.zk)
+        .option("zkRoot", bookies.root)
+        .option("topic", "e2e")
+    )
+    assert df.load().count() == 120
