@@ -594,29 +594,22 @@ class BookieCore:
     def _read_range(self, req: p.ReadRangeRequest, reply: Reply) -> None:
         info = self.ledgers.get(req.ledger_id)
 
-        def resp(status: p.Status, entries: tuple[bytes, ...] = ()) -> None:
-            reply(
-                p.encode(
-                    p.ReadRangeResponse(
-                        request_id=req.request_id,
-                        status=status,
-                        ledger_id=req.ledger_id,
-                        first_entry_id=req.first_entry_id,
-                        entries=entries,
-                    )
-                )
-            )
+        def resp(status: p.Status) -> None:
+            reply(p.encode_read_range_response(req.request_id, status, req.ledger_id, req.first_entry_id, ()))
 
         if not self._check_key(info, req.master_key):
             return resp(p.Status.UNAUTHORIZED)
         if info is None:
             return resp(p.Status.NO_LEDGER)
-        if req.first_entry_id < 0 or req.last_entry_id < req.first_entry_id:
+        if req.first_entry_id < 0 or req.last_entry_id < req.first_entry_id or req.step < 1:
             return resp(p.Status.BAD_REQUEST)
         max_bytes = min(req.max_bytes, p.READ_RANGE_BYTES_MAX)
         last = min(req.last_entry_id, info.last_entry_id)
         try:
-            entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes)
+            if req.step == 1:
+                entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes)
+            else:
+                entries = self.storage.get_range(req.ledger_id, req.first_entry_id, last, max_bytes, req.step)
         except Exception as e:
             return resp(
                 self._storage_failed(req.ledger_id, f"reading entries {req.first_entry_id}-{last}", e)
@@ -625,7 +618,11 @@ class BookieCore:
             return resp(p.Status.NO_ENTRY)
         self.stats.reads += 1
         self.stats.read_bytes += sum(map(len, entries))
-        resp(p.Status.OK, tuple(entries))
+        reply(
+            p.encode_read_range_response(
+                req.request_id, p.Status.OK, req.ledger_id, req.first_entry_id, entries
+            )
+        )
 
     # ------------------------------------------------------------------------------------------ admin
 

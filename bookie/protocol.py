@@ -24,7 +24,7 @@ import hashlib
 import itertools
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +139,9 @@ class ReadRangeRequest:
     master_key: bytes
     max_bytes: int = READ_RANGE_BYTES_MAX
     flags: int = 0
+    # entries first, first + step, first + 2*step, ... up to last (1: consecutive). Sent as an optional trailing
+    # u32 only when not 1, so requests of clients that predate it keep their layout and meaning.
+    step: int = 1
 
     op = OpCode.READ_RANGE
 
@@ -200,7 +203,23 @@ class ReadRangeResponse:
     status: Status
     ledger_id: int
     first_entry_id: int
-    entries: tuple[bytes, ...] = ()  # consecutive entries from first_entry_id, possibly fewer than asked
+    # the entries first_entry_id, + step, + 2*step, ... as the request asked, possibly fewer than asked
+    entries: tuple[bytes, ...] = ()
+
+    op = OpCode.READ_RANGE
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRangeSpans:
+    """A READ_RANGE response left in its frame (``decode_read_range``): entry ``k`` is
+    ``data[bounds[2k]:bounds[2k + 1]]``. The client's read path verifies entries straight from ``data``."""
+
+    request_id: int
+    status: Status
+    ledger_id: int
+    first_entry_id: int
+    data: bytes
+    bounds: list[int]
 
     op = OpCode.READ_RANGE
 
@@ -244,6 +263,7 @@ _READ_REQ = struct.Struct(f">Qq{_KEY}qI")  # ledger, entry, key, previous_lac, t
 _READ_LAC_REQ = struct.Struct(f">Q{_KEY}")
 _WRITE_LAC_REQ = struct.Struct(f">Qq{_KEY}")  # blob follows
 _READ_RANGE_REQ = struct.Struct(f">Qqq{_KEY}I")
+_READ_RANGE_STEP = struct.Struct(">I")  # optional, after _READ_RANGE_REQ: the step (absent = 1)
 
 _ADD_RESP = struct.Struct(">BQq")  # status, ledger, entry
 _READ_RESP = struct.Struct(">BQqq")  # status, ledger, entry, lac; entry bytes follow
@@ -319,6 +339,8 @@ def encode(msg: Request | Response) -> bytes:
         body = _READ_RANGE_REQ.pack(
             msg.ledger_id, msg.first_entry_id, msg.last_entry_id, msg.master_key, msg.max_bytes
         )
+        if msg.step != 1:
+            body += _READ_RANGE_STEP.pack(msg.step)
         return _frame(msg.op, msg.flags, rid, body)
     if isinstance(msg, BookieInfoRequest):
         return _frame(msg.op, msg.flags, rid, b"")
@@ -333,11 +355,7 @@ def encode(msg: Request | Response) -> bytes:
     if isinstance(msg, WriteLacResponse):
         return _frame(msg.op, 0, rid, _WRITE_LAC_RESP.pack(msg.status, msg.ledger_id))
     if isinstance(msg, ReadRangeResponse):
-        parts = [_READ_RANGE_RESP.pack(msg.status, msg.ledger_id, msg.first_entry_id, len(msg.entries))]
-        for e in msg.entries:
-            parts.append(_U32.pack(len(e)))
-            parts.append(e)
-        return _frame(msg.op, 0, rid, b"".join(parts))
+        return encode_read_range_response(rid, msg.status, msg.ledger_id, msg.first_entry_id, msg.entries)
     if isinstance(msg, BookieInfoResponse):
         bid = msg.bookie_id.encode()
         parts = [
@@ -351,12 +369,33 @@ def encode(msg: Request | Response) -> bytes:
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
+def encode_read_range_response(
+    request_id: int, status: int, ledger_id: int, first_entry_id: int, entries: Sequence[bytes]
+) -> bytes:
+    """A READ_RANGE response frame (the bookie's path: no message object, one join)."""
+    n = len(entries)
+    lens = list(map(len, entries))
+    size = _READ_RANGE_RESP.size + 4 * n + sum(lens)
+    if FRAME_HEADER.size + size > FRAME_SIZE_MAX:
+        raise ProtocolError(
+            f"frame of {FRAME_HEADER.size + size} bytes exceeds FRAME_SIZE_MAX={FRAME_SIZE_MAX}"
+        )
+    cells: list[bytes] = [b""] * (2 * n + 2)
+    cells[0] = _HDR_FULL.pack(FRAME_HEADER.size + size, PROTOCOL_VERSION, OpCode.READ_RANGE, 0, request_id)
+    cells[1] = _READ_RANGE_RESP.pack(status, ledger_id, first_entry_id, n)
+    cells[2::2] = map(_U32.pack, lens)  # each entry's u32 length, then the entry
+    cells[3::2] = entries
+    return b"".join(cells)
+
+
 _ADD_RESP_FRAME = struct.Struct(">IBBHQBQq")
 ADD_RESP_FRAME = _ADD_RESP_FRAME  # a whole ADD_ENTRY response frame: u32 len, version, op, flags, rid, body
 ADD_RESP_FRAME_SIZE = _ADD_RESP_FRAME.size
 #: frame header + ADD_ENTRY request body before the entry bytes (used by EntryCodec.add_frame_builder)
 ADD_FRAME_PREFIX = struct.Struct(f">IBBHQQq{MASTER_KEY_LEN}s")
 _ADD_RESP_LEN = FRAME_HEADER.size + _ADD_RESP.size
+# the first 6 bytes (u32 length, version, op) of every ADD_ENTRY response frame
+_ADD_RESP_PREFIX = struct.pack(">IBB", _ADD_RESP_LEN, PROTOCOL_VERSION, OpCode.ADD_ENTRY)
 #: Request ids from this value up are a client's "listened" adds (``ledger_client.bookie_conn.ADD_RID_BASE``):
 #: ``FrameDecoder.take_add_acks`` recognises them by their two top bytes not both being zero.
 LISTENED_RID_MIN = 1 << 48
@@ -457,7 +496,13 @@ def decode_request(op: int, flags: int, rid: int, body: memoryview) -> Request:
             flags=flags,
         )
     if op == OpCode.READ_RANGE:
-        _exact(body, _READ_RANGE_REQ.size, "READ_RANGE")
+        step = 1
+        if len(body) == _READ_RANGE_REQ.size + _READ_RANGE_STEP.size:
+            (step,) = _READ_RANGE_STEP.unpack_from(body, _READ_RANGE_REQ.size)
+            if step == 1:
+                raise ProtocolError("READ_RANGE: a step of 1 is sent by leaving the step out")
+        else:
+            _exact(body, _READ_RANGE_REQ.size, "READ_RANGE")
         ledger, first, last, key, max_bytes = _READ_RANGE_REQ.unpack_from(body)
         return ReadRangeRequest(
             request_id=rid,
@@ -467,6 +512,7 @@ def decode_request(op: int, flags: int, rid: int, body: memoryview) -> Request:
             master_key=key,
             max_bytes=max_bytes,
             flags=flags,
+            step=step,
         )
     if op == OpCode.BOOKIE_INFO:
         _exact(body, 0, "BOOKIE_INFO")
@@ -506,21 +552,15 @@ def decode_response(op: int, flags: int, rid: int, body: memoryview) -> Response
         st, ledger = _WRITE_LAC_RESP.unpack_from(body)
         return WriteLacResponse(request_id=rid, status=_status(st), ledger_id=ledger)
     if op == OpCode.READ_RANGE:
-        _need(body, _READ_RANGE_RESP.size, "READ_RANGE response")
-        st, ledger, first, count = _READ_RANGE_RESP.unpack_from(body)
-        pos = _READ_RANGE_RESP.size
-        entries = []
-        for _ in range(count):
-            _need(body[pos:], 4, "READ_RANGE entry length")
-            (n,) = _U32.unpack_from(body, pos)
-            pos += 4
-            _need(body[pos:], n, "READ_RANGE entry")
-            entries.append(bytes(body[pos : pos + n]))
-            pos += n
-        if pos != len(body):
-            raise ProtocolError("READ_RANGE response: trailing bytes")
+        data = bytes(body)
+        r = decode_read_range(rid, data, 0, len(data))
+        bounds = r.bounds
         return ReadRangeResponse(
-            request_id=rid, status=_status(st), ledger_id=ledger, first_entry_id=first, entries=tuple(entries)
+            request_id=rid,
+            status=r.status,
+            ledger_id=r.ledger_id,
+            first_entry_id=r.first_entry_id,
+            entries=tuple(data[bounds[k] : bounds[k + 1]] for k in range(0, len(bounds), 2)),
         )
     if op == OpCode.BOOKIE_INFO:
         _need(body, _BOOKIE_INFO_RESP.size, "BOOKIE_INFO response")
@@ -552,6 +592,34 @@ def decode_response(op: int, flags: int, rid: int, body: memoryview) -> Response
             extra=extra,
         )
     raise ProtocolError(f"unknown op code {op}")
+
+
+def decode_read_range(rid: int, data: bytes, start: int, end: int) -> ReadRangeSpans:
+    """A READ_RANGE response body, ``data[start:end]``, decoded in one pass without copying its entries: their
+    spans in ``data`` (the read path's fast decode; ``decode_response`` copies them out)."""
+    if end - start < _READ_RANGE_RESP.size:
+        raise ProtocolError(f"READ_RANGE response: body of {end - start} bytes, need {_READ_RANGE_RESP.size}")
+    st, ledger, first, count = _READ_RANGE_RESP.unpack_from(data, start)
+    pos = start + _READ_RANGE_RESP.size
+    if count > (end - pos) // 4:
+        raise ProtocolError(f"READ_RANGE response: {count} entries cannot fit {end - pos} bytes")
+    bounds = [0] * (2 * count)
+    unpack = _U32.unpack_from
+    try:
+        for k in range(0, 2 * count, 2):
+            (n,) = unpack(data, pos)
+            pos += 4
+            bounds[k] = pos
+            pos += n
+            bounds[k + 1] = pos
+    except struct.error:
+        pos = end + 1  # a length field past the data: an overrun, reported below
+    # positions only grow, so an entry (or a length field) reaching past the body leaves pos past its end
+    if pos != end:
+        raise ProtocolError(
+            "READ_RANGE response: entries overrun the body" if pos > end else "trailing bytes"
+        )
+    return ReadRangeSpans(rid, _status(st), ledger, first, data, bounds)
 
 
 class FrameDecoder:
@@ -710,17 +778,22 @@ class FrameDecoder:
         a frame."""
         buf = self._buf
         size = ADD_RESP_FRAME_SIZE
-        m = len(buf) // size * size
-        if not m or self.broken:
-            return []
+        count = len(buf) // size
+        if not count or self.broken or buf[:6] != _ADD_RESP_PREFIX:
+            return []  # (the first frame decides: a buffer of other frames is not unpacked)
+        m = count * size
+        # the run of frames whose u32 length, version and op (6 bytes) are an ADD_ENTRY response's: when the
+        # last whole-frame slot starts like one, check every slot column by column; else walk frame by frame
+        if buf[m - size : m - size + 6] != _ADD_RESP_PREFIX or any(
+            buf[k:m:size].count(buf[k]) != count for k in range(6)
+        ):
+            count = 1
+            while count * size < m and buf[count * size : count * size + 6] == _ADD_RESP_PREFIX:
+                count += 1
+            m = count * size
         with memoryview(buf) as mv:
             rows = list(_ADD_RESP_FRAME.iter_unpack(mv[:m]))
-        want = (size - 4, PROTOCOL_VERSION, OpCode.ADD_ENTRY)
-        for i, r in enumerate(rows):
-            if r[:3] != want:
-                del rows[i:]
-                break
-        self._consume(len(rows) * size)
+        self._consume(m)
         return rows
 
     def take_add_acks(self) -> tuple[int, array.array[int]] | None:

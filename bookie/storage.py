@@ -77,6 +77,8 @@ from .protocol import MASTER_KEY_LEN
 log = logging.getLogger("ledgerstore.bookie.storage")
 
 _ENTRY_KEY = struct.Struct(">cQQ")
+_RUN_PREFIX_LEN = 9  # b"R" + u64 ledger id: a ledger's run keys share it
+_RUN_FIRST = struct.Struct(">Q")  # a run key's first entry id, after the prefix
 _LEDGER_KEY = struct.Struct(">cQ")
 # flags (bit0 fenced), master key, lac, explicit lac, last entry id, blob length; blob follows
 _INDEX_ROW = struct.Struct(f">B{MASTER_KEY_LEN}sqqqH")
@@ -194,14 +196,18 @@ def run_offsets(value: bytes) -> list[int]:
     head = _RUN_COUNT.size + 4 * n
     if n == 0 or len(value) < head:
         raise ValueError(f"run value of {len(value)} bytes cannot hold {n} entry lengths")
-    lens = array.array("I")
-    lens.frombytes(value[_RUN_COUNT.size : head])
-    if not _LITTLE_ENDIAN:
-        lens.byteswap()
-    offsets = list(itertools.accumulate(lens, initial=head))
+    lens = _RUN_LENS.get(n)
+    if lens is None:  # one struct per count (runs hold at most RUN_ENTRIES_MAX entries, but accept more)
+        if len(_RUN_LENS) >= 2 * RUN_ENTRIES_MAX:
+            _RUN_LENS.clear()
+        lens = _RUN_LENS[n] = struct.Struct(f"<{n}I")
+    offsets = list(itertools.accumulate(lens.unpack_from(value, _RUN_COUNT.size), initial=head))
     if offsets[-1] != len(value):
         raise ValueError(f"run value of {len(value)} bytes, its entries' lengths add up to {offsets[-1]}")
     return offsets
+
+
+_RUN_LENS: dict[int, struct.Struct] = {}  # entry count -> the struct of a run's entry lengths
 
 
 Ints = Sequence[int]
@@ -227,7 +233,9 @@ class LedgerStorage(Protocol):
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None: ...
 
-    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]: ...
+    def get_range(
+        self, ledger_id: int, first: int, last: int, max_bytes: int, step: int = 1
+    ) -> list[bytes]: ...
 
     def delete_ledger(self, ledger_id: int) -> None: ...
 
@@ -261,10 +269,10 @@ class MemoryLedgerStorage:
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self.entries.get((ledger_id, entry_id))
 
-    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int, step: int = 1) -> list[bytes]:
         out: list[bytes] = []
         size = 0
-        for eid in range(first, last + 1):
+        for eid in range(first, last + 1, step):
             data = self.entries.get((ledger_id, eid))
             if data is None or (out and size + len(data) > max_bytes):
                 break
@@ -437,7 +445,7 @@ class RocksLedgerStorage:
         blob_window_s: float = 1.0,
         blob_gc: BlobGarbagePolicy | None = None,
     ) -> None:
-        from rocksdict import DBCompressionType, Options, Rdict, WriteOptions
+        from rocksdict import DBCompressionType, Options, Rdict, ReadOptions, WriteOptions
 
         directory.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
@@ -459,6 +467,10 @@ class RocksLedgerStorage:
         # Entries are opaque and usually incompressible (or compressed by the application): compressing them
         # on flush costs CPU the bookie's loop needs.
         opts.set_compression_type(DBCompressionType.none())
+        # Reads of a ledger are mostly sequential (range reads, catch-up readers): let the kernel read ahead in
+        # SST and blob files rather than have RocksDB advise random access. A range read of entries just
+        # flushed (direct I/O: not in the page cache) went from 45-67 to 13-14 us per entry (1 KiB, E3/Qw2).
+        opts.set_advise_random_on_open(False)
         # Flushes and compactions write with direct I/O in 128 KiB requests. Through the page cache, a memtable
         # flush lands on the device as one 64 MiB burst at the SST's fsync, and every journal fdatasync queued
         # behind it waits 30-100 ms; small direct writes interleave with the journal's (measured: journal
@@ -493,6 +505,9 @@ class RocksLedgerStorage:
         self._index_cf = self._db.get_column_family_handle(INDEX_CF)
         self._wo = WriteOptions()
         self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; stubs are wrong
+        # Range reads walk the runs without RocksDB's checksums (see get_range)
+        self._range_read = ReadOptions()
+        self._range_read.set_verify_checksums(False)
         self.directory = directory
         self._move_legacy_index_rows()
         # recently read runs, newest last: (ledger id, first entry id) -> (value, run_offsets)
@@ -672,31 +687,63 @@ class RocksLedgerStorage:
         k = entry_id - first
         return value[offsets[k] : offsets[k + 1]]
 
-    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
-        """Entries ``first``..``last`` up to the first missing one, at most ``max_bytes`` of them (at least one
-        when there is one)."""
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int, step: int = 1) -> list[bytes]:
+        """Entries ``first``, ``first + step``, ... up to ``last``, stopping at the first missing one, at most
+        ``max_bytes`` of them (at least one when there is one).
+
+        One iterator walks the ledger's runs in key order from the run holding ``first``: each run is fetched
+        and decoded once, however many of the asked-for entries it holds (a bookie of a striped ledger, Qw < E,
+        holds runs of Qw consecutive entries; a step of E picks one entry from each). An entry not in the run the
+        walk reached (overlapping runs: entries re-added after a block was written in pieces) is looked up
+        on its own (``_run_at``), and entries an older version stored one key each are read one by one.
+
+        The walk reads without RocksDB's block and blob checksums: rocksdict's build computes them in software,
+        ~2 us of the ~3 us a 2 KiB run costs to fetch from a blob file. What they guard is guarded anyway:
+        every entry carries a digest of its header and payload that the reader verifies (a damaged entry is a
+        digest mismatch there, and the reader turns to another replica), and a damaged run header fails
+        ``run_offsets`` (lengths that do not add up): INTERNAL. An entry the walk does not find is looked up
+        again with checksums (``_run_at``), so damage never passes for a missing entry."""
         out: list[bytes] = []
         size = 0
         e = first
-        while e <= last:
-            run = self._run_at(ledger_id, e)
-            if run is None:
-                data = self._legacy_entry(ledger_id, e)
-                if data is None or (out and size + len(data) > max_bytes):
-                    break
-                out.append(data)
-                size += len(data)
-                e += 1
-                continue
-            run_first, value, offsets = run
-            stop = min(last, run_first + len(offsets) - 2)
-            for k in range(e - run_first, stop - run_first + 1):
-                data = value[offsets[k] : offsets[k + 1]]
-                if out and size + len(data) > max_bytes:
-                    return out
-                out.append(data)
-                size += len(data)
-            e = stop + 1
+        prefix = run_key(ledger_id, 0)[:_RUN_PREFIX_LEN]
+        unpack_first = _RUN_FIRST.unpack_from
+        it = self._db.iter(self._range_read)
+        try:
+            it.seek_for_prev(run_key(ledger_id, e))
+            if not it.valid() or it.key()[:_RUN_PREFIX_LEN] != prefix:
+                it.seek(run_key(ledger_id, e))
+            while e <= last:
+                key = it.key() if it.valid() else b""
+                if key[:_RUN_PREFIX_LEN] == prefix and unpack_first(key, _RUN_PREFIX_LEN)[0] <= e:
+                    (rf,) = unpack_first(key, _RUN_PREFIX_LEN)
+                    value = bytes(it.value())
+                    offsets = run_offsets(value)
+                    it.next()
+                else:  # the walk has no run holding e: look it up on its own
+                    run = self._run_at(ledger_id, e)
+                    if run is None:
+                        data = self._legacy_entry(ledger_id, e)
+                        if data is None or (out and size + len(data) > max_bytes):
+                            break
+                        out.append(data)
+                        size += len(data)
+                        e += step
+                        continue
+                    rf, value, offsets = run
+                rl = rf + len(offsets) - 2  # the run's last entry id
+                if e > rl:
+                    continue  # a run before e (where the walk started, or overlapped by a longer one)
+                stop = min(last, rl)
+                for k in range(e - rf, stop - rf + 1, step):
+                    a, b = offsets[k], offsets[k + 1]
+                    if out and size + b - a > max_bytes:
+                        return out
+                    out.append(value[a:b])
+                    size += b - a
+                e += ((stop - e) // step + 1) * step
+        finally:
+            del it
         return out
 
     def delete_ledger(self, ledger_id: int) -> None:
