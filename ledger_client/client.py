@@ -40,7 +40,7 @@ from .handle_state import (
 from .pending import DEFAULT_OUTSTANDING_ADDS_MAX, Progress, WritePipeline
 from .placement import choose_ensemble, replace_failed
 from .quorum import CoverageSet, answer_for_status, validate_quorum, write_set
-from .read_conn import ReadPool
+from .read_conn import ReadConnection, ReadPool
 from .read_planner import Batch, Outcome, ReadPlanner, Unreadable
 from .recovery import (
     ChangeEnsemble,
@@ -269,8 +269,16 @@ class BookKeeper:
                 await lh.read_last_add_confirmed()
         return lh
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        await _meta(functools.partial(self.ledgers.delete, ledger_id), ledger_id)
+    async def delete_ledger(self, ledger_id: int, password: bytes | None = None) -> None:
+        """Delete a ledger's metadata (its bookies then collect its entries). With ``password``, only if it is
+        the ledger's (``UnauthorizedError`` otherwise), and only the metadata version that was checked."""
+        if password is None:
+            await _meta(functools.partial(self.ledgers.delete, ledger_id), ledger_id)
+            return
+        versioned = await _meta(functools.partial(self.ledgers.read, ledger_id), ledger_id)
+        if not await asyncio.to_thread(versioned.value.check_password, password):
+            raise E.UnauthorizedError(f"wrong password for ledger {ledger_id}", ledger_id=ledger_id)
+        await _meta(functools.partial(self.ledgers.delete, ledger_id, versioned.version), ledger_id)
 
     async def list_ledgers(self) -> list[int]:
         return await _meta(self.ledgers.list)
@@ -860,13 +868,15 @@ class LedgerHandle:
                 f"entry {last} is beyond the last add confirmed ({self.last_add_confirmed})",
                 ledger_id=self.ledger_id,
             )
-        async for e in self._read_range(first, last):
-            yield e
+        async for chunk in self._read_chunks(first, last):
+            for e in chunk:
+                yield e
 
     async def read_unconfirmed(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
         """Entries that may be beyond the LAC (stops at the first entry no replica has)."""
-        async for e in self._read_range(first, last, stop_on_missing=True):
-            yield e
+        async for chunk in self._read_chunks(first, last, stop_on_missing=True):
+            for e in chunk:
+                yield e
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
         async for e in self.read(entry_id, entry_id):
@@ -876,6 +886,15 @@ class LedgerHandle:
     async def _read_range(
         self, first: int, last: int, stop_on_missing: bool = False
     ) -> AsyncIterator[LedgerEntry]:
+        async for chunk in self._read_chunks(first, last, stop_on_missing):
+            for e in chunk:
+                yield e
+
+    async def _read_chunks(
+        self, first: int, last: int, stop_on_missing: bool = False
+    ) -> AsyncIterator[list[LedgerEntry]]:
+        """Entries first..last in order, yielded as runs of consecutive entries that are ready (one resumption
+        of this generator per run, not per entry: the callers' loops yield the entries one by one)."""
         if first < 0 or last < first:
             if last < first:
                 return
@@ -884,9 +903,9 @@ class LedgerHandle:
         refreshed_at = -1
         while True:
             try:
-                async for e in self._read_batched(nxt, last, stop_on_missing, final=nxt == refreshed_at):
-                    nxt = e.entry_id + 1
-                    yield e
+                async for chunk in self._read_batched(nxt, last, stop_on_missing, final=nxt == refreshed_at):
+                    nxt = chunk[-1].entry_id + 1
+                    yield chunk
                 return
             except _RefreshAndRetry as r:
                 # The ledger is still open: a writer may have replaced bookies since this handle read its
@@ -897,34 +916,39 @@ class LedgerHandle:
 
     async def _read_batched(
         self, first: int, last: int, stop_on_missing: bool, *, final: bool
-    ) -> AsyncIterator[LedgerEntry]:
-        """Entries first..last from READ_RANGE batches (``ReadPlanner``), verified and in order. An entry no
-        replica returned ends the read: silently (``stop_on_missing`` and every replica said it has none), with
-        ``_RefreshAndRetry`` (an open ledger, unless ``final``) or with the error."""
+    ) -> AsyncIterator[list[LedgerEntry]]:
+        """Entries first..last from READ_RANGE batches (``ReadPlanner``), verified and in order, in runs of
+        those ready. An entry no replica returned ends the read: silently (``stop_on_missing`` and every
+        replica said it has none), with ``_RefreshAndRetry`` (an open ledger, unless ``final``) or with the
+        error."""
         reader = _BatchReader(self, first, last)
         try:
             reader.start()
+            pop = reader.ready.pop
             eid = first
             while eid <= last:
-                entry = reader.ready.pop(eid, None)
-                if entry is None:
-                    if reader.fatal is not None:
-                        raise reader.fatal
-                    bad = reader.unreadable.get(eid)
-                    if bad is not None:
-                        if stop_on_missing and bad.missing:
-                            return
-                        if not final and self.metadata.state.value != "CLOSED":
-                            raise _RefreshAndRetry(eid)
-                        raise reader.error(bad)
+                chunk = []
+                entry = pop(eid, None)
+                while entry is not None:
+                    chunk.append(entry)
+                    eid += 1
+                    entry = pop(eid, None) if eid <= last else None
+                if chunk:
                     reader.more(eid)
-                    reader.wake.clear()
-                    await reader.wake.wait()
+                    yield chunk
                     continue
-                yield entry
-                eid += 1
-                if not eid & 63:
-                    reader.more(eid)
+                if reader.fatal is not None:
+                    raise reader.fatal
+                bad = reader.unreadable.get(eid)
+                if bad is not None:
+                    if stop_on_missing and bad.missing:
+                        return
+                    if not final and self.metadata.state.value != "CLOSED":
+                        raise _RefreshAndRetry(eid)
+                    raise reader.error(bad)
+                reader.more(eid)
+                reader.wake.clear()
+                await reader.wake.wait()
         finally:  # an error, the end of an unconfirmed read, or a consumer that stopped early
             reader.close()
 
@@ -1136,21 +1160,14 @@ class _RefreshAndRetry(Exception):
         self.entry_id = entry_id
 
 
-def _read_window(cfg: ClientConfig, ensemble_size: int, write_quorum: int) -> int:
-    """Batches in flight: ``read_ahead_batches`` of full size; with Qw < E a batch is at most Qw entries, so as
-    many more of those as keep the same entries in flight (up to 256 requests)."""
-    ahead = max(1, cfg.read_ahead_batches)
-    per_batch = max(1, cfg.read_batch_entries if write_quorum >= ensemble_size else write_quorum)
-    return max(ahead, min(256, ahead * max(1, cfg.read_batch_entries) // per_batch))
-
-
 _RANGE_REPLY_FIXED = _FRAME_HEADER_LEN + 21  # frame header + u8 status, u64 ledger, i64 first, u32 n
 
 
 class _BatchReader:
     """The I/O of one batched sequential read: sends the ``ReadPlanner``'s batches as READ_RANGE requests (with a
-    timeout each), verifies every returned entry's digest, and files the entries in ``ready`` (entry id ->
-    entry) for the consumer, which ``wake`` wakes."""
+    timeout each) on read connections, verifies every returned entry's digest where it lies in the received
+    bytes (``EntryCodec.verify_spans``), and files the entries in ``ready`` (entry id -> entry) for the
+    consumer, which ``wake`` wakes."""
 
     def __init__(self, lh: LedgerHandle, first: int, last: int) -> None:
         md = lh.metadata
@@ -1168,14 +1185,14 @@ class _BatchReader:
             ensemble_size=md.ensemble_size,
             write_quorum=md.write_quorum,
             batch_entries=self.batch_entries,
-            window=_read_window(cfg, md.ensemble_size, md.write_quorum),
+            window=max(1, cfg.read_ahead_batches),
         )
         self.ready: dict[int, LedgerEntry] = {}
         self.unreadable: dict[int, Unreadable] = {}
         self.fatal: E.LedgerError | None = None
         self.wake = asyncio.Event()
         # batch -> (connection, request id, its timeout) while it waits for an answer
-        self._waiting: dict[Batch, tuple[BookieConnection | None, int, asyncio.TimerHandle | None]] = {}
+        self._waiting: dict[Batch, tuple[ReadConnection | None, int, asyncio.TimerHandle | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -1193,7 +1210,7 @@ class _BatchReader:
         for b in batches:
             self._send(b)
 
-    def _send(self, b: Batch, conn: BookieConnection | None = None) -> None:
+    def _send(self, b: Batch, conn: ReadConnection | None = None) -> None:
         if self._closed:
             return
         conn = conn or self.lh.bk.read_pool.get_nowait(b.bookie)
@@ -1204,18 +1221,17 @@ class _BatchReader:
             task.add_done_callback(self._tasks.discard)
             return
         lh = self.lh
-        ledger_id, key, first, last, max_bytes = lh.ledger_id, lh._key, b.first, b.last, self.max_bytes
-        rid = conn.send(
-            lambda rid: p.ReadRangeRequest(
-                request_id=rid,
-                ledger_id=ledger_id,
-                first_entry_id=first,
-                last_entry_id=last,
-                master_key=key,
-                max_bytes=max_bytes,
-            ),
-            functools.partial(self._on_reply, b),
+        rid = conn.next_id()
+        req = p.ReadRangeRequest(
+            request_id=rid,
+            ledger_id=lh.ledger_id,
+            first_entry_id=b.first,
+            last_entry_id=b.last,
+            master_key=lh._key,
+            max_bytes=self.max_bytes,
+            step=b.step,
         )
+        conn.send_read_range(req, functools.partial(self._on_reply, b))
         if b in self._waiting:  # (a closed connection answers at once)
             timer = lh._loop.call_later(lh.bk.config.read_timeout_s, self._on_timeout, b)
             self._waiting[b] = (conn, rid, timer)
@@ -1238,35 +1254,33 @@ class _BatchReader:
             conn.forget(rid)
         self._answer(b, 0, Outcome.FAILED, "TIMEOUT")
 
-    def _on_reply(self, b: Batch, resp: p.Response | None, exc: BaseException | None) -> None:
+    def _on_reply(self, b: Batch, resp: p.ReadRangeSpans | None, exc: BaseException | None) -> None:
         if b not in self._waiting:  # timed out before (or closed)
             return
         if exc is not None or resp is None:
             code = exc.code if isinstance(exc, E.LedgerError) else type(exc).__name__
             self._answer(b, 0, Outcome.FAILED, code)
             return
-        assert isinstance(resp, p.ReadRangeResponse)
         status = resp.status
         if status == p.Status.OK:
             lh = self.lh
-            verify = lh._codec.verify
-            ready = self.ready
-            ledger_id = lh.ledger_id
-            eid = b.first
+            count = b.count
+            bounds = resp.bounds if len(resp.bounds) <= 2 * count else resp.bounds[: 2 * count]
+            payloads, bad = lh._codec.verify_spans(resp.data, bounds, b.first, b.step)
+            n = len(payloads)
+            if n:
+                ids = range(b.first, b.first + n * b.step, b.step)
+                self.ready.update(
+                    zip(ids, map(LedgerEntry, itertools.repeat(lh.ledger_id, n), ids, payloads), strict=True)
+                )
             outcome: Outcome | None = None
             why = ""
-            for data in resp.entries[: b.last - b.first + 1]:
-                try:
-                    _, payload = verify(data, eid)
-                except _RawDigestMismatch as e:
-                    log.error("ledger=%d entry=%d bookie=%s digest mismatch: %s", ledger_id, eid, b.bookie, e)
-                    outcome, why = Outcome.FAILED, "DIGEST_MISMATCH"
-                    break
-                ready[eid] = LedgerEntry(ledger_id, eid, payload)
-                eid += 1
-            if outcome is None and eid <= b.last:
+            if bad is not None:
+                log.error("ledger=%d bookie=%s: %s", lh.ledger_id, b.bookie, bad)
+                outcome, why = Outcome.FAILED, "DIGEST_MISMATCH"
+            elif n < count:
                 outcome = Outcome.SHORT
-            self._answer(b, eid - b.first, outcome, why)
+            self._answer(b, n, outcome, why)
         elif status == p.Status.UNAUTHORIZED:
             self.fatal = E.UnauthorizedError(
                 f"bookie {b.bookie} refused the key", ledger_id=self.lh.ledger_id

@@ -11,27 +11,64 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 
 from bookie import protocol as p
 
 from .bookie_conn import CONNECT_TIMEOUT_S, BookieConnection, split_address
 from .errors import BookieUnavailableError
 
+RangeCallback = Callable[[p.ReadRangeSpans | None, BaseException | None], None]
+
 
 class ReadConnection(BookieConnection):
-    """A ``BookieConnection`` for requests with callbacks only (no adds)."""
+    """A ``BookieConnection`` for requests with callbacks only (no adds). READ_RANGE answers sent by
+    ``send_read_range`` reach their callback undecoded (``protocol.decode_read_range``: the entries' spans in the
+    received bytes), so the reader verifies each entry where it lies and copies only its payload."""
+
+    def __init__(self, bookie_id: str) -> None:
+        super().__init__(bookie_id)
+        self._ranges: dict[int, RangeCallback] = {}
+
+    def send_read_range(self, req: p.ReadRangeRequest, cb: RangeCallback) -> None:
+        """Send ``req`` (its request id from ``next_id``); ``cb(spans, None)`` or ``cb(None, error)``."""
+        if self._closed_error(cb):
+            return
+        self._ranges[req.request_id] = cb
+        self._enqueue(p.encode(req))
+
+    def forget(self, rid: int) -> None:
+        self._ranges.pop(rid, None)
+        super().forget(rid)
 
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder
         decoder.feed(data)
         pending = self._pending
+        ranges = self._ranges
+        range_op = p.OpCode.READ_RANGE
         try:
             for op, flags, rid, buf, a, b in decoder.frames_raw():
+                if op == range_op:
+                    rcb = ranges.pop(rid, None)
+                    if rcb is not None:
+                        rcb(p.decode_read_range(rid, buf, a, b), None)
+                        continue
                 cb = pending.pop(rid, None)
                 if cb is not None:  # (else a late answer to a request given up on)
                     cb(p.decode_response(op, flags, rid, memoryview(buf)[a:b]), None)
         except p.ProtocolError as e:
             self._protocol_error(e)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        ranges, self._ranges = self._ranges, {}
+        super()._fail_all(exc)
+        for cb in ranges.values():
+            cb(None, exc)
+
+    @property
+    def outstanding(self) -> int:
+        return super().outstanding + len(self._ranges)
 
 
 class ReadPool:

@@ -1,21 +1,22 @@
 """Sequential reads as batched READ_RANGE requests: the pure decisions (which entries to ask which bookie for,
 what to do with a short or failed answer), no I/O. ``LedgerHandle._read_range`` drives it.
 
-A READ_RANGE to bookie ``j`` returns the *consecutive* entries it stores from ``first`` on, stopping at the first
-one it does not hold (bookie/core.py, docs/protocol.md). Bookie ``j`` of an ensemble stores entry ``e`` iff
-``(j - e) mod E < Qw``, so from ``lo`` it holds a run of ``((j - lo) mod E) + 1`` entries (unbounded when
-``Qw == E``). A batch is therefore a range that its bookie holds whole, inside one ensemble:
+A READ_RANGE to a bookie names ``first``, ``last`` and a ``step`` and returns the entries ``first``,
+``first + step``, ... it stores, stopping at the first one it does not hold (bookie/core.py, docs/protocol.md).
+Bookie ``j`` of an ensemble stores entry ``e`` iff ``(j - e) mod E < Qw``, so it holds every entry of one
+residue mod E or none of them. A batch is therefore a set of entries its bookie holds whole, inside one ensemble:
 
-* ``Qw == E``: batches of ``batch_entries``, handed to the ensemble's bookies in turn;
-* ``Qw < E``: the longest run from ``lo`` is ``Qw`` entries, on bookie ``(lo + Qw - 1) mod E`` — successive
-  batches land on successive bookies, so each serves its share.
+* ``Qw == E``: ``batch_entries`` consecutive entries (step 1), handed to the ensemble's bookies in turn;
+* ``Qw < E``: a *stretch* of ``batch_entries * E`` consecutive entries is cut into ``E`` batches of step ``E``,
+  one per residue, each on the bookie ``(r + Qw - 1) mod E`` of that residue's write set — one request per
+  bookie per stretch, each bookie serving its share (every bookie holds ``Qw`` of the ``E`` residues).
 
-An answer of ``n`` verified entries settles ``lo .. lo+n-1``. The rest of the batch is asked again: from the same
-bookie when the answer was merely short (the byte limit), otherwise from the next replica of its first entry not
-yet tried (failover), the batch cut to what that bookie holds and the remainder planned anew. When every replica
-of an entry failed, the read of that entry is :class:`Unreadable` (all said "no such entry": ``missing``).
-At most ``window`` batches are in flight, and none starts more than ``window * batch_entries`` entries past
-what the reader has consumed (read-ahead, not read-everything).
+An answer of ``n`` verified entries settles the batch's first ``n``. The rest of the batch is asked again: from
+the same bookie when the answer was merely short (the byte limit), otherwise from the next replica of its first
+entry not yet tried (failover) — that replica holds the whole rest, as every entry of a batch has the same write
+set. When every replica of an entry failed, the read of that entry is :class:`Unreadable` (all said "no such
+entry": ``missing``). At most ``window`` batches are in flight (a stretch's ``E`` go together), and none starts
+more than ``window * batch_entries`` entries past what the reader has consumed (read-ahead, not read-everything).
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ class Segment:
 
 @dataclass(slots=True, eq=False)
 class Batch:
-    """Ask ``bookie`` (index ``index`` in ``segment``) for entries ``first`` .. ``last``."""
+    """Ask ``bookie`` (index ``index`` in ``segment``) for entries ``first``, ``first + step``, ... ``last``."""
 
     first: int
     last: int
     segment: Segment
     index: int
+    step: int = 1
     # bookie indices that already failed entry ``first`` (and how many of them said it does not exist), with why
     tried: frozenset[int] = frozenset()
     missing: int = 0
@@ -57,6 +59,11 @@ class Batch:
     @property
     def bookie(self) -> str:
         return self.segment.bookies[self.index]
+
+    @property
+    def count(self) -> int:
+        """How many entries the batch asks for."""
+        return (self.last - self.first) // self.step + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,8 @@ class ReadPlanner:
             raise ValueError("batch_entries and window must be >= 1")
         self.E = ensemble_size
         self.Qw = write_quorum
+        # Qw < E: a batch takes one residue mod E (whose write set holds it whole); Qw == E: consecutive entries
+        self.step = ensemble_size if write_quorum < ensemble_size else 1
         self.batch_entries = batch_entries
         self.window = window
         self._segments = deque(segments(ensembles, first, last))
@@ -112,37 +121,33 @@ class ReadPlanner:
         self.consumed = first  # the reader has taken every entry before this one
 
     # -- planning -----------------------------------------------------------------------------------------
-    def holds_from(self, index: int, entry_id: int) -> int:
-        """How many consecutive entries from ``entry_id`` bookie ``index`` stores (in one ensemble)."""
-        if self.Qw >= self.E:
-            return 1 << 62
-        d = (index - entry_id) % self.E
-        return d + 1 if d < self.Qw else 0
+    def holds(self, index: int, entry_id: int) -> bool:
+        """Whether bookie ``index`` of an ensemble stores ``entry_id``."""
+        return (index - entry_id) % self.E < self.Qw
 
     def _primary(self, entry_id: int) -> int:
-        if self.Qw >= self.E:
+        if self.step == 1:
             self._turn = (self._turn + 1) % self.E
             return self._turn
         return (entry_id + self.Qw - 1) % self.E
-
-    def _batch(self, lo: int, hi: int, seg: Segment, index: int, **kw: object) -> Batch:
-        n = min(self.batch_entries, self.holds_from(index, lo), hi - lo + 1)
-        return Batch(lo, lo + n - 1, seg, index, **kw)  # type: ignore[arg-type]
 
     def next_batches(self) -> list[Batch]:
         """New batches to send now (read-ahead up to ``window`` in flight)."""
         out: list[Batch] = []
         horizon = self.consumed + self.window * self.batch_entries
+        step = self.step
         while self._segments and self.in_flight < self.window and self._next < horizon:
             seg = self._segments[0]
-            b = self._batch(self._next, seg.last, seg, self._primary(self._next))
-            self._next = b.last + 1
+            lo = self._next
+            hi = min(seg.last, lo + self.batch_entries * step - 1)
+            for first in range(lo, min(lo + step, hi + 1)):  # (one batch when step is 1)
+                out.append(Batch(first, hi - (hi - first) % step, seg, self._primary(first), step))
+                self.in_flight += 1
+            self._next = hi + 1
             if self._next > seg.last:
                 self._segments.popleft()
                 if self._segments:
                     self._next = self._segments[0].first
-            self.in_flight += 1
-            out.append(b)
         return out
 
     @property
@@ -155,14 +160,15 @@ class ReadPlanner:
         them (None when the batch is complete)."""
         self.in_flight -= 1
         res = Settled()
-        lo = batch.first + delivered
+        step = batch.step
+        lo = batch.first + delivered * step
         if lo > batch.last:
             return res
         seg = batch.segment
         if outcome is None:
             outcome = Outcome.SHORT
         if delivered > 0 and outcome is Outcome.SHORT:
-            res.retries.append(self._retry(Batch(lo, batch.last, seg, batch.index)))
+            res.retries.append(self._retry(Batch(lo, batch.last, seg, batch.index, step)))
             return res
         tried: frozenset[int]
         errors: tuple[str, ...]
@@ -175,28 +181,15 @@ class ReadPlanner:
         tried |= {batch.index}
         missing += outcome is Outcome.MISSING
         errors = (*errors, f"{batch.bookie}: {why or outcome.value}")
-        for index in self._replicas(lo):
+        replicas = self._replicas(lo)
+        for index in replicas:
             if index not in tried:
-                b = self._batch(lo, batch.last, seg, index, tried=tried, missing=missing, errors=errors)
+                # (every entry of the rest has lo's write set: step is E, or Qw == E)
+                b = Batch(lo, batch.last, seg, index, step, tried=tried, missing=missing, errors=errors)
                 res.retries.append(self._retry(b))
-                if b.last < batch.last:  # the part this replica does not hold: planned as new
-                    rest = self._batch(b.last + 1, batch.last, seg, self._primary(b.last + 1))
-                    res.retries.append(self._retry(rest))
-                    if rest.last < batch.last:
-                        res.retries.extend(
-                            self._retry(x) for x in self._split(rest.last + 1, batch.last, seg)
-                        )
                 return res
-        res.unreadable = Unreadable(lo, missing == len(self._replicas(lo)), errors)
+        res.unreadable = Unreadable(lo, missing == len(replicas), errors)
         return res
-
-    def _split(self, lo: int, hi: int, seg: Segment) -> list[Batch]:
-        out = []
-        while lo <= hi:
-            b = self._batch(lo, hi, seg, self._primary(lo))
-            out.append(b)
-            lo = b.last + 1
-        return out
 
     def _retry(self, b: Batch) -> Batch:
         self.in_flight += 1

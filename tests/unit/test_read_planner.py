@@ -21,6 +21,10 @@ def spans(batches: list[Batch]) -> list[tuple[int, int, str]]:
     return [(b.first, b.last, b.bookie) for b in batches]
 
 
+def strided(batches: list[Batch]) -> list[tuple[int, int, int, str]]:
+    return [(b.first, b.last, b.step, b.bookie) for b in batches]
+
+
 @pytest.mark.parametrize(
     ("ens", "first", "last", "want"),
     [
@@ -34,29 +38,43 @@ def test_segments_cut_the_ensembles_to_the_range(ens, first, last, want) -> None
     assert [(s.first, s.last) for s in segments(ens, first, last)] == want
 
 
-@pytest.mark.parametrize(
-    ("E", "Qw", "first", "want"),
-    [
-        # Qw == E: every bookie holds everything; batches of n go to the bookies in turn
-        (3, 3, 0, [(0, 9, "b"), (10, 19, "c"), (20, 29, "a"), (30, 39, "b")]),
-        # Qw < E: the longest run a bookie holds from e is Qw entries, on bookie (e + Qw - 1) mod E
-        (3, 2, 0, [(0, 1, "b"), (2, 3, "a"), (4, 5, "c"), (6, 7, "b")]),
-        (3, 2, 1, [(1, 2, "c"), (3, 4, "b"), (5, 6, "a"), (7, 8, "c")]),
-        (3, 1, 0, [(0, 0, "a"), (1, 1, "b"), (2, 2, "c"), (3, 3, "a")]),
-    ],
-)
-def test_batches_spread_over_the_bookies_holding_them_whole(E, Qw, first, want) -> None:
-    p = planner(first, E=E, Qw=Qw)
-    assert spans(p.next_batches()) == want
+def test_full_replication_batches_go_to_the_bookies_in_turn() -> None:
+    p = planner(0, E=3, Qw=3)
+    assert strided(p.next_batches()) == [(0, 9, 1, "b"), (10, 19, 1, "c"), (20, 29, 1, "a"), (30, 39, 1, "b")]
     assert p.in_flight == 4 and p.next_batches() == []  # the window is full
 
 
-def test_every_batch_is_held_whole_by_its_bookie() -> None:
-    for E, Qw in [(3, 2), (4, 2), (5, 3), (4, 4)]:
-        p = planner(0, 200, E=E, Qw=Qw, n=7, w=1000)
-        for b in p.next_batches():
-            for e in range(b.first, b.last + 1):
-                assert (b.index - e) % E < Qw, (E, Qw, b)
+@pytest.mark.parametrize(
+    ("E", "Qw", "first", "want"),
+    [
+        # Qw < E: a stretch of n * E entries, one batch of step E per residue, on (r + Qw - 1) mod E
+        (3, 2, 0, [(0, 27, 3, "b"), (1, 28, 3, "c"), (2, 29, 3, "a")]),
+        (3, 2, 1, [(1, 28, 3, "c"), (2, 29, 3, "a"), (3, 30, 3, "b")]),
+        (3, 1, 0, [(0, 27, 3, "a"), (1, 28, 3, "b"), (2, 29, 3, "c")]),
+    ],
+)
+def test_a_striped_stretch_is_one_batch_per_bookie(E, Qw, first, want) -> None:
+    p = planner(first, E=E, Qw=Qw, w=3)
+    assert strided(p.next_batches()) == want
+    assert p.in_flight == 3 and p.next_batches() == []  # the window is full
+
+
+def test_a_stretch_goes_out_whole_even_past_the_window() -> None:
+    p = planner(0, E=3, Qw=2, w=4)
+    assert len(p.next_batches()) == 6 and p.in_flight == 6  # two stretches: the first left room for more
+
+
+def test_every_batch_is_held_whole_by_its_bookie_and_every_entry_is_asked_once() -> None:
+    for E, Qw in [(3, 2), (4, 2), (5, 3), (4, 4), (3, 1), (5, 5)]:
+        for first, last in [(0, 200), (7, 7), (5, 9), (13, 1000)]:
+            p = planner(first, last, E=E, Qw=Qw, n=7, w=1000)
+            asked = []
+            for b in p.next_batches():
+                assert b.count == len(range(b.first, b.last + 1, b.step))
+                for e in range(b.first, b.last + 1, b.step):
+                    assert p.holds(b.index, e), (E, Qw, b)
+                    asked.append(e)
+            assert sorted(asked) == list(range(first, last + 1)), (E, Qw, first, last)
 
 
 def test_a_batch_never_crosses_an_ensemble_boundary() -> None:
@@ -101,21 +119,24 @@ def test_answers_of_a_full_replication_batch(delivered, outcome, want_retries, w
     assert p.in_flight == len(want_retries)
 
 
-def test_failover_on_a_striped_ledger_cuts_the_batch_to_what_the_replica_holds() -> None:
-    p = planner(0, 1, Qw=2, n=10)
-    [b] = p.next_batches()
-    assert spans([b]) == [(0, 1, "b")]
+def test_failover_on_a_striped_ledger_moves_the_rest_of_the_batch_to_the_other_replica() -> None:
+    p = planner(0, 29, Qw=2, n=10, w=3)
+    b = p.next_batches()[0]
+    assert strided([b]) == [(0, 27, 3, "b")]
     s = p.on_answer(b, 0, Outcome.FAILED, "TIMEOUT")
-    # entry 0's other replica is a (which holds 0 but not 1); entry 1 is planned anew: the longest run
-    # from 1 is on c
-    assert spans(s.retries) == [(0, 0, "a"), (1, 1, "c")]
-    assert s.retries[0].tried == frozenset({1}) and s.retries[1].tried == frozenset()
-    assert p.in_flight == 2
+    # entry 0's write set is a, b: a holds every entry of residue 0 too
+    assert strided(s.retries) == [(0, 27, 3, "a")] and s.retries[0].tried == frozenset({1})
+    s = p.on_answer(s.retries[0], 4, Outcome.SHORT)  # the byte limit: the rest from the same bookie
+    assert strided(s.retries) == [(12, 27, 3, "a")] and s.retries[0].tried == frozenset()
+    s = p.on_answer(s.retries[0], 2, Outcome.MISSING, "NO_ENTRY")  # 18 missing on a: fresh failover from 18
+    assert strided(s.retries) == [(18, 27, 3, "b")] and s.retries[0].tried == frozenset({0})
+    assert p.in_flight == 3
 
 
 def test_every_replica_missing_makes_the_entry_unreadable_as_missing() -> None:
     p = planner(0, 4, Qw=2, n=10)
     b = p.next_batches()[0]
+    assert strided([b]) == [(0, 3, 3, "b")]
     s = p.on_answer(b, 0, Outcome.MISSING, "NO_ENTRY")
     s = p.on_answer(s.retries[0], 0, Outcome.MISSING, "NO_LEDGER")
     assert s.retries == [] and s.unreadable is not None
