@@ -169,7 +169,8 @@ async def _recover(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 
 async def _delete(args: argparse.Namespace, bk: BookKeeper) -> int:
-    await bk.delete_ledger(args.ledger_id)
+    # the password is checked against the ledger's stored digest: a wrong one deletes nothing
+    await bk.delete_ledger(args.ledger_id, password=args.password.encode())
     emit(args, f"ledger {args.ledger_id} deleted", {"deleted": args.ledger_id})
     return 0
 

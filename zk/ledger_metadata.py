@@ -5,8 +5,16 @@ A ledger's znode (``layout.ledger_path``) holds::
     {"format_version": 1, "ledger_id": 7, "ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2,
      "state": "OPEN", "last_entry_id": -1, "length": 0,
      "ensembles": [{"first_entry_id": 0, "bookies": ["127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183"]}],
-     "digest_type": "CRC32C", "password_digest": "<sha256 hex>", "ctime_ms": 1700000000000,
-     "custom_metadata": {"app": "eA=="}}
+     "digest_type": "CRC32C", "password_digest": "v2$pbkdf2-sha256$100000$<salt hex>$<key hex>",
+     "ctime_ms": 1700000000000, "custom_metadata": {"app": "eA=="}}
+
+``password_digest`` has two formats, told apart by their shape (see :func:`password_hash`):
+
+* version 2 (written by every ledger created now): ``v2$pbkdf2-sha256$<iterations>$<32 hex salt>$<64 hex key>``,
+  PBKDF2-HMAC-SHA256 of the password with a random 16-byte salt: salted and slow, so a digest read from
+  ZooKeeper is no cheap oracle for guessing the password;
+* version 1 (ledgers created before): 64 lowercase hex characters, the unsalted SHA-256 of the password. Still
+  read and checked, so old ledgers open and delete as before.
 
 Every write through :class:`LedgerMetadataStore` is a compare-and-set that first runs :func:`check_transition`.
 """
@@ -22,7 +30,9 @@ import dataclasses
 import enum
 import hashlib
 import hmac
+import os
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +51,16 @@ from zk.idgen import IdGenerator
 from zk.versioned import Versioned
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_DIGEST_V2 = re.compile(r"v2\$pbkdf2-sha256\$([1-9][0-9]{0,8})\$([0-9a-f]{32})\$([0-9a-f]{64})")
+
+#: PBKDF2 iterations of a version-2 password digest (about 40 ms of one core here). Each digest records its own
+#: count, so raising this later leaves existing ledgers readable. Every ``create_ledger`` pays it once; checks
+#: that passed are remembered per process (``_VERIFIED``), so reopening a ledger does not pay it again.
+PASSWORD_ITERATIONS = 100_000
+PASSWORD_ITERATIONS_MAX = 10_000_000  # a digest asking for more is refused, not computed (a stored CPU bomb)
+_VERIFIED_MAX = 4096
+_VERIFIED: dict[tuple[str, bytes], None] = {}
+_VERIFIED_LOCK = threading.Lock()
 
 
 class LedgerState(enum.StrEnum):
@@ -77,10 +97,66 @@ IMMUTABLE_FIELDS = (
 
 
 def password_digest_of(password: bytes) -> str:
-    """The ``password_digest`` stored in metadata: hex SHA-256 of the ledger password."""
+    """The version-1 ``password_digest``: hex SHA-256 of the ledger password (unsalted; new ledgers store
+    :func:`password_hash` instead; this stays for reading old ledgers and for tests that build metadata)."""
     if not isinstance(password, (bytes, bytearray, memoryview)):
         raise TypeError("password must be bytes")
     return hashlib.sha256(bytes(password)).hexdigest()
+
+
+def password_hash(
+    password: bytes, *, iterations: int = PASSWORD_ITERATIONS, salt: bytes | None = None
+) -> str:
+    """The version-2 ``password_digest`` of a new ledger: salted PBKDF2-HMAC-SHA256 (format in the module
+    docstring)."""
+    if not isinstance(password, (bytes, bytearray, memoryview)):
+        raise TypeError("password must be bytes")
+    if not 1 <= iterations <= PASSWORD_ITERATIONS_MAX:
+        raise ValueError(f"iterations must be in 1..{PASSWORD_ITERATIONS_MAX}")
+    salt = os.urandom(16) if salt is None else salt
+    if len(salt) != 16:
+        raise ValueError("salt must be 16 bytes")
+    key = hashlib.pbkdf2_hmac("sha256", bytes(password), salt, iterations)
+    return f"v2$pbkdf2-sha256${iterations}${salt.hex()}${key.hex()}"
+
+
+def password_digest_version(digest: str) -> int:
+    """1 or 2 for a well-formed ``password_digest``; 0 for anything else."""
+    if not isinstance(digest, str):
+        return 0
+    if _HEX64.fullmatch(digest):
+        return 1
+    m = _DIGEST_V2.fullmatch(digest)
+    if m and int(m.group(1)) <= PASSWORD_ITERATIONS_MAX:
+        return 2
+    return 0
+
+
+def verify_password(digest: str, password: bytes) -> bool:
+    """Whether ``password`` matches a stored ``password_digest`` of either version (constant-time compare).
+    A match is remembered for the process (keyed by the digest and the password's SHA-256), so repeated
+    opens of one ledger pay the slow hash once; a mismatch is never remembered."""
+    if not isinstance(password, (bytes, bytearray, memoryview)):
+        raise TypeError("password must be bytes")
+    pw = bytes(password)
+    memo = (digest, hashlib.sha256(pw).digest())
+    with _VERIFIED_LOCK:
+        if memo in _VERIFIED:
+            return True
+    if _HEX64.fullmatch(digest):
+        ok = hmac.compare_digest(hashlib.sha256(pw).hexdigest(), digest)
+    else:
+        m = _DIGEST_V2.fullmatch(digest)
+        if not m or int(m.group(1)) > PASSWORD_ITERATIONS_MAX:
+            return False
+        key = hashlib.pbkdf2_hmac("sha256", pw, bytes.fromhex(m.group(2)), int(m.group(1)))
+        ok = hmac.compare_digest(key.hex(), m.group(3))
+    if ok:
+        with _VERIFIED_LOCK:
+            if len(_VERIFIED) >= _VERIFIED_MAX:
+                _VERIFIED.pop(next(iter(_VERIFIED)))
+            _VERIFIED[memo] = None
+    return ok
 
 
 def _now_ms() -> int:
@@ -193,8 +269,11 @@ class LedgerMetadata:
             raise _invalid("an empty ledger (last_entry_id -1) has length 0")
         if not isinstance(self.digest_type, str) or not self.digest_type:
             raise _invalid("digest_type must be a non-empty string")
-        if not isinstance(self.password_digest, str) or not _HEX64.fullmatch(self.password_digest):
-            raise _invalid("password_digest must be 64 lowercase hex characters (sha256)")
+        if not password_digest_version(self.password_digest):
+            raise _invalid(
+                "password_digest must be 64 lowercase hex characters (sha256, version 1) or "
+                "v2$pbkdf2-sha256$<iterations>$<32 hex salt>$<64 hex key> (version 2)"
+            )
         if not _is_int(self.ctime_ms) or self.ctime_ms < 0:
             raise _invalid(f"ctime_ms must be an int >= 0, got {self.ctime_ms!r}")
         if not isinstance(self.custom_metadata, Mapping):
@@ -225,7 +304,8 @@ class LedgerMetadata:
         return self.ensembles[bisect.bisect_right(starts, entry_id) - 1]
 
     def check_password(self, password: bytes) -> bool:
-        return hmac.compare_digest(password_digest_of(password), self.password_digest)
+        """Whether ``password`` is this ledger's (either digest version; slow for version 2 the first time)."""
+        return verify_password(self.password_digest, password)
 
     # --- derivations (each returns a new, validated object) ---------------------------------------------------
 
@@ -418,12 +498,12 @@ class LedgerMetadataStore:
         ledger_id: int | None = None,
         ctime_ms: int | None = None,
     ) -> Versioned[LedgerMetadata]:
-        """Create an OPEN ledger whose first ensemble is ``bookies``. Give ``password`` (hashed here) or a
-        ready ``password_digest``. Without ``ledger_id`` a fresh id comes from the id generator (an id that
+        """Create an OPEN ledger whose first ensemble is ``bookies``. Give ``password`` (hashed here with
+        :func:`password_hash`, version 2) or a ready ``password_digest`` (either version). Without ``ledger_id`` a fresh id comes from the id generator (an id that
         somebody created explicitly is skipped); with one, :class:`MetadataExistsError` if it is taken."""
         if (password is None) == (password_digest is None):
             raise ValueError("give exactly one of password / password_digest")
-        digest = password_digest if password_digest is not None else password_digest_of(password or b"")
+        digest = password_digest if password_digest is not None else password_hash(password or b"")
 
         def build(lid: int) -> LedgerMetadata:
             return LedgerMetadata(

@@ -38,8 +38,11 @@ def test_shell_verbs_round_trip(bookies) -> None:
     assert lid in [row["ledger_id"] for row in json.loads(r.stdout)]
     r = _ls(bookies, "ledger", "read", str(lid), "--password", "wrong")
     assert r.returncode != 0 and "UNAUTHORIZED" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = _ls(bookies, "ledger", "delete", str(lid))
-    assert r.returncode == 0
+    r = _ls(bookies, "ledger", "delete", str(lid))  # without the password: refused, nothing deleted
+    assert r.returncode != 0 and "UNAUTHORIZED" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert _ls(bookies, "ledger", "metadata", str(lid)).returncode == 0
+    r = _ls(bookies, "ledger", "delete", str(lid), "--password", "pw")
+    assert r.returncode == 0, r.stderr
     r = _ls(bookies, "ledger", "metadata", str(lid))
     assert r.returncode != 0 and "does not exist" in r.stderr
 

@@ -15,7 +15,7 @@ from zk.errors import (
     MetadataVersionError,
 )
 from zk.idgen import FIRST_ID, IdGenerator
-from zk.ledger_metadata import LedgerMetadata, LedgerMetadataStore, LedgerState, password_digest_of
+from zk.ledger_metadata import LedgerMetadata, LedgerMetadataStore, LedgerState
 from zk.testing import ZkTarget, wait_for
 from zk.versioned import Versioned
 
@@ -40,7 +40,8 @@ def test_create_read_list_delete(zk_store: MetadataStore) -> None:
     a = _create(lms)
     b = _create(lms)
     assert a.version == 0 and a.value.ledger_id == FIRST_ID and b.value.ledger_id == FIRST_ID + 1
-    assert a.value.state is LedgerState.OPEN and a.value.password_digest == password_digest_of(b"pw")
+    assert a.value.state is LedgerState.OPEN and a.value.check_password(b"pw")
+    assert a.value.password_digest.startswith("v2$pbkdf2-sha256$")
     assert lms.read(a.value.ledger_id) == a
     assert zk_store.exists(layout.ledger_path(a.value.ledger_id))
     big = _create(lms, ledger_id=123456789012)
