@@ -8,7 +8,7 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
   (``namespaces/<t>/<ns>``, docs/broker.md).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
-  ``skip_all``), ``lastMessageId``.
+  ``skip_all``), ``lastMessageId``, ``examinemessage``, a message by id, ``unload``.
 - ``/lookup/v2/topic/{domain}/{t}/{ns}/{topic}``: the owner's URLs; any broker answers for any topic and takes
   ownership when nobody holds it, as the binary LOOKUP does.
 
@@ -910,6 +910,79 @@ class AdminApp:
                     batch_index = md.num_messages_in_batch - 1
         return _json(_message_id(last, name.partition_index, batch_index))
 
+    async def unload(self, request: web.Request) -> web.Response:
+        """Stop serving the topic here (clients reconnect; the next lookup may land elsewhere)."""
+        name = self._topic_name(request)
+        if self._served(name) is None:
+            await self._redirect_if_not_owner(request, name)
+            if not await self._exists(name):
+                raise AdminError(404, f"Topic {name} not found")
+            return _no_content()
+        await self.service.unload(name)
+        return _no_content()
+
+    async def _message_response(self, topic: Topic, pos: Position, batch_index: int) -> web.Response:
+        try:
+            data = await topic.ml.read_entry(pos)
+        except ManagedLedgerError as e:
+            raise AdminError(404, f"Message not found at {pos}: {e}") from e
+        try:
+            md, payload = wire.parse_entry(data, verify_checksum=False)
+            messages = list(wire.iter_batch(md, payload))
+        except wire.EntryFormatError as e:
+            raise AdminError(412, f"the entry at {pos} cannot be read as a message: {e}") from e
+        if not 0 <= batch_index < len(messages):
+            raise AdminError(
+                404, f"no message {batch_index} in the entry at {pos} ({len(messages)} messages)"
+            )
+        single, body = messages[batch_index]
+        headers = {
+            "X-Pulsar-Message-ID": f"{pos.ledger_id}:{pos.entry_id}:{topic.name.partition_index}"
+            + (f":{batch_index}" if md.HasField("num_messages_in_batch") else ""),
+            "X-Pulsar-publish-time": str(md.publish_time),
+            "X-Pulsar-producer-name": md.producer_name,
+            "X-Pulsar-sequence-id": str(md.sequence_id),
+        }
+        if md.HasField("num_messages_in_batch"):
+            headers["X-Pulsar-num-batch-message"] = str(md.num_messages_in_batch)
+        props = single.properties if single is not None else md.properties
+        key = (single.partition_key if single is not None else md.partition_key) or ""
+        if key:
+            headers["X-Pulsar-partition-key"] = key
+        for kv in props:
+            headers[f"X-Pulsar-PROPERTY-{kv.key}"] = kv.value
+        return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+
+    async def examine_message(self, request: web.Request) -> web.Response:
+        """Pulsar's ``examinemessage``: the ``messagePosition``-th entry (1 = first) from ``initialPosition``
+        (``earliest`` or ``latest``); ``batchIndex`` picks a message of a batch (0 by default)."""
+        name = self._topic_name(request)
+        topic = await self._owned_topic(request, name)
+        try:
+            n = int(request.query.get("messagePosition", "1"))
+            batch_index = int(request.query.get("batchIndex", "0"))
+        except ValueError:
+            raise AdminError(412, "messagePosition and batchIndex are integers") from None
+        initial = request.query.get("initialPosition", "latest")
+        if initial not in ("earliest", "latest") or n < 1:
+            raise AdminError(412, "initialPosition is earliest or latest, messagePosition at least 1")
+        view = topic.ml.view()
+        total = view.total_entries()
+        if n > total:
+            raise AdminError(404, f"the topic has {total} entries")
+        pos = view.position_at(n - 1 if initial == "earliest" else total - n)
+        return await self._message_response(topic, pos, batch_index)
+
+    async def message_by_id(self, request: web.Request) -> web.Response:
+        name = self._topic_name(request)
+        topic = await self._owned_topic(request, name)
+        try:
+            pos = Position(int(request.match_info["ledger"]), int(request.match_info["entry"]))
+            batch_index = int(request.query.get("batchIndex", "0"))
+        except ValueError:
+            raise AdminError(412, "ledger and entry ids are integers") from None
+        return await self._message_response(topic, pos, batch_index)
+
     # -- subscriptions ----------------------------------------------------------------------------------------
 
     async def subscriptions(self, request: web.Request) -> web.Response:
@@ -1209,6 +1282,9 @@ class AdminApp:
         r.add_get(t + "/partitioned-stats", self.partitioned_stats)
         r.add_get(t + "/internalStats", self.internal_stats)
         r.add_get(t + "/lastMessageId", self.last_message_id)
+        r.add_put(t + "/unload", self.unload)
+        r.add_get(t + "/examinemessage", self.examine_message)
+        r.add_get(t + "/ledger/{ledger}/entry/{entry}", self.message_by_id)
         r.add_get(t + "/subscriptions", self.subscriptions)
         s = t + "/subscription/{subscription}"
         r.add_put(s, self.subscription_create)
