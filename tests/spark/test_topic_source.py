@@ -503,6 +503,17 @@ def test_position_arithmetic_across_ledgers() -> None:
     assert missing_ledger_is_loss((5, 2), {}, None)
 
 
+def test_byte_budgets_use_each_ledgers_average_entry_size() -> None:
+    from spark._topic_offsets import bytes_between, entries_within_bytes
+
+    snap = Snapshot((LedgerSlot(3, 5, 500, True), LedgerSlot(7, 4, 4000, True), LedgerSlot(9, 2, 0, False)))
+    # ledger 3: 100 B/entry, ledger 7: 1000 B/entry, open ledger 9 (size unknown): the average of the others
+    assert bytes_between(snap, (3, 0), (7, 2)) == 5 * 100 + 2 * 1000
+    assert bytes_between(snap, (9, 0), (9, 2)) == 2 * 550
+    assert entries_within_bytes(snap, (3, 0), snap.latest(), 2500) == 5 + 2
+    assert entries_within_bytes(snap, (7, 0), snap.latest(), 10) == 1, "always at least one entry"
+
+
 # --- end to end: the real pulsar-client through a broker process ----------------------------------------------------
 
 
