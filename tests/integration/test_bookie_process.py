@@ -406,3 +406,43 @@ def test_paced_direct_io_storage_flushes_and_keeps_every_entry(bookies) -> None:
     assert replayed and replayed[-1] < n, (
         f"a checkpoint should have let the journal forget the entries: {replayed}"
     )
+
+
+def test_strided_range_reads_of_a_bookie_process_old_and_new_requests(bookies) -> None:
+    """A bookie holding two entries in three (E3/Qw2) answers a READ_RANGE with a step of 3 with one residue,
+    from its memtable and, after a restart, from flushed storage; a request without a step keeps today's
+    meaning (consecutive entries, stopping at the first it does not hold)."""
+    bp = bookies.start()
+    held = [e for e in range(600) if (0 - e) % 3 < 2]  # bookie 0's entries of an E3/Qw2 ledger
+
+    async def read_range(raw: RawBookie, first: int, last: int, step: int) -> list[bytes]:
+        resp = await raw.conn.request(
+            lambda rid: p.ReadRangeRequest(
+                request_id=rid, ledger_id=77, first_entry_id=first, last_entry_id=last, master_key=KEY,
+                step=step,
+            ),
+            10.0,
+        )  # fmt: skip
+        assert isinstance(resp, p.ReadRangeResponse)
+        return list(resp.entries) if resp.status == p.Status.OK else []
+
+    async def check(raw: RawBookie) -> None:
+        assert await read_range(raw, 2, 599, 3) == [build(77, e) for e in range(2, 600, 3)]
+        assert await read_range(raw, 0, 599, 3) == [build(77, e) for e in range(0, 600, 3)]
+        assert await read_range(raw, 1, 599, 3) == []  # a residue it does not hold: NO_ENTRY
+        assert await read_range(raw, 2, 599, 1) == [build(77, 2), build(77, 3)]
+
+    async def write_and_read() -> None:
+        raw = await RawBookie.open(bp.id)
+        assert set(await asyncio.gather(*(raw.add(77, e) for e in held))) == {p.Status.OK}
+        await check(raw)
+        raw.close()
+
+    async def read_again() -> None:
+        raw = await RawBookie.open(bp.id)
+        await check(raw)
+        raw.close()
+
+    asyncio.run(write_and_read())
+    bp.restart()
+    asyncio.run(read_again())

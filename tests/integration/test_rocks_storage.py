@@ -121,6 +121,13 @@ def test_runs_overlapping_gaps_and_reads_across_run_boundaries(tmp_path: Path) -
     assert s.get_range(1, 105, 130, 1 << 20) == [entry(e) for e in range(105, 131)]
     assert s.get_range(1, 60, 1000, 1000) == [entry(e) for e in range(60, 70)]  # 100 bytes each
     assert s.get_range(1, 60, 1000, 50) == [entry(60)]  # at least one entry
+    # every step-th entry, across runs, overlapping runs and pieces, stopping at the first missing one
+    assert s.get_range(1, 50, 1000, 1 << 20, 3) == [entry(e) for e in range(50, 200, 3)]
+    assert s.get_range(1, 98, 131, 1 << 20, 2) == [entry(e) for e in range(98, 132, 2)]
+    assert s.get_range(1, 230, 1000, 1 << 20, 4) == [entry(e) for e in range(230, 250, 4)]
+    assert s.get_range(1, 0, 1000, 1 << 20, 100) == [entry(0), entry(100)]  # 200 is missing
+    assert s.get_range(1, 60, 1000, 1000, 3) == [entry(e) for e in range(60, 90, 3)]  # 100 bytes each
+    assert s.get_range(1, 201, 1000, 1 << 20, 3) == []
     s.flush()
     s.close()
     s = RocksLedgerStorage(tmp_path / "db")

@@ -245,6 +245,38 @@ def test_read_range_returns_consecutive_entries() -> None:
     assert [codec.verify(e)[0].entry_id for e in resp.entries] == [1, 2, 3, 4]
 
 
+def test_read_range_with_a_step_returns_every_step_th_entry_up_to_a_missing_one() -> None:
+    """A bookie of an E3/Qw2 ledger holds two entries in three; asked for one residue it returns just those."""
+    r = Rig()
+    for e in range(30):
+        if (1 - e) % 3 < 2:  # bookie 1 of the ensemble: entries 0, 1, 3, 4, 6, 7, ...
+            r.add(2, e)
+    r.settle()
+    codec = EntryCodec(2, DigestType.CRC32C)
+
+    def read_range(first: int, last: int, step: int, max_bytes: int = 1 << 20) -> p.ReadRangeResponse:
+        r.core.handle(
+            p.ReadRangeRequest(
+                request_id=51, ledger_id=2, first_entry_id=first, last_entry_id=last, master_key=KEY,
+                max_bytes=max_bytes, step=step,
+            ),
+            r.reply,
+        )  # fmt: skip
+        resp = r.replies[-1]
+        assert isinstance(resp, p.ReadRangeResponse) and resp.first_entry_id == first
+        return resp
+
+    resp = read_range(1, 100, 3)  # residue 1: all held, up to the bookie's last entry
+    assert [codec.verify(e)[0].entry_id for e in resp.entries] == list(range(1, 29, 3))
+    resp = read_range(0, 29, 3)
+    assert [codec.verify(e)[0].entry_id for e in resp.entries] == list(range(0, 28, 3))
+    assert read_range(2, 29, 3).status == p.Status.NO_ENTRY  # a residue it does not hold
+    assert [codec.verify(e)[0].entry_id for e in read_range(0, 29, 1).entries] == [0, 1]  # step 1: stops at 2
+    resp = read_range(0, 29, 3, max_bytes=100)  # the byte limit: at least one entry
+    assert [codec.verify(e)[0].entry_id for e in resp.entries] == [0, 3]  # 46 bytes each
+    assert read_range(0, 29, 0).status == p.Status.BAD_REQUEST
+
+
 def test_write_lac_then_read_lac() -> None:
     r = Rig()
     r.add(1, 0)
@@ -395,10 +427,10 @@ class _FailingStorage(MemoryLedgerStorage):
             raise ValueError("run value of 7 bytes cannot hold 3 entry lengths")
         return super().get_entry(ledger_id, entry_id)
 
-    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> list[bytes]:
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int, step: int = 1) -> list[bytes]:
         if first <= 1 <= last:
             raise OSError(5, "Input/output error")
-        return super().get_range(ledger_id, first, last, max_bytes)
+        return super().get_range(ledger_id, first, last, max_bytes, step)
 
 
 def test_a_storage_read_error_is_answered_internal_never_no_entry() -> None:

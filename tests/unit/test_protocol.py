@@ -49,6 +49,7 @@ requests = st.one_of(
         master_key=key,
         max_bytes=u32,
         flags=flags,
+        step=st.one_of(st.just(1), u32),
     ),
     st.builds(p.BookieInfoRequest, request_id=u64, flags=flags),
 )
@@ -276,3 +277,82 @@ def test_take_add_requests_leaves_bad_frames_to_frames_raw() -> None:
         assert dec.take_add_requests() is None
         with pytest.raises(p.ProtocolError):
             list(dec.frames_raw())
+
+
+def test_a_read_range_of_step_one_keeps_the_layout_of_older_clients() -> None:
+    key = b"k" * p.MASTER_KEY_LEN
+    plain = p.ReadRangeRequest(request_id=1, ledger_id=2, first_entry_id=3, last_entry_id=9, master_key=key)
+    strided = p.ReadRangeRequest(
+        request_id=1, ledger_id=2, first_entry_id=3, last_entry_id=9, master_key=key, step=3
+    )
+    assert len(p.encode(strided)) == len(p.encode(plain)) + 4
+    assert p.decode_one_request(p.encode(plain)).step == 1
+    # a step of 1 written out is not a valid frame: one meaning, one encoding
+    frame = bytearray(p.encode(strided))
+    frame[-4:] = (1).to_bytes(4, "big")
+    with pytest.raises(p.ProtocolError, match="step"):
+        p.decode_one_request(bytes(frame))
+
+
+@given(
+    st.builds(
+        p.ReadRangeResponse,
+        request_id=u64,
+        status=status,
+        ledger_id=u64,
+        first_entry_id=i64,
+        entries=st.lists(blob, max_size=5).map(tuple),
+    ),
+    st.binary(max_size=8),
+    st.binary(max_size=8),
+)
+def test_decode_read_range_finds_the_entries_in_place(
+    msg: p.ReadRangeResponse, before: bytes, after: bytes
+) -> None:
+    frame = p.encode(msg)
+    data = before + frame[4 + p.FRAME_HEADER.size :] + after  # the body among other bytes
+    end = len(data) - len(after)
+    r = p.decode_read_range(msg.request_id, data, len(before), end)
+    assert (r.status, r.ledger_id, r.first_entry_id) == (msg.status, msg.ledger_id, msg.first_entry_id)
+    assert tuple(data[r.bounds[k] : r.bounds[k + 1]] for k in range(0, len(r.bounds), 2)) == msg.entries
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(blob, max_size=4),
+    st.integers(min_value=0, max_value=2000),
+    st.integers(0, 255),
+    st.binary(max_size=8),
+)
+def test_decode_read_range_of_mutated_bodies_raises_only_protocol_error(
+    entries: list[bytes], pos: int, byte: int, after: bytes
+) -> None:
+    frame = p.encode(
+        p.ReadRangeResponse(
+            request_id=1, status=p.Status.OK, ledger_id=1, first_entry_id=0, entries=tuple(entries)
+        )
+    )
+    body = bytearray(frame[4 + p.FRAME_HEADER.size :])
+    body[pos % len(body)] = byte
+    data = bytes(body) + after
+    try:
+        r = p.decode_read_range(1, data, 0, len(body))
+    except p.ProtocolError:
+        return
+    assert all(r.bounds[k] <= r.bounds[k + 1] <= len(body) for k in range(0, len(r.bounds), 2))
+
+
+def test_leading_add_responses_leave_a_buffer_of_other_frames_alone() -> None:
+    rng = p.encode(
+        p.ReadRangeResponse(
+            request_id=9, status=p.Status.OK, ledger_id=1, first_entry_id=0, entries=(b"x" * 5000,)
+        )
+    )
+    ack = p.encode_add_response(1, p.Status.OK, 1, 0)
+    dec = p.FrameDecoder()
+    dec.feed(rng + ack)
+    assert dec.take_leading_add_responses() == [] and dec.buffered == len(rng) + len(ack)
+    dec = p.FrameDecoder()
+    dec.feed(ack * 3 + rng + ack)
+    assert [r[4] for r in dec.take_leading_add_responses()] == [1, 1, 1]
+    assert dec.buffered == len(rng) + len(ack)
