@@ -172,14 +172,14 @@ def check(
     for c in cons:
         place(c.partition, c.msg_id, c.value, f"received by {c.subscription}/{c.consumer}")
         stored_at[c.value].add((c.partition, c.msg_id))
-        p = by_value.get(c.value)
-        if p is None:
+        sent = by_value.get(c.value)
+        if sent is None:
             v(
                 "phantom",
                 f"{c.subscription}/{c.consumer} received {c.value!r} at {_fmt(c.msg_id)}: never sent",
             )
-        elif p.key != c.key:
-            v("wrong_key", f"{c.value!r} sent with key {p.key!r}, received with key {c.key!r}")
+        elif sent.key != c.key:
+            v("wrong_key", f"{c.value!r} sent with key {sent.key!r}, received with key {c.key!r}")
 
     # -- at least once per durable subscription, at the acknowledged id -----------------------------------
     received: dict[str, dict[str, set[tuple[int, MsgId]]]] = defaultdict(lambda: defaultdict(set))
