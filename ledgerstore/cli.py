@@ -1,4 +1,4 @@
-"""The ``ledgerstore`` command: one console script, subcommands per component (ARCHITECTURE §3).
+"""The ``ledgerstore`` command: one console script, subcommands per component (docs/architecture.md §3).
 
 Every command takes ``--zk`` (default ``$LEDGERSTORE_ZK`` or ``127.0.0.1:2181``) and ``--json``, prints human
 output by default, and exits non-zero with a one-line reason on error (``CommandError`` or any error of ours).

@@ -9,8 +9,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 SKIP_DIRS = {".venv", ".git", "__pycache__", "node_modules", "build", "dist"}
@@ -30,15 +28,6 @@ OUTSIDE_REF = re.compile(
     )
 )
 
-#: Files other work is editing right now; their references are fixed there. Remove an entry once the file is clean.
-BEING_EDITED = (
-    "ledgerstore/cli.py",
-    "zk/layout.py",
-    "ledger_client/client.py",
-    "topic_broker/",
-    "spark/",
-)
-
 
 def _text_files() -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(ROOT):
@@ -50,10 +39,6 @@ def _text_files() -> Iterator[Path]:
 
 def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
-
-
-def _being_edited(rel: str) -> bool:
-    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in BEING_EDITED)
 
 
 def _sections() -> tuple[set[int], set[int]]:
@@ -90,30 +75,12 @@ def test_every_reference_to_the_architecture_names_an_existing_section() -> None
     assert not bad, "references to sections docs/architecture.md does not have:\n" + "\n".join(bad)
 
 
-def _outside_references(being_edited: bool) -> list[str]:
+def test_no_file_refers_to_documents_outside_the_repository() -> None:
     found = []
     for path in _text_files():
-        rel = _rel(path)
-        if _being_edited(rel) != being_edited:
-            continue
         for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             if OUTSIDE_REF.search(line):
-                found.append(f"{rel}:{lineno}: {line.strip()}")
-    return found
-
-
-def test_no_file_refers_to_documents_outside_the_repository() -> None:
-    found = _outside_references(being_edited=False)
-    assert not found, "cite docs/architecture.md instead:\n" + "\n".join(found)
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="ledgerstore/cli.py and zk/layout.py still cite the design document from outside the repository; "
-    "they are being edited by the broker and CLI work, which replaces those references",
-)
-def test_files_being_edited_refer_to_no_document_outside_the_repository() -> None:
-    found = _outside_references(being_edited=True)
+                found.append(f"{_rel(path)}:{lineno}: {line.strip()}")
     assert not found, "cite docs/architecture.md instead:\n" + "\n".join(found)
 
 
