@@ -23,27 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from ledgerstore.cluster import BrokerProcess, free_port
 from tests.faults.broker_checker import check
-from tests.faults.broker_workload import BrokerNemesis, TopicWorkload, draw_schedule
+from tests.faults.broker_workload import BrokerNemesis, TopicWorkload, draw_schedule, start_broker
 
 pulsar = pytest.importorskip("pulsar")
 
 SESSION_TIMEOUT_S = 4.0
 PARTITIONS = 3
-
-
-def start_broker(bookies, tmp: Path) -> BrokerProcess:
-    port = free_port()
-    bp = BrokerProcess(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=port,
-        http_port=free_port(),
-        extra_args=["--zk-session-timeout-s", f"{SESSION_TIMEOUT_S:g}"],
-        log_path=tmp / f"broker-{port}.log",
-    )
-    return bp.start(wait=False)
 
 
 def create_partitioned(bookies, topic: str, n: int) -> None:
@@ -71,7 +57,7 @@ def test_broker_faults(bookies, tmp_path: Path, capsys: pytest.CaptureFixture[st
         print(f"\nbroker nemesis seed={seed}: " + "; ".join(map(str, schedule)))
     t_begin = time.monotonic()
     bookies.start_many(3)
-    brokers = [start_broker(bookies, tmp_path) for _ in range(2)]
+    brokers = [start_broker(bookies, tmp_path, SESSION_TIMEOUT_S) for _ in range(2)]
     for bp in brokers:
         bp.wait_ready(60)
     topic = f"faults-{uuid.uuid4().hex[:8]}"

@@ -13,26 +13,12 @@ from typing import Any
 
 import pytest
 
-from ledgerstore.cluster import BrokerProcess, free_port
 from tests.faults.broker_checker import Consume, Produce, check
-from tests.faults.broker_workload import msg_id_of
+from tests.faults.broker_workload import msg_id_of, start_broker
 
 pulsar = pytest.importorskip("pulsar")
 
 SESSION_TIMEOUT_S = 4.0
-
-
-def start_broker(bookies, tmp: Path) -> BrokerProcess:
-    port = free_port()
-    bp = BrokerProcess(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=port,
-        http_port=free_port(),
-        extra_args=["--zk-session-timeout-s", f"{SESSION_TIMEOUT_S:g}"],
-        log_path=tmp / f"broker-{port}.log",
-    )
-    return bp.start(wait=False)
 
 
 def zk_read(bookies, fn: Any) -> Any:
@@ -94,7 +80,10 @@ class Sender:
 @pytest.mark.timeout(150)
 def test_owner_cut_from_zookeeper_is_fenced_and_acknowledges_nothing_more(bookies, tmp_path: Path) -> None:
     bookies.start_many(3)
-    brokers = [start_broker(bookies, tmp_path), start_broker(bookies, tmp_path)]
+    brokers = [
+        start_broker(bookies, tmp_path, SESSION_TIMEOUT_S),
+        start_broker(bookies, tmp_path, SESSION_TIMEOUT_S),
+    ]
     for bp in brokers:
         bp.wait_ready(60)
     topic = f"split-{uuid.uuid4().hex[:8]}"
