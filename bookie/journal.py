@@ -458,6 +458,10 @@ class Journal:
         self._fsync: Callable[[int], None] = os.fdatasync if fsync else _no_fsync
         self._fsync_dir: Callable[[Path], None] = _fsync_dir if fsync else _no_fsync_dir
         self._on_sync = on_sync
+        #: told of every failure: ``on_error(exc, False)`` when a batch's write or fsync failed (its records'
+        #: callbacks got ``exc``), ``on_error(exc, True)`` when a completion callback raised on a durable record
+        #: (that callback was then called again with ``exc``, so its request is answered with an error)
+        self.on_error: Callable[[BaseException, bool], None] | None = None
         self.stats: dict[str, float] = {
             "records": 0,  # records acknowledged (done(None))
             "bytes": 0,  # bytes written and synced
@@ -938,8 +942,8 @@ class Journal:
             for cb in cbs:
                 try:
                     cb(None)
-                except Exception:
-                    logger.exception("journal: completion callback failed")
+                except Exception as cb_exc:
+                    self._callback_failed(cb, cb_exc)
             if self._on_sync is not None:
                 try:
                     self._on_sync(nbytes, dt)
@@ -967,6 +971,7 @@ class Journal:
                     cb(exc)
                 except Exception:
                     logger.exception("journal: completion callback failed")
+            self._report(exc, False)
         self._finished += n
         if self._waiters:
             done_upto = self._finished
@@ -979,6 +984,27 @@ class Journal:
                     keep.append((target, w))
             self._waiters = keep
         self._maybe_next()
+
+    def _callback_failed(self, cb: Done, exc: Exception) -> None:
+        """A completion callback raised on a durable record (storing it failed): never a silent hang. The callback
+        is called again with the error, so whatever it answers is an error (it had not answered yet: answering is
+        its last step), and ``on_error`` is told."""
+        self.stats["callback_errors"] = self.stats.get("callback_errors", 0) + 1
+        logger.error(
+            "journal: completion callback failed on a durable record: %r; answering it with the error", exc
+        )
+        try:
+            cb(exc)
+        except Exception:
+            logger.exception("journal: completion callback failed again with the error")
+        self._report(exc, True)
+
+    def _report(self, exc: BaseException, in_callback: bool) -> None:
+        if self.on_error is not None:
+            try:
+                self.on_error(exc, in_callback)
+            except Exception:
+                logger.exception("journal: on_error hook failed")
 
     def _maybe_next(self) -> None:
         if self._io_busy or not self._buf_len:

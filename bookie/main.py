@@ -7,7 +7,15 @@ Start-up order matters for safety:
 2. replay the journal into ledger storage (every acked entry, fence and master key comes back), then checkpoint;
 3. listen, and only then register as available (or read-only) in ZooKeeper.
 
-Shutdown (SIGTERM/SIGINT) reverses it: unregister, stop serving, flush and close the journal, checkpoint.
+Shutdown (SIGTERM/SIGINT) reverses it: unregister, stop serving, flush and close the journal, checkpoint. A garbage
+collection pass stops at its next step (a stopping bookie deletes nothing more), and the admin HTTP server waits
+at most ``HTTP_STOP_TIMEOUT_S`` for its requests: SIGTERM exits within seconds.
+
+Failing loudly: a storage write that fails (in the journal's completion of an add, in a deferred commit, in a
+checkpoint) or a journal write that fails other than for a full disk *fails* the bookie: it answers what it can
+with INTERNAL, goes read-only and re-registers so, drops its client connections once (so no request whose
+reply was lost hangs), reports ``/health`` 503 with the reason and ``bookie_failed 1``, and stays so until it
+is restarted (the restart replays the journal). It never stays registered writable while its adds go unanswered.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import shutil
@@ -29,7 +38,9 @@ from typing import Any
 
 from aiohttp import web
 
+from . import server as srv
 from .core import BookieCore
+from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
 from .journal import Journal
 from .server import BookieServer, ServerLimits, admin_app, register_core_metrics
 from .storage import MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
@@ -43,6 +54,8 @@ def _gauge(read: Callable[[], dict[str, int]], key: str) -> float:
 
 EXIT_COOKIE_MISMATCH = 3
 ZK_STOP_TIMEOUT_S = 2.0
+HTTP_STOP_TIMEOUT_S = 2.0  # admin requests still running at shutdown get this long
+GC_STOP_TIMEOUT_S = 10.0  # a ledger deletion under way at shutdown gets this long before storage closes
 REGISTER_RETRY_S = 30.0  # how long registration retries while ZooKeeper is unreachable
 
 
@@ -65,8 +78,16 @@ class BookieConfig:
     disk_check_interval_s: float = 1.0
     gc_interval_s: float = 60.0
     checkpoint_interval_s: float = 10.0
-    partial_frame_timeout_s: float = 30.0
-    inflight_max: int = 10_000
+    partial_frame_timeout_s: float = srv.DEFAULT_PARTIAL_FRAME_TIMEOUT_S
+    inflight_max: int = srv.DEFAULT_INFLIGHT_MAX
+    frame_grace_s: float = srv.DEFAULT_FRAME_GRACE_S
+    frame_rate_min_kib: int = srv.DEFAULT_FRAME_RATE_MIN // 1024
+    idle_timeout_s: float = srv.DEFAULT_IDLE_TIMEOUT_S
+    connections_max: int = srv.DEFAULT_CONNECTIONS_MAX
+    connections_per_peer_max: int = srv.DEFAULT_CONNECTIONS_PER_PEER_MAX
+    connection_write_buffer_mb: int = srv.DEFAULT_WRITE_BUFFER_MAX // 2**20
+    inflight_bytes_max_mb: int = srv.DEFAULT_INFLIGHT_BYTES_MAX // 2**20
+    gc_deletions_max: int = DEFAULT_GC_DELETIONS_MAX
     journal_dir_override: Path | None = None  # put the journal on its own device (BookKeeper's advice)
     write_buffer_mb: int = 64  # RocksDB memtable size (up to 8 of them): acked entries held before a flush
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
@@ -106,6 +127,10 @@ class Bookie:
         self._registered_readonly: bool | None = None
         self.started_at = time.time()
         self.instance_id = ""
+        self.collector: LedgerCollector | None = None
+        self.stopping = False
+        self.failed = ""  # why the bookie failed (storage or journal error); empty while it has not
+        self.failures = 0
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -119,8 +144,15 @@ class Bookie:
 
         loop = asyncio.get_running_loop()
 
+        def guarded(fn: Callable[[], object]) -> None:
+            try:
+                fn()
+            except Exception as e:  # a deferred storage write failed: its replies are lost; fail loudly
+                self.fail(f"storage write failed: {e!r}")
+
         def schedule(delay_s: float, fn: Any) -> Any:
-            return loop.call_soon(fn) if delay_s <= 0 else loop.call_later(delay_s, fn)
+            call = functools.partial(guarded, fn)
+            return loop.call_soon(call) if delay_s <= 0 else loop.call_later(delay_s, call)
 
         self.storage = RocksLedgerStorage(
             cfg.ledger_dir,
@@ -138,6 +170,7 @@ class Bookie:
             fsync=cfg.fsync,
             on_sync=self._on_sync,
         )
+        self.journal.on_error = self._on_journal_error
         # keep old journal segments to write over only while the disk has room to spare
         self.journal.may_reuse = lambda: self._disk_usage() < cfg.disk_usage_lwm
         self.core = BookieCore(
@@ -168,15 +201,36 @@ class Bookie:
         self._update_readonly(initial=True)
 
         limits = ServerLimits(
-            inflight_max=cfg.inflight_max, partial_frame_timeout_s=cfg.partial_frame_timeout_s
+            inflight_max=cfg.inflight_max,
+            partial_frame_timeout_s=cfg.partial_frame_timeout_s,
+            frame_grace_s=cfg.frame_grace_s,
+            frame_rate_min=cfg.frame_rate_min_kib * 1024,
+            idle_timeout_s=cfg.idle_timeout_s,
+            connections_max=cfg.connections_max,
+            connections_per_peer_max=cfg.connections_per_peer_max,
+            write_buffer_max=cfg.connection_write_buffer_mb * 2**20,
+            inflight_bytes_max=cfg.inflight_bytes_max_mb * 2**20,
         )
         self.server = BookieServer(self.core, limits)
+        core = self.core
+        self.collector = LedgerCollector(
+            metadata=ZkMetadataView(self.store),
+            local=lambda: core.ledgers,
+            delete=core.delete_ledger,
+            deletions_max=cfg.gc_deletions_max,
+            bookie_id=cfg.id,
+        )
         journal = self.journal
         register_core_metrics(self.server, lambda: journal.stats)
         self._register_storage_metrics()
+        self._register_safety_metrics()
         await self.server.listen(cfg.listen_address or cfg.advertised_address, cfg.port)
-        app = admin_app(self.server, self.info, gc=self.gc_now)
-        self._http = web.AppRunner(app, access_log=None)
+        app = admin_app(self.server, self.info, gc=self.gc_now, failure=lambda: self.failed)
+        # handler_cancellation: a GC request whose caller went away stops; shutdown_timeout: SIGTERM does not
+        # wait a minute for admin requests
+        self._http = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=HTTP_STOP_TIMEOUT_S
+        )
         await self._http.setup()
         await web.TCPSite(self._http, cfg.listen_address or cfg.advertised_address, cfg.http_port).start()
 
@@ -239,6 +293,44 @@ class Bookie:
             "uptime_s": round(time.time() - self.started_at, 1),
             "journal": dict(self.journal.stats),
         }
+
+    def _register_safety_metrics(self) -> None:
+        assert self.server is not None and self.collector is not None
+        m = self.server.metrics
+        gc = self.collector.stats
+        m.gauge(
+            "bookie_failed", "1 once a storage or journal error failed the bookie (restart it)", self._failed
+        )
+        m.counter(
+            "bookie_storage_failures_total",
+            "Storage and journal write errors that failed the bookie",
+            self._fails,
+        )
+        for name, attr, help_text in (
+            ("passes", "passes", "Garbage collection passes over deleted ledgers"),
+            ("deleted_ledgers", "deleted", "Ledgers deleted because their own znode is gone"),
+            (
+                "refused",
+                "refused",
+                "GC passes refused: the ledgers node was missing or empty while this bookie stores ledgers",
+            ),
+            (
+                "listed_short",
+                "listed_short",
+                "Ledgers missing from a metadata listing whose znode exists on a direct read (kept)",
+            ),
+            ("in_use", "in_use", "GC candidates kept because they were written or fenced since the snapshot"),
+            ("bound_hits", "bound_hits", "GC passes that stopped at --gc-deletions-max"),
+            ("stopped", "stopped", "GC passes stopped because the bookie stopped or the caller went away"),
+            ("errors", "errors", "GC passes stopped by a metadata error"),
+        ):
+            m.counter(f"bookie_gc_{name}_total", help_text, functools.partial(getattr, gc, attr))
+
+    def _failed(self) -> float:
+        return 1.0 if self.failed else 0.0
+
+    def _fails(self) -> float:
+        return float(self.failures)
 
     def _register_storage_metrics(self) -> None:
         assert self.server is not None and self.storage is not None
@@ -321,7 +413,7 @@ class Bookie:
         usage = self._disk_usage()
         if not self.core.readonly and usage >= self.config.disk_usage_threshold:
             self._set_readonly(True, f"disk usage {usage:.1%} >= {self.config.disk_usage_threshold:.0%}")
-        elif self.core.readonly and usage < self.config.disk_usage_lwm:
+        elif self.core.readonly and usage < self.config.disk_usage_lwm and not self.failed:
             self._set_readonly(False, f"disk usage {usage:.1%} < {self.config.disk_usage_lwm:.0%}")
 
     def _set_readonly(self, readonly: bool, why: str) -> None:
@@ -367,37 +459,72 @@ class Bookie:
     async def checkpoint(self) -> None:
         """Flush ledger storage, then let the journal forget what storage now holds."""
         assert self.core is not None and self.journal is not None and self.storage is not None
-        self.core.flush_pending()
-        mark = self.journal.mark
-        await asyncio.to_thread(self.storage.flush)
+        try:
+            self.core.flush_pending()
+            mark = self.journal.mark
+            await asyncio.to_thread(self.storage.flush)
+        except Exception as e:
+            self.fail(f"storage flush failed: {e!r}")
+            raise
         await asyncio.to_thread(self.journal.checkpoint, mark)
 
+    # ------------------------------------------------------------------------------------------ failing
+    def _on_journal_error(self, exc: BaseException, in_callback: bool) -> None:
+        """The journal's report: a write or fsync failed (``in_callback`` False), or a completion callback (a
+        storage write of a durable add) raised and was answered with the error (True)."""
+        from .core import _is_enospc
+
+        if not in_callback and _is_enospc(exc):
+            return  # a full disk: read-only until space comes back (the disk check), not a failure
+        what = "storage write after the journal failed" if in_callback else "journal write failed"
+        self.fail(f"{what}: {exc!r}")
+
+    def fail(self, why: str) -> None:
+        """A storage or journal error: read-only, unhealthy, re-registered so, connections dropped once (see the
+        module docstring)."""
+        self.failures += 1
+        if self.failed:
+            log.error("bookie=%s failed again: %s", self.config.id, why)
+            return
+        self.failed = why
+        log.error("bookie=%s FAILED, now read-only and unhealthy until restarted: %s", self.config.id, why)
+        if self.core is not None:
+            self._set_readonly(True, why)
+        if self.server is not None:
+            for c in list(self.server.connections):
+                c._abort()
+
+    # ------------------------------------------------------------------------------------------ gc
     async def gc(self) -> None:
         """Delete ledgers that no longer exist in metadata, then collect blob garbage if enough has built up."""
-        await self._delete_absent_ledgers()
+        result = await self._collect_ledgers(lambda: False)
+        if result.refused or result.stopped or self.stopping:
+            return
         assert self.storage is not None
         await asyncio.to_thread(self.storage.collect_blob_garbage)
 
-    async def _delete_absent_ledgers(self) -> None:
-        """Snapshot local ids first, then read metadata: a ledger created meanwhile is never collected."""
-        assert self.core is not None
-        from zk import LedgerMetadataStore
+    async def _collect_ledgers(self, caller_gone: Callable[[], bool]) -> GcPass:
+        assert self.collector is not None
+        return await self.collector.run_pass(lambda: self.stopping or caller_gone())
 
-        local = set(self.core.ledgers)
-        if local:
-            existing = set(await asyncio.to_thread(LedgerMetadataStore(self.store).list))
-            for lid in sorted(local - existing):
-                log.info("bookie=%s gc: deleting ledger %d (absent from metadata)", self.config.id, lid)
-                await asyncio.to_thread(self.core.delete_ledger, lid)
-
-    async def gc_now(self) -> dict[str, Any]:
+    async def gc_now(self, caller_gone: Callable[[], bool] = lambda: False) -> dict[str, Any]:
         """The admin API's ``PUT /api/v1/gc``: a garbage-collection round now, with a blob garbage pass whenever
-        the blob files hold any garbage, and what it did."""
+        the blob files hold any garbage, and what it did. Stops when its caller goes away or the bookie stops."""
         assert self.storage is not None
-        await self._delete_absent_ledgers()
-        done = await asyncio.to_thread(self.storage.collect_blob_garbage, force=True)
+        result = await self._collect_ledgers(caller_gone)
+        if result.refused:
+            body = {"error": f"gc refused: {result.refused}", "ledgers": result.as_dict()}
+            raise web.HTTPConflict(text=json.dumps(body), content_type="application/json")
+        done = None
+        if not (result.stopped or self.stopping or caller_gone()):
+            done = await asyncio.to_thread(self.storage.collect_blob_garbage, force=True)
         stored, garbage = self.storage.blob_garbage()
-        out: dict[str, Any] = {"stored_bytes": stored, "blob_garbage_bytes": garbage, "blob_gc_pass": None}
+        out: dict[str, Any] = {
+            "stored_bytes": stored,
+            "blob_garbage_bytes": garbage,
+            "blob_gc_pass": None,
+            "ledgers": result.as_dict(),
+        }
         if done is not None:
             out["blob_gc_pass"] = {
                 "stored_bytes_before": done.stored_bytes_before,
@@ -421,11 +548,14 @@ class Bookie:
     async def stop(self) -> None:
         cfg = self.config
         log.info("bookie=%s shutting down", cfg.id)
+        self.stopping = True  # a GC pass deletes nothing more
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self.collector is not None and not await self.collector.wait_idle(GC_STOP_TIMEOUT_S):
+            log.warning("bookie=%s a ledger deletion is still running after %.0fs", cfg.id, GC_STOP_TIMEOUT_S)
         if self.registry is not None:
             await _bounded(lambda: self.registry.unregister(cfg.id), ZK_STOP_TIMEOUT_S, "unregistering")
         if self.server is not None:
@@ -501,6 +631,77 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         storage_blob_files=getattr(args, "storage_blob_files", "auto"),
         storage_blob_gc_ratio=getattr(args, "storage_blob_gc_ratio", 0.5),
         storage_blob_gc_min_mb=getattr(args, "storage_blob_gc_min_mb", 64),
+        frame_grace_s=getattr(args, "frame_grace_s", srv.DEFAULT_FRAME_GRACE_S),
+        frame_rate_min_kib=getattr(args, "frame_rate_min_kib", srv.DEFAULT_FRAME_RATE_MIN // 1024),
+        idle_timeout_s=getattr(args, "idle_timeout_s", srv.DEFAULT_IDLE_TIMEOUT_S),
+        connections_max=getattr(args, "connections_max", srv.DEFAULT_CONNECTIONS_MAX),
+        connections_per_peer_max=getattr(
+            args, "connections_per_peer_max", srv.DEFAULT_CONNECTIONS_PER_PEER_MAX
+        ),
+        connection_write_buffer_mb=getattr(
+            args, "connection_write_buffer_mb", srv.DEFAULT_WRITE_BUFFER_MAX // 2**20
+        ),
+        inflight_bytes_max_mb=getattr(args, "inflight_bytes_max_mb", srv.DEFAULT_INFLIGHT_BYTES_MAX // 2**20),
+        gc_deletions_max=getattr(args, "gc_deletions_max", DEFAULT_GC_DELETIONS_MAX),
+    )
+
+
+def add_limit_arguments(serve: argparse.ArgumentParser) -> None:
+    """``bookie serve``'s protections and limits (docs/operations.md, "Protections and limits")."""
+    a = serve.add_argument
+    a(
+        "--connections-max",
+        type=int,
+        default=srv.DEFAULT_CONNECTIONS_MAX,
+        help=f"client connections at most; one more is closed at once (default {srv.DEFAULT_CONNECTIONS_MAX})",
+    )
+    a(
+        "--connections-per-peer-max",
+        type=int,
+        default=srv.DEFAULT_CONNECTIONS_PER_PEER_MAX,
+        help="client connections from one IP address at most "
+        f"(default {srv.DEFAULT_CONNECTIONS_PER_PEER_MAX})",
+    )
+    a(
+        "--idle-timeout-s",
+        type=float,
+        default=srv.DEFAULT_IDLE_TIMEOUT_S,
+        help="close a connection that sent nothing and has nothing in flight this long; 0: never "
+        f"(default {srv.DEFAULT_IDLE_TIMEOUT_S:.0f})",
+    )
+    a(
+        "--frame-grace-s",
+        type=float,
+        default=srv.DEFAULT_FRAME_GRACE_S,
+        help="a started frame may take this long plus one second per --frame-rate-min-kib KiB of it "
+        f"(default {srv.DEFAULT_FRAME_GRACE_S:.0f})",
+    )
+    a(
+        "--frame-rate-min-kib",
+        type=int,
+        default=srv.DEFAULT_FRAME_RATE_MIN // 1024,
+        help="KiB/s a partial frame must average after --frame-grace-s; 0: no minimum "
+        f"(default {srv.DEFAULT_FRAME_RATE_MIN // 1024})",
+    )
+    a(
+        "--connection-write-buffer-mb",
+        type=int,
+        default=srv.DEFAULT_WRITE_BUFFER_MAX // 2**20,
+        help="unsent reply MiB per connection before its further requests wait "
+        f"(default {srv.DEFAULT_WRITE_BUFFER_MAX // 2**20})",
+    )
+    a(
+        "--inflight-bytes-max-mb",
+        type=int,
+        default=srv.DEFAULT_INFLIGHT_BYTES_MAX // 2**20,
+        help="MiB the whole bookie holds for peers (unsent replies, adds in flight, partial frames) before "
+        f"connections holding any stop being read (default {srv.DEFAULT_INFLIGHT_BYTES_MAX // 2**20})",
+    )
+    a(
+        "--gc-deletions-max",
+        type=int,
+        default=DEFAULT_GC_DELETIONS_MAX,
+        help=f"ledgers one garbage collection pass deletes at most (default {DEFAULT_GC_DELETIONS_MAX})",
     )
 
 

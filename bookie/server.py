@@ -4,7 +4,21 @@ One ``BookieConnection`` per client connection: frames are decoded in batches as
 goes to the core, and replies are coalesced into one ``transport.write`` per loop iteration. Limits:
 
 * a malformed, oversized or wrong-version frame closes that connection (logged with the peer and reason);
-* a partial frame that makes no progress for ``partial_frame_timeout_s`` closes the connection (slow loris);
+* a partial frame that makes no progress for ``partial_frame_timeout_s`` closes the connection (slow loris), and
+  so does one that arrives slower than ``frame_rate_min`` bytes/s on average after ``frame_grace_s``: a frame of
+  S bytes has at most ``frame_grace_s + S / frame_rate_min`` seconds, so a byte every few seconds no longer
+  keeps a 5 MiB partial frame alive;
+* a connection sending nothing with nothing in flight for ``idle_timeout_s`` is closed;
+* at most ``connections_max`` connections, and ``connections_per_peer_max`` from one peer address: one more is
+  closed at once with a logged reason (``bookie_connections_refused_total``);
+* per connection, requests are decoded and answered only while the replies not yet sent (ours and the
+  transport's buffer) are below ``write_buffer_max``: reads whose replies pile up because the peer does not read
+  them wait, still undecoded, and the connection is not read meanwhile. Each reply exists once: frames are
+  joined only when small, a large one is handed to the transport as it is;
+* a global budget, ``inflight_bytes_max`` per bookie, of bytes held on behalf of peers: unsent replies, adds
+  between receipt and reply, partial frames. While it is spent, a connection holding any of those is not read
+  (it goes on once its own share is zero or the budget has room again); a connection holding nothing is read,
+  so an honest client keeps being served while others hold the budget;
 * back-pressure first: with ``inflight_max / 2`` requests in flight on a connection we stop reading it, and
   resume at ``inflight_max / 4`` (BookKeeper's bookie also stops reading rather than refusing adds); the
   client's socket buffers fill and its writes wait. Only requests beyond ``inflight_max`` that arrived in
@@ -17,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -31,6 +45,16 @@ log = logging.getLogger("ledgerstore.bookie.server")
 
 DEFAULT_INFLIGHT_MAX = 10_000
 DEFAULT_PARTIAL_FRAME_TIMEOUT_S = 30.0
+DEFAULT_FRAME_GRACE_S = 5.0
+DEFAULT_FRAME_RATE_MIN = 256 * 1024  # bytes/s a started frame must average after the grace
+DEFAULT_IDLE_TIMEOUT_S = 900.0
+DEFAULT_CONNECTIONS_MAX = 4096
+DEFAULT_CONNECTIONS_PER_PEER_MAX = 256
+DEFAULT_WRITE_BUFFER_MAX = 8 * 1024 * 1024  # unsent reply bytes per connection before we stop decoding
+DEFAULT_INFLIGHT_BYTES_MAX = 256 * 1024 * 1024  # bytes held for peers, whole bookie
+_JOIN_MAX = 64 * 1024  # replies up to this size are joined into one write; larger ones are written alone
+_HELD_SMALL = 64 * 1024  # a partial frame below this does not count as holding the budget
+_LOG_REFUSALS_EVERY_S = 5.0
 
 _ADD_BODY = p.struct.Struct(f">Qq{p.MASTER_KEY_LEN}s")
 
@@ -40,6 +64,20 @@ class ServerLimits:
     inflight_max: int = DEFAULT_INFLIGHT_MAX
     partial_frame_timeout_s: float = DEFAULT_PARTIAL_FRAME_TIMEOUT_S
     frame_size_max: int = p.FRAME_SIZE_MAX
+    frame_grace_s: float = DEFAULT_FRAME_GRACE_S
+    frame_rate_min: int = DEFAULT_FRAME_RATE_MIN  # 0: no minimum rate
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # 0: never
+    connections_max: int = DEFAULT_CONNECTIONS_MAX
+    connections_per_peer_max: int = DEFAULT_CONNECTIONS_PER_PEER_MAX
+    write_buffer_max: int = DEFAULT_WRITE_BUFFER_MAX
+    inflight_bytes_max: int = DEFAULT_INFLIGHT_BYTES_MAX
+
+    def frame_overdue(self, buffered: int, elapsed_s: float) -> bool:
+        """Whether a frame started ``elapsed_s`` ago, of which ``buffered`` bytes arrived, is too slow: it had
+        ``frame_grace_s`` plus one second per ``frame_rate_min`` bytes so far (pure; unit-tested)."""
+        if not self.frame_rate_min or not buffered:
+            return False
+        return elapsed_s > self.frame_grace_s + buffered / self.frame_rate_min
 
 
 def error_response(op: int, rid: int, status: p.Status, ledger_id: int = 0, entry_id: int = -1) -> bytes:
@@ -65,18 +103,32 @@ class BookieConnection(asyncio.Protocol):
     def __init__(self, server: BookieServer) -> None:
         self.server = server
         self.core = server.core
+        self.limits = server.limits
         self.decoder = p.FrameDecoder(server.limits.frame_size_max)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.peer_host = "?"
         self.inflight = 0
         self._pause_at = max(1, server.limits.inflight_max // 2)
         self._resume_at = self._pause_at // 2
         self._paused_inflight = False  # reading paused: too many requests in flight
         self._paused_writing = False  # reading paused: the peer does not read our replies
+        self._paused_budget = False  # reading paused: the bookie's in-flight byte budget is spent
+        self._reading = True
         self._out: list[bytes] = []
+        self._out_bytes = 0  # bytes in _out
         self._flush_scheduled = False
         self._closed = False
-        self._last_progress = time.monotonic()
+        self._refused = False
+        # frames decoded but not yet handled because our unsent replies reached write_buffer_max
+        self._stalled: Iterator[tuple[int, int, int, bytes, int, int]] | None = None
+        self._adds_bytes = 0  # bytes of adds received and not yet answered
+        self._charged = 0  # what this connection counts against the server's budget now
+        now = time.monotonic()
+        self._last_progress = now
+        self._last_activity = now
+        self._frame_started = 0.0  # when the partial frame in the decoder started (0: none)
+        self._frame_paused_s = 0.0  # of its time, how long we were not reading for our own reasons
         self._loop = asyncio.get_running_loop()
         self._watchdog: asyncio.TimerHandle | None = None
 
@@ -86,90 +138,172 @@ class BookieConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.transport.set_write_buffer_limits(high=8 * 1024 * 1024)
-        self.server.connections.add(self)
+        self.peer_host = str(peer[0]) if peer else "?"
+        why = self.server.admit(self)
+        if why:
+            self._refused = True
+            self._closed = True
+            self.transport.abort()
+            return
+        high = self.limits.write_buffer_max
+        self.transport.set_write_buffer_limits(high=high, low=high // 4)
         self._arm_watchdog()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self.server.connections.discard(self)
+        self._stalled = None
+        self._out.clear()
+        self._out_bytes = 0
+        self._adds_bytes = 0
+        if not self._refused:
+            self.server.release(self)
+        self._set_charge(0)
         if self._watchdog is not None:
             self._watchdog.cancel()
 
     def pause_writing(self) -> None:
         self._paused_writing = True
-        if self.transport is not None and not self._paused_inflight:
-            self.transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._paused_writing = False
-        if self.transport is not None and not self._closed and not self._paused_inflight:
-            self.transport.resume_reading()
+        self._recharge()
+        if self._stalled is not None:
+            self._loop.call_soon(self._resume_stalled)
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read the socket unless one of the reasons not to holds."""
+        if self.transport is None or self._closed:
+            return
+        want = not (
+            self._paused_inflight or self._paused_writing or self._paused_budget or self._stalled is not None
+        )
+        if want != self._reading:
+            self._reading = want
+            if want:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
 
     def _done(self, count: int) -> None:
         """``count`` requests answered: resume reading once few enough are in flight."""
         self.inflight -= count
         if self._paused_inflight and self.inflight <= self._resume_at:
             self._paused_inflight = False
-            if self.transport is not None and not self._closed and not self._paused_writing:
-                self.transport.resume_reading()
+            self._update_reading()
 
     def data_received(self, data: bytes) -> None:
         dec = self.decoder
+        expect = dec.buffered + len(data)
         dec.feed(data)
-        core = self.core
-        server = self.server
-        limit = server.limits.inflight_max
+        self._last_activity = time.monotonic()
+        if self._stalled is not None:
+            return  # (a chunk the transport had read before it paused) handled after the stalled frames
         try:
             run = dec.take_add_run(ENTRY_HEAD)  # the whole chunk, when it is a run of same-size adds
             if run is not None:
                 self._submit_adds(*run)
                 if not dec.buffered:
                     return
-            adds: list[AddRow] = []
-            unpack_add = _ADD_BODY.unpack_from
-            add_body = _ADD_BODY.size
-            for op, flags, rid, buf, a, b in dec.frames_raw():
-                if op == p.OpCode.ADD_ENTRY:
-                    if b - a < add_body:
-                        raise p.ProtocolError("ADD_ENTRY: body too short")
-                    lid, eid, key = unpack_add(buf, a)
-                    adds.append((flags, rid, lid, eid, key, buf[a + add_body : b]))
-                    continue
-                if adds:
-                    self._submit_adds(adds)
-                    adds = []
-                if self.inflight >= limit:
-                    server.overloaded += 1
-                    self._write(error_response(op, rid, p.Status.TOO_MANY_REQUESTS))
-                    continue
-                req = p.decode_request(op, flags, rid, memoryview(buf)[a:b])
-                self.inflight += 1
-                core.handle(req, self._reply)
-            if adds:
-                self._submit_adds(adds)
+            self._handle_frames(dec.frames_raw())
         except p.ProtocolError as e:
-            server.malformed += 1
+            self.server.malformed += 1
             log.warning(
-                "bookie=%s closing connection from %s: malformed frame: %s", core.bookie_id, self.peer, e
+                "bookie=%s closing connection from %s: malformed frame: %s", self.core.bookie_id, self.peer, e
             )
             self._abort()
         except Exception:
             log.exception(
-                "bookie=%s internal error serving %s; closing that connection", core.bookie_id, self.peer
+                "bookie=%s internal error serving %s; closing that connection", self.core.bookie_id, self.peer
             )
             self._abort()
         finally:
-            self._last_progress = time.monotonic()
-            if self.inflight >= self._pause_at and not self._paused_inflight and not self._closed:
-                self._paused_inflight = True
-                server.backpressure_pauses += 1
-                if self.transport is not None and not self._paused_writing:
-                    self.transport.pause_reading()
+            self._after_input(dec.buffered < expect)
+
+    def _after_input(self, consumed: bool) -> None:
+        """After frames were taken from the decoder (``consumed``: at least one whole frame) or bytes added."""
+        now = time.monotonic()
+        self._last_progress = now
+        if self._closed:
+            return
+        if not self.decoder.buffered:
+            self._frame_started = 0.0
+        elif consumed or not self._frame_started:  # the partial frame left is a new one
+            self._frame_started = now
+            self._frame_paused_s = 0.0
+        if self.inflight >= self._pause_at and not self._paused_inflight:
+            self._paused_inflight = True
+            self.server.backpressure_pauses += 1
+        self._recharge()
+        self._update_reading()
+
+    def _handle_frames(self, frames: Iterator[tuple[int, int, int, bytes, int, int]]) -> None:
+        """Handle decoded frames until they run out, or until our unsent replies reach ``write_buffer_max``:
+        then the rest wait in ``_stalled`` (already decoded, so they are not lost) and reading stops."""
+        server = self.server
+        core = self.core
+        limit = self.limits.inflight_max
+        out_max = self.limits.write_buffer_max
+        transport = self.transport
+        adds: list[AddRow] = []
+        unpack_add = _ADD_BODY.unpack_from
+        add_body = _ADD_BODY.size
+        for op, flags, rid, buf, a, b in frames:
+            if op == p.OpCode.ADD_ENTRY:
+                if b - a < add_body:
+                    raise p.ProtocolError("ADD_ENTRY: body too short")
+                lid, eid, key = unpack_add(buf, a)
+                adds.append((flags, rid, lid, eid, key, buf[a + add_body : b]))
+                continue
+            if adds:
+                self._submit_adds(adds)
+                adds = []
+            if self.inflight >= limit:
+                server.overloaded += 1
+                self._write(error_response(op, rid, p.Status.TOO_MANY_REQUESTS))
+                continue
+            req = p.decode_request(op, flags, rid, memoryview(buf)[a:b])
+            self.inflight += 1
+            core.handle(req, self._reply)
+            if self._closed:
+                return
+            if transport is not None and self._out_bytes + transport.get_write_buffer_size() > out_max:
+                self._stalled = frames
+                server.write_stalls += 1
+                break
+        if adds:
+            self._submit_adds(adds)
+
+    def _resume_stalled(self) -> None:
+        """Our replies drained: handle the frames that waited, then what arrived meanwhile."""
+        frames = self._stalled
+        if frames is None or self._closed or self.transport is None:
+            return
+        if self._out_bytes + self.transport.get_write_buffer_size() > self.limits.write_buffer_max:
+            return  # not yet: resume_writing calls again
+        self._stalled = None
+        try:
+            self._handle_frames(frames)
+            if self._stalled is None and self.decoder.buffered:
+                self._handle_frames(self.decoder.frames_raw())
+        except p.ProtocolError as e:
+            self.server.malformed += 1
+            log.warning(
+                "bookie=%s closing connection from %s: malformed frame: %s", self.core.bookie_id, self.peer, e
+            )
+            self._abort()
+        except Exception:
+            log.exception(
+                "bookie=%s internal error serving %s; closing that connection", self.core.bookie_id, self.peer
+            )
+            self._abort()
+        finally:
+            self._after_input(True)
 
     def _submit_adds(self, rows: list[AddRow], heads: Sequence[tuple[int, int, int]] | None = None) -> None:
         server = self.server
-        room = server.limits.inflight_max - self.inflight
+        room = self.limits.inflight_max - self.inflight
         if len(rows) > room:  # over the per-connection bound: refuse the excess, keep the order of the rest
             room = max(0, room)
             server.overloaded += len(rows) - room
@@ -180,17 +314,49 @@ class BookieConnection(asyncio.Protocol):
             if not rows:
                 return
         n = len(rows)
+        nbytes = n * len(rows[0][5]) if heads is not None else sum(map(len, map(_ENTRY_OF, rows)))
         self.inflight += n
+        self._adds_bytes += nbytes
         server.adds_received += n
         t0 = time.perf_counter()
         hist = server.add_latency
 
         def reply(frames: bytes, count: int) -> None:
             hist.observe(time.perf_counter() - t0)
+            self._adds_bytes -= nbytes
             self._write(frames)
             self._done(count)
 
         self.core.add_entries(rows, reply, heads)
+
+    # the in-flight byte budget ---------------------------------------------------------------------------
+    def _holding(self) -> int:
+        out = self._out_bytes
+        if self.transport is not None and not self._closed:
+            out += self.transport.get_write_buffer_size()
+        buffered = self.decoder.buffered
+        return out + self._adds_bytes + (buffered if buffered >= _HELD_SMALL else 0)
+
+    def _recharge(self) -> None:
+        self._set_charge(self._holding())
+
+    def _set_charge(self, amount: int) -> None:
+        server = self.server
+        if amount != self._charged:
+            server.held_bytes += amount - self._charged
+            self._charged = amount
+        over = server.held_bytes > self.limits.inflight_bytes_max
+        if over and amount and not self._paused_budget and not self._closed:
+            self._paused_budget = True
+            server.budget_pauses += 1
+            server.budget_waiting.add(self)
+            self._update_reading()
+        elif self._paused_budget and (not amount or not over):
+            self._paused_budget = False
+            server.budget_waiting.discard(self)
+            self._update_reading()
+        if not over and server.budget_waiting:
+            server.wake_budget_waiters()
 
     # replies -------------------------------------------------------------------------------------------
     def _reply(self, frame: bytes) -> None:
@@ -201,6 +367,7 @@ class BookieConnection(asyncio.Protocol):
         if self._closed:
             return
         self._out.append(frame)
+        self._out_bytes += len(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -209,9 +376,31 @@ class BookieConnection(asyncio.Protocol):
         self._flush_scheduled = False
         if self._closed or self.transport is None:
             self._out.clear()
+            self._out_bytes = 0
             return
         out, self._out = self._out, []
-        self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        total, self._out_bytes = self._out_bytes, 0
+        write = self.transport.write
+        if len(out) == 1:
+            write(out[0])
+        elif total <= _JOIN_MAX:
+            write(b"".join(out))
+        else:  # never a second copy of large replies: small ones joined, large ones written as they are
+            small: list[bytes] = []
+            for frame in out:
+                if len(frame) > _JOIN_MAX:
+                    if small:
+                        write(b"".join(small) if len(small) > 1 else small[0])
+                        small = []
+                    write(frame)
+                else:
+                    small.append(frame)
+            if small:
+                write(b"".join(small) if len(small) > 1 else small[0])
+        del out
+        self._recharge()
+        if self._stalled is not None and not self._paused_writing:
+            self._resume_stalled()
 
     def _abort(self) -> None:
         self._closed = True
@@ -219,28 +408,59 @@ class BookieConnection(asyncio.Protocol):
             self.transport.abort()
 
     def _arm_watchdog(self) -> None:
-        period = max(0.05, self.server.limits.partial_frame_timeout_s / 4)
+        period = min(1.0, max(0.05, self.limits.partial_frame_timeout_s / 4))  # (as in _check_partial)
         self._watchdog = self._loop.call_later(period, self._check_partial)
+
+    def _close_for(self, counter: str, why: str, *args: object) -> None:
+        setattr(self.server, counter, getattr(self.server, counter) + 1)
+        log.warning("bookie=%s closing connection from %s: " + why, self.core.bookie_id, self.peer, *args)
+        self._abort()
 
     def _check_partial(self) -> None:
         if self._closed:
             return
-        if self._paused_inflight or self._paused_writing:
-            self._last_progress = time.monotonic()  # we stopped reading: the peer is not the slow one
-        idle = time.monotonic() - self._last_progress
-        if self.decoder.buffered and idle > self.server.limits.partial_frame_timeout_s:
-            self.server.slow_closed += 1
-            log.warning(
-                "bookie=%s closing connection from %s: partial frame (%d bytes) stalled for %.1fs",
-                self.core.bookie_id,
-                self.peer,
-                self.decoder.buffered,
-                idle,
-            )
-            self._abort()
+        now = time.monotonic()
+        limits = self.limits
+        period = min(1.0, max(0.05, limits.partial_frame_timeout_s / 4))
+        if self._stalled is not None and not self._paused_writing:
+            self._resume_stalled()
+            if self._closed:
+                return
+        if self._paused_inflight or self._paused_writing or self._stalled is not None:
+            self._last_progress = now  # we stopped reading: the peer is not the one that makes no progress
+        if self._paused_inflight or (self._stalled is not None and not self._paused_writing):
+            # paused for our own reasons (the journal is slow): neither the frame's clock nor idleness runs
+            self._last_activity = now
+            if self._frame_started:
+                self._frame_paused_s += min(now - self._frame_started, period)
+        idle = now - self._last_progress
+        buffered = self.decoder.buffered
+        if buffered and idle > limits.partial_frame_timeout_s:
+            self._close_for("slow_closed", "partial frame (%d bytes) stalled for %.1fs", buffered, idle)
             return
-        if not self.decoder.buffered:
-            self._last_progress = time.monotonic()
+        if buffered and self._frame_started:
+            elapsed = now - self._frame_started - self._frame_paused_s
+            if limits.frame_overdue(buffered, elapsed):
+                self._close_for(
+                    "slow_closed",
+                    "partial frame too slow (%d bytes in %.1fs; at least %d B/s after %.0fs)",
+                    buffered,
+                    elapsed,
+                    limits.frame_rate_min,
+                    limits.frame_grace_s,
+                )
+                return
+        if (
+            limits.idle_timeout_s
+            and not self.inflight
+            and not buffered
+            and now - self._last_activity > limits.idle_timeout_s
+        ):
+            self._close_for("idle_closed", "idle for %.0fs", now - self._last_activity)
+            return
+        if not buffered:
+            self._last_progress = now
+        self._recharge()  # the transport's buffer drains without telling us until it is low
         self._arm_watchdog()
 
     def close(self) -> None:
@@ -250,6 +470,13 @@ class BookieConnection(asyncio.Protocol):
             self.transport.close()
 
 
+def _entry_of(row: AddRow) -> bytes:
+    return row[5]
+
+
+_ENTRY_OF = _entry_of
+
+
 class BookieServer:
     """Owns the listening socket and the connections; exposes counters for metrics."""
 
@@ -257,10 +484,19 @@ class BookieServer:
         self.core = core
         self.limits = limits or ServerLimits()
         self.connections: set[BookieConnection] = set()
+        self.per_peer: dict[str, int] = {}
         self.malformed = 0
         self.overloaded = 0
         self.backpressure_pauses = 0
         self.slow_closed = 0
+        self.idle_closed = 0
+        self.refused_connections = 0
+        self.write_stalls = 0
+        self.budget_pauses = 0
+        self.held_bytes = 0  # bytes held for peers (the in-flight byte budget's use)
+        self.budget_waiting: set[BookieConnection] = set()
+        self._last_refusal_log = 0.0
+        self._refusals_unlogged = 0
         self.adds_received = 0
         self.add_rate = RateMeter(time.monotonic, lambda: self.adds_received)
         self.metrics = Registry()
@@ -272,6 +508,55 @@ class BookieServer:
             "bookie_journal_fsync_seconds", "Journal write+fsync latency"
         )
         self._server: asyncio.AbstractServer | None = None
+
+    def admit(self, conn: BookieConnection) -> str:
+        """Take a new connection in, or say why not (the caller closes it)."""
+        limits = self.limits
+        host = conn.peer_host
+        why = ""
+        if len(self.connections) >= limits.connections_max:
+            why = f"{len(self.connections)} connections open (--connections-max {limits.connections_max})"
+        elif self.per_peer.get(host, 0) >= limits.connections_per_peer_max:
+            why = (
+                f"{self.per_peer[host]} connections from {host} "
+                f"(--connections-per-peer-max {limits.connections_per_peer_max})"
+            )
+        if why:
+            self.refused_connections += 1
+            now = time.monotonic()
+            if now - self._last_refusal_log >= _LOG_REFUSALS_EVERY_S:
+                log.warning(
+                    "bookie=%s refusing connection from %s: %s (%d more refused since the last such line)",
+                    self.core.bookie_id,
+                    conn.peer,
+                    why,
+                    self._refusals_unlogged,
+                )
+                self._last_refusal_log = now
+                self._refusals_unlogged = 0
+            else:
+                self._refusals_unlogged += 1
+            return why
+        self.connections.add(conn)
+        self.per_peer[host] = self.per_peer.get(host, 0) + 1
+        return ""
+
+    def release(self, conn: BookieConnection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            left = self.per_peer.get(conn.peer_host, 1) - 1
+            if left > 0:
+                self.per_peer[conn.peer_host] = left
+            else:
+                self.per_peer.pop(conn.peer_host, None)
+        self.budget_waiting.discard(conn)
+
+    def wake_budget_waiters(self) -> None:
+        """The budget has room again: let the connections waiting for it be read."""
+        waiting, self.budget_waiting = self.budget_waiting, set()
+        for c in waiting:
+            c._paused_budget = False
+            c._update_reading()
 
     async def listen(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -301,11 +586,17 @@ class BookieServer:
 def admin_app(
     server: BookieServer,
     info: Callable[[], dict[str, Any]],
-    gc: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    gc: Callable[[Callable[[], bool]], Awaitable[dict[str, Any]]] | None = None,
+    failure: Callable[[], str] = lambda: "",
 ) -> web.Application:
+    """``gc(caller_gone)`` runs a GC round; ``failure()`` says why the bookie failed ("" while it has not)."""
     core = server.core
 
     async def health(_: web.Request) -> web.Response:
+        failed = failure()
+        if failed:
+            body = {"status": "failed", "reason": failed, "readonly": True, "bookie_id": core.bookie_id}
+            return web.json_response(body, status=503)
         return web.json_response({"status": "ok", "readonly": core.readonly, "bookie_id": core.bookie_id})
 
     async def metrics(_: web.Request) -> web.Response:
@@ -337,10 +628,15 @@ def admin_app(
             return web.json_response({"error": f"no ledger {lid} on this bookie"}, status=404)
         return web.json_response(_ledger_row(lid))
 
-    async def api_gc(_: web.Request) -> web.Response:
+    async def api_gc(request: web.Request) -> web.Response:
         if gc is None:
             return web.json_response({"error": "this bookie has no garbage collector"}, status=501)
-        return web.json_response(await gc())
+
+        def caller_gone() -> bool:
+            transport = request.transport
+            return transport is None or transport.is_closing()
+
+        return web.json_response(await gc(caller_gone))
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -389,6 +685,34 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
         "bookie_backpressure_pauses_total",
         "Times a connection stopped being read because too many of its requests were in flight",
         lambda: server.backpressure_pauses,
+    )
+    m.counter(
+        "bookie_slow_frames_closed_total",
+        "Connections closed for a partial frame that stalled or arrived slower than --frame-rate-min-kib",
+        lambda: server.slow_closed,
+    )
+    m.counter(
+        "bookie_idle_closed_total", "Connections closed after --idle-timeout-s", lambda: server.idle_closed
+    )
+    m.counter(
+        "bookie_connections_refused_total",
+        "Connections closed on arrival: --connections-max or --connections-per-peer-max reached",
+        lambda: server.refused_connections,
+    )
+    m.counter(
+        "bookie_write_stalls_total",
+        "Times a connection's requests waited because its unsent replies reached --connection-write-buffer-mb",
+        lambda: server.write_stalls,
+    )
+    m.gauge(
+        "bookie_inflight_bytes",
+        "Bytes held for peers: unsent replies, adds not yet answered, partial frames (--inflight-bytes-max-mb)",
+        lambda: server.held_bytes,
+    )
+    m.counter(
+        "bookie_inflight_budget_pauses_total",
+        "Times a connection was not read because the bookie's in-flight byte budget was spent",
+        lambda: server.budget_pauses,
     )
     m.counter(
         "bookie_journal_bytes_total", "Bytes written to the journal", lambda: journal_stats().get("bytes", 0)

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--checkpoint-interval-s", type=float, default=10.0)
     serve.add_argument("--partial-frame-timeout-s", type=float, default=30.0)
     serve.add_argument("--inflight-max", type=int, default=10_000, help="requests in flight per connection")
+    from bookie.main import add_limit_arguments
+
+    add_limit_arguments(serve)
     serve.add_argument(
         "--no-fsync", action="store_true", help="UNSAFE: skip fsync (benchmarks of the rest only)"
     )
