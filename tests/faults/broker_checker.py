@@ -17,7 +17,8 @@ increasing id order).
 Violation kinds (``check``)
 --------------------------
 * ``lost``         an acknowledged produce was never received, at its acknowledged id, by a durable subscription
-                   in ``subscriptions`` (at-least-once per subscription)
+                   in ``subscriptions`` (at-least-once per subscription). A send acknowledged with id ``-1:-1``
+                   (Pulsar's answer to a resend its dedup found stored already) must be received at some id.
 * ``phantom``      a received value no producer ever sent (acknowledged or not)
 * ``wrong_key``    a received value arrived with another key than it was sent with
 * ``conflict``     two different values were received (or acknowledged) at one (partition, message id)
@@ -62,6 +63,11 @@ class Produce:
     @property
     def acked(self) -> bool:
         return self.msg_id is not None
+
+    @property
+    def acked_as_duplicate(self) -> bool:
+        """Acknowledged with id -1:-1: the broker's dedup found it stored already (a resend), as Pulsar does."""
+        return self.msg_id is not None and self.msg_id[0] < 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,7 +172,7 @@ def check(
             v("conflict", f"partition {part} id {_fmt(mid)} holds {prev!r} and {value!r} ({who})")
 
     for p in prods:
-        if p.msg_id is not None:
+        if p.msg_id is not None and not p.acked_as_duplicate:
             place(p.partition if p.partition is not None else -1, p.msg_id, p.value, f"ack to {p.producer}")
     stored_at: dict[str, set[tuple[int, MsgId]]] = defaultdict(set)
     for c in cons:
@@ -192,7 +198,7 @@ def check(
                 continue
             where = got.get(p.value, set())
             want = (p.partition if p.partition is not None else -1, p.msg_id)
-            if want not in where:
+            if (want not in where) if not p.acked_as_duplicate else not where:
                 seen = ", ".join(f"p{a}@{_fmt(b)}" for a, b in sorted(where)) or "never"
                 v(
                     "lost",
@@ -202,7 +208,8 @@ def check(
 
     # -- a producer's acks follow its send order (per key and partition) ----------------------------------
     last_ack: dict[tuple[str, int, str], Produce] = {}
-    for p in sorted((p for p in prods if p.msg_id is not None), key=lambda p: (p.producer, p.seq)):
+    firm = (p for p in prods if p.msg_id is not None and not p.acked_as_duplicate)
+    for p in sorted(firm, key=lambda p: (p.producer, p.seq)):
         assert p.msg_id is not None
         k = (p.producer, p.partition if p.partition is not None else -1, p.key)
         prev = last_ack.get(k)
@@ -248,6 +255,7 @@ def check(
     res.stats = {
         "produced": len(prods),
         "acked": len(acked_values),
+        "acked_as_duplicate": sum(1 for p in prods if p.acked_as_duplicate),
         "failed": sum(1 for p in prods if p.msg_id is None and p.error is not None),
         "unanswered": sum(1 for p in prods if p.msg_id is None and p.error is None),
         "received": dict(Counter(c.subscription for c in cons)),

@@ -126,6 +126,24 @@ def test_received_only_at_another_id_than_acknowledged_is_lost() -> None:
     assert "p0@4:1" in r.violations[0].detail
 
 
+@catches("lost")
+def test_a_resend_acknowledged_as_a_duplicate_must_be_received_somewhere() -> None:
+    h = H()
+    h.send("m0", mid=(4, 0, -1))
+    h.send("m1", mid=(-1, -1, -1))  # dedup: stored by the broker that died before its receipt left
+    h.send("m2", mid=(4, 2, -1))
+    h.recv("m0", (4, 0, -1))
+    h.recv("m1", (4, 1, -1))
+    h.recv("m2", (4, 2, -1))
+    r = h.check()
+    assert r.ok, r.report()
+    assert r.stats["acked_as_duplicate"] == 1
+    h.consumes.pop(1)
+    r = h.check()
+    assert r.kinds() == {"lost": 1}
+    assert "'m1'" in r.violations[0].detail
+
+
 @catches("phantom")
 def test_received_message_nobody_sent() -> None:
     h = clean()
