@@ -122,6 +122,10 @@ class LedgerCollector:
             self.stats.passes += 1
             try:
                 result = await self._pass(should_stop)
+            except asyncio.CancelledError:  # the HTTP caller went away (aiohttp cancels its handler)
+                self.stats.stopped += 1
+                log.info("bookie=%s gc: pass stopped: its caller went away", self.bookie_id)
+                raise
             except Exception:
                 self.stats.errors += 1
                 raise

@@ -570,7 +570,10 @@ class Bookie:
                 await self.checkpoint()
             await self.journal.close()
         if self.storage is not None:
-            self.storage.close()
+            try:
+                self.storage.close()
+            except Exception as e:  # a failed bookie's storage may refuse its last flush; the journal has it
+                log.error("bookie=%s closing storage failed: %r", cfg.id, e)
         if self.store is not None:
             await _bounded(self.store.close, ZK_STOP_TIMEOUT_S, "closing the ZooKeeper session")
         log.info("bookie=%s stopped", cfg.id)
