@@ -2,6 +2,7 @@
 
     ledgerstore spark ledger-health                                   # local[2]
     ledgerstore spark entry-sizes --master spark://10.0.0.9:7077 --ledgers 3-9 --out reports/
+    ledgerstore spark topic-volume --topics orders,payments         # or --topics-pattern 'orders-.*'
 
 The job writes ``<out>/<job>.png`` (the chart), ``<job>.txt`` (the tables as printed) and ``<job>.json``. On a
 cluster, the executors import ledgerstore: install it into the Python they run and name that Python with
@@ -27,7 +28,7 @@ def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None
 
     p: argparse.ArgumentParser = sub.add_parser(
         "spark",
-        help="run an analysis job over ledgers with Spark",
+        help="run an analysis job over ledgers or topics with Spark",
         description="Jobs: " + "; ".join(f"{j.name}: {j.help}" for j in JOBS.values()),
     )
     common(p)
@@ -38,7 +39,14 @@ def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None
         help="Spark master URL: local[N], spark://HOST:PORT, ... (default local[2] or $LEDGERSTORE_SPARK_MASTER)",
     )
     p.add_argument("--ledgers", default="all", help="'all', ids '1,2,5' or ranges '3-9' (default all)")
-    p.add_argument("--password", default="", help="the ledgers' password")
+    p.add_argument("--password", default="", help="the ledgers' (or managed ledgers') password")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--topics", default=None, help="topic jobs: a comma list of topics")
+    which.add_argument(
+        "--topics-pattern",
+        default=None,
+        help="topic jobs: a regex over full topic names (bare: in public/default; default: every topic there)",
+    )
     p.add_argument("--entries-per-partition", type=int, default=None, help="entries per Spark partition")
     p.add_argument("--out", type=Path, default=Path("spark-out"), help="where the chart and report go")
     p.add_argument(
@@ -54,29 +62,19 @@ def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None
 
 
 def _session(args: argparse.Namespace) -> Any:
-    from pyspark.sql import SparkSession
+    from spark.jobs.common import local_session
 
-    # Spark's Python workers on the driver (which plan the data source's partitions) follow PYSPARK_PYTHON,
-    # not spark.pyspark.python: give both the Python that has ledgerstore and pyarrow.
-    os.environ["PYSPARK_PYTHON"] = args.executor_python
-
-    builder = (
-        SparkSession.builder.master(args.master)
-        .appName(f"ledgerstore {args.job}")
-        .config("spark.pyspark.python", args.executor_python)
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "8")
-    )
+    conf: list[tuple[str, str]] = []
     for kv in args.conf:
         key, sep, value = kv.partition("=")
         if not sep or not key:
             from ledgerstore.cli import CommandError
 
             raise CommandError(f"--conf expects KEY=VALUE, got {kv!r}")
-        builder = builder.config(key.strip(), value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+        conf.append((key.strip(), value))
+    return local_session(
+        f"ledgerstore {args.job}", args.master, executor_python=args.executor_python, conf=conf
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         password=args.password,
         entries_per_partition=args.entries_per_partition,
         out_dir=args.out,
+        topics=args.topics,
+        topics_pattern=args.topics_pattern,
     )
     session = _session(args)
     try:
@@ -116,7 +116,9 @@ def _one_line(e: BaseException) -> str:
         ln for ln in lines if _PY_ERROR.match(ln) and not ln.startswith(("org.", "java.", "py4j."))
     ]
     for ln in python_errors:
-        if ln.startswith(("LedgerOptionError", "LedgerDataLossError")):
+        if ln.startswith(
+            ("LedgerOptionError", "LedgerDataLossError", "TopicOptionError", "TopicDataLossError")
+        ):
             return ln
     if python_errors:
         return python_errors[-1]

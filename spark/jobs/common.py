@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Job", "JobOptions", "JobResult", "Table", "ledger_frame", "new_figure"]
+__all__ = [
+    "Job",
+    "JobOptions",
+    "JobResult",
+    "Table",
+    "ledger_frame",
+    "local_session",
+    "new_figure",
+    "topic_frame",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,9 +28,25 @@ class JobOptions:
     password: str = ""
     entries_per_partition: int | None = None
     out_dir: Path = Path("spark-out")
+    #: topic jobs: a comma list of topics, or else a regex over full names (``topicsPattern``; a bare regex
+    #: matches in public/default); neither: every topic of public/default
+    topics: str | None = None
+    topics_pattern: str | None = None
 
     def source_options(self) -> dict[str, str]:
+        """The ``ledger`` source's options."""
         opts = {"zk": self.zk, "zkRoot": self.zk_root, "ledgers": self.ledgers, "password": self.password}
+        if self.entries_per_partition is not None:
+            opts["entriesPerPartition"] = str(self.entries_per_partition)
+        return opts
+
+    def topic_source_options(self) -> dict[str, str]:
+        """The ``topic`` source's options (batch: earliest to latest)."""
+        opts = {"zk": self.zk, "zkRoot": self.zk_root, "password": self.password}
+        if self.topics:
+            opts["topics"] = self.topics
+        else:
+            opts["topicsPattern"] = self.topics_pattern or ".*"
         if self.entries_per_partition is not None:
             opts["entriesPerPartition"] = str(self.entries_per_partition)
         return opts
@@ -102,6 +127,49 @@ def ledger_frame(session: Any, opts: JobOptions) -> Any:
 
     register(session)
     return session.read.format("ledger").options(**opts.source_options()).load()
+
+
+def topic_frame(session: Any, opts: JobOptions) -> Any:
+    """The selected topics' messages as a DataFrame (registers the sources on ``session`` first)."""
+    from spark import register
+
+    register(session)
+    return session.read.format("topic").options(**opts.topic_source_options()).load()
+
+
+def local_session(
+    app: str,
+    master: str = "local[2]",
+    *,
+    executor_python: str | None = None,
+    conf: Sequence[tuple[str, str]] = (),
+) -> Any:
+    """A SparkSession whose Python workers run ``executor_python`` (default this Python, which has ledgerstore
+    and pyarrow), quiet (no progress bars, ERROR logs), with few shuffle partitions (the jobs' summaries are
+    small)."""
+    import os
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    python = executor_python or os.environ.get("PYSPARK_PYTHON") or sys.executable
+    # Spark's Python workers on the driver (which plan the data sources' partitions) follow PYSPARK_PYTHON,
+    # not spark.pyspark.python: give both.
+    os.environ["PYSPARK_PYTHON"] = python
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.pyspark.python", python)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+    )
+    for key, value in conf:
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def new_figure(ncols: int, title: str) -> tuple[Any, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from spark.jobs.common import Job, JobOptions, JobResult, Table, ledger_frame, new_figure, save_figure
 
-__all__ = ["JOB", "run", "topic_minute_volume"]
+__all__ = ["JOB", "run"]
 
 _QUANTILES = [0.5, 0.9, 0.99]
 _ACCURACY = 10_000
@@ -83,14 +83,6 @@ def _chart(opts: JobOptions, rows: list[list[Any]], dist: list[list[Any]]) -> An
     right.set_title("percentiles per ledger")
     right.legend()
     return save_figure(fig, opts.out_dir / "entry-sizes.png")
-
-
-def topic_minute_volume(session: Any, opts: JobOptions) -> JobResult:
-    """Hook: per-minute message volume and size percentiles per topic, once the ``topic`` source exists
-    (``spark/topic_source.py``): ``session.read.format("topic").option("topicsPattern", ...)`` grouped by
-    ``window("__publishTime", "1 minute")`` and ``__topic``, aggregated with :func:`_aggregates` over
-    ``length(value)``, and registered in ``spark.jobs.JOBS`` as ``topic-volume``."""
-    raise NotImplementedError("topic-volume needs the topic source, which is not there yet")
 
 
 JOB = Job("entry-sizes", "entry size percentiles and volume per ledger, and the size distribution", run)
