@@ -369,7 +369,7 @@ class SubscriptionRuntime:
             if not ack.message_id:
                 return
             mid = ack.message_id[0]
-            pos = Position(mid.ledgerId, mid.entryId)
+            pos = _position(mid)
             out = self.core.ack_cumulative(pos, mid.batch_index if mid.HasField("batch_index") else -1)
             if out.mark_delete is not None:
                 md = Position(*out.mark_delete)
@@ -380,7 +380,7 @@ class SubscriptionRuntime:
         else:
             items = [
                 (
-                    (m.ledgerId, m.entryId),
+                    _position(m),
                     m.batch_index if m.HasField("batch_index") else -1,
                     list(m.ack_set) if m.ack_set else None,
                 )
@@ -423,6 +423,11 @@ class SubscriptionRuntime:
     @property
     def mark_position(self) -> Position:
         return self.cursor.mark_delete if self.cursor else self.mark_delete
+
+
+def _position(mid: pb.MessageIdData) -> Position:
+    """A client's message id as a signed position (the earliest id (−1, −1) arrives as uint64 2**64 − 1)."""
+    return Position(wire.signed64(mid.ledgerId), wire.signed64(mid.entryId))
 
 
 def _dispatch_entry(pos: Position, data: bytes) -> DispatchEntry:
@@ -574,12 +579,12 @@ class Topic:
 
     def _reader_start(self, s: pb.CommandSubscribe) -> Position:
         if s.HasField("start_message_id"):
-            mid = s.start_message_id
-            if mid.ledgerId == INT64_MAX or mid.entryId == INT64_MAX:
+            mid = _position(s.start_message_id)
+            if mid.ledger_id == INT64_MAX or mid.entry_id == INT64_MAX:
                 return self.ml.next_position(self.ml.last_confirmed_position())
-            if mid.ledgerId < 0 or mid.entryId < 0:
+            if mid.ledger_id < 0 or mid.entry_id < 0:
                 return self.ml.first_position()
-            return Position(mid.ledgerId, mid.entryId)
+            return mid
         if s.initialPosition == pb.CommandSubscribe.Earliest:
             return self.ml.first_position()
         return self.ml.next_position(self.ml.last_confirmed_position())
@@ -987,7 +992,7 @@ class BrokerService:
         c = self._consumer(s, cmd.consumer_id)
         if c is None:
             return
-        positions = [(m.ledgerId, m.entryId) for m in cmd.message_ids] if cmd.message_ids else None
+        positions = [_position(m) for m in cmd.message_ids] if cmd.message_ids else None
         c.sub.execute(c.sub.core.redeliver(c.sub.key_of(c), positions))
 
     async def on_unsubscribe(self, s: Session, r: Request) -> None:
@@ -1035,13 +1040,13 @@ class BrokerService:
                 return
             pos = found if found is not None else ml.next_position(ml.last_confirmed_position())
         elif cmd.HasField("message_id"):
-            mid = cmd.message_id
-            if mid.ledgerId < 0 or mid.entryId < 0:
+            mid = _position(cmd.message_id)
+            if mid.ledger_id < 0 or mid.entry_id < 0:
                 pos = ml.first_position()
-            elif mid.ledgerId == INT64_MAX:
+            elif mid.ledger_id == INT64_MAX:
                 pos = ml.next_position(ml.last_confirmed_position())
             else:
-                pos = Position(mid.ledgerId, mid.entryId)
+                pos = mid
         else:
             s.send(wire.error(cmd.request_id, pb.NotAllowedError, "SEEK needs a message id or publish time"))
             return

@@ -81,6 +81,7 @@ __all__ = [
     "ping",
     "pong",
     "producer_success",
+    "signed64",
     "send_error",
     "send_receipt",
     "success",
@@ -405,10 +406,20 @@ def producer_success(
     )
 
 
+_U64 = (1 << 64) - 1
+
+
+def signed64(value: int) -> int:
+    """A ``MessageIdData`` ledger or entry id (uint64 on the wire) as the signed id it stands for: the client's
+    ``MessageId.earliest`` is (−1, −1), sent as 2**64 − 1."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 def _message_id(
     ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1
 ) -> pb.MessageIdData:
-    mid = pb.MessageIdData(ledgerId=ledger_id, entryId=entry_id)
+    """Negative ids (an empty ledger's last entry −1) are sent as uint64, as Pulsar's Java broker does."""
+    mid = pb.MessageIdData(ledgerId=ledger_id & _U64, entryId=entry_id & _U64)
     if partition >= 0:
         mid.partition = partition
     if batch_index >= 0:
