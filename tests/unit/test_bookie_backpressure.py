@@ -32,8 +32,11 @@ class RecordingTransport:
     def get_extra_info(self, name: str) -> object:
         return ("127.0.0.1", 1) if name == "peername" else None
 
-    def set_write_buffer_limits(self, high: int) -> None:
+    def set_write_buffer_limits(self, high: int, low: int | None = None) -> None:
         pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written leaves at once
 
     def abort(self) -> None:
         self.calls.append("abort")
