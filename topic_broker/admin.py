@@ -1153,7 +1153,8 @@ class AdminApp:
         name = TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
         owner = await self.meta.get_owner(name.ml_name)
         if owner is None:
-            owner = await self.meta.acquire_ownership(name.ml_name, self.service._ownership())
+            mine = getattr(self.service, "ownership", None) or self.service._ownership
+            owner = await self.meta.acquire_ownership(name.ml_name, mine())
         return _json(
             {
                 "brokerUrl": owner.service_url,
