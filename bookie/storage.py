@@ -9,18 +9,41 @@ Keys (all integers big-endian, so RocksDB's order is (ledger, entry) order):
     default column family:  b"R" + u64 ledger_id + u64 first entry_id -> a run (``pack_run``)
     column family "index":  b"L" + u64 ledger_id                -> ledger index row (see ``LedgerInfo.to_bytes``)
 
-A run is up to ``RUN_ENTRIES_MAX`` (64) consecutive entries of one ledger, stored exactly as the client built
-them, in one value (a count, each entry's length, the entries): ``plan_runs`` cuts every storage write into runs.
-Runs never cross a multiple of 64 entry ids, so an entry's run is usually the one keyed by its block's first id.
+A run is up to ``RUN_ENTRIES_MAX`` (64) entries of one ledger within one block of 64 entry ids (runs never cross
+a multiple of 64), stored exactly as the client built them, in one value keyed by the first id it holds;
+``plan_runs`` cuts every storage write into runs, at block boundaries, where ids stop rising, at another ledger
+and at ``RUN_BYTES_MAX``. A run's value has one of two formats, told apart by its first u32 (little-endian):
+
+    format 1, consecutive entries:  u32 count (>= 1), count x u32 entry length, the entries
+    format 2, entries with gaps:    u32 0, u32 2 (the format), u64 bitmap (bit i: the block's first id + i is
+                                    held), popcount x u32 entry length, the entries in id order
+
+Format 1 is all an older version wrote (and still what a run of consecutive ids is written as); format 2 is
+for a bookie of a ledger striped with Qw < E, which receives Qw of every E ids: cut at every gap, as the older
+version did, its runs held Qw entries each (2 for E3/Qw2), one RocksDB value per ~2 entries served by a range
+read; with the gaps listed a block written in one go is one value (~43 entries for E3/Qw2). An older version
+reading a format 2 run fails loudly (a count of 0 is not a run for it), never returns a wrong entry; going back to
+one after writing striped ledgers means re-replicating them. A format 2 run must start with its key's id (the
+bitmap's lowest bit), else it is an error like any malformed value.
 One key per run instead of one per entry is most of what RocksDB costs per entry (the write batch, the memtable's
 skip list, the flush's per-record work, a blob record with its CRC32C and a blob reference in the SST): write +
 flush of 1 KiB entries measured 1.8-2.6 us per entry one key each, 1.3-1.4 in runs of 16-256. A read gets the
-run of its entry's block, and only when that run does not hold the entry (its block was written in pieces)
-seeks backward (``seek_for_prev`` to the entry's key; a run starting more than 64 ids earlier cannot hold it,
-which bounds the scan when runs overlap, as re-added entries make them); it keeps the last
-``RUNS_CACHED`` runs it decoded, so reading a ledger entry by entry reads each run once. A run is at most
-``RUN_BYTES_MAX`` (256 KiB) unless it is one larger entry, which bounds what a one-entry read must fetch. Entries
-an older version stored one key each (``b"E" + ledger + entry``) are still read, and deleted with their ledger.
+run keyed by its entry's block's first id, and only when that run does not hold the entry (its block was
+written in pieces, or that id is not this bookie's) seeks backward (``seek_for_prev`` to the entry's key; a run
+starting more than 64 ids earlier cannot hold it, which bounds the scan when runs overlap, as re-added entries
+make them); it keeps the last ``RUNS_CACHED`` runs it decoded, so reading a ledger entry by entry reads each run
+once. A run is at most ``RUN_BYTES_MAX`` (256 KiB) unless it is one larger entry (or the union below), which
+bounds what a one-entry read must fetch. Entries an older version stored one key each (``b"E" + ledger +
+entry``) are still read, and deleted with their ledger.
+
+A write never takes an entry out of storage. A run written under a key that holds a run already (a re-add, a
+duplicate in one batch, a journal replay: entries are immutable) is dropped when the stored run holds all its
+ids, replaces it when it holds all the stored ids (a replay reaching further), and otherwise (runs with gaps can
+each hold ids the other lacks, e.g. entries re-added after an ensemble change) both become one run, their union,
+the stored entry kept where both hold an id. For runs of consecutive ids this is the older rule "a shorter run
+never replaces a longer one under the same key". Replaying the journal is therefore idempotent whatever the
+group boundaries were: runs under other keys may overlap stored ones, and reads find each entry in whichever run
+holds it.
 
 The index rows live in their own column family because every write batch rewrites them: in the entries' key
 space they would make every flushed SST span from its first entry key to the ``L`` rows, so all SSTs would
@@ -58,8 +81,10 @@ the blob files (``BlobGarbagePolicy``; the bookie asks after each garbage-collec
 from __future__ import annotations
 
 import array
+import bisect
 import itertools
 import logging
+import operator
 import os
 import shutil
 import struct
@@ -135,39 +160,46 @@ def run_key(ledger_id: int, first_entry_id: int) -> bytes:
     return _ENTRY_KEY.pack(b"R", ledger_id, first_entry_id)
 
 
-# A run: up to RUN_ENTRIES_MAX consecutive entries of one ledger, as one value of at most RUN_BYTES_MAX bytes
-# (an entry larger than that is a run of its own).
+# A run: up to RUN_ENTRIES_MAX entries of one ledger within one block of RUN_ENTRIES_MAX ids, as one value of at
+# most RUN_BYTES_MAX bytes (an entry larger than that is a run of its own).
 RUN_ENTRIES_MAX = 64
 RUN_BYTES_MAX = 256 * 1024
 _RUN_COUNT = struct.Struct("<I")
+# A run with gaps (format 2): u32 0 (a consecutive run's count, never 0), u32 format, u64 bitmap of its ids
+_GAP_HEAD = struct.Struct("<IIQ")
+RUN_FORMAT_GAPS = 2
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def plan_runs(lids: Sequence[int], eids: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
     """Split rows (columns: ledger ids, entry ids, entry sizes) into runs, as [start, end) row ranges: a run's
-    rows are one ledger's consecutive entry ids within one block of ``RUN_ENTRIES_MAX`` ids (so a run never
-    holds ids from both sides of a multiple of ``RUN_ENTRIES_MAX``, and a block written in one go is one run
-    whose key is the block's first id), and their sizes add up to at most ``RUN_BYTES_MAX`` unless the run
-    is one entry. Pure."""
+    rows are one ledger's rising entry ids within one block of ``RUN_ENTRIES_MAX`` ids (gaps allowed: a bookie
+    of a ledger striped with Qw < E receives Qw of every E ids), and their sizes add up to at most
+    ``RUN_BYTES_MAX`` unless the run is one entry. A block written in one go is one run, keyed by the first id
+    it holds there. Pure."""
     n = len(lids)
     if not n:
         return []
-    e0 = eids[0]
-    if (
-        lids.count(lids[0]) == n
-        and eids[-1] - e0 == n - 1
-        and max(sizes) * RUN_ENTRIES_MAX <= RUN_BYTES_MAX
-        and tuple(eids) == tuple(range(e0, e0 + n))
-    ):  # the common case (one connection's adds to one ledger): cut at block boundaries alone
-        cuts = [0, *range((-e0) % RUN_ENTRIES_MAX or RUN_ENTRIES_MAX, n, RUN_ENTRIES_MAX), n]
-        return list(itertools.pairwise(cuts))
+    e0, en = eids[0], eids[-1]
+    if lids.count(lids[0]) == n and max(sizes) * RUN_ENTRIES_MAX <= RUN_BYTES_MAX:
+        # the common case (one connection's adds to one ledger): cut at block boundaries alone
+        if en - e0 == n - 1 and tuple(eids) == tuple(range(e0, e0 + n)):  # consecutive
+            cuts = [0, *range((-e0) % RUN_ENTRIES_MAX or RUN_ENTRIES_MAX, n, RUN_ENTRIES_MAX), n]
+            return list(itertools.pairwise(cuts))
+        if all(map(operator.lt, eids[:-1], eids[1:])):  # rising, with gaps
+            cuts, i = [0], 0
+            while (nxt := eids[i] - eids[i] % RUN_ENTRIES_MAX + RUN_ENTRIES_MAX) <= en:
+                i = bisect.bisect_left(eids, nxt, i)
+                cuts.append(i)
+            cuts.append(n)
+            return list(itertools.pairwise(cuts))
     runs = []
     start, size = 0, sizes[0]
     for i in range(1, n):
         if (
             lids[i] != lids[i - 1]
-            or eids[i] != eids[i - 1] + 1
-            or eids[i] % RUN_ENTRIES_MAX == 0
+            or eids[i] <= eids[i - 1]
+            or eids[i] // RUN_ENTRIES_MAX != eids[i - 1] // RUN_ENTRIES_MAX
             or size + sizes[i] > RUN_BYTES_MAX
         ):
             runs.append((start, i))
@@ -177,37 +209,114 @@ def plan_runs(lids: Sequence[int], eids: Sequence[int], sizes: Sequence[int]) ->
     return runs
 
 
-def pack_run(entries: Sequence[bytes]) -> bytes:
-    """A run's value: u32 count, the u32 length of each entry (little-endian), then the entries."""
+def _lengths(entries: Sequence[bytes]) -> bytes:
     lens = array.array("I", map(len, entries))
     if not _LITTLE_ENDIAN:
         lens.byteswap()
-    parts = [_RUN_COUNT.pack(len(entries)), lens.tobytes()]
+    return lens.tobytes()
+
+
+def pack_run(entries: Sequence[bytes]) -> bytes:
+    """A run of consecutive entries (format 1): u32 count, the u32 length of each entry (little-endian), then
+    the entries."""
+    parts = [_RUN_COUNT.pack(len(entries)), _lengths(entries)]
     parts += entries
     return b"".join(parts)
 
 
-def run_offsets(value: bytes) -> list[int]:
-    """Where each entry of a packed run starts in ``value``, and where the last one ends (count + 1 offsets).
-    Raises ``ValueError`` on a value that is not a well-formed run."""
-    if len(value) < _RUN_COUNT.size:
-        raise ValueError("run value shorter than its count")
-    (n,) = _RUN_COUNT.unpack_from(value)
-    head = _RUN_COUNT.size + 4 * n
-    if n == 0 or len(value) < head:
+def pack_block_run(eids: Sequence[int], entries: Sequence[bytes]) -> bytes:
+    """A run of the rising entry ids ``eids`` of one block of ``RUN_ENTRIES_MAX`` ids: format 1 when they are
+    consecutive, else format 2 (u32 0, u32 2, u64 bitmap of the ids held, bit i = the block's first id + i,
+    then the entries' u32 lengths and the entries, as format 1)."""
+    first, last = eids[0], eids[-1]
+    if last - first == len(eids) - 1:
+        return pack_run(entries)
+    base = first - first % RUN_ENTRIES_MAX
+    if last - base >= RUN_ENTRIES_MAX:
+        raise ValueError(f"entry ids {first}..{last} are not within one block of {RUN_ENTRIES_MAX}")
+    bitmap, prev = 0, first - 1
+    for e in eids:
+        if e <= prev:
+            raise ValueError(f"entry ids of a run must rise: {e} after {prev}")
+        bitmap |= 1 << (e - base)
+        prev = e
+    parts = [_GAP_HEAD.pack(0, RUN_FORMAT_GAPS, bitmap), _lengths(entries)]
+    parts += entries
+    return b"".join(parts)
+
+
+def _offsets(value: bytes, head: int, n: int) -> list[int]:
+    end = head + 4 * n
+    if n == 0 or len(value) < end:
         raise ValueError(f"run value of {len(value)} bytes cannot hold {n} entry lengths")
     lens = _RUN_LENS.get(n)
     if lens is None:  # one struct per count (runs hold at most RUN_ENTRIES_MAX entries, but accept more)
         if len(_RUN_LENS) >= 2 * RUN_ENTRIES_MAX:
             _RUN_LENS.clear()
         lens = _RUN_LENS[n] = struct.Struct(f"<{n}I")
-    offsets = list(itertools.accumulate(lens.unpack_from(value, _RUN_COUNT.size), initial=head))
+    offsets = list(itertools.accumulate(lens.unpack_from(value, head), initial=end))
     if offsets[-1] != len(value):
         raise ValueError(f"run value of {len(value)} bytes, its entries' lengths add up to {offsets[-1]}")
     return offsets
 
 
+def run_offsets(value: bytes) -> list[int]:
+    """Where each entry of a packed run of consecutive entries (format 1) starts in ``value``, and where the
+    last one ends (count + 1 offsets). Raises ``ValueError`` on a value that is not a well-formed such run."""
+    if len(value) < _RUN_COUNT.size:
+        raise ValueError("run value shorter than its count")
+    (n,) = _RUN_COUNT.unpack_from(value)
+    return _offsets(value, _RUN_COUNT.size, n)
+
+
+def decode_run(first: int, value: bytes) -> tuple[int, list[int], list[int] | None]:
+    """A stored run keyed by entry id ``first``, either format: (its last entry id, ``run_offsets``, slots).
+    Slots is None for consecutive entries (entry ``e`` is the run's ``e - first``-th), else slot ``e - first``
+    is entry ``e``'s position in the run, -1 where the run has no such entry. Raises ``ValueError`` on a value
+    that is not a well-formed run, or whose first id is not its key's."""
+    if len(value) >= _GAP_HEAD.size and value[:4] == b"\0\0\0\0":
+        _, fmt, bitmap = _GAP_HEAD.unpack_from(value)
+        if fmt != RUN_FORMAT_GAPS:
+            raise ValueError(f"run of unknown format {fmt}")
+        rel = first % RUN_ENTRIES_MAX
+        if not bitmap >> rel & 1 or bitmap & ((1 << rel) - 1):
+            raise ValueError(f"run keyed {first} does not start there (ids bitmap {bitmap:#x})")
+        bits = bitmap >> rel
+        slots = [-1] * bits.bit_length()
+        k = 0
+        while bits:
+            low = bits & -bits
+            slots[low.bit_length() - 1] = k
+            k += 1
+            bits ^= low
+        return first + len(slots) - 1, _offsets(value, _GAP_HEAD.size, k), slots
+    offsets = run_offsets(value)
+    return first + len(offsets) - 2, offsets, None
+
+
+def run_entries(first: int, value: bytes) -> tuple[list[int], list[bytes]]:
+    """A stored run's entry ids and entries (either format)."""
+    last, offsets, slots = decode_run(first, value)
+    ids = (
+        list(range(first, last + 1)) if slots is None else [first + i for i, k in enumerate(slots) if k >= 0]
+    )
+    return ids, [value[offsets[k] : offsets[k + 1]] for k in range(len(ids))]
+
+
 _RUN_LENS: dict[int, struct.Struct] = {}  # entry count -> the struct of a run's entry lengths
+
+# A decoded stored run: (first entry id, last entry id, value, offsets, slots), as ``decode_run`` gives them
+_Decoded = tuple[int, int, bytes, list[int], list[int] | None]
+
+
+def _decode(first: int, value: bytes) -> _Decoded:
+    last, offsets, slots = decode_run(first, value)
+    return first, last, value, offsets, slots
+
+
+def _holds(run: _Decoded, entry_id: int) -> bool:
+    first, last, _, _, slots = run
+    return first <= entry_id <= last and (slots is None or slots[entry_id - first] >= 0)
 
 
 Ints = Sequence[int]
@@ -510,8 +619,8 @@ class RocksLedgerStorage:
         self._range_read.set_verify_checksums(False)
         self.directory = directory
         self._move_legacy_index_rows()
-        # recently read runs, newest last: (ledger id, first entry id) -> (value, run_offsets)
-        self._runs: OrderedDict[tuple[int, int], tuple[bytes, list[int]]] = OrderedDict()
+        # recently read runs, newest last: (ledger id, first entry id) -> the decoded run
+        self._runs: OrderedDict[tuple[int, int], _Decoded] = OrderedDict()
         self._runs_lock = threading.Lock()
         # ledger id -> the first entry id of its last run in key order (see _top_run), for the ledgers written
         self._tops: dict[int, int] = {}
@@ -571,19 +680,23 @@ class RocksLedgerStorage:
         key = _ENTRY_KEY.pack
         tops = self._tops
         batch_tops: dict[int, int] = {}
-        batch_runs: dict[bytes, int] = {}  # key -> entries of the run this batch puts there
+        batch_runs: dict[bytes, tuple[Sequence[int], Sequence[bytes]]] = {}  # key -> the run this batch puts
         for a, b in plan_runs(lids, eids, list(map(len, entries))):
             lid, first = lids[a], eids[a]
             k = key(b"R", lid, first)
             top = batch_tops.get(lid)
             if top is None:
                 top = batch_tops[lid] = tops[lid] if lid in tops else self._top_run(lid)
+            run_ids, run = eids[a:b], entries[a:b]
             if first > top:  # appending past every run of the ledger: no run has this key yet
                 batch_tops[lid] = first
-            elif self._holds_as_many(k, b - a, batch_runs):
-                continue  # entries are immutable: the run already there holds these and maybe more
-            wb.put(k, pack_run(entries[a:b]))
-            batch_runs[k] = b - a
+            else:
+                merged = self._merge_run(k, first, run_ids, run, batch_runs)
+                if merged is None:
+                    continue  # entries are immutable: the run already there holds these and maybe more
+                run_ids, run = merged
+            wb.put(k, pack_block_run(run_ids, run))
+            batch_runs[k] = (run_ids, run)
         index_cf = self._index_cf
         lids_written = []
         for lid, info in ledgers:
@@ -615,35 +728,55 @@ class RocksLedgerStorage:
         finally:
             del it
 
-    def _holds_as_many(self, key: bytes, count: int, batch_runs: dict[bytes, int]) -> bool:
-        """Whether the run at ``key`` (put earlier in this batch, or stored) holds at least ``count`` entries.
-        Runs with one key start at one entry id, so the longer holds the shorter's entries: a write never
-        replaces it with a shorter one (a re-add from a block's start, a duplicate, a journal replay)."""
+    def _merge_run(
+        self,
+        key: bytes,
+        first: int,
+        eids: Sequence[int],
+        entries: Sequence[bytes],
+        batch_runs: dict[bytes, tuple[Sequence[int], Sequence[bytes]]],
+    ) -> tuple[Sequence[int], Sequence[bytes]] | None:
+        """What to put at ``key`` for a new run (``eids``, ``entries``) when a run may be there already (put
+        earlier in this batch, or stored): None when that run holds every id of the new one (a re-add, a
+        duplicate, a journal replay: entries are immutable), else the union of both, so a put never takes an
+        entry out of storage. Consecutive runs with one key start at one id, so there the longer holds the
+        shorter's entries and simply stays or replaces it; runs with gaps may each hold ids the other lacks (a
+        recovery re-adding entries after an ensemble change), and then both are kept in one run. Where both hold
+        an id the stored entry stays."""
         held = batch_runs.get(key)
         if held is None:
             raw = self._db.get(key)
-            if raw is None or len(raw) < _RUN_COUNT.size:
-                return False
-            (held,) = _RUN_COUNT.unpack_from(raw)
-        return held >= count
+            if raw is None:
+                return eids, entries
+            held = run_entries(first, bytes(raw))
+        held_ids, held_entries = held
+        have = set(held_ids)
+        if have.issuperset(eids):
+            return None
+        if have.issubset(eids):
+            return eids, entries
+        union = dict(zip(eids, entries, strict=True))
+        union.update(zip(held_ids, held_entries, strict=True))
+        ids = sorted(union)
+        return ids, [union[e] for e in ids]
 
-    def _run_at(self, ledger_id: int, entry_id: int) -> tuple[int, bytes, list[int]] | None:
-        """The stored run holding ``entry_id`` as (its first entry id, its value, ``run_offsets``), or None.
-        Usually one ``get``: the run keyed by the first id of the entry's block. Otherwise (the block was
-        written in pieces) a bounded backward scan: a run holds at most ``RUN_ENTRIES_MAX`` entries, so only
-        runs starting within that many ids before ``entry_id`` can hold it."""
+    def _run_at(self, ledger_id: int, entry_id: int) -> _Decoded | None:
+        """The stored run holding ``entry_id`` (first id, last id, value, offsets, slots: see ``decode_run``),
+        or None. Usually one ``get``: the run keyed by the first id of the entry's block. Otherwise (the block
+        was written in pieces, or its first id is one this bookie does not hold) a bounded backward scan: a run
+        holds at most ``RUN_ENTRIES_MAX`` entries, so only runs starting within that many ids before
+        ``entry_id`` can hold it."""
         with self._runs_lock:
-            for (lid, first), (value, offsets) in reversed(self._runs.items()):
-                if lid == ledger_id and first <= entry_id < first + len(offsets) - 1:
-                    self._runs.move_to_end((lid, first))
-                    return first, value, offsets
+            for cached_key, run in reversed(self._runs.items()):
+                if cached_key[0] == ledger_id and _holds(run, entry_id):
+                    self._runs.move_to_end(cached_key)
+                    return run
         block = entry_id - entry_id % RUN_ENTRIES_MAX
         raw = self._db.get(run_key(ledger_id, block))
         if raw is not None:
-            value = bytes(raw)
-            offsets = run_offsets(value)
-            if entry_id < block + len(offsets) - 1:
-                return self._remember(ledger_id, block, value, offsets)
+            run = _decode(block, bytes(raw))
+            if _holds(run, entry_id):
+                return self._remember(ledger_id, run)
         it = self._db.iter()
         try:
             it.seek_for_prev(run_key(ledger_id, entry_id))
@@ -654,23 +787,20 @@ class RocksLedgerStorage:
                 _, lid, first = _ENTRY_KEY.unpack(key)
                 if lid != ledger_id or first <= entry_id - RUN_ENTRIES_MAX:
                     return None
-                value = bytes(it.value())
-                offsets = run_offsets(value)
-                if entry_id < first + len(offsets) - 1:
-                    return self._remember(ledger_id, first, value, offsets)
+                run = _decode(first, bytes(it.value()))
+                if _holds(run, entry_id):
+                    return self._remember(ledger_id, run)
                 it.prev()
             return None
         finally:
             del it
 
-    def _remember(
-        self, ledger_id: int, first: int, value: bytes, offsets: list[int]
-    ) -> tuple[int, bytes, list[int]]:
+    def _remember(self, ledger_id: int, run: _Decoded) -> _Decoded:
         with self._runs_lock:
-            self._runs[(ledger_id, first)] = (value, offsets)
+            self._runs[(ledger_id, run[0])] = run
             if len(self._runs) > RUNS_CACHED:
                 self._runs.popitem(last=False)
-        return first, value, offsets
+        return run
 
     def _legacy_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """An entry an older version stored under its own key (``entry_key``)."""
@@ -683,8 +813,8 @@ class RocksLedgerStorage:
         run = self._run_at(ledger_id, entry_id)
         if run is None:
             return self._legacy_entry(ledger_id, entry_id)
-        first, value, offsets = run
-        k = entry_id - first
+        first, _, value, offsets, slots = run
+        k = entry_id - first if slots is None else slots[entry_id - first]
         return value[offsets[k] : offsets[k + 1]]
 
     def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int, step: int = 1) -> list[bytes]:
@@ -693,9 +823,10 @@ class RocksLedgerStorage:
 
         One iterator walks the ledger's runs in key order from the run holding ``first``: each run is fetched
         and decoded once, however many of the asked-for entries it holds (a bookie of a striped ledger, Qw < E,
-        holds runs of Qw consecutive entries; a step of E picks one entry from each). An entry not in the run the
-        walk reached (overlapping runs: entries re-added after a block was written in pieces) is looked up
-        on its own (``_run_at``), and entries an older version stored one key each are read one by one.
+        holds ~64 * Qw / E entries of each block in one run with gaps, and a step of E picks ~64 / E of them; runs
+        an older version wrote for it held Qw consecutive entries, one picked from each). An entry not in the
+        run the walk reached (overlapping runs: entries re-added after a block was written in pieces) is looked
+        up on its own (``_run_at``), and entries an older version stored one key each are read one by one.
 
         The walk reads without RocksDB's block and blob checksums: rocksdict's build computes them in software,
         ~2 us of the ~3 us a 2 KiB run costs to fetch from a blob file. What they guard is guarded anyway:
@@ -715,12 +846,17 @@ class RocksLedgerStorage:
                 it.seek(run_key(ledger_id, e))
             while e <= last:
                 key = it.key() if it.valid() else b""
+                run: _Decoded | None = None
                 if key[:_RUN_PREFIX_LEN] == prefix and unpack_first(key, _RUN_PREFIX_LEN)[0] <= e:
                     (rf,) = unpack_first(key, _RUN_PREFIX_LEN)
                     value = bytes(it.value())
-                    offsets = run_offsets(value)
+                    rl, offsets, slots = decode_run(rf, value)
                     it.next()
-                else:  # the walk has no run holding e: look it up on its own
+                    if e > rl:
+                        continue  # a run before e (where the walk started, or overlapped by a longer one)
+                    if slots is None or slots[e - rf] >= 0:
+                        run = rf, rl, value, offsets, slots
+                if run is None:  # the walk has no run holding e (runs overlap): look it up on its own
                     run = self._run_at(ledger_id, e)
                     if run is None:
                         data = self._legacy_entry(ledger_id, e)
@@ -730,18 +866,27 @@ class RocksLedgerStorage:
                         size += len(data)
                         e += step
                         continue
-                    rf, value, offsets = run
-                rl = rf + len(offsets) - 2  # the run's last entry id
-                if e > rl:
-                    continue  # a run before e (where the walk started, or overlapped by a longer one)
+                rf, rl, value, offsets, slots = run
                 stop = min(last, rl)
-                for k in range(e - rf, stop - rf + 1, step):
-                    a, b = offsets[k], offsets[k + 1]
-                    if out and size + b - a > max_bytes:
-                        return out
-                    out.append(value[a:b])
-                    size += b - a
-                e += ((stop - e) // step + 1) * step
+                if slots is None:
+                    for k in range(e - rf, stop - rf + 1, step):
+                        a, b = offsets[k], offsets[k + 1]
+                        if out and size + b - a > max_bytes:
+                            return out
+                        out.append(value[a:b])
+                        size += b - a
+                    e += ((stop - e) // step + 1) * step
+                else:
+                    for i in range(e - rf, stop - rf + 1, step):
+                        k = slots[i]
+                        if k < 0:
+                            break  # not in this run: the next turn looks for e elsewhere
+                        a, b = offsets[k], offsets[k + 1]
+                        if out and size + b - a > max_bytes:
+                            return out
+                        out.append(value[a:b])
+                        size += b - a
+                        e += step
         finally:
             del it
         return out

@@ -15,7 +15,9 @@ from bookie.storage import (
     _supports_direct_io,
     entry_key,
     ledger_key,
+    pack_run,
     plan_runs,
+    run_entries,
     run_key,
 )
 
@@ -345,6 +347,124 @@ def test_a_shorter_run_never_replaces_a_longer_one_under_the_same_key(tmp_path: 
     s.write(rows(128, 150), info)  # a longer run does replace a shorter one (the same entries, and more)
     s._runs.clear()
     assert s.get_range(1, 64, 150, 1 << 20) == [b"%d" % e for e in range(64, 151)]
+    s.close()
+
+
+def _striped(first: int, last: int, held: tuple[int, ...] = (0, 1), e: int = 3) -> list[int]:
+    """The ids of first..last a bookie of an E/Qw ledger receives: those whose residue mod E it holds."""
+    return [i for i in range(first, last + 1) if i % e in held]
+
+
+def _entry(e: int) -> bytes:
+    return b"%d:" % e + bytes([e % 251]) * (e % 13)
+
+
+def _run_values(s: RocksLedgerStorage, ledger_id: int) -> dict[int, list[int]]:
+    """The ledger's stored runs: first id -> the ids the run holds."""
+    out = {}
+    for key, value in s._db.items(from_key=run_key(ledger_id, 0)):
+        if not key.startswith(run_key(ledger_id, 0)[:9]):
+            break
+        first = int.from_bytes(key[9:], "big")
+        out[first] = run_entries(first, bytes(value))[0]
+    return out
+
+
+def test_a_striped_ledgers_entries_take_one_value_per_block(tmp_path: Path) -> None:
+    """A bookie of an E3/Qw2 ledger receives 2 of every 3 ids, in groups as the journal commits them: each group
+    is stored as one run per block of 64 ids it touches (gaps listed in the run), not one run per 2 ids. Every
+    entry reads back alone, in a range with the ledger's step (its residues), and a range with step 1 stops at
+    the first id it does not hold."""
+    s = RocksLedgerStorage(tmp_path / "db")
+    info = [(1, LedgerInfo(KEY))]
+    ids = _striped(0, 999)
+    for g in range(0, len(ids), 100):
+        group = ids[g : g + 100]
+        s.write([(1, e, _entry(e)) for e in group], info)
+    runs = _run_values(s, 1)
+    assert sum(map(len, runs.values())) == len(ids)
+    assert len(runs) <= 16 + len(ids) // 100  # 16 blocks, and a piece more where a group ends inside one
+    assert all(ids[-1] // 64 == ids[0] // 64 for ids in runs.values())
+    s.flush()
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")
+    for residue in (0, 1):
+        assert s.get_range(1, residue, 999, 1 << 20, 3) == [_entry(e) for e in range(residue, 1000, 3)]
+    assert s.get_range(1, 2, 999, 1 << 20, 3) == []
+    assert s.get_range(1, 0, 999, 1 << 20) == [_entry(0), _entry(1)]
+    assert s.get_range(1, 63, 999, 1 << 20) == [_entry(63), _entry(64)]
+    capped = s.get_range(1, 90, 999, 200, 3)  # at most 200 bytes
+    assert capped == [_entry(e) for e in range(90, 90 + 3 * len(capped), 3)]
+    assert sum(map(len, capped)) <= 200 < sum(map(len, capped)) + len(_entry(90 + 3 * len(capped)))
+    for e in range(1000):
+        s._runs.clear()
+        assert s.get_entry(1, e) == (_entry(e) if e % 3 != 2 else None), e
+    s.delete_ledger(1)
+    assert list(s._db.keys()) == [] and s.get_range(1, 0, 999, 1 << 20, 3) == []
+    s.close()
+
+
+def test_runs_with_gaps_under_one_key_are_merged_never_shortened(tmp_path: Path) -> None:
+    """The analogue, with gaps, of 'a shorter run never replaces a longer one': a run written under a key that
+    holds a run already keeps every entry either held. A re-add or a journal replay of ids the stored run holds
+    changes nothing; a run holding all the stored ids and more replaces it; runs each holding ids the other
+    lacks (entries re-added after an ensemble change) become their union."""
+    s = RocksLedgerStorage(tmp_path / "db")
+    info = [(1, LedgerInfo(KEY))]
+
+    def write(ids: list[int]) -> None:
+        s.write([(1, e, _entry(e)) for e in ids], info)
+
+    write(_striped(0, 20))  # 0 1 3 4 ... 19 20
+    write([0, 1])  # a re-add of ids the run holds: left as it is
+    assert _run_values(s, 1) == {0: _striped(0, 20)}
+    write([0, 2, 4, 30])  # 2 and 30 are new, 0 and 4 held: the union
+    assert _run_values(s, 1) == {0: sorted({*_striped(0, 20), 2, 30})}
+    write(_striped(64, 80) + [64, 65, 66])  # a duplicate within one batch, with an id the first lacks
+    assert _run_values(s, 1)[64] == sorted({*_striped(64, 80), 65})
+    s.flush()
+    s.close()
+    s = RocksLedgerStorage(tmp_path / "db")  # after a restart (what this storage wrote is not in memory)
+    write(_striped(0, 40) + _striped(64, 90))  # a journal replay reaching further: replaces both
+    assert _run_values(s, 1) == {
+        0: sorted({*_striped(0, 40), 2, 30}),
+        64: sorted({*_striped(64, 90), 65}),
+    }
+    held = {*_striped(0, 40), 2, 30, *_striped(64, 90), 65}
+    for e in range(100):
+        s._runs.clear()
+        assert s.get_entry(1, e) == (_entry(e) if e in held else None), e
+    assert s.get_range(1, 0, 99, 1 << 20) == [_entry(e) for e in range(5)]  # 5 is not held
+    assert s.get_range(1, 64, 99, 1 << 20, 2) == [_entry(e) for e in (64, 66)]
+    s.close()
+
+
+def test_runs_of_consecutive_entries_an_older_version_wrote_read_beside_runs_with_gaps(
+    tmp_path: Path,
+) -> None:
+    """A data directory as the version before runs with gaps left it for a striped ledger: runs of 2 consecutive
+    entries (format 1: no header version, a nonzero count first). This version reads them, its journal replay
+    of the same entries stores runs with gaps over and beside them, new entries go to runs with gaps, and
+    a step-3 range read crosses from one kind into the other; deleting the ledger removes both."""
+    from rocksdict import Options, Rdict
+
+    raw = Rdict(str(tmp_path / "db"), Options(raw_mode=True))
+    old = _striped(0, 200)
+    for i in range(0, len(old), 2):
+        raw[run_key(5, old[i])] = pack_run([_entry(e) for e in old[i : i + 2]])
+    raw.close()
+    s = RocksLedgerStorage(tmp_path / "db")
+    for residue in (0, 1):
+        assert s.get_range(5, residue, 200, 1 << 20, 3) == [_entry(e) for e in range(residue, 201, 3)]
+    info = [(5, LedgerInfo(KEY))]
+    s.write([(5, e, _entry(e)) for e in _striped(150, 400)], info)  # replay from 150, then new entries
+    for residue in (0, 1):
+        assert s.get_range(5, residue, 400, 1 << 20, 3) == [_entry(e) for e in range(residue, 401, 3)]
+    for e in range(401):
+        s._runs.clear()
+        assert s.get_entry(5, e) == (_entry(e) if e % 3 != 2 else None), e
+    s.delete_ledger(5)
+    assert list(s._db.keys()) == []
     s.close()
 
 
