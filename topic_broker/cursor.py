@@ -200,6 +200,10 @@ class ManagedCursor:
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
         self._closed = False
+        #: consumers are attached (the broker sets it); an idle cursor adopts changes others store
+        self.active = False
+        #: the stored state was adopted by :meth:`refresh`: the dispatcher must restart from the mark-delete
+        self.moved = False
 
     @classmethod
     async def open(
@@ -291,6 +295,25 @@ class ManagedCursor:
             log.exception("ml=%s cursor=%s flush failed", self.ml.name, self.name)
 
     # -- persistence --------------------------------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """An idle cursor with nothing unsaved adopts its znode when someone else wrote it (the Spark topic
+        source moves its subscription with ``BrokerMetadataStore.save_cursor``), so retention and the next
+        consumer see where it stands now, and the next flush does not conflict with that write."""
+        if self.active or self._dirty or self._closed:
+            return
+        async with self._flush_lock:
+            stored = await self.ml.store.get_cursor(self.ml.name, self.name)
+            if stored is None or stored.version == self._version or self._dirty or self.active:
+                return
+            self.cursor = Cursor.from_info(stored.value, self.ml.next_position)
+            self.properties = dict(stored.value.properties)
+            self._version = stored.version
+            self.read_position = self.ml.next_position(self.cursor.mark_delete)
+            self.moved = True
+            log.info(
+                "ml=%s cursor=%s moved by another writer to %s", self.ml.name, self.name, self.mark_delete
+            )
+
     async def maybe_flush(self) -> None:
         if self._dirty and time.monotonic() - self._last_flush >= self._flush_interval_s:
             await self.flush()

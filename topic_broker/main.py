@@ -9,6 +9,7 @@ import logging
 import signal
 from collections.abc import Sequence
 
+from .admin import AdminServer
 from .server import BrokerServer
 from .service import (
     DEFAULT_ACK_QUORUM,
@@ -16,6 +17,7 @@ from .service import (
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_PORT,
+    DEFAULT_TICK_INTERVAL_S,
     DEFAULT_WRITE_QUORUM,
     BrokerConfig,
     BrokerService,
@@ -32,6 +34,8 @@ async def serve(config: BrokerConfig, stop: asyncio.Event | None = None) -> int:
     await service.start()
     server = BrokerServer(service)
     await server.start()
+    admin = AdminServer(service)  # /admin/v2, /lookup/v2, /metrics, /health on the HTTP port
+    await admin.start()
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -39,6 +43,7 @@ async def serve(config: BrokerConfig, stop: asyncio.Event | None = None) -> int:
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    await admin.stop()
     await server.stop()
     await service.stop()
     return 0
@@ -62,6 +67,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rollover-time-s", type=float, default=4 * 3600.0)
     p.add_argument("--no-dedup", action="store_true", help="deduplicate only where the namespace policy asks")
     p.add_argument("--zk-session-timeout-s", type=float, default=10.0)
+    p.add_argument(
+        "--tick-interval-s",
+        type=float,
+        default=DEFAULT_TICK_INTERVAL_S,
+        help="how often topics roll idle ledgers, flush cursors, apply namespace policies and trim",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -83,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         max_rollover_time_s=args.max_rollover_time_s,
         dedup_enabled=not args.no_dedup,
         zk_session_timeout_s=args.zk_session_timeout_s,
+        tick_interval_s=args.tick_interval_s,
     )
 
 

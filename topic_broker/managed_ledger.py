@@ -277,6 +277,10 @@ class CursorHook(Protocol):
 
     async def maybe_flush(self) -> None: ...
 
+    async def refresh(self) -> None:
+        """Adopt the stored state if someone else moved the cursor's znode while it is idle here."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -395,6 +399,11 @@ class ManagedLedger:
     @property
     def current_ledger_id(self) -> int:
         return self._current.ledger_id
+
+    @property
+    def current_size(self) -> int:
+        """Bytes appended to the current ledger (sent; the closed ledgers' sizes are in :attr:`info`)."""
+        return self._current_size
 
     def _check_writable(self) -> None:
         if self._state == _FENCED:
@@ -676,15 +685,51 @@ class ManagedLedger:
         log.info("ml=%s trimmed ledgers %s", self.name, doomed)
         return doomed
 
+    async def refresh_cursors(self) -> None:
+        """Read every cursor's znode again. Others may create or move a durable subscription's cursor at any
+        time (the Spark topic source saves its subscription with ``BrokerMetadataStore.save_cursor``), so
+        what was read at open is not enough for retention: unattached cursors' mark-deletes are replaced by
+        what is stored now, and idle attached cursors adopt a stored state that moved."""
+        names = await self.store.list_cursors(self.name)
+        marks: dict[str, Position] = {}
+        for sub in names:
+            attached = self._cursors.get(sub)
+            if attached is not None:
+                await attached.refresh()
+                continue
+            stored = await self.store.get_cursor(self.name, sub)
+            if stored is not None:
+                marks[sub] = Position(*stored.value.mark_delete)
+        self._stored_marks = marks
+
+    async def trim_by_retention(self) -> list[int]:
+        """:meth:`trim` with the cursors as stored now and this managed ledger's retention; the cursors are
+        read only when retention could let a ledger go at all."""
+        if self._state != _OPEN or not self._trimmable(None):
+            return []
+        await self.refresh_cursors()
+        return await self.trim(self.slowest_mark_delete(), self.retention_time_s, self.retention_size_bytes)
+
+    def _trimmable(self, slowest_mark_delete: Position | None) -> list[int]:
+        return ledgers_to_trim(
+            self._info.value.ledgers,
+            current_ledger_id=self._current.ledger_id,
+            current_size=self._current_size,
+            slowest_mark_delete=slowest_mark_delete,
+            retention_time_s=self.retention_time_s,
+            retention_size_bytes=self.retention_size_bytes,
+            now_ms=int(self._clock() * 1000),
+        )
+
     async def tick(self) -> None:
         """Periodic housekeeping (the broker calls it, e.g. every few seconds): roll an aged or full ledger,
-        flush cursors, trim by retention."""
+        flush cursors, trim by retention (idle topics included)."""
         if self._state != _OPEN:
             return
         await self.maybe_rollover()
         for c in list(self._cursors.values()):
             await c.maybe_flush()
-        await self.trim(self.slowest_mark_delete(), self.retention_time_s, self.retention_size_bytes)
+        await self.trim_by_retention()
 
     # -- closing ------------------------------------------------------------------------------------------------
     async def close(self) -> None:

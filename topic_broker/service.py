@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -35,7 +36,7 @@ from urllib.parse import unquote
 
 import zk
 from ledger_client import BookKeeper, ClientConfig
-from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, OwnershipInfo
+from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, NamespacePolicies, OwnershipInfo
 
 from . import pulsar_api_pb2 as pb
 from . import wire
@@ -48,6 +49,7 @@ from .managed_ledger import (
     ManagedLedgerFencedError,
     Position,
 )
+from .metrics import BrokerMetrics
 from .names import InvalidTopicName, TopicName
 from .subscription import (
     ActiveConsumerChanged,
@@ -218,6 +220,9 @@ class _Receipt:
     position: Position | None = None
     error: str | None = None
     done: bool = False
+    started: float = 0.0  # time.monotonic() at the SEND's arrival (publish latency)
+    messages: int = 1
+    size: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -286,10 +291,16 @@ class SubscriptionRuntime:
         self, c: Consumer, sub_type: SubType, priority: int, ranges: list[tuple[int, int]]
     ) -> None:
         key = next(self._next_key)
+        cursor = self.cursor
+        if cursor is not None and cursor.moved and not self.consumers:
+            cursor.moved = False  # moved in ZooKeeper while idle: start over from where it stands now
+            self.core.reset(self.topic.ml.next_position(cursor.mark_delete))
         cmds = self.core.add_consumer(key, c.name, priority, sub_type=sub_type, hash_ranges=ranges)
         self.consumers[key] = c
         self._by_key[key] = c
         c.sub_key = key
+        if cursor is not None:
+            cursor.active = True
         self.execute(cmds)
 
     def remove_consumer(self, c: Consumer) -> None:
@@ -299,8 +310,17 @@ class SubscriptionRuntime:
         del self.consumers[key]
         self.execute(self.core.remove_consumer(key))
         self._by_key.pop(key, None)
+        if self.cursor is not None and not self.consumers:
+            self.cursor.active = False
         if not self.consumers and not self.durable:
             self.topic.subscriptions.pop(self.name, None)
+
+    def disconnect_consumers(self) -> None:
+        """CLOSE_CONSUMER to every consumer (they reconnect); a reader's subscription goes with them."""
+        for c in list(self.consumers.values()):
+            c.session.consumers.pop(c.consumer_id, None)
+            self.remove_consumer(c)
+            c.session.send(wire.close_consumer(c.consumer_id, 0))
 
     def key_of(self, c: Consumer) -> int:
         return c.sub_key
@@ -311,11 +331,15 @@ class SubscriptionRuntime:
                 c = self._by_key.get(cmd.consumer_id)
                 if c is None:
                     continue
-                pos = cmd.entry.position
+                entry = cmd.entry
+                pos = entry.position
                 c.session.send(
                     wire.message(
-                        c.consumer_id, pos[0], pos[1], cmd.entry.data, redelivery_count=cmd.redelivery_count
+                        c.consumer_id, pos[0], pos[1], entry.data, redelivery_count=cmd.redelivery_count
                     )
+                )
+                self.topic.service.metrics.dispatched(
+                    self.topic.key, self.name, entry.num_messages, len(entry.data) if entry.data else 0
                 )
             elif isinstance(cmd, Read):
                 self.topic.service.spawn(self._read(cmd))
@@ -444,6 +468,7 @@ class Topic:
     def __init__(self, service: BrokerService, name: TopicName, ml: ManagedLedger, dedup: bool) -> None:
         self.service = service
         self.name = name
+        self.key = str(name)
         self.ml = ml
         self.dedup_enabled = dedup
         self.producers: dict[int, Producer] = {}  # by id(producer)
@@ -471,7 +496,7 @@ class Topic:
         seq = send.sequence_id
         highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else seq
         highest = max(highest, seq)
-        rec = _Receipt(seq, highest)
+        rec = _Receipt(seq, highest, started=time.monotonic(), messages=num_messages, size=len(entry))
         p.receipts.append(rec)
         if self.dedup_enabled:
             last = self.last_sequence.get(p.name, -1)
@@ -506,9 +531,12 @@ class Topic:
             self._appending = False
 
     def _appended(self, fut: asyncio.Future[Position], *, p: Producer, rec: _Receipt) -> None:
+        # Retrieved even when unloaded: a fenced topic's refused appends are expected, not "never retrieved".
+        exc: BaseException | None = (
+            ManagedLedgerError("append cancelled") if fut.cancelled() else fut.exception()
+        )
         if self.unloaded:
             return
-        exc = fut.exception()
         if isinstance(exc, ManagedLedgerFencedError):
             self.service.topic_lost(self, str(exc))
             return
@@ -516,6 +544,7 @@ class Topic:
             rec.error = str(exc)
         else:
             rec.position = fut.result()
+            self.service.metrics.published(self.key, rec.messages, rec.size, time.monotonic() - rec.started)
             if self.dedup_enabled:
                 self.ml.set_property(f"dedup/{p.name}", str(rec.highest_sequence_id))
             self.last_entry_messages = None
@@ -635,6 +664,7 @@ class BrokerService:
         self.conn_config = ConnectionConfig(max_message_size=config.max_message_size)
         self.bk: BookKeeper | None = None
         self.meta: BrokerMetadataStore | None = None
+        self.metrics = BrokerMetrics()
         self.topics: dict[str, asyncio.Future[Topic]] = {}
         self.sessions: set[Session] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -713,20 +743,57 @@ class BrokerService:
             self.spawn(self._register())
 
     async def _tick_loop(self) -> None:
+        """Every second: keep-alive of the connections. Every ``tick_interval_s``: the namespaces' policies
+        (retention, dedup) read again and applied, then each topic's housekeeping (rollover, cursor flushes,
+        retention)."""
+        next_topic_tick = time.monotonic() + self.config.tick_interval_s
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for s in list(self.sessions):
                 s.tick(now)
-            if int(now) % max(1, int(self.config.tick_interval_s)) == 0:
-                for fut in list(self.topics.values()):
-                    if fut.done() and not fut.exception():
-                        try:
-                            await fut.result().ml.tick()
-                        except ManagedLedgerFencedError as e:
-                            self.topic_lost(fut.result(), str(e))
-                        except Exception as e:
-                            log.warning("topic tick failed: %s", e)
+            if now < next_topic_tick:
+                continue
+            next_topic_tick = now + self.config.tick_interval_s
+            try:
+                await self.refresh_policies()
+            except zk.MetadataError as e:
+                log.warning("namespace policies not refreshed: %s", e)
+            for topic in self.served_topics():
+                try:
+                    await topic.ml.tick()
+                except ManagedLedgerFencedError as e:
+                    self.topic_lost(topic, str(e))
+                except Exception as e:
+                    log.warning("topic=%s tick failed: %s", topic.name, e)
+
+    async def refresh_policies(self) -> None:
+        """Read the policies of every namespace with a topic served here and apply them (changes made through
+        any broker's admin REST, or directly in ZooKeeper, take effect within one tick)."""
+        assert self.meta is not None
+        by_ns: dict[tuple[str, str], list[Topic]] = {}
+        for t in self.served_topics():
+            by_ns.setdefault((t.name.tenant, t.name.namespace), []).append(t)
+        for (tenant, ns), topics in by_ns.items():
+            policies = await self.meta.get_policies(tenant, ns)
+            for t in topics:
+                self._apply_policies(t, policies)
+
+    def _apply_policies(self, topic: Topic, policies: NamespacePolicies | None) -> None:
+        p = policies or NamespacePolicies()
+        topic.ml.retention_time_s = p.retention_time_s
+        topic.ml.retention_size_bytes = p.retention_size_bytes
+        dedup = self.config.dedup_enabled or p.deduplication_enabled
+        if dedup and not topic.dedup_enabled:
+            # Turned on while served: the sequence ids seen since are not known, so the first SEND of each
+            # producer after this is stored (as Pulsar does when dedup is enabled on a live topic).
+            topic.dedup_enabled = True
+        elif not dedup:
+            topic.dedup_enabled = False
+
+    def served_topics(self) -> list[Topic]:
+        """The topics open on this broker now."""
+        return [f.result() for f in list(self.topics.values()) if f.done() and not f.exception()]
 
     # -- topics ---------------------------------------------------------------------------------------------
 
@@ -748,13 +815,18 @@ class BrokerService:
 
     async def _open_topic(self, name: TopicName) -> Topic:
         assert self.meta is not None and self.bk is not None
-        owner = await self.meta.acquire_ownership(name.ml_name, self._ownership())
+        owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         if owner.broker_id != self.config.id:
             raise NotOwnerError(owner)
-        policies = await self.meta.get_policies(name.tenant, name.namespace)
-        dedup = self.config.dedup_enabled or bool(policies and policies.deduplication_enabled)
+        policies = await self.meta.get_policies(name.tenant, name.namespace) or NamespacePolicies()
+        dedup = self.config.dedup_enabled or policies.deduplication_enabled
+        ml_config = dataclasses.replace(
+            self.config.ml_config(),
+            retention_time_s=policies.retention_time_s,
+            retention_size_bytes=policies.retention_size_bytes,
+        )
         try:
-            ml = await ManagedLedger.open(self.bk, self.meta, name.ml_name, self.config.ml_config())
+            ml = await ManagedLedger.open(self.bk, self.meta, name.ml_name, ml_config)
         except BaseException:
             await self.meta.release_ownership(name.ml_name, self.config.id)
             raise
@@ -764,12 +836,15 @@ class BrokerService:
         log.info("broker=%s now serves topic=%s", self.config.id, name)
         return topic
 
-    def _ownership(self) -> OwnershipInfo:
+    def ownership(self) -> OwnershipInfo:
+        """This broker's ownership record (what an ``ownership/<ml>`` znode it holds says)."""
         return OwnershipInfo(
             broker_id=self.config.id,
             service_url=self.config.service_url,
             web_service_url=self.config.web_service_url,
         )
+
+    _ownership = ownership  # the name admin.py's HTTP lookup used
 
     def topic_lost(self, topic: Topic, reason: str) -> None:
         """Stop serving: clients are told to reconnect (and look the topic up again)."""
@@ -801,6 +876,32 @@ class BrokerService:
         if self.meta is not None and not self._session_lost:
             with contextlib.suppress(Exception):
                 await self.meta.release_ownership(topic.name.ml_name, self.config.id)
+
+    async def delete_topic(self, name: TopicName | str) -> bool:
+        """Delete a topic this broker serves: its clients are disconnected, its storage (every ledger, the
+        cursors, the managed-ledger znode) removed, its ownership released. False when it is not served here
+        (the caller redirects to the owner, or opens it first)."""
+        topic = self._served(str(name))
+        if topic is None:
+            return False
+        topic.unloaded = True
+        fut = self.topics.get(topic.key)
+        if fut is not None and fut.done() and not fut.exception() and fut.result() is topic:
+            del self.topics[topic.key]
+        self._disconnect_clients(topic)
+        topic.subscriptions.clear()
+        for c in list(topic.ml.cursors.values()):
+            with contextlib.suppress(ManagedLedgerError, zk.MetadataError):
+                await c.close()
+        try:
+            await topic.ml.delete()
+        finally:
+            self.metrics.forget(topic.key)
+            if self.meta is not None and not self._session_lost:
+                with contextlib.suppress(zk.MetadataError):
+                    await self.meta.release_ownership(topic.name.ml_name, self.config.id)
+        log.info("broker=%s deleted topic=%s", self.config.id, topic.name)
+        return True
 
     async def unload(self, name: TopicName) -> bool:
         fut = self.topics.get(str(name))
@@ -857,7 +958,7 @@ class BrokerService:
         try:
             owner = await self.meta.get_owner(name.ml_name)
             if owner is None:
-                owner = await self.meta.acquire_ownership(name.ml_name, self._ownership())
+                owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         except zk.MetadataError as e:
             s.send(wire.lookup_response(cmd.request_id, error_code=pb.MetadataError, message=str(e)))
             return
@@ -1057,13 +1158,7 @@ class BrokerService:
             return
         s.send(wire.success(cmd.request_id))
         # Like Pulsar: the consumers reconnect, and start over with fresh permits and an empty queue.
-        for other in list(sub.consumers.values()):
-            other.session.consumers.pop(other.consumer_id, None)
-            if not sub.durable:
-                sub.topic.subscriptions.pop(sub.name, None)
-            sub.consumers.pop(sub.key_of(other), None)
-            sub.execute(sub.core.remove_consumer(sub.key_of(other)))
-            other.session.send(wire.close_consumer(other.consumer_id, 0))
+        sub.disconnect_consumers()
 
     async def on_get_last_message_id(self, s: Session, r: Request) -> None:
         cmd: pb.CommandGetLastMessageId = r.body  # type: ignore[assignment]

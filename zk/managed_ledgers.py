@@ -16,6 +16,7 @@ compatible within ``format_version`` 1) and raises :class:`MetadataFormatError` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -382,9 +383,23 @@ class BrokerMetadataStore:
                 return info
             except MetadataExistsError:
                 current = await self.store.aget_optional(path)
-                if current is not None:
-                    return OwnershipInfo.from_json(current.value)
+                if current is None:
+                    continue
+                owner = OwnershipInfo.from_json(current.value)
+                if owner.broker_id == info.broker_id and await self._stale_session(path):
+                    # Our own id, but an earlier session's (a broker restarted under the same id before its
+                    # old session expired): that record would vanish with the old session while we serve.
+                    with contextlib.suppress(MetadataVersionError):
+                        await self.store.adelete(path, current.version, missing_ok=True)
+                    continue
+                return owner
         raise MetadataVersionError("ownership znode keeps appearing and disappearing", path=path)
+
+    async def _stale_session(self, path: str) -> bool:
+        """The ephemeral znode at ``path`` belongs to a session other than this store's current one."""
+        stat = await asyncio.to_thread(self.store.stat, path)
+        session = self.store.session_id
+        return stat is not None and session is not None and stat.ephemeral_owner != session
 
     async def get_owner(self, ml_name: str) -> OwnershipInfo | None:
         v = await self.store.aget_optional(layout.topic_ownership_path(ml_name))

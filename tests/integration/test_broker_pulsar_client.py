@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ledgerstore.cluster import BrokerProcess, free_port
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
+from topic_broker.names import TopicName
+from zk import MetadataStore
+from zk.managed_ledgers import BrokerMetadataStore, CursorInfo
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -262,22 +267,8 @@ def test_dedup_with_a_fixed_producer_name(broker: BrokerProcess) -> None:
 
 
 def test_partitioned_topic(broker: BrokerProcess, cluster: Brokers) -> None:
-    import asyncio
-
-    from topic_broker.names import TopicName
-    from zk import MetadataStore
-    from zk.managed_ledgers import BrokerMetadataStore
-
     t = topic_name()
-
-    async def create() -> None:
-        store = MetadataStore.connect(cluster.bookies.zk, root=cluster.bookies.root)
-        try:
-            await BrokerMetadataStore(store).create_partitioned_topic(TopicName.parse(t).ml_name, 3)
-        finally:
-            store.close()
-
-    asyncio.run(create())
+    _meta(cluster, lambda meta: meta.create_partitioned_topic(TopicName.parse(t).ml_name, 3))
     c = client(broker)
     try:
         consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
@@ -305,22 +296,25 @@ def test_partitioned_topic(broker: BrokerProcess, cluster: Brokers) -> None:
         c.close()
 
 
-def _owner(cluster: Brokers, t: str) -> str | None:
-    import asyncio
+def _meta(cluster: Brokers, fn: Callable[[BrokerMetadataStore], Awaitable[Any]]) -> Any:
+    """Run ``fn`` against the cluster's broker znodes (as another process, e.g. the Spark source, would)."""
 
-    from topic_broker.names import TopicName
-    from zk import MetadataStore
-    from zk.managed_ledgers import BrokerMetadataStore
-
-    async def get() -> str | None:
+    async def run() -> Any:
         store = MetadataStore.connect(cluster.bookies.zk, root=cluster.bookies.root)
         try:
-            owner = await BrokerMetadataStore(store).get_owner(TopicName.parse(t).ml_name)
-            return None if owner is None else owner.service_url
+            return await fn(BrokerMetadataStore(store))
         finally:
             store.close()
 
-    return asyncio.run(get())
+    return asyncio.run(run())
+
+
+def _owner(cluster: Brokers, t: str) -> str | None:
+    async def get(meta: BrokerMetadataStore) -> str | None:
+        owner = await meta.get_owner(TopicName.parse(t).ml_name)
+        return None if owner is None else owner.service_url
+
+    return _meta(cluster, get)
 
 
 def test_broker_kill9_moves_clients_to_the_survivor(cluster: Brokers) -> None:
@@ -354,6 +348,80 @@ def test_broker_kill9_moves_clients_to_the_survivor(cluster: Brokers) -> None:
         assert rest == list(range(10, 30))
         assert survivor.alive
         assert _owner(cluster, t) == survivor.service_url
+    finally:
+        c.close()
+
+
+def test_broker_restarted_under_its_id_before_its_old_session_expires_owns_its_topics(
+    cluster: Brokers,
+) -> None:
+    """The ownership znode an earlier session of the same broker id left behind is replaced, not reused: it
+    would vanish when that session expires, while the restarted broker still serves the topic."""
+    b = cluster.start()
+    c = client(b, operation_timeout_seconds=30)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t, send_timeout_millis=60_000)
+        p.send(b"0")
+        b.kill9()
+        b.start()  # same port, so the same id, while the killed session still holds its ephemeral znodes
+        p.send(b"1")
+        time.sleep(6)  # the old session (timeout 4 s) has expired
+        assert _owner(cluster, t) == b.service_url
+        p.send(b"2")
+        assert [m.data() for m in drain(consumer, 3)] == [b"0", b"1", b"2"]
+    finally:
+        c.close()
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_trim_follows_a_cursor_moved_in_zookeeper_by_another_writer(cluster: Brokers) -> None:
+    """Retention re-reads the cursors before trimming: a subscription moved in ZooKeeper (as the Spark topic
+    source does with ``save_cursor``) lets the ledgers before it go, and its next consumer starts there."""
+    broker = cluster.start(
+        "--max-entries-per-ledger", "5", "--min-rollover-time-s", "0", "--tick-interval-s", "1"
+    )
+    c = client(broker)
+    try:
+        t = topic_name()
+        ml = TopicName.parse(t).ml_name
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t)
+        ids = [p.send(f"{i}".encode()) for i in range(20)]
+        consumer.close()  # nothing acked: the subscription holds every ledger
+
+        def ledgers() -> list[int]:
+            async def get(meta: BrokerMetadataStore) -> list[int]:
+                info = await meta.get_ml_info(ml)
+                assert info is not None
+                return [li.ledger_id for li in info.value.ledgers]
+
+            return _meta(cluster, get)
+
+        _wait(lambda: len(ledgers()) >= 4, what="rollovers")
+        time.sleep(3)  # ticks run: nothing is trimmed below an unacknowledged subscription
+        assert ledgers()[0] == ids[0].ledger_id()
+
+        last = ids[-1]
+
+        async def move(meta: BrokerMetadataStore) -> None:
+            stored = await meta.get_cursor(ml, "s")
+            assert stored is not None
+            info = CursorInfo(mark_delete=(last.ledger_id(), last.entry_id()))
+            await meta.save_cursor(ml, "s", info, stored.version)
+
+        _meta(cluster, move)
+        _wait(lambda: ledgers()[0] >= last.ledger_id(), what="the trim up to the moved cursor")
+        again = c.subscribe(t, "s")
+        p.send(b"after")
+        assert again.receive(10_000).data() == b"after"
     finally:
         c.close()
 
