@@ -36,7 +36,13 @@ from urllib.parse import unquote
 
 import zk
 from ledger_client import BookKeeper, ClientConfig
-from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, NamespacePolicies, OwnershipInfo
+from zk.managed_ledgers import (
+    BrokerInfo,
+    BrokerMetadataStore,
+    NamespacePolicies,
+    OwnershipInfo,
+    SchemaInfo,
+)
 
 from . import pulsar_api_pb2 as pb
 from . import wire
@@ -82,6 +88,8 @@ DEFAULT_ACK_QUORUM = 2
 DEFAULT_TICK_INTERVAL_S = 5.0
 DEFAULT_DEDUP_ENABLED = True
 INT64_MAX = 2**63 - 1
+#: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
+SCHEMA_NONE = 0
 #: Pending SENDs per topic beyond which reading from producers' sockets pauses.
 APPEND_QUEUE_MAX = 10_000
 
@@ -449,6 +457,15 @@ class SubscriptionRuntime:
         return self.cursor.mark_delete if self.cursor else self.mark_delete
 
 
+def _schema_info(schema: pb.Schema) -> SchemaInfo:
+    return SchemaInfo(
+        type=int(schema.type),
+        name=schema.name,
+        data=bytes(schema.schema_data),
+        properties={kv.key: kv.value for kv in schema.properties},
+    )
+
+
 def _position(mid: pb.MessageIdData) -> Position:
     """A client's message id as a signed position (the earliest id (−1, −1) arrives as uint64 2**64 − 1)."""
     return Position(wire.signed64(mid.ledgerId), wire.signed64(mid.entryId))
@@ -474,7 +491,6 @@ class Topic:
         self.producers: dict[int, Producer] = {}  # by id(producer)
         self.subscriptions: dict[str, SubscriptionRuntime] = {}
         self.last_sequence: dict[str, int] = {}  # producer name -> highest sequence id accepted
-        self.schema: pb.Schema | None = None
         self.last_entry_messages: int | None = None
         self._queue: deque[tuple[Producer, _Receipt, bytes]] = deque()
         self._appending = False
@@ -895,6 +911,8 @@ class BrokerService:
                 await c.close()
         try:
             await topic.ml.delete()
+            if not topic.name.is_partition and self.meta is not None:
+                await self.meta.delete_schemas(topic.name.ml_name)  # a partitioned topic's are its own
         finally:
             self.metrics.forget(topic.key)
             if self.meta is not None and not self._session_lost:
@@ -981,6 +999,15 @@ class BrokerService:
         topic = await self._topic_for(s, cmd.topic, cmd.request_id)
         if topic is None:
             return
+        schema_version: bytes | None = None
+        if cmd.HasField("schema") and (cmd.schema.type != SCHEMA_NONE or cmd.schema.schema_data):
+            assert self.meta is not None  # bytes producers declare none; a declared schema is stored
+            try:
+                version = await self.meta.add_schema(topic.name.base.ml_name, _schema_info(cmd.schema))
+            except zk.MetadataError as e:
+                s.send(wire.error(cmd.request_id, pb.MetadataError, f"schema not stored: {e}"))
+                return
+            schema_version = version.to_bytes(8, "big")
         existing = s.producers.get(cmd.producer_id)
         if existing is not None and existing.topic is topic:
             s.send(
@@ -1009,13 +1036,10 @@ class BrokerService:
                 return
         else:
             name = f"{self.config.id.replace(':', '-')}-{next(self._producer_names)}"
-        if cmd.HasField("schema") and (cmd.schema.type != 0 or cmd.schema.schema_data):
-            topic.schema = cmd.schema  # bytes producers declare none
         p = Producer(s, cmd.producer_id, name, topic, exclusive=mode != pb.Shared)
         topic.add_producer(p)
         s.producers[cmd.producer_id] = p
         last = topic.last_sequence.get(name, -1) if topic.dedup_enabled else -1
-        schema_version = b"\x00" * 8 if topic.schema is not None else None
         s.send(wire.producer_success(cmd.request_id, name, last, schema_version=schema_version))
 
     def on_send(self, s: Session, r: Request) -> None:
@@ -1205,20 +1229,44 @@ class BrokerService:
         s.send(wire.get_topics_of_namespace_response(cmd.request_id, topics))
 
     async def on_get_schema(self, s: Session, r: Request) -> None:
+        """The schema stored for the topic (``schemas/<ml>`` in ZooKeeper, shared by a partitioned topic's
+        partitions): the version asked for, else the latest; a bytes topic answers "no schema"."""
         cmd: pb.CommandGetSchema = r.body  # type: ignore[assignment]
-        schema = None
-        with contextlib.suppress(InvalidTopicName):
-            fut = self.topics.get(str(TopicName.parse(cmd.topic)))
-            if fut is not None and fut.done() and not fut.exception():
-                schema = fut.result().schema
-        if schema is None:
+        assert self.meta is not None
+        try:
+            name = TopicName.parse(cmd.topic)
+        except InvalidTopicName as e:
+            s.send(
+                wire.get_schema_response(cmd.request_id, error_code=pb.InvalidTopicName, error_message=str(e))
+            )
+            return
+        try:
+            history = await self.meta.get_schemas(name.base.ml_name)
+        except zk.MetadataError as e:
+            s.send(
+                wire.get_schema_response(cmd.request_id, error_code=pb.MetadataError, error_message=str(e))
+            )
+            return
+        version = len(history.versions) - 1
+        if cmd.HasField("schema_version") and cmd.schema_version:
+            version = int.from_bytes(cmd.schema_version[-8:], "big")
+        if not 0 <= version < len(history.versions):
             s.send(
                 wire.get_schema_response(
                     cmd.request_id, error_code=pb.TopicNotFound, error_message="Topic not found or no-schema"
                 )
             )
-        else:
-            s.send(wire.get_schema_response(cmd.request_id, schema=schema, schema_version=b"\x00" * 8))
+            return
+        info = history.versions[version]
+        schema = pb.Schema(
+            name=info.name or name.local,
+            schema_data=info.data,
+            type=info.type,  # type: ignore[arg-type]
+            properties=[pb.KeyValue(key=k, value=v) for k, v in info.properties.items()],
+        )
+        s.send(
+            wire.get_schema_response(cmd.request_id, schema=schema, schema_version=version.to_bytes(8, "big"))
+        )
 
     def on_consumer_stats(self, s: Session, r: Request) -> None:
         cmd: pb.CommandConsumerStats = r.body  # type: ignore[assignment]

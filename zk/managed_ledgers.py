@@ -11,11 +11,14 @@ compatible within ``format_version`` 1) and raises :class:`MetadataFormatError` 
 * :class:`BrokerInfo` at ``brokers/<id>`` (ephemeral) and :class:`OwnershipInfo` at ``ownership/<ml>``
   (ephemeral, first creator wins).
 * :class:`NamespacePolicies` at ``namespaces/<tenant>/<ns>``; ``public/default`` is created with defaults.
+* :class:`SchemaHistory` at ``schemas/<ml>`` (the base topic's name for a partitioned topic): every schema
+  producers declared, oldest first; a schema's version is its index.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,7 +39,17 @@ __all__ = [
     "NamespacePolicies",
     "OwnershipInfo",
     "PartitionedTopicMetadata",
+    "SchemaHistory",
+    "SchemaInfo",
+    "schema_path",
 ]
+
+SCHEMAS = "schemas"
+
+
+def schema_path(ml_name: str) -> str:
+    """``schemas/<tenant>/<ns>/persistent/<local>``: the schemas of a topic (of its base name when partitioned)."""
+    return f"{SCHEMAS}/{layout.check_ml_name(ml_name)}"
 
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
@@ -270,6 +283,62 @@ class NamespacePolicies:
         )
 
 
+# --- schemas -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchemaInfo:
+    """A schema a producer declared (Pulsar's ``Schema``: type number, name, definition bytes, properties)."""
+
+    type: int
+    name: str = ""
+    data: bytes = b""
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> JsonDict:
+        return {
+            "type": self.type,
+            "name": self.name,
+            "data": base64.b64encode(self.data).decode("ascii"),
+            "properties": dict(self.properties),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SchemaInfo:
+        try:
+            data = base64.b64decode(_field(d, "data", str, ""), validate=True)
+        except ValueError as e:
+            raise MetadataFormatError(f"schema data is not base64: {e}") from e
+        return cls(
+            type=_field(d, "type", int),
+            name=_field(d, "name", str, ""),
+            data=data,
+            properties={str(k): str(v) for k, v in _field(d, "properties", dict, {}).items()},
+        )
+
+    def same_definition(self, other: SchemaInfo) -> bool:
+        """Pulsar reuses a version for the same type and definition (the name is the topic's, not part of it)."""
+        return (self.type, self.data, dict(self.properties)) == (other.type, other.data, dict(other.properties))
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaHistory:
+    versions: tuple[SchemaInfo, ...] = ()
+
+    def version_of(self, schema: SchemaInfo) -> int | None:
+        for i, s in enumerate(self.versions):
+            if s.same_definition(schema):
+                return i
+        return None
+
+    def to_json(self) -> JsonDict:
+        return {"versions": [s.to_json() for s in self.versions]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SchemaHistory:
+        return cls(tuple(SchemaInfo.from_json(x) for x in _field(d, "versions", list, [])))
+
+
 # --- the store -------------------------------------------------------------------------------------------------
 
 
@@ -415,6 +484,29 @@ class BrokerMetadataStore:
             return await self.store.adelete(path, current.version, missing_ok=True)
         except MetadataVersionError:
             return False
+
+    # schemas
+    async def get_schemas(self, ml_name: str) -> SchemaHistory:
+        v = await self.store.aget_optional(schema_path(ml_name))
+        return SchemaHistory() if v is None else SchemaHistory.from_json(v.value)
+
+    async def add_schema(self, ml_name: str, schema: SchemaInfo) -> int:
+        """The version of ``schema`` for the topic: an existing one with the same definition, else a new one
+        appended (CAS, so concurrent producers on two brokers agree)."""
+
+        def add(cur: JsonDict) -> JsonDict:
+            history = SchemaHistory.from_json(cur)
+            if history.version_of(schema) is None:
+                history = SchemaHistory((*history.versions, schema))
+            return {**cur, **history.to_json()}
+
+        v = await self.store.aupdate(schema_path(ml_name), add, default=SchemaHistory().to_json())
+        version = SchemaHistory.from_json(v.value).version_of(schema)
+        assert version is not None
+        return version
+
+    async def delete_schemas(self, ml_name: str) -> None:
+        await self.store.adelete(schema_path(ml_name), missing_ok=True)
 
     # namespaces
     async def get_policies(self, tenant: str, namespace: str) -> NamespacePolicies | None:

@@ -508,3 +508,47 @@ def test_send_with_wrong_checksum_gets_checksum_error(broker: BrokerProcess) -> 
     assert frames[0].command.type == T.SEND_ERROR
     assert frames[0].command.send_error.error == pb.ChecksumError
     s.close()
+
+
+def _get_schema(bp: BrokerProcess, topic: str, version: int | None = None) -> pb.CommandGetSchemaResponse:
+    s = _raw(bp)
+    try:
+        _connect(s)
+        get = pb.CommandGetSchema(request_id=9, topic=topic)
+        if version is not None:
+            get.schema_version = version.to_bytes(8, "big")
+        s.sendall(wire.encode_command(T(type=T.GET_SCHEMA, getSchema=get)))
+        dec = wire.FrameDecoder()
+        frames: list = []
+        while not frames:
+            frames = dec.feed(s.recv(65536))
+        assert frames[0].command.type == T.GET_SCHEMA_RESPONSE
+        return frames[0].command.getSchemaResponse
+    finally:
+        s.close()
+
+
+def test_declared_schemas_are_stored_in_zookeeper_and_survive_a_restart(broker: BrokerProcess) -> None:
+    from pulsar.schema import JsonSchema, Record, String, StringSchema
+
+    class Reading(Record):
+        sensor = String()
+
+    t = f"persistent://public/default/{topic_name()}"
+    c = client(broker)
+    try:
+        assert _get_schema(broker, t).error_code == pb.TopicNotFound, "a bytes topic has no schema"
+        c.create_producer(t, schema=StringSchema()).send("a")
+        c.create_producer(t, schema=JsonSchema(Reading)).send(Reading(sensor="x"))
+        c.create_producer(t, schema=StringSchema()).send("b")  # the same definition: version 0 again
+    finally:
+        c.close()
+    broker.stop()
+    broker.start()
+    latest = _get_schema(broker, t)
+    assert not latest.HasField("error_code")
+    assert latest.schema.type == pb.Schema.Json and b"sensor" in latest.schema.schema_data
+    assert int.from_bytes(latest.schema_version, "big") == 1
+    first = _get_schema(broker, t, version=0)
+    assert first.schema.type == pb.Schema.String
+    assert _get_schema(broker, t, version=2).error_code == pb.TopicNotFound
