@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -55,15 +54,13 @@ from .names import InvalidTopicName, TopicName
 if TYPE_CHECKING:
     from .service import BrokerService, SubscriptionRuntime, Topic
 
-__all__ = ["CLUSTER_NAME", "AdminServer", "build_app", "install_metrics"]
+__all__ = ["CLUSTER_NAME", "AdminServer", "build_app"]
 
 log = logging.getLogger(__name__)
 
 #: The one cluster a ledgerstore deployment is (``/admin/v2/clusters``).
 CLUSTER_NAME = "ledgerstore"
 INT64_MAX = 2**63 - 1
-#: How often the namespaces' retention policies are applied to the topics this broker serves.
-POLICY_REFRESH_S = 5.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -108,81 +105,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# metrics hook
-
-
-_patched = False
-_publish_started: dict[int, tuple[float, int, int]] = {}
-
-
-def install_metrics(service: BrokerService) -> BrokerMetrics:
-    """The service's :class:`BrokerMetrics`. A service that does not report to one yet (no ``metrics``
-    attribute) gets one, fed by thin wrappers around ``Topic.publish``/``Topic._appended`` (publish counts and
-    latency) and ``SubscriptionRuntime.execute`` (deliveries)."""
-    existing = getattr(service, "metrics", None)
-    if isinstance(existing, BrokerMetrics):
-        return existing
-    metrics = BrokerMetrics()
-    service.metrics = metrics  # type: ignore[attr-defined]
-    _patch_service_classes()
-    return metrics
-
-
-def _patch_service_classes() -> None:
-    global _patched
-    if _patched:
-        return
-    _patched = True
-    from .service import SubscriptionRuntime, Topic
-    from .subscription import Deliver
-
-    orig_publish = Topic.publish
-    orig_appended = Topic._appended
-    orig_execute = SubscriptionRuntime.execute
-
-    def publish(self: Topic, p: Any, send: Any, entry: bytes, num_messages: int) -> None:
-        t0 = time.monotonic()
-        orig_publish(self, p, send, entry, num_messages)
-        if p.receipts and not p.receipts[-1].done:
-            if len(_publish_started) > 1_000_000:  # failed appends never reach _appended
-                _publish_started.clear()
-            _publish_started[id(p.receipts[-1])] = (t0, num_messages, len(entry))
-
-    def appended(self: Topic, fut: asyncio.Future[Position], *, p: Any, rec: Any) -> None:
-        started = _publish_started.pop(id(rec), None)
-        orig_appended(self, fut, p=p, rec=rec)
-        m = getattr(self.service, "metrics", None)
-        if started is not None and m is not None and not fut.cancelled() and fut.exception() is None:
-            t0, n, size = started
-            m.published(str(self.name), n, size, time.monotonic() - t0)
-
-    def execute(self: SubscriptionRuntime, cmds: list[Any]) -> None:
-        m = getattr(self.topic.service, "metrics", None)
-        if m is not None:
-            for cmd in cmds:
-                if isinstance(cmd, Deliver) and cmd.consumer_id in self.consumers:
-                    data = cmd.entry.data
-                    m.dispatched(
-                        str(self.topic.name), self.name, cmd.entry.num_messages, len(data) if data else 0
-                    )
-        orig_execute(self, cmds)
-
-    Topic.publish = publish  # type: ignore[method-assign]
-    Topic._appended = appended  # type: ignore[method-assign]
-    SubscriptionRuntime.execute = execute  # type: ignore[method-assign]
-
-
-# ------------------------------------------------------------------------------------------------------------
 # helpers over the service's topics
 
 
 def _storage_size(topic: Topic) -> int:
     ml = topic.ml
-    closed = sum(li.size for li in ml.info.ledgers[:-1])
-    current = getattr(ml, "current_size", None)
-    if not isinstance(current, int):
-        current = getattr(ml, "_current_size", 0)
-    return closed + int(current or 0)
+    return ml.current_size + sum(li.size for li in ml.info.ledgers[:-1])
 
 
 def _cursor_backlog(topic: Topic, mark_delete: Position, ranges: list[tuple[Position, Position]]) -> int:
@@ -254,7 +182,7 @@ def _int_field(d: Mapping[str, Any], key: str, default: int) -> int:
 class AdminApp:
     def __init__(self, service: BrokerService) -> None:
         self.service = service
-        self.metrics = install_metrics(service)
+        self.metrics: BrokerMetrics = service.metrics
         self._http: aiohttp.ClientSession | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------------------
@@ -555,19 +483,6 @@ class AdminApp:
                 t.ml.retention_time_s = p.retention_time_s
                 t.ml.retention_size_bytes = p.retention_size_bytes
 
-    async def refresh_policies(self) -> None:
-        """Apply each namespace's retention to the topics served here (topics opened since, other brokers'
-        changes)."""
-        seen: dict[tuple[str, str], NamespacePolicies | None] = {}
-        for t in self._served_topics():
-            key = (t.name.tenant, t.name.namespace)
-            if key not in seen:
-                seen[key] = await self.meta.get_policies(*key)
-            p = seen[key]
-            if p is not None:
-                t.ml.retention_time_s = p.retention_time_s
-                t.ml.retention_size_bytes = p.retention_size_bytes
-
     # -- topic lists and partitions --------------------------------------------------------------------------
 
     async def _list_topics(self, tenant: str, ns: str) -> list[str]:
@@ -674,28 +589,8 @@ class AdminApp:
         return _no_content()
 
     async def _delete_topic(self, topic: Topic) -> None:
-        svc = self.service
-        deleter = getattr(svc, "delete_topic", None)
-        if deleter is not None:  # the service's own, when it has one
-            await deleter(topic.name)
-            self.metrics.forget(str(topic.name))
-            return
-        topic.unloaded = True
-        key = str(topic.name)
-        fut = svc.topics.get(key)
-        if fut is not None and fut.done() and not fut.exception() and fut.result() is topic:
-            del svc.topics[key]
-        svc._disconnect_clients(topic)
-        for c in list(topic.ml.cursors.values()):
-            with contextlib.suppress(Exception):
-                await c.close()
-        try:
-            await topic.ml.delete()
-        finally:
-            if svc.meta is not None:
-                with contextlib.suppress(Exception):
-                    await svc.meta.release_ownership(topic.name.ml_name, svc.config.id)
-            self.metrics.forget(key)
+        if not await self.service.delete_topic(topic.name):
+            raise AdminError(409, f"{topic.name} stopped being served here while it was deleted; try again")
 
     async def _subscription_rows(self, topic: Topic) -> dict[str, dict[str, Any]]:
         """Every subscription of the topic: the live ones, and durable cursors from ZooKeeper."""
@@ -1153,8 +1048,7 @@ class AdminApp:
         name = TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
         owner = await self.meta.get_owner(name.ml_name)
         if owner is None:
-            mine = getattr(self.service, "ownership", None) or self.service._ownership
-            owner = await self.meta.acquire_ownership(name.ml_name, mine())
+            owner = await self.meta.acquire_ownership(name.ml_name, self.service.ownership())
         return _json(
             {
                 "brokerUrl": owner.service_url,
@@ -1312,28 +1206,14 @@ class AdminServer:
         self.port = port if port is not None else service.config.http_port
         self.app, self.admin = build_app(service)
         self._runner: web.AppRunner | None = None
-        self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port, reuse_address=True).start()
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
         log.info("broker=%s admin REST on http://%s:%d", self.service.config.id, self.host, self.port)
 
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(POLICY_REFRESH_S)
-            try:
-                await self.admin.refresh_policies()
-            except Exception as e:  # ZooKeeper away: the next round tries again
-                log.debug("namespace policy refresh failed: %s", e)
-
     async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
         await self.admin.close()
         if self._runner is not None:
             await self._runner.cleanup()
