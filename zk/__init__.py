@@ -5,6 +5,7 @@ launcher for a local ZooKeeper. See ``docs/metadata.md``.
 """
 
 from zk import layout
+from zk.acl import ZkAuth, resolve_auth, secure_tree
 from zk.client import (
     FORMAT_VERSION,
     JsonDict,
@@ -30,6 +31,7 @@ from zk.cookies import (
 from zk.errors import (
     CookieMismatchError,
     InvalidMetadataError,
+    MetadataAuthError,
     MetadataClosedError,
     MetadataConnectionError,
     MetadataError,
@@ -68,6 +70,7 @@ __all__ = [
     "LedgerMetadata",
     "LedgerMetadataStore",
     "LedgerState",
+    "MetadataAuthError",
     "MetadataClosedError",
     "MetadataConnectionError",
     "MetadataError",
@@ -83,6 +86,7 @@ __all__ = [
     "SessionState",
     "Versioned",
     "ZooKeeperLaunchError",
+    "ZkAuth",
     "ZooKeeperServer",
     "check_transition",
     "cli_start",
@@ -98,6 +102,8 @@ __all__ = [
     "password_digest_of",
     "read_local_cookie",
     "read_zk_cookie",
+    "resolve_auth",
+    "secure_tree",
     "verify_cookies",
     "write_local_cookie",
     "write_zk_cookie",

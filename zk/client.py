@@ -9,6 +9,9 @@
 * Session state changes are delivered to listeners (``"CONNECTED"``, ``"SUSPENDED"``, ``"LOST"``) on a dedicated
   dispatcher thread, so a listener may block and may call the store (e.g. to re-create ephemeral znodes after the
   session expired: ``"LOST"`` is followed by ``"CONNECTED"`` once a new session is established).
+* Credentials (:mod:`zk.acl`): ``connect(auth=...)``, else ``LEDGERSTORE_ZK_AUTH`` / ``LEDGERSTORE_ZK_AUTH_FILE``.
+  With them the session authenticates (``digest``) on every connection and each znode created gets the digest
+  ACL; a root its credentials do not admit fails ``connect`` with :class:`~zk.errors.MetadataAuthError`.
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from typing import Any, Literal, TypeVar
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL
 
 from zk import layout
+from zk.acl import ACL_REFRESH_S, AclMode, AuthLike, ZkAuth, mode_of, resolve_auth
 from zk.errors import (
     InvalidMetadataError,
+    MetadataAuthError,
     MetadataClosedError,
     MetadataConnectionError,
     MetadataError,
@@ -151,8 +157,15 @@ class MetadataStore:
         request_timeout_s: float = 15.0,
         connect_string: str = "",
         owns_client: bool = True,
+        auth: ZkAuth | None = None,
     ) -> None:
+        """``auth``: the credentials ``client`` authenticates with (its ``auth_data``); new znodes get their ACL.
+        Without: open ACLs."""
         self._client = client
+        self._auth = auth
+        # A fresh root made with credentials is secured; an existing one is looked at by _check_access().
+        self._acl_mode: AclMode = "open" if auth is None else "secured"
+        self._acl_checked_at = time.monotonic()
         self._root = _check_root(root)
         self._request_timeout_s = request_timeout_s
         self._connect_string = connect_string
@@ -178,17 +191,25 @@ class MetadataStore:
         timeout_s: float = 10.0,
         session_timeout_s: float = 10.0,
         request_timeout_s: float | None = None,
+        auth: AuthLike = None,
     ) -> MetadataStore:
-        """Connect (bounded by ``timeout_s``) and make sure ``root`` exists.
+        """Connect (bounded by ``timeout_s``) and make sure ``root`` exists and is readable.
 
         ``session_timeout_s`` is what the client asks for; the server clamps it to [2, 20] x its tickTime unless
         configured otherwise (our launcher allows up to 60 s). ``request_timeout_s`` (default: max(session timeout,
         5 s)) bounds every later call. Raises :class:`MetadataConnectionError` if ZooKeeper does not answer.
+
+        ``auth`` (see :func:`zk.acl.resolve_auth`): ``ZkAuth``, ``("user", "password")``, ``"user:password"``,
+        ``False`` (none, whatever the environment says) or None (from ``LEDGERSTORE_ZK_AUTH`` /
+        ``LEDGERSTORE_ZK_AUTH_FILE``, else none). Raises :class:`MetadataAuthError` if the root's ACL does not
+        admit these credentials (none, a wrong password, another user).
         """
         _check_root(root)
+        creds = resolve_auth(auth)
         client = KazooClient(
             hosts=connect_string,
             timeout=session_timeout_s,
+            auth_data=[("digest", creds.credential)] if creds is not None else None,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
             logger=logging.getLogger("zk.kazoo"),
         )
@@ -208,9 +229,11 @@ class MetadataStore:
             if request_timeout_s is not None
             else max(session_timeout_s, 5.0),
             connect_string=connect_string,
+            auth=creds,
         )
         try:
             store.ensure("")
+            store._check_access()
         except BaseException:
             store.close()
             raise
@@ -244,6 +267,54 @@ class MetadataStore:
     @property
     def connect_string(self) -> str:
         return self._connect_string
+
+    @property
+    def auth(self) -> ZkAuth | None:
+        """The credentials this store authenticates with (None: open ACLs)."""
+        return self._auth
+
+    @property
+    def acl_mode(self) -> AclMode:
+        """``open`` (no credentials), ``migrating`` (credentials, root still open) or ``secured``."""
+        return self._acl_mode
+
+    def _check_access(self) -> None:
+        """Read the root's children (ZooKeeper checks READ there; it does not on ``exists``) so that refused
+        credentials fail now, with a clear message; with credentials, learn the root's ACL mode."""
+        full = self._root
+        try:
+            self._wait(self._client.get_children_async(full), full)
+            if self._auth is not None:
+                self._refresh_acl_mode()
+        except MetadataAuthError:
+            if self._auth is None:
+                raise MetadataAuthError(
+                    "this metadata root is protected by ZooKeeper ACLs and this process has no credentials: "
+                    "set LEDGERSTORE_ZK_AUTH=user:password (or LEDGERSTORE_ZK_AUTH_FILE=/path)",
+                    path=full,
+                ) from None
+            raise MetadataAuthError(
+                f"ZooKeeper refused user {self._auth.user!r} on this metadata root: wrong password, or the tree "
+                "is secured for another user",
+                path=full,
+            ) from None
+
+    def _refresh_acl_mode(self) -> None:
+        acls, _stat = self._wait(self._client.get_acls_async(self._root), self._root)
+        self._acl_mode = mode_of(acls)
+        self._acl_checked_at = time.monotonic()
+
+    def _new_acl(self) -> list[ACL] | None:
+        """The ACL for a znode created now (None: kazoo's open default)."""
+        if self._auth is None:
+            return None
+        if self._acl_mode == "migrating" and time.monotonic() - self._acl_checked_at > ACL_REFRESH_S:
+            self._acl_checked_at = time.monotonic()
+            try:
+                self._refresh_acl_mode()
+            except MetadataError as e:  # keep the last mode: still readable by everybody
+                log.warning("could not re-read the ACL of %s: %s", self._root, e)
+        return self._auth.acl(self._acl_mode)
 
     @property
     def session_timeout_s(self) -> float:
@@ -401,7 +472,9 @@ class MetadataStore:
         full = self.abs_path(path)
         data = encode_body(value)
         created = self._wait(
-            self._client.create_async(full, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath),
+            self._client.create_async(
+                full, data, acl=self._new_acl(), ephemeral=ephemeral, sequence=sequence, makepath=makepath
+            ),
             full,
         )
         return self.rel_path(created)
@@ -409,7 +482,47 @@ class MetadataStore:
     def ensure(self, path: str) -> None:
         """Make sure a (directory) znode exists, creating it and its parents with empty bodies."""
         full = self.abs_path(path)
-        self._wait(self._client.ensure_path_async(full), full)
+        self._wait(self._client.ensure_path_async(full, self._new_acl()), full)
+
+    def get_acl(self, path: str) -> tuple[list[ACL], int]:
+        """A znode's ACL and its ACL version (``aversion``)."""
+        full = self.abs_path(path)
+        acls, stat = self._wait(self._client.get_acls_async(full), full)
+        return list(acls), int(stat.aversion)
+
+    def set_acl(self, path: str, acl: Sequence[ACL], version: int = -1) -> None:
+        """Replace a znode's ACL (``version``: the expected ACL version, -1 = unconditional)."""
+        full = self.abs_path(path)
+        self._wait(self._client.set_acls_async(full, list(acl), version), full)
+
+    def get_acl_many(self, paths: Sequence[str]) -> dict[str, tuple[list[ACL], int] | None]:
+        """ACLs of many znodes with pipelined requests; ``None`` for znodes that do not exist."""
+        fulls = [self.abs_path(p) for p in paths]
+        with self._translated(None):
+            pending = [self._client.get_acls_async(f) for f in fulls]
+        out: dict[str, tuple[list[ACL], int] | None] = {}
+        for p, f, res in zip(paths, fulls, pending, strict=True):
+            try:
+                acls, stat = self._wait(res, f)
+                out[p] = (list(acls), int(stat.aversion))
+            except MetadataNotFoundError:
+                out[p] = None
+        return out
+
+    def set_acl_many(self, paths: Sequence[str], acl: Sequence[ACL]) -> int:
+        """Set the same ACL on many znodes with pipelined requests; znodes gone meanwhile are skipped. Returns
+        how many were set."""
+        fulls = [self.abs_path(p) for p in paths]
+        with self._translated(None):
+            pending = [self._client.set_acls_async(f, list(acl), -1) for f in fulls]
+        done = 0
+        for f, res in zip(fulls, pending, strict=True):
+            try:
+                self._wait(res, f)
+                done += 1
+            except MetadataNotFoundError:
+                pass
+        return done
 
     def set(self, path: str, value: Mapping[str, Any], version: int) -> Versioned[JsonDict]:
         """Compare-and-set: write ``value`` only if the znode is still at ``version``. Raises

@@ -14,6 +14,7 @@ reconnecting, for connection problems).
  ├─ ``InvalidMetadataError``        a value that breaks a validation rule (also a ``ValueError``)
  ├─ ``MetadataTransitionError``     a metadata write that breaks the ledger state machine (invariant 5)
  ├─ ``CookieMismatchError``         a bookie's identity check failed (see ``zk.cookies``)
+ ├─ ``MetadataAuthError``           ZooKeeper refused our credentials (none, wrong, or malformed) on a znode
  └─ ``MetadataConnectionError``     connection loss / timeout (retriable)
      ├─ ``MetadataSessionExpiredError``  the session expired: ephemeral nodes are gone (retriable)
      └─ ``MetadataClosedError``          the store was closed by its owner (not retriable)
@@ -88,6 +89,13 @@ class CookieMismatchError(MetadataError):
     code = "COOKIE_MISMATCH"
 
 
+class MetadataAuthError(MetadataError):
+    """ZooKeeper refused access to a znode (its ACL does not admit our credentials), or the configured credentials
+    are malformed. Not retriable: the same credentials will be refused again."""
+
+    code = "METADATA_AUTH"
+
+
 class MetadataConnectionError(MetadataError):
     """ZooKeeper is unreachable (connection loss or timeout); the operation may or may not have been applied."""
 
@@ -122,6 +130,14 @@ def translate(exc: BaseException, path: str | None = None) -> MetadataError:
         return MetadataExistsError("znode already exists", path=path)
     if isinstance(exc, kex.NotEmptyError):
         return MetadataNotEmptyError("znode has children", path=path)
+    if isinstance(exc, kex.NoAuthError):
+        return MetadataAuthError(
+            "ZooKeeper refused access: this znode's ACL does not admit our credentials "
+            "(set LEDGERSTORE_ZK_AUTH=user:password, or check the password)",
+            path=path,
+        )
+    if isinstance(exc, kex.AuthFailedError):
+        return MetadataAuthError(f"ZooKeeper rejected our credentials: {detail}", path=path)
     # ConnectionClosedError is a subclass of SessionExpiredError in kazoo: test it first.
     if isinstance(exc, kex.ConnectionClosedError):
         return MetadataClosedError(f"metadata store connection is closed: {detail}", path=path)

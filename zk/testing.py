@@ -9,11 +9,15 @@ Use from ``tests/conftest.py``::
 * ``zk_root`` (function scope): a fresh, unique root path ``/ledgerstore-test-<hex>`` (deleted afterwards).
 * ``zk_connect`` (function scope): ``ZkTarget(connect_string, root)`` for that server and root.
 * ``zk_store`` (function scope): a connected :class:`~zk.client.MetadataStore` on that root (4 s sessions).
+* ``zk_auth`` (function scope): puts :data:`TEST_ZK_AUTH` in ``LEDGERSTORE_ZK_AUTH`` for the test, so every store
+  and every process started meanwhile (bookies, CLI) authenticates and secures the test's root; returns it.
+  ``zk_root``'s cleanup authenticates too, so a secured root is removed like any other.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -24,11 +28,14 @@ from typing import NamedTuple
 import pytest
 from kazoo.client import KazooClient
 
+from zk.acl import ENV_AUTH, ENV_AUTH_FILE, ZkAuth, resolve_auth
 from zk.client import MetadataStore
 from zk.errors import MetadataError
 from zk.launcher import DEFAULT_JVM_OPTS, FAST_START_JVM_OPTS, ZooKeeperServer
 
 TEST_SESSION_TIMEOUT_S = 4.0
+#: The credentials the ``zk_auth`` fixture configures.
+TEST_ZK_AUTH = ZkAuth("ledgerstore-test", "test-secret")
 
 
 class ZkTarget(NamedTuple):
@@ -62,11 +69,31 @@ def zk_root(zk_server: ZooKeeperServer) -> Iterator[str]:
     root = unique_root()
     yield root
     if zk_server.running and not zk_server.paused:
+        # With credentials, open and secured znodes alike can be deleted (the environment's own, if set).
+        auth = TEST_ZK_AUTH
+        with contextlib.suppress(MetadataError):
+            auth = resolve_auth() or TEST_ZK_AUTH
         with (
             contextlib.suppress(MetadataError),
-            MetadataStore.connect(zk_server.connect_string, "/", timeout_s=3) as s,
+            MetadataStore.connect(zk_server.connect_string, "/", timeout_s=3, auth=auth) as s,
         ):
             s.delete(root.lstrip("/"), recursive=True, missing_ok=True)
+
+
+@pytest.fixture
+def zk_auth(zk_root: str) -> Iterator[ZkAuth]:
+    """:data:`TEST_ZK_AUTH` in the environment for this test (restored afterwards)."""
+    saved = {k: os.environ.get(k) for k in (ENV_AUTH, ENV_AUTH_FILE)}
+    os.environ[ENV_AUTH] = TEST_ZK_AUTH.credential
+    os.environ.pop(ENV_AUTH_FILE, None)
+    try:
+        yield TEST_ZK_AUTH
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from zk import errors
 from zk.client import MAX_BODY_BYTES, decode_body, encode_body
 from zk.errors import (
     InvalidMetadataError,
+    MetadataAuthError,
     MetadataClosedError,
     MetadataConnectionError,
     MetadataError,
@@ -68,7 +69,9 @@ def test_encode_rejects() -> None:
         (KazooTimeoutError(), MetadataConnectionError, "METADATA_CONNECTION", True),
         (kex.SessionExpiredError(), MetadataSessionExpiredError, "METADATA_SESSION_EXPIRED", True),
         (kex.ConnectionClosedError(), MetadataClosedError, "METADATA_CLOSED", False),
-        (kex.NoAuthError(), MetadataError, "METADATA", False),
+        (kex.NoAuthError(), MetadataAuthError, "METADATA_AUTH", False),
+        (kex.AuthFailedError(), MetadataAuthError, "METADATA_AUTH", False),
+        (kex.InvalidACLError(), MetadataError, "METADATA", False),
     ],
 )
 def test_translate(exc: Exception, cls: type, code: str, retriable: bool) -> None:
