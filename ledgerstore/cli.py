@@ -195,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ledger_commands(lp, _common)
 
+    # autorecovery, bookie decommission|set-rack|racks, ledger underreplicated (ledgerstore/autorecovery_cmd.py)
+    from ledgerstore.autorecovery_cmd import add_autorecovery_commands
+
+    add_autorecovery_commands(sub, bp, lp, _common)
+
     # bench ---------------------------------------------------------------------------------------
     bench = sub.add_parser("bench", help="throughput/latency benchmarks")
     from ledgerstore.bench import add_bench_commands

@@ -1,0 +1,106 @@
+"""An AutoRecovery process: the auditor candidate, replication workers and ``/metrics``, on one ZooKeeper session.
+
+``run_autorecovery(config, stop_event)`` is the entry point, for ``ledgerstore autorecovery serve`` and for a
+bookie that runs AutoRecovery beside itself (as BookKeeper's ``autoRecoveryDaemonEnabled``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+
+from aiohttp import web
+
+from ledger_client.client import BookKeeper, ClientConfig, _meta
+from zk.underreplication import UnderReplicationManager
+
+from .auditor import Auditor
+from .config import AutoRecoveryConfig
+from .metrics import Metrics
+from .worker import ReplicationWorker
+
+__all__ = ["run_autorecovery"]
+
+log = logging.getLogger(__name__)
+
+GAUGE_REFRESH_S = 2.0
+
+
+def default_owner() -> str:
+    return f"autorecovery-{socket.gethostname()}-{os.getpid()}"
+
+
+async def _refresh_gauges(manager: UnderReplicationManager, metrics: Metrics, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            marks = await _meta(manager.list)
+            metrics.under_replicated_ledgers = len(marks)
+            oldest = min((m.value.ctime_ms for m in marks.values()), default=None)
+            metrics.oldest_mark_age_s = 0.0 if oldest is None else max(0.0, time.time() - oldest / 1000)
+        except Exception as e:  # a gauge is not worth stopping for
+            log.debug("gauge refresh failed: %s", e)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), GAUGE_REFRESH_S)
+
+
+async def _serve_metrics(config: AutoRecoveryConfig, metrics: Metrics) -> web.AppRunner:
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "auditor": bool(metrics.is_auditor)})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, config.metrics_host, config.metrics_port).start()
+    return runner
+
+
+async def run_autorecovery(config: AutoRecoveryConfig, stop_event: asyncio.Event) -> Metrics:
+    """Run until ``stop_event`` is set; returns the final metrics. Its ZooKeeper session (and with it the
+    election znode and any worker lock) ends when it returns."""
+    owner = config.owner or default_owner()
+    bk = await BookKeeper.connect(
+        config.zk,
+        config=ClientConfig(zk_root=config.zk_root, zk_session_timeout_s=config.zk_session_timeout_s),
+    )
+    metrics = Metrics()
+    manager = UnderReplicationManager(bk.store)
+    runner = None
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        if config.metrics_port is not None:
+            runner = await _serve_metrics(config, metrics)
+        if config.auditor:
+            tasks.append(asyncio.create_task(Auditor(bk, manager, config, metrics, owner).run(stop_event)))
+        for i in range(config.workers):
+            worker = ReplicationWorker(bk, manager, config, metrics, f"{owner}/worker-{i}")
+            tasks.append(asyncio.create_task(worker.run(stop_event)))
+        tasks.append(asyncio.create_task(_refresh_gauges(manager, metrics, stop_event)))
+        log.info(
+            "autorecovery %s: auditor candidate %s, %d workers, lost bookie delay %gs, grace %gs, throttle %s",
+            owner,
+            config.auditor,
+            config.workers,
+            config.lost_bookie_recovery_delay_s,
+            config.open_ledger_rereplication_grace_period_s,
+            f"{config.throttle_bytes_per_s / 2**20:g} MiB/s" if config.throttle_bytes_per_s > 0 else "off",
+        )
+        await stop_event.wait()
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if runner is not None:
+            await runner.cleanup()
+        await bk.close()
+    return metrics

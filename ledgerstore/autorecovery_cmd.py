@@ -1,0 +1,381 @@
+"""``ledgerstore autorecovery serve|status|enable|disable|trigger-audit``, ``ledgerstore ledger underreplicated``,
+``ledgerstore bookie decommission ID`` and ``ledgerstore bookie set-rack ID RACK`` (the ``autorecovery``
+package, docs/operations.md "AutoRecovery")."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ledgerstore.cli import CommandError, emit
+
+__all__ = ["add_autorecovery_commands"]
+
+Common = Callable[[argparse.ArgumentParser], None]
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Any:
+    """The subcommand action of a parser that has one (argparse keeps no public handle on it)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    raise RuntimeError(f"{parser.prog} has no subcommands")
+
+
+def add_autorecovery_commands(
+    sub: Any, bookie_parser: argparse.ArgumentParser, ledger_parser: argparse.ArgumentParser, common: Common
+) -> None:
+    from autorecovery.config import (
+        DEFAULT_AUDIT_INTERVAL_S,
+        DEFAULT_GRACE_PERIOD_S,
+        DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S,
+        DEFAULT_THROTTLE_BYTES_PER_S,
+    )
+
+    ap = sub.add_parser(
+        "autorecovery", help="re-replicate lost bookies' data automatically (auditor + workers)"
+    )
+    asub = ap.add_subparsers(dest="action", required=True)
+    serve = asub.add_parser(
+        "serve", help="run an auditor candidate and replication workers in the foreground"
+    )
+    common(serve)
+    serve.add_argument(
+        "--lost-bookie-recovery-delay-s",
+        type=float,
+        default=DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S,
+        help="a bookie gone this long is lost and its ledgers marked (one back sooner: nothing is copied)",
+    )
+    serve.add_argument(
+        "--audit-interval-s",
+        type=float,
+        default=DEFAULT_AUDIT_INTERVAL_S,
+        help="how often the auditor checks that live bookies hold their entries (default: a week)",
+    )
+    serve.add_argument(
+        "--check-all-entries", action="store_true", help="the check reads every entry, not first and last"
+    )
+    serve.add_argument(
+        "--open-ledger-grace-period-s",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD_S,
+        help="an open ledger still naming a lost bookie in its last ensemble after this is fenced and closed",
+    )
+    serve.add_argument(
+        "--throttle-mb",
+        type=float,
+        default=DEFAULT_THROTTLE_BYTES_PER_S / 2**20,
+        help="MiB/s each worker copies at most (0: no limit)",
+    )
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--no-auditor", action="store_true", help="workers only: never take the auditor role")
+    serve.add_argument(
+        "--password",
+        action="append",
+        default=None,
+        help="a ledger password to try (repeatable; default: the empty password)",
+    )
+    serve.add_argument("--min-racks", type=int, default=2)
+    serve.add_argument(
+        "--metrics-port", type=int, default=None, help="serve /metrics and /health on this port"
+    )
+    serve.add_argument("--metrics-host", default="127.0.0.1")
+    serve.add_argument("--zk-session-timeout-s", type=float, default=10.0)
+    serve.add_argument("--poll-interval-s", type=float, default=1.0)
+    serve.set_defaults(func=_serve)
+    for name, fn, text in (
+        ("status", _status, "the auditor, marks, locks and bookies being decommissioned"),
+        ("enable", _enable, "let the auditor and workers run"),
+        ("disable", _disable, "pause the auditor and workers (marks stay)"),
+        ("trigger-audit", _trigger, "ask the auditor to run its check now"),
+    ):
+        a = asub.add_parser(name, help=text)
+        common(a)
+        a.set_defaults(func=fn)
+
+    lsub = _subparsers(ledger_parser)
+    ur = lsub.add_parser("underreplicated", help="list ledgers marked under-replicated")
+    common(ur)
+    ur.set_defaults(func=_underreplicated)
+
+    bsub = _subparsers(bookie_parser)
+    dec = bsub.add_parser(
+        "decommission",
+        help="move a live bookie's data to other bookies (reading from it too), then delete its cookie",
+    )
+    common(dec)
+    dec.add_argument("bookie", help="the bookie's id (HOST:PORT)")
+    dec.add_argument("--password", action="append", default=None, help="ledger password to try (repeatable)")
+    dec.add_argument("--timeout-s", type=float, default=3600.0)
+    dec.add_argument("--throttle-mb", type=float, default=0.0, help="MiB/s copied at most (0: no limit)")
+    dec.set_defaults(func=_decommission)
+    sr = bsub.add_parser("set-rack", help="put a bookie in a rack (/region/rack) for rack-aware placement")
+    common(sr)
+    sr.add_argument("bookie")
+    sr.add_argument("rack")
+    sr.set_defaults(func=_set_rack)
+    rk = bsub.add_parser("racks", help="every registered or racked bookie with its rack")
+    common(rk)
+    rk.set_defaults(func=_racks)
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from zk import MetadataStore
+
+    return MetadataStore.connect(args.zk, root=args.zk_root)
+
+
+def _passwords(args: argparse.Namespace) -> tuple[bytes, ...]:
+    return tuple(p.encode() for p in (args.password or [""]))
+
+
+# --- verbs ------------------------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from autorecovery import AutoRecoveryConfig, run_autorecovery
+    from bookie.main import install_uvloop
+
+    if not args.verbose:
+        logging.getLogger().setLevel(logging.INFO)
+    config = AutoRecoveryConfig(
+        zk=args.zk,
+        zk_root=args.zk_root,
+        auditor=not args.no_auditor,
+        workers=args.workers,
+        lost_bookie_recovery_delay_s=args.lost_bookie_recovery_delay_s,
+        audit_interval_s=args.audit_interval_s,
+        check_all_entries=args.check_all_entries,
+        open_ledger_rereplication_grace_period_s=args.open_ledger_grace_period_s,
+        throttle_bytes_per_s=args.throttle_mb * 2**20,
+        passwords=_passwords(args),
+        min_racks=args.min_racks,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        zk_session_timeout_s=args.zk_session_timeout_s,
+        poll_interval_s=args.poll_interval_s,
+    )
+    install_uvloop()
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_autorecovery(config, stop)
+
+    asyncio.run(go())
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from zk.underreplication import UnderReplicationManager
+
+    store = _store(args)
+    try:
+        m = UnderReplicationManager(store)
+        marks = m.list()
+        data: dict[str, Any] = {
+            "enabled": m.enabled(),
+            "auditor": m.auditor(),
+            "candidates": len(m.candidates()),
+            "under_replicated_ledgers": len(marks),
+            "oldest_mark_age_s": round(time.time() - min(v.value.ctime_ms for v in marks.values()) / 1000, 1)
+            if marks
+            else None,
+            "locks": {str(k): v for k, v in sorted(m.locks().items())},
+            "decommissioning": sorted(m.decommissioning()),
+        }
+    finally:
+        store.close()
+
+    def human() -> str:
+        lines = [
+            f"autorecovery: {'enabled' if data['enabled'] else 'DISABLED'}; auditor: {data['auditor'] or 'none'} "
+            f"({data['candidates']} candidates)",
+            f"under-replicated ledgers: {data['under_replicated_ledgers']}"
+            + (f" (oldest marked {data['oldest_mark_age_s']}s ago)" if marks else ""),
+        ]
+        lines += [f"  ledger {k} locked by {v}" for k, v in data["locks"].items()]
+        if data["decommissioning"]:
+            lines.append(f"decommissioning: {', '.join(data['decommissioning'])}")
+        return "\n".join(lines)
+
+    emit(args, human, data)
+    return 0
+
+
+def _enable(args: argparse.Namespace) -> int:
+    return _set_enabled(args, True)
+
+
+def _disable(args: argparse.Namespace) -> int:
+    return _set_enabled(args, False)
+
+
+def _set_enabled(args: argparse.Namespace, enabled: bool) -> int:
+    from zk.underreplication import UnderReplicationManager
+
+    store = _store(args)
+    try:
+        UnderReplicationManager(store).set_enabled(enabled)
+    finally:
+        store.close()
+    emit(args, f"autorecovery {'enabled' if enabled else 'disabled'}", {"enabled": enabled})
+    return 0
+
+
+def _trigger(args: argparse.Namespace) -> int:
+    from zk.underreplication import UnderReplicationManager
+
+    store = _store(args)
+    try:
+        m = UnderReplicationManager(store)
+        m.request_audit()
+        auditor = m.auditor()
+    finally:
+        store.close()
+    emit(
+        args,
+        f"audit requested; auditor: {auditor or 'none running (it runs when one is elected)'}",
+        {"requested": True, "auditor": auditor},
+    )
+    return 0
+
+
+def _underreplicated(args: argparse.Namespace) -> int:
+    from zk.underreplication import UnderReplicationManager
+
+    store = _store(args)
+    try:
+        m = UnderReplicationManager(store)
+        marks = m.list()
+        locks = m.locks()
+    finally:
+        store.close()
+    now = time.time()
+    rows = [
+        {
+            **v.value.to_json(),
+            "age_s": round(now - v.value.ctime_ms / 1000, 1),
+            "locked_by": locks.get(lid),
+        }
+        for lid, v in sorted(marks.items())
+    ]
+
+    def human() -> str:
+        if not rows:
+            return "no under-replicated ledgers"
+        return "\n".join(
+            f"ledger {r['ledger_id']}: missing {', '.join(r['missing']) or '-'}"
+            + (f"; draining {', '.join(r['drain'])}" if r["drain"] else "")
+            + f"; marked {r['count']}x, first {r['age_s']}s ago"
+            + (f"; locked by {r['locked_by']}" if r["locked_by"] else "")
+            for r in rows
+        )
+
+    emit(args, human, {"ledgers": rows})
+    return 0
+
+
+def _decommission(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from autorecovery import AutoRecoveryConfig, decommission
+    from ledger_client import BookKeeper, ClientConfig
+    from zk import BookieRegistry, read_zk_cookie
+
+    store = _store(args)
+    try:
+        known = args.bookie in BookieRegistry(store).all() or read_zk_cookie(store, args.bookie) is not None
+    finally:
+        store.close()
+    if not known:
+        raise CommandError(f"bookie {args.bookie} is neither registered nor has a cookie")
+    config = AutoRecoveryConfig(
+        zk=args.zk,
+        zk_root=args.zk_root,
+        passwords=_passwords(args),
+        throttle_bytes_per_s=args.throttle_mb * 2**20,
+        poll_interval_s=0.5,
+    )
+    bar = tqdm(
+        desc=f"decommissioning {args.bookie}",
+        unit="ledger",
+        total=0,
+        file=sys.stderr,
+        disable=args.json or not sys.stderr.isatty(),
+        leave=False,
+    )
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    async def go() -> Any:
+        bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
+        try:
+            return await decommission(bk, args.bookie, config, timeout_s=args.timeout_s, on_progress=progress)
+        finally:
+            await bk.close()
+
+    try:
+        result = asyncio.run(go())
+    finally:
+        bar.close()
+
+    def human() -> str:
+        head = (
+            f"bookie {args.bookie}: "
+            + ("decommissioned" if result.complete else "NOT decommissioned (timed out)")
+            + f" in {result.seconds:.1f}s: {len(result.ledgers_moved)} ledgers moved, "
+            f"{result.entries_copied} entries ({result.bytes_copied / 2**20:.1f} MiB) copied"
+            + ("; cookie deleted (stop the bookie now)" if result.cookie_deleted else "")
+        )
+        return "\n".join(
+            [head, *(f"  ledger {lid}: still names it: {why}" for lid, why in sorted(result.waiting.items()))]
+        )
+
+    emit(args, human, dataclasses.asdict(result))
+    return 0 if result.complete else 1
+
+
+def _set_rack(args: argparse.Namespace) -> int:
+    from zk import racks
+
+    try:
+        racks.check_rack(args.rack)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    store = _store(args)
+    try:
+        racks.set_rack(store, args.bookie, args.rack)
+    finally:
+        store.close()
+    emit(args, f"bookie {args.bookie}: rack {args.rack}", {"bookie": args.bookie, "rack": args.rack})
+    return 0
+
+
+def _racks(args: argparse.Namespace) -> int:
+    from zk import BookieRegistry, racks
+
+    store = _store(args)
+    try:
+        mapping = racks.racks(store)
+        registered = BookieRegistry(store).all()
+    finally:
+        store.close()
+    rows = {b: mapping.get(b, racks.DEFAULT_RACK) for b in sorted(set(mapping) | set(registered))}
+    emit(args, lambda: "\n".join(f"{b}  {r}" for b, r in rows.items()) or "no bookies", rows)
+    return 0
