@@ -1063,10 +1063,8 @@ class AdminApp:
 
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(
-            text=self.render_metrics(),
-            content_type="text/plain",
-            charset="utf-8",
-            headers={"X-Format": "0.0.4"},
+            body=self.render_metrics().encode(),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
     def render_metrics(self) -> str:
