@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ledgerstore.bench import add_bench_commands
 
     add_bench_commands(bench, _common)
+    from ledgerstore.bench_spark import add_bench_spark_command
+
+    add_bench_spark_command(bench, _common)
 
     # spark (analysis jobs; ledgerstore/spark_cmd.py) -------------------------------------------
     from ledgerstore.spark_cmd import add_spark_command

@@ -7,17 +7,21 @@
 
 Columns: ``ledger_id`` long, ``entry_id`` long, ``data`` binary, ``length`` int (payload bytes), ``ctime``
 timestamp (the ledger's creation time), ``state`` string (the ledger's state when the query was planned),
-``custom_metadata`` map<string, binary>. Options: :mod:`spark.options`.
+``custom_metadata`` map<string, binary>. Options: :mod:`spark.options`. A scan that needs only some columns can
+say so with a schema naming a subset of them (``.schema("entry_id long, data binary")``): the other columns are
+not built, and Spark skips converting them (the constant metadata columns, the map above all, cost Spark more
+per row than the payload).
 
 Planning (driver): list the selected ledgers, read each one's metadata and, for a ledger not CLOSED, its last add
 confirmed from the bookies with a non-fencing open (``recovery=False``), so a live writer keeps writing. A
 CLOSED ledger is read to ``last_entry_id``, any other to that LAC. Each ledger is cut into entry ranges of
 ``entriesPerPartition``; one Spark partition per range.
 
-Reading (executors): each partition connects its own client (the blocking facade), opens the ledger without
-fencing, reads its range (the client reads each entry from the bookies of its write set, trying the next
-replica when one fails, and follows ensemble changes), yields Arrow record batches of at most
-``maxRecordsPerBatch`` rows and ``BATCH_BYTES_MAX`` payload bytes, and closes the client.
+Reading (executors): each partition connects its own client (the async client on a private event loop in the
+reading thread, uvloop where installed), opens the ledger without fencing, reads its range (batched range reads
+from the bookies of its write sets, trying the next replica when one fails, following ensemble changes), yields
+Arrow record batches of at most ``maxRecordsPerBatch`` rows and ``BATCH_BYTES_MAX`` payload bytes (the metadata
+columns built once per partition, lengths and ids computed from the batch's offsets), and closes the client.
 
 A ledger that disappears (deleted) under a query: with ``failOnDataLoss`` true the query fails with
 :class:`LedgerDataLossError`; with false it is skipped (what was already read of it stays) and a warning is
@@ -26,8 +30,11 @@ logged.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,76 +146,129 @@ def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
         bk.close()
 
 
-def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> Iterator[Any]:
-    """Executor side: the range's entries as Arrow record batches. Stateless: its own client, closed at the
-    end (also when Spark stops consuming early)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from ledger_client import NoSuchEntryError, NoSuchLedgerError
-
-    pa_schema = to_arrow_schema(schema, timezone="UTC")
-    types = [f.type for f in pa_schema]
-    ctime_us = part.ctime_ms * 1000
-    meta_items = list(part.custom_metadata.items())
-    limit_rows = opts.max_records_per_batch
-
-    def batch(ids: list[int], data: list[bytes]) -> Any:
-        n = len(ids)
-        lengths = [len(d) for d in data]
-        cols = [
-            pa.array([part.ledger_id] * n, type=types[0]),
-            pa.array(ids, type=types[1]),
-            pa.array(data, type=types[2]),
-            pa.array(lengths, type=types[3]),
-            pa.array([ctime_us] * n, type=types[4]),
-            pa.array([part.state] * n, type=types[5]),
-            pa.array([meta_items] * n, type=types[6]),
-        ]
-        return pa.RecordBatch.from_arrays(cols, schema=pa_schema)
-
-    bk = _client(opts)
-    try:
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """A private event loop for one partition's client: uvloop where installed (as the bookies and the bench
+    run), unless ``LEDGERSTORE_NO_UVLOOP`` is set."""
+    if not os.environ.get("LEDGERSTORE_NO_UVLOOP"):
         try:
-            lh = bk.open_ledger(part.ledger_id, opts.password, recovery=False)
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+async def _take(entries: AsyncIterator[Any], first: int, max_rows: int, max_bytes: int) -> list[bytes]:
+    """The next entries' payloads, in order from ``first`` with no gap: at most ``max_rows`` of them and
+    ``max_bytes`` (the entry that reaches it included). The iterator stays open for the next call."""
+    out: list[bytes] = []
+    size = 0
+    expected = first
+    async for entry in entries:
+        if entry.entry_id != expected:
+            raise RuntimeError(f"read entry {entry.entry_id} where {expected} was due")  # in order, no gaps
+        expected += 1
+        out.append(entry.data)
+        size += len(entry.data)
+        if len(out) >= max_rows or size >= max_bytes:
+            break
+    return out
+
+
+class _Columns:
+    """Builds a partition's Arrow record batches in the query's schema (all of :data:`LEDGER_SCHEMA` or a subset
+    of its columns): the payloads per batch, ids and lengths from the batch's offsets, and the metadata columns
+    (the same value in every row) once per partition, sliced to each batch's length."""
+
+    def __init__(self, part: LedgerRange, schema: StructType, max_rows: int) -> None:
+        import numpy as np
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.pa = pa
+        self.np = np
+        self.schema = to_arrow_schema(schema, timezone="UTC")
+        self.names = [f.name for f in self.schema]
+        zeros = pa.array(np.zeros(max_rows, dtype=np.int32))
+        constant = {
+            "ledger_id": part.ledger_id,
+            "ctime": part.ctime_ms * 1000,
+            "state": part.state,
+            "custom_metadata": list(part.custom_metadata.items()),
+        }
+        self.constants = {
+            f.name: pa.array([constant[f.name]], type=f.type).take(zeros)
+            for f in self.schema
+            if f.name in constant
+        }
+
+    def batch(self, first: int, data: list[bytes]) -> Any:
+        pa, np = self.pa, self.np
+        n = len(data)
+        payloads = pa.array(data, type=pa.binary())
+        cols: dict[str, Any] = {"data": payloads}
+        if "length" in self.names:
+            offsets = np.frombuffer(payloads.buffers()[1], dtype=np.int32, count=n + 1)
+            cols["length"] = pa.array(np.diff(offsets).astype(np.int32, copy=False))
+        if "entry_id" in self.names:
+            cols["entry_id"] = pa.array(np.arange(first, first + n, dtype=np.int64))
+        for name, a in self.constants.items():
+            cols[name] = a if len(a) == n else a.slice(0, n)
+        return pa.RecordBatch.from_arrays([cols[name] for name in self.names], schema=self.schema)
+
+
+def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> Iterator[Any]:
+    """Executor side: the range's entries as Arrow record batches. Stateless: its own client on its own event
+    loop in this thread (no thread hop per batch), closed at the end (also when Spark stops consuming early).
+    The loop runs while a batch is collected; the client's read-ahead keeps the next batches in flight."""
+    from ledger_client import BookKeeper, ClientConfig, NoSuchEntryError, NoSuchLedgerError
+
+    max_rows = min(opts.max_records_per_batch, part.last_entry_id - part.first_entry_id + 1)
+    columns = _Columns(part, schema, max(1, max_rows))
+    loop = _event_loop()
+    run = loop.run_until_complete
+    bk: Any = None
+    try:
+        config = ClientConfig(zk_root=opts.zk_root, read_timeout_s=opts.read_timeout_ms / 1000)
+        bk = run(BookKeeper.connect(opts.zk, config=config))
+        try:
+            lh = run(bk.open_ledger(part.ledger_id, opts.password, recovery=False))
         except NoSuchLedgerError:
             _data_loss(opts, part.ledger_id, "was deleted during the query")
             return
         if lh.last_add_confirmed < part.last_entry_id:
             # Planned from a LAC some bookies reported; the LAC never goes backwards, so ask again.
-            lh.read_last_add_confirmed()
-        ids: list[int] = []
-        data: list[bytes] = []
-        size = 0
+            run(lh.read_last_add_confirmed())
+        entries = lh.read(part.first_entry_id, part.last_entry_id)
         expected = part.first_entry_id
-        try:
-            for entry in lh.read(part.first_entry_id, part.last_entry_id):
-                assert entry.entry_id == expected, (entry.entry_id, expected)  # in order, no gaps
-                expected += 1
-                ids.append(entry.entry_id)
-                data.append(entry.data)
-                size += len(entry.data)
-                if len(ids) >= limit_rows or size >= BATCH_BYTES_MAX:
-                    yield batch(ids, data)
-                    ids, data, size = [], [], 0
-        except (NoSuchEntryError, NoSuchLedgerError):
-            if _exists(bk, part.ledger_id):
-                raise
-            _data_loss(
-                opts, part.ledger_id, f"was deleted during the query (read up to entry {expected - 1})"
-            )
-            return
-        if ids:
-            yield batch(ids, data)
+        while expected <= part.last_entry_id:
+            try:
+                data = run(_take(entries, expected, max_rows, BATCH_BYTES_MAX))
+            except (NoSuchEntryError, NoSuchLedgerError):
+                if run(_exists(bk, part.ledger_id)):
+                    raise
+                _data_loss(
+                    opts, part.ledger_id, f"was deleted during the query (read up to entry {expected - 1})"
+                )
+                return
+            if not data:
+                break
+            yield columns.batch(expected, data)
+            expected += len(data)
     finally:
-        bk.close()
+        if bk is not None:
+            with contextlib.suppress(Exception):
+                run(bk.close())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
-def _exists(bk: Any, ledger_id: int) -> bool:
+async def _exists(bk: Any, ledger_id: int) -> bool:
     from ledger_client import NoSuchLedgerError
 
     try:
-        bk.ledger_metadata(ledger_id)
+        await bk.ledger_metadata(ledger_id)
     except NoSuchLedgerError:
         return False
     return True
@@ -243,8 +303,12 @@ class LedgerDataSource(DataSource):  # type: ignore[misc]
 
     def reader(self, schema: StructType) -> LedgerReader:
         opts = parse_ledger_options(self.options)
-        if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in LEDGER_SCHEMA]:
+        known = {f.name: f.dataType for f in LEDGER_SCHEMA.fields}
+        fields = [(f.name, f.dataType) for f in schema.fields]
+        if not fields or len(set(fields)) != len(fields) or any(known.get(n) != t for n, t in fields):
             raise LedgerOptionError(
-                "schema", f"the ledger source has a fixed schema: {LEDGER_SCHEMA.simpleString()}"
+                "schema",
+                f"the ledger source's schema is {LEDGER_SCHEMA.simpleString()}, or a subset of its columns "
+                f"with their types; got {schema.simpleString()}",
             )
         return LedgerReader(opts, schema)
