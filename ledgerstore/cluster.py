@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,89 @@ def free_port() -> int:
     return _free_port("127.0.0.1")
 
 
+class ServiceProcess:
+    """What a bookie and a broker process share: spawning with output to a log file, waiting until ready,
+    SIGTERM (after a SIGCONT, so a paused process can exit), kill -9, SIGSTOP/SIGCONT. A subclass is a dataclass
+    with ``proc``, ``log_path`` and ``env`` fields, an ``id`` and a ``command()``."""
+
+    kind = "process"
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path | None
+    env: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        raise NotImplementedError
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _spawn(self, log_path: Path) -> None:
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(log_path, "ab")  # noqa: SIM115 - the child owns it
+        try:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.env},
+            )
+        finally:
+            logf.close()
+
+    def _wait_until(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.kind} {self.id} exited with {self.proc.returncode}: {self.log_tail()}"
+                )
+            if ready():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.kind} {self.id} not {what} after {timeout_s}s: {self.log_tail()}")
+
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout_s)
+
+    def log_tail(self, n: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
 @dataclass
-class BookieProcess:
+class BookieProcess(ServiceProcess):
     zk: str
     data_dir: Path
     port: int
@@ -67,16 +149,11 @@ class BookieProcess:
             cmd += ["--bookie-id", self.bookie_id]
         return cmd
 
+    kind = "bookie"
+
     def start(self, wait: bool = True, timeout_s: float = 30.0) -> BookieProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_path or self.data_dir.parent / f"bookie-{self.port}.log"
-        self.log_path = log_path
-        logf = open(log_path, "ab")  # noqa: SIM115 - the child owns it
-        env = {**os.environ, **self.env}
-        self.proc = subprocess.Popen(
-            self.command(), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
-        logf.close()
+        self._spawn(self.log_path or self.data_dir.parent / f"bookie-{self.port}.log")
         if wait:
             self.wait_healthy(timeout_s)
         return self
@@ -89,54 +166,11 @@ class BookieProcess:
             return False
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"bookie {self.id} exited with {self.proc.returncode}: {self.log_tail()}")
-            if self.healthy():
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"bookie {self.id} not healthy after {timeout_s}s: {self.log_tail()}")
-
-    def wait_exit(self, timeout_s: float = 30.0) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout_s)
-
-    def log_tail(self, n: int = 20) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill9()
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
+        self._wait_until(self.healthy, timeout_s, "healthy")
 
     def restart(self, wait: bool = True) -> BookieProcess:
         self.stop()
         return self.start(wait=wait)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -355,7 +389,7 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
 
 
 @dataclass
-class BrokerProcess:
+class BrokerProcess(ServiceProcess):
     """A topic broker process (``ledgerstore broker serve``): start, wait until its Pulsar port accepts
     connections, SIGTERM, kill -9, SIGSTOP/SIGCONT."""
 
@@ -368,6 +402,8 @@ class BrokerProcess:
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+
+    kind = "broker"
 
     @property
     def id(self) -> str:
@@ -401,18 +437,7 @@ class BrokerProcess:
         return cmd
 
     def start(self, wait: bool = True, timeout_s: float = 60.0) -> BrokerProcess:
-        log_path = self.log_path or Path(f"/tmp/broker-{self.port}.log")
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **self.env},
-        )
-        logf.close()
+        self._spawn(self.log_path or Path(f"/tmp/broker-{self.port}.log"))
         if wait:
             self.wait_ready(timeout_s)
         return self
@@ -427,43 +452,8 @@ class BrokerProcess:
             return False
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"broker {self.id} exited with {self.proc.returncode}: {self.log_tail()}")
-            if self.ready():
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"broker {self.id} not ready after {timeout_s}s: {self.log_tail()}")
+        self._wait_until(self.ready, timeout_s, "ready")
 
-    def log_tail(self, n: int = 30) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill9()
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def restart(self, wait: bool = True) -> BrokerProcess:
+        self.stop()
+        return self.start(wait=wait)
