@@ -287,3 +287,38 @@ def top_level(store: MetadataStore) -> list[str]:
         return store.children("")
     except MetadataNotFoundError:
         return []
+
+
+def cli_secure(
+    connect_string: str,
+    root: str,
+    *,
+    auth: AuthLike = None,
+    dry_run: bool = False,
+    settle_s: float = ACL_REFRESH_S + 2.0,
+    timeout_s: float = 10.0,
+) -> tuple[str, dict[str, object]]:
+    """``ledgerstore zk secure``: :func:`secure_tree` with ``auth`` (``user:password``; default: the
+    environment), then :func:`stranger_probe` of the root and its children. Returns the human text and the JSON
+    data (``stranger_readable`` lists what a client without credentials could still read: empty when secured)."""
+    from zk.client import MetadataStore
+
+    with MetadataStore.connect(connect_string, root, timeout_s=timeout_s, auth=auth) as store:
+        if store.auth is None:
+            raise MetadataAuthError(
+                f"securing {root} needs credentials: pass --auth user:password or set {ENV_AUTH}"
+            )
+        report = secure_tree(store, dry_run=dry_run, settle_s=settle_s)
+        probe = stranger_probe(connect_string, root, ["", *top_level(store)], timeout_s=timeout_s)
+    data: dict[str, object] = {**report.to_json(), "root": root, "stranger_readable": list(probe.readable)}
+    verb = "would change" if dry_run else "changed"
+    human = (
+        f"{root}: {report.visited} znodes, {verb} {report.changed}, already secured {report.already}"
+        f" ({report.passes} pass{'es' if report.passes != 1 else ''}); a client without credentials "
+        + (
+            "reads nothing"
+            if probe.secured
+            else f"still reads {', '.join(p or '(root)' for p in probe.readable)}"
+        )
+    )
+    return human, data

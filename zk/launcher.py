@@ -37,6 +37,11 @@ from pathlib import Path
 
 DEFAULT_PORT = 2181
 HOST = "127.0.0.1"
+#: ZooKeeper's ``maxClientCnxns``: concurrent connections from one IP address (0 would be unlimited). Every
+#: ledgerstore process holds one session (a bookie, a broker, a client, a CLI command, a Spark executor), so one
+#: host needs tens; the test suite, all on 127.0.0.1, peaks far below this (see docs/operations.md). The bound
+#: keeps one runaway or hostile address from taking every file descriptor and session of the server.
+DEFAULT_MAX_CLIENT_CNXNS = 200
 JAR_DIR = Path("/usr/share/java")
 #: Jars put on the classpath when found in JAR_DIR (Debian: zookeeper.jar's manifest adds netty, jetty, ...).
 DEBIAN_JARS = ("zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-simple.jar")
@@ -198,6 +203,7 @@ def render_config(
     tick_time_ms: int = 500,
     max_session_timeout_ms: int = 60_000,
     force_sync: bool = True,
+    max_client_cnxns: int = DEFAULT_MAX_CLIENT_CNXNS,
     extra: Mapping[str, str] | None = None,
 ) -> str:
     """The ``zoo.cfg`` text. ``forceSync=no`` is written only when ``force_sync`` is False (not durable!)."""
@@ -208,7 +214,7 @@ def render_config(
         "dataDir": str(data_dir),
         "clientPort": str(port),
         "clientPortAddress": HOST,
-        "maxClientCnxns": "0",
+        "maxClientCnxns": str(max_client_cnxns),
         "minSessionTimeout": str(2 * tick_time_ms),
         "maxSessionTimeout": str(max_session_timeout_ms),
         "admin.enableServer": "false",
@@ -283,6 +289,7 @@ class ZooKeeperServer:
         tick_time_ms: int = 500,
         max_session_timeout_ms: int = 60_000,
         force_sync: bool = True,
+        max_client_cnxns: int = DEFAULT_MAX_CLIENT_CNXNS,
         java: str | None = None,
         classpath: str | None = None,
         jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
@@ -297,6 +304,7 @@ class ZooKeeperServer:
         self.tick_time_ms = tick_time_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.force_sync = force_sync
+        self.max_client_cnxns = max_client_cnxns
         self._java = java
         self._classpath = classpath
         self.jvm_opts = tuple(jvm_opts)
@@ -390,6 +398,7 @@ class ZooKeeperServer:
                 tick_time_ms=self.tick_time_ms,
                 max_session_timeout_ms=self.max_session_timeout_ms,
                 force_sync=self.force_sync,
+                max_client_cnxns=self.max_client_cnxns,
                 extra=self.extra_config,
             )
         )
@@ -590,6 +599,7 @@ def start_daemon(
     force_sync: bool = True,
     timeout_s: float = 20.0,
     jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
+    max_client_cnxns: int = DEFAULT_MAX_CLIENT_CNXNS,
 ) -> str:
     """Start a ZooKeeper that outlives this process, with its files under ``state_dir``; return once it is ready
     (idempotent: an already running one on the same port is reused). Returns the connect string."""
@@ -609,7 +619,12 @@ def start_daemon(
         )
     (sd / PID_NAME).unlink(missing_ok=True)
     server = ZooKeeperServer(
-        data_dir=sd, port=port, force_sync=force_sync, startup_timeout_s=timeout_s, jvm_opts=jvm_opts
+        data_dir=sd,
+        port=port,
+        force_sync=force_sync,
+        startup_timeout_s=timeout_s,
+        jvm_opts=jvm_opts,
+        max_client_cnxns=max_client_cnxns,
     )
     server.start()
     proc = server._detach()

@@ -11,7 +11,15 @@ from kazoo.client import KazooClient
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from zk import layout
-from zk.acl import ENV_AUTH, ENV_AUTH_FILE, ZkAuth, resolve_auth, secure_tree, stranger_probe
+from zk.acl import (
+    ENV_AUTH,
+    ENV_AUTH_FILE,
+    ZkAuth,
+    cli_secure,
+    resolve_auth,
+    secure_tree,
+    stranger_probe,
+)
 from zk.client import MetadataStore
 from zk.errors import MetadataAuthError
 from zk.testing import (
@@ -205,3 +213,18 @@ def test_a_stranger_kazoo_client_is_refused_everything(zk_connect: ZkTarget) -> 
     finally:
         raw.stop()
         raw.close()
+
+
+def test_the_zk_secure_command_dry_run_then_secure_then_verify(zk_connect: ZkTarget) -> None:
+    with _connect(zk_connect, auth=False) as s:
+        s.create(layout.ledger_path(7), {"v": 1})
+        s.create("cookies/b1", {"v": 1})
+    human, data = cli_secure(*zk_connect, auth="ops:pw", dry_run=True)
+    assert data["dry_run"] and data["changed"] == data["visited"] and data["visited"] == 9
+    assert "would change 9" in human and data["stranger_readable"] == ["", "cookies", "ledgers"]
+    human, data = cli_secure(*zk_connect, auth="ops:pw", settle_s=0)
+    assert data["changed"] == 9 and data["stranger_readable"] == [] and "reads nothing" in human
+    _, data = cli_secure(*zk_connect, auth="ops:pw", settle_s=0)
+    assert data["changed"] == 0 and data["already"] == 9
+    with pytest.raises(MetadataAuthError, match="no credentials"):
+        cli_secure(*zk_connect, auth=False, settle_s=0)

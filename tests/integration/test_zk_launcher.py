@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from zk.client import MetadataStore
+from zk.errors import MetadataConnectionError
 from zk.launcher import (
     ZooKeeperLaunchError,
     cli_start,
@@ -37,6 +38,7 @@ def test_start_ready_stop_cleans_up() -> None:
         cfg = server.config_path.read_text()
         assert "clientPortAddress=127.0.0.1" in cfg and "admin.enableServer=false" in cfg
         assert "tickTime=500" in cfg and "forceSync" not in cfg  # durable by default
+        assert "maxClientCnxns=200" in cfg  # bounded per address, not 0 (unlimited)
         data_dir, pid = server.data_dir, server.pid
         assert pid is not None and server.log_path.exists()
     assert not server.running
@@ -143,3 +145,17 @@ def test_daemon_stop_kills_a_stuck_server(tmp_path: Path) -> None:
     os.killpg(pid, signal.SIGSTOP)  # stop_daemon must SIGCONT/SIGTERM, or SIGKILL
     assert stop_daemon(state, timeout_s=3)
     assert not status(state).running
+
+
+def test_connections_per_address_are_bounded() -> None:
+    with make_test_server(max_client_cnxns=3) as server:
+        stores = [MetadataStore.connect(server.connect_string, "/t", timeout_s=5) for _ in range(3)]
+        try:
+            with pytest.raises(MetadataConnectionError):
+                MetadataStore.connect(server.connect_string, "/t", timeout_s=2)
+            stores.pop().close()  # a slot frees up: the next one gets in
+            stores.append(MetadataStore.connect(server.connect_string, "/t", timeout_s=5))
+        finally:
+            for s in stores:
+                s.close()
+        assert "Too many connections from /127.0.0.1" in server.log_path.read_text()
