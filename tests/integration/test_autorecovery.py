@@ -19,6 +19,8 @@ from ledger_client import BookKeeper, ClientConfig
 from ledger_client.quorum import write_set
 from ledgerstore.cluster import free_port
 from tests.integration.test_rereplication import _raw_read
+from zk import MetadataStore
+from zk.underreplication import UnderReplicationManager
 
 PW = b"secret"
 ENTRIES = 60
@@ -227,8 +229,8 @@ def test_a_bookie_killed_for_good_is_rereplicated_with_no_command_typed(bookies,
 def test_the_auditor_and_a_worker_killed_mid_recovery_are_replaced(bookies, tmp_path) -> None:
     procs = bookies.start_many(5)
     by_id = {bp.id: bp for bp in procs}
-    # A slow copier (about 20 entries/s) is elected first; B stands by.
-    a = AutoRecoveryProcess(bookies, tmp_path, "a", "--throttle-mb", "0.02")
+    # A slow copier (about 12 entries/s) is elected first; B stands by.
+    a = AutoRecoveryProcess(bookies, tmp_path, "a", "--throttle-mb", "0.005")
     b = AutoRecoveryProcess(bookies, tmp_path, "b")
     try:
         assert a.metrics()["autorecovery_is_auditor"] == 1 and b.metrics()["autorecovery_is_auditor"] == 0
@@ -236,11 +238,17 @@ def test_the_auditor_and_a_worker_killed_mid_recovery_are_replaced(bookies, tmp_
         ledgers = asyncio.run(_write_ledgers(bookies, 6, open_every=100))
         victim = _victim_closed(bookies, ledgers)
         by_id[victim].kill9()
-        deadline = time.monotonic() + 40
-        while not any(m["locked_by"] for m in _marks(bookies)):
-            assert time.monotonic() < deadline, "no worker started copying"
-            time.sleep(0.2)
-        assert a.metrics()["rereplicated_entries_total"] < 6 * ENTRIES  # mid-copy
+        store = MetadataStore.connect(bookies.zk, root=bookies.root)
+        try:
+            deadline = time.monotonic() + 40
+            while not (
+                UnderReplicationManager(store).locks() and a.metrics()["rereplicated_entries_total"] > 0
+            ):
+                assert time.monotonic() < deadline, "no worker started copying"
+                time.sleep(0.05)
+        finally:
+            store.close()
+        assert a.metrics()["rereplicated_entries_total"] < 5 * 40  # mid-copy
         b = AutoRecoveryProcess(bookies, tmp_path, "b2")
         a.kill9()  # the auditor and the worker holding a lock, mid-copy
         _wait_recovered(bookies, victim, 60)
