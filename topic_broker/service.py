@@ -160,6 +160,7 @@ class Session:
         self.conn = ProtocolConnection(service.conn_config, time.monotonic())
         self.producers: dict[int, Producer] = {}
         self.consumers: dict[int, Consumer] = {}
+        self.waiting: dict[int, Topic] = {}  # WaitForExclusive producers queued, by producer id
         self._flush_scheduled = False
         self.closed = False
 
@@ -209,6 +210,7 @@ class Session:
 
     def connection_lost(self) -> None:
         self.closed = True
+        self.waiting.clear()
         for p in list(self.producers.values()):
             p.topic.remove_producer(p)
         self.producers.clear()
@@ -264,6 +266,14 @@ class Producer:
                         highest_sequence_id=r.highest_sequence_id,
                     )
                 )
+
+
+@dataclass(slots=True, eq=False)
+class _WaitingProducer:
+    session: Session
+    cmd: pb.CommandProducer
+    name: str
+    schema_version: bytes | None
 
 
 @dataclass(slots=True, eq=False)
@@ -490,6 +500,7 @@ class Topic:
         self.dedup_enabled = dedup
         self.producers: dict[int, Producer] = {}  # by id(producer)
         self.subscriptions: dict[str, SubscriptionRuntime] = {}
+        self.waiting: deque[_WaitingProducer] = deque()  # WaitForExclusive producers, first come first served
         self.last_sequence: dict[str, int] = {}  # producer name -> highest sequence id accepted
         self.last_entry_messages: int | None = None
         self._queue: deque[tuple[Producer, _Receipt, bytes]] = deque()
@@ -507,6 +518,8 @@ class Topic:
     def remove_producer(self, p: Producer) -> None:
         p.closed = True
         self.producers.pop(id(p), None)
+        if not self.producers and self.waiting:
+            self.service.grant_waiting_producer(self)
 
     def publish(self, p: Producer, send: pb.CommandSend, entry: bytes, num_messages: int) -> None:
         seq = send.sequence_id
@@ -876,6 +889,10 @@ class BrokerService:
         self.spawn(self._close_topic(topic))
 
     def _disconnect_clients(self, topic: Topic) -> None:
+        while topic.waiting:  # queued WaitForExclusive producers retry (lookup, then the new owner)
+            w = topic.waiting.popleft()
+            if w.session.waiting.pop(w.cmd.producer_id, None) is topic:
+                w.session.send(wire.error(w.cmd.request_id, pb.ServiceNotReady, f"{topic.name} moved"))
         for p in list(topic.producers.values()):
             topic.remove_producer(p)
             p.session.producers.pop(p.producer_id, None)
@@ -1017,6 +1034,14 @@ class BrokerService:
             )
             return
         mode = cmd.producer_access_mode if cmd.HasField("producer_access_mode") else pb.Shared
+        if mode == pb.WaitForExclusive and (topic.producers or topic.waiting):
+            # Pulsar's answer: "queued" now (producer_ready false: the client waits without a timeout), the
+            # real PRODUCER_SUCCESS once every other producer of the topic is gone.
+            name = self._producer_name(cmd)
+            topic.waiting.append(_WaitingProducer(s, cmd, name, schema_version))
+            s.waiting[cmd.producer_id] = topic
+            s.send(wire.producer_success(cmd.request_id, name, -1, producer_ready=False))
+            return
         if mode != pb.Shared and topic.producers:
             if mode == pb.ExclusiveWithFencing:
                 for other in list(topic.producers.values()):
@@ -1029,18 +1054,35 @@ class BrokerService:
         if any(p.exclusive for p in topic.producers.values()):
             s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"{topic.name} has an exclusive producer"))
             return
+        name = self._producer_name(cmd)
+        if any(p.name == name for p in topic.producers.values()):
+            s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"producer {name} is already connected"))
+            return
+        self._add_producer(s, cmd, topic, name, schema_version)
+
+    def _producer_name(self, cmd: pb.CommandProducer) -> str:
         if cmd.HasField("producer_name") and cmd.producer_name:
-            name = cmd.producer_name
-            if any(p.name == name for p in topic.producers.values()):
-                s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"producer {name} is already connected"))
-                return
-        else:
-            name = f"{self.config.id.replace(':', '-')}-{next(self._producer_names)}"
+            return cmd.producer_name
+        return f"{self.config.id.replace(':', '-')}-{next(self._producer_names)}"
+
+    def _add_producer(
+        self, s: Session, cmd: pb.CommandProducer, topic: Topic, name: str, schema_version: bytes | None
+    ) -> None:
+        mode = cmd.producer_access_mode if cmd.HasField("producer_access_mode") else pb.Shared
         p = Producer(s, cmd.producer_id, name, topic, exclusive=mode != pb.Shared)
         topic.add_producer(p)
         s.producers[cmd.producer_id] = p
         last = topic.last_sequence.get(name, -1) if topic.dedup_enabled else -1
         s.send(wire.producer_success(cmd.request_id, name, last, schema_version=schema_version))
+
+    def grant_waiting_producer(self, topic: Topic) -> None:
+        """The topic has no producer left: the first WaitForExclusive producer still connected gets it."""
+        while topic.waiting and not topic.producers and not topic.unloaded:
+            w = topic.waiting.popleft()
+            if w.session.closed or w.session.waiting.get(w.cmd.producer_id) is not topic:
+                continue
+            del w.session.waiting[w.cmd.producer_id]
+            self._add_producer(w.session, w.cmd, topic, w.name, w.schema_version)
 
     def on_send(self, s: Session, r: Request) -> None:
         cmd: pb.CommandSend = r.body  # type: ignore[assignment]
@@ -1062,6 +1104,7 @@ class BrokerService:
 
     def on_close_producer(self, s: Session, r: Request) -> None:
         cmd: pb.CommandCloseProducer = r.body  # type: ignore[assignment]
+        s.waiting.pop(cmd.producer_id, None)  # a queued WaitForExclusive producer gives up
         p = s.producers.pop(cmd.producer_id, None)
         if p is not None:
             p.topic.remove_producer(p)

@@ -226,6 +226,48 @@ def test_seek_by_message_id_and_time(broker: BrokerProcess) -> None:
         c.close()
 
 
+def test_exclusive_producers_busy_fencing_and_waiting(broker: BrokerProcess) -> None:
+    import threading
+
+    c = client(broker)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        first = c.create_producer(t, access_mode=pulsar.ProducerAccessMode.Exclusive)
+        with pytest.raises(pulsar.ProducerBusy):
+            c.create_producer(t, access_mode=pulsar.ProducerAccessMode.Exclusive)
+        with pytest.raises(pulsar.ProducerBusy):
+            c.create_producer(t)
+        first.send(b"first")
+        waiter: list[Any] = []
+        started = threading.Event()
+
+        def wait_for_it() -> None:
+            started.set()
+            waiter.append(c.create_producer(t, access_mode=pulsar.ProducerAccessMode.WaitForExclusive))
+
+        th = threading.Thread(target=wait_for_it, daemon=True)
+        th.start()
+        started.wait()
+        th.join(1.0)
+        assert th.is_alive() and not waiter, "a WaitForExclusive producer waits while another one produces"
+        first.send(b"still first")
+        first.close()
+        th.join(30)
+        assert waiter, "it gets the topic once the exclusive producer is gone"
+        waiter[0].send(b"waited")
+        fencer = c.create_producer(t, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing)
+        fencer.send(b"fenced the waiter")
+        assert [m.data() for m in drain(consumer, 4)] == [
+            b"first",
+            b"still first",
+            b"waited",
+            b"fenced the waiter",
+        ]
+    finally:
+        c.close()
+
+
 def test_negative_ack_redelivery_count_grows(broker: BrokerProcess) -> None:
     c = client(broker)
     try:
