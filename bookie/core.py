@@ -7,8 +7,19 @@
   entry is in ledger storage before the reply leaves (so a read that follows an ack sees the entry);
 * a fencing read marks the ledger fenced in memory at once (later adds get ``FENCED``) and replies only
   after the FENCE record is durable; ``RECOVERY_ADD`` bypasses the fence; fences are never cleared;
-* unknown ledgers can be fenced (the fence creates the index row with the reader's key);
+* unknown ledgers can be fenced, and a fence binds no key (no squatting, below);
 * long-poll reads of the LAC wait for the LAC to pass ``previous_lac`` or for their timeout.
+
+No squatting (docs/protocol.md, "Keys and fences of unknown ledgers"). Only an ADD_ENTRY binds a ledger's
+master key. A fencing read of a ledger the bookie never stored an entry of records the fence *for the key it
+carries*, without binding it: the ledger is "unbound" (index row: the all-zero key ``UNBOUND_KEY``, fenced, and
+the fence keys, at most ``FENCE_KEYS_MAX``, listed in the row's blob). Towards a key it was fenced with, an
+unbound ledger is an empty fenced ledger: that key's adds are refused ``FENCED`` (invariant 4: a writer whose
+ledger a recovery fenced here can add nothing more), reads answer ``NO_ENTRY``, and a ``RECOVERY_ADD`` binds the
+key and keeps the fence. Towards any other key it is unknown (``NO_LEDGER``), and that key's first add binds it
+(unfenced: the fences were another key's, whose later adds now get ``UNAUTHORIZED``, refused all the same). So a
+stranger fencing future ledger ids with a bogus key no longer locks the owner out; with authentication
+required, a stranger reaches none of this anyway, and only authenticated principals bind keys.
 
 The server (``bookie/server.py``) and the simulator (``tests/sim``) drive the same object: they supply the
 journal, the storage, a ``schedule(delay_s, fn)`` timer and one reply callback per request.
@@ -46,6 +57,37 @@ ENTRY_HEAD = struct.Struct(HEADER.format[: len(">Qqq")])
 assert ENTRY_HEAD.format == ">Qqq" and HEADER.format.startswith(ENTRY_HEAD.format)
 
 LONG_POLL_TIMEOUT_MS_MAX = 60_000
+
+#: The index row key of an unbound ledger (fenced here, no entry ever added): no request binds this key.
+UNBOUND_KEY = bytes(p.MASTER_KEY_LEN)
+#: Distinct keys an unbound ledger records fences for; a fence with one more key is refused UNAUTHORIZED (the
+#: fencer counts this bookie as not fenced, which is safe), so a row stays small whatever a stranger sends.
+FENCE_KEYS_MAX = 8
+_KEY_LEN = p.MASTER_KEY_LEN
+
+
+def fence_keys(info: LedgerInfo) -> list[bytes]:
+    """The keys an unbound ledger was fenced with (its index row's blob, ``MASTER_KEY_LEN`` bytes each)."""
+    blob = info.lac_blob
+    return [blob[i : i + _KEY_LEN] for i in range(0, len(blob), _KEY_LEN)]
+
+
+def _fenced_for(info: LedgerInfo, key: bytes) -> bool:
+    blob = info.lac_blob
+    return any(blob[i : i + _KEY_LEN] == key for i in range(0, len(blob), _KEY_LEN))
+
+
+def _bind(info: LedgerInfo, key: bytes) -> None:
+    """An unbound ledger's first add: the key is bound; the ledger stays fenced only if this key fenced it."""
+    info.fenced = _fenced_for(info, key)
+    info.master_key = key
+    info.lac_blob = b""
+    info.explicit_lac = -1
+
+
+def _unbound(fenced_with: bytes) -> LedgerInfo:
+    return LedgerInfo(master_key=UNBOUND_KEY, fenced=True, lac_blob=fenced_with)
+
 
 _ADD_RESP_FRAME = p.ADD_RESP_FRAME
 _ADD_RESP_LEN = p.ADD_RESP_FRAME_SIZE - 4
@@ -92,6 +134,9 @@ class BookieStats:
     fences: int = 0
     unauthorized: int = 0
     storage_read_errors: int = 0
+    unbound_fences: int = 0  # fences recorded for a ledger without binding a key
+    fences_refused_full: int = 0  # fences of an unbound ledger refused: FENCE_KEYS_MAX keys recorded already
+    read_range_trimmed: int = 0  # READ_RANGE replies cut to fit the frame limit
     by_status: dict[str, int] = field(default_factory=dict)
 
 
@@ -122,6 +167,13 @@ class BookieCore:
         self._commit_scheduled = False
         self._waiters: dict[int, list[_Waiter]] = {}
         self._fence_durable: set[int] = {lid for lid, info in self.ledgers.items() if info.fenced}
+        # (ledger, key) of an unbound ledger's fences that are durable
+        self._unbound_durable: set[tuple[int, bytes]] = {
+            (lid, k)
+            for lid, info in self.ledgers.items()
+            if info.master_key == UNBOUND_KEY
+            for k in fence_keys(info)
+        }
         self.on_readonly_error: Callable[[BaseException], None] | None = None
 
     # ------------------------------------------------------------------------------------------ replay
@@ -130,9 +182,18 @@ class BookieCore:
         """Apply one journal record at start-up (before any request)."""
         info = self.ledgers.get(ledger_id)
         if rtype == REC_MASTER_KEY:
+            key = bytes(data)
             if info is None:
-                self.ledgers[ledger_id] = LedgerInfo(master_key=bytes(data))
-                self._commit_ledgers[ledger_id] = self.ledgers[ledger_id]
+                info = self.ledgers[ledger_id] = (
+                    _unbound(b"") if key == UNBOUND_KEY else LedgerInfo(master_key=key)
+                )
+            elif info.master_key == UNBOUND_KEY and key != UNBOUND_KEY:
+                _bind(info, key)  # (a bound row in storage already: a record it reflects, ignored)
+                if info.fenced:
+                    self._fence_durable.add(ledger_id)
+            else:
+                return
+            self._commit_ledgers[ledger_id] = info
             return
         if info is None:
             # A record for a ledger whose key record was checkpointed away and whose index row is gone: the
@@ -142,8 +203,14 @@ class BookieCore:
             self._commit_entries.append((ledger_id, entry_id, bytes(data)))
             self._note_entry(info, entry_id, data)
         elif rtype == REC_FENCE:
-            info.fenced = True
-            self._fence_durable.add(ledger_id)
+            key = bytes(data)
+            if info.master_key == UNBOUND_KEY:
+                if key and not _fenced_for(info, key):
+                    info.lac_blob += key
+                self._unbound_durable.add((ledger_id, key))
+            elif not key or key == info.master_key:  # (a fence by another key, before this one bound: moot)
+                info.fenced = True
+                self._fence_durable.add(ledger_id)
         elif rtype == REC_EXPLICIT_LAC:
             lac = int.from_bytes(data[:8], "big", signed=True)
             if lac > info.explicit_lac:
@@ -176,11 +243,19 @@ class BookieCore:
         name = status.name
         self.stats.by_status[name] = self.stats.by_status.get(name, 0) + 1
 
-    def _check_key(self, info: LedgerInfo | None, key: bytes) -> bool:
-        if info is not None and info.master_key != key:
+    def _view(self, ledger_id: int, key: bytes) -> tuple[LedgerInfo | None, bool]:
+        """(the ledger as a request with ``key`` sees it, None: unknown; whether the key is refused). An unbound
+        ledger is an empty fenced ledger to the keys it was fenced with, unknown to the others."""
+        info = self.ledgers.get(ledger_id)
+        if info is None:
+            return None, False
+        stored = info.master_key
+        if stored == UNBOUND_KEY:
+            return (_EMPTY_FENCED if _fenced_for(info, key) else None), False
+        if stored != key:
             self.stats.unauthorized += 1
-            return False
-        return True
+            return None, True
+        return info, False
 
     def _get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self.storage.get_entry(ledger_id, entry_id)
@@ -287,16 +362,24 @@ class BookieCore:
         for row in rows:
             flags, rid, lid, eid, key, entry = row
             info = ledgers.get(lid)
+            binding = info is None or info.master_key == UNBOUND_KEY
             if (
                 readonly
                 or eid < 0
                 or len(entry) < HEADER_LEN
                 or (
                     info is not None
+                    and not binding
                     and (info.master_key != key or (info.fenced and not flags & recovery_add))
                 )
             ):
                 refused.append(self._refuse(info, row))
+                continue
+            if binding and key == UNBOUND_KEY:
+                refused.append(self._refuse(info, row, p.Status.UNAUTHORIZED))
+                continue
+            if info is not None and binding and not flags & recovery_add and _fenced_for(info, key):
+                refused.append(self._refuse(info, row, p.Status.FENCED))  # a recovery fenced it for this key
                 continue
             hl, he, lac, _ = unpack_hdr(entry)
             if hl != lid or he != eid:
@@ -304,6 +387,9 @@ class BookieCore:
                 continue
             if info is None:
                 info = ledgers[lid] = LedgerInfo(master_key=key)
+                new_keys.append((REC_MASTER_KEY, lid, -1, key))
+            elif binding:
+                self._bind_unbound(lid, info, key)
                 new_keys.append((REC_MASTER_KEY, lid, -1, key))
             accepted.append(row)
             if lid != last_lid:
@@ -338,6 +424,7 @@ class BookieCore:
             or lids.count(lid) != n
             or keys.count(key) != n
             or (info is not None and (info.master_key != key or info.fenced))
+            or key == UNBOUND_KEY
             or min(eids) < 0
             # a run's entries are all one size (take_add_run), so its first entry speaks for the lot
             or (len(entries[0]) if heads is not None else min(map(len, entries))) < HEADER_LEN
@@ -410,13 +497,28 @@ class BookieCore:
         st.adds += len(eids)
         st.add_bytes += sum(map(len, entries))
 
+    def _bind_unbound(self, lid: int, info: LedgerInfo, key: bytes) -> None:
+        fenced_durable = (lid, key) in self._unbound_durable
+        for k in fence_keys(info):
+            self._unbound_durable.discard((lid, k))
+        _bind(info, key)
+        if info.fenced and fenced_durable:
+            self._fence_durable.add(lid)
+        log.info(
+            "bookie=%s ledger=%d: first add binds the key of a ledger fenced here before (%s)",
+            self.bookie_id,
+            lid,
+            "fenced by this key" if info.fenced else "fences by other keys dropped",
+        )
+
     def _refuse(self, info: LedgerInfo | None, row: AddRow, status: p.Status | None = None) -> bytes:
         flags, rid, lid, eid, key, _entry = row
         if status is None:
-            if info is not None and info.master_key != key:
+            bound = info is not None and info.master_key != UNBOUND_KEY
+            if bound and info is not None and info.master_key != key:
                 self.stats.unauthorized += 1
                 status = p.Status.UNAUTHORIZED
-            elif info is not None and info.fenced and not flags & p.Flag.RECOVERY_ADD:
+            elif bound and info is not None and info.fenced and not flags & p.Flag.RECOVERY_ADD:
                 status = p.Status.FENCED
             elif self.readonly:
                 status = p.Status.READONLY
@@ -435,35 +537,23 @@ class BookieCore:
 
     def _read_entry(self, req: p.ReadEntryRequest, reply: Reply) -> None:
         lid = req.ledger_id
-        info = self.ledgers.get(lid)
         self.stats.reads += 1
-        if not self._check_key(info, req.master_key):
+        info, refused = self._view(lid, req.master_key)
+        if refused:
             self._count(p.Status.UNAUTHORIZED)
             return reply(_read_resp(req, p.Status.UNAUTHORIZED))
         if req.flags & p.Flag.FENCE:
             self.stats.fences += 1
-            if info is None:
-                info = LedgerInfo(master_key=req.master_key)
-                self.ledgers[lid] = info
-                self.journal_append(REC_MASTER_KEY, lid, -1, req.master_key, _ignore)
+            if info is None or info is _EMPTY_FENCED:
+                return self._fence_unbound(req, reply)
             info.fenced = True  # in memory at once: adds from now on are refused
             if lid not in self._fence_durable:
-                fenced_info = info
-
-                def fence_done(exc: BaseException | None) -> None:
-                    if exc is not None:
-                        self._journal_failed(exc)
-                        reply(_read_resp(req, p.Status.INTERNAL))
-                        return
-                    self._fence_durable.add(lid)
-                    self._commit_ledgers[lid] = fenced_info
-                    # Reply after the commit batch so entries acked before the fence are in storage.
-                    self._queue_commit(lambda: self._answer_read(req, reply))
-
-                self.journal_append(REC_FENCE, lid, -1, b"", fence_done)
-                return
+                return self._journal_fence(req, reply, info, b"")
         if info is None:
             return reply(_read_resp(req, p.Status.NO_LEDGER))
+        if info is _EMPTY_FENCED:
+            self._count(p.Status.NO_ENTRY)
+            return reply(_read_resp(req, p.Status.NO_ENTRY))
         if (
             req.entry_id == p.LAST_ENTRY
             and req.flags & p.Flag.LONG_POLL
@@ -477,8 +567,55 @@ class BookieCore:
             return
         self._answer_read(req, reply)
 
+    def _fence_unbound(self, req: p.ReadEntryRequest, reply: Reply) -> None:
+        """A fencing read of a ledger without a bound key: record the fence for the request's key only."""
+        lid, key = req.ledger_id, req.master_key
+        info = self.ledgers.get(lid)
+        if info is None:
+            info = self.ledgers[lid] = _unbound(b"")
+            self.journal_append(REC_MASTER_KEY, lid, -1, UNBOUND_KEY, _ignore)
+        if not _fenced_for(info, key):
+            if len(info.lac_blob) >= FENCE_KEYS_MAX * _KEY_LEN:
+                self.stats.fences_refused_full += 1
+                self._count(p.Status.UNAUTHORIZED)
+                log.warning(
+                    "bookie=%s ledger=%d: fence refused, %d keys fenced it already without adding an entry",
+                    self.bookie_id,
+                    lid,
+                    FENCE_KEYS_MAX,
+                )
+                return reply(_read_resp(req, p.Status.UNAUTHORIZED))
+            info.lac_blob += key  # in memory at once: this key's adds are refused from now on
+            self.stats.unbound_fences += 1
+        if (lid, key) in self._unbound_durable:
+            return reply(_read_resp(req, p.Status.NO_ENTRY))
+        self._journal_fence(req, reply, info, key)
+
+    def _journal_fence(self, req: p.ReadEntryRequest, reply: Reply, info: LedgerInfo, key: bytes) -> None:
+        """Journal a fence (``key``: the fencer's, for an unbound ledger; empty for a bound one) and answer the
+        read once it is durable, after the commit batch, so entries acked before the fence are in storage."""
+        lid = req.ledger_id
+
+        def fence_done(exc: BaseException | None) -> None:
+            if exc is not None:
+                self._journal_failed(exc)
+                reply(_read_resp(req, p.Status.INTERNAL))
+                return
+            if self.ledgers.get(lid) is info:  # (else garbage-collected meanwhile: nothing to store)
+                if info.master_key == UNBOUND_KEY:
+                    self._unbound_durable.add((lid, key))
+                elif not key or info.master_key == key:
+                    self._fence_durable.add(lid)
+                self._commit_ledgers[lid] = info
+            self._queue_commit(lambda: self._answer_read(req, reply))
+
+        self.journal_append(REC_FENCE, lid, -1, key, fence_done)
+
     def _answer_read(self, req: p.ReadEntryRequest, reply: Reply) -> None:
-        info = self.ledgers.get(req.ledger_id)
+        info, refused = self._view(req.ledger_id, req.master_key)
+        if refused:
+            self._count(p.Status.UNAUTHORIZED)
+            return reply(_read_resp(req, p.Status.UNAUTHORIZED))
         if info is None:
             return reply(_read_resp(req, p.Status.NO_LEDGER))
         eid = info.last_entry_id if req.entry_id == p.LAST_ENTRY else req.entry_id
@@ -538,8 +675,8 @@ class BookieCore:
         self._answer_read(w.request, w.reply)
 
     def _read_lac(self, req: p.ReadLacRequest, reply: Reply) -> None:
-        info = self.ledgers.get(req.ledger_id)
-        if not self._check_key(info, req.master_key):
+        info, refused = self._view(req.ledger_id, req.master_key)
+        if refused:
             status = p.Status.UNAUTHORIZED
         elif info is None:
             status = p.Status.NO_LEDGER
@@ -559,7 +696,7 @@ class BookieCore:
         )
 
     def _write_lac(self, req: p.WriteLacRequest, reply: Reply) -> None:
-        info = self.ledgers.get(req.ledger_id)
+        info, refused = self._view(req.ledger_id, req.master_key)
 
         def resp(status: p.Status) -> None:
             reply(
@@ -568,9 +705,9 @@ class BookieCore:
                 )
             )
 
-        if not self._check_key(info, req.master_key):
+        if refused:
             return resp(p.Status.UNAUTHORIZED)
-        if info is None:
+        if info is None or info is _EMPTY_FENCED:  # (a WRITE_LAC binds no key)
             return resp(p.Status.NO_LEDGER)
         if self.readonly:
             return resp(p.Status.READONLY)
@@ -592,18 +729,21 @@ class BookieCore:
         self.journal_append(REC_EXPLICIT_LAC, req.ledger_id, -1, data, done)
 
     def _read_range(self, req: p.ReadRangeRequest, reply: Reply) -> None:
-        info = self.ledgers.get(req.ledger_id)
+        info, refused = self._view(req.ledger_id, req.master_key)
 
         def resp(status: p.Status) -> None:
             reply(p.encode_read_range_response(req.request_id, status, req.ledger_id, req.first_entry_id, ()))
 
-        if not self._check_key(info, req.master_key):
+        if refused:
             return resp(p.Status.UNAUTHORIZED)
         if info is None:
             return resp(p.Status.NO_LEDGER)
         if req.first_entry_id < 0 or req.last_entry_id < req.first_entry_id or req.step < 1:
             return resp(p.Status.BAD_REQUEST)
-        max_bytes = min(req.max_bytes, p.READ_RANGE_BYTES_MAX)
+        if info is _EMPTY_FENCED:
+            return resp(p.Status.NO_ENTRY)
+        # a legal request never gets a reply over the frame limit (which would close its own connection)
+        max_bytes = min(req.max_bytes, p.READ_RANGE_BYTES_MAX, p.READ_RANGE_REPLY_BYTES_MAX)
         last = min(req.last_entry_id, info.last_entry_id)
         try:
             if req.step == 1:
@@ -616,6 +756,10 @@ class BookieCore:
             )
         if not entries:
             return resp(p.Status.NO_ENTRY)
+        fit = p.read_range_entries_fitting(entries)
+        if fit < len(entries):  # max_bytes counts the entries, the frame their length fields too
+            entries = entries[:fit]
+            self.stats.read_range_trimmed += 1
         self.stats.reads += 1
         self.stats.read_bytes += sum(map(len, entries))
         reply(
@@ -628,7 +772,10 @@ class BookieCore:
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Garbage-collect a ledger deleted from metadata."""
-        self.ledgers.pop(ledger_id, None)
+        info = self.ledgers.pop(ledger_id, None)
+        if info is not None and info.master_key == UNBOUND_KEY:
+            for k in fence_keys(info):
+                self._unbound_durable.discard((ledger_id, k))
         self._fence_durable.discard(ledger_id)
         self._commit_ledgers.pop(ledger_id, None)
         self._commit_entries = [e for e in self._commit_entries if e[0] != ledger_id]
@@ -637,6 +784,10 @@ class BookieCore:
     def flush_pending(self) -> None:
         """Write everything durable to storage now (before a checkpoint)."""
         self._flush_commit()
+
+
+#: What a key an unbound ledger was fenced with sees of it: an empty fenced ledger (never mutated).
+_EMPTY_FENCED = LedgerInfo(master_key=UNBOUND_KEY, fenced=True)
 
 
 def _ignore(exc: BaseException | None) -> None:

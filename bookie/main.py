@@ -38,11 +38,12 @@ from typing import Any
 
 from aiohttp import web
 
+from . import auth
 from . import server as srv
 from .core import BookieCore
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
 from .journal import Journal
-from .server import BookieServer, ServerLimits, admin_app, register_core_metrics
+from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
 from .storage import MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
 
 log = logging.getLogger("ledgerstore.bookie")
@@ -95,6 +96,9 @@ class BookieConfig:
     storage_blob_files: str = "auto"  # entries in blob files: auto (while ledgers interleave), on, off
     storage_blob_gc_ratio: float = 0.5  # collect blob files' garbage once it is this share of them...
     storage_blob_gc_min_mb: int = 64  # ...and at least this many MiB
+    auth_secret_file: Path | None = None  # HS256 token secret: tokens are checked (data plane and admin HTTP)
+    auth_required: bool = False  # data plane: nothing served before AUTH with a good token
+    admin_read_auth: str = "none"  # admin HTTP read-only endpoints that need a token too: none, api, all
 
     @property
     def id(self) -> str:
@@ -211,7 +215,18 @@ class Bookie:
             write_buffer_max=cfg.connection_write_buffer_mb * 2**20,
             inflight_bytes_max=cfg.inflight_bytes_max_mb * 2**20,
         )
-        self.server = BookieServer(self.core, limits)
+        verifier = None
+        if cfg.auth_secret_file is not None:
+            verifier = auth.TokenVerifier(load_secret(cfg.auth_secret_file))
+        self.server = BookieServer(
+            self.core, limits, ServerAuth(verifier=verifier, required=cfg.auth_required)
+        )
+        log.info(
+            "bookie=%s data plane authentication %s; admin HTTP: %s",
+            cfg.id,
+            self.server.auth.mode.name.lower(),
+            "mutating endpoints need a token" if verifier else "open",
+        )
         core = self.core
         self.collector = LedgerCollector(
             metadata=ZkMetadataView(self.store),
@@ -225,7 +240,13 @@ class Bookie:
         self._register_storage_metrics()
         self._register_safety_metrics()
         await self.server.listen(cfg.listen_address or cfg.advertised_address, cfg.port)
-        app = admin_app(self.server, self.info, gc=self.gc_now, failure=lambda: self.failed)
+        app = admin_app(
+            self.server,
+            self.info,
+            gc=self.gc_now,
+            failure=lambda: self.failed,
+            auth=AdminAuth(verifier=verifier, read=cfg.admin_read_auth),
+        )
         # handler_cancellation: a GC request whose caller went away stops; shutdown_timeout: SIGTERM does not
         # wait a minute for admin requests
         self._http = web.AppRunner(
@@ -646,6 +667,42 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         ),
         inflight_bytes_max_mb=getattr(args, "inflight_bytes_max_mb", srv.DEFAULT_INFLIGHT_BYTES_MAX // 2**20),
         gc_deletions_max=getattr(args, "gc_deletions_max", DEFAULT_GC_DELETIONS_MAX),
+        auth_secret_file=Path(args.auth_secret_file) if getattr(args, "auth_secret_file", None) else None,
+        auth_required=getattr(args, "auth_required", False),
+        admin_read_auth=getattr(args, "admin_read_auth", "none"),
+    )
+
+
+def load_secret(path: Path) -> bytes:
+    """The token secret in ``path`` (raw bytes or base64 text, ``auth.decode_secret``); a file others may
+    read or write is refused (anyone who reads it can sign tokens)."""
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        raise PermissionError(f"secret key file {path} is readable or writable by others: chmod 600 it")
+    return auth.decode_secret(path.read_bytes())
+
+
+def add_auth_arguments(serve: argparse.ArgumentParser) -> None:
+    """``bookie serve``'s authentication (docs/operations.md, "Authentication")."""
+    a = serve.add_argument
+    a(
+        "--auth-secret-file",
+        default=os.environ.get("LEDGERSTORE_AUTH_SECRET_FILE"),
+        help="HS256 secret key (ledgerstore auth create-secret): tokens sent are checked, and the admin HTTP "
+        "API's mutating endpoints need one (default $LEDGERSTORE_AUTH_SECRET_FILE; none: authentication off)",
+    )
+    a(
+        "--auth-required",
+        action="store_true",
+        default=bool(os.environ.get("LEDGERSTORE_AUTH_REQUIRED")),
+        help="serve nothing on the data plane before AUTH with a good token (needs --auth-secret-file)",
+    )
+    a(
+        "--admin-read-auth",
+        choices=srv.ADMIN_READ_AUTH,
+        default="none",
+        help="admin HTTP read-only endpoints that need a token too: none (default), api (/api/...), all "
+        "(also /health and /metrics)",
     )
 
 

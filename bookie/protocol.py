@@ -50,6 +50,7 @@ class OpCode(enum.IntEnum):
     WRITE_LAC = 4
     READ_RANGE = 5
     BOOKIE_INFO = 6
+    AUTH = 7  # the first frame of a connection: a credential, and the features each side speaks
 
 
 class Flag(enum.IntFlag):
@@ -72,6 +73,35 @@ class Status(enum.IntEnum):
 
 
 LAST_ENTRY = -1  # READ_ENTRY entry id meaning "the last entry this bookie has" (with its LAC)
+
+
+class AuthMethod(enum.IntEnum):
+    NONE = 0  # no credential: only the features (what a client without a token may send)
+    TOKEN = 1  # an HS256 JWT (``bookie.auth``), ASCII
+
+
+class AuthMode(enum.IntEnum):
+    """What the bookie does with credentials (AUTH response)."""
+
+    OFF = 0  # no secret configured: credentials are not checked, every request is served
+    OPTIONAL = 1  # a secret: a credential sent is checked (a bad one is refused), none is allowed
+    REQUIRED = 2  # a secret and --auth-required: nothing but AUTH is served before a good credential
+
+
+class Feature(enum.IntFlag):
+    """Protocol features a side speaks (AUTH request and response), beyond version 1's base."""
+
+    NONE = 0
+    READ_RANGE_STEP = 1  # READ_RANGE's optional step
+    AUTH = 2  # the AUTH op
+
+
+#: What this codec speaks (the client and the bookie both send it).
+FEATURES = Feature.READ_RANGE_STEP | Feature.AUTH
+#: An AUTH request's credential is at most this long (a token far larger than any honest one is refused
+#: by the codec, so checking one costs a bounded amount of work).
+AUTH_CREDENTIAL_MAX = 4096
+AUTH_SUBJECT_MAX = 256
 
 
 def master_key(password: bytes) -> bytes:
@@ -152,6 +182,17 @@ class BookieInfoRequest:
     flags: int = 0
 
     op = OpCode.BOOKIE_INFO
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthRequest:
+    request_id: int
+    method: AuthMethod = AuthMethod.NONE
+    credential: bytes = b""  # the token's ASCII bytes (empty with method NONE)
+    features: int = FEATURES
+    flags: int = 0
+
+    op = OpCode.AUTH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,6 +278,17 @@ class BookieInfoResponse:
     op = OpCode.BOOKIE_INFO
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthResponse:
+    request_id: int
+    status: Status  # OK, or UNAUTHORIZED (then the bookie closes the connection)
+    mode: AuthMode = AuthMode.OFF
+    features: int = FEATURES
+    subject: str = ""  # the verified principal ("" when nothing was verified)
+
+    op = OpCode.AUTH
+
+
 Request = (
     AddEntryRequest
     | ReadEntryRequest
@@ -244,6 +296,7 @@ Request = (
     | WriteLacRequest
     | ReadRangeRequest
     | BookieInfoRequest
+    | AuthRequest
 )
 Response = (
     AddEntryResponse
@@ -252,6 +305,7 @@ Response = (
     | WriteLacResponse
     | ReadRangeResponse
     | BookieInfoResponse
+    | AuthResponse
 )
 
 # ---------------------------------------------------------------------------------------------------------
@@ -274,6 +328,10 @@ _BOOKIE_INFO_RESP = struct.Struct(
     ">BQQBH"
 )  # status, free, total, readonly, id len; id, then u32 extra len + pairs
 _U32 = struct.Struct(">I")
+#: Bytes of entries a READ_RANGE reply can carry within FRAME_SIZE_MAX (before each entry's u32 length)
+READ_RANGE_REPLY_BYTES_MAX = FRAME_SIZE_MAX - FRAME_HEADER.size - _READ_RANGE_RESP.size
+_AUTH_REQ = struct.Struct(">BI")  # method, features; credential follows
+_AUTH_RESP = struct.Struct(">BBIH")  # status, mode, features, subject length; subject follows
 
 
 def _frame(op: int, flags: int, request_id: int, body: bytes) -> bytes:
@@ -344,6 +402,9 @@ def encode(msg: Request | Response) -> bytes:
         return _frame(msg.op, msg.flags, rid, body)
     if isinstance(msg, BookieInfoRequest):
         return _frame(msg.op, msg.flags, rid, b"")
+    if isinstance(msg, AuthRequest):
+        _check_auth(msg.method, msg.credential, msg.features)
+        return _frame(msg.op, msg.flags, rid, _AUTH_REQ.pack(msg.method, msg.features) + msg.credential)
     if isinstance(msg, AddEntryResponse):
         return encode_add_response(rid, msg.status, msg.ledger_id, msg.entry_id)
     if isinstance(msg, ReadEntryResponse):
@@ -366,7 +427,26 @@ def encode(msg: Request | Response) -> bytes:
         parts.append(_U32.pack(len(extra)))
         parts.append(extra)
         return _frame(msg.op, 0, rid, b"".join(parts))
+    if isinstance(msg, AuthResponse):
+        subject = msg.subject.encode()
+        if len(subject) > AUTH_SUBJECT_MAX or not 0 <= msg.features < 2**32:
+            raise ProtocolError("AUTH response: subject too long or features out of range")
+        body = _AUTH_RESP.pack(msg.status, msg.mode, msg.features, len(subject)) + subject
+        return _frame(msg.op, 0, rid, body)
     raise TypeError(f"not a protocol message: {msg!r}")
+
+
+def _check_auth(method: int, credential: bytes, features: int) -> None:
+    if method not in AuthMethod._value2member_map_:
+        raise ProtocolError(f"AUTH: unknown method {method}")
+    if len(credential) > AUTH_CREDENTIAL_MAX:
+        raise ProtocolError(f"AUTH: credential of {len(credential)} bytes (at most {AUTH_CREDENTIAL_MAX})")
+    if method == AuthMethod.NONE and credential:
+        raise ProtocolError("AUTH: method NONE carries no credential")
+    if method == AuthMethod.TOKEN and not credential:
+        raise ProtocolError("AUTH: method TOKEN needs a token")
+    if not 0 <= features < 2**32:
+        raise ProtocolError("AUTH: features out of range")
 
 
 def encode_read_range_response(
@@ -386,6 +466,17 @@ def encode_read_range_response(
     cells[2::2] = map(_U32.pack, lens)  # each entry's u32 length, then the entry
     cells[3::2] = entries
     return b"".join(cells)
+
+
+def read_range_entries_fitting(entries: Sequence[bytes]) -> int:
+    """How many of ``entries``, from the first, fit one READ_RANGE reply frame (at least one: an entry always
+    fits, as its ADD_ENTRY frame did)."""
+    room = READ_RANGE_REPLY_BYTES_MAX
+    for n, e in enumerate(entries):
+        room -= 4 + len(e)
+        if room < 0:
+            return max(1, n)
+    return len(entries)
 
 
 _ADD_RESP_FRAME = struct.Struct(">IBBHQBQq")
@@ -517,6 +608,14 @@ def decode_request(op: int, flags: int, rid: int, body: memoryview) -> Request:
     if op == OpCode.BOOKIE_INFO:
         _exact(body, 0, "BOOKIE_INFO")
         return BookieInfoRequest(request_id=rid, flags=flags)
+    if op == OpCode.AUTH:
+        _need(body, _AUTH_REQ.size, "AUTH")
+        method, features = _AUTH_REQ.unpack_from(body)
+        credential = bytes(body[_AUTH_REQ.size :])
+        _check_auth(method, credential, features)
+        return AuthRequest(
+            request_id=rid, method=AuthMethod(method), credential=credential, features=features, flags=flags
+        )
     raise ProtocolError(f"unknown op code {op}")
 
 
@@ -590,6 +689,20 @@ def decode_response(op: int, flags: int, rid: int, body: memoryview) -> Response
             readonly=bool(ro),
             bookie_id=bid,
             extra=extra,
+        )
+    if op == OpCode.AUTH:
+        _need(body, _AUTH_RESP.size, "AUTH response")
+        st, mode, features, n = _AUTH_RESP.unpack_from(body)
+        _exact(body[_AUTH_RESP.size :], n, "AUTH response subject")
+        if n > AUTH_SUBJECT_MAX:
+            raise ProtocolError(f"AUTH response: subject of {n} bytes")
+        try:
+            subject = bytes(body[_AUTH_RESP.size :]).decode()
+            auth_mode = AuthMode(mode)
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ProtocolError(f"AUTH response: {e}") from None
+        return AuthResponse(
+            request_id=rid, status=_status(st), mode=auth_mode, features=features, subject=subject
         )
     raise ProtocolError(f"unknown op code {op}")
 

@@ -24,6 +24,12 @@ goes to the core, and replies are coalesced into one ``transport.write`` per loo
   client's socket buffers fill and its writes wait. Only requests beyond ``inflight_max`` that arrived in
   chunks already read are refused with ``TOO_MANY_REQUESTS`` (bounded memory either way);
 * when the peer stops reading our replies (transport buffer high), we stop reading its requests.
+
+Authentication (docs/protocol.md, "AUTH"): a connection's first frame may be AUTH, with a token. With a secret
+configured (``ServerAuth.verifier``) a token sent is checked, and a bad one is answered UNAUTHORIZED and the
+connection closed; with ``required`` also, any other first frame is answered UNAUTHORIZED and the connection
+closed, so a peer without a good token is served nothing. Until the first frame is seen the add fast path is
+off (every frame goes through ``_handle_frames``); after it, the gate costs nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from . import protocol as p
+from .auth import TokenError, TokenVerifier
 from .core import ENTRY_HEAD, AddRow, BookieCore
 from .metrics import RateMeter, Registry
 
@@ -80,6 +87,38 @@ class ServerLimits:
         return elapsed_s > self.frame_grace_s + buffered / self.frame_rate_min
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerAuth:
+    """The data plane's authentication: ``verifier`` None is auth off (AUTH accepted, nothing checked)."""
+
+    verifier: TokenVerifier | None = None
+    required: bool = False  # nothing but AUTH served before a good token (needs a verifier)
+
+    def __post_init__(self) -> None:
+        if self.required and self.verifier is None:
+            raise ValueError("authentication required without a secret to check tokens with")
+
+    @property
+    def mode(self) -> p.AuthMode:
+        if self.verifier is None:
+            return p.AuthMode.OFF
+        return p.AuthMode.REQUIRED if self.required else p.AuthMode.OPTIONAL
+
+    def check(self, req: p.AuthRequest) -> tuple[p.Status, str, str]:
+        """(status, verified subject or "", why refused or "") for an AUTH request (pure but for the clock)."""
+        if self.verifier is None:
+            return p.Status.OK, "", ""
+        if req.method == p.AuthMethod.NONE:
+            if self.required:
+                return p.Status.UNAUTHORIZED, "", "no token (authentication is required)"
+            return p.Status.OK, "", ""
+        try:
+            principal = self.verifier.verify(req.credential)
+        except TokenError as e:
+            return p.Status.UNAUTHORIZED, "", str(e)
+        return p.Status.OK, principal.subject, ""
+
+
 def error_response(op: int, rid: int, status: p.Status, ledger_id: int = 0, entry_id: int = -1) -> bytes:
     """A reply with a non-OK status for any op (used for overload)."""
     if op == p.OpCode.ADD_ENTRY:
@@ -94,6 +133,8 @@ def error_response(op: int, rid: int, status: p.Status, ledger_id: int = 0, entr
         msg = p.WriteLacResponse(request_id=rid, status=status, ledger_id=ledger_id)
     elif op == p.OpCode.READ_RANGE:
         msg = p.ReadRangeResponse(request_id=rid, status=status, ledger_id=ledger_id, first_entry_id=entry_id)
+    elif op == p.OpCode.AUTH:
+        msg = p.AuthResponse(request_id=rid, status=status, features=0)
     else:
         msg = p.BookieInfoResponse(request_id=rid, status=status)
     return p.encode(msg)
@@ -131,6 +172,10 @@ class BookieConnection(asyncio.Protocol):
         self._frame_paused_s = 0.0  # of its time, how long we were not reading for our own reasons
         self._loop = asyncio.get_running_loop()
         self._watchdog: asyncio.TimerHandle | None = None
+        # the first frame not seen yet (it may be AUTH; with auth required it must be a good one): the add
+        # fast path is off meanwhile
+        self._vetting = True
+        self.principal = ""  # the verified token's subject ("" while none)
 
     # asyncio callbacks ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -201,7 +246,8 @@ class BookieConnection(asyncio.Protocol):
         if self._stalled is not None:
             return  # (a chunk the transport had read before it paused) handled after the stalled frames
         try:
-            run = dec.take_add_run(ENTRY_HEAD)  # the whole chunk, when it is a run of same-size adds
+            # the whole chunk, when it is a run of same-size adds (once the first frame was vetted)
+            run = None if self._vetting else dec.take_add_run(ENTRY_HEAD)
             if run is not None:
                 self._submit_adds(*run)
                 if not dec.buffered:
@@ -250,6 +296,8 @@ class BookieConnection(asyncio.Protocol):
         unpack_add = _ADD_BODY.unpack_from
         add_body = _ADD_BODY.size
         for op, flags, rid, buf, a, b in frames:
+            if self._vetting and not self._vet(op, flags, rid, buf, a, b):
+                return  # refused and closing
             if op == p.OpCode.ADD_ENTRY:
                 if b - a < add_body:
                     raise p.ProtocolError("ADD_ENTRY: body too short")
@@ -259,6 +307,12 @@ class BookieConnection(asyncio.Protocol):
             if adds:
                 self._submit_adds(adds)
                 adds = []
+            if op == p.OpCode.AUTH:
+                if not self._authed_now:  # AUTH after other requests, or a second one: not allowed
+                    self._refuse_auth(rid, p.Status.BAD_REQUEST, "AUTH that is not the first frame")
+                    return
+                self._authed_now = False
+                continue
             if self.inflight >= limit:
                 server.overloaded += 1
                 self._write(error_response(op, rid, p.Status.TOO_MANY_REQUESTS))
@@ -274,6 +328,49 @@ class BookieConnection(asyncio.Protocol):
                 break
         if adds:
             self._submit_adds(adds)
+
+    _authed_now = False  # the frame just vetted was the AUTH that opened the connection
+
+    def _vet(self, op: int, flags: int, rid: int, buf: bytes, a: int, b: int) -> bool:
+        """The connection's first frame: an AUTH is checked and answered here; any other is let through
+        unless authentication is required. False: refused, the connection is closing."""
+        self._vetting = False
+        auth = self.server.auth
+        if op != p.OpCode.AUTH:
+            if auth.required:
+                self._refuse_auth(rid, p.Status.UNAUTHORIZED, f"op {op} before AUTH", op=op)
+                return False
+            return True
+        req = p.decode_request(op, flags, rid, memoryview(buf)[a:b])
+        assert isinstance(req, p.AuthRequest)
+        status, subject, why = auth.check(req)
+        if status != p.Status.OK:
+            self._refuse_auth(rid, status, why)
+            return False
+        self.principal = subject
+        self._authed_now = True
+        self.server.auth_ok += 1
+        if subject:
+            log.debug(
+                "bookie=%s connection from %s authenticated as %r", self.core.bookie_id, self.peer, subject
+            )
+        resp = p.AuthResponse(request_id=rid, status=p.Status.OK, mode=auth.mode, subject=subject)
+        self._write(p.encode(resp))
+        return True
+
+    def _refuse_auth(self, rid: int, status: p.Status, why: str, op: int = p.OpCode.AUTH) -> None:
+        """Answer ``status`` to the frame, close the connection once the answer is written, serve nothing more."""
+        self.server.note_auth_refusal(self.peer, why)
+        if op == p.OpCode.AUTH:
+            frame = p.encode(p.AuthResponse(request_id=rid, status=status, mode=self.server.auth.mode))
+        else:
+            frame = error_response(op, rid, status)
+        self._write(frame)
+        self._flush()
+        self._closed = True
+        self._stalled = None
+        if self.transport is not None:
+            self.transport.close()  # (the reply already handed to the transport is still sent)
 
     def _resume_stalled(self) -> None:
         """Our replies drained: handle the frames that waited, then what arrived meanwhile."""
@@ -480,9 +577,17 @@ _ENTRY_OF = _entry_of
 class BookieServer:
     """Owns the listening socket and the connections; exposes counters for metrics."""
 
-    def __init__(self, core: BookieCore, limits: ServerLimits | None = None) -> None:
+    def __init__(
+        self, core: BookieCore, limits: ServerLimits | None = None, auth: ServerAuth | None = None
+    ) -> None:
         self.core = core
         self.limits = limits or ServerLimits()
+        self.auth = auth or ServerAuth()
+        self.auth_ok = 0  # AUTH requests accepted
+        self.auth_refused = 0  # connections refused by the AUTH step
+        self.admin_refused = 0  # admin HTTP requests refused for want of a good token
+        self._last_auth_log = 0.0
+        self._auth_unlogged = 0
         self.connections: set[BookieConnection] = set()
         self.per_peer: dict[str, int] = {}
         self.malformed = 0
@@ -541,6 +646,24 @@ class BookieServer:
         self.per_peer[host] = self.per_peer.get(host, 0) + 1
         return ""
 
+    def note_auth_refusal(self, peer: str, why: str) -> None:
+        """Count a refusal and log it, at most one line per ``_LOG_REFUSALS_EVERY_S`` (a stranger retrying in
+        a loop must not flood the log)."""
+        self.auth_refused += 1
+        now = time.monotonic()
+        if now - self._last_auth_log >= _LOG_REFUSALS_EVERY_S:
+            log.warning(
+                "bookie=%s refusing connection from %s: unauthenticated: %s (%d more since the last such line)",
+                self.core.bookie_id,
+                peer,
+                why,
+                self._auth_unlogged,
+            )
+            self._last_auth_log = now
+            self._auth_unlogged = 0
+        else:
+            self._auth_unlogged += 1
+
     def release(self, conn: BookieConnection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
@@ -583,14 +706,79 @@ class BookieServer:
 # Admin HTTP
 
 
+#: ``--admin-read-auth``: which read-only endpoints need a token too (mutating ones always do, given a secret)
+ADMIN_READ_AUTH = ("none", "api", "all")
+_OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminAuth:
+    """Admin HTTP authentication: with a ``verifier`` (a secret), requests that change state need
+    ``Authorization: Bearer <token>``; ``read`` says which read-only ones do too: ``none``, ``api``
+    (``/api/...``) or ``all`` (``/health`` and ``/metrics`` as well)."""
+
+    verifier: TokenVerifier | None = None
+    read: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.read not in ADMIN_READ_AUTH:
+            raise ValueError(f"admin read auth must be one of {ADMIN_READ_AUTH}, got {self.read!r}")
+
+    def needs_token(self, method: str, path: str) -> bool:
+        if self.verifier is None:
+            return False
+        if method not in ("GET", "HEAD", "OPTIONS"):
+            return True
+        if self.read == "all":
+            return True
+        return self.read == "api" and path not in _OPEN_PATHS
+
+    def check(self, method: str, path: str, authorization: str | None) -> str:
+        """Why the request is refused ("" when it may go on)."""
+        if not self.needs_token(method, path):
+            return ""
+        assert self.verifier is not None
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "this endpoint needs Authorization: Bearer <token>"
+        try:
+            self.verifier.verify(token.strip())
+        except TokenError as e:
+            return str(e)
+        return ""
+
+
 def admin_app(
     server: BookieServer,
     info: Callable[[], dict[str, Any]],
     gc: Callable[[Callable[[], bool]], Awaitable[dict[str, Any]]] | None = None,
     failure: Callable[[], str] = lambda: "",
+    auth: AdminAuth | None = None,
 ) -> web.Application:
-    """``gc(caller_gone)`` runs a GC round; ``failure()`` says why the bookie failed ("" while it has not)."""
+    """``gc(caller_gone)`` runs a GC round; ``failure()`` says why the bookie failed ("" while it has not);
+    ``auth``: which requests need a token (none without a secret)."""
     core = server.core
+    admin_auth = auth or AdminAuth()
+
+    @web.middleware
+    async def authenticate(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        why = admin_auth.check(request.method, request.path, request.headers.get("Authorization"))
+        if why:
+            server.admin_refused += 1
+            log.warning(
+                "bookie=%s admin %s %s from %s refused: %s",
+                core.bookie_id,
+                request.method,
+                request.path,
+                request.remote,
+                why,
+            )
+            return web.json_response(
+                {"error": f"unauthorized: {why}"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+        return await handler(request)
 
     async def health(_: web.Request) -> web.Response:
         failed = failure()
@@ -638,7 +826,7 @@ def admin_app(
 
         return web.json_response(await gc(caller_gone))
 
-    app = web.Application()
+    app = web.Application(middlewares=[authenticate])
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/info", api_info)
@@ -671,6 +859,17 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
     )
     m.counter(
         "bookie_unauthorized_total", "Requests with a wrong master key", lambda: core.stats.unauthorized
+    )
+    m.counter("bookie_auth_ok_total", "AUTH requests accepted", lambda: server.auth_ok)
+    m.counter(
+        "bookie_auth_refused_total",
+        "Connections refused by the AUTH step (bad or expired token, or a request before AUTH when required)",
+        lambda: server.auth_refused,
+    )
+    m.counter(
+        "bookie_admin_unauthorized_total",
+        "Admin HTTP requests refused for want of a good token",
+        lambda: server.admin_refused,
     )
     m.gauge("bookie_ledgers", "Ledgers stored on this bookie", lambda: len(core.ledgers))
     m.gauge("bookie_readonly", "1 when the bookie is read-only", lambda: 1 if core.readonly else 0)

@@ -31,8 +31,9 @@ Invariants (the labels used in reports):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from bookie.core import UNBOUND_KEY, fence_keys
 from ledger_client.quorum import write_set
 from zk.ledger_metadata import LedgerMetadata
 
@@ -302,11 +303,7 @@ class Checker:
         ]
         if unfenced:
             self.fail("7", f"{node.bid} restarted without the fences of {unfenced}, which it had confirmed")
-        keys = [
-            lid
-            for lid, key in node.acked_keys.items()
-            if getattr(core.ledgers.get(lid), "master_key", None) != key
-        ]
+        keys = [lid for lid, key in node.acked_keys.items() if not _holds_key(core.ledgers.get(lid), key)]
         if keys:
             self.fail("7", f"{node.bid} restarted without the master keys of ledgers {keys}")
         if node.disk_lost:  # trusted after a wipe: its promises start over (the loss is reported above)
@@ -378,3 +375,13 @@ class Checker:
 
 def _segs(ensembles: tuple) -> list[tuple[int, list[str]]]:
     return [(e.first_entry_id, list(e.bookies)) for e in ensembles]
+
+
+def _holds_key(info: Any, key: bytes) -> bool:
+    """Whether a restarted bookie still answers ``key`` for a ledger as before: bound to it, or (a ledger only
+    fenced here, never written: no key bound) fenced for it (``bookie.core``, no squatting)."""
+    if info is None:
+        return False
+    if info.master_key == UNBOUND_KEY:
+        return key in fence_keys(info)
+    return bool(info.master_key == key)

@@ -16,7 +16,8 @@ flags = st.integers(min_value=0, max_value=0xFFFF)
 status = st.sampled_from(list(p.Status))
 blob = st.binary(max_size=512)
 
-requests = st.one_of(
+#: one strategy per request type (tests/unit/test_protocol_fuzz.py fuzzes each)
+REQUEST_STRATEGIES = (
     st.builds(
         p.AddEntryRequest,
         request_id=u64,
@@ -52,9 +53,20 @@ requests = st.one_of(
         step=st.one_of(st.just(1), u32),
     ),
     st.builds(p.BookieInfoRequest, request_id=u64, flags=flags),
+    st.builds(p.AuthRequest, request_id=u64, method=st.just(p.AuthMethod.NONE), features=u32, flags=flags),
+    st.builds(
+        p.AuthRequest,
+        request_id=u64,
+        method=st.just(p.AuthMethod.TOKEN),
+        credential=st.binary(min_size=1, max_size=p.AUTH_CREDENTIAL_MAX),
+        features=u32,
+        flags=flags,
+    ),
 )
+requests = st.one_of(REQUEST_STRATEGIES)
 text = st.text(alphabet=st.characters(blacklist_characters="\n=", blacklist_categories=("Cs",)), max_size=20)
-responses = st.one_of(
+#: one strategy per response type
+RESPONSE_STRATEGIES = (
     st.builds(p.AddEntryResponse, request_id=u64, status=status, ledger_id=u64, entry_id=i64),
     st.builds(
         p.ReadEntryResponse, request_id=u64, status=status, ledger_id=u64, entry_id=i64, lac=i64, entry=blob
@@ -87,7 +99,16 @@ responses = st.one_of(
         bookie_id=text,
         extra=st.dictionaries(text.filter(bool), text, max_size=3),
     ),
+    st.builds(
+        p.AuthResponse,
+        request_id=u64,
+        status=status,
+        mode=st.sampled_from(list(p.AuthMode)),
+        features=u32,
+        subject=st.text(max_size=p.AUTH_SUBJECT_MAX // 4),
+    ),
 )
+responses = st.one_of(RESPONSE_STRATEGIES)
 
 
 @given(requests)
