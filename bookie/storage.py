@@ -282,14 +282,18 @@ def decode_run(first: int, value: bytes) -> tuple[int, list[int], list[int] | No
         if not bitmap >> rel & 1 or bitmap & ((1 << rel) - 1):
             raise ValueError(f"run keyed {first} does not start there (ids bitmap {bitmap:#x})")
         bits = bitmap >> rel
-        slots = [-1] * bits.bit_length()
-        k = 0
-        while bits:
-            low = bits & -bits
-            slots[low.bit_length() - 1] = k
-            k += 1
-            bits ^= low
-        return first + len(slots) - 1, _offsets(value, _GAP_HEAD.size, k), slots
+        slots = _SLOTS.get(bits)
+        if slots is None:  # a striped ledger's blocks repeat a few patterns: each is worked out once
+            slots = [-1] * bits.bit_length()
+            k = 0
+            for i in range(len(slots)):
+                if bits >> i & 1:
+                    slots[i] = k
+                    k += 1
+            if len(_SLOTS) >= _SLOTS_MAX:
+                _SLOTS.clear()
+            _SLOTS[bits] = slots
+        return first + len(slots) - 1, _offsets(value, _GAP_HEAD.size, bits.bit_count()), slots
     offsets = run_offsets(value)
     return first + len(offsets) - 2, offsets, None
 
@@ -304,6 +308,8 @@ def run_entries(first: int, value: bytes) -> tuple[list[int], list[bytes]]:
 
 
 _RUN_LENS: dict[int, struct.Struct] = {}  # entry count -> the struct of a run's entry lengths
+_SLOTS: dict[int, list[int]] = {}  # a run's id bitmap from its first id -> its slots (shared: never changed)
+_SLOTS_MAX = 4096
 
 # A decoded stored run: (first entry id, last entry id, value, offsets, slots), as ``decode_run`` gives them
 _Decoded = tuple[int, int, bytes, list[int], list[int] | None]
