@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
         _common(a)
         a.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
         a.add_argument("--port", type=int, default=2181)
+    sec = zks.add_parser("secure", help="put the digest ACL on every znode under the root (migration)")
+    _common(sec)
+    sec.add_argument("--auth", default=None, help="user:password (default: LEDGERSTORE_ZK_AUTH[_FILE])")
+    sec.add_argument("--dry-run", action="store_true", help="count the znodes to change, change nothing")
     zkp.set_defaults(func=_cmd_zk)
 
     # bookie --------------------------------------------------------------------------------------
@@ -239,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_zk(args: argparse.Namespace) -> int:
     from zk import launcher
 
+    if args.action == "secure":
+        from zk.acl import cli_secure
+
+        human, data = cli_secure(args.zk, args.zk_root, auth=args.auth, dry_run=args.dry_run)
+        emit(args, human, data)
+        return 0 if args.dry_run or not data["stranger_readable"] else 1
     if args.action == "start":
         cs = launcher.cli_start(args.state_dir, args.port)
         emit(args, f"ZooKeeper serving at {cs} (state in {args.state_dir})", {"connect": cs})
