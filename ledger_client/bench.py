@@ -194,7 +194,7 @@ async def read_run(
     entry_size: int,
     entries: int,
     outstanding: int,
-    read_config: dict[str, int],
+    read_config: dict[str, Any],
 ) -> dict[str, Any]:
     """Write ``entries`` entries to a new ledger, close it, read them all back in order (checking each one)."""
     cfg = ClientConfig(zk_root=zk_root, outstanding_adds_max=max(1, outstanding), **read_config)

@@ -9,6 +9,11 @@ counter starting at ``ADD_RID_BASE`` (so they never collide with a connection's 
 one frame serves every bookie of the write set, and no per-request callback is kept. Their responses go, a
 whole received chunk at a time, to the ``AddListener`` registered in the pool for the response's ledger id;
 a lost connection is reported to every listener (each knows whether it still waits for that bookie).
+
+Authentication (docs/protocol.md, "AUTH"): with a token, a new connection's first frame is AUTH, written as the
+connection opens and not waited for: the requests that follow are pipelined behind it, so connecting costs no
+extra round trip. A refusal fails the connection with ``UnauthorizedError`` (every request on it with it). Without
+a token nothing is sent, so a client without one still talks to bookies that predate AUTH.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any, Protocol, cast
 
 from bookie import protocol as p
 
-from .errors import BookieUnavailableError
+from .errors import BookieUnavailableError, UnauthorizedError
 
 log = logging.getLogger("ledgerstore.client.conn")
 
@@ -72,8 +77,14 @@ def split_address(bookie_id: str) -> tuple[str, int]:
 
 
 class BookieConnection(asyncio.Protocol):
-    def __init__(self, bookie_id: str, listeners: dict[int, AddListener] | None = None) -> None:
+    def __init__(
+        self, bookie_id: str, listeners: dict[int, AddListener] | None = None, auth_token: str | None = None
+    ) -> None:
         self.bookie_id = bookie_id
+        self.auth_token = auth_token
+        self.auth: p.AuthResponse | None = (
+            None  # the bookie's answer to our AUTH (None: none sent or not yet)
+        )
         # ledger id -> handle receiving its add responses (shared by the pool's connections)
         self._listeners: dict[int, AddListener] = listeners if listeners is not None else {}
         self.transport: asyncio.Transport | None = None
@@ -94,8 +105,30 @@ class BookieConnection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, but have the same methods.
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        if self.auth_token:
+            rid = self.next_id()
+            self._pending[rid] = self._on_auth
+            req = p.AuthRequest(
+                request_id=rid, method=p.AuthMethod.TOKEN, credential=self.auth_token.encode()
+            )
+            self.transport.write(p.encode(req))  # first, before anything queued
+
+    def _on_auth(self, resp: p.Response | None, exc: BaseException | None) -> None:
+        if exc is not None or resp is None:
+            return  # the connection failed; its requests were failed with it
+        if not isinstance(resp, p.AuthResponse) or resp.status != p.Status.OK:
+            why = resp.status.name if isinstance(resp, p.AuthResponse) else f"a {type(resp).__name__}"
+            log.error("bookie=%s refused our token (%s); closing the connection", self.bookie_id, why)
+            self._fail_all(UnauthorizedError(f"bookie {self.bookie_id} refused the client's token ({why})"))
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self.auth = resp
+        log.debug("bookie=%s authenticated us as %r (mode %s)", self.bookie_id, resp.subject, resp.mode.name)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed and isinstance(self.close_reason, UnauthorizedError):
+            return  # failed already, with the reason that matters
         self._fail_all(
             BookieUnavailableError(f"connection to bookie {self.bookie_id} lost: {exc or 'closed'}")
         )
@@ -309,12 +342,14 @@ async def connect(
     bookie_id: str,
     timeout_s: float = CONNECT_TIMEOUT_S,
     listeners: dict[int, AddListener] | None = None,
+    auth_token: str | None = None,
 ) -> BookieConnection:
     host, port = split_address(bookie_id)
     loop = asyncio.get_running_loop()
     try:
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: BookieConnection(bookie_id, listeners), host, port), timeout_s
+            loop.create_connection(lambda: BookieConnection(bookie_id, listeners, auth_token), host, port),
+            timeout_s,
         )
     except (OSError, TimeoutError) as e:
         raise BookieUnavailableError(f"cannot connect to bookie {bookie_id}: {e or 'timeout'}") from None
@@ -324,7 +359,8 @@ async def connect(
 class BookiePool:
     """One connection per bookie, created on first use and replaced when it breaks."""
 
-    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, auth_token: str | None = None) -> None:
+        self.auth_token = auth_token
         self._conns: dict[str, BookieConnection] = {}
         self._connecting: dict[str, asyncio.Future[BookieConnection]] = {}
         self.connect_timeout_s = connect_timeout_s
@@ -350,7 +386,9 @@ class BookiePool:
             return c
         fut = self._connecting.get(bookie_id)
         if fut is None:
-            fut = asyncio.ensure_future(connect(bookie_id, self.connect_timeout_s, self.listeners))
+            fut = asyncio.ensure_future(
+                connect(bookie_id, self.connect_timeout_s, self.listeners, self.auth_token)
+            )
             self._connecting[bookie_id] = fut
             fut.add_done_callback(functools.partial(self._connected, bookie_id))
         # Every caller, the first included, waits behind a shield: one caller cancelled (its own timeout, or a

@@ -15,10 +15,12 @@ reported to the handle, which fails that bookie if it still waits for one of its
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import itertools
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -133,6 +135,27 @@ class ClientConfig:
     # A writer sends its LAC explicitly (WRITE_LAC) this often while it has advanced, so tailing readers see
     # the latest entries without waiting for the next add to piggyback it (0 disables).
     explicit_lac_interval_s: float = 0.5
+    # Token sent as each bookie connection's first frame (AUTH; docs/operations.md, "Authentication"). None:
+    # $LEDGERSTORE_AUTH_TOKEN, else the file named by $LEDGERSTORE_AUTH_TOKEN_FILE, else no token
+    auth_token: str | None = None
+
+
+def resolve_auth_token(config: ClientConfig) -> str | None:
+    """The token a client sends: the config's, else ``$LEDGERSTORE_AUTH_TOKEN``, else the contents of the file
+    ``$LEDGERSTORE_AUTH_TOKEN_FILE`` names (what ``--auth-token-file`` sets), else none."""
+    if config.auth_token:
+        return config.auth_token.strip()
+    token = os.environ.get("LEDGERSTORE_AUTH_TOKEN", "").strip()
+    if token:
+        return token
+    path = os.environ.get("LEDGERSTORE_AUTH_TOKEN_FILE")
+    if path:
+        with open(path) as f:
+            token = f.read().strip()
+        if not token:
+            raise E.IncorrectParameterError(f"token file {path} is empty")
+        return token
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +192,12 @@ class BookKeeper:
         self.store = store
         self.ledgers = zk.LedgerMetadataStore(store)
         self.registry = zk.BookieRegistry(store)
-        self.pool = BookiePool()
-        self.read_pool = ReadPool()  # batched reads' connections (apart from the writers')
+        token = resolve_auth_token(config)
+        self.pool = BookiePool(auth_token=token)
+        self.read_pool = ReadPool(auth_token=token)  # batched reads' connections (apart from the writers')
+        #: replies UNAUTHORIZED to a key the metadata vouches for, per bookie: a bookie whose key for a ledger
+        #: is not the owner's (squatted, or its data replaced); readers go on with the other replicas
+        self.odd_bookies: collections.Counter[str] = collections.Counter()
         self._rng = random.Random()
         self._handles: set[LedgerHandle] = set()
         self._closed = False
@@ -212,6 +239,19 @@ class BookKeeper:
             return await self._ask(bookie, build)
         except E.LedgerError:
             return None
+
+    def report_unauthorized(self, bookie: str, ledger_id: int, what: str) -> None:
+        """A bookie refused the key of a ledger whose password the metadata accepted: count it, log it; the
+        caller reads from another replica instead of giving up."""
+        self.odd_bookies[bookie] += 1
+        log.warning(
+            "ledger=%d bookie=%s answered UNAUTHORIZED to %s with the ledger's key: the bookie holds another key "
+            "for it (squatted?); using the other replicas (%d such answers from it)",
+            ledger_id,
+            bookie,
+            what,
+            self.odd_bookies[bookie],
+        )
 
     async def _replacements(self, ensemble: Sequence[str], failed: Sequence[int]) -> list[str]:
         available = await _meta(self.registry.available)
@@ -991,7 +1031,8 @@ class LedgerHandle:
             for fut in asyncio.as_completed(tasks):
                 i, status, lac = await fut
                 if status == p.Status.UNAUTHORIZED:
-                    raise E.UnauthorizedError("bookie refused the key", ledger_id=self.ledger_id)
+                    self.bk.report_unauthorized(bookies[i], self.ledger_id, "a LAC read")
+                    status = None  # (no answer from that bookie)
                 cov.add_response(i, answer_for_status(status))
                 if status is not None:
                     best = max(best, lac)
@@ -1281,10 +1322,8 @@ class _BatchReader:
             elif n < count:
                 outcome = Outcome.SHORT
             self._answer(b, n, outcome, why)
-        elif status == p.Status.UNAUTHORIZED:
-            self.fatal = E.UnauthorizedError(
-                f"bookie {b.bookie} refused the key", ledger_id=self.lh.ledger_id
-            )
+        elif status == p.Status.UNAUTHORIZED:  # (the metadata accepted the password: the bookie is odd)
+            self.lh.bk.report_unauthorized(b.bookie, self.lh.ledger_id, "a range read")
             self._answer(b, 0, Outcome.FAILED, status.name)
         elif status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
             self._answer(b, 0, Outcome.MISSING, status.name)
@@ -1372,7 +1411,13 @@ class _RecoveryDriver:
         t.add_done_callback(self.tasks.discard)
 
     async def _request(self, bookie: str, build: Callable[[int], p.Request]) -> p.Response | None:
-        return await self.lh.bk._ask_or_none(bookie, build)
+        """One request of recovery; None for no answer, which UNAUTHORIZED counts as: the metadata accepted
+        the password, so such a bookie holds another key for the ledger and is not fenced for ours."""
+        r = await self.lh.bk._ask_or_none(bookie, build)
+        if isinstance(r, p.ReadEntryResponse) and r.status == p.Status.UNAUTHORIZED:
+            self.lh.bk.report_unauthorized(bookie, self.lh.ledger_id, "a recovery read")
+            return None
+        return r
 
     def _valid(self, entry: bytes, entry_id: int) -> bool:
         try:
@@ -1393,9 +1438,6 @@ class _RecoveryDriver:
                 ),
             )
             status, lac = _read_status(r)
-            if r is not None and status == p.Status.UNAUTHORIZED:
-                self.queue.put_nowait(lambda: [RecoveryFailed(error=E.UnauthorizedError("wrong key"))])
-                return
             if isinstance(r, p.ReadEntryResponse) and r.status == p.Status.OK:
                 with contextlib.suppress(Exception):
                     lac = max(lac, peek_header(r.entry).lac)

@@ -26,8 +26,8 @@ class ReadConnection(BookieConnection):
     ``send_read_range`` reach their callback undecoded (``protocol.decode_read_range``: the entries' spans in the
     received bytes), so the reader verifies each entry where it lies and copies only its payload."""
 
-    def __init__(self, bookie_id: str) -> None:
-        super().__init__(bookie_id)
+    def __init__(self, bookie_id: str, auth_token: str | None = None) -> None:
+        super().__init__(bookie_id, auth_token=auth_token)
         self._ranges: dict[int, RangeCallback] = {}
 
     def send_read_range(self, req: p.ReadRangeRequest, cb: RangeCallback) -> None:
@@ -74,7 +74,8 @@ class ReadConnection(BookieConnection):
 class ReadPool:
     """One ``ReadConnection`` per bookie, opened on first use and replaced when it breaks."""
 
-    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, auth_token: str | None = None) -> None:
+        self.auth_token = auth_token
         self._conns: dict[str, ReadConnection] = {}
         self._opening: dict[str, asyncio.Future[ReadConnection]] = {}
         self.connect_timeout_s = connect_timeout_s
@@ -100,7 +101,8 @@ class ReadPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: ReadConnection(bookie_id), host, port), self.connect_timeout_s
+                loop.create_connection(lambda: ReadConnection(bookie_id, self.auth_token), host, port),
+                self.connect_timeout_s,
             )
         except (OSError, TimeoutError) as e:
             raise BookieUnavailableError(f"cannot connect to bookie {bookie_id}: {e or 'timeout'}") from None

@@ -53,9 +53,14 @@ def trigger_gc(args: argparse.Namespace) -> int:
         raise CommandError(f"not registered (down, or another --zk-root?): {', '.join(unknown)}")
     if not wanted:
         raise CommandError("no bookies registered")
+    from ledger_client.client import ClientConfig, resolve_auth_token
+
+    token = resolve_auth_token(ClientConfig())
     results: dict[str, dict[str, Any]] = {}
     for bookie_id in wanted:
         req = urllib.request.Request(admin_url(bookies[bookie_id].info, "/api/v1/gc"), method="PUT")
+        if token:  # a bookie with a secret needs one for PUT (docs/operations.md, "Authentication")
+            req.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(req, timeout=args.timeout_s) as r:
                 results[bookie_id] = json.load(r)

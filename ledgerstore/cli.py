@@ -42,6 +42,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="token sent to bookies (ledgerstore auth create-token; default $LEDGERSTORE_AUTH_TOKEN[_FILE])",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bookie.main import add_limit_arguments
 
     add_limit_arguments(serve)
+    from bookie.main import add_auth_arguments
+
+    add_auth_arguments(serve)
     serve.add_argument(
         "--no-fsync", action="store_true", help="UNSAFE: skip fsync (benchmarks of the rest only)"
     )
@@ -232,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(br_serve)
     brp.set_defaults(func=_cmd_broker)
 
+    # auth (ledgerstore/auth_cmd.py) -------------------------------------------------------------
+    from ledgerstore.auth_cmd import add_auth_command
+
+    add_auth_command(sub)
+
     # demo ----------------------------------------------------------------------------------------
     demo = sub.add_parser("demo", help="the end-to-end story (what `make run` shows)")
     _common(demo)
@@ -304,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     server = args.command in ("bookie", "broker") and getattr(args, "action", "") == "serve"
+    if getattr(args, "auth_token_file", None):  # read by every client this command makes (ClientConfig)
+        os.environ["LEDGERSTORE_AUTH_TOKEN_FILE"] = args.auth_token_file
     logging.basicConfig(
         level=logging.DEBUG
         if getattr(args, "verbose", False)
