@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, NamedTuple, Protocol
@@ -46,6 +46,7 @@ from zk.managed_ledgers import BrokerMetadataStore, LedgerInfo, ManagedLedgerInf
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "AppendCallback",
     "DEFAULT_ACK_QUORUM",
     "DEFAULT_ENSEMBLE_SIZE",
     "DEFAULT_MAX_ENTRIES_PER_LEDGER",
@@ -267,6 +268,11 @@ def _min_position(positions: Iterable[Position]) -> Position | None:
 # --- the managed ledger ------------------------------------------------------------------------------------------
 
 
+#: Called once per appended entry: its position when durable, else the error that failed it.
+AppendCallback = Callable[["Position | None", "ManagedLedgerError | None"], None]
+LE_AddCallback = Callable[[int, "LE.LedgerError | None"], None]
+
+
 class CursorHook(Protocol):
     """What the managed ledger needs of an attached cursor (``topic_broker.cursor.ManagedCursor``)."""
 
@@ -437,35 +443,55 @@ class ManagedLedger:
     async def append_future(self, entry: bytes) -> asyncio.Future[Position]:
         """Send one entry (in call order) and return a future of its position; waits while the ledger client
         applies back-pressure or a rollover is under way."""
+        fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+
+        def done(pos: Position | None, error: ManagedLedgerError | None) -> None:
+            if fut.done():
+                return
+            if error is None:
+                assert pos is not None
+                fut.set_result(pos)
+            else:
+                fut.set_exception(error)
+
+        await self.append_from(deque([(entry, done)]))
+        return fut
+
+    async def append_from(self, queue: deque[tuple[bytes, AppendCallback]]) -> None:
+        """Send the entries of ``queue`` from its left in order, removing each once it is sent, until it is
+        empty (entries queued meanwhile included); each one's callback runs once, on the event loop, with its
+        position when it is durable or with the error that failed it. One lock acquisition for all: the
+        broker's per-topic appender hands over everything that arrived since its last turn. Raises (the
+        failing entry left at the head of ``queue``, its callback not called) when the managed ledger is
+        fenced or closed or the ledger client refuses the entry."""
         self._check_writable()
         async with self._submit_lock:
-            self._check_writable()
-            if self._current_failed or should_rollover(
-                self.config,
-                self._current_entries,
-                self._current_size,
-                self._clock() - self._current_created_s,
-            ):
-                await self._rollover_locked()
-            lh = self._current
-            lid = lh.ledger_id
-            fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+            config, clock = self.config, self._clock
+            while queue:
+                self._check_writable()
+                entry, callback = queue[0]
+                if self._current_failed or should_rollover(
+                    config, self._current_entries, self._current_size, clock() - self._current_created_s
+                ):
+                    await self._rollover_locked()
+                lh = self._current
+                lid = lh.ledger_id
+                try:
+                    await lh.append_callback(entry, self._on_added(lid, callback))
+                except LE.LedgerError as e:
+                    raise self._write_failed(lid, e) from e
+                queue.popleft()
+                self._current_entries += 1
+                self._current_size += len(entry)
 
-            def done(entry_id: int, error: LE.LedgerError | None) -> None:
-                if fut.done():
-                    return
-                if error is None:
-                    fut.set_result(Position(lid, entry_id))
-                else:
-                    fut.set_exception(self._write_failed(lid, error))
+    def _on_added(self, ledger_id: int, callback: AppendCallback) -> LE_AddCallback:
+        def added(entry_id: int, error: LE.LedgerError | None) -> None:
+            if error is None:
+                callback(Position(ledger_id, entry_id), None)
+            else:
+                callback(None, self._write_failed(ledger_id, error))
 
-            try:
-                await lh.append_callback(entry, done)
-            except LE.LedgerError as e:
-                raise self._write_failed(lid, e) from e
-            self._current_entries += 1
-            self._current_size += len(entry)
-        return fut
+        return added
 
     def _write_failed(self, ledger_id: int, error: LE.LedgerError) -> ManagedLedgerError:
         if isinstance(error, LE.LedgerFencedError | LE.LedgerClosedError):

@@ -49,6 +49,7 @@ from . import wire
 from .connection import ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
+    AppendCallback,
     ManagedLedger,
     ManagedLedgerConfig,
     ManagedLedgerError,
@@ -503,7 +504,7 @@ class Topic:
         self.waiting: deque[_WaitingProducer] = deque()  # WaitForExclusive producers, first come first served
         self.last_sequence: dict[str, int] = {}  # producer name -> highest sequence id accepted
         self.last_entry_messages: int | None = None
-        self._queue: deque[tuple[Producer, _Receipt, bytes]] = deque()
+        self._queue: deque[tuple[bytes, AppendCallback]] = deque()  # SENDs not handed to the ML yet
         self._appending = False
         self._producer_seq = itertools.count()
         self.unloaded = False
@@ -536,43 +537,39 @@ class Topic:
             self.last_sequence[p.name] = highest
         self.msg_in += num_messages
         self.bytes_in += len(entry)
-        self._queue.append((p, rec, entry))
+        self._queue.append((entry, functools.partial(self._appended, p, rec)))
         if not self._appending:
             self._appending = True
             self.service.spawn(self._append_loop())
 
     async def _append_loop(self) -> None:
+        """One appender per topic: everything queued since its last turn goes to the managed ledger in one
+        call (entries are sent in arrival order; receipts follow each producer's order)."""
         try:
             while self._queue and not self.unloaded:
-                p, rec, entry = self._queue.popleft()
                 try:
-                    fut = await self.ml.append_future(entry)
+                    await self.ml.append_from(self._queue)
                 except ManagedLedgerFencedError as e:
                     self.service.topic_lost(self, str(e))
                     return
                 except ManagedLedgerError as e:
-                    rec.error = str(e)
-                    rec.done = True
-                    p.flush_receipts()
-                    continue
-                fut.add_done_callback(functools.partial(self._appended, p=p, rec=rec))
+                    _entry, callback = self._queue.popleft()
+                    callback(None, e)
         finally:
             self._appending = False
 
-    def _appended(self, fut: asyncio.Future[Position], *, p: Producer, rec: _Receipt) -> None:
-        # Retrieved even when unloaded: a fenced topic's refused appends are expected, not "never retrieved".
-        exc: BaseException | None = (
-            ManagedLedgerError("append cancelled") if fut.cancelled() else fut.exception()
-        )
-        if self.unloaded:
+    def _appended(
+        self, p: Producer, rec: _Receipt, position: Position | None, error: ManagedLedgerError | None
+    ) -> None:
+        if self.unloaded or rec.done:
             return
-        if isinstance(exc, ManagedLedgerFencedError):
-            self.service.topic_lost(self, str(exc))
+        if isinstance(error, ManagedLedgerFencedError):
+            self.service.topic_lost(self, str(error))
             return
-        if exc is not None:
-            rec.error = str(exc)
+        if error is not None:
+            rec.error = str(error)
         else:
-            rec.position = fut.result()
+            rec.position = position
             self.service.metrics.published(self.key, rec.messages, rec.size, time.monotonic() - rec.started)
             if self.dedup_enabled:
                 self.ml.set_property(f"dedup/{p.name}", str(rec.highest_sequence_id))

@@ -427,6 +427,40 @@ def _message_id(
     return mid
 
 
+# -- hand-encoded hot frames ----------------------------------------------------------------------------------
+# SEND_RECEIPT and MESSAGE leave once per entry: built directly as protobuf wire bytes (field tags and varints),
+# byte for byte what SerializeToString gives for the same fields (tests compare them), without building
+# message objects. Other cases fall back to protobuf.
+
+
+def _varint(value: int, out: bytearray) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _mid_bytes(ledger_id: int, entry_id: int) -> bytearray:
+    mid = bytearray(b"\x08")  # ledgerId = 1 (varint)
+    _varint(ledger_id & _U64, mid)
+    mid.append(0x10)  # entryId = 2
+    _varint(entry_id & _U64, mid)
+    return mid
+
+
+def _with_field(out: bytearray, tag: int, body: bytearray) -> None:
+    out.append(tag)
+    _varint(len(body), out)
+    out += body
+
+
+def _base_command(command_type: int, field_tag: int, body: bytearray) -> bytearray:
+    out = bytearray(b"\x08")  # BaseCommand.type = 1
+    _varint(command_type, out)
+    _with_field(out, field_tag, body)
+    return out
+
+
 def send_receipt(
     producer_id: int,
     sequence_id: int,
@@ -436,6 +470,17 @@ def send_receipt(
     highest_sequence_id: int | None = None,
     partition: int = -1,
 ) -> bytes:
+    if partition < 0 and producer_id >= 0 and sequence_id >= 0 and (highest_sequence_id or 0) >= 0:
+        r = bytearray(b"\x08")  # producer_id = 1
+        _varint(producer_id, r)
+        r.append(0x10)  # sequence_id = 2
+        _varint(sequence_id, r)
+        _with_field(r, 0x1A, _mid_bytes(ledger_id, entry_id))  # message_id = 3
+        if highest_sequence_id is not None:
+            r.append(0x20)  # highest_sequence_id = 4
+            _varint(highest_sequence_id, r)
+        cmd = _base_command(_T.SEND_RECEIPT, 0x3A, r)  # BaseCommand.send_receipt = 7
+        return _HEADER.pack(4 + len(cmd), len(cmd)) + cmd
     return _frame(
         _T(
             type=_T.SEND_RECEIPT,
@@ -473,6 +518,22 @@ def message(
     consumer_epoch: int | None = None,
 ) -> bytes:
     """A MESSAGE frame delivering the stored ``entry`` (unchanged) at (ledger_id, entry_id)."""
+    if (
+        partition < 0
+        and ack_set is None
+        and consumer_epoch is None
+        and consumer_id >= 0
+        and 0 <= redelivery_count < 2**32
+    ):
+        m = bytearray(b"\x08")  # consumer_id = 1
+        _varint(consumer_id, m)
+        _with_field(m, 0x12, _mid_bytes(ledger_id, entry_id))  # message_id = 2
+        if redelivery_count:
+            m.append(0x18)  # redelivery_count = 3
+            _varint(redelivery_count, m)
+        cmd = _base_command(_T.MESSAGE, 0x4A, m)  # BaseCommand.message = 9
+        assert bytes(entry[:2]) == _CHECKSUM_MAGIC_BYTES, "a stored entry starts with the checksum magic"
+        return b"".join((_HEADER.pack(4 + len(cmd) + len(entry), len(cmd)), cmd, entry))
     command = _T(
         type=_T.MESSAGE,
         message=pb.CommandMessage(

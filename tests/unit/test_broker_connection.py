@@ -230,3 +230,31 @@ def test_negative_message_ids_are_sent_as_uint64_and_read_back_signed() -> None:
     assert mid.entryId == 2**64 - 1
     assert (wire.signed64(mid.ledgerId), wire.signed64(mid.entryId)) == (3, -1)
     assert wire.signed64(2**63 - 1) == 2**63 - 1  # MessageId.latest stays the largest id
+
+
+@pytest.mark.parametrize(
+    ("ledger_id", "entry_id", "highest", "big"),
+    [(0, 0, None, 0), (3, -1, 7, 1), (2**63 - 1, 2**40 + 5, 2**62, 2**35), (128, 16383, 0, 300)],
+)
+def test_hand_encoded_receipts_and_messages_are_what_protobuf_encodes(
+    ledger_id: int, entry_id: int, highest: int | None, big: int
+) -> None:
+    u64 = 2**64 - 1
+    mid = pb.MessageIdData(ledgerId=ledger_id & u64, entryId=entry_id & u64)
+    receipt = T(
+        type=T.SEND_RECEIPT,
+        send_receipt=pb.CommandSendReceipt(
+            producer_id=big, sequence_id=big + 1, message_id=mid, highest_sequence_id=highest
+        ),
+    )
+    assert wire.send_receipt(big, big + 1, ledger_id, entry_id, highest_sequence_id=highest) == (
+        wire.encode_command(receipt)
+    )
+    entry = wire.make_entry(pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=2), b"payload")
+    message = T(
+        type=T.MESSAGE,
+        message=pb.CommandMessage(consumer_id=big, message_id=mid, redelivery_count=big % 2**32 or None),
+    )
+    assert wire.message(big, ledger_id, entry_id, entry, redelivery_count=big % 2**32) == wire.encode_message(
+        message, entry
+    )
