@@ -340,9 +340,12 @@ def test_partitioned_topic(broker: BrokerProcess, cluster: Brokers) -> None:
 
 def _meta(cluster: Brokers, fn: Callable[[BrokerMetadataStore], Awaitable[Any]]) -> Any:
     """Run ``fn`` against the cluster's broker znodes (as another process, e.g. the Spark source, would)."""
+    return _meta_store(cluster.bookies, fn)
 
+
+def _meta_store(bookies: Any, fn: Callable[[BrokerMetadataStore], Awaitable[Any]]) -> Any:
     async def run() -> Any:
-        store = MetadataStore.connect(cluster.bookies.zk, root=cluster.bookies.root)
+        store = MetadataStore.connect(bookies.zk, root=bookies.root)
         try:
             return await fn(BrokerMetadataStore(store))
         finally:
@@ -594,3 +597,63 @@ def test_declared_schemas_are_stored_in_zookeeper_and_survive_a_restart(broker: 
     first = _get_schema(broker, t, version=0)
     assert first.schema.type == pb.Schema.String
     assert _get_schema(broker, t, version=2).error_code == pb.TopicNotFound
+
+
+def test_zookeeper_session_loss_unloads_topics_and_clients_come_back(bookies, tmp_path: Path) -> None:
+    """An in-process broker whose ZooKeeper session expires stops serving its topics (clients are told to
+    reconnect), registers again in its new session, and serves them again after fencing its old ledgers."""
+    import threading
+
+    from topic_broker.server import BrokerServer
+    from topic_broker.service import BrokerConfig, BrokerService
+    from zk.testing import expire_session
+
+    bookies.start_many(3)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def run(coro: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(60)  # type: ignore[arg-type]
+
+    config = BrokerConfig(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=free_port(),
+        http_port=free_port(),
+        zk_session_timeout_s=4.0,
+        tick_interval_s=1.0,
+    )
+    service = BrokerService(config)
+    server = BrokerServer(service)
+    run(service.start())
+    run(server.start())
+    c = pulsar.Client(config.service_url, operation_timeout_seconds=30, logger=quiet_logger())
+    try:
+        t = topic_name()
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t, send_timeout_millis=60_000)
+        for i in range(5):
+            p.send(f"{i}".encode())
+        (served,) = service.served_topics()
+        old_ledger = served.ml.current_ledger_id
+        expire_session(service.bk.store)  # type: ignore[union-attr]
+        _wait(lambda: served.unloaded, what="the topic unloaded after the session loss")
+        for i in range(5, 10):
+            p.send(f"{i}".encode())
+        assert [m.data() for m in drain(consumer, 10, timeout_ms=30_000)] == [
+            f"{i}".encode() for i in range(10)
+        ]
+        (again,) = service.served_topics()
+        assert again is not served and again.ml.current_ledger_id > old_ledger
+        assert config.id in _meta_store(bookies, lambda meta: meta.list_brokers())
+        assert (
+            _meta_store(bookies, lambda meta: meta.get_owner(TopicName.parse(t).ml_name)).broker_id
+            == config.id
+        )
+    finally:
+        c.close()
+        run(server.stop())
+        run(service.stop())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
