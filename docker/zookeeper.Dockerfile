@@ -41,5 +41,16 @@ EXPOSE 2181
 HEALTHCHECK --interval=5s --timeout=4s --start-period=30s --retries=6 \
     CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/2181 && printf srvr >&3 && timeout 3 cat <&3 | grep -q 'Mode: standalone'"]
 
+# OCI annotations (last: changing them rebuilds nothing). The ZooKeeper version is Debian bookworm's package.
+ARG VERSION=unspecified REVISION="" CREATED="" SOURCE=""
+LABEL org.opencontainers.image.title="ledgerstore-zookeeper" \
+      org.opencontainers.image.description="Apache ZooKeeper from Debian's package, standalone, as ledgerstore's metadata store" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="ledgerstore" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}"
+
 ENTRYPOINT ["/bin/sh", "-c", "exec java $ZK_JAVA_OPTS -cp \"$ZK_CLASSPATH\" org.apache.zookeeper.server.quorum.QuorumPeerMain \"$@\"", "zookeeper"]
 CMD ["/conf/zoo.cfg"]
