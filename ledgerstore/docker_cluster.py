@@ -1,7 +1,9 @@
 """``ledgerstore cluster up|down|status --docker``: the same cluster as containers (docker/compose.yaml).
 
-Bookies advertise 127.0.0.1:<published port> so that clients on the host (this CLI, Spark in local mode) reach
-them; see the addressing notes at the top of docker/compose.yaml.
+ZooKeeper, three bookies and (unless ``--brokers 0``) one topic broker. Bookies and the broker advertise
+127.0.0.1:<published port> so that clients on the host (this CLI, Spark in local mode, ``pulsar.Client(
+"pulsar://127.0.0.1:6650")``) reach them; see the addressing notes at the top of docker/compose.yaml. ``down``
+and ``status`` also cover an AutoRecovery service started with ``--profile autorecovery``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ def compose_command() -> list[str]:
     )
 
 
+BOOKIE_SERVICES = ["bookie-0", "bookie-1", "bookie-2"]
+ALL_PROFILES = ["--profile", "autorecovery"]  # down/status see the optional services too
+
+
 def _wait_healthy(urls: list[str], timeout_s: float) -> None:
-    """Compose v1 has no --wait: poll the bookies' published admin ports."""
+    """Compose v1 has no --wait: poll the published admin ports (bookies, broker)."""
     import time
     import urllib.request
 
@@ -49,7 +55,7 @@ def _wait_healthy(urls: list[str], timeout_s: float) -> None:
         time.sleep(1)
     if pending:
         raise CommandError(
-            f"bookies not healthy after {timeout_s:.0f}s: {pending} (see `docker compose logs`)"
+            f"not healthy after {timeout_s:.0f}s: {pending} (see `docker compose -p {PROJECT} logs`)"
         )
 
 
@@ -58,42 +64,72 @@ def _image_exists(name: str) -> bool:
     return subprocess.run([docker, "image", "inspect", name], capture_output=True).returncode == 0
 
 
-def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
+def _run(
+    args: list[str], env: dict[str, str], profiles: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *(profiles or []), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def _health(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
 
 
 def command(args: argparse.Namespace) -> int:
     if not COMPOSE_FILE.exists():
         raise CommandError(f"{COMPOSE_FILE} not found (run from a source checkout)")
+    brokers = int(getattr(args, "brokers", 1))
+    broker_port = int(getattr(args, "broker_port", 6650))
+    broker_http_port = int(getattr(args, "broker_http_port", 8080))
     env = {
         **os.environ,
         "LEDGERSTORE_ADVERTISED_HOST": "127.0.0.1",
         "ZK_PORT": str(args.zk_port),
         **{f"BOOKIE{i}_PORT": str(args.base_port + i) for i in range(3)},
+        "BROKER_PORT": str(broker_port),
+        "BROKER_HTTP_PORT": str(broker_http_port),
     }
     if "ZOOKEEPER_IMAGE" not in env and _image_exists("ledgerstore/zookeeper:dev"):
         env["ZOOKEEPER_IMAGE"] = "ledgerstore/zookeeper:dev"  # built offline by docker/build-offline.sh
     if args.bookies != 3:
         raise CommandError("--docker runs the 3 bookies of docker/compose.yaml; add services there for more")
+    if brokers not in (0, 1):
+        raise CommandError("--docker runs the one broker of docker/compose.yaml (--brokers 1, or 0 for none)")
+    broker_health = f"http://127.0.0.1:{broker_http_port}/health"
     if args.action == "up":
         legacy = compose_command()[0].endswith("docker-compose")
-        r = _run(["up", "-d"] + ([] if legacy else ["--wait"]), env)
+        services = [] if brokers else ["zookeeper", *BOOKIE_SERVICES]
+        r = _run(["up", "-d", *([] if legacy else ["--wait"]), *services], env)
         if r.returncode != 0:
             raise CommandError(f"docker compose up failed: {r.stderr.strip().splitlines()[-1:]}")
-        _wait_healthy([f"http://127.0.0.1:{8001 + i}/health" for i in range(3)], timeout_s=180)
-        emit(
-            args,
-            f"cluster up (containers): ZooKeeper 127.0.0.1:{args.zk_port}",
-            {"zk": f"127.0.0.1:{args.zk_port}"},
-        )
+        urls = [f"http://127.0.0.1:{8001 + i}/health" for i in range(3)]
+        _wait_healthy(urls + ([broker_health] if brokers else []), timeout_s=180)
+        zk = f"127.0.0.1:{args.zk_port}"
+        bookies = [f"127.0.0.1:{args.base_port + i}" for i in range(3)]
+        doc: dict[str, object] = {"zk": zk, "bookies": bookies}
+        text = f"cluster up (containers): ZooKeeper {zk}, bookies {', '.join(bookies)}"
+        if brokers:
+            doc["broker"] = {
+                "service_url": f"pulsar://127.0.0.1:{broker_port}",
+                "admin": f"http://127.0.0.1:{broker_http_port}",
+            }
+            text += f"\n  broker: service URL pulsar://127.0.0.1:{broker_port}, admin http://127.0.0.1:{broker_http_port}"
+        emit(args, text, doc)
         return 0
     if args.action == "down":
-        r = _run(["down"], env)
+        r = _run(["down"], env, ALL_PROFILES)
         if r.returncode != 0:
             raise CommandError(f"docker compose down failed: {r.stderr.strip()}")
         emit(args, "cluster down (containers)", {"down": True})
         return 0
-    r = _run(["ps"], env)
-    emit(args, r.stdout.strip(), {"ps": r.stdout})
+    r = _run(["ps"], env, ALL_PROFILES)
+    healthy = _health(broker_health)
+    text = r.stdout.strip() + f"\nbroker admin {broker_health}: {'ok' if healthy else 'not answering'}"
+    emit(args, text, {"ps": r.stdout, "broker_healthy": healthy})
     return r.returncode
