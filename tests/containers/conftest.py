@@ -1,10 +1,16 @@
-"""Container tier: ZooKeeper and bookies in Docker, driven from this (host) process.
+"""Container tier: ZooKeeper, bookies and a topic broker in Docker, driven from this (host) process.
 
 Every cluster lives on its own user-defined Docker network. ZooKeeper is reachable inside it as ``zookeeper:2181``
 and from the host on a published ``127.0.0.1`` port. Each bookie gets a free host port ``p``, listens on
 ``0.0.0.0:p`` inside its container, is published as ``127.0.0.1:p -> p`` and advertises ``127.0.0.1:p``: its id
 (``127.0.0.1:p``) is then an address the host can dial, which is all the client in this process needs. Nothing
 is published on any other interface.
+
+A broker (``cluster_factory(n, broker=True)``) is published the same way on its own Pulsar port and admin port
+and advertises ``127.0.0.1``, so ``pulsar.Client(cluster.broker_url)`` in this process gets a dialable address
+back from its lookup. The broker itself dials bookie ids ``127.0.0.1:p`` too: the image's entrypoint relays its
+container's loopback port ``p`` to the bookie's container (``LEDGERSTORE_LOOPBACK_RELAY``, docker/entrypoint.py),
+exactly as docker/compose.yaml does in host mode. Bookies added after the broker are not relayed.
 
 Images come from ``docker/build-offline.sh`` (run once per session: it is cached and takes seconds when nothing
 changed; set ``LEDGERSTORE_SKIP_IMAGE_BUILD=1`` to use the images as they are). Without a reachable Docker engine
@@ -16,6 +22,7 @@ testcontainers' Ryuk reaper is disabled (it would pull an image): clusters are r
 
 from __future__ import annotations
 
+import importlib
 import os
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
@@ -23,11 +30,12 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 import socket
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -42,6 +50,7 @@ LABEL = "ledgerstore.test"
 BUILD_TIMEOUT_S = 1200
 ZK_HEALTHY_TIMEOUT_S = 90
 BOOKIE_HEALTHY_TIMEOUT_S = 90
+BROKER_HEALTHY_TIMEOUT_S = 90
 REGISTER_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 20
 LOG_TAIL_LINES = 60
@@ -53,7 +62,9 @@ LOG_TAIL_LINES = 60
 def _engine() -> tuple[Any, str]:
     """A connected docker-py client, or None and the reason there is none."""
     try:
-        import docker
+        # By name: a type checker run from the repository root would take the docker/ directory (it holds
+        # docker/entrypoint.py) for the package; the import system prefers the installed regular package.
+        docker: Any = importlib.import_module("docker")
     except ImportError:
         return None, "the `docker` package is not installed (pip install '.[docker]')"
     try:
@@ -136,7 +147,8 @@ def four_letter_word(port: int, word: str = "srvr", timeout_s: float = 3.0) -> s
 
 @dataclass
 class Node:
-    """One container of a cluster. For bookies, ``port`` is both the container and the published host port."""
+    """One container of a cluster. For bookies and brokers, ``port`` (and the broker's ``http_port``) is both the
+    container's and the published host port; a bookie's ``http_port`` is the host side of its admin port 8000."""
 
     name: str
     container: Any  # testcontainers DockerContainer
@@ -166,9 +178,20 @@ class Node:
     def logs(self, tail: int | str = "all") -> str:
         return self.raw.logs(tail=tail).decode(errors="replace")
 
+    def answers_health(self) -> bool:
+        """``GET /health`` on the published admin port answers 200 (what the image's health check asks, without
+        waiting for Docker's next check)."""
+        if self.http_port is None:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
 
 class Cluster:
-    """ZooKeeper + bookies on a private Docker network; all removed by :meth:`close`."""
+    """ZooKeeper + bookies (+ a broker) on a private Docker network; all removed by :meth:`close`."""
 
     def __init__(self, client: Any, app_image: str, zk_image: str) -> None:
         from testcontainers.core.network import Network
@@ -181,6 +204,7 @@ class Cluster:
         self.network = Network(docker_network_kw={"labels": self.labels}).create()
         self.zk: Node | None = None
         self.bookies: list[Node] = []
+        self.broker: Node | None = None
         self._volumes: list[str] = []
         self._kazoo: Any = None
         self._seq = 0
@@ -191,6 +215,16 @@ class Cluster:
     def zk_connect(self) -> str:
         assert self.zk is not None
         return f"127.0.0.1:{self.zk.port}"
+
+    @property
+    def broker_url(self) -> str:
+        assert self.broker is not None
+        return f"pulsar://127.0.0.1:{self.broker.port}"
+
+    @property
+    def broker_admin(self) -> str:
+        assert self.broker is not None
+        return f"http://127.0.0.1:{self.broker.http_port}"
 
     def _container(self, image: str, name: str, alias: str, command: list[str]) -> Any:
         from testcontainers.core.container import DockerContainer
@@ -259,12 +293,50 @@ class Cluster:
             self.wait_registered([node.bookie_id])
         return node
 
-    def start(self, bookies: int) -> Cluster:
+    def add_broker(self, *extra_args: str, wait: bool = True) -> Node:
+        """Start the broker, advertising 127.0.0.1 on free ports published as themselves; its container relays
+        the bookies' ports on its loopback to their containers (so bookie ids ``127.0.0.1:p`` work inside it)."""
+        assert self.broker is None, "one broker per cluster"
+        port, http_port = free_port(), free_port()
+        name = f"{self.prefix}-broker"
+        command = [
+            "broker",
+            "serve",
+            "--zk",
+            "zookeeper:2181",
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            "--listen-address",
+            "0.0.0.0",
+            "--advertised-address",
+            "127.0.0.1",
+            *extra_args,
+        ]
+        c = (
+            self._container(self.app_image, name, "broker", command)
+            .with_env("LEDGERSTORE_HEALTH_URL", f"http://127.0.0.1:{http_port}/health")
+            .with_env(
+                "LEDGERSTORE_LOOPBACK_RELAY", " ".join(f"{b.port}={b.name}:{b.port}" for b in self.bookies)
+            )
+        )
+        self._publish_local(c, port, port)
+        self._publish_local(c, http_port, http_port)
+        c.start()
+        self.broker = Node(name=name, container=c, port=port, http_port=http_port)
+        if wait:
+            self.wait_healthy(self.broker, BROKER_HEALTHY_TIMEOUT_S)
+        return self.broker
+
+    def start(self, bookies: int, broker: bool = False, broker_args: tuple[str, ...] = ()) -> Cluster:
         self.start_zookeeper()
         nodes = [self.add_bookie(wait=False) for _ in range(bookies)]
         for node in nodes:
             self.wait_healthy(node, BOOKIE_HEALTHY_TIMEOUT_S)
         self.wait_registered([n.bookie_id for n in nodes])
+        if broker:
+            self.add_broker(*broker_args)
         return self
 
     def close(self) -> None:
@@ -274,7 +346,7 @@ class Cluster:
                 self._kazoo.close()
             except Exception:
                 pass
-        for node in [*self.bookies, *([self.zk] if self.zk else [])]:
+        for node in [*([self.broker] if self.broker else []), *self.bookies, *([self.zk] if self.zk else [])]:
             try:
                 node.container.stop(force=True, delete_volume=True)
             except Exception:
@@ -292,11 +364,14 @@ class Cluster:
     # -- observation --
 
     def wait_healthy(self, node: Node, timeout_s: float) -> None:
+        """Until Docker reports the node healthy or (sooner: Docker checks every 5 s) its published /health
+        answers 200; fails at once if the container exits."""
+
         def healthy() -> bool:
             h = node.health()
             if h == "exited":
                 raise AssertionError(f"{node.name} exited:\n{node.logs(tail=LOG_TAIL_LINES)}")
-            return h == "healthy"
+            return h == "healthy" or (h == "starting" and node.answers_health())
 
         try:
             wait_until(healthy, timeout_s, f"{node.name} to become healthy", interval_s=0.5)
@@ -345,7 +420,7 @@ class Cluster:
 
     def log_tails(self) -> str:
         parts = []
-        for node in [*([self.zk] if self.zk else []), *self.bookies]:
+        for node in [*([self.zk] if self.zk else []), *self.bookies, *([self.broker] if self.broker else [])]:
             try:
                 parts.append(f"--- {node.name} ({node.health()}) ---\n{node.logs(tail=LOG_TAIL_LINES)}")
             except Exception as exc:
@@ -391,18 +466,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append((f"container logs ({cluster.prefix})", cluster.log_tails()))
 
 
+class ClusterFactory(Protocol):
+    def __call__(
+        self, bookies: int = 3, broker: bool = False, broker_args: tuple[str, ...] = ()
+    ) -> Cluster: ...
+
+
 @pytest.fixture
 def cluster_factory(
     request: pytest.FixtureRequest, docker_engine: Any, ledgerstore_images: tuple[str, str]
-) -> Iterator[Callable[[int], Cluster]]:
-    """``cluster_factory(n)``: a fresh ZooKeeper + n bookies, removed after the test."""
+) -> Iterator[ClusterFactory]:
+    """``cluster_factory(n, broker=False, broker_args=())``: a fresh ZooKeeper + n bookies (+ a broker started
+    with ``broker_args``), removed after the test."""
     clusters: list[Cluster] = []
     request.node._ledgerstore_clusters = clusters
 
-    def make(bookies: int = 3) -> Cluster:
+    def make(bookies: int = 3, broker: bool = False, broker_args: tuple[str, ...] = ()) -> Cluster:
         cluster = Cluster(docker_engine, *ledgerstore_images)
         clusters.append(cluster)
-        return cluster.start(bookies)
+        return cluster.start(bookies, broker=broker, broker_args=broker_args)
 
     yield make
     for cluster in clusters:
@@ -410,6 +492,12 @@ def cluster_factory(
 
 
 @pytest.fixture
-def cluster(cluster_factory: Callable[[int], Cluster]) -> Cluster:
+def cluster(cluster_factory: ClusterFactory) -> Cluster:
     """ZooKeeper + 3 bookies."""
     return cluster_factory(3)
+
+
+@pytest.fixture
+def broker_cluster(cluster_factory: ClusterFactory) -> Cluster:
+    """ZooKeeper + 3 bookies + a broker."""
+    return cluster_factory(3, broker=True)

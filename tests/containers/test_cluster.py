@@ -11,13 +11,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import Cluster, four_letter_word, wait_until
+from .conftest import Cluster, ClusterFactory, four_letter_word, wait_until
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -127,7 +126,7 @@ def test_cluster_is_healthy_and_simpletest_passes_from_the_host(cluster: Cluster
 
 
 def test_killed_bookie_is_replaced_by_an_ensemble_change_and_no_acked_entry_is_lost(
-    cluster_factory: Callable[[int], Cluster],
+    cluster_factory: ClusterFactory,
 ) -> None:
     cluster = cluster_factory(4)  # E=3 plus one spare for the replacement
     bk = connect(cluster)
@@ -154,7 +153,7 @@ def test_killed_bookie_is_replaced_by_an_ensemble_change_and_no_acked_entry_is_l
 
 @pytest.mark.parametrize("fault", ["pause", "network-disconnect"])
 def test_writers_continue_through_a_stalled_bookie_and_after_it_heals(
-    cluster_factory: Callable[[int], Cluster], fault: str
+    cluster_factory: ClusterFactory, fault: str
 ) -> None:
     cluster = cluster_factory(4)
     inject, heal = {
