@@ -225,28 +225,18 @@ def _one_run(
     if counted != entries:
         raise RuntimeError(f"Spark counted {counted} entries, wrote {entries}")
 
-    with machine_meter() as busy:
-        t0 = time.perf_counter()
-        row = df.agg(
-            F.count("*").alias("n"),
-            F.sum("length").alias("bytes"),
-            F.sum(F.crc32("data")).alias("crc"),
-        ).collect()[0]
-        out |= _rates("spark_checksum", row["n"], row["bytes"], time.perf_counter() - t0)
-    out["spark_checksum_machine_busy_pct"] = busy.get("machine_busy_pct")
-    _check(row, written)
-
     narrow = session.read.format("ledger").schema(NARROW_SCHEMA).options(**source).load()
-    with machine_meter() as busy:
-        t0 = time.perf_counter()
-        row = narrow.agg(
-            F.count("*").alias("n"),
-            F.sum("length").alias("bytes"),
-            F.sum(F.crc32("data")).alias("crc"),
-        ).collect()[0]
-        out |= _rates("spark_narrow_checksum", row["n"], row["bytes"], time.perf_counter() - t0)
-    out["spark_narrow_checksum_machine_busy_pct"] = busy.get("machine_busy_pct")
-    _check(row, written)
+    for phase, frame in (("spark_checksum", df), ("spark_narrow_checksum", narrow)):
+        with machine_meter() as busy:
+            t0 = time.perf_counter()
+            row = frame.agg(
+                F.count("*").alias("n"),
+                F.sum("length").alias("bytes"),
+                F.sum(F.crc32("data")).alias("crc"),
+            ).collect()[0]
+            out |= _rates(phase, row["n"], row["bytes"], time.perf_counter() - t0)
+        out[f"{phase}_machine_busy_pct"] = busy.get("machine_busy_pct")
+        _check(row, written)
     for phase in ("spark_count", "spark_checksum", "spark_narrow_checksum"):
         out[f"{phase}_vs_raw_pct"] = round(100 * out[f"{phase}_mb_per_s"] / out["raw_mb_per_s"], 1)
     return out
