@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ledgerstore.bench_spark import add_bench_spark_command
 
     add_bench_spark_command(bench, _common)
+    from ledgerstore.bench_topic import add_bench_topic_command
+
+    add_bench_topic_command(bench, _common)
 
     # spark (analysis jobs; ledgerstore/spark_cmd.py) -------------------------------------------
     from ledgerstore.spark_cmd import add_spark_command
