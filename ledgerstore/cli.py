@@ -196,6 +196,19 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument("--brokers", type=int, default=1, help="topic brokers (ports 6650.., HTTP 8080..)")
         a.add_argument("--broker-port", type=int, default=6650)
         a.add_argument("--broker-http-port", type=int, default=8080)
+        a.add_argument(
+            "--no-autorecovery",
+            dest="autorecovery",
+            action="store_false",
+            help="start no AutoRecovery process (by default one re-replicates a lost bookie's ledgers)",
+        )
+        a.add_argument("--autorecovery-port", type=int, default=8100, help="AutoRecovery's /metrics port")
+        a.add_argument(
+            "--autorecovery-password",
+            action="append",
+            default=None,
+            help="a ledger password AutoRecovery may open ledgers with (repeatable; the empty one always)",
+        )
         a.add_argument("--docker", action="store_true", help="run as containers (docker/compose.yaml)")
         a.add_argument("--zk-port", type=int, default=2181)
         a.add_argument("--base-port", type=int, default=3181)

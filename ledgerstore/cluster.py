@@ -1,4 +1,4 @@
-"""A local cluster as processes (ZooKeeper + N bookies + M topic brokers), state under one directory.
+"""A local cluster as processes (ZooKeeper, bookies, topic brokers, AutoRecovery), state under one directory.
 
 ``BookieProcess`` is also what integration and fault tests use to run real bookie processes: start, wait for
 health, SIGTERM, kill -9, SIGSTOP/SIGCONT, restart on the same directories.
@@ -242,6 +242,17 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         brokers.append(br)
     for br in brokers:
         br.wait_ready(60)
+    recovery = None
+    if getattr(args, "autorecovery", True):
+        # the passwords it may open ledgers with: the brokers' managed ledgers (empty) and the operator's
+        recovery = AutoRecoveryProcess(
+            zk=zk,
+            zk_root=args.zk_root,
+            metrics_port=args.autorecovery_port,
+            passwords=["", *(getattr(args, "autorecovery_password", None) or [])],
+            log_path=state_dir / "autorecovery.log",
+        )
+        recovery.start(wait=True)
     state = {
         "zk": zk,
         "zk_root": args.zk_root,
@@ -255,6 +266,11 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
             for b in bookies
         ],
         "brokers": [_broker_row(br) for br in brokers],
+        "autorecovery": (
+            {"pid": recovery.proc.pid if recovery.proc else 0, "metrics_port": recovery.metrics_port}
+            if recovery
+            else None
+        ),
     }
     _state_file(state_dir).write_text(json.dumps(state, indent=2))
     emit(
@@ -266,6 +282,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
                 f"\n  broker {br.id}: service URL {br.service_url}, admin http://127.0.0.1:{br.http_port}"
                 for br in brokers
             )
+            + (f"\n  autorecovery: http://127.0.0.1:{recovery.metrics_port}/metrics" if recovery else "")
             + f"\n  (logs in {state_dir})"
         ),
         state,
@@ -332,6 +349,8 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     from zk import launcher
 
     st = _read_state(state_dir) or {"bookies": []}
+    if st.get("autorecovery"):  # first: bookies stopping one by one must not look lost to it
+        _stop_pid(st["autorecovery"]["pid"])
     brokers_stopped = sum(_stop_pid(b["pid"]) for b in st.get("brokers", []))  # before the bookies
     stopped = sum(_stop_pid(b["pid"]) for b in st["bookies"])
     zk_stopped = launcher.cli_stop(state_dir)
@@ -367,6 +386,8 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
         except OSError:
             admin_ok = False
         broker_rows.append({**b, "alive": _pid_alive(b["pid"]), "admin": admin_ok})
+    ar = st.get("autorecovery")
+    ar_row = {**ar, "alive": _pid_alive(ar["pid"])} if ar else None
     emit(
         args,
         lambda: (
@@ -382,10 +403,16 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
                 + ("" if r["admin"] else " (admin not answering)")
                 for r in broker_rows
             )
+            + (
+                f"\n  autorecovery pid {ar_row['pid']:<7} {'up' if ar_row['alive'] else 'DOWN'}"
+                f"  http://127.0.0.1:{ar_row['metrics_port']}/metrics"
+                if ar_row
+                else ""
+            )
         ),
-        {"zk": st["zk"], "bookies": rows, "brokers": broker_rows},
+        {"zk": st["zk"], "bookies": rows, "brokers": broker_rows, "autorecovery": ar_row},
     )
-    return 0 if all(r["alive"] for r in [*rows, *broker_rows]) else 1
+    return 0 if all(r["alive"] for r in [*rows, *broker_rows, *([ar_row] if ar_row else [])]) else 1
 
 
 @dataclass
@@ -457,3 +484,47 @@ class BrokerProcess(ServiceProcess):
     def restart(self, wait: bool = True) -> BrokerProcess:
         self.stop()
         return self.start(wait=wait)
+
+
+@dataclass
+class AutoRecoveryProcess(ServiceProcess):
+    """A standalone AutoRecovery process (``ledgerstore autorecovery serve``): an auditor candidate and a
+    replication worker; ready when its ``/health`` answers."""
+
+    zk: str
+    metrics_port: int
+    zk_root: str = "/ledgerstore"
+    passwords: list[str] = field(default_factory=lambda: [""])
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    kind = "autorecovery"
+
+    @property
+    def id(self) -> str:
+        return f"autorecovery-{self.metrics_port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "ledgerstore.cli", "autorecovery", "serve", "--zk", self.zk]
+        cmd += ["--zk-root", self.zk_root, "--metrics-port", str(self.metrics_port)]
+        for pw in self.passwords:
+            cmd += ["--password", pw]
+        return cmd + self.extra_args
+
+    def start(self, wait: bool = True, timeout_s: float = 60.0) -> AutoRecoveryProcess:
+        self._spawn(self.log_path or Path(f"/tmp/autorecovery-{self.metrics_port}.log"))
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/health", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        self._wait_until(self.ready, timeout_s, "ready")
