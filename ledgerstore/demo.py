@@ -262,4 +262,23 @@ def run(args: argparse.Namespace) -> int:
             f"   (broker {b['service_url']}, admin {b['web_service_url']})"
         )
     print("        make cluster-down   (stops ZooKeeper, the bookies and the brokers)")
+    try:  # the analysis of what the demo wrote; the demo's result stands without it
+        from spark.jobs import demo_summary
+
+        out = args.state_dir / "spark-out"
+        print(f"[analysis] Spark (local[2]) over what the demo wrote (report and chart in {out}):")
+        print(
+            demo_summary(
+                zk,
+                args.zk_root,
+                out,
+                topics=[t["topic"]] if t else [],
+                ledgers=[s["ledger"], s["fenced_ledger"]],
+                ledger_password="demo",
+            )
+        )
+    except Exception as e:
+        from ledgerstore.spark_cmd import _one_line
+
+        print(f"[analysis] Spark analysis skipped: {_one_line(e)}")
     return 0 if ok else 1

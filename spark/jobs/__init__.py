@@ -9,8 +9,8 @@ the ``ledger`` source; ``topic-volume`` (:mod:`spark.jobs.topic_volume`) over th
 registers the sources itself and computes on the executors; only the summary (one row per ledger, bookie, topic
 or minute) comes back to the driver.
 
-:func:`demo_summary` runs one job in a local Spark of its own and returns the summary text (what
-``ledgerstore demo`` ends with).
+:func:`demo_summary` runs ``topic-volume`` (or ``ledger-health``) in a local Spark of its own and returns the
+summary text (what ``ledgerstore demo`` ends with).
 """
 
 from __future__ import annotations
@@ -36,32 +36,46 @@ def demo_summary(
     *,
     topics: Sequence[str] = (),
     ledgers: Sequence[int] = (),
-    password: str = "",
+    topic_password: str = "",
+    ledger_password: str = "",
     master: str = "local[2]",
 ) -> str:
-    """Run ``topic-volume`` over ``topics`` (or, with no topics, ``entry-sizes`` over ``ledgers``) in a Spark
-    session of its own (started and stopped here; an active session is used and left running), write the report and chart to ``out_dir`` and return the
-    summary text. Raises whatever stops Spark from starting or the job from running (no Java, no pyspark):
-    the caller decides whether that is fatal."""
-    if not topics and not ledgers:
-        raise ValueError("demo_summary needs topics or ledgers")
-    opts = JobOptions(
-        zk=zk,
-        zk_root=zk_root,
-        password=password,
-        out_dir=out_dir,
-        topics=",".join(topics) if topics else None,
-        ledgers=",".join(str(lid) for lid in ledgers) if ledgers else "all",
-    )
+    """Run ``topic-volume`` over ``topics`` and, when there are no topics or they hold no messages (a topic
+    whose subscriptions acknowledged everything has its ledgers trimmed unless retention is set),
+    ``ledger-health`` over ``ledgers``, in a Spark session of its own (started and stopped here; an active
+    session is used and left running). Writes each job's report and chart to ``out_dir`` and returns the
+    summary text. Raises whatever stops Spark from starting or a job from running (no Java, no pyspark): the
+    caller decides whether that is fatal."""
     from pyspark.sql import SparkSession
 
-    job = TOPIC_VOLUME if topics else ENTRY_SIZES
+    if not topics and not ledgers:
+        raise ValueError("demo_summary needs topics or ledgers")
     ours = SparkSession.getActiveSession() is None  # a session already running is the caller's to stop
-    session = local_session(f"ledgerstore demo {job.name}", master)
+    session = local_session("ledgerstore demo analysis", master)
+    parts: list[str] = []
     try:
-        result = job.run(session, opts)
+        if topics:
+            opts = JobOptions(
+                zk=zk, zk_root=zk_root, password=topic_password, out_dir=out_dir, topics=",".join(topics)
+            )
+            result = TOPIC_VOLUME.run(session, opts)
+            result.write(out_dir)
+            if result.tables[0].rows or not ledgers:
+                return result.render()
+            parts.append(
+                f"no messages left in {', '.join(topics)} (consumed ledgers are trimmed without retention)"
+            )
+        opts = JobOptions(
+            zk=zk,
+            zk_root=zk_root,
+            password=ledger_password,
+            out_dir=out_dir,
+            ledgers=",".join(str(lid) for lid in ledgers),
+        )
+        result = LEDGER_HEALTH.run(session, opts)
+        result.write(out_dir)
+        parts.append(result.render())
+        return "\n\n".join(parts)
     finally:
         if ours:
             session.stop()
-    result.write(out_dir)
-    return result.render()
