@@ -611,6 +611,8 @@ class Topic:
     async def subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
         rt = self.subscriptions.get(s.subscription)
         if rt is not None:
+            if rt.cursor is not None and not rt.consumers:
+                await rt.cursor.refresh()  # idle: another writer may have moved it (it restarts from there)
             return rt
         sub_type = SubType(s.subType)
         core = Subscription(sub_type, partition=self.name.partition_index)

@@ -397,6 +397,47 @@ def test_broker_kill9_moves_clients_to_the_survivor(cluster: Brokers) -> None:
         c.close()
 
 
+def test_a_subscription_moved_in_zookeeper_while_idle_resumes_where_it_was_moved(cluster: Brokers) -> None:
+    """Even when retention keeps everything (so no trim reads the cursors), a consumer attaching to an idle
+    durable subscription starts where another writer moved it, and its acks do not conflict with that write."""
+    from zk.managed_ledgers import NamespacePolicies
+
+    broker = cluster.start()
+    _meta(
+        cluster,
+        lambda meta: meta.set_policies(
+            "public", "default", NamespacePolicies(retention_time_minutes=-1, retention_size_mb=-1)
+        ),
+    )
+    c = client(broker)
+    try:
+        t = topic_name()
+        ml = TopicName.parse(t).ml_name
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t)
+        ids = [p.send(f"{i}".encode()) for i in range(10)]
+        consumer.close()
+
+        async def move(meta: BrokerMetadataStore) -> None:
+            stored = await meta.get_cursor(ml, "s")
+            assert stored is not None
+            mid = ids[6]
+            await meta.save_cursor(
+                ml, "s", CursorInfo(mark_delete=(mid.ledger_id(), mid.entry_id())), stored.version
+            )
+
+        _meta(cluster, move)
+        again = c.subscribe(t, "s")
+        got = drain(again, 3)
+        assert [m.data() for m in got] == [b"7", b"8", b"9"]
+        for m in got:
+            again.acknowledge(m)
+        p.send(b"10")  # the topic is still served: the acks' cursor writes did not conflict
+        assert again.receive(10_000).data() == b"10"
+    finally:
+        c.close()
+
+
 def test_broker_restarted_under_its_id_before_its_old_session_expires_owns_its_topics(
     cluster: Brokers,
 ) -> None:
