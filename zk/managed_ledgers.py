@@ -51,6 +51,7 @@ def schema_path(ml_name: str) -> str:
     """``schemas/<tenant>/<ns>/persistent/<local>``: the schemas of a topic (of its base name when partitioned)."""
     return f"{SCHEMAS}/{layout.check_ml_name(ml_name)}"
 
+
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
 
@@ -318,7 +319,11 @@ class SchemaInfo:
 
     def same_definition(self, other: SchemaInfo) -> bool:
         """Pulsar reuses a version for the same type and definition (the name is the topic's, not part of it)."""
-        return (self.type, self.data, dict(self.properties)) == (other.type, other.data, dict(other.properties))
+        return (self.type, self.data, dict(self.properties)) == (
+            other.type,
+            other.data,
+            dict(other.properties),
+        )
 
 
 @dataclass(frozen=True, slots=True)
