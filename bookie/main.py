@@ -99,6 +99,8 @@ class BookieConfig:
     auth_secret_file: Path | None = None  # HS256 token secret: tokens are checked (data plane and admin HTTP)
     auth_required: bool = False  # data plane: nothing served before AUTH with a good token
     admin_read_auth: str = "none"  # admin HTTP read-only endpoints that need a token too: none, api, all
+    tls_cert_file: Path | None = None  # data plane TLS: certificate chain (PEM), with tls_key_file
+    tls_key_file: Path | None = None
 
     @property
     def id(self) -> str:
@@ -239,7 +241,12 @@ class Bookie:
         register_core_metrics(self.server, lambda: journal.stats)
         self._register_storage_metrics()
         self._register_safety_metrics()
-        await self.server.listen(cfg.listen_address or cfg.advertised_address, cfg.port)
+        tls = None
+        if cfg.tls_cert_file or cfg.tls_key_file:
+            if not (cfg.tls_cert_file and cfg.tls_key_file):
+                raise ValueError("--tls-cert and --tls-key go together")
+            tls = srv.server_tls_context(str(cfg.tls_cert_file), str(cfg.tls_key_file))
+        await self.server.listen(cfg.listen_address or cfg.advertised_address, cfg.port, tls)
         app = admin_app(
             self.server,
             self.info,
@@ -670,6 +677,8 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         auth_secret_file=Path(args.auth_secret_file) if getattr(args, "auth_secret_file", None) else None,
         auth_required=getattr(args, "auth_required", False),
         admin_read_auth=getattr(args, "admin_read_auth", "none"),
+        tls_cert_file=Path(args.tls_cert) if getattr(args, "tls_cert", None) else None,
+        tls_key_file=Path(args.tls_key) if getattr(args, "tls_key", None) else None,
     )
 
 
@@ -704,6 +713,8 @@ def add_auth_arguments(serve: argparse.ArgumentParser) -> None:
         help="admin HTTP read-only endpoints that need a token too: none (default), api (/api/...), all "
         "(also /health and /metrics)",
     )
+    a("--tls-cert", default=None, help="data plane TLS: the bookie's certificate chain (PEM); off by default")
+    a("--tls-key", default=None, help="data plane TLS: the certificate's private key (PEM)")
 
 
 def add_limit_arguments(serve: argparse.ArgumentParser) -> None:

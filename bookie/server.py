@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -117,6 +118,15 @@ class ServerAuth:
         except TokenError as e:
             return p.Status.UNAUTHORIZED, "", str(e)
         return p.Status.OK, principal.subject, ""
+
+
+def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The data plane's TLS: the bookie's certificate chain and key (TLS 1.2 at least; no client certificates:
+    clients authenticate with tokens, AUTH)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx
 
 
 def error_response(op: int, rid: int, status: p.Status, ledger_id: int = 0, entry_id: int = -1) -> bytes:
@@ -681,10 +691,11 @@ class BookieServer:
             c._paused_budget = False
             c._update_reading()
 
-    async def listen(self, host: str, port: int) -> None:
+    async def listen(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        """Serve on ``host:port``; with ``tls`` every connection is TLS (no plaintext beside it)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: BookieConnection(self), host, port, reuse_address=True
+            lambda: BookieConnection(self), host, port, reuse_address=True, ssl=tls
         )
 
     @property

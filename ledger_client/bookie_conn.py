@@ -22,9 +22,11 @@ import asyncio
 import functools
 import itertools
 import logging
+import ssl
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 from bookie import protocol as p
 
@@ -67,6 +69,22 @@ class AddListener(Protocol):
     def on_congestion(self, bookie: str, congested: bool) -> None:
         """The connection to ``bookie`` holds more than ``WRITE_BUFFER_HIGH`` unsent bytes (the bookie reads
         slower than we write), or, with ``congested=False``, no longer does."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Security:
+    """How a client's connections to bookies authenticate: a token (AUTH) and TLS, each optional."""
+
+    auth_token: str | None = None
+    tls: ssl.SSLContext | None = None
+
+
+def client_tls_context(ca_file: str) -> ssl.SSLContext:
+    """TLS to bookies whose certificates ``ca_file`` (PEM: a CA, or the bookies' own certificates) vouches for;
+    the bookie's address must be in its certificate (hostname checking stays on)."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
 
 
 def split_address(bookie_id: str) -> tuple[str, int]:
@@ -338,29 +356,45 @@ class BookieConnection(asyncio.Protocol):
         self._fail_all(BookieUnavailableError(f"connection to bookie {self.bookie_id} closed by client"))
 
 
-async def connect(
-    bookie_id: str,
-    timeout_s: float = CONNECT_TIMEOUT_S,
-    listeners: dict[int, AddListener] | None = None,
-    auth_token: str | None = None,
-) -> BookieConnection:
+_Conn = TypeVar("_Conn", bound=asyncio.Protocol)
+
+
+async def open_connection(
+    factory: Callable[[], _Conn], bookie_id: str, timeout_s: float, tls: ssl.SSLContext | None
+) -> _Conn:
+    """A connection to ``bookie_id`` (TLS with ``tls``, checking the certificate names its host), or
+    ``BookieUnavailableError`` (refused, timed out, TLS handshake failed)."""
     host, port = split_address(bookie_id)
     loop = asyncio.get_running_loop()
+    server_hostname = host if tls is not None else None
     try:
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: BookieConnection(bookie_id, listeners, auth_token), host, port),
-            timeout_s,
+            loop.create_connection(factory, host, port, ssl=tls, server_hostname=server_hostname), timeout_s
         )
     except (OSError, TimeoutError) as e:
         raise BookieUnavailableError(f"cannot connect to bookie {bookie_id}: {e or 'timeout'}") from None
     return proto
 
 
+async def connect(
+    bookie_id: str,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+    listeners: dict[int, AddListener] | None = None,
+    auth_token: str | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> BookieConnection:
+    return await open_connection(
+        lambda: BookieConnection(bookie_id, listeners, auth_token), bookie_id, timeout_s, tls
+    )
+
+
 class BookiePool:
     """One connection per bookie, created on first use and replaced when it breaks."""
 
-    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, auth_token: str | None = None) -> None:
-        self.auth_token = auth_token
+    def __init__(
+        self, connect_timeout_s: float = CONNECT_TIMEOUT_S, security: Security | None = None
+    ) -> None:
+        self.security = security or Security()
         self._conns: dict[str, BookieConnection] = {}
         self._connecting: dict[str, asyncio.Future[BookieConnection]] = {}
         self.connect_timeout_s = connect_timeout_s
@@ -387,7 +421,13 @@ class BookiePool:
         fut = self._connecting.get(bookie_id)
         if fut is None:
             fut = asyncio.ensure_future(
-                connect(bookie_id, self.connect_timeout_s, self.listeners, self.auth_token)
+                connect(
+                    bookie_id,
+                    self.connect_timeout_s,
+                    self.listeners,
+                    self.security.auth_token,
+                    self.security.tls,
+                )
             )
             self._connecting[bookie_id] = fut
             fut.add_done_callback(functools.partial(self._connected, bookie_id))

@@ -31,7 +31,7 @@ from bookie.entryformat import DigestMismatchError as _RawDigestMismatch
 from bookie.entryformat import DigestType, EntryCodec, peek_header
 
 from . import errors as E
-from .bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool
+from .bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool, Security, client_tls_context
 from .handle_state import (
     HandleEvent,
     HandleState,
@@ -138,6 +138,9 @@ class ClientConfig:
     # Token sent as each bookie connection's first frame (AUTH; docs/operations.md, "Authentication"). None:
     # $LEDGERSTORE_AUTH_TOKEN, else the file named by $LEDGERSTORE_AUTH_TOKEN_FILE, else no token
     auth_token: str | None = None
+    # TLS to the bookies (they run with --tls-cert/--tls-key): the PEM file of the CA (or the bookies'
+    # certificates) to verify them with. None: $LEDGERSTORE_TLS_CA, else plaintext
+    tls_ca: str | None = None
 
 
 def resolve_auth_token(config: ClientConfig) -> str | None:
@@ -192,9 +195,10 @@ class BookKeeper:
         self.store = store
         self.ledgers = zk.LedgerMetadataStore(store)
         self.registry = zk.BookieRegistry(store)
-        token = resolve_auth_token(config)
-        self.pool = BookiePool(auth_token=token)
-        self.read_pool = ReadPool(auth_token=token)  # batched reads' connections (apart from the writers')
+        ca = config.tls_ca or os.environ.get("LEDGERSTORE_TLS_CA")
+        security = Security(auth_token=resolve_auth_token(config), tls=client_tls_context(ca) if ca else None)
+        self.pool = BookiePool(security=security)
+        self.read_pool = ReadPool(security=security)  # batched reads' connections (apart from the writers')
         #: replies UNAUTHORIZED to a key the metadata vouches for, per bookie: a bookie whose key for a ledger
         #: is not the owner's (squatted, or its data replaced); readers go on with the other replicas
         self.odd_bookies: collections.Counter[str] = collections.Counter()

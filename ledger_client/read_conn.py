@@ -15,8 +15,7 @@ from collections.abc import Callable
 
 from bookie import protocol as p
 
-from .bookie_conn import CONNECT_TIMEOUT_S, BookieConnection, split_address
-from .errors import BookieUnavailableError
+from .bookie_conn import CONNECT_TIMEOUT_S, BookieConnection, Security, open_connection
 
 RangeCallback = Callable[[p.ReadRangeSpans | None, BaseException | None], None]
 
@@ -74,8 +73,10 @@ class ReadConnection(BookieConnection):
 class ReadPool:
     """One ``ReadConnection`` per bookie, opened on first use and replaced when it breaks."""
 
-    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, auth_token: str | None = None) -> None:
-        self.auth_token = auth_token
+    def __init__(
+        self, connect_timeout_s: float = CONNECT_TIMEOUT_S, security: Security | None = None
+    ) -> None:
+        self.security = security or Security()
         self._conns: dict[str, ReadConnection] = {}
         self._opening: dict[str, asyncio.Future[ReadConnection]] = {}
         self.connect_timeout_s = connect_timeout_s
@@ -97,16 +98,8 @@ class ReadPool:
         return await asyncio.shield(fut)
 
     async def _open(self, bookie_id: str) -> ReadConnection:
-        host, port = split_address(bookie_id)
-        loop = asyncio.get_running_loop()
-        try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: ReadConnection(bookie_id, self.auth_token), host, port),
-                self.connect_timeout_s,
-            )
-        except (OSError, TimeoutError) as e:
-            raise BookieUnavailableError(f"cannot connect to bookie {bookie_id}: {e or 'timeout'}") from None
-        return conn
+        factory = functools.partial(ReadConnection, bookie_id, self.security.auth_token)
+        return await open_connection(factory, bookie_id, self.connect_timeout_s, self.security.tls)
 
     def _opened(self, bookie_id: str, fut: asyncio.Future[ReadConnection]) -> None:
         if self._opening.get(bookie_id) is fut:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +24,7 @@ from bookie import auth
 from bookie import protocol as p
 from ledger_client import BookKeeper as AsyncBookKeeper
 from ledger_client import ClientConfig, UnauthorizedError
-from ledger_client.bookie_conn import BookiePool
+from ledger_client.bookie_conn import BookiePool, Security, client_tls_context
 from ledger_client.sync import BookKeeper
 from tests.abuse.helpers import http, ledger_ids, metric
 from tests.integration.rawbookie import KEY, build
@@ -135,7 +137,7 @@ def test_with_auth_required_a_stranger_is_refused_everything_and_changes_nothing
 
         # a client whose token is refused: its requests fail with UnauthorizedError, not a hang
         async def with_bad_token() -> None:
-            pool = BookiePool(auth_token=bad_tokens[1])
+            pool = BookiePool(security=Security(auth_token=bad_tokens[1]))
             try:
                 conn = await pool.get(procs[0].id)
                 await conn.request(lambda rid: p.BookieInfoRequest(request_id=rid), 10)
@@ -289,3 +291,49 @@ def test_a_reader_goes_on_with_other_replicas_when_one_answers_unauthorized(book
     finally:
         bk.close()
         store.close()
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    cert, key = tmp / "bookie.pem", tmp / "bookie.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    os.chmod(key, 0o600)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a certificate")
+def test_tls_data_plane_with_tokens_and_a_plaintext_stranger_gets_nothing(bookies, tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    secret_file, secret = _secret(tmp_path)
+    flags = ("--tls-cert", str(cert), "--tls-key", str(key), "--auth-secret-file", str(secret_file))
+    (bp,) = bookies.start_many(1, *flags, "--auth-required")
+    token = auth.create_token(secret, "owner", expires_in_s=600)
+    cfg = ClientConfig(zk_root=bookies.root, auth_token=token, tls_ca=str(cert))
+    bk = BookKeeper.connect(bookies.zk, config=cfg)
+    try:
+        lh = bk.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1, password=b"secret")
+        lh.append_many([b"over tls %d" % i for i in range(100)])
+        assert [e.data for e in lh.read(98, 99)] == [b"over tls 98", b"over tls 99"]
+        # plaintext to a TLS port: no frame is ever answered
+        info = p.encode(p.BookieInfoRequest(request_id=1))
+        resps, _ = _exchange(bp.id, info, timeout_s=2.0)
+        assert resps == []
+
+        # TLS without a token: refused by the AUTH step as over plaintext
+        async def tls_without_token() -> None:
+            pool = BookiePool(security=Security(tls=client_tls_context(str(cert))))
+            try:
+                conn = await pool.get(bp.id)
+                resp = await conn.request(lambda rid: p.BookieInfoRequest(request_id=rid), 10)
+                assert resp.status == p.Status.UNAUTHORIZED
+            finally:
+                await pool.close()
+
+        asyncio.run(tls_without_token())
+        assert len(ledger_ids(bp)) == 1
+    finally:
+        bk.close()
