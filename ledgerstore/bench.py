@@ -416,7 +416,14 @@ class _AddLoad(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        from bookie import protocol as p
+        from ledger_client.client import ClientConfig, resolve_auth_token
+
         self.transport = cast(asyncio.Transport, transport)
+        token = resolve_auth_token(ClientConfig())
+        if token:  # a bookie with --auth-required: AUTH first (request id 0), the adds pipelined behind it
+            auth = p.AuthRequest(request_id=0, method=p.AuthMethod.TOKEN, credential=token.encode())
+            self.transport.write(p.encode(auth))
         self.deadline = time.perf_counter() + self.duration
         self._send(self.outstanding)
 
@@ -444,6 +451,10 @@ class _AddLoad(asyncio.Protocol):
         # more than a partial add response left: another kind of frame came first; decode the rest one by one
         if dec.buffered >= p.ADD_RESP_FRAME_SIZE:
             rows += [(0, 0, 0, 0, r.request_id, int(r.status), 0, 0) for r in dec.responses()]
+            if rows and rows[0][4] == 0:  # the answer to AUTH
+                if rows[0][5] != p.Status.OK and not self.done.done():
+                    self.done.set_exception(ConnectionError("bookie refused the token"))
+                rows = rows[1:]
         now = time.perf_counter()
         sent = self.sent_at
         ok = [now - sent[r[4] - 1] for r in rows if r[5] == p.Status.OK]
