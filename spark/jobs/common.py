@@ -121,12 +121,19 @@ class Job:
     run: Callable[[Any, JobOptions], JobResult]
 
 
-def ledger_frame(session: Any, opts: JobOptions) -> Any:
-    """The selected ledgers' entries as a DataFrame (registers the sources on ``session`` first)."""
+def ledger_frame(session: Any, opts: JobOptions, columns: Sequence[str] = ()) -> Any:
+    """The selected ledgers' entries as a DataFrame (registers the sources on ``session`` first). With
+    ``columns``, only those columns of the ``ledger`` source: the reader builds no others and Spark converts no
+    others (a job that needs lengths, not payloads, skips moving the payloads into the JVM)."""
     from spark import register
 
     register(session)
-    return session.read.format("ledger").options(**opts.source_options()).load()
+    reader = session.read.format("ledger").options(**opts.source_options())
+    if columns:
+        from spark.ledger_source import LEDGER_SCHEMA
+
+        reader = reader.schema(", ".join(f"{c} {LEDGER_SCHEMA[c].dataType.simpleString()}" for c in columns))
+    return reader.load()
 
 
 def topic_frame(session: Any, opts: JobOptions) -> Any:

@@ -37,7 +37,7 @@ def _row(label: Any, r: Any) -> list[Any]:
 def run(session: Any, opts: JobOptions) -> JobResult:
     from pyspark.sql import functions as F
 
-    df = ledger_frame(session, opts).select("ledger_id", "length").cache()
+    df = ledger_frame(session, opts, ["ledger_id", "length"]).cache()
     try:
         per_ledger = df.groupBy("ledger_id").agg(*_aggregates()).orderBy("ledger_id").collect()
         overall = df.agg(*_aggregates()).collect()[0]

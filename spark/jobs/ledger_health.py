@@ -26,7 +26,7 @@ def run(session: Any, opts: JobOptions) -> JobResult:
 
     scanned = {
         r["ledger_id"]: r
-        for r in ledger_frame(session, opts)
+        for r in ledger_frame(session, opts, ["ledger_id", "entry_id", "length"])
         .groupBy("ledger_id")
         .agg(
             F.count("*").alias("entries"),
