@@ -872,8 +872,6 @@ class BrokerService:
             web_service_url=self.config.web_service_url,
         )
 
-    _ownership = ownership  # the name admin.py's HTTP lookup used
-
     def topic_lost(self, topic: Topic, reason: str) -> None:
         """Stop serving: clients are told to reconnect (and look the topic up again)."""
         if topic.unloaded:
