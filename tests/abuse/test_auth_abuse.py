@@ -178,20 +178,20 @@ def test_with_auth_required_a_stranger_is_refused_everything_and_changes_nothing
         assert (
             http(procs[0], "GET", "/api/v1/ledgers")[0] == 200 and http(procs[0], "GET", "/health")[0] == 200
         )
-        req = urllib.request.Request(
+        hreq = urllib.request.Request(
             f"http://127.0.0.1:{procs[0].http_port}/api/v1/gc",
             method="PUT",
             headers={"Authorization": f"Bearer {bad_tokens[1]}"},
         )
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(req, timeout=30)
+            urllib.request.urlopen(hreq, timeout=30)
         assert refused.value.code == 401
-        req = urllib.request.Request(
+        hreq = urllib.request.Request(
             f"http://127.0.0.1:{procs[0].http_port}/api/v1/gc",
             method="PUT",
             headers={"Authorization": f"Bearer {token}"},
         )
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(hreq, timeout=30) as r:
             assert r.status == 200
         assert metric(procs[0], "bookie_admin_unauthorized_total") == 2
     finally:

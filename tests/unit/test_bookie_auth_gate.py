@@ -95,13 +95,13 @@ async def test_a_good_token_then_pipelined_adds_are_all_served() -> None:
 @_sync
 async def test_with_auth_required_nothing_is_served_without_a_good_token(first: str) -> None:
     r = Rig(REQUIRED)
-    lead: list[p.Request] = {
+    leads: dict[str, list[p.Request]] = {
         "add": [],
         "none": [_auth(None)],
         "bad": [_auth(TOKEN[:-3] + "xyz")],
         "foreign": [_auth(create_token(b"z" * 32, "writer"))],
-    }[first]
-    resps = await r.send(*lead, *_adds(4))
+    }
+    resps = await r.send(*leads[first], *_adds(4))
     assert [x.status for x in resps] == [p.Status.UNAUTHORIZED]  # one refusal, then the connection closes
     assert "close" in r.transport.calls and 1 not in r.core.ledgers
     assert r.server.auth_refused == 1
