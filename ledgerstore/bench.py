@@ -554,12 +554,12 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_ledger(args: argparse.Namespace) -> int:
-    from ledger_client.bench import run_ledger_bench
+    from ledgerstore.bench_ledger import run_ledger_bench
 
     return run_ledger_bench(args, _print, _median_runs, local_cluster, machine_limits)
 
 
 def _cmd_bench_read(args: argparse.Namespace) -> int:
-    from ledger_client.bench import run_read_bench
+    from ledgerstore.bench_ledger import run_read_bench
 
     return run_read_bench(args, _print, _median_runs, local_cluster)

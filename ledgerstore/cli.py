@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ledger --------------------------------------------------------------------------------------
     lp = sub.add_parser("ledger", help="the BookKeeper shell's everyday verbs")
-    from ledger_client.shell import add_ledger_commands
+    from ledgerstore.ledger_cmd import add_ledger_commands
 
     add_ledger_commands(lp, _common)
 

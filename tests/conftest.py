@@ -1,4 +1,4 @@
-"""Shared fixtures: a real ZooKeeper per session (zk.testing) and real bookie processes per test."""
+"""Shared fixtures: a real ZooKeeper per session (tests/zk_testing.py) and real bookie processes per test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ledgerstore.cluster import BookieProcess, free_port
-from zk.testing import zk_connect, zk_root, zk_server, zk_store  # noqa: F401
+from tests.zk_testing import zk_connect, zk_root, zk_server, zk_store  # noqa: F401
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")

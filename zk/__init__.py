@@ -1,7 +1,7 @@
 """ZooKeeper access layer: znode layout, ``Versioned`` + CAS, ledger metadata, ids, bookie registry, cookies and a
 launcher for a local ZooKeeper. See ``docs/metadata.md``.
 
-``zk.testing`` (pytest fixtures) is deliberately not imported here.
+Its pytest fixtures live with the tests (``tests/zk_testing.py``), not in this runtime package.
 """
 
 from zk import layout

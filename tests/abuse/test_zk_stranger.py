@@ -15,10 +15,10 @@ from kazoo.security import OPEN_ACL_UNSAFE
 from ledger_client.sync import BookKeeper
 from ledgerstore.cluster import BookieProcess, free_port
 from tests.abuse.helpers import http, ledger_ids
+from tests.zk_testing import zk_auth  # noqa: F401 - the fixture
 from zk import MetadataStore, layout
 from zk.acl import ENV_AUTH, stranger_probe
 from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, ManagedLedgerInfo, OwnershipInfo
-from zk.testing import zk_auth  # noqa: F401 - the fixture
 
 
 def _snapshot(store: MetadataStore) -> dict[str, tuple[int, int, int]]:

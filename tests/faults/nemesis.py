@@ -1,7 +1,7 @@
 """The nemesis: injects and heals faults on real bookie processes, their network, their disk, and the writers'
 ZooKeeper sessions, on a seeded schedule. Every fault is recorded (``op: fault``, ``phase: start|end``).
 
-Each bookie sits behind a :class:`ledgerstore.faultproxy.FaultProxy`: it listens on its real port and registers
+Each bookie sits behind a :class:`tests.faultproxy.FaultProxy`: it listens on its real port and registers
 under ``--bookie-id 127.0.0.1:<proxy port>``, so every client connection goes through the proxy (the bookie's
 ZooKeeper session does not: a partition cuts clients off while the bookie stays registered, the harder case).
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledgerstore.cluster import BookieProcess
-from ledgerstore.faultproxy import FaultProxy
+from tests.faultproxy import FaultProxy
 from tests.faults.history import History
 
 BOOKIE_FAULTS = ("kill9", "pause", "partition_drop", "partition_stall")

@@ -28,7 +28,7 @@ import pytest
 from ledger_client import BookKeeper
 from ledger_client.errors import LedgerError
 from ledgerstore.cluster import free_port
-from ledgerstore.faultproxy import FaultProxy, ProxyLoop
+from tests.faultproxy import FaultProxy, ProxyLoop
 from tests.faults.checker import FinalLedger, check, excerpt, format_table, summarize
 from tests.faults.history import History, digest, load_history
 from tests.faults.nemesis import Nemesis, Node

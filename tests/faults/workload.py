@@ -125,7 +125,7 @@ class Writer(Worker):
             await self.one_ledger()
 
     async def expire_session(self) -> None:
-        from zk.testing import expire_session
+        from tests.zk_testing import expire_session
 
         assert self.bk is not None
         self.hist.record("zk_expire", phase="invoke")

@@ -297,7 +297,7 @@ def test_sigterm_stops_promptly_when_zookeeper_is_gone(bookies) -> None:
     """Unregistering needs ZooKeeper; a bookie cut off from it still stops cleanly and within bounds."""
     import signal
 
-    from zk.testing import TcpProxy
+    from tests.zk_testing import TcpProxy
 
     host, _, port = bookies.zk.rpartition(":")
     with TcpProxy(host, int(port)) as proxy:

@@ -645,9 +645,9 @@ def test_zookeeper_session_loss_unloads_topics_and_clients_come_back(bookies, tm
     reconnect), registers again in its new session, and serves them again after fencing its old ledgers."""
     import threading
 
+    from tests.zk_testing import expire_session
     from topic_broker.server import BrokerServer
     from topic_broker.service import BrokerConfig, BrokerService
-    from zk.testing import expire_session
 
     bookies.start_many(3)
     loop = asyncio.new_event_loop()

@@ -10,6 +10,13 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.security import OPEN_ACL_UNSAFE
 
+from tests.zk_testing import (
+    TEST_SESSION_TIMEOUT_S,
+    TEST_ZK_AUTH,
+    ZkTarget,
+    expire_session,
+    zk_auth,  # noqa: F401 - the fixture
+)
 from zk import layout
 from zk.acl import (
     ENV_AUTH,
@@ -22,13 +29,6 @@ from zk.acl import (
 )
 from zk.client import MetadataStore
 from zk.errors import MetadataAuthError
-from zk.testing import (
-    TEST_SESSION_TIMEOUT_S,
-    TEST_ZK_AUTH,
-    ZkTarget,
-    expire_session,
-    zk_auth,  # noqa: F401 - the fixture
-)
 
 AUTH = ZkAuth("ops", "s3cret:with:colons")
 

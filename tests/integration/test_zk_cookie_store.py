@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.zk_testing import ZkTarget
 from zk.client import MetadataStore
 from zk.cookies import (
     Cookie,
@@ -18,7 +19,6 @@ from zk.cookies import (
     write_zk_cookie,
 )
 from zk.errors import CookieMismatchError, MetadataExistsError, MetadataNotFoundError, MetadataVersionError
-from zk.testing import ZkTarget
 
 BID = "127.0.0.1:3181"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.zk_testing import make_test_server
 from zk.client import MetadataStore
 from zk.errors import MetadataConnectionError
 from zk.launcher import (
@@ -19,7 +20,6 @@ from zk.launcher import (
     server_mode,
     status,
 )
-from zk.testing import make_test_server
 
 
 def _listening(port: int) -> bool:

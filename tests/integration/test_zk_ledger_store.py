@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from tests.zk_testing import ZkTarget, wait_for
 from zk import layout
 from zk.client import MetadataStore
 from zk.errors import (
@@ -16,7 +17,6 @@ from zk.errors import (
 )
 from zk.idgen import FIRST_ID, IdGenerator
 from zk.ledger_metadata import LedgerMetadata, LedgerMetadataStore, LedgerState
-from zk.testing import ZkTarget, wait_for
 from zk.versioned import Versioned
 
 B = [f"127.0.0.1:{3181 + i}" for i in range(6)]

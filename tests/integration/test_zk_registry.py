@@ -4,12 +4,12 @@ import time
 
 import pytest
 
+from tests.zk_testing import TcpProxy, ZkTarget, expire_session, wait_for
 from zk import layout
 from zk.client import MetadataStore
 from zk.errors import MetadataExistsError
 from zk.launcher import ZooKeeperServer
 from zk.registry import BookieRecord, BookieRegistry
-from zk.testing import TcpProxy, ZkTarget, expire_session, wait_for
 
 BID = "127.0.0.1:3181"
 INFO = {"host": "127.0.0.1", "port": 3181, "http_port": 8000}

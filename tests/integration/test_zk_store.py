@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.zk_testing import ZkTarget, expire_session, make_test_server, wait_for
 from zk.client import MetadataStore
 from zk.errors import (
     MetadataClosedError,
@@ -17,7 +18,6 @@ from zk.errors import (
     MetadataNotFoundError,
     MetadataVersionError,
 )
-from zk.testing import ZkTarget, expire_session, make_test_server, wait_for
 
 
 def test_crud_and_format_version(zk_store: MetadataStore) -> None:

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .client import BookKeeper, ClientConfig, LedgerHandle
-from .errors import LedgerError
+from ledger_client.client import BookKeeper, ClientConfig, LedgerHandle
+from ledger_client.errors import LedgerError
 
 
 async def ledger_run(

@@ -12,9 +12,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ledger_client.client import BookKeeper, ClientConfig
 from ledgerstore.cli import CommandError, emit
-
-from .client import BookKeeper, ClientConfig
 
 
 def add_ledger_commands(

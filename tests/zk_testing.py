@@ -2,7 +2,7 @@
 
 Use from ``tests/conftest.py``::
 
-    from zk.testing import zk_connect, zk_root, zk_server, zk_store  # noqa: F401
+    from tests.zk_testing import zk_connect, zk_root, zk_server, zk_store  # noqa: F401
 
 * ``zk_server`` (session scope): one :class:`~zk.launcher.ZooKeeperServer` for the whole run (tickTime 500 ms,
   so sessions may be as short as 1 s). Do not pause/stop it in a test: start a private ``ZooKeeperServer``.
