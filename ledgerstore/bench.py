@@ -301,7 +301,12 @@ def disk_meter(path: Path) -> Iterator[dict[str, float]]:
 
 def plot_latencies(path: str, title: str, runs: list[dict[str, Any]], rate_key: str) -> None:
     """Latency CDF per run (log scale), with the run's throughput in the legend."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        from ledgerstore.cli import CommandError
+
+        raise CommandError("--plot needs matplotlib: pip install 'ledgerstore[plot]'") from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
