@@ -71,7 +71,8 @@ def _run(
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
 
-def _health(url: str) -> bool:
+def answers_health(url: str) -> bool:
+    """``GET url`` answers 200 within 2 s."""
     import urllib.request
 
     try:
@@ -108,7 +109,8 @@ def command(args: argparse.Namespace) -> int:
         r = _run(["up", "-d", *([] if legacy else ["--wait"]), *services], env)
         if r.returncode != 0:
             raise CommandError(f"docker compose up failed: {r.stderr.strip().splitlines()[-1:]}")
-        urls = [f"http://127.0.0.1:{8001 + i}/health" for i in range(3)]
+        admin_ports = [env.get(f"BOOKIE{i}_HTTP_PORT", str(8001 + i)) for i in range(3)]  # compose's defaults
+        urls = [f"http://127.0.0.1:{port}/health" for port in admin_ports]
         _wait_healthy(urls + ([broker_health] if brokers else []), timeout_s=180)
         zk = f"127.0.0.1:{args.zk_port}"
         bookies = [f"127.0.0.1:{args.base_port + i}" for i in range(3)]
@@ -129,7 +131,7 @@ def command(args: argparse.Namespace) -> int:
         emit(args, "cluster down (containers)", {"down": True})
         return 0
     r = _run(["ps"], env, ALL_PROFILES)
-    healthy = _health(broker_health)
+    healthy = answers_health(broker_health)
     text = r.stdout.strip() + f"\nbroker admin {broker_health}: {'ok' if healthy else 'not answering'}"
     emit(args, text, {"ps": r.stdout, "broker_healthy": healthy})
     return r.returncode
