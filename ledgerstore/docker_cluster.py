@@ -22,7 +22,11 @@ COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker" / "compose.yaml
 
 def compose_command() -> list[str]:
     for docker in ("/usr/bin/docker", shutil.which("docker")):
-        if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        if (
+            docker
+            and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode
+            == 0
+        ):
             return [docker, "compose"]
     legacy = shutil.which("docker-compose")
     if legacy:
@@ -33,6 +37,7 @@ def compose_command() -> list[str]:
     )
 
 
+COMPOSE_TIMEOUT_S = 600  # an `up` waits for health checks; pulling images (with a registry) can take a while
 BOOKIE_SERVICES = ["bookie-0", "bookie-1", "bookie-2"]
 ALL_PROFILES = ["--profile", "autorecovery"]  # down/status see the optional services too
 
@@ -61,14 +66,19 @@ def _wait_healthy(urls: list[str], timeout_s: float) -> None:
 
 def _image_exists(name: str) -> bool:
     docker = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
-    return subprocess.run([docker, "image", "inspect", name], capture_output=True).returncode == 0
+    return subprocess.run([docker, "image", "inspect", name], capture_output=True, timeout=30).returncode == 0
 
 
 def _run(
     args: list[str], env: dict[str, str], profiles: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     cmd = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *(profiles or []), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True)
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=COMPOSE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise CommandError(
+            f"`{' '.join(cmd[-len(args) :])}` did not finish in {COMPOSE_TIMEOUT_S}s"
+        ) from None
 
 
 def answers_health(url: str) -> bool:
