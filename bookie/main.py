@@ -40,6 +40,8 @@ from aiohttp import web
 
 from . import auth
 from . import server as srv
+from .bk_http import add_bookkeeper_routes
+from .config_file import ConfigError, Effective, resolve
 from .core import BookieCore
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
 from .journal import Journal
@@ -120,8 +122,9 @@ class CookieRefusal(RuntimeError):
 
 
 class Bookie:
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, settings: Effective | None = None) -> None:
         self.config = config
+        self.settings = settings  # what `bookie serve` resolved (flags, env, --config): GET /api/v1/config
         self.store: Any = None
         self.registry: Any = None
         self.journal: Journal | None = None
@@ -254,6 +257,7 @@ class Bookie:
             failure=lambda: self.failed,
             auth=AdminAuth(verifier=verifier, read=cfg.admin_read_auth),
         )
+        add_bookkeeper_routes(app, self)  # BookKeeper's route names (bookie/bk_http.py)
         # handler_cancellation: a GC request whose caller went away stops; shutdown_timeout: SIGTERM does not
         # wait a minute for admin requests
         self._http = web.AppRunner(
@@ -776,8 +780,8 @@ def add_limit_arguments(serve: argparse.ArgumentParser) -> None:
     )
 
 
-async def run_until_signalled(config: BookieConfig) -> int:
-    bookie = Bookie(config)
+async def run_until_signalled(config: BookieConfig, settings: Effective | None = None) -> int:
+    bookie = Bookie(config, settings)
     try:
         await bookie.start()
     except CookieRefusal as e:
@@ -803,15 +807,20 @@ def install_uvloop() -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    try:  # flags > LEDGERSTORE_<SETTING> > --config FILE > defaults (bookie/config_file.py)
+        settings = resolve(args)
+    except ConfigError as e:
+        log.error("bookie: %s", e)
+        return 2
     install_uvloop()
     profile = os.environ.get("LEDGERSTORE_PROFILE")
     if not profile:
-        return asyncio.run(run_until_signalled(config_from_args(args)))
+        return asyncio.run(run_until_signalled(config_from_args(args), settings))
     import cProfile
 
     prof = cProfile.Profile()
     try:
-        return prof.runcall(asyncio.run, run_until_signalled(config_from_args(args)))
+        return prof.runcall(asyncio.run, run_until_signalled(config_from_args(args), settings))
     finally:
         prof.dump_stats(profile)
 

@@ -719,7 +719,7 @@ class BookieServer:
 
 #: ``--admin-read-auth``: which read-only endpoints need a token too (mutating ones always do, given a secret)
 ADMIN_READ_AUTH = ("none", "api", "all")
-_OPEN_PATHS = frozenset({"/health", "/metrics"})
+_OPEN_PATHS = frozenset({"/health", "/heartbeat", "/metrics"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

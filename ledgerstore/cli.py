@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-fsync", action="store_true", help="UNSAFE: skip fsync (benchmarks of the rest only)"
     )
+    from bookie.config_file import enable as enable_config_file
+
+    enable_config_file(serve, what="bookie")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
     fmt = bs.add_parser("format", help="delete a bookie's cookie so a replaced bookie can register anew")
     _common(fmt)
     fmt.add_argument("--bookie-id", required=True)

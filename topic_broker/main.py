@@ -10,6 +10,11 @@ import logging
 import signal
 from collections.abc import Sequence
 
+from bookie.bk_http import add_config_routes
+from bookie.config_file import ConfigError, Effective
+from bookie.config_file import enable as enable_config_file
+from bookie.config_file import resolve as resolve_config
+
 from .admin import AdminServer
 from .server import BrokerServer
 from .service import (
@@ -28,17 +33,25 @@ __all__ = ["add_serve_arguments", "config_from_args", "main", "serve"]
 
 log = logging.getLogger(__name__)
 
+#: Where the admin API shows every setting as a string (Pulsar's names), beside ``/api/v1/config``.
+CONFIG_VALUES_PATHS = ("/admin/v2/brokers/configuration/values", "/admin/v2/brokers/configuration/runtime")
+
 #: Allocations between young-generation collections (CPython's default is 700).
 GC_THRESHOLD_GEN0 = 50_000
 
 
-async def serve(config: BrokerConfig, stop: asyncio.Event | None = None) -> int:
-    """Serve until ``stop`` is set (or SIGTERM/SIGINT when none is given)."""
+async def serve(
+    config: BrokerConfig, stop: asyncio.Event | None = None, settings: Effective | None = None
+) -> int:
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT when none is given); ``settings``: what ``broker serve``
+    resolved from flags, environment and ``--config``, shown (redacted) by the admin API."""
     service = BrokerService(config)
     await service.start()
     server = BrokerServer(service)
     await server.start()
     admin = AdminServer(service)  # /admin/v2, /lookup/v2, /metrics, /health on the HTTP port
+    if settings is not None:
+        add_config_routes(admin.app, lambda: settings, flat=CONFIG_VALUES_PATHS)
     await admin.start()
     # The hot path allocates many short-lived objects (frames, receipts, callbacks); collect young ones less
     # often, and leave what exists after start-up (modules, the service) out of every collection.
@@ -82,6 +95,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TICK_INTERVAL_S,
         help="how often topics roll idle ledgers, flush cursors, apply namespace policies and trim",
     )
+    enable_config_file(p, what="broker")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -110,8 +124,13 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
 def run(args: argparse.Namespace) -> int:
     from bookie.main import install_uvloop
 
+    try:  # flags > LEDGERSTORE_<SETTING> > --config FILE > defaults (bookie/config_file.py)
+        settings = resolve_config(args)
+    except ConfigError as e:
+        log.error("broker: %s", e)
+        return 2
     install_uvloop()
-    return asyncio.run(serve(config_from_args(args)))
+    return asyncio.run(serve(config_from_args(args), settings=settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
