@@ -60,6 +60,21 @@ def add_bench_commands(
         "--bookies", type=int, default=3, help="bookie processes to start (when no --use-cluster)"
     )
     lg.add_argument("--use-cluster", action="store_true", help="use the cluster registered at --zk")
+    lg.add_argument(
+        "--mode",
+        dest="append_mode",
+        choices=("callbacks", "futures", "tasks", "await"),
+        default="callbacks",
+        help="how the appends are written: append_callback (default); a window of append_future futures; one "
+        "asyncio.create_task(lh.append(d)) per entry under a semaphore of --outstanding; --outstanding "
+        "coroutines each awaiting lh.append(d) (with --outstanding 1: one append at a time)",
+    )
+    lg.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the client's event loop: uvloop when installed (default), or asyncio's own",
+    )
     lg.add_argument("--plot", default=None, help="write a PNG of the add-latency distribution of every run")
     lg.add_argument(
         "--bookie-arg", action="append", default=[], help="extra argument for the bookie processes"

@@ -5,14 +5,24 @@ back with ``read(0, last)`` (batched READ_RANGE reads), each timed: write and re
 
 One client process keeps ``outstanding`` appends in flight (spread over ``ledgers`` ledgers) for ``duration``
 seconds and reports acked entries/s, MB/s and add latency percentiles (append call to ack, as the caller sees
-it). The machine's limits are measured in the same run.
+it). The machine's limits are measured in the same run. ``mode`` is how the appends are written (every form a
+user would write, so each is measured):
+
+* ``callbacks`` — ``append_callback`` (BookKeeper's ``asyncAddEntry``), the handle's back-pressure keeping
+  ``outstanding`` in flight;
+* ``futures``   — a window of ``outstanding`` ``append_future`` futures, the oldest awaited once it is full;
+* ``tasks``     — one ``asyncio.create_task(lh.append(d))`` per entry under an ``asyncio.Semaphore(outstanding)``;
+* ``await``     — ``outstanding`` coroutines each awaiting ``lh.append(d)`` in a loop (``--outstanding 1``: one
+  append at a time, the latency of an idle system).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -34,6 +44,7 @@ async def ledger_run(
     outstanding: int,
     ledgers: int,
     duration: float,
+    mode: str = "callbacks",
 ) -> dict[str, Any]:
     from ledgerstore.bench import percentiles
 
@@ -49,7 +60,10 @@ async def ledger_run(
     perf = time.perf_counter
     t_start = perf()
     deadline = t_start + duration
-    await asyncio.gather(*(_drive(h, payload, deadline, latencies, stats) for h in handles))
+    drive = _DRIVERS[mode]
+    per_handle = max(1, outstanding // ledgers)
+    load = _Load(payload, deadline, latencies, stats)
+    await asyncio.gather(*(drive(h, load, per_handle) for h in handles))
     acked, errors = stats["acked"], stats["errors"]
     elapsed = perf() - t_start
     for h in handles:
@@ -103,6 +117,107 @@ async def _drive(
         await drained.wait()
 
 
+class _Load:
+    """What every driver shares: the payload, the deadline, and where the outcomes go."""
+
+    __slots__ = ("payload", "deadline", "latencies", "stats")
+
+    def __init__(
+        self, payload: bytes, deadline: float, latencies: list[float], stats: dict[str, int]
+    ) -> None:
+        self.payload = payload
+        self.deadline = deadline
+        self.latencies = latencies
+        self.stats = stats
+
+    def acked(self, t0: float) -> None:
+        self.stats["acked"] += 1
+        self.latencies.append(time.perf_counter() - t0)
+
+    def failed(self) -> None:
+        self.stats["errors"] += 1
+
+
+async def _drive_callbacks(lh: LedgerHandle, load: _Load, _: int) -> None:
+    await _drive(lh, load.payload, load.deadline, load.latencies, load.stats)
+
+
+async def _drive_futures(lh: LedgerHandle, load: _Load, window: int) -> None:
+    """A window of ``append_future`` futures: the oldest is awaited once ``window`` are outstanding. Latency:
+    from the append call to the moment its future is awaited done (what the caller sees)."""
+    perf = time.perf_counter
+    append, payload = lh.append_future, load.payload
+    inflight: collections.deque[tuple[float, asyncio.Future[int]]] = collections.deque()
+
+    async def settle() -> None:
+        t0, fut = inflight.popleft()
+        try:
+            await fut
+        except LedgerError:
+            load.failed()
+        else:
+            load.acked(t0)
+
+    while perf() < load.deadline:
+        t0 = perf()
+        inflight.append((t0, await append(payload)))
+        if len(inflight) >= window:
+            await settle()
+    while inflight:
+        await settle()
+
+
+async def _drive_tasks(lh: LedgerHandle, load: _Load, window: int) -> None:
+    """One ``asyncio.create_task(lh.append(payload))`` per entry, at most ``window`` at a time (a semaphore).
+    Latency: from creating the task to its completion."""
+    perf = time.perf_counter
+    sem = asyncio.Semaphore(window)
+    tasks: set[asyncio.Task[int]] = set()
+
+    def done(t0: float, task: asyncio.Task[int]) -> None:
+        tasks.discard(task)
+        sem.release()
+        if task.cancelled() or task.exception() is not None:
+            load.failed()
+        else:
+            load.acked(t0)
+
+    create_task, append, payload = asyncio.create_task, lh.append, load.payload
+    while perf() < load.deadline:
+        await sem.acquire()
+        task = create_task(append(payload))
+        tasks.add(task)
+        task.add_done_callback(functools.partial(done, perf()))
+    if tasks:
+        await asyncio.wait(tasks)
+
+
+async def _drive_await(lh: LedgerHandle, load: _Load, writers: int) -> None:
+    """``writers`` coroutines, each awaiting ``lh.append(payload)`` in a loop (1: one append at a time)."""
+    perf = time.perf_counter
+
+    async def writer() -> None:
+        while perf() < load.deadline:
+            t0 = perf()
+            try:
+                await lh.append(load.payload)
+            except LedgerError:
+                load.failed()
+                return
+            load.acked(t0)
+
+    await asyncio.gather(*(writer() for _ in range(writers)))
+
+
+_DRIVERS = {
+    "callbacks": _drive_callbacks,
+    "futures": _drive_futures,
+    "tasks": _drive_tasks,
+    "await": _drive_await,
+}
+MODES = tuple(_DRIVERS)
+
+
 def run_ledger_bench(
     args: argparse.Namespace,
     emit: Callable[[argparse.Namespace, str, dict[str, Any]], None],
@@ -113,7 +228,8 @@ def run_ledger_bench(
     from bookie.main import install_uvloop
     from ledgerstore.bench import cpu_meter, disk_meter
 
-    install_uvloop()
+    if args.loop == "uvloop":
+        install_uvloop()
     pids = {"client": os.getpid()}
     with contextlib.ExitStack() as stack:
         if args.use_cluster:
@@ -144,6 +260,7 @@ def run_ledger_bench(
                         outstanding=args.outstanding,
                         ledgers=args.ledgers,
                         duration=args.duration,
+                        mode=args.append_mode,
                     )
                 )
                 cpu["units"] = r["acked"]
@@ -161,7 +278,7 @@ def run_ledger_bench(
         plot_latencies(
             args.plot,
             f"bench ledger: E/Qw/Qa {args.ensemble}/{args.write_quorum}/{args.ack_quorum}, "
-            f"{args.entry_size} B, {args.outstanding} outstanding",
+            f"{args.entry_size} B, {args.outstanding} outstanding, {args.append_mode}",
             runs,
             "acked_entries_per_s",
         )
@@ -170,6 +287,8 @@ def run_ledger_bench(
         "E/Qw/Qa": f"{args.ensemble}/{args.write_quorum}/{args.ack_quorum}",
         "entry_size": args.entry_size,
         "outstanding": args.outstanding,
+        "append_mode": args.append_mode,
+        "loop": args.loop if args.loop != "uvloop" or _uvloop_available() else "asyncio",
         "ledgers": args.ledgers,
         "duration_s": args.duration,
         "runs": args.runs,
@@ -182,6 +301,14 @@ def run_ledger_bench(
     result["disk_bound_entries_per_s"] = disk_bound(limits, args.entry_size, args.write_quorum)
     emit(args, f"bench ledger (median of {args.runs} runs)", result)
     return 0
+
+
+def _uvloop_available() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return not os.environ.get("LEDGERSTORE_NO_UVLOOP")
 
 
 async def read_run(

@@ -62,3 +62,27 @@ def test_bench_ledger_reports_throughput_latency_cpu_and_limits(
     assert r["disk_bound_entries_per_s"] > 0
     assert r["per_run_entries_per_s"] == [round(r["acked_entries_per_s"])]
     assert all(r[f"cpu_us_per_entry_bookie{i}"] > 0 for i in (1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    "mode", [("tasks", "asyncio", "50"), ("futures", "uvloop", "50"), ("await", "uvloop", "1")]
+)
+def test_bench_ledger_measures_each_way_of_writing_appends(
+    tmp_path: Path, mode: tuple[str, str, str]
+) -> None:
+    """--mode tasks (create_task(lh.append(d)) per entry), futures (a window of append_future), await
+    (coroutines awaiting lh.append; --outstanding 1 is the one-at-a-time latency) report like callbacks."""
+    name, loop, outstanding = mode
+    out = subprocess.run(
+        [*LEDGERSTORE, "bench", "ledger", "--mode", name, "--loop", loop, "--outstanding", outstanding]
+        + ["--duration", "1", "--runs", "1", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["append_mode"] == name and r["loop"] == loop and r["outstanding"] == int(outstanding)
+    assert r["acked"] > 0 and r["errors"] == 0
+    assert 0 < r["p50_ms"] <= r["p99_ms"]
