@@ -270,10 +270,18 @@ class BookKeeper:
         password: bytes = b"",
         digest: DigestType = DigestType.CRC32C,
         custom_metadata: Mapping[str, bytes] | None = None,
+        bookies: Sequence[str] | None = None,
     ) -> LedgerHandle:
+        """``bookies``: the ensemble to use (``ensemble_size`` of them, e.g. one bookie for a sanity check);
+        by default the placement policy picks it among the writable bookies."""
         validate_quorum(ensemble_size, write_quorum, ack_quorum)
-        available = await _meta(self.registry.available)
-        bookies = choose_ensemble(ensemble_size, available, rng=self._rng)
+        if bookies is not None:
+            bookies = list(bookies)
+            if len(bookies) != ensemble_size or len(set(bookies)) != ensemble_size:
+                raise ValueError(f"an ensemble of {ensemble_size} distinct bookies is needed, got {bookies}")
+        else:
+            available = await _meta(self.registry.available)
+            bookies = choose_ensemble(ensemble_size, available, rng=self._rng)
         versioned = await _meta(
             functools.partial(
                 self.ledgers.create,

@@ -39,7 +39,9 @@ def gc_line(bookie_id: str, result: dict[str, Any]) -> str:
     )
 
 
-def trigger_gc(args: argparse.Namespace) -> int:
+def registered_bookies(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The registrations (``info``) of the bookies ``--bookie-id`` names, or of every registered one;
+    CommandError when one named is not registered or none is."""
     from zk import BookieRegistry, MetadataStore
 
     store = MetadataStore.connect(args.zk, root=args.zk_root)
@@ -53,12 +55,18 @@ def trigger_gc(args: argparse.Namespace) -> int:
         raise CommandError(f"not registered (down, or another --zk-root?): {', '.join(unknown)}")
     if not wanted:
         raise CommandError("no bookies registered")
+    return {b: bookies[b].info for b in wanted}
+
+
+def trigger_gc(args: argparse.Namespace) -> int:
+    bookies = registered_bookies(args)
+    wanted = list(bookies)
     from ledger_client.client import ClientConfig, resolve_auth_token
 
     token = resolve_auth_token(ClientConfig())
     results: dict[str, dict[str, Any]] = {}
     for bookie_id in wanted:
-        req = urllib.request.Request(admin_url(bookies[bookie_id].info, "/api/v1/gc"), method="PUT")
+        req = urllib.request.Request(admin_url(bookies[bookie_id], "/api/v1/gc"), method="PUT")
         if token:  # a bookie with a secret needs one for PUT (docs/operations.md, "Authentication")
             req.add_header("Authorization", f"Bearer {token}")
         try:

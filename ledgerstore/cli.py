@@ -228,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_autorecovery_commands(sub, bp, lp, _common)
 
+    # cluster info, bookie lastmark|sanity|updatecookie, bookie recover -l (ledgerstore/bk_shell.py)
+    from ledgerstore.bk_shell import add_bookkeeper_verbs
+
+    add_bookkeeper_verbs(bs, cs, _common)
+
     # bench ---------------------------------------------------------------------------------------
     bench = sub.add_parser("bench", help="throughput/latency benchmarks")
     from ledgerstore.bench import add_bench_commands
