@@ -823,15 +823,3 @@ def serve(args: argparse.Namespace) -> int:
         return prof.runcall(asyncio.run, run_until_signalled(config_from_args(args), settings))
     finally:
         prof.dump_stats(profile)
-
-
-def format_cookie(args: argparse.Namespace) -> int:
-    from zk import MetadataStore, cookies
-
-    store = MetadataStore.connect(args.zk, root=args.zk_root)
-    try:
-        cookies.delete_zk_cookie(store, args.bookie_id)
-    finally:
-        store.close()
-    print(f"cookie of bookie {args.bookie_id} deleted; start it on an empty data directory to register anew")
-    return 0

@@ -23,11 +23,11 @@ def add_auth_command(sub: Any) -> None:
     ap = sub.add_parser("auth", help="the token secret and tokens (bookies' and brokers' authentication)")
     verbs = ap.add_subparsers(dest="action", required=True)
     secret = verbs.add_parser("create-secret", help="write a new secret key file (mode 600)")
-    secret.add_argument("file", type=Path)
+    secret.add_argument("file", type=Path, help="where to write the key (refuses to overwrite)")
     secret.add_argument("--json", action="store_true", help="machine-readable output")
     token = verbs.add_parser("create-token", help="print a token signed with the secret key")
     token.add_argument("--subject", required=True, help="the principal the token speaks for")
-    token.add_argument("--secret-file", type=Path, required=True)
+    token.add_argument("--secret-file", type=Path, required=True, help="the key from create-secret")
     token.add_argument(
         "--expiry", default=None, help="validity: 30d, 12h, 90m, 3600 (seconds), 1y; default: never expires"
     )

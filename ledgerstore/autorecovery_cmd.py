@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ledgerstore.cli import CommandError, emit
+from ledgerstore.cli import CommandError, add_passwords_arguments, emit, passwords_of, progress_disabled
 
 __all__ = ["add_autorecovery_commands"]
 
@@ -74,21 +74,23 @@ def add_autorecovery_commands(
         default=DEFAULT_THROTTLE_BYTES_PER_S / 2**20,
         help="MiB/s each worker copies at most (0: no limit)",
     )
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--workers", type=int, default=1, help="ledgers re-replicated at once")
     serve.add_argument("--no-auditor", action="store_true", help="workers only: never take the auditor role")
+    add_passwords_arguments(serve, "a ledger password to try")
     serve.add_argument(
-        "--password",
-        action="append",
-        default=None,
-        help="a ledger password to try (repeatable; default: the empty password)",
+        "--min-racks", type=int, default=2, help="racks a ledger's ensemble should span (placement policy)"
     )
-    serve.add_argument("--min-racks", type=int, default=2)
     serve.add_argument(
         "--metrics-port", type=int, default=None, help="serve /metrics and /health on this port"
     )
-    serve.add_argument("--metrics-host", default="127.0.0.1")
+    serve.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics and /health")
     serve.add_argument("--zk-session-timeout-s", type=float, default=10.0)
-    serve.add_argument("--poll-interval-s", type=float, default=1.0)
+    serve.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=1.0,
+        help="seconds between looks for under-replicated ledgers",
+    )
     serve.set_defaults(func=_serve)
     for name, fn, text in (
         ("status", _status, "the auditor, marks, locks and bookies being decommissioned"),
@@ -112,14 +114,14 @@ def add_autorecovery_commands(
     )
     common(dec)
     dec.add_argument("bookie", help="the bookie's id (HOST:PORT)")
-    dec.add_argument("--password", action="append", default=None, help="ledger password to try (repeatable)")
-    dec.add_argument("--timeout-s", type=float, default=3600.0)
+    add_passwords_arguments(dec, "a ledger password to try")
+    dec.add_argument("--timeout-s", type=float, default=3600.0, help="give up waiting after this long")
     dec.add_argument("--throttle-mb", type=float, default=0.0, help="MiB/s copied at most (0: no limit)")
     dec.set_defaults(func=_decommission)
     sr = bsub.add_parser("set-rack", help="put a bookie in a rack (/region/rack) for rack-aware placement")
     common(sr)
-    sr.add_argument("bookie")
-    sr.add_argument("rack")
+    sr.add_argument("bookie", help="the bookie's id (HOST:PORT)")
+    sr.add_argument("rack", help="/region/rack")
     sr.set_defaults(func=_set_rack)
     rk = bsub.add_parser("racks", help="every registered or racked bookie with its rack")
     common(rk)
@@ -136,7 +138,7 @@ def _store(args: argparse.Namespace) -> Any:
 
 
 def _passwords(args: argparse.Namespace) -> tuple[bytes, ...]:
-    return tuple(p.encode() for p in (args.password or [""]))
+    return tuple(p.encode() for p in passwords_of(args))
 
 
 # --- verbs ------------------------------------------------------------------------------------------------------
@@ -314,7 +316,7 @@ def _decommission(args: argparse.Namespace) -> int:
         unit="ledger",
         total=0,
         file=sys.stderr,
-        disable=args.json or not sys.stderr.isatty(),
+        disable=progress_disabled(args),
         leave=False,
     )
 

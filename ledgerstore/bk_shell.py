@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ledgerstore.cli import CommandError, emit
+from ledgerstore.cli import CommandError, emit, password_of
 
 Common = Callable[[argparse.ArgumentParser], None]
 MARK = re.compile(r"Journal Id - (\d+)\(([0-9a-f]+\.jnl)\), Pos - (\d+)")
@@ -356,7 +356,7 @@ def recover_ledger(args: argparse.Namespace) -> int:
         bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
         try:
             return await rereplicate_ledger(
-                bk, args.ledger, args.bookie, args.password.encode(), dry_run=args.dry_run
+                bk, args.ledger, args.bookie, password_of(args).encode(), dry_run=args.dry_run
             )
         finally:
             await bk.close()

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ledgerstore.cli import CommandError, emit
+from ledgerstore.cli import CommandError, emit, password_of, progress_disabled
 
 MIB = 1024 * 1024
 
@@ -105,10 +105,14 @@ def recover_bookie(args: argparse.Namespace) -> int:
         bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
         try:
             with tqdm(
-                desc="re-replicating", unit="entry", disable=args.json, file=sys.stderr, leave=False
+                desc="re-replicating",
+                unit="entry",
+                disable=progress_disabled(args),
+                file=sys.stderr,
+                leave=False,
             ) as bar:
                 return await rereplicate_bookie(
-                    bk, args.bookie, args.password.encode(), bar.update, dry_run=args.dry_run
+                    bk, args.bookie, password_of(args).encode(), bar.update, dry_run=args.dry_run
                 )
         finally:
             await bk.close()

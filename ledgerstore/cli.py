@@ -1,7 +1,16 @@
 """The ``ledgerstore`` command: one console script, subcommands per component (docs/architecture.md §3).
 
-Every command takes ``--zk`` (default ``$LEDGERSTORE_ZK`` or ``127.0.0.1:2181``) and ``--json``, prints human
-output by default, and exits non-zero with a one-line reason on error (``CommandError`` or any error of ours).
+Conventions (the reference is ``docs/cli.md``, generated from this parser by ``scripts/gen-cli-docs.py``):
+
+* global options (``--zk``, ``--zk-root``, ``--json``, ``-v``, ``--auth-token-file``) go before or after the
+  subcommand: :func:`normalise_argv` moves them behind it, where every leaf command accepts them;
+* human output by default, ``--json`` on request; with ``--json`` an error is a JSON document on stdout too,
+  ``{"error": {"code": ..., "message": ..., "exit_status": ...}}``, so ``| jq`` always reads JSON (the exit
+  status says which); without it, one line on stderr;
+* the exit status says what kind of failure it was (:data:`EXIT_CODES`);
+* a closed pipe (``ledgerstore ledger list | head -1``) ends the command quietly with status 0;
+* progress bars only on a terminal (:func:`progress_disabled`); passwords from ``--password-file`` or
+  ``$LEDGERSTORE_PASSWORD`` as well as ``--password`` (:func:`add_password_arguments`).
 """
 
 from __future__ import annotations
@@ -11,20 +20,103 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ledgerstore import __version__
+
 DEFAULT_ZK = "127.0.0.1:2181"
+DEFAULT_ZK_ROOT = "/ledgerstore"
 DEFAULT_STATE_DIR = ".ledgerstore"
+PASSWORD_ENV = "LEDGERSTORE_PASSWORD"
+
+# Exit statuses (docs/cli.md lists them; ``bookie serve`` keeps 3 for a refused identity, docs/architecture.md §6).
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_COOKIE_MISMATCH = 3
+EXIT_NOT_FOUND = 4
+EXIT_UNAVAILABLE = 5
+EXIT_UNAUTHORIZED = 6
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: dict[int, tuple[str, str]] = {
+    EXIT_OK: ("OK", "success"),
+    EXIT_ERROR: ("ERROR", "any other failure (the message says what)"),
+    EXIT_USAGE: ("USAGE", "bad command line: unknown command or flag, missing or contradictory arguments"),
+    EXIT_COOKIE_MISMATCH: ("COOKIE_MISMATCH", "`bookie serve` refused to start: its identity check failed"),
+    EXIT_NOT_FOUND: ("NOT_FOUND", "no such ledger, entry, znode, topic or subscription"),
+    EXIT_UNAVAILABLE: (
+        "UNAVAILABLE",
+        "ZooKeeper, bookies or the broker unreachable, too few bookies, a timeout (retrying may help)",
+    ),
+    EXIT_UNAUTHORIZED: ("UNAUTHORIZED", "wrong ledger password, token or ZooKeeper credentials"),
+    EXIT_INTERRUPTED: ("INTERRUPTED", "interrupted (Ctrl-C)"),
+}
+
+#: The ``code`` of our error hierarchies (ledger_client/errors.py, zk/errors.py) -> exit status.
+_STATUS_OF_ERROR_CODE: dict[str, int] = {
+    **dict.fromkeys(("NO_SUCH_LEDGER", "NO_SUCH_ENTRY", "METADATA_NOT_FOUND"), EXIT_NOT_FOUND),
+    **dict.fromkeys(
+        (
+            "BOOKIE_UNAVAILABLE",
+            "NOT_ENOUGH_BOOKIES",
+            "TIMEOUT",
+            "TOO_MANY_REQUESTS",
+            "METADATA_STORE",
+            "METADATA_CONNECTION",
+            "METADATA_SESSION_EXPIRED",
+        ),
+        EXIT_UNAVAILABLE,
+    ),
+    **dict.fromkeys(("UNAUTHORIZED", "METADATA_AUTH"), EXIT_UNAUTHORIZED),
+}
 
 
 class CommandError(Exception):
-    """A user-facing failure: printed as one line, exit status ``code``."""
+    """A user-facing failure: printed as one line (a JSON document with --json), exit status ``code``.
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    ``kind`` is the stable error code in JSON output (default: the exit status's name, e.g. ``NOT_FOUND``).
+    """
+
+    def __init__(self, message: str, code: int = EXIT_ERROR, *, kind: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.kind = kind or EXIT_CODES.get(code, ("ERROR", ""))[0]
+
+
+class UsageError(CommandError):
+    """A bad command line (argparse's own complaints included): exit status 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_USAGE)
+
+
+def exit_status_for_http(status: int) -> int:
+    """The exit status for an HTTP error status of an admin API (the broker's /admin/v2, a bookie's /api)."""
+    if status == 404:
+        return EXIT_NOT_FOUND
+    if status in (401, 403):
+        return EXIT_UNAUTHORIZED
+    if status in (502, 503, 504):
+        return EXIT_UNAVAILABLE
+    return EXIT_ERROR
+
+
+def classify(exc: BaseException) -> tuple[int, str, str]:
+    """(exit status, error code, message) for an exception that ends a command."""
+    if isinstance(exc, CommandError):
+        return exc.code, exc.kind, str(exc)
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):  # one of our hierarchies: a stable code (LedgerError's text starts with it)
+        message = str(exc).removeprefix(f"[{code}] ")
+        return _STATUS_OF_ERROR_CODE.get(code, EXIT_ERROR), code, message
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return EXIT_UNAVAILABLE, "UNAVAILABLE", str(exc) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_NOT_FOUND, "NOT_FOUND", str(exc)
+    return EXIT_ERROR, "ERROR", str(exc) or type(exc).__name__
 
 
 def emit(args: argparse.Namespace, human: str | Callable[[], str], data: Any) -> None:
@@ -35,32 +127,252 @@ def emit(args: argparse.Namespace, human: str | Callable[[], str], data: Any) ->
         print(human() if callable(human) else human)
 
 
+def progress_disabled(args: argparse.Namespace | None = None) -> bool:
+    """Progress bars go to stderr only when it is a terminal (never into pipes and logs) and not with --json."""
+    return bool(args is not None and getattr(args, "json", False)) or not sys.stderr.isatty()
+
+
+# Global options ----------------------------------------------------------------------------------------------
+
+#: option string -> takes a value. Accepted before or after the subcommand (see normalise_argv).
+GLOBAL_OPTIONS: dict[str, bool] = {
+    "--zk": True,
+    "--zk-root": True,
+    "--json": False,
+    "-v": False,
+    "--verbose": False,
+    "--auth-token-file": True,
+}
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--zk", default=os.environ.get("LEDGERSTORE_ZK", DEFAULT_ZK), help="ZooKeeper HOST:PORT")
-    p.add_argument(
-        "--zk-root", default=os.environ.get("LEDGERSTORE_ZK_ROOT", "/ledgerstore"), help="metadata root"
+    """The global options, on a leaf command (normalise_argv brings them there from anywhere on the line)."""
+    have = p._option_string_actions
+
+    def add(*flags: str, **kw: Any) -> None:
+        if not any(f in have for f in flags):
+            p.add_argument(*flags, **kw)
+
+    add(
+        "--zk",
+        default=os.environ.get("LEDGERSTORE_ZK", DEFAULT_ZK),
+        metavar="HOST:PORT",
+        help=f"ZooKeeper connect string (default: {DEFAULT_ZK}; env LEDGERSTORE_ZK)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    p.add_argument(
+    add(
+        "--zk-root",
+        default=os.environ.get("LEDGERSTORE_ZK_ROOT", DEFAULT_ZK_ROOT),
+        metavar="PATH",
+        help=f"metadata root znode (default: {DEFAULT_ZK_ROOT}; env LEDGERSTORE_ZK_ROOT)",
+    )
+    add("--json", action="store_true", help="machine-readable output; errors as JSON on stdout too")
+    add("-v", "--verbose", action="store_true", help="debug logging (and a traceback on errors)")
+    add(
         "--auth-token-file",
         default=None,
-        help="token sent to bookies (ledgerstore auth create-token; default $LEDGERSTORE_AUTH_TOKEN[_FILE])",
+        metavar="FILE",
+        help="token sent to bookies, from `ledgerstore auth create-token` (default: none; env "
+        "LEDGERSTORE_AUTH_TOKEN or LEDGERSTORE_AUTH_TOKEN_FILE)",
     )
+
+
+def normalise_argv(argv: Sequence[str]) -> list[str]:
+    """Move every global option (with its value) behind the subcommand, where the leaf command parses it:
+    ``ledgerstore --json ledger list`` and ``ledgerstore ledger --json list`` become ``ledger list --json``.
+    Nothing after a ``--`` is touched."""
+    argv = list(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    rest: list[str] = []
+    moved: list[str] = []
+    i = 0
+    while i < end:
+        tok = argv[i]
+        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
+        if name in GLOBAL_OPTIONS:
+            moved.append(tok)
+            if GLOBAL_OPTIONS[name] and "=" not in tok and i + 1 < end:
+                moved.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(tok)
+        i += 1
+    if not rest or rest[0] in ("-h", "--help", "--version"):
+        return argv  # nothing to move behind: let the top-level parser answer
+    return rest + moved + argv[end:]
+
+
+def add_password_arguments(p: argparse.ArgumentParser, help_text: str = "the ledger's password") -> None:
+    """``--password PW``, ``--password-file FILE`` (first line) or ``$LEDGERSTORE_PASSWORD``; see password_of."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--password",
+        default=None,
+        help=f"{help_text} (visible in `ps`: prefer --password-file or env {PASSWORD_ENV}; default: empty)",
+    )
+    g.add_argument(
+        "--password-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read the password from the first line of FILE",
+    )
+
+
+def password_of(args: argparse.Namespace) -> str:
+    """The password of a command with add_password_arguments: --password, else --password-file, else
+    $LEDGERSTORE_PASSWORD, else empty."""
+    if getattr(args, "password", None) is not None:
+        return str(args.password)
+    path = getattr(args, "password_file", None)
+    if path is not None:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise CommandError(f"--password-file: {e}", EXIT_ERROR) from e
+        return lines[0] if lines else ""
+    return os.environ.get(PASSWORD_ENV, "")
+
+
+def add_passwords_arguments(p: argparse.ArgumentParser, help_text: str) -> None:
+    """Repeatable ``--password PW``, ``--password-file FILE`` (one password a line) and ``$LEDGERSTORE_PASSWORD``
+    (used when neither flag is given); see passwords_of."""
+    p.add_argument(
+        "--password",
+        action="append",
+        default=None,
+        help=f"{help_text} (repeatable; visible in `ps`: prefer --password-file or env {PASSWORD_ENV}; "
+        "default: the empty password)",
+    )
+    p.add_argument(
+        "--password-file",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="read passwords from FILE, one a line (repeatable)",
+    )
+
+
+def passwords_of(args: argparse.Namespace) -> list[str]:
+    """The passwords of a command with add_passwords_arguments (the empty one when none is given)."""
+    found = list(getattr(args, "password", None) or [])
+    for path in getattr(args, "password_file", None) or []:
+        try:
+            found += [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+        except OSError as e:
+            raise CommandError(f"--password-file: {e}", EXIT_ERROR) from e
+    if not found and PASSWORD_ENV in os.environ:
+        found = [os.environ[PASSWORD_ENV]]
+    return found or [""]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless its help says it already or there is nothing to show (flags, None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or "%(default)" in text or not action.option_strings:
+            return text
+        if action.default in (None, argparse.SUPPRESS) or action.nargs == 0 or action.default == []:
+            return text
+        return text + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose complaints raise UsageError (so --json can report them as JSON)."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def walk_parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.ArgumentParser, str | None]]:
+    """Every parser of the tree, depth first, with the help its parent gave it (None for the top)."""
+    stack: list[tuple[argparse.ArgumentParser, str | None]] = [(parser, None)]
+    while stack:
+        p, text = stack.pop(0)
+        yield p, text
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {a.dest: a.help for a in action._choices_actions}
+                children = [(sub, helps.get(name)) for name, sub in action.choices.items()]
+                stack[0:0] = children
+
+
+def _is_leaf(p: argparse.ArgumentParser) -> bool:
+    return not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)
+
+
+#: One help text for a flag many commands share, used where a command gave its flag none.
+_STANDARD_HELP: dict[str, str] = {
+    "--ensemble": "ensemble size: bookies each ledger uses",
+    "--write-quorum": "copies of each entry",
+    "--ack-quorum": "acks before an entry is acknowledged",
+    "--entry-size": "bytes per entry",
+    "--entries": "entries to write",
+    "--outstanding": "appends (or requests) in flight",
+    "--duration": "seconds each run lasts",
+    "--runs": "runs; the median is reported",
+    "--ledgers": "ledgers written at once",
+    "--partitions": "partitions of the topic (0: not partitioned)",
+    "--skip-e2e": "measure produce throughput only, not end-to-end latency",
+    "--zk-session-timeout-s": "ZooKeeper session timeout: how soon others see this process gone",
+    # broker serve
+    "--port": "the service's TCP port",
+    "--http-port": "the admin HTTP port",
+    "--listen-address": "bind address",
+    "--advertised-address": "the host clients are told to connect to",
+    "--max-message-size": "largest message accepted, in bytes",
+    "--ensemble-size": "ensemble size of the topics' ledgers",
+    "--managed-ledger-password": "password of the topics' ledgers",
+    "--max-entries-per-ledger": "roll a topic over to a new ledger after this many entries",
+    "--min-rollover-time-s": "a topic's ledger is rolled over no sooner than this",
+    "--max-rollover-time-s": "... and no later than this, however few its entries",
+}
+
+
+def _finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every parser shows defaults; every leaf command takes the global options; shared flags get one help."""
+    for p, _ in walk_parsers(parser):
+        p.formatter_class = HelpFormatter
+        if _is_leaf(p) and p is not parser:
+            _common(p)
+        for action in p._actions:
+            if not action.help:
+                names = [_STANDARD_HELP[s] for s in action.option_strings if s in _STANDARD_HELP]
+                if action.dest in ("zk", "zk_root"):
+                    names = ["ZooKeeper connect string" if action.dest == "zk" else "metadata root znode"]
+                if names:
+                    action.help = names[0]
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ledgerstore", description="A replicated, durable log store.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(
+        prog="ledgerstore",
+        description="A replicated, durable log store. Global options go before or after the subcommand.",
+        epilog="Exit status: "
+        + ", ".join(f"{n} {name.lower().replace('_', ' ')}" for n, (name, _) in sorted(EXIT_CODES.items()))
+        + ". Reference: docs/cli.md.",
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ledgerstore {__version__}")
+    _common(parser.add_argument_group("global options (before or after the subcommand)"))  # type: ignore[arg-type]
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # zk ------------------------------------------------------------------------------------------
     zkp = sub.add_parser("zk", help="a local ZooKeeper for development")
     zks = zkp.add_subparsers(dest="action", required=True)
-    for name in ("start", "stop", "status"):
-        a = zks.add_parser(name)
+    for name, text in (
+        ("start", "start a local ZooKeeper in the background"),
+        ("stop", "stop the local ZooKeeper"),
+        ("status", "is the local ZooKeeper running, where, in which mode"),
+    ):
+        a = zks.add_parser(name, help=text)
         _common(a)
-        a.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
-        a.add_argument("--port", type=int, default=2181)
+        a.add_argument(
+            "--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="where its data, pid and log are"
+        )
+        a.add_argument("--port", type=int, default=2181, help="client port")
     sec = zks.add_parser("secure", help="put the digest ACL on every znode under the root (migration)")
     _common(sec)
     sec.add_argument("--auth", default=None, help="user:password (default: LEDGERSTORE_ZK_AUTH[_FILE])")
@@ -72,15 +384,27 @@ def build_parser() -> argparse.ArgumentParser:
     bs = bp.add_subparsers(dest="action", required=True)
     serve = bs.add_parser("serve", help="run a bookie server in the foreground")
     _common(serve)
-    serve.add_argument("--data-dir", type=Path, required=True)
-    serve.add_argument("--port", type=int, default=3181)
-    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        required=True,
+        help="ledger storage, the journal (unless --journal-dir), the cookie",
+    )
+    serve.add_argument("--port", type=int, default=3181, help="the bookie protocol's TCP port")
+    serve.add_argument(
+        "--http-port", type=int, default=8000, help="admin HTTP: /health, /metrics, /api/v1/..."
+    )
     serve.add_argument("--bookie-id", default=None, help="defaults to <advertised host>:<port>")
-    serve.add_argument("--advertised-address", default="127.0.0.1")
+    serve.add_argument("--advertised-address", default="127.0.0.1", help="the host clients connect to")
     serve.add_argument(
         "--listen-address", default=None, help="bind address (default: the advertised address)"
     )
-    serve.add_argument("--journal-max-wait-ms", type=float, default=1.0)
+    serve.add_argument(
+        "--journal-max-wait-ms",
+        type=float,
+        default=1.0,
+        help="group commit: the longest a journal record waits for others to share its fsync",
+    )
     serve.add_argument(
         "--journal-segment-mb", type=int, default=256, help="journal segment size in MiB (a new one after it)"
     )
@@ -139,11 +463,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="journal directory (default: DATA_DIR/journal); on its own disk, journal fsyncs do not queue "
         "behind ledger storage flushes",
     )
-    serve.add_argument("--disk-usage-threshold", type=float, default=0.95)
-    serve.add_argument("--disk-usage-lwm", type=float, default=0.90)
-    serve.add_argument("--gc-interval-s", type=float, default=60.0)
-    serve.add_argument("--checkpoint-interval-s", type=float, default=10.0)
-    serve.add_argument("--partial-frame-timeout-s", type=float, default=30.0)
+    serve.add_argument(
+        "--disk-usage-threshold",
+        type=float,
+        default=0.95,
+        help="go read-only when a data disk is this full (share of its size)",
+    )
+    serve.add_argument(
+        "--disk-usage-lwm", type=float, default=0.90, help="writable again below this share (low-water mark)"
+    )
+    serve.add_argument(
+        "--gc-interval-s",
+        type=float,
+        default=60.0,
+        help="seconds between garbage collections of deleted ledgers",
+    )
+    serve.add_argument(
+        "--checkpoint-interval-s",
+        type=float,
+        default=10.0,
+        help="seconds between checkpoints (flush ledger storage, advance the journal mark)",
+    )
+    serve.add_argument(
+        "--partial-frame-timeout-s",
+        type=float,
+        default=30.0,
+        help="close a connection whose partial frame makes no progress this long (slow loris)",
+    )
     serve.add_argument("--inflight-max", type=int, default=10_000, help="requests in flight per connection")
     from bookie.main import add_limit_arguments
 
@@ -159,8 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
     enable_config_file(serve, what="bookie")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
     fmt = bs.add_parser("format", help="delete a bookie's cookie so a replaced bookie can register anew")
     _common(fmt)
-    fmt.add_argument("--bookie-id", required=True)
-    fmt.add_argument("--delete-cookie", action="store_true", required=True)
+    fmt.add_argument("--bookie-id", required=True, help="the bookie whose cookie goes (HOST:PORT)")
+    fmt.add_argument(
+        "--delete-cookie",
+        action="store_true",
+        required=True,
+        help="required: confirms that the cookie in ZooKeeper is to be deleted",
+    )
     gc = bs.add_parser(
         "gc",
         help="run garbage collection on registered bookies now: delete ledgers gone from metadata and collect "
@@ -176,11 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(rec)
     rec.add_argument("bookie", help="the lost bookie's id (HOST:PORT)")
-    rec.add_argument(
-        "--password",
-        default="",
-        help="the ledgers' password (ledgers with another one are reported, not touched)",
-    )
+    add_password_arguments(rec, "the ledgers' password (ledgers with another one are reported, not touched)")
     rec.add_argument(
         "--dry-run", action="store_true", help="only say what would be copied where; copy and change nothing"
     )
@@ -191,14 +538,24 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster", help="a whole local cluster (ZooKeeper + bookies + brokers) as processes or containers"
     )
     cs = cp.add_subparsers(dest="action", required=True)
-    for name in ("up", "down", "status"):
-        a = cs.add_parser(name)
+    for name, text in (
+        ("up", "start ZooKeeper (unless --zk names one), bookies, brokers and AutoRecovery"),
+        ("down", "stop what `cluster up` started"),
+        ("status", "what is running, where"),
+    ):
+        a = cs.add_parser(name, help=text)
         _common(a)
-        a.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
-        a.add_argument("--bookies", type=int, default=3)
+        a.add_argument(
+            "--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="data directories, logs, pids"
+        )
+        a.add_argument("--bookies", type=int, default=3, help="bookie processes (ports from --base-port)")
         a.add_argument("--brokers", type=int, default=1, help="topic brokers (ports 6650.., HTTP 8080..)")
-        a.add_argument("--broker-port", type=int, default=6650)
-        a.add_argument("--broker-http-port", type=int, default=8080)
+        a.add_argument(
+            "--broker-port", type=int, default=6650, help="the first broker's Pulsar protocol port"
+        )
+        a.add_argument(
+            "--broker-http-port", type=int, default=8080, help="the first broker's admin HTTP port"
+        )
         a.add_argument(
             "--no-autorecovery",
             dest="autorecovery",
@@ -210,11 +567,21 @@ def build_parser() -> argparse.ArgumentParser:
             "--autorecovery-password",
             action="append",
             default=None,
-            help="a ledger password AutoRecovery may open ledgers with (repeatable; the empty one always)",
+            help="a ledger password AutoRecovery may open ledgers with (repeatable; the empty one always; "
+            "also the lines of --autorecovery-password-file)",
+        )
+        a.add_argument(
+            "--autorecovery-password-file",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="more such passwords, one a line (AutoRecovery reads them from this file; not in `ps`)",
         )
         a.add_argument("--docker", action="store_true", help="run as containers (docker/compose.yaml)")
-        a.add_argument("--zk-port", type=int, default=2181)
-        a.add_argument("--base-port", type=int, default=3181)
+        a.add_argument(
+            "--zk-port", type=int, default=2181, help="the port of the ZooKeeper it starts (not with --zk)"
+        )
+        a.add_argument("--base-port", type=int, default=3181, help="the first bookie's port (HTTP: 8000..)")
     cp.set_defaults(func=_cmd_cluster)
 
     # ledger --------------------------------------------------------------------------------------
@@ -272,9 +639,11 @@ def build_parser() -> argparse.ArgumentParser:
     # demo ----------------------------------------------------------------------------------------
     demo = sub.add_parser("demo", help="the end-to-end story (what `make run` shows)")
     _common(demo)
-    demo.add_argument("--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR))
+    demo.add_argument(
+        "--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="the `cluster up` state to use"
+    )
     demo.set_defaults(func=_cmd_demo)
-    return parser
+    return _finish(parser)
 
 
 def _cmd_zk(args: argparse.Namespace) -> int:
@@ -316,7 +685,23 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
         from ledgerstore.bookie_admin import recover_bookie
 
         return recover_bookie(args)
-    return bookie_main.format_cookie(args)
+    return _format_cookie(args)
+
+
+def _format_cookie(args: argparse.Namespace) -> int:
+    from zk import MetadataStore, cookies
+
+    store = MetadataStore.connect(args.zk, root=args.zk_root)
+    try:
+        cookies.delete_zk_cookie(store, args.bookie_id)
+    finally:
+        store.close()
+    emit(
+        args,
+        f"cookie of bookie {args.bookie_id} deleted; start it on an empty data directory to register anew",
+        {"bookie_id": args.bookie_id, "cookie_deleted": True},
+    )
+    return 0
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -337,10 +722,60 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(args)
 
 
+def _report(args: argparse.Namespace | None, json_output: bool, exc: BaseException) -> int:
+    status, code, message = classify(exc)
+    if json_output:
+        doc = {"error": {"code": code, "message": message, "exit_status": status}}
+        _print_safely(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        prefix = "" if isinstance(exc, CommandError) or code in ("ERROR", "UNAVAILABLE") else f"{code}: "
+        print(f"ledgerstore: {prefix}{message}", file=sys.stderr)
+        if status == EXIT_USAGE:
+            print("(ledgerstore --help, or COMMAND --help, for usage)", file=sys.stderr)
+    return status
+
+
+def _print_safely(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _quiet_stdout()
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader went away: point stdout at /dev/null so the interpreter's final flush cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    server = args.command in ("bookie", "broker") and getattr(args, "action", "") == "serve"
+    raw = list(sys.argv[1:] if argv is None else argv)
+    before_dashes = raw[: raw.index("--")] if "--" in raw else raw
+    json_output = "--json" in before_dashes
+    args: argparse.Namespace | None = None
+    try:
+        args = build_parser().parse_args(normalise_argv(raw))
+        args.zk_given = any(t == "--zk" or t.startswith("--zk=") for t in before_dashes)
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_OK  # `ledgerstore ledger list | head -1`: the reader had what it wanted
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as e:  # our errors carry a code; anything else is still one line, not a traceback
+        if args is not None and getattr(args, "verbose", False) and not isinstance(e, CommandError):
+            raise
+        return _report(args, json_output, e)
+
+
+def _run(args: argparse.Namespace) -> int:
+    server = args.command in ("bookie", "broker", "autorecovery") and getattr(args, "action", "") == "serve"
     if getattr(args, "auth_token_file", None):  # read by every client this command makes (ClientConfig)
         os.environ["LEDGERSTORE_AUTH_TOKEN_FILE"] = args.auth_token_file
     logging.basicConfig(
@@ -354,20 +789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for name in ("kazoo", "zk.kazoo"):  # connection retries are reported by our own one-line error
         logging.getLogger(name).setLevel(logging.WARNING if server else logging.CRITICAL)
-    try:
-        return int(args.func(args) or 0)
-    except CommandError as e:
-        print(f"ledgerstore: {e}", file=sys.stderr)
-        return e.code
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # our errors carry a code; anything else is still one line, not a traceback
-        code = getattr(e, "code", None)
-        prefix = f"{code}: " if isinstance(code, str) and not str(e).startswith(f"[{code}]") else ""
-        print(f"ledgerstore: {prefix}{e}", file=sys.stderr)
-        if getattr(args, "verbose", False):
-            raise
-        return 1
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

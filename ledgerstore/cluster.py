@@ -190,6 +190,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def command(args: argparse.Namespace) -> int:
+    if args.docker and getattr(args, "zk_given", False):
+        raise CommandError("--zk does not apply with --docker: the compose project runs its own ZooKeeper", 2)
     if args.docker:
         import ledgerstore.docker_cluster as docker_cluster
 
@@ -212,7 +214,8 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         return 0
     if st and any(_pid_alive(b["pid"]) for b in st.get("bookies", [])):
         raise CommandError(f"a partial cluster is running from {state_dir}; `ledgerstore cluster down` first")
-    zk = launcher.cli_start(state_dir, args.zk_port)
+    # --zk names a ZooKeeper to use; otherwise the cluster starts its own on --zk-port (and `down` stops it)
+    zk = args.zk if getattr(args, "zk_given", False) else launcher.cli_start(state_dir, args.zk_port)
     bookies = []
     for i in range(args.bookies):
         port = args.base_port + i
@@ -250,6 +253,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
             zk_root=args.zk_root,
             metrics_port=args.autorecovery_port,
             passwords=["", *(getattr(args, "autorecovery_password", None) or [])],
+            password_file=getattr(args, "autorecovery_password_file", None),
             log_path=state_dir / "autorecovery.log",
         )
         recovery.start(wait=True)
@@ -495,6 +499,8 @@ class AutoRecoveryProcess(ServiceProcess):
     metrics_port: int
     zk_root: str = "/ledgerstore"
     passwords: list[str] = field(default_factory=lambda: [""])
+    #: more passwords, one a line: handed over as a file, so they never show in `ps`
+    password_file: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -511,6 +517,8 @@ class AutoRecoveryProcess(ServiceProcess):
         cmd += ["--zk-root", self.zk_root, "--metrics-port", str(self.metrics_port)]
         for pw in self.passwords:
             cmd += ["--password", pw]
+        if self.password_file is not None:
+            cmd += ["--password-file", str(self.password_file)]
         return cmd + self.extra_args
 
     def start(self, wait: bool = True, timeout_s: float = 60.0) -> AutoRecoveryProcess:

@@ -20,6 +20,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ledgerstore.cli import progress_disabled
+
 TOPIC_MESSAGES = 1000
 
 
@@ -157,6 +159,7 @@ async def _story(zk: str, root: str) -> dict[str, Any]:
             unit="entry",
             file=sys.stderr,
             leave=False,
+            disable=progress_disabled(),
         ) as bar:
             for i in range(n):
                 f = await lh.append_future(f"demo entry {i}".encode())

@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ledger_client.client import BookKeeper, ClientConfig
-from ledgerstore.cli import CommandError, emit
+from ledgerstore.cli import CommandError, add_password_arguments, emit, password_of, progress_disabled
 
 
 def add_ledger_commands(
@@ -37,32 +37,34 @@ def add_ledger_commands(
         ("delete", _delete, "delete a ledger"),
     ):
         a = verb(name, fn, text)
-        a.add_argument("ledger_id", type=int)
-        a.add_argument("--password", default="", help="the ledger's password")
+        a.add_argument("ledger_id", type=int, help="the ledger's id")
+        add_password_arguments(a)
     for name, fn, text in (
         ("create", _create, "create an empty ledger (and close it unless --keep-open)"),
         ("write", _write, "create a ledger and write entries to it"),
         ("simpletest", _simpletest, "write, read back and verify entries; delete the ledger"),
     ):
         a = verb(name, fn, text)
-        a.add_argument("-E", "--ensemble", type=int, default=3)
-        a.add_argument("-W", "--write-quorum", type=int, default=2)
-        a.add_argument("-A", "--ack-quorum", type=int, default=2)
-        a.add_argument("--password", default="")
+        a.add_argument("-E", "--ensemble", type=int, default=3, help="ensemble size: bookies the ledger uses")
+        a.add_argument("-W", "--write-quorum", type=int, default=2, help="copies of each entry")
+        a.add_argument("-A", "--ack-quorum", type=int, default=2, help="acks before an entry is acknowledged")
+        add_password_arguments(a, "the new ledger's password")
         if name != "create":
-            a.add_argument("-n", "--entries", type=int, default=1000)
-            a.add_argument("--entry-size", type=int, default=100)
+            a.add_argument("-n", "--entries", type=int, default=1000, help="entries to write")
+            a.add_argument("--entry-size", type=int, default=100, help="bytes per generated entry")
         if name == "write":
             a.add_argument(
                 "--input", default=None, help="write one entry per line of this file ('-' = stdin)"
             )
         if name == "create":
-            a.add_argument("--keep-open", action="store_true")
+            a.add_argument(
+                "--keep-open", action="store_true", help="leave the ledger OPEN (no writer will close it)"
+            )
     a = verb("read", _read, "print a ledger's entries")
-    a.add_argument("ledger_id", type=int)
-    a.add_argument("--first", type=int, default=0)
-    a.add_argument("--last", type=int, default=None)
-    a.add_argument("--password", default="")
+    a.add_argument("ledger_id", type=int, help="the ledger's id")
+    a.add_argument("--first", type=int, default=0, help="first entry id to print")
+    a.add_argument("--last", type=int, default=None, help="last entry id to print (default: the LAC)")
+    add_password_arguments(a)
     a.add_argument(
         "-r",
         "--recover",
@@ -98,7 +100,12 @@ def _md_json(md: Any) -> dict[str, Any]:
 
 def _progress(args: argparse.Namespace, total: int, desc: str) -> tqdm:
     return tqdm(
-        total=total, desc=desc, unit="entry", disable=args.json or total < 200, file=sys.stderr, leave=False
+        total=total,
+        desc=desc,
+        unit="entry",
+        disable=progress_disabled(args) or total < 200,
+        file=sys.stderr,
+        leave=False,
     )
 
 
@@ -157,7 +164,7 @@ async def _metadata(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 
 async def _recover(args: argparse.Namespace, bk: BookKeeper) -> int:
-    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=True)
+    lh = await bk.open_ledger(args.ledger_id, password=password_of(args).encode(), recovery=True)
     md = lh.metadata
     emit(
         args,
@@ -169,14 +176,14 @@ async def _recover(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 async def _delete(args: argparse.Namespace, bk: BookKeeper) -> int:
     # the password is checked against the ledger's stored digest: a wrong one deletes nothing
-    await bk.delete_ledger(args.ledger_id, password=args.password.encode())
+    await bk.delete_ledger(args.ledger_id, password=password_of(args).encode())
     emit(args, f"ledger {args.ledger_id} deleted", {"deleted": args.ledger_id})
     return 0
 
 
 async def _create(args: argparse.Namespace, bk: BookKeeper) -> int:
     lh = await bk.create_ledger(
-        args.ensemble, args.write_quorum, args.ack_quorum, password=args.password.encode()
+        args.ensemble, args.write_quorum, args.ack_quorum, password=password_of(args).encode()
     )
     if not args.keep_open:
         await lh.close()
@@ -210,7 +217,7 @@ async def _write_entries(args: argparse.Namespace, lh: Any, payloads: list[bytes
 async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:
     payloads = _payloads(args)
     lh = await bk.create_ledger(
-        args.ensemble, args.write_quorum, args.ack_quorum, password=args.password.encode()
+        args.ensemble, args.write_quorum, args.ack_quorum, password=password_of(args).encode()
     )
     dt = await _write_entries(args, lh, payloads, f"ledger {lh.ledger_id}")
     await lh.close()
@@ -228,7 +235,7 @@ async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
     # ledger is read up to its LAC, and only --recover fences and closes it.
     if args.recover and args.no_recovery:
         raise CommandError("--recover and --no-recovery contradict each other", code=2)
-    lh = await bk.open_ledger(args.ledger_id, password=args.password.encode(), recovery=args.recover)
+    lh = await bk.open_ledger(args.ledger_id, password=password_of(args).encode(), recovery=args.recover)
     last = lh.last_add_confirmed if args.last is None else args.last
     rows = []
     async for e in lh.read(args.first, last):
@@ -242,7 +249,7 @@ async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 
 async def _simpletest(args: argparse.Namespace, bk: BookKeeper) -> int:
-    pw = args.password.encode()
+    pw = password_of(args).encode()
     payloads = _payloads(args)
     lh = await bk.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum, password=pw)
     wdt = await _write_entries(args, lh, payloads, f"write ledger {lh.ledger_id}")

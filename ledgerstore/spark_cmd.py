@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ledgerstore.cli import add_password_arguments, password_of
+
 DEFAULT_MASTER = "local[2]"
 _PY_ERROR = re.compile(r"^[\w.]*(Error|Exception): ")
 
@@ -39,7 +41,7 @@ def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None
         help="Spark master URL: local[N], spark://HOST:PORT, ... (default local[2] or $LEDGERSTORE_SPARK_MASTER)",
     )
     p.add_argument("--ledgers", default="all", help="'all', ids '1,2,5' or ranges '3-9' (default all)")
-    p.add_argument("--password", default="", help="the ledgers' (or managed ledgers') password")
+    add_password_arguments(p, "the ledgers' (or managed ledgers') password")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--topics", default=None, help="topic jobs: a comma list of topics")
     which.add_argument(
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         zk=args.zk,
         zk_root=args.zk_root,
         ledgers=args.ledgers,
-        password=args.password,
+        password=password_of(args),
         entries_per_partition=args.entries_per_partition,
         out_dir=args.out,
         topics=args.topics,

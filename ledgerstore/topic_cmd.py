@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urljoin
 
-from ledgerstore.cli import CommandError, emit
+from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, emit, exit_status_for_http
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
@@ -50,9 +50,11 @@ def rest(url: str, method: str, path: str, body: Any = None, timeout_s: float = 
                 reason = json.loads(text).get("reason", text)
             except (json.JSONDecodeError, AttributeError):
                 reason = text or e.reason
-            raise CommandError(f"{method} {path}: {e.code} {reason}") from None
+            raise CommandError(
+                f"{method} {path}: {e.code} {reason}", exit_status_for_http(e.code), kind=f"HTTP_{e.code}"
+            ) from None
         except OSError as e:
-            raise CommandError(f"broker admin at {url} unreachable: {e}") from None
+            raise CommandError(f"broker admin at {url} unreachable: {e}", EXIT_UNAVAILABLE) from None
     raise CommandError(f"{method} {path}: too many redirects")
 
 
@@ -285,7 +287,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def add_topic_commands(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    sub: Any,
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     tp = sub.add_parser(
@@ -310,27 +312,36 @@ def add_topic_commands(
         return p
 
     p = verb("create", "create a topic (partitioned with --partitions N)", _create)
-    p.add_argument("name")
-    p.add_argument("--partitions", "-p", type=int, default=0)
+    p.add_argument("name", help="topic name (persistent://tenant/ns/topic or a short name in public/default)")
+    p.add_argument("--partitions", "-p", type=int, default=0, help="partitions (0: a non-partitioned topic)")
     p = verb("list", "topics of a namespace", _list)
-    p.add_argument("namespace", nargs="?", default="public/default")
+    p.add_argument(
+        "namespace", nargs="?", default="public/default", help="TENANT/NAMESPACE (default: %(default)s)"
+    )
     p = verb("delete", "delete a topic (and its partitions)", _delete)
-    p.add_argument("name")
+    p.add_argument("name", help="topic name")
     p.add_argument("--force", "-f", action="store_true", help="even with connected producers/consumers")
     p = verb("produce", "send messages with pulsar-client", _produce)
-    p.add_argument("name")
+    p.add_argument("name", help="topic name")
     p.add_argument("-m", "--messages", action="append", help="message text (repeatable)")
     p.add_argument("-n", "--num", type=int, default=1, help="send the messages this many times")
     p.add_argument("--key", "-k", default=None, help="partition key")
     p.add_argument("--batching", action="store_true", help="batch messages (send_async + flush)")
     p = verb("consume", "receive and acknowledge messages with pulsar-client", _consume)
-    p.add_argument("name")
-    p.add_argument("-s", "--subscription", required=True)
+    p.add_argument("name", help="topic name")
+    p.add_argument("-s", "--subscription", required=True, help="subscription name")
     p.add_argument("-n", "--num", type=int, default=1, help="messages to receive (0 = until the timeout)")
-    p.add_argument("--subscription-type", "-t", choices=SUBSCRIPTION_TYPES, default="exclusive")
-    p.add_argument("--initial-position", choices=("earliest", "latest"), default="earliest")
+    p.add_argument(
+        "--subscription-type", "-t", choices=SUBSCRIPTION_TYPES, default="exclusive", help="subscription type"
+    )
+    p.add_argument(
+        "--initial-position",
+        choices=("earliest", "latest"),
+        default="earliest",
+        help="where a new subscription starts",
+    )
     p.add_argument("--timeout-s", type=float, default=30.0, help="give up waiting after this long")
     p = verb("stats", "a topic's stats (partitioned-stats for a partitioned topic)", _stats)
-    p.add_argument("name")
+    p.add_argument("name", help="topic name")
     p = verb("internal-stats", "ledgers and cursors of a topic (each partition's)", _internal_stats)
-    p.add_argument("name")
+    p.add_argument("name", help="topic name")
