@@ -38,7 +38,7 @@ def add_bench_commands(
     b.add_argument("--duration", type=float, default=10.0)
     b.add_argument("--runs", type=int, default=3, help="report the median of this many runs")
     b.add_argument("--bookie", default=None, help="HOST:PORT of a running bookie (default: start one)")
-    b.add_argument("--plot", default=None, help="write a PNG of the add-latency distribution of every run")
+    b.add_argument("--plot", default=None, type=plot_path, help=PLOT_HELP)
     b.add_argument(
         "--bookie-arg",
         action="append",
@@ -75,7 +75,7 @@ def add_bench_commands(
         default="uvloop",
         help="the client's event loop: uvloop when installed (default), or asyncio's own",
     )
-    lg.add_argument("--plot", default=None, help="write a PNG of the add-latency distribution of every run")
+    lg.add_argument("--plot", default=None, type=plot_path, help=PLOT_HELP)
     lg.add_argument(
         "--bookie-arg", action="append", default=[], help="extra argument for the bookie processes"
     )
@@ -312,6 +312,18 @@ def disk_meter(path: Path) -> Iterator[dict[str, float]]:
         return
     out["disk_write_mb_per_s"] = round((after[0] - before[0]) / wall / 1e6, 1)
     out["disk_busy_pct"] = round(min(100.0, (after[1] - before[1]) / (10 * wall)), 1)
+
+
+PLOT_HELP = "write a PNG of the add-latency distribution of every run (needs the plot extra: matplotlib)"
+
+
+def plot_path(path: str) -> str:
+    """--plot's type: refuse at once, not after the benchmark ran, when matplotlib is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError("needs matplotlib: pip install 'ledgerstore[plot]'")
+    return path
 
 
 def plot_latencies(path: str, title: str, runs: list[dict[str, Any]], rate_key: str) -> None:
