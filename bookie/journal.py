@@ -77,13 +77,23 @@ bookie, ~1 ms each). Measured with three journal-like writers beside three stora
 Group commit
 ------------
 ``append`` adds the record to an in-memory ``bytearray`` and its callback to a list; nothing else happens per
-record. A batch is handed to a dedicated single-thread executor (``pwrite`` + ``fdatasync``, which release the
-GIL) when the oldest waiting record has waited ``max_wait_ms`` (one ``call_at`` timer per batch; ``0`` means
-"at the next loop iteration") or ``flush_bytes`` are buffered. Only one batch is in flight at a time; records
-appended meanwhile form the next batch, which starts as soon as the previous one completes if its oldest
-record is already due (before the previous batch's callbacks run), so under load there is always one fsync in
-flight and the batch size adapts. Callbacks run on the event loop, in append order, after the batch's fsync
-returned.
+record. The commit adapts to the load, with no fixed timer (BookKeeper's ``journalFlushWhenQueueEmpty``):
+
+* **Idle writer** (no batch in flight): the first record of a batch asks for a look at the next loop iteration,
+  after the loop has handled everything it read in this one. If no more records came meanwhile the batch goes
+  at once; while more keep coming (each look finds new ones) it waits for them, one loop iteration at a time,
+  for at most ``max_wait_ms`` from its oldest record. A lone record thus waits one loop iteration, not a timer.
+* **Busy writer** (a batch in flight): records appended meanwhile form the next batch, which starts as soon as
+  the previous one completes, before that batch's callbacks run. Under load there is always one fsync in
+  flight and the batch size follows the fsync time.
+* ``flush_bytes`` buffered start a batch at once (when the writer is idle).
+
+A batch is written (``pwrite`` + ``fdatasync``, which release the GIL) by a dedicated single-thread executor,
+except on the idle path when it holds at most ``sync_inline_bytes``: then the loop thread writes and syncs it
+itself. Nothing else is queued at that moment (only one batch is ever in flight, so records arriving during
+the fsync could not be synced sooner), and the two thread hand-offs of the executor (loop -> writer thread ->
+loop, each a wake-up that waits for a CPU on a busy machine) are gone from a lone add's latency. Callbacks run
+on the event loop, in append order, after the batch's fsync returned.
 
 Errors: if a batch's write or fsync fails, the file is truncated back to the last good offset (and fsynced),
 and ``done(exc)`` is called for every record of that batch *and* for every record appended before the failure
@@ -434,6 +444,7 @@ class Journal:
         *,
         max_wait_ms: float = 1.0,
         flush_bytes: int = 512 * 1024,
+        sync_inline_bytes: int = 64 * 1024,
         segment_bytes: int = 256 * 1024 * 1024,
         reuse_segments: int = 4,
         alignment: int = ALIGNMENT,
@@ -447,6 +458,7 @@ class Journal:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._max_wait = max_wait_ms / 1000.0
         self._flush_bytes = max(1, int(flush_bytes))
+        self._sync_inline = max(0, int(sync_inline_bytes))
         self._segment_bytes = max(SEGMENT_HEADER_LEN + 1, int(segment_bytes))
         self._reuse = max(0, int(reuse_segments))
         if alignment < 0:
@@ -475,6 +487,7 @@ class Journal:
             "total_idle_s": 0.0,  # writer idle between the end of one batch and the start of the next
             "last_batch_records": 0,
             "max_batch_records": 0,
+            "inline_syncs": 0,  # batches written and fsynced on the loop thread (the idle path)
             "segments_created": 0,  # new files
             "segments_reused": 0,  # free files written over
             "segments_recycled": 0,  # old segments kept as free files
@@ -491,7 +504,10 @@ class Journal:
         self._buf_len = 0
         self._cbs: list[Done] = []
         self._oldest = 0.0  # loop time of the oldest record in the batch
-        self._timer: asyncio.TimerHandle | None = None
+        # the idle path: a look at the next loop iteration is scheduled; appends so far / at the last look
+        self._look_scheduled = False
+        self._arrivals = 0
+        self._arrivals_seen = 0
         self._io_busy = False
         self._appended = 0
         self._finished = 0
@@ -814,9 +830,7 @@ class Journal:
         if not self._buf_len:
             loop = self._loop
             assert loop is not None
-            self._oldest = now = loop.time()
-            if not self._io_busy and self._timer is None:
-                self._timer = loop.call_at(now + self._max_wait, self._on_timer)
+            self._oldest = loop.time()
             # This batch's place is known now (every earlier byte is handed over): it opens the next segment
             # when the current one is full, and its CRCs are seeded with its segment's seq.
             if self._w_off >= self._segment_bytes:
@@ -842,8 +856,17 @@ class Journal:
         if nrec > 1:
             self._cbs.extend([_noop_done] * (nrec - 1))
         self._appended += nrec
-        if self._buf_len >= self._flush_bytes and not self._io_busy:
+        self._arrivals += 1
+        if self._io_busy:
+            return  # the batch in flight starts this one when it completes
+        if self._buf_len >= self._flush_bytes:
             self._start_batch()
+        elif not self._look_scheduled:
+            self._look_scheduled = True
+            self._arrivals_seen = self._arrivals
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon(self._look)
 
     @staticmethod
     def _pack_entries(entries: list[bytes], seed: int) -> tuple[bytearray, bytes]:
@@ -890,15 +913,22 @@ class Journal:
         assert self._loop is not None
         self._loop.call_soon(fn, arg)
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        if not self._io_busy and self._buf_len:
-            self._start_batch()
+    def _look(self) -> None:
+        """The idle path's look, one loop iteration after a batch's first record (see "Group commit"): go now
+        unless more records keep arriving and the oldest has waited less than ``max_wait_ms``."""
+        self._look_scheduled = False
+        if self._io_busy or not self._buf_len or self._state not in (_RUNNING, _CLOSING):
+            return
+        loop = self._loop
+        assert loop is not None
+        if self._arrivals != self._arrivals_seen and loop.time() - self._oldest < self._max_wait:
+            self._arrivals_seen = self._arrivals
+            self._look_scheduled = True
+            loop.call_soon(self._look)
+            return
+        self._start_batch(inline_ok=True)
 
-    def _start_batch(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _start_batch(self, inline_ok: bool = False) -> None:
         pieces, size, cbs = self._pieces, self._buf_len, self._cbs
         self._pieces = []
         self._buf_len = 0
@@ -910,20 +940,44 @@ class Journal:
             if pad:
                 pieces.append(pad)
                 size += len(pad)
+        seq, offset = self._buf_seq, self._w_off
+        self._w_off += size
+        if inline_ok and size <= self._sync_inline:
+            # the idle path, a small batch: write and sync it here (no hand-off to the writer thread and back)
+            self.stats["inline_syncs"] += 1
+            try:
+                result = self._io_write(pieces, size, seq, offset)
+            except BaseException as exc:
+                self._batch_finished(cbs, size, None, exc)
+            else:
+                self._batch_finished(cbs, size, result, None)
+            return
         loop = self._loop
         assert loop is not None
-        fut = loop.run_in_executor(self._executor, self._io_write, pieces, size, self._buf_seq, self._w_off)
-        self._w_off += size
+        fut = loop.run_in_executor(self._executor, self._io_write, pieces, size, seq, offset)
         fut.add_done_callback(functools.partial(self._on_batch_done, cbs, size))
 
     def _on_batch_done(
         self, cbs: list[Done], nbytes: int, fut: asyncio.Future[tuple[int, int, float]]
     ) -> None:
+        if fut.cancelled():
+            self._batch_finished(cbs, nbytes, None, asyncio.CancelledError())
+        elif (exc := fut.exception()) is not None:
+            self._batch_finished(cbs, nbytes, None, exc)
+        else:
+            self._batch_finished(cbs, nbytes, fut.result(), None)
+
+    def _batch_finished(
+        self,
+        cbs: list[Done],
+        nbytes: int,
+        result: tuple[int, int, float] | None,
+        exc: BaseException | None,
+    ) -> None:
         self._io_busy = False
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         st = self.stats
-        if exc is None:
-            seq, offset, dt = fut.result()
+        if result is not None:
+            seq, offset, dt = result
             self._mark = JournalMark(seq, offset)
             n = len(cbs)
             st["records"] += n
@@ -937,7 +991,7 @@ class Journal:
             if n > st["max_batch_records"]:
                 st["max_batch_records"] = n
             # The next batch goes to the disk before this one's callbacks run (they store the entries in
-            # RocksDB and write the replies: ~1 ms under load that the disk would otherwise sit idle).
+            # RocksDB and write the replies, time the disk would otherwise sit idle).
             self._maybe_next()
             for cb in cbs:
                 try:
@@ -950,6 +1004,7 @@ class Journal:
                 except Exception:
                     logger.exception("journal: on_sync hook failed")
         else:
+            assert exc is not None
             # fail the batch and everything appended before the failure was seen: they would follow a hole
             failed = cbs
             if self._cbs:
@@ -957,9 +1012,6 @@ class Journal:
                 self._pieces = []
                 self._buf_len = 0
                 self._cbs = []
-                if self._timer is not None:
-                    self._timer.cancel()
-                    self._timer = None
             # the writer cut the file back to where the failed batch began: later batches start there
             self._w_seq, self._w_off = self._seq, self._offset
             n = len(failed)
@@ -1007,18 +1059,11 @@ class Journal:
                 logger.exception("journal: on_error hook failed")
 
     def _maybe_next(self) -> None:
+        """A batch completed: the records appended while it was in flight go now (they waited a whole fsync;
+        more arriving would only join the batch after)."""
         if self._io_busy or not self._buf_len:
             return
-        loop = self._loop
-        assert loop is not None
-        if (
-            self._waiters
-            or self._buf_len >= self._flush_bytes
-            or loop.time() - self._oldest >= self._max_wait
-        ):
-            self._start_batch()
-        elif self._timer is None:
-            self._timer = loop.call_at(self._oldest + self._max_wait, self._on_timer)
+        self._start_batch()
 
     # ------------------------------------------------------------------ writer thread
 

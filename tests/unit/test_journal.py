@@ -14,6 +14,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import crc32c
 import pytest
@@ -89,6 +90,21 @@ async def append_all(
     await j.flush()
     assert [i for i, _ in results] == list(range(len(records))), "callbacks out of order or missing"
     return [exc for _, exc in results]
+
+
+_A = TypeVar("_A")
+
+
+def failing_once(real: Callable[[_A], None], why: str) -> Callable[[_A], None]:
+    """``real``, except that its first call raises EIO instead."""
+    fail = [True]
+
+    def flaky(arg: _A) -> None:
+        if fail.pop() if fail else False:
+            raise OSError(errno.EIO, why)
+        real(arg)
+
+    return flaky
 
 
 async def open_journal(directory: Path, **kw: object) -> Journal:
@@ -177,7 +193,8 @@ def test_append_after_close_fails_via_callback(tmp_path: Path) -> None:
 
 def test_callbacks_fire_only_after_fsync_and_in_order(tmp_path: Path) -> None:
     async def main() -> None:
-        j = await open_journal(tmp_path, max_wait_ms=0.5)
+        # the writer thread's path (a gated fsync on the loop thread would block the loop itself)
+        j = await open_journal(tmp_path, max_wait_ms=0.5, sync_inline_bytes=0)
         gate = threading.Event()
         entered = threading.Event()
         lock = threading.Lock()
@@ -234,7 +251,7 @@ def test_next_batch_is_on_its_way_to_disk_before_callbacks_run(tmp_path: Path) -
     records waiting, their batch is already handed to the writer thread when the first callback runs."""
 
     async def main() -> None:
-        j = await open_journal(tmp_path, max_wait_ms=0)
+        j = await open_journal(tmp_path, max_wait_ms=0, sync_inline_bytes=0)
         gate = threading.Event()
         real_fsync = j._fsync
 
@@ -314,21 +331,117 @@ def test_group_commit_batches_many_appends(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_single_append_completes_within_max_wait(tmp_path: Path) -> None:
+def test_a_lone_append_goes_at_the_next_loop_iteration_whatever_max_wait(tmp_path: Path) -> None:
+    """journalFlushWhenQueueEmpty: nothing else queued, so no group-commit wait (not even a long max_wait)."""
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        for max_wait_ms, lower in ((1.0, 0.0), (100.0, 0.09)):
-            j = await open_journal(tmp_path / str(max_wait_ms), max_wait_ms=max_wait_ms)
-            fut: asyncio.Future[float] = loop.create_future()
-            t0 = loop.time()
+        for inline in (64 * 1024, 0):
+            j = await open_journal(tmp_path / str(inline), max_wait_ms=10_000.0, sync_inline_bytes=inline)
+            for i in range(3):
+                fut: asyncio.Future[float] = loop.create_future()
+                t0 = loop.time()
 
-            def cb(exc: BaseException | None, fut: asyncio.Future[float] = fut, t0: float = t0) -> None:
-                fut.set_result(loop.time() - t0)
+                def cb(exc: BaseException | None, fut: asyncio.Future[float] = fut, t0: float = t0) -> None:
+                    assert exc is None
+                    fut.set_result(loop.time() - t0)
 
-            j.append(RecordType.ENTRY, 1, 0, b"a", cb)
-            elapsed = await asyncio.wait_for(fut, 5)
-            assert lower <= elapsed < 1.0, (max_wait_ms, elapsed)
+                j.append(RecordType.ENTRY, 1, i, b"a", cb)
+                elapsed = await asyncio.wait_for(fut, 5)
+                assert elapsed < 1.0, (inline, elapsed)
+            assert j.stats["syncs"] == 3
+            assert j.stats["inline_syncs"] == (3 if inline else 0)
             await j.close()
+
+    asyncio.run(main())
+
+
+def test_the_idle_path_gathers_records_of_one_loop_iteration_in_one_batch(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path, max_wait_ms=10_000.0)
+        results = await asyncio.gather(*(_append_one(j, i) for i in range(20)))
+        assert results == [None] * 20
+        assert j.stats["syncs"] == 1 and j.stats["last_batch_records"] == 20
+        await j.close()
+
+    asyncio.run(main())
+
+
+async def _append_one(j: Journal, i: int) -> BaseException | None:
+    fut: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    j.append(RecordType.ENTRY, 1, i, b"x" * 100, fut.set_result)
+    return await fut
+
+
+def test_the_idle_path_waits_while_records_keep_arriving_but_no_longer_than_max_wait(tmp_path: Path) -> None:
+    """Records arriving in every loop iteration hold the batch (they would join it) up to ``max_wait_ms``."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        j = await open_journal(tmp_path, max_wait_ms=50.0)
+        done: list[float] = []
+        t0 = loop.time()
+        j.append(RecordType.ENTRY, 1, 0, b"a", lambda exc: done.append(loop.time() - t0))
+        i = 1
+        while not done and loop.time() - t0 < 5:  # one more record every loop iteration
+            j.append(RecordType.ENTRY, 1, i, b"a", lambda exc: None)
+            i += 1
+            await asyncio.sleep(0)
+        assert done and 0.045 <= done[0] < 1.0, done
+        assert j.stats["syncs"] == 1 and j.stats["last_batch_records"] > 2
+        await j.flush()
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_a_batch_synced_on_the_loop_thread_is_durable_before_its_callbacks(tmp_path: Path) -> None:
+    """The inline path keeps the journal's rule: callbacks run only after the batch's fsync returned."""
+
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        synced: list[int] = []
+        real_fsync = j._fsync
+
+        def hook(fd: int) -> None:
+            real_fsync(fd)
+            synced.append(os.fstat(fd).st_size)
+
+        j._fsync = hook
+        seen: list[tuple[int, int]] = []
+        for i in range(5):
+            assert await _append_with(j, i, lambda exc: seen.append((len(synced), j.mark.offset))) is None
+        assert j.stats["inline_syncs"] == 5
+        assert [n for n, _ in seen] == [1, 2, 3, 4, 5]
+        assert all(off <= synced[n - 1] for n, off in seen)
+        await j.close()
+
+    asyncio.run(main())
+
+
+async def _append_with(
+    j: Journal, i: int, then: Callable[[BaseException | None], None]
+) -> BaseException | None:
+    fut: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+    def cb(exc: BaseException | None) -> None:
+        then(exc)
+        fut.set_result(exc)
+
+    j.append(RecordType.ENTRY, 1, i, b"y" * 100, cb)
+    return await fut
+
+
+def test_a_large_idle_batch_goes_to_the_writer_thread(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path, sync_inline_bytes=4096)
+        assert await append_all(j, entries(100, size=1000)) == [None] * 100  # ~100 KiB, flush()
+        big = j.stats["inline_syncs"]
+        assert await asyncio.gather(*(_append_one(j, 1000 + i) for i in range(60))) == [None] * 60
+        assert j.stats["inline_syncs"] == big  # 60 x ~130 B + padding > 4096: not inline
+        assert await _append_one(j, 5000) is None
+        assert j.stats["inline_syncs"] == big + 1
+        await j.close()
 
     asyncio.run(main())
 
@@ -352,7 +465,7 @@ def test_idle_journal_has_no_timer_or_busy_loop(tmp_path: Path) -> None:
         j = await open_journal(tmp_path)
         assert await append_all(j, entries(3)) == [None] * 3
         await asyncio.sleep(0.01)
-        assert j._timer is None and not j._io_busy
+        assert not j._look_scheduled and not j._io_busy
         syncs = j.stats["syncs"]
         await asyncio.sleep(0.05)
         assert j.stats["syncs"] == syncs
@@ -746,16 +859,7 @@ def test_a_failed_rotation_fails_its_batch_and_the_next_batch_rotates(tmp_path: 
     async def main() -> None:
         j = await open_journal(tmp_path, segment_bytes=4096, reuse_segments=0, alignment=0)
         assert await append_all(j, entries(8, size=500), chunk=1) == [None] * 8  # segment 1 is full
-        real = j._fsync_dir
-        fail = {"n": 1}
-
-        def flaky_dir(path: Path) -> None:
-            if fail["n"]:
-                fail["n"] -= 1
-                raise OSError(errno.EIO, "injected directory fsync failure")
-            real(path)
-
-        j._fsync_dir = flaky_dir
+        j._fsync_dir = failing_once(j._fsync_dir, "injected directory fsync failure")
         results = await append_all(j, entries(1, size=500, first=8))
         assert isinstance(results[0], OSError)
         assert j.mark.seq == 1
@@ -772,7 +876,7 @@ def test_a_failed_rotation_fails_its_batch_and_the_next_batch_rotates(tmp_path: 
 
 def test_fsync_error_fails_batch_truncates_and_recovers(tmp_path: Path) -> None:
     async def main() -> None:
-        j = await open_journal(tmp_path)
+        j = await open_journal(tmp_path, sync_inline_bytes=0)  # the fsync is held open on the writer thread
         good = entries(10)
         assert await append_all(j, good) == [None] * 10
         mark = j.mark
@@ -1106,3 +1210,21 @@ def test_synced_batches_leave_the_page_cache(tmp_path: Path) -> None:
         else:
             assert resident <= 64 * 1024, f"{resident} bytes of a synced journal still cached"
         assert replay_all(where) == data
+
+
+def test_a_failed_fsync_on_the_loop_thread_fails_its_batch_and_the_journal_recovers(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        assert await _append_one(j, 0) is None
+        mark = j.mark
+        j._fsync = failing_once(j._fsync, "injected fsync failure")
+        err = await _append_one(j, 1)
+        assert isinstance(err, OSError) and j.stats["failed_syncs"] == 1
+        assert j.mark == mark
+        assert await _append_one(j, 2) is None
+        assert j.stats["inline_syncs"] == 3
+        await j.close()
+        got = [(r.entry_id, r.data) for r in Journal(tmp_path).replay() if r.type == RecordType.ENTRY]
+        assert got == [(0, b"x" * 100), (2, b"x" * 100)]
+
+    asyncio.run(main())
