@@ -70,6 +70,10 @@ AddCallback = Callable[[int, "E.LedgerError | None"], None]
 _Waiter = asyncio.Future[int] | AddCallback
 
 
+def _ignore_add(entry_id: int, error: E.LedgerError | None) -> None:
+    """The waiter of ``append_many``'s entries but its last (whose future settles for all of them)."""
+
+
 def _resolve(waiter: _Waiter, entry_id: int, error: E.LedgerError | None) -> None:
     """Complete an append: resolve its future or call its callback (whose errors are logged, not raised)."""
     if isinstance(waiter, asyncio.Future):
@@ -436,10 +440,64 @@ class LedgerHandle:
 
     # -- writing ------------------------------------------------------------------------------------------
     async def append(self, data: bytes) -> int:
-        """Append one entry; returns its id once Qa bookies of its write set acknowledged it and every
-        earlier entry was acknowledged too."""
-        fut = await self.append_future(data)
+        """Append one entry and wait until it is acknowledged.
+
+        Cheap enough to call once per entry from many tasks (``asyncio.create_task(lh.append(d))``): one
+        coroutine and one future per entry, and the entries appended in one event-loop iteration leave in one
+        write per bookie. ``append_many`` appends a list with one future for all of it.
+
+        Args:
+            data: the entry's payload (at most ``ENTRY_SIZE_MAX`` less the entry header).
+
+        Returns:
+            The entry's id, once Qa bookies of its write set acknowledged it and every earlier entry was
+            acknowledged too.
+
+        Raises:
+            LedgerClosedError: the handle was opened for reading, or the ledger is closed.
+            LedgerFencedError: another client is recovering the ledger (its bookies answered FENCED).
+            NotEnoughBookiesError: a failed bookie could not be replaced.
+            IncorrectParameterError: ``data`` is too large.
+            LedgerError: any other failure of the writer (the handle accepts no more appends).
+        """
+        pipe = self._pipe
+        if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity or self._congested:
+            await self._until_appendable()
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._add(data, fut)
         return await fut
+
+    async def append_many(self, items: Sequence[bytes]) -> list[int]:
+        """Append several entries, in order, and wait until all of them are acknowledged.
+
+        One future for the whole list (acknowledgements come in entry-id order, so the last entry's settles
+        them all); the entries go out with the frames of the same loop iteration. More items than
+        ``outstanding_adds_max`` are sent as capacity frees up.
+
+        Args:
+            items: the payloads, each as for ``append``.
+
+        Returns:
+            Their entry ids (consecutive, in the order given), once every one is acknowledged.
+
+        Raises:
+            The errors of ``append``. On an error some leading entries may be acknowledged and durable (the
+            handle's ``last_add_confirmed`` says how many); the rest are not.
+        """
+        n = len(items)
+        if not n:
+            return []
+        last: asyncio.Future[int] = self._loop.create_future()
+        first = -1
+        pipe = self._pipe
+        for i, data in enumerate(items):
+            if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity or self._congested:
+                await self._until_appendable()
+            eid = self._add(data, last if i == n - 1 else _ignore_add)
+            if i == 0:
+                first = eid
+        await last
+        return list(range(first, first + n))
 
     async def append_future(self, data: bytes) -> asyncio.Future[int]:
         """Like ``append`` but returns as soon as the entry is sent: the future resolves with its id.

@@ -68,12 +68,7 @@ class LedgerHandle:
 
     def append_many(self, items: list[bytes]) -> list[int]:
         """Pipelined appends (one round trip of the facade for many entries); ids in order."""
-
-        async def go() -> list[int]:
-            futs = [await self._h.append_future(d) for d in items]
-            return list(await asyncio.gather(*futs))
-
-        return self._loop.run(go())
+        return self._loop.run(self._h.append_many(items))
 
     def close(self) -> None:
         self._loop.run(self._h.close())

@@ -16,7 +16,12 @@ from bookie import protocol as p
 from bookie.entryformat import ADD_FRAME_ENTRY_OFFSET, DigestType, EntryCodec
 from ledger_client.bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool
 from ledger_client.client import ClientConfig, LedgerHandle, _Routes
-from ledger_client.errors import BookieUnavailableError, LedgerError, NotEnoughBookiesError
+from ledger_client.errors import (
+    BookieUnavailableError,
+    LedgerError,
+    LedgerFencedError,
+    NotEnoughBookiesError,
+)
 from ledger_client.quorum import write_set
 
 KEY = p.master_key(b"pw")
@@ -546,6 +551,81 @@ def test_callback_errors_are_logged_not_raised(caplog) -> None:
     assert "append callback for entry 0 failed" in caplog.text
 
 
+def test_appends_of_many_tasks_go_out_as_one_write_per_bookie_and_return_their_ids() -> None:
+    """The idiom ``asyncio.create_task(lh.append(d))`` per entry: one batch per loop iteration, ids in order."""
+
+    async def go() -> None:
+        lh, conns = _handle(E=3, qw=3, qa=2)
+        tasks = [asyncio.create_task(lh.append(b"t%d" % i)) for i in range(50)]
+        await asyncio.sleep(0)  # the tasks run and add their entries
+        await asyncio.sleep(0)  # the batch leaves
+        for c in conns.values():
+            assert len(c.written) == 1 and [e for _, e in _frames(c.written[0])] == list(range(50))
+        _ack(lh, conns["b0"])
+        assert not any(t.done() for t in tasks)
+        _ack(lh, conns["b2"])
+        assert await asyncio.gather(*tasks) == list(range(50))
+        assert lh.last_add_confirmed == 49 and not lh._inflight
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+
+
+def test_append_is_one_coroutine_and_one_future_per_entry() -> None:
+    """No coroutine layered inside ``append`` (the fast path awaits nothing but the entry's own future)."""
+
+    async def go() -> None:
+        lh, conns = _handle()
+        coro = lh.append(b"a")
+        fut = coro.send(None)  # runs up to its one await: the entry is added, its future is what it waits on
+        assert isinstance(fut, asyncio.Future) and lh._inflight[0][1] is fut
+        await asyncio.sleep(0)
+        _ack(lh, conns["b0"])
+        _ack(lh, conns["b1"])
+        with pytest.raises(StopIteration) as stop:
+            coro.send(None)
+        assert stop.value.value == 0
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+
+
+def test_append_many_returns_the_ids_in_order_once_all_are_acknowledged() -> None:
+    async def go() -> None:
+        lh, conns = _handle(E=3, qw=2, qa=2, outstanding_adds_max=4)
+        assert await lh.append_many([]) == []
+        many = asyncio.create_task(lh.append_many([b"m%d" % i for i in range(10)]))
+        futures = 0
+        for _ in range(20):  # more items than outstanding_adds_max: sent as acks free capacity
+            await asyncio.sleep(0)
+            futures = max(futures, sum(isinstance(w, asyncio.Future) for _, w, _ in lh._inflight.values()))
+            for c in conns.values():
+                _ack(lh, c)
+            if many.done():
+                break
+        assert await many == list(range(10)) and lh.last_add_confirmed == 9
+        assert futures <= 1  # one future for the whole list
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+
+
+def test_append_many_raises_the_writers_error() -> None:
+    async def go() -> None:
+        lh, conns = _handle(E=3, qw=3, qa=2)
+        many = asyncio.create_task(lh.append_many([b"a", b"b", b"c"]))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        _ack(lh, conns["b0"], p.Status.FENCED)
+        with pytest.raises(LedgerFencedError):
+            await many
+        with pytest.raises(LedgerFencedError):
+            await lh.append_many([b"d"])
+        lh._stop_sweeper()
+
+    asyncio.run(go())
+
+
 def test_reader_handles_refuse_appends() -> None:
     async def go() -> None:
         lh, _ = _handle()
@@ -555,5 +635,9 @@ def test_reader_handles_refuse_appends() -> None:
             await lh.append_future(b"x")
         with pytest.raises(LedgerError):
             await lh.append_callback(b"x", lambda e, err: None)
+        with pytest.raises(LedgerError):
+            await lh.append(b"x")
+        with pytest.raises(LedgerError):
+            await lh.append_many([b"x"])
 
     asyncio.run(go())
