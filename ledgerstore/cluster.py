@@ -259,6 +259,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         recovery.start(wait=True)
     state = {
         "zk": zk,
+        "zk_external": bool(getattr(args, "zk_given", False)),  # `down` leaves a ZooKeeper it did not start
         "zk_root": args.zk_root,
         "bookies": [
             {
@@ -359,10 +360,12 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     stopped = sum(_stop_pid(b["pid"]) for b in st["bookies"])
     zk_stopped = launcher.cli_stop(state_dir)
     _state_file(state_dir).unlink(missing_ok=True)
+    zk_said = "stopped" if zk_stopped else "not running"
+    if st.get("zk_external"):
+        zk_said = f"{st['zk']} left running (cluster up did not start it)"
     emit(
         args,
-        f"cluster down: {brokers_stopped} brokers and {stopped} bookies stopped, "
-        f"ZooKeeper {'stopped' if zk_stopped else 'not running'}",
+        f"cluster down: {brokers_stopped} brokers and {stopped} bookies stopped, ZooKeeper {zk_said}",
         {"brokers_stopped": brokers_stopped, "bookies_stopped": stopped, "zk_stopped": zk_stopped},
     )
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -221,6 +222,17 @@ async def _story(zk: str, root: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The story on stdout; with --json the story goes to stderr and stdout gets its figures as one document."""
+    if not getattr(args, "json", False):
+        return _run(args)
+    figures: dict[str, Any] = {}
+    with contextlib.redirect_stdout(sys.stderr):
+        status = _run(args, figures)
+    print(json.dumps({**figures, "ok": status == 0}, indent=2, sort_keys=True, default=str))
+    return status
+
+
+def _run(args: argparse.Namespace, figures: dict[str, Any] | None = None) -> int:
     from bookie.main import install_uvloop
 
     install_uvloop()
@@ -238,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         and s["acked_entries_survived"] == s["writer_acked"]
         and (t is None or t["exactly_once_in_order"])
     )
+    if figures is not None:
+        figures.update(ledgers=s, topics=t)
     line = "=" * 72
     print(line)
     print(f"  bookies                      {s['bookies']}")
