@@ -18,6 +18,13 @@ owns it, this broker takes it. Calls that only read or write ZooKeeper (list, pa
 namespace policies) are answered by any broker. Calls on a partitioned topic are made per partition through
 HTTP to this broker, which follows the redirects to each partition's owner.
 
+Authentication (with ``--auth-secret-file``): every call but ``GET``/``HEAD`` needs ``Authorization: Bearer
+<token>`` (401 without a good one; 403 when ``--superuser-roles`` is set and the token's subject is not one of
+them); reads need one too with ``--admin-read-auth``, and the HTTP lookup with ``--auth-required`` (which also
+checks the subject's produce or consume permission, as the binary LOOKUP does). ``/health`` and ``/metrics`` are
+always open. Namespace permissions: ``/admin/v2/namespaces/{t}/{ns}/permissions[/{role}]`` (Pulsar's
+``grant-permission``, ``permissions``, ``revoke-permission``).
+
 Errors are Pulsar's: a JSON body ``{"reason": "…"}`` with 400 (bad body), 404 (no such topic, subscription,
 namespace), 409 (already exists, not empty), 412 (invalid name, active clients without ``force``), 500.
 """
@@ -142,6 +149,11 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         "retention_policies": _retention_json(p),
         "deduplicationEnabled": p.deduplication_enabled,
         "backlog_quota_map": {"destination_storage": _quota_json(p.backlog_quota)},
+        "auth_policies": {
+            "namespace_auth": {role: sorted(a) for role, a in sorted(p.permissions.items())},
+            "destination_auth": {},
+            "subscription_auth_roles": {},
+        },
         "replication_clusters": [CLUSTER_NAME],
         "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
     }
@@ -155,6 +167,8 @@ def _quota_json(q: BacklogQuota) -> dict[str, Any]:
     return {"limitSize": q.limit_size, "limitTime": q.limit_time, "policy": q.policy}
 
 
+#: The actions a namespace permission can grant (Pulsar's AuthAction names we enforce).
+_ACTIONS = ("produce", "consume")
 _QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
 
 
@@ -277,16 +291,20 @@ class AdminApp:
         suffix: str,
         body: Any = None,
         params: Mapping[str, str] | None = None,
+        request: web.Request | None = None,
     ) -> list[tuple[int, int, Any]]:
         """Send the call to every partition (through this broker's HTTP port, following redirects to each
         partition's owner); (index, status, parsed body) per partition."""
         n = await self._partitions(name)
         if n == 0:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
+        auth_header = request.headers.get("Authorization") if request is not None else None
 
         async def one(i: int) -> tuple[int, int, Any]:
             url = self._partition_path(name, i, suffix)
             kw: dict[str, Any] = {"params": dict(params or {})}
+            if auth_header:
+                kw["headers"] = {"Authorization": auth_header}
             if body is not None:
                 kw["json"] = body
             async with self.http().request(method, url, **kw) as r:
@@ -449,6 +467,30 @@ class AdminApp:
         tenant, ns, p = await self._policies(request)
         return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=False))
 
+    async def permissions_get(self, request: web.Request) -> web.Response:
+        _t, _n, p = await self._policies(request)
+        return _json({role: sorted(actions) for role, actions in sorted(p.permissions.items())})
+
+    async def permission_grant(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        role = request.match_info["role"]
+        body = await _body_json(request)
+        if not isinstance(body, list) or not all(isinstance(a, str) for a in body):
+            raise AdminError(400, 'expected a list of actions, e.g. ["produce", "consume"]')
+        unknown = sorted(set(body) - set(_ACTIONS))
+        if unknown:
+            raise AdminError(400, f"unknown actions {unknown}: the actions are {', '.join(_ACTIONS)}")
+        perms = {**p.permissions, role: tuple(a for a in _ACTIONS if a in body)}
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, permissions=perms))
+
+    async def permission_revoke(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        role = request.match_info["role"]
+        if role not in p.permissions:
+            raise AdminError(404, f"{role} has no permissions on {tenant}/{ns}")
+        perms = {r: a for r, a in p.permissions.items() if r != role}
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, permissions=perms))
+
     async def quota_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
         return _json(_quota_json(p.backlog_quota))
@@ -557,7 +599,9 @@ class AdminApp:
     async def partitions_delete(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         force = request.query.get("force", "false").lower() == "true"
-        results = await self._each_partition(name, "DELETE", "", params={"force": str(force).lower()})
+        results = await self._each_partition(
+            name, "DELETE", "", params={"force": str(force).lower()}, request=request
+        )
         self._check_partition_results(results, ok_404=True)
         await self.meta.delete_partitioned_topic(name.ml_name)
         return _no_content()
@@ -671,7 +715,7 @@ class AdminApp:
     async def partitioned_stats(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         per_partition = request.query.get("perPartition", "true").lower() != "false"
-        results = await self._each_partition(name, "GET", "/stats")
+        results = await self._each_partition(name, "GET", "/stats", request=request)
         self._check_partition_results(results, ok_404=True)
         total: dict[str, Any] = {
             k: 0
@@ -883,7 +927,7 @@ class AdminApp:
     async def subscriptions(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         if not name.is_partition and await self._partitions(name):
-            results = await self._each_partition(name, "GET", "/subscriptions")
+            results = await self._each_partition(name, "GET", "/subscriptions", request=request)
             self._check_partition_results(results, ok_404=True)
             subs = {s for _i, status, data in results if status == 200 for s in data}
             return _json(sorted(subs))
@@ -905,7 +949,12 @@ class AdminApp:
         if name.is_partition or not await self._partitions(name):
             return None
         results = await self._each_partition(
-            name, method, self._sub_suffix(request, tail), body=body, params=dict(request.query)
+            name,
+            method,
+            self._sub_suffix(request, tail),
+            body=body,
+            params=dict(request.query),
+            request=request,
         )
         self._check_partition_results(results)
         return _no_content()
@@ -1046,6 +1095,10 @@ class AdminApp:
         if domain != "persistent":
             raise AdminError(412, f"only persistent topics are supported, not {domain}")
         name = TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
+        if not await self.service.can(request.get(PRINCIPAL), name, ("produce", "consume")):
+            raise AdminError(
+                403, f"{request.get(PRINCIPAL)} is not authorized to produce or consume on {name}"
+            )
         owner = await self.meta.get_owner(name.ml_name)
         if owner is None:
             owner = await self.meta.acquire_ownership(name.ml_name, self.service.ownership())
@@ -1104,6 +1157,10 @@ class AdminApp:
         broker = {"cluster": CLUSTER_NAME, "broker": self.service.config.id}
         add("pulsar_topics_count", broker, len(topics))
         add("pulsar_broker_connections", broker, len(self.service.sessions))
+        add("pulsar_broker_auth_failures_total", broker, self.metrics.auth_failures)
+        add("pulsar_broker_authorization_refusals_total", broker, self.metrics.authz_refusals)
+        add("pulsar_broker_backlog_quota_refusals_total", broker, self.metrics.quota_refusals)
+        add("pulsar_broker_backlog_quota_evictions_total", broker, self.metrics.quota_evictions)
         help_text = {
             "pulsar_in_messages_total": ("counter", "messages published to the topic on this broker"),
             "pulsar_in_bytes_total": (
@@ -1126,6 +1183,19 @@ class AdminApp:
             "pulsar_subscription_out_bytes_total": ("counter", "bytes dispatched to the subscription"),
             "pulsar_topics_count": ("gauge", "topics (partitions) this broker serves"),
             "pulsar_broker_connections": ("gauge", "open client connections"),
+            "pulsar_broker_auth_failures_total": ("counter", "tokens refused (binary CONNECT and HTTP)"),
+            "pulsar_broker_authorization_refusals_total": (
+                "counter",
+                "lookups, producers and subscriptions refused for lack of a namespace permission",
+            ),
+            "pulsar_broker_backlog_quota_refusals_total": (
+                "counter",
+                "producers and sends refused by a backlog quota (producer_exception)",
+            ),
+            "pulsar_broker_backlog_quota_evictions_total": (
+                "counter",
+                "cursors moved forward by a backlog quota (consumer_backlog_eviction)",
+            ),
         }
         families = [(name, help_text[name][0], help_text[name][1], samples) for name, samples in fam.items()]
         return render(families, [(broker, self.metrics.publish_latency)])
@@ -1157,6 +1227,9 @@ class AdminApp:
         r.add_get(ns + "/deduplication", self.dedup_get)
         r.add_post(ns + "/deduplication", self.dedup_set)
         r.add_delete(ns + "/deduplication", self.dedup_delete)
+        r.add_get(ns + "/permissions", self.permissions_get)
+        r.add_post(ns + "/permissions/{role}", self.permission_grant)
+        r.add_delete(ns + "/permissions/{role}", self.permission_revoke)
         r.add_get(ns + "/backlogQuota", self.quota_get)
         r.add_get(ns + "/backlogQuotaMap", self.quota_map)
         r.add_post(ns + "/backlogQuota", self.quota_set)
@@ -1188,8 +1261,47 @@ class AdminApp:
         r.add_get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", self.lookup)
 
 
+#: Always served without a token (load balancers and Prometheus keep working).
+OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/", "/admin/v2/brokers/health"})
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+PRINCIPAL = "principal"  # request key: the subject of the request's token, when it carried a good one
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _auth_middleware(service: BrokerService) -> Any:
+    from .connection import AuthenticationFailed
+
+    cfg = service.config
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if service.verifier is None or request.path in OPEN_PATHS:
+            return await handler(request)
+        token = _bearer(request)
+        if token is not None:
+            try:
+                request[PRINCIPAL] = service.authenticate("token", token.encode())
+            except AuthenticationFailed as e:
+                return _error(401, f"authentication failed: {e}")
+        mutating = request.method not in _READ_METHODS
+        lookup = request.path.startswith("/lookup/")
+        needed = mutating or cfg.admin_read_auth or (lookup and cfg.auth_required)
+        if needed and PRINCIPAL not in request:
+            return _error(401, "authentication required: send Authorization: Bearer <token>")
+        if mutating and cfg.superuser_roles and not service.is_superuser(request[PRINCIPAL]):
+            return _error(403, f"{request[PRINCIPAL]} is not a superuser")
+        return await handler(request)
+
+    return auth
+
+
 def build_app(service: BrokerService) -> tuple[web.Application, AdminApp]:
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[_errors, _auth_middleware(service)])
     admin = AdminApp(service)
     admin.routes(app)
     return app, admin

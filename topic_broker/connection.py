@@ -20,11 +20,24 @@ States: AWAITING_CONNECT --CONNECT--> CONNECTED --error/close--> CLOSED.
   connection: there is no way to resynchronise a byte stream. Nothing else is affected.
 - Commands we do not serve (transactions, topic-list watchers, ...) are answered with ERROR NotAllowed when
   they carry a request id; the connection stays open.
+- Authentication (Pulsar's ``AuthenticationProviderToken``): with an ``authenticate`` callback configured, a
+  CONNECT with ``auth_method_name="token"`` (or ``auth_method=AuthMethodNone`` and ``auth_data``) has its token
+  checked by it; the subject becomes :attr:`ProtocolConnection.principal`. A token that does not verify is
+  refused whether or not authentication is required; with ``auth_required`` so is a CONNECT without a token.
+  No callback: tokens are ignored.
+- How a refusal is answered: Pulsar's broker sends ERROR AuthenticationError to the CONNECT and closes, but the
+  C++-based clients (``pulsar-client`` for Python among them) drop any answer to CONNECT but CONNECTED and retry
+  until their operation timeout, so the user sees a timeout. ``refuse_after_connected`` (on by default) answers
+  CONNECTED instead and then the connection's first request with AuthenticationError in that request's own
+  answer (the lookup's, the partition metadata's, or ERROR), and closes: the client reports
+  ``AuthenticationError`` at once. Nothing is served on such a connection; one that asks nothing is closed
+  after ``refused_linger_s``. Off: ERROR AuthenticationError to the CONNECT, as Pulsar does.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import pulsar_api_pb2 as pb
@@ -38,6 +51,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ConnState",
     "ConnectionConfig",
+    "AuthenticationFailed",
     "ProtocolConnection",
     "Request",
 ]
@@ -49,6 +63,16 @@ MIN_CLIENT_PROTOCOL_VERSION = 12
 DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
 DEFAULT_KEEPALIVE_INTERVAL_S = 30.0
 SERVER_VERSION = "ledgerstore-broker"
+#: The one authentication method served (Pulsar's ``AuthenticationToken`` sends this name).
+AUTH_METHOD_TOKEN = "token"
+
+
+class AuthenticationFailed(Exception):
+    """Raised by an ``authenticate`` callback: the message goes to the client (never the token)."""
+
+
+#: ``authenticate(method_name, auth_data) -> subject``; raises :class:`AuthenticationFailed`.
+Authenticator = Callable[[str, bytes], str]
 
 #: Client command type -> (BaseCommand field, service handler method).
 HANDLERS: dict[int, tuple[str, str]] = {
@@ -83,6 +107,10 @@ class ConnectionConfig:
     protocol_version: int = PROTOCOL_VERSION
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     keepalive_interval_s: float = DEFAULT_KEEPALIVE_INTERVAL_S
+    authenticate: Authenticator | None = None
+    auth_required: bool = False
+    refuse_after_connected: bool = True
+    refused_linger_s: float = 10.0
 
 
 @dataclass(slots=True)
@@ -102,6 +130,9 @@ class ProtocolConnection:
         self.state = ConnState.AWAITING_CONNECT
         self.protocol_version = 0
         self.client_version = ""
+        self.principal: str | None = None  # the token's subject, once CONNECT carried a good one
+        self.refused: str | None = None  # authentication failed: the first request is answered with this
+        self._connected_at = now
         self.close_reason: str | None = None
         self._decoder = wire.FrameDecoder(max_frame_size=config.max_message_size + wire.FRAME_PADDING_SIZE)
         self._out: list[bytes] = []
@@ -143,6 +174,9 @@ class ProtocolConnection:
                 return None
             self._on_connect(cmd.connect)
             return None
+        if self.refused is not None:
+            self._refuse_request(cmd)
+            return None
         if t == T.PING:
             self.send_raw(wire.pong())
             return None
@@ -173,12 +207,54 @@ class ProtocolConnection:
             )
             self.close(f"client protocol version {version}")
             return
+        if not self._authenticate(c):
+            return
         self.protocol_version = min(version, self.config.protocol_version)
         self.client_version = c.client_version
         self.state = ConnState.CONNECTED
+        self._connected_at = self._last_received
         self.send_raw(
             wire.connected(self.config.server_version, self.protocol_version, self.config.max_message_size)
         )
+
+    def _authenticate(self, c: pb.CommandConnect) -> bool:
+        authenticate = self.config.authenticate
+        if authenticate is None:
+            return True
+        method = c.auth_method_name if c.HasField("auth_method_name") else ""
+        data = c.auth_data if c.HasField("auth_data") else b""
+        if not method and not data:
+            if not self.config.auth_required:
+                return True
+            return self._refuse("authentication is required: connect with a token")
+        if method not in ("", AUTH_METHOD_TOKEN):
+            return self._refuse(f"authentication method {method!r} is not supported (token is)")
+        try:
+            self.principal = authenticate(AUTH_METHOD_TOKEN, data)
+        except AuthenticationFailed as e:
+            return self._refuse(f"authentication failed: {e}")
+        return True
+
+    def _refuse(self, message: str) -> bool:
+        if self.config.refuse_after_connected:
+            self.refused = message
+            return True  # CONNECTED now, the refusal in the answer to the first request
+        self._error(None, pb.AuthenticationError, message)
+        self.close(message)
+        return False
+
+    def _refuse_request(self, cmd: pb.BaseCommand) -> None:
+        message = self.refused or "authentication failed"
+        rid = _request_id(cmd)
+        if cmd.type == T.PARTITIONED_METADATA and rid is not None:
+            self.send_raw(
+                wire.partitioned_metadata_response(rid, error_code=pb.AuthenticationError, message=message)
+            )
+        elif cmd.type == T.LOOKUP and rid is not None:
+            self.send_raw(wire.lookup_response(rid, error_code=pb.AuthenticationError, message=message))
+        else:
+            self._error(rid, pb.AuthenticationError, message)
+        self.close(message)
 
     # -- output ---------------------------------------------------------------------------------------------
 
@@ -215,6 +291,10 @@ class ProtocolConnection:
 
     def tick(self, now: float) -> None:
         if self.closed or self.state != ConnState.CONNECTED:
+            return
+        if self.refused is not None:
+            if now - self._connected_at >= self.config.refused_linger_s:
+                self.close(self.refused)
             return
         interval = self.config.keepalive_interval_s
         if self._ping_sent_at is not None:

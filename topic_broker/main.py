@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 
 from bookie.bk_http import add_config_routes
 from bookie.config_file import ConfigError, Effective
@@ -95,11 +96,61 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TICK_INTERVAL_S,
         help="how often topics roll idle ledgers, flush cursors, apply namespace policies and trim",
     )
+    a = p.add_argument
+    a(
+        "--auth-secret-file",
+        default=None,
+        help="HS256 secret key (ledgerstore auth create-secret, as the bookies'): Pulsar clients' tokens "
+        "(AuthenticationToken) are checked, and the admin HTTP API's mutating endpoints need one "
+        "(none: authentication off)",
+    )
+    a(
+        "--auth-required",
+        action="store_true",
+        help="refuse connections without a good token, and authorize produce/consume by the token's subject "
+        "(namespace permissions; needs --auth-secret-file)",
+    )
+    a(
+        "--superuser-roles",
+        default="",
+        help="comma-separated token subjects allowed everything (produce, consume, every admin call)",
+    )
+    a(
+        "--admin-read-auth",
+        action="store_true",
+        help="the admin HTTP API's read-only endpoints need a token too (/health and /metrics stay open)",
+    )
+    a(
+        "--bookie-auth-token-file",
+        default=None,
+        help="the token the broker's ledgers are written with, for bookies that require one "
+        "(default: $LEDGERSTORE_AUTH_TOKEN, else the file $LEDGERSTORE_AUTH_TOKEN_FILE names)",
+    )
     enable_config_file(p, what="broker")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    from bookie.main import load_secret
+
+    secret_file = getattr(args, "auth_secret_file", None)
+    auth_required = bool(getattr(args, "auth_required", False))
+    if auth_required and not secret_file:
+        raise ConfigError("--auth-required needs --auth-secret-file")
+    token_file = getattr(args, "bookie_auth_token_file", None)
+    bookie_token: str | None = None
+    if token_file:
+        bookie_token = Path(token_file).read_text().strip()
+        if not bookie_token:
+            raise ConfigError(f"token file {token_file} is empty")
+    superusers = tuple(
+        r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
+    )
     return BrokerConfig(
+        auth_secret=load_secret(Path(secret_file)) if secret_file else None,
+        auth_required=auth_required,
+        superuser_roles=superusers,
+        admin_read_auth=bool(getattr(args, "admin_read_auth", False)),
+        bookie_auth_token=bookie_token,
         zk=args.zk,
         zk_root=args.zk_root,
         port=args.port,
@@ -129,8 +180,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.error("broker: %s", e)
         return 2
+    try:
+        config = config_from_args(args)
+    except (ConfigError, OSError, ValueError) as e:
+        log.error("broker: %s", e)
+        return 2
     install_uvloop()
-    return asyncio.run(serve(config_from_args(args), settings=settings))
+    return asyncio.run(serve(config, settings=settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

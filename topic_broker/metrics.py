@@ -79,6 +79,10 @@ class BrokerMetrics:
             "time from a SEND's arrival to its entry being durable on the ack quorum",
             PUBLISH_LATENCY_BUCKETS_S,
         )
+        self.auth_failures = 0  # tokens refused (binary CONNECT and admin HTTP)
+        self.authz_refusals = 0  # produce/consume/lookup refused for lack of a permission
+        self.quota_refusals = 0  # producers and sends refused by a backlog quota (producer_exception)
+        self.quota_evictions = 0  # cursors moved forward by a backlog quota (consumer_backlog_eviction)
 
     def topic(self, topic: str) -> TopicCounters:
         c = self.topics.get(topic)

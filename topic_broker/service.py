@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import zk
+from bookie.auth import TokenError, TokenVerifier
 from ledger_client import BookKeeper, ClientConfig
 from zk.managed_ledgers import (
     BrokerInfo,
@@ -46,7 +47,7 @@ from zk.managed_ledgers import (
 
 from . import pulsar_api_pb2 as pb
 from . import wire
-from .connection import ConnectionConfig, ProtocolConnection, Request
+from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
     AppendCallback,
@@ -91,6 +92,10 @@ DEFAULT_DEDUP_ENABLED = True
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
 SCHEMA_NONE = 0
+#: The actions a namespace permission grants (Pulsar's AuthAction names we enforce).
+PRODUCE = "produce"
+CONSUME = "consume"
+EITHER = (PRODUCE, CONSUME)
 #: Pending SENDs per topic beyond which reading from producers' sockets pauses.
 APPEND_QUEUE_MAX = 10_000
 
@@ -115,6 +120,15 @@ class BrokerConfig:
     dedup_enabled: bool = DEFAULT_DEDUP_ENABLED
     tick_interval_s: float = DEFAULT_TICK_INTERVAL_S
     zk_session_timeout_s: float = 10.0
+    # Authentication (docs/broker.md, "Authentication and authorization"): the HS256 secret tokens are checked
+    # with (None: no authentication at all), whether a connection must carry one (and produce/consume then
+    # need a permission), the roles allowed everything, whether admin reads need a token too
+    auth_secret: bytes | None = None
+    auth_required: bool = False
+    superuser_roles: tuple[str, ...] = ()
+    admin_read_auth: bool = False
+    # The token the broker's own ledger client sends to bookies (None: $LEDGERSTORE_AUTH_TOKEN[_FILE])
+    bookie_auth_token: str | None = None
 
     @property
     def id(self) -> str:
@@ -689,7 +703,12 @@ class Topic:
 class BrokerService:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.conn_config = ConnectionConfig(max_message_size=config.max_message_size)
+        self.verifier = TokenVerifier(config.auth_secret) if config.auth_secret is not None else None
+        self.conn_config = ConnectionConfig(
+            max_message_size=config.max_message_size,
+            authenticate=self.authenticate if self.verifier is not None else None,
+            auth_required=config.auth_required,
+        )
         self.bk: BookKeeper | None = None
         self.meta: BrokerMetadataStore | None = None
         self.metrics = BrokerMetrics()
@@ -701,6 +720,45 @@ class BrokerService:
         self._ticker: asyncio.Task[None] | None = None
         self._session_lost = False
 
+    # -- authentication and authorization ---------------------------------------------------------------------
+
+    def authenticate(self, method: str, data: bytes) -> str:
+        """A token's subject (the CONNECT's and the admin HTTP's check); AuthenticationFailed otherwise."""
+        if self.verifier is None:
+            raise AuthenticationFailed("the broker has no token secret")
+        try:
+            principal = self.verifier.verify(data)
+        except TokenError as e:
+            self.metrics.auth_failures += 1
+            raise AuthenticationFailed(str(e)) from None
+        return principal.subject
+
+    def is_superuser(self, role: str | None) -> bool:
+        return role is not None and role in self.config.superuser_roles
+
+    async def can(self, role: str | None, name: TopicName, actions: tuple[str, ...]) -> bool:
+        """May ``role`` do one of ``actions`` (``produce``, ``consume``) on the topic's namespace? Always yes
+        without ``--auth-required``; superusers may do everything; otherwise the namespace's permissions
+        decide (Pulsar's ``grant-permission``)."""
+        if not self.config.auth_required or self.is_superuser(role):
+            return True
+        if role is None:
+            return False
+        assert self.meta is not None
+        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        granted = policies.permissions.get(role, ()) if policies is not None else ()
+        return any(a in granted for a in actions)
+
+    async def _authorized(self, s: Session, name: TopicName, actions: tuple[str, ...]) -> str | None:
+        """None when the session's role may do one of ``actions`` on ``name``; else the refusal's text."""
+        try:
+            if await self.can(s.conn.principal, name, actions):
+                return None
+        except zk.MetadataError as e:
+            return f"permissions of {name.namespace_name} cannot be read: {e}"
+        self.metrics.authz_refusals += 1
+        return f"{s.conn.principal or 'an anonymous client'} is not authorized to {' or '.join(actions)} on {name}"
+
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -708,7 +766,9 @@ class BrokerService:
         self.bk = await BookKeeper.connect(
             self.config.zk,
             config=ClientConfig(
-                zk_root=self.config.zk_root, zk_session_timeout_s=self.config.zk_session_timeout_s
+                zk_root=self.config.zk_root,
+                zk_session_timeout_s=self.config.zk_session_timeout_s,
+                auth_token=self.config.bookie_auth_token,
             ),
         )
         self.meta = BrokerMetadataStore(self.bk.store)
@@ -975,6 +1035,14 @@ class BrokerService:
                 )
             )
             return
+        refused = await self._authorized(s, name, EITHER)
+        if refused is not None:
+            s.send(
+                wire.partitioned_metadata_response(
+                    cmd.request_id, error_code=pb.AuthorizationError, message=refused
+                )
+            )
+            return
         assert self.meta is not None
         meta = await self.meta.get_partitions(name.base.ml_name) if not name.is_partition else None
         s.send(wire.partitioned_metadata_response(cmd.request_id, meta.partitions if meta else 0))
@@ -986,6 +1054,10 @@ class BrokerService:
         except InvalidTopicName as e:
             s.send(wire.lookup_response(cmd.request_id, error_code=pb.InvalidTopicName, message=str(e)))
             return
+        refused = await self._authorized(s, name, EITHER)
+        if refused is not None:
+            s.send(wire.lookup_response(cmd.request_id, error_code=pb.AuthorizationError, message=refused))
+            return
         assert self.meta is not None
         try:
             owner = await self.meta.get_owner(name.ml_name)
@@ -996,9 +1068,16 @@ class BrokerService:
             return
         s.send(wire.lookup_response(cmd.request_id, broker_service_url=owner.service_url))
 
-    async def _topic_for(self, s: Session, topic: str, request_id: int) -> Topic | None:
+    async def _topic_for(
+        self, s: Session, topic: str, request_id: int, action: str | None = None
+    ) -> Topic | None:
         try:
             name = TopicName.parse(topic)
+            if action is not None:
+                refused = await self._authorized(s, name, (action,))
+                if refused is not None:
+                    s.send(wire.error(request_id, pb.AuthorizationError, refused))
+                    return None
             return await self.get_topic(name)
         except InvalidTopicName as e:
             s.send(wire.error(request_id, pb.InvalidTopicName, str(e)))
@@ -1010,7 +1089,7 @@ class BrokerService:
 
     async def on_producer(self, s: Session, r: Request) -> None:
         cmd: pb.CommandProducer = r.body  # type: ignore[assignment]
-        topic = await self._topic_for(s, cmd.topic, cmd.request_id)
+        topic = await self._topic_for(s, cmd.topic, cmd.request_id, PRODUCE)
         if topic is None:
             return
         schema_version: bytes | None = None
@@ -1109,7 +1188,7 @@ class BrokerService:
 
     async def on_subscribe(self, s: Session, r: Request) -> None:
         cmd: pb.CommandSubscribe = r.body  # type: ignore[assignment]
-        topic = await self._topic_for(s, cmd.topic, cmd.request_id)
+        topic = await self._topic_for(s, cmd.topic, cmd.request_id, CONSUME)
         if topic is None:
             return
         if cmd.consumer_id in s.consumers:
@@ -1257,6 +1336,16 @@ class BrokerService:
     async def on_get_topics_of_namespace(self, s: Session, r: Request) -> None:
         cmd: pb.CommandGetTopicsOfNamespace = r.body  # type: ignore[assignment]
         assert self.bk is not None
+        if self.config.auth_required:
+            try:
+                probe = TopicName.parse(f"persistent://{cmd.namespace}/-")
+            except InvalidTopicName as e:
+                s.send(wire.error(cmd.request_id, pb.InvalidTopicName, str(e)))
+                return
+            refused = await self._authorized(s, probe, EITHER)
+            if refused is not None:
+                s.send(wire.error(cmd.request_id, pb.AuthorizationError, refused))
+                return
         try:
             tenant, ns = cmd.namespace.split("/", 1)
             names = await self.bk.store.achildren(f"managed-ledgers/{tenant}/{ns}/persistent")

@@ -559,7 +559,9 @@ def lookup_response(
     message: str | None = None,
 ) -> bytes:
     """LOOKUP_RESPONSE: Connect (use this broker), Redirect (ask ``broker_service_url``) or Failed (with
-    ``error_code``/``message``)."""
+    ``error_code``/``message``; an error code makes it Failed, else clients read it as Connect)."""
+    if error_code is not None:
+        response = pb.CommandLookupTopicResponse.Failed
     return _frame(
         _T(
             type=_T.LOOKUP_RESPONSE,

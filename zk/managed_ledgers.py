@@ -257,6 +257,9 @@ class NamespacePolicies:
     retention_size_mb: int = 0
     deduplication_enabled: bool = False
     backlog_quota: BacklogQuota = field(default_factory=BacklogQuota)
+    # Pulsar's namespace ``auth_policies``: role (a token's subject) -> the actions granted ("produce",
+    # "consume"); written by ``grant-permission``/``revoke-permission``. Absent in older znodes: nobody
+    permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def retention_time_s(self) -> float:
@@ -272,6 +275,7 @@ class NamespacePolicies:
             "retention_size_mb": self.retention_size_mb,
             "deduplication_enabled": self.deduplication_enabled,
             "backlog_quota": self.backlog_quota.to_json(),
+            "permissions": {role: list(actions) for role, actions in sorted(self.permissions.items())},
         }
 
     @classmethod
@@ -281,7 +285,17 @@ class NamespacePolicies:
             retention_size_mb=_field(d, "retention_size_mb", int, 0),
             deduplication_enabled=_field(d, "deduplication_enabled", bool, False),
             backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
+            permissions=_permissions(_field(d, "permissions", dict, {})),
         )
+
+
+def _permissions(d: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for role, actions in d.items():
+        if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise MetadataFormatError(f"permissions of {role!r} are not a list of actions: {actions!r}")
+        out[str(role)] = tuple(actions)
+    return out
 
 
 # --- schemas -------------------------------------------------------------------------------------------------

@@ -1,0 +1,219 @@
+"""Token authentication and namespace permissions on the topic broker, against the official ``pulsar-client``:
+real ZooKeeper, 3 bookies that require tokens, a broker that requires them too and writes its ledgers with one."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bookie.auth import create_token, new_secret
+from ledgerstore.cluster import BrokerProcess, free_port
+
+pulsar = pytest.importorskip("pulsar")
+
+SUPERUSER = "admin"
+
+
+@dataclass
+class SecureCluster:
+    broker: BrokerProcess
+    secret: bytes
+    tokens: dict[str, str]
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.broker.http_port}"
+
+    def client(self, token: str | None, url: str | None = None, **kw: Any) -> Any:
+        kw.setdefault("operation_timeout_seconds", 10)
+        if token is not None:
+            kw["authentication"] = pulsar.AuthenticationToken(token)
+        return pulsar.Client(
+            url or self.broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error), **kw
+        )
+
+    def http(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.http_url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=15) as r:
+                text = r.read().decode()
+                return r.status, (json.loads(text) if text.strip().startswith(("{", "[")) else text)
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+            return e.code, (json.loads(text) if text.startswith("{") else text)
+
+    def grant(self, role: str, actions: list[str], ns: str = "public/default") -> None:
+        status, body = self.http(
+            "POST", f"/admin/v2/namespaces/{ns}/permissions/{role}", actions, self.tokens[SUPERUSER]
+        )
+        assert status == 204, body
+
+
+def _write_secret(path: Path, secret: bytes) -> Path:
+    path.write_bytes(secret)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def secure(bookies, tmp_path: Path) -> Iterator[SecureCluster]:
+    secret = new_secret()
+    secret_file = _write_secret(tmp_path / "token-secret", secret)
+    tokens = {name: create_token(secret, name, expires_in_s=3600) for name in (SUPERUSER, "alice", "bob")}
+    broker_token = tmp_path / "broker.token"
+    broker_token.write_text(create_token(secret, "broker"))
+    bookies.start_many(3, "--auth-secret-file", str(secret_file), "--auth-required")
+    port = free_port()
+    bp = BrokerProcess(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=port,
+        http_port=free_port(),
+        extra_args=[
+            "--zk-session-timeout-s",
+            "4",
+            "--auth-secret-file",
+            str(secret_file),
+            "--auth-required",
+            "--superuser-roles",
+            f"{SUPERUSER},ops",
+            "--bookie-auth-token-file",
+            str(broker_token),
+        ],
+        log_path=tmp_path / f"broker-{port}.log",
+    ).start()
+    try:
+        yield SecureCluster(bp, secret, tokens)
+    finally:
+        try:
+            bp.stop()
+        except Exception:
+            bp.kill9()
+
+
+def _topic() -> str:
+    return f"persistent://public/default/auth-{uuid.uuid4().hex[:8]}"
+
+
+def _produce_consume(c: Any, topic: str, n: int = 5) -> list[bytes]:
+    consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    producer = c.create_producer(topic)
+    for i in range(n):
+        producer.send(f"m-{i}".encode())
+    got = []
+    for _ in range(n):
+        m = consumer.receive(timeout_millis=10_000)
+        consumer.acknowledge(m)
+        got.append(m.data())
+    return got
+
+
+def test_tokens_authenticate_and_permissions_authorize(secure: SecureCluster) -> None:
+    topic = _topic()
+    # the superuser needs no grant; its ledgers reach bookies that require a token (the broker's own)
+    c = secure.client(secure.tokens[SUPERUSER])
+    try:
+        assert _produce_consume(c, topic) == [f"m-{i}".encode() for i in range(5)]
+    finally:
+        c.close()
+
+    # alice and bob: nothing granted yet
+    alice = secure.client(secure.tokens["alice"])
+    bob = secure.client(secure.tokens["bob"])
+    try:
+        with pytest.raises(pulsar.AuthorizationError):
+            alice.create_producer(topic)
+        with pytest.raises(pulsar.AuthorizationError):
+            bob.subscribe(topic, "s")
+
+        secure.grant("alice", ["produce", "consume"])
+        secure.grant("bob", ["consume"])
+        status, perms = secure.http("GET", "/admin/v2/namespaces/public/default/permissions")
+        assert status == 200 and perms == {"alice": ["consume", "produce"], "bob": ["consume"]}
+
+        assert len(_produce_consume(alice, topic, 3)) == 3
+        consumer = bob.subscribe(topic, "bob-sub", initial_position=pulsar.InitialPosition.Earliest)
+        assert consumer.receive(timeout_millis=10_000).data() == b"m-0"
+        consumer.close()
+        with pytest.raises(pulsar.AuthorizationError):
+            bob.create_producer(topic)
+
+        # revoked: bob may consume no more
+        status, body = secure.http(
+            "DELETE", "/admin/v2/namespaces/public/default/permissions/bob", token=secure.tokens[SUPERUSER]
+        )
+        assert status == 204, body
+        with pytest.raises(pulsar.AuthorizationError):
+            bob.subscribe(topic, "bob-sub-2")
+        # another namespace: alice's grant does not reach it
+        status, body = secure.http("PUT", "/admin/v2/namespaces/public/other", token=secure.tokens[SUPERUSER])
+        assert status == 204, body
+        with pytest.raises(pulsar.AuthorizationError):
+            alice.create_producer(f"persistent://public/other/t-{uuid.uuid4().hex[:6]}")
+    finally:
+        alice.close()
+        bob.close()
+
+    # the HTTP lookup (pulsar.Client("http://…")) carries the token too
+    h = secure.client(secure.tokens["alice"], url=secure.http_url)
+    try:
+        assert len(_produce_consume(h, _topic(), 2)) == 2
+    finally:
+        h.close()
+    status, _ = secure.http("GET", f"/lookup/v2/topic/persistent/public/default/{uuid.uuid4().hex[:6]}")
+    assert status == 401
+    status, _ = secure.http(
+        "GET",
+        f"/lookup/v2/topic/persistent/public/default/x{uuid.uuid4().hex[:6]}",
+        token=secure.tokens["bob"],
+    )
+    assert status == 403
+
+
+def test_bad_tokens_are_refused(secure: SecureCluster) -> None:
+    topic = _topic()
+    expired = create_token(secure.secret, "alice", expires_in_s=10, now=time.time() - 60)
+    foreign = create_token(new_secret(), SUPERUSER)
+    for token in (expired, foreign, None):
+        c = secure.client(token, operation_timeout_seconds=5)
+        try:
+            started = time.monotonic()
+            with pytest.raises(pulsar.AuthenticationError):
+                c.create_producer(topic)
+            assert time.monotonic() - started < 4  # at once, not after the operation timeout
+            with pytest.raises(pulsar.AuthenticationError):
+                c.subscribe(topic, "s")
+        finally:
+            c.close()
+    log = (secure.broker.log_path or Path()).read_text()
+    assert "expired" in log and "signature does not verify" in log
+
+
+def test_admin_http_needs_a_token_to_change_anything(secure: SecureCluster) -> None:
+    path = "/admin/v2/namespaces/public/default/permissions/carol"
+    assert secure.http("POST", path, ["consume"])[0] == 401
+    bad = create_token(new_secret(), SUPERUSER)
+    assert secure.http("POST", path, ["consume"], token=bad)[0] == 401
+    assert secure.http("POST", path, ["consume"], token=secure.tokens["alice"])[0] == 403
+    assert secure.http("POST", path, ["teleport"], token=secure.tokens[SUPERUSER])[0] == 400
+    assert secure.http("POST", path, ["consume"], token=secure.tokens[SUPERUSER])[0] == 204
+    assert secure.http("PUT", "/admin/v2/tenants/t1")[0] == 401
+    # reads stay open (no --admin-read-auth), as do /health and /metrics
+    assert secure.http("GET", "/admin/v2/namespaces/public/default/permissions")[1] == {"carol": ["consume"]}
+    assert secure.http("GET", "/health")[0] == 200
+    status, text = secure.http("GET", "/metrics")
+    assert status == 200 and "pulsar_broker_auth_failures_total" in text

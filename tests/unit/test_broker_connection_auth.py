@@ -1,0 +1,148 @@
+"""Token authentication in the broker's per-connection state machine (``topic_broker.connection``), no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from bookie.auth import TokenError, TokenVerifier, create_token
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+from topic_broker.connection import AuthenticationFailed, ConnectionConfig, ConnState, ProtocolConnection
+
+T = pb.BaseCommand
+SECRET = b"s" * 32
+NOW = 1_700_000_000.0
+
+
+def authenticate(method: str, data: bytes) -> str:
+    try:
+        return TokenVerifier(SECRET, clock=lambda: NOW).verify(data).subject
+    except TokenError as e:
+        raise AuthenticationFailed(str(e)) from None
+
+
+def connect(token: str | None = None, method: str | None = "token") -> bytes:
+    c = pb.CommandConnect(client_version="test", protocol_version=20)
+    if token is not None:
+        c.auth_data = token.encode()
+        if method is not None:
+            c.auth_method_name = method
+    return wire.encode_command(T(type=T.CONNECT, connect=c))
+
+
+def lookup(request_id: int = 7) -> bytes:
+    return wire.encode_command(
+        T(
+            type=T.LOOKUP,
+            lookupTopic=pb.CommandLookupTopic(topic="persistent://public/default/t", request_id=request_id),
+        )
+    )
+
+
+def producer(request_id: int = 8) -> bytes:
+    return wire.encode_command(
+        T(
+            type=T.PRODUCER,
+            producer=pb.CommandProducer(
+                topic="persistent://public/default/t", producer_id=1, request_id=request_id
+            ),
+        )
+    )
+
+
+def decode(data: bytes) -> list[pb.BaseCommand]:
+    return [f.command for f in wire.FrameDecoder().feed(data)]
+
+
+def conn(required: bool = False, **kw: object) -> ProtocolConnection:
+    return ProtocolConnection(
+        ConnectionConfig(authenticate=authenticate, auth_required=required, **kw),  # type: ignore[arg-type]
+        NOW,
+    )
+
+
+def test_a_good_token_names_the_principal() -> None:
+    c = conn(required=True)
+    assert c.receive_data(connect(create_token(SECRET, "alice", now=NOW)), NOW) == []
+    (reply,) = decode(c.data_to_send())
+    assert reply.type == T.CONNECTED
+    assert c.principal == "alice" and c.refused is None
+    (req,) = c.receive_data(lookup(), NOW)
+    assert req.handler == "on_lookup"
+
+
+def test_a_token_without_the_method_name_is_checked_too() -> None:
+    c = conn(required=True)
+    c.receive_data(connect(create_token(SECRET, "bob", now=NOW), method=None), NOW)
+    assert c.principal == "bob"
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        create_token(SECRET, "alice", expires_in_s=10, now=NOW - 60),  # expired
+        create_token(b"x" * 32, "alice", now=NOW),  # another secret
+        "not.a.token",
+    ],
+)
+@pytest.mark.parametrize("required", [True, False])
+def test_a_bad_token_is_refused_in_the_first_requests_answer(token: str, required: bool) -> None:
+    c = conn(required=required)
+    c.receive_data(connect(token), NOW)
+    (reply,) = decode(c.data_to_send())
+    assert reply.type == T.CONNECTED  # the C++ client reports nothing but a timeout for an ERROR here
+    assert c.principal is None and c.refused
+    assert c.receive_data(lookup(7), NOW) == []  # nothing reaches the service
+    (answer,) = decode(c.data_to_send())
+    assert answer.type == T.LOOKUP_RESPONSE
+    assert answer.lookupTopicResponse.response == pb.CommandLookupTopicResponse.Failed
+    assert answer.lookupTopicResponse.error == pb.AuthenticationError
+    assert c.closed
+
+
+def test_a_refused_producer_gets_error_authentication_error() -> None:
+    c = conn(required=True)
+    c.receive_data(connect(None), NOW)
+    c.data_to_send()
+    assert c.receive_data(producer(8), NOW) == []
+    (answer,) = decode(c.data_to_send())
+    assert answer.type == T.ERROR and answer.error.error == pb.AuthenticationError
+    assert answer.error.request_id == 8
+    assert "required" in answer.error.message
+    assert c.closed
+
+
+def test_a_refused_connection_that_asks_nothing_is_closed() -> None:
+    c = conn(required=True, refused_linger_s=5.0)
+    c.receive_data(connect(None), NOW)
+    c.tick(NOW + 1)
+    assert not c.closed
+    c.tick(NOW + 6)
+    assert c.closed
+
+
+def test_refusing_at_connect_as_pulsar_does() -> None:
+    c = conn(required=True, refuse_after_connected=False)
+    c.receive_data(connect(create_token(b"x" * 32, "alice", now=NOW)), NOW)
+    (answer,) = decode(c.data_to_send())
+    assert answer.type == T.ERROR and answer.error.error == pb.AuthenticationError
+    assert c.state is ConnState.CLOSED
+
+
+def test_without_auth_required_anonymous_clients_are_served() -> None:
+    c = conn(required=False)
+    c.receive_data(connect(None), NOW)
+    assert c.principal is None and c.refused is None
+    assert len(c.receive_data(lookup(), NOW)) == 1
+
+
+def test_an_unknown_method_is_refused() -> None:
+    c = conn(required=False)
+    c.receive_data(connect("x", method="athenz"), NOW)
+    assert c.refused and "athenz" in c.refused
+
+
+def test_without_an_authenticator_tokens_are_ignored() -> None:
+    c = ProtocolConnection(ConnectionConfig(), NOW)
+    c.receive_data(connect("whatever"), NOW)
+    assert c.principal is None and c.refused is None and not c.closed
