@@ -45,6 +45,8 @@ from .config_file import ConfigError, Effective, resolve
 from .core import BookieCore
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
 from .journal import Journal
+from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
+from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
 from .storage import MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
 
@@ -103,6 +105,9 @@ class BookieConfig:
     admin_read_auth: str = "none"  # admin HTTP read-only endpoints that need a token too: none, api, all
     tls_cert_file: Path | None = None  # data plane TLS: certificate chain (PEM), with tls_key_file
     tls_key_file: Path | None = None
+    scrub_interval_s: float = DEFAULT_SCRUB_INTERVAL_S  # between scrub passes; 0: no scrubbing
+    scrub_rate_mb: float = DEFAULT_SCRUB_RATE_MB  # MiB/s a scrub pass reads at most
+    rack: str | None = None  # registered in bookies/racks at start (None: leave it as the operator set it)
 
     @property
     def id(self) -> str:
@@ -137,6 +142,7 @@ class Bookie:
         self.started_at = time.time()
         self.instance_id = ""
         self.collector: LedgerCollector | None = None
+        self.scrubber: Scrubber | None = None
         self.stopping = False
         self.failed = ""  # why the bookie failed (storage or journal error); empty while it has not
         self.failures = 0
@@ -270,11 +276,18 @@ class Bookie:
 
         self.registry = BookieRegistry(self.store)
         await self._register()
+        if cfg.rack:
+            from zk import racks
+
+            await asyncio.to_thread(racks.set_rack, self.store, cfg.id, cfg.rack)
         self._tasks = [
             asyncio.create_task(self._every(cfg.checkpoint_interval_s, self.checkpoint)),
             asyncio.create_task(self._every(cfg.disk_check_interval_s, self._disk_check)),
             asyncio.create_task(self._every(cfg.gc_interval_s, self.gc)),
         ]
+        self.scrubber = self._scrubber()
+        if cfg.scrub_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._every(cfg.scrub_interval_s, self.scrubber.run_pass)))
         log.info(
             "bookie=%s serving on %s:%d (admin http :%d), data in %s",
             cfg.id,
@@ -282,6 +295,41 @@ class Bookie:
             cfg.port,
             cfg.http_port,
             cfg.data_dir,
+        )
+
+    def _scrubber(self) -> Scrubber:
+        """The scrubber (bookie/scrub.py): damaged or missing entries of closed ledgers become an
+        under-replication mark naming this bookie and the entry ranges, for AutoRecovery to copy back."""
+        from zk import LedgerMetadataStore
+        from zk.errors import MetadataNotFoundError
+        from zk.underreplication import UnderReplicationManager
+
+        cfg, core, storage = self.config, self.core, self.storage
+        assert core is not None and storage is not None
+        ledgers, marks = LedgerMetadataStore(self.store), UnderReplicationManager(self.store)
+
+        def metadata(lid: int) -> Any:
+            try:
+                return ledgers.read(lid).value
+            except MetadataNotFoundError:
+                return None
+
+        def key(lid: int) -> bytes | None:
+            info = core.ledgers.get(lid)
+            return None if info is None else info.master_key
+
+        def report(lid: int, ids: list[int]) -> None:
+            marks.mark(lid, entries=[(cfg.id, a, b) for a, b in scrub_ranges(ids)])
+
+        return Scrubber(
+            bookie_id=cfg.id,
+            storage=storage,
+            ledgers=lambda: list(core.ledgers),
+            master_key=key,
+            metadata=metadata,
+            report=report,
+            rate_bytes_per_s=cfg.scrub_rate_mb * 2**20,
+            should_stop=lambda: self.stopping,
         )
 
     def _check_cookies(self) -> None:
@@ -683,6 +731,11 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         admin_read_auth=getattr(args, "admin_read_auth", "none"),
         tls_cert_file=Path(args.tls_cert) if getattr(args, "tls_cert", None) else None,
         tls_key_file=Path(args.tls_key) if getattr(args, "tls_key", None) else None,
+        scrub_interval_s=0.0
+        if getattr(args, "no_scrub", False)
+        else getattr(args, "scrub_interval_s", 3600.0),
+        scrub_rate_mb=getattr(args, "scrub_rate_mb", DEFAULT_SCRUB_RATE_MB),
+        rack=getattr(args, "rack", None),
     )
 
 
@@ -719,6 +772,42 @@ def add_auth_arguments(serve: argparse.ArgumentParser) -> None:
     )
     a("--tls-cert", default=None, help="data plane TLS: the bookie's certificate chain (PEM); off by default")
     a("--tls-key", default=None, help="data plane TLS: the certificate's private key (PEM)")
+
+
+def add_scrub_arguments(serve: argparse.ArgumentParser) -> None:
+    """``bookie serve``'s scrubber and rack (docs/operations.md, "AutoRecovery")."""
+    a = serve.add_argument
+    a(
+        "--scrub-interval-s",
+        type=float,
+        default=DEFAULT_SCRUB_INTERVAL_S,
+        help="seconds between scrub passes, which read back the closed ledgers' entries, check their digests and "
+        "mark what is damaged or missing for AutoRecovery to copy back; 0: no scrubbing "
+        f"(default {DEFAULT_SCRUB_INTERVAL_S:.0f})",
+    )
+    a(
+        "--scrub-rate-mb",
+        type=float,
+        default=DEFAULT_SCRUB_RATE_MB,
+        help=f"MiB/s a scrub pass reads at most; 0: unpaced (default {DEFAULT_SCRUB_RATE_MB:g})",
+    )
+    a("--no-scrub", action="store_true", help="no scrubbing (as --scrub-interval-s 0)")
+
+    def rack(value: str) -> str:
+        from zk.racks import check_rack
+
+        try:
+            return check_rack(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    a(
+        "--rack",
+        type=rack,
+        default=None,
+        help="the bookie's rack (/region/rack), registered at start for rack-aware placement (default: as "
+        "set by ledgerstore bookie set-rack, else /default-region/default-rack)",
+    )
 
 
 def add_limit_arguments(serve: argparse.ArgumentParser) -> None:

@@ -95,7 +95,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from .protocol import MASTER_KEY_LEN
 
@@ -897,8 +897,69 @@ class RocksLedgerStorage:
             del it
         return out
 
+    def runs(self, ledger_id: int, after: int = -1, limit: int = 64) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` of the ledger's stored runs whose first entry id is above ``after``, in key order, as
+        (first entry id, raw value): undecoded, so a damaged run is seen as it is (the scrubber's walk)."""
+        prefix = run_key(ledger_id, 0)[:_RUN_PREFIX_LEN]
+        out: list[tuple[int, bytes]] = []
+        it = self._db.iter()
+        try:
+            it.seek(run_key(ledger_id, after + 1))
+            while it.valid() and len(out) < limit:
+                key = it.key()
+                if key[:_RUN_PREFIX_LEN] != prefix or len(key) != _ENTRY_KEY.size:
+                    break
+                out.append((_RUN_FIRST.unpack_from(key, _RUN_PREFIX_LEN)[0], bytes(it.value())))
+                it.next()
+        finally:
+            del it
+        return out
+
+    def drop_entries(self, ledger_id: int, first: int, entry_ids: Iterable[int] | None) -> int:
+        """Take ``entry_ids`` (every entry when None, or when the run does not decode) out of the run keyed
+        ``first``: the scrubber's answer to damage, so that reads answer NO_ENTRY instead of bad bytes and a
+        replication worker can add the entries again (an add never replaces an entry a run holds). The rest
+        of the run stays, keyed by its first remaining id. Returns how many entries went; written durably."""
+        from rocksdict import WriteBatch
+
+        key = run_key(ledger_id, first)
+        raw = self._db.get(key)
+        if raw is None:
+            return 0
+        try:
+            ids, entries = run_entries(first, bytes(raw))
+        except ValueError:
+            ids, entries = [], []
+        drop = set(ids) if entry_ids is None else set(entry_ids)
+        keep = [(e, d) for e, d in zip(ids, entries, strict=True) if e not in drop]
+        wb = WriteBatch(raw_mode=True)
+        wb.delete(key)
+        if keep:
+            kept_ids, kept = [e for e, _ in keep], [d for _, d in keep]
+            new_key = run_key(ledger_id, kept_ids[0])
+            if new_key != key:
+                merged = self._merge_run(new_key, kept_ids[0], kept_ids, kept, {})
+                if merged is not None:
+                    wb.put(new_key, pack_block_run(*merged))
+            else:
+                wb.put(new_key, pack_block_run(kept_ids, kept))
+        self._write_synced(wb, ledger_id)
+        return max(len(ids) - len(keep), 1 if not ids else 0)
+
+    def _write_synced(self, wb: Any, ledger_id: int) -> None:
+        """Write ``wb`` durably at once (WAL on, synced), then forget what is cached of ``ledger_id``'s runs."""
+        from rocksdict import WriteOptions
+
+        wo = WriteOptions()
+        wo.sync = True  # type: ignore[method-assign,assignment]
+        self._db.write(wb, wo)
+        self._tops.pop(ledger_id, None)
+        with self._runs_lock:
+            for cached in [k for k in self._runs if k[0] == ledger_id]:
+                del self._runs[cached]
+
     def delete_ledger(self, ledger_id: int) -> None:
-        from rocksdict import WriteBatch, WriteOptions
+        from rocksdict import WriteBatch
 
         wb = WriteBatch(raw_mode=True)
         for key in (run_key, entry_key):
@@ -907,15 +968,9 @@ class RocksLedgerStorage:
         wb.delete(ledger_key(ledger_id), self._index_cf)
         # Deletes are made durable at once (WAL on): a deleted ledger must not reappear after a crash
         # unless the journal replays it, and the journal only replays records after the last checkpoint.
-        wo = WriteOptions()
-        wo.sync = True  # type: ignore[method-assign,assignment]
-        self._db.write(wb, wo)
+        self._write_synced(wb, ledger_id)
         # Give the space back now (GC runs in a thread; compaction releases the GIL): SSTs holding only this
         # ledger are dropped, the others rewritten without it, and blob files left unreferenced are deleted.
-        self._tops.pop(ledger_id, None)
-        with self._runs_lock:
-            for cached in [k for k in self._runs if k[0] == ledger_id]:
-                del self._runs[cached]
         self._db.compact_range(run_key(ledger_id, 0), run_key(ledger_id, _U64_MAX))
         if self._legacy_keys:
             self._db.compact_range(entry_key(ledger_id, 0), entry_key(ledger_id, _U64_MAX))

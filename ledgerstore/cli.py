@@ -497,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bookie.main import add_auth_arguments
 
     add_auth_arguments(serve)
+    from bookie.main import add_scrub_arguments
+
+    add_scrub_arguments(serve)
     serve.add_argument(
         "--no-fsync", action="store_true", help="UNSAFE: skip fsync (benchmarks of the rest only)"
     )

@@ -152,13 +152,20 @@ async def _list(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 
 async def _metadata(args: argparse.Namespace, bk: BookKeeper) -> int:
+    from zk import racks as zk_racks
+
     md = await bk.ledger_metadata(args.ledger_id)
-    d = _md_json(md)
+    known = await asyncio.to_thread(zk_racks.racks, bk.store)
+    rack = {b: known.get(b, zk_racks.DEFAULT_RACK) for ens in md.ensembles for b in ens.bookies}
+    d = {**_md_json(md), "racks": rack}
     human = [
         f"ledger {md.ledger_id}: {md.state.value}, E={md.ensemble_size} Qw={md.write_quorum} "
         f"Qa={md.ack_quorum}, last_entry_id={md.last_entry_id}, length={md.length}, digest={md.digest_type}"
     ]
-    human += [f"  ensemble from entry {e.first_entry_id}: {', '.join(e.bookies)}" for e in md.ensembles]
+    human += [
+        f"  ensemble from entry {e.first_entry_id}: {', '.join(f'{b} ({rack[b]})' for b in e.bookies)}"
+        for e in md.ensembles
+    ]
     emit(args, "\n".join(human), d)
     return 0
 

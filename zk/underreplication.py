@@ -4,7 +4,8 @@ on-demand audit trigger and bookies being decommissioned (BookKeeper's ``/ledger
 Paths (relative to the store root; ``layout.py`` reserved the first two)::
 
     underreplicated/ledgers/NNN/NNNN/NNNN/NNNN/urLNNNN   persistent  a mark: {"missing": [ids], "drain": [ids],
-                                                                     "count": n, "ctime_ms": t, "mtime_ms": t}
+                                                                     "count": n, "ctime_ms": t, "mtime_ms": t,
+                                                                     "entries": [[id, first, last], ...]}
     underreplicated/locks/urL<19 digits>                  ephemeral   {"owner": worker id}
     underreplicated/auditor/ID_<10 digits>                ephemeral sequential  {"owner": id}; lowest = auditor
     underreplicated/disabled                              persistent  present: workers and auditor pause
@@ -14,7 +15,8 @@ Paths (relative to the store root; ``layout.py`` reserved the first two)::
 A mark names the bookies a ledger lacks: ``missing`` are bookies gone (or found without entries they should
 hold), ``drain`` bookies still up whose entries are to move elsewhere (decommission). ``count`` is how many
 times the ledger was marked, ``ctime_ms`` when it was first marked (the open-ledger grace period and the
-oldest-mark metric count from it). A worker clears a mark only at the version it read, so a mark that gained a
+oldest-mark metric count from it). ``entries`` (optional) names, for a bookie that reported damage itself (its
+scrubber, ``bookie/scrub.py``), the entry ranges it lacks; the bookie is in ``missing`` too. A worker clears a mark only at the version it read, so a mark that gained a
 bookie while the worker copied stays for another pass.
 """
 
@@ -59,6 +61,8 @@ class UnderReplicationMark:
     count: int = 1
     ctime_ms: int = 0
     mtime_ms: int = 0
+    #: (bookie, first entry id, last entry id): ranges a bookie reported lacking (its scrubber)
+    entries: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def bookies(self) -> tuple[str, ...]:
@@ -73,6 +77,7 @@ class UnderReplicationMark:
             "count": self.count,
             "ctime_ms": self.ctime_ms,
             "mtime_ms": self.mtime_ms,
+            **({"entries": [list(r) for r in self.entries]} if self.entries else {}),
         }
 
     @classmethod
@@ -84,6 +89,7 @@ class UnderReplicationMark:
             count=int(d.get("count", 1)),
             ctime_ms=int(d.get("ctime_ms", 0)),
             mtime_ms=int(d.get("mtime_ms", 0)),
+            entries=tuple(sorted((str(b), int(f), int(la)) for b, f, la in d.get("entries", []))),
         )
 
 
@@ -96,11 +102,17 @@ class UnderReplicationManager:
     # --- marks ------------------------------------------------------------------------------------------------
 
     def mark(
-        self, ledger_id: int, missing: Iterable[str] = (), drain: Iterable[str] = ()
+        self,
+        ledger_id: int,
+        missing: Iterable[str] = (),
+        drain: Iterable[str] = (),
+        entries: Iterable[tuple[str, int, int]] = (),
     ) -> Versioned[UnderReplicationMark]:
         """Mark ``ledger_id`` as lacking ``missing`` (gone) and ``drain`` (to move off) bookies, merged into an
-        existing mark (its ``count`` goes up by one, its ``ctime_ms`` stays)."""
-        missing, drain = set(missing), set(drain)
+        existing mark (its ``count`` goes up by one, its ``ctime_ms`` stays). ``entries``: (bookie, first, last)
+        ranges a bookie lacks; each such bookie is marked missing."""
+        ranges = {(str(b), int(f), int(la)) for b, f, la in entries}
+        missing, drain = set(missing) | {b for b, _, _ in ranges}, set(drain)
         now = _now_ms()
 
         def merge(cur: JsonDict) -> JsonDict:
@@ -112,6 +124,7 @@ class UnderReplicationManager:
                 count=old.count + 1 if cur.get("ctime_ms") else 1,
                 ctime_ms=old.ctime_ms or now,
                 mtime_ms=now,
+                entries=tuple(sorted(set(old.entries) | ranges)),
             )
             return new.to_json()
 
