@@ -3,7 +3,8 @@
 ZooKeeper, three bookies and (unless ``--brokers 0``) one topic broker. Bookies and the broker advertise
 127.0.0.1:<published port> so that clients on the host (this CLI, Spark in local mode, ``pulsar.Client(
 "pulsar://127.0.0.1:6650")``) reach them; see the addressing notes at the top of docker/compose.yaml. ``down``
-and ``status`` also cover an AutoRecovery service started with ``--profile autorecovery``.
+and ``status`` also cover an AutoRecovery service started with ``--profile autorecovery``. The bookies' shared
+settings come from docker/bookie.toml and the broker's from docker/broker.toml, which compose.yaml mounts.
 """
 
 from __future__ import annotations

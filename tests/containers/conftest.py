@@ -12,6 +12,11 @@ back from its lookup. The broker itself dials bookie ids ``127.0.0.1:p`` too: th
 container's loopback port ``p`` to the bookie's container (``LEDGERSTORE_LOOPBACK_RELAY``, docker/entrypoint.py),
 exactly as docker/compose.yaml does in host mode. Bookies added after the broker are not relayed.
 
+Bookies and the broker read the published deployment's settings: docker/bookie.toml and docker/broker.toml are
+mounted read-only at /etc/ledgerstore/ and named by ``LEDGERSTORE_CONFIG``, as in docker/compose.yaml; a command
+line carries only what differs per container (``--port``, ``--advertised-address``, the broker's ``--http-port``
+and a test's ``broker_args``), which overrides the file.
+
 Images come from ``docker/build-offline.sh`` (run once per session: it is cached and takes seconds when nothing
 changed; set ``LEDGERSTORE_SKIP_IMAGE_BUILD=1`` to use the images as they are). Without a reachable Docker engine
 every test here is skipped with the reason; under CI (``CI=true``) or with ``LEDGERSTORE_DOCKER_AUTOSTART=1``
@@ -27,12 +32,14 @@ import os
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
+import json
 import socket
 import subprocess
 import time
+import tomllib
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,6 +53,10 @@ APP_IMAGE = os.environ.get("LEDGERSTORE_IMAGE", "ledgerstore/ledgerstore:dev")
 ZK_IMAGE = os.environ.get("LEDGERSTORE_ZK_IMAGE", "ledgerstore/zookeeper:dev")
 ZK_ROOT = "/ledgerstore"
 LABEL = "ledgerstore.test"
+# The files docker/compose.yaml mounts, and where (LEDGERSTORE_CONFIG names them inside the container).
+BOOKIE_CONFIG = REPO_ROOT / "docker" / "bookie.toml"
+BROKER_CONFIG = REPO_ROOT / "docker" / "broker.toml"
+CONFIG_DIR = "/etc/ledgerstore"
 
 BUILD_TIMEOUT_S = 1200
 ZK_HEALTHY_TIMEOUT_S = 90
@@ -145,6 +156,24 @@ def four_letter_word(port: int, word: str = "srvr", timeout_s: float = 3.0) -> s
     return b"".join(chunks).decode(errors="replace")
 
 
+def assert_runs_with_config(admin_url: str, config: Path, from_flags: Collection[str] = ()) -> dict[str, Any]:
+    """``GET {admin_url}/api/v1/config`` says the server read ``config`` mounted at /etc/ledgerstore/ and runs with
+    every setting in it (source ``file``, the file's value), and that ``from_flags`` came from its command line.
+    Returns the report."""
+    with urllib.request.urlopen(f"{admin_url}/api/v1/config", timeout=10) as r:
+        report: dict[str, Any] = json.loads(r.read())
+    assert report["config_file"] == f"{CONFIG_DIR}/{config.name}", report
+    with config.open("rb") as f:
+        in_file = {key.replace("-", "_"): value for key, value in tomllib.load(f).items()}
+    assert in_file, f"{config} sets nothing"
+    settings, sources = report["settings"], report["sources"]
+    for key, value in in_file.items():
+        assert (sources.get(key), settings.get(key)) == ("file", value), (key, report)
+    for key in from_flags:
+        assert sources.get(key) == "flag", (key, report)
+    return report
+
+
 @dataclass
 class Node:
     """One container of a cluster. For bookies and brokers, ``port`` (and the broker's ``http_port``) is both the
@@ -240,6 +269,13 @@ class Cluster:
         )
 
     @staticmethod
+    def _with_config(container: Any, config: Path) -> Any:
+        """Mount ``config`` read-only at /etc/ledgerstore/<its name> and point LEDGERSTORE_CONFIG at it (what
+        docker/compose.yaml does for each bookie and the broker)."""
+        target = f"{CONFIG_DIR}/{config.name}"
+        return container.with_volume_mapping(str(config), target, "ro").with_env("LEDGERSTORE_CONFIG", target)
+
+    @staticmethod
     def _publish_local(container: Any, container_port: int, host_port: int) -> None:
         # testcontainers' with_bind_ports binds every interface; docker-py takes (ip, port) for one interface.
         container.ports[f"{container_port}/tcp"] = ("127.0.0.1", host_port)
@@ -266,23 +302,10 @@ class Cluster:
         http_port = free_port()
         name = f"{self.prefix}-bookie-{self._seq}"
         self._seq += 1
-        command = [
-            "bookie",
-            "serve",
-            "--zk",
-            "zookeeper:2181",
-            "--data-dir",
-            "/data",
-            "--port",
-            str(port),
-            "--http-port",
-            "8000",
-            "--listen-address",
-            "0.0.0.0",
-            "--advertised-address",
-            "127.0.0.1",
-        ]
-        c = self._container(self.app_image, name, name, command).with_volume_mapping(volume, "/data", "rw")
+        # zk, data_dir, http_port (8000), listen_address: docker/bookie.toml
+        command = ["bookie", "serve", "--port", str(port), "--advertised-address", "127.0.0.1"]
+        c = self._with_config(self._container(self.app_image, name, name, command), BOOKIE_CONFIG)
+        c = c.with_volume_mapping(volume, "/data", "rw")
         self._publish_local(c, port, port)
         self._publish_local(c, 8000, http_port)
         c.start()
@@ -299,23 +322,19 @@ class Cluster:
         assert self.broker is None, "one broker per cluster"
         port, http_port = free_port(), free_port()
         name = f"{self.prefix}-broker"
-        command = [
+        command = [  # zk, listen_address: docker/broker.toml
             "broker",
             "serve",
-            "--zk",
-            "zookeeper:2181",
             "--port",
             str(port),
             "--http-port",
             str(http_port),
-            "--listen-address",
-            "0.0.0.0",
             "--advertised-address",
             "127.0.0.1",
             *extra_args,
         ]
         c = (
-            self._container(self.app_image, name, "broker", command)
+            self._with_config(self._container(self.app_image, name, "broker", command), BROKER_CONFIG)
             .with_env("LEDGERSTORE_HEALTH_URL", f"http://127.0.0.1:{http_port}/health")
             .with_env(
                 "LEDGERSTORE_LOOPBACK_RELAY", " ".join(f"{b.port}={b.name}:{b.port}" for b in self.bookies)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Cluster, Node, wait_until
+from .conftest import BROKER_CONFIG, Cluster, Node, assert_runs_with_config, wait_until
 
 pulsar = pytest.importorskip("pulsar", reason="pulsar-client is not installed (pip install '.[pulsar]')")
 
@@ -158,6 +158,9 @@ def test_pulsar_client_produces_and_consumes_through_the_broker_container(broker
     cluster = broker_cluster
     assert cluster.broker is not None
     cluster.wait_healthy(cluster.broker, 30, docker_says=True)  # the HEALTHCHECK with LEDGERSTORE_HEALTH_URL
+    assert_runs_with_config(  # docker/broker.toml, as compose.yaml mounts it
+        cluster.broker_admin, BROKER_CONFIG, from_flags=("port", "http_port", "advertised_address")
+    )
     topic = new_topic()
     c = client(cluster.broker_url)
     try:

@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import Cluster, ClusterFactory, four_letter_word, wait_until
+from .conftest import (
+    BOOKIE_CONFIG,
+    Cluster,
+    ClusterFactory,
+    assert_runs_with_config,
+    four_letter_word,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -112,6 +119,10 @@ def test_cluster_is_healthy_and_simpletest_passes_from_the_host(cluster: Cluster
     for b in cluster.bookies:  # the image's HEALTHCHECK (GET /health on the admin port) says so too
         cluster.wait_healthy(b, 30, docker_says=True)
     assert {b.bookie_id for b in cluster.bookies} <= cluster.registered_bookies()
+    for b in cluster.bookies:  # docker/bookie.toml, as compose.yaml mounts it; per bookie only its flags
+        assert_runs_with_config(
+            f"http://127.0.0.1:{b.http_port}", BOOKIE_CONFIG, from_flags=("port", "advertised_address")
+        )
 
     script = Path(sys.executable).with_name("ledgerstore")
     cli = [str(script)] if script.exists() else [shutil.which("ledgerstore") or "ledgerstore"]

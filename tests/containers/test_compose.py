@@ -1,5 +1,6 @@
 """docker/compose.yaml as users run it: host mode (LEDGERSTORE_ADVERTISED_HOST=127.0.0.1), the broker service
-reached by ``pulsar-client`` from the host, and the broker's own lookup pointing at 127.0.0.1.
+reached by ``pulsar-client`` from the host, and the broker's own lookup pointing at 127.0.0.1. Every bookie runs
+with the settings of the mounted docker/bookie.toml and the broker with docker/broker.toml.
 
 A project of its own (``ls-compose-<random>``) on free ports (ZK_PORT, BOOKIEi_PORT, BOOKIEi_HTTP_PORT,
 BROKER_PORT, BROKER_HTTP_PORT), so a cluster the user runs with the defaults is left alone; ``down -v`` removes
@@ -20,7 +21,14 @@ import pytest
 
 from ledgerstore.docker_cluster import answers_health
 
-from .conftest import REPO_ROOT, free_port, wait_until
+from .conftest import (
+    BOOKIE_CONFIG,
+    BROKER_CONFIG,
+    REPO_ROOT,
+    assert_runs_with_config,
+    free_port,
+    wait_until,
+)
 
 pulsar = pytest.importorskip("pulsar", reason="pulsar-client is not installed (pip install '.[pulsar]')")
 
@@ -85,6 +93,16 @@ def test_compose_broker_serves_a_pulsar_client_on_the_host(
         wait_until(lambda: answers_health(admin + "/health"), UP_TIMEOUT_S, "the compose broker's /health")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{logs()}") from None
+
+    # The mounted files: each bookie and the broker runs with every setting in its file, its port and advertised
+    # address from its command line (the broker starts once the bookies are healthy).
+    for i in range(3):
+        bookie_admin = f"http://127.0.0.1:{env[f'BOOKIE{i}_HTTP_PORT']}"
+        report = assert_runs_with_config(
+            bookie_admin, BOOKIE_CONFIG, from_flags=("port", "advertised_address")
+        )
+        assert report["settings"]["port"] == int(env[f"BOOKIE{i}_PORT"])
+    assert_runs_with_config(admin, BROKER_CONFIG, from_flags=("port", "http_port", "advertised_address"))
 
     topic = f"persistent://public/default/compose-{uuid.uuid4().hex[:8]}"
     lookup = http_json(f"{admin}/lookup/v2/topic/{topic.replace('://', '/')}")
