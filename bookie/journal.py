@@ -89,11 +89,14 @@ record. The commit adapts to the load, with no fixed timer (BookKeeper's ``journ
 * ``flush_bytes`` buffered start a batch at once (when the writer is idle).
 
 A batch is written (``pwrite`` + ``fdatasync``, which release the GIL) by a dedicated single-thread executor,
-except on the idle path when it holds at most ``sync_inline_bytes``: then the loop thread writes and syncs it
-itself. Nothing else is queued at that moment (only one batch is ever in flight, so records arriving during
-the fsync could not be synced sooner), and the two thread hand-offs of the executor (loop -> writer thread ->
-loop, each a wake-up that waits for a CPU on a busy machine) are gone from a lone add's latency. Callbacks run
-on the event loop, in append order, after the batch's fsync returned.
+except on the idle path when it holds at most ``sync_inline_bytes`` and the last fsync took at most
+``INLINE_FSYNC_MAX_S``: then the loop thread writes and syncs it itself. Nothing else is queued at that moment
+(only one batch is ever in flight, so records arriving during the fsync could not be synced sooner), and the
+two thread hand-offs of the executor (loop -> writer thread -> loop, each a wake-up that waits for a CPU on a
+busy machine) are gone from a lone add's latency. On a slow or contended disk blocking the loop for a whole
+fsync costs more than the hand-offs (the loop could not read, store or answer meanwhile), so a slow fsync sends
+the next batches to the thread until one is fast again. Callbacks run on the event loop, in append order,
+after the batch's fsync returned.
 
 Errors: if a batch's write or fsync fails, the file is truncated back to the last good offset (and fsynced),
 and ``done(exc)`` is called for every record of that batch *and* for every record appended before the failure
@@ -175,6 +178,8 @@ _SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})\.jnl$")
 _FREE_NAME = re.compile(r"^([0-9a-f]{16})-[0-9a-f]+\.free$")
 _U64 = struct.Struct(">Q")
 _READ_CHUNK = 1 << 20
+#: an idle batch is synced on the loop thread only while fsyncs take at most this long (see "Group commit")
+INLINE_FSYNC_MAX_S = 0.0005
 
 
 class RecordType(enum.IntEnum):
@@ -444,7 +449,7 @@ class Journal:
         *,
         max_wait_ms: float = 1.0,
         flush_bytes: int = 512 * 1024,
-        sync_inline_bytes: int = 64 * 1024,
+        sync_inline_bytes: int = 8 * 1024,
         segment_bytes: int = 256 * 1024 * 1024,
         reuse_segments: int = 4,
         alignment: int = ALIGNMENT,
@@ -942,7 +947,7 @@ class Journal:
                 size += len(pad)
         seq, offset = self._buf_seq, self._w_off
         self._w_off += size
-        if inline_ok and size <= self._sync_inline:
+        if inline_ok and size <= self._sync_inline and self.stats["last_fsync_s"] <= INLINE_FSYNC_MAX_S:
             # the idle path, a small batch: write and sync it here (no hand-off to the writer thread and back)
             self.stats["inline_syncs"] += 1
             try:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import bookie.journal as journal_mod
 from bookie.journal import (
     ALIGNMENT,
     SEGMENT_HEADER_LEN,
@@ -331,7 +333,40 @@ def test_group_commit_batches_many_appends(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_lone_append_goes_at_the_next_loop_iteration_whatever_max_wait(tmp_path: Path) -> None:
+@pytest.fixture
+def any_fsync_is_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle batches are synced on the loop thread whatever this disk's fsync takes (a busy test machine's can
+    take milliseconds, which would send them to the writer thread)."""
+    monkeypatch.setattr(journal_mod, "INLINE_FSYNC_MAX_S", 1e9)
+
+
+def test_a_slow_fsync_sends_the_next_idle_batches_to_the_writer_thread(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path)
+        real_fsync = j._fsync
+        delay = [0.0]
+
+        def hook(fd: int) -> None:
+            time.sleep(delay[0])
+            real_fsync(fd)
+
+        j._fsync = hook
+        j.stats["last_fsync_s"] = 0.0
+        assert await _append_one(j, 0) is None
+        delay[0] = 0.002
+        assert await _append_one(j, 1) is None  # slowly (inline if the first fsync was fast)
+        inline = j.stats["inline_syncs"]
+        assert inline >= 1 and j.stats["last_fsync_s"] >= 0.002
+        assert await _append_one(j, 2) is None  # the last fsync was slow: the writer thread
+        assert j.stats["inline_syncs"] == inline
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_a_lone_append_goes_at_the_next_loop_iteration_whatever_max_wait(
+    tmp_path: Path, any_fsync_is_fast: None
+) -> None:
     """journalFlushWhenQueueEmpty: nothing else queued, so no group-commit wait (not even a long max_wait)."""
 
     async def main() -> None:
@@ -395,7 +430,9 @@ def test_the_idle_path_waits_while_records_keep_arriving_but_no_longer_than_max_
     asyncio.run(main())
 
 
-def test_a_batch_synced_on_the_loop_thread_is_durable_before_its_callbacks(tmp_path: Path) -> None:
+def test_a_batch_synced_on_the_loop_thread_is_durable_before_its_callbacks(
+    tmp_path: Path, any_fsync_is_fast: None
+) -> None:
     """The inline path keeps the journal's rule: callbacks run only after the batch's fsync returned."""
 
     async def main() -> None:
@@ -432,7 +469,7 @@ async def _append_with(
     return await fut
 
 
-def test_a_large_idle_batch_goes_to_the_writer_thread(tmp_path: Path) -> None:
+def test_a_large_idle_batch_goes_to_the_writer_thread(tmp_path: Path, any_fsync_is_fast: None) -> None:
     async def main() -> None:
         j = await open_journal(tmp_path, sync_inline_bytes=4096)
         assert await append_all(j, entries(100, size=1000)) == [None] * 100  # ~100 KiB, flush()
@@ -1212,7 +1249,9 @@ def test_synced_batches_leave_the_page_cache(tmp_path: Path) -> None:
         assert replay_all(where) == data
 
 
-def test_a_failed_fsync_on_the_loop_thread_fails_its_batch_and_the_journal_recovers(tmp_path: Path) -> None:
+def test_a_failed_fsync_on_the_loop_thread_fails_its_batch_and_the_journal_recovers(
+    tmp_path: Path, any_fsync_is_fast: None
+) -> None:
     async def main() -> None:
         j = await open_journal(tmp_path)
         assert await _append_one(j, 0) is None
