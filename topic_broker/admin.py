@@ -120,11 +120,21 @@ def _storage_size(topic: Topic) -> int:
     return ml.current_size + sum(li.size for li in ml.info.ledgers[:-1])
 
 
-def _cursor_backlog(topic: Topic, mark_delete: Position, ranges: list[tuple[Position, Position]]) -> int:
-    view = topic.ml.view()
-    total = view.count_entries(mark_delete, view.last_position())
-    acked = sum(view.count_entries(s.previous(), e) for s, e in ranges)
-    return max(0, total - acked)
+def _cursor_backlog(
+    topic: Topic, mark_delete: Position, ranges: list[tuple[Position, Position]]
+) -> tuple[int, int, int]:
+    """(messages, entries, estimated bytes) after ``mark_delete`` not individually acked."""
+    ml = topic.ml
+    view = ml.view()
+    last = view.last_position()
+    entries = view.count_entries(mark_delete, last) - sum(
+        view.count_entries(s.previous(), e) for s, e in ranges
+    )
+    messages = ml.count_messages(mark_delete, last) - sum(
+        ml.count_messages(s.previous(), e) for s, e in ranges
+    )
+    size = ml.estimate_bytes(mark_delete, last) - sum(ml.estimate_bytes(s.previous(), e) for s, e in ranges)
+    return max(0, messages), max(0, entries), max(0, size)
 
 
 def _ranges_text(ranges: list[tuple[Position, Position]]) -> str:
@@ -524,6 +534,7 @@ class AdminApp:
             if t.name.tenant == tenant and t.name.namespace == ns:
                 t.ml.retention_time_s = p.retention_time_s
                 t.ml.retention_size_bytes = p.retention_size_bytes
+                t.quota = p.backlog_quota
 
     # -- topic lists and partitions --------------------------------------------------------------------------
 
@@ -652,12 +663,13 @@ class AdminApp:
                 if ci is None:
                     continue
                 md, ranges = Position(*ci.value.mark_delete), _info_ranges(ci.value)
-            backlog = _cursor_backlog(topic, md, ranges)
+            messages, entries, size = _cursor_backlog(topic, md, ranges)
             out[sub] = {
                 "type": "Exclusive",
                 "isDurable": True,
-                "msgBacklog": backlog,
-                "backlogSize": 0,
+                "msgBacklog": messages,
+                "msgBacklogEntries": entries,
+                "backlogSize": size,
                 "msgOutCounter": counters.sub_msg_out.get(sub, 0),
                 "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
                 "unackedMessages": 0,
@@ -671,7 +683,8 @@ class AdminApp:
                 "type": s.get("type", rt.core.sub_type.name),
                 "isDurable": rt.durable,
                 "msgBacklog": s.get("msgBacklog", 0),
-                "backlogSize": 0,
+                "msgBacklogEntries": s.get("msgBacklogEntries", 0),
+                "backlogSize": s.get("backlogSize", 0),
                 "msgOutCounter": counters.sub_msg_out.get(sub, 0),
                 "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
                 "unackedMessages": sum(c.get("unackedMessages", 0) for c in s.get("consumers", [])),
@@ -699,7 +712,7 @@ class AdminApp:
             "bytesOutCounter": c.bytes_out,
             "averageMsgSize": (bytes_in / msg_in) if msg_in else 0.0,
             "storageSize": storage,
-            "backlogSize": max((s["msgBacklog"] for s in subs.values()), default=0),
+            "backlogSize": max((s["backlogSize"] for s in subs.values()), default=0),
             "entriesInStorage": topic.ml.view().total_entries(),
             "publishers": base.get("publishers", []),
             "subscriptions": subs,
@@ -747,13 +760,22 @@ class AdminApp:
                     {
                         "type": s.get("type"),
                         "msgBacklog": 0,
+                        "msgBacklogEntries": 0,
+                        "backlogSize": 0,
                         "msgOutCounter": 0,
                         "bytesOutCounter": 0,
                         "unackedMessages": 0,
                         "consumers": [],
                     },
                 )
-                for k in ("msgBacklog", "msgOutCounter", "bytesOutCounter", "unackedMessages"):
+                for k in (
+                    "msgBacklog",
+                    "msgBacklogEntries",
+                    "backlogSize",
+                    "msgOutCounter",
+                    "bytesOutCounter",
+                    "unackedMessages",
+                ):
                     agg[k] += s.get(k, 0)
                 agg["consumers"] += s.get("consumers", [])
             if per_partition:
@@ -1142,10 +1164,10 @@ class AdminApp:
             backlogs: dict[str, int] = {}
             for name, hook in t.ml.cursors.items():
                 if isinstance(hook, ManagedCursor):
-                    backlogs[name] = hook.backlog()
+                    backlogs[name] = hook.backlog_messages()
             for name, rt in t.subscriptions.items():
                 if rt.cursor is not None:
-                    backlogs[name] = rt.cursor.backlog()
+                    backlogs[name] = rt.cursor.backlog_messages()
             add("pulsar_subscriptions_count", labels, len(set(backlogs) | set(t.subscriptions)))
             add("pulsar_msg_backlog", labels, sum(backlogs.values()))
             for name, backlog in sorted(backlogs.items()):
@@ -1176,9 +1198,9 @@ class AdminApp:
             "pulsar_subscriptions_count": ("gauge", "subscriptions"),
             "pulsar_msg_backlog": (
                 "gauge",
-                "entries not yet acknowledged, summed over durable subscriptions",
+                "messages not yet acknowledged (a batch counts its messages), summed over durable subscriptions",
             ),
-            "pulsar_subscription_back_log": ("gauge", "entries not yet acknowledged by the subscription"),
+            "pulsar_subscription_back_log": ("gauge", "messages not yet acknowledged by the subscription"),
             "pulsar_subscription_out_messages_total": ("counter", "messages dispatched to the subscription"),
             "pulsar_subscription_out_bytes_total": ("counter", "bytes dispatched to the subscription"),
             "pulsar_topics_count": ("gauge", "topics (partitions) this broker serves"),

@@ -245,6 +245,15 @@ class ManagedCursor:
         acked = sum(view.count_entries(s.previous(), e) for s, e in self.cursor.individually_deleted)
         return max(0, total - acked)
 
+    def backlog_messages(self) -> int:
+        """Messages (not entries: a batch entry holds many) after the mark-delete up to the last confirmed
+        entry, minus those of the individually acked entries."""
+        ml = self.ml
+        last = ml.last_confirmed_position()
+        total = ml.count_messages(self.mark_delete, last)
+        acked = sum(ml.count_messages(s.previous(), e) for s, e in self.cursor.individually_deleted)
+        return max(0, total - acked)
+
     # -- acknowledgements ----------------------------------------------------------------------------------------
     def ack_individual(self, pos: Position) -> bool:
         changed = self.cursor.ack_individual(pos)

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AppendCallback",
+    "QueuedEntry",
     "DEFAULT_ACK_QUORUM",
     "DEFAULT_ENSEMBLE_SIZE",
     "DEFAULT_MAX_ENTRIES_PER_LEDGER",
@@ -270,6 +272,8 @@ def _min_position(positions: Iterable[Position]) -> Position | None:
 
 #: Called once per appended entry: its position when durable, else the error that failed it.
 AppendCallback = Callable[["Position | None", "ManagedLedgerError | None"], None]
+#: An entry to append, its callback, and how many messages it holds (a client batch holds many).
+QueuedEntry = tuple[bytes, AppendCallback, int]
 LE_AddCallback = Callable[[int, "LE.LedgerError | None"], None]
 
 
@@ -319,6 +323,10 @@ class ManagedLedger:
         self._current_created_s = clock()
         self._current_entries = 0
         self._current_size = 0
+        self._current_messages = array("I")  # messages of each entry sent to the current ledger
+        # Per-entry message counts of closed ledgers this owner wrote or counted (dropped when trimmed); other
+        # ledgers are known by their LedgerInfo.messages total (0: one per entry)
+        self._entry_messages: dict[int, array[int]] = {}
         self._current_failed = False
         self._state = _OPEN
         self._fence_reason = ""
@@ -454,10 +462,10 @@ class ManagedLedger:
             else:
                 fut.set_exception(error)
 
-        await self.append_from(deque([(entry, done)]))
+        await self.append_from(deque([(entry, done, 1)]))
         return fut
 
-    async def append_from(self, queue: deque[tuple[bytes, AppendCallback]]) -> None:
+    async def append_from(self, queue: deque[QueuedEntry]) -> None:
         """Send the entries of ``queue`` from its left in order, removing each once it is sent, until it is
         empty (entries queued meanwhile included); each one's callback runs once, on the event loop, with its
         position when it is durable or with the error that failed it. One lock acquisition for all: the
@@ -469,7 +477,7 @@ class ManagedLedger:
             config, clock = self.config, self._clock
             while queue:
                 self._check_writable()
-                entry, callback = queue[0]
+                entry, callback, messages = queue[0]
                 if self._current_failed or should_rollover(
                     config, self._current_entries, self._current_size, clock() - self._current_created_s
                 ):
@@ -483,6 +491,7 @@ class ManagedLedger:
                 queue.popleft()
                 self._current_entries += 1
                 self._current_size += len(entry)
+                self._current_messages.append(max(1, messages))
 
     def _on_added(self, ledger_id: int, callback: AppendCallback) -> LE_AddCallback:
         def added(entry_id: int, error: LE.LedgerError | None) -> None:
@@ -536,9 +545,12 @@ class ManagedLedger:
             except ManagedLedgerError:
                 await _discard_ledger(self.bk, new)
                 raise
+            if closed.entries > 0:
+                self._entry_messages[closed.ledger_id] = self._current_messages[: closed.entries]
             self._current = new
             self._current_created_s = self._clock()
             self._current_entries = self._current_size = 0
+            self._current_messages = array("I")
             self._current_failed = False
             log.info(
                 "ml=%s rolled over: ledger=%d closed entries=%d size=%d, new ledger=%d",
@@ -573,7 +585,11 @@ class ManagedLedger:
             entries, size = rh.last_add_confirmed + 1, rh.length
             await rh.close()
         return LedgerInfo(
-            ledger_id=lh.ledger_id, entries=entries, size=size, timestamp_ms=int(self._clock() * 1000)
+            ledger_id=lh.ledger_id,
+            entries=entries,
+            size=size,
+            timestamp_ms=int(self._clock() * 1000),
+            messages=sum(self._current_messages[:entries]),
         )
 
     async def _cas(self, ledgers: Sequence[LedgerInfo]) -> None:
@@ -662,6 +678,61 @@ class ManagedLedger:
     def count_entries(self, after: Position, upto: Position) -> int:
         return self.view().count_entries(after, upto)
 
+    # -- messages and bytes between positions (backlogs) --------------------------------------------------------
+    def record_messages(self, ledger_id: int, counts: Sequence[int]) -> None:
+        """Per-entry message counts of a closed ledger found by reading it (a ledger recovered from the
+        previous owner); its total is written with the next change of the ledger list."""
+        ledgers = self._info.value.ledgers
+        if ledger_id == self._current.ledger_id or not any(li.ledger_id == ledger_id for li in ledgers):
+            return
+        self._entry_messages[ledger_id] = array("I", (max(1, n) for n in counts))
+        total = sum(self._entry_messages[ledger_id])
+        new = tuple(replace(li, messages=total) if li.ledger_id == ledger_id else li for li in ledgers)
+        self._info = zk.Versioned(replace(self._info.value, ledgers=new), self._info.version)
+
+    def count_messages(self, after: Position, upto: Position) -> int:
+        """Messages in the entries at positions ``p`` with ``after < p <= upto``: exact where the entries'
+        counts are known (what this owner wrote or counted), else from the ledger's total, else one per entry."""
+        return self._count(after, upto, self._ledger_messages)
+
+    def estimate_bytes(self, after: Position, upto: Position) -> int:
+        """Bytes of the entries after ``after`` up to ``upto``: whole ledgers by their size, a part of one by
+        its average entry size (as Pulsar estimates a backlog's size)."""
+
+        def part(lid: int, lo: int, hi: int, n: int) -> int:
+            size = self._current_size if lid == self._current.ledger_id else self._ledger_size(lid)
+            entries = self._current_entries if lid == self._current.ledger_id else n
+            return (
+                size if (lo, hi) == (0, n - 1) and entries == n else size * (hi - lo + 1) // max(1, entries)
+            )
+
+        return self._count(after, upto, part)
+
+    def _ledger_size(self, ledger_id: int) -> int:
+        for li in self._info.value.ledgers:
+            if li.ledger_id == ledger_id:
+                return li.size
+        return 0
+
+    def _ledger_messages(self, lid: int, lo: int, hi: int, n: int) -> int:
+        counts = self._current_messages if lid == self._current.ledger_id else self._entry_messages.get(lid)
+        if counts is not None and len(counts) > hi:
+            return sum(counts[lo : hi + 1])
+        total = next((li.messages for li in self._info.value.ledgers if li.ledger_id == lid), 0)
+        if total <= 0 or n <= 0:
+            return hi - lo + 1
+        return total if (lo, hi) == (0, n - 1) else max(hi - lo + 1, round(total * (hi - lo + 1) / n))
+
+    def _count(self, after: Position, upto: Position, part: Callable[[int, int, int, int], int]) -> int:
+        total = 0
+        for lid, n in self.view().ledgers:
+            lo = 0 if lid > after.ledger_id else (after.entry_id + 1 if lid == after.ledger_id else n)
+            hi = n - 1 if lid < upto.ledger_id else (upto.entry_id if lid == upto.ledger_id else -1)
+            lo, hi = max(lo, 0), min(hi, n - 1)
+            if hi >= lo:
+                total += part(lid, lo, hi, n)
+        return total
+
     # -- cursors ------------------------------------------------------------------------------------------------
     def attach_cursor(self, cursor: CursorHook) -> None:
         self._cursors[cursor.name] = cursor
@@ -704,6 +775,7 @@ class ManagedLedger:
             gone = set(doomed)
             await self._cas([li for li in ledgers if li.ledger_id not in gone])
         for lid in doomed:
+            self._entry_messages.pop(lid, None)
             rh = self._read_handles.pop(lid, None)
             if rh is not None:
                 await rh.close()

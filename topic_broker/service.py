@@ -38,6 +38,7 @@ import zk
 from bookie.auth import TokenError, TokenVerifier
 from ledger_client import BookKeeper, ClientConfig
 from zk.managed_ledgers import (
+    BacklogQuota,
     BrokerInfo,
     BrokerMetadataStore,
     NamespacePolicies,
@@ -50,12 +51,12 @@ from . import wire
 from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
-    AppendCallback,
     ManagedLedger,
     ManagedLedgerConfig,
     ManagedLedgerError,
     ManagedLedgerFencedError,
     Position,
+    QueuedEntry,
 )
 from .metrics import BrokerMetrics
 from .names import InvalidTopicName, TopicName
@@ -176,6 +177,7 @@ class Session:
         self.producers: dict[int, Producer] = {}
         self.consumers: dict[int, Consumer] = {}
         self.waiting: dict[int, Topic] = {}  # WaitForExclusive producers queued, by producer id
+        self.closed_by_quota: dict[int, bool] = {}  # producers closed by a backlog quota, by producer id
         self._flush_scheduled = False
         self.closed = False
 
@@ -460,11 +462,17 @@ class SubscriptionRuntime:
         self.execute(self.core.reset(position))
 
     def stats(self) -> dict[str, Any]:
-        backlog = self.cursor.backlog() if self.cursor else 0
+        c = self.cursor
         return {
             "type": self.core.sub_type.name,
             "durable": self.durable,
-            "msgBacklog": backlog,
+            "msgBacklog": c.backlog_messages() if c else 0,  # messages: a batch entry counts its messages
+            "msgBacklogEntries": c.backlog() if c else 0,
+            "backlogSize": self.topic.ml.estimate_bytes(
+                c.mark_delete, self.topic.ml.last_confirmed_position()
+            )
+            if c
+            else 0,
             "markDeletePosition": str(Position(*self.mark_position)),
             "readPosition": str(Position(*self.core.read_position)),
             "consumers": [
@@ -518,10 +526,12 @@ class Topic:
         self.waiting: deque[_WaitingProducer] = deque()  # WaitForExclusive producers, first come first served
         self.last_sequence: dict[str, int] = {}  # producer name -> highest sequence id accepted
         self.last_entry_messages: int | None = None
-        self._queue: deque[tuple[bytes, AppendCallback]] = deque()  # SENDs not handed to the ML yet
+        self._queue: deque[QueuedEntry] = deque()  # SENDs not handed to the ML yet
         self._appending = False
         self._producer_seq = itertools.count()
         self.unloaded = False
+        self.quota = BacklogQuota()  # the namespace's backlog quota (applied with the other policies)
+        self.quota_exceeded = False  # a producer policy's limit is exceeded: producers closed and refused
         self.msg_in = 0
         self.bytes_in = 0
 
@@ -551,7 +561,7 @@ class Topic:
             self.last_sequence[p.name] = highest
         self.msg_in += num_messages
         self.bytes_in += len(entry)
-        self._queue.append((entry, functools.partial(self._appended, p, rec)))
+        self._queue.append((entry, functools.partial(self._appended, p, rec), num_messages))
         if not self._appending:
             self._appending = True
             self.service.spawn(self._append_loop())
@@ -567,7 +577,7 @@ class Topic:
                     self.service.topic_lost(self, str(e))
                     return
                 except ManagedLedgerError as e:
-                    _entry, callback = self._queue.popleft()
+                    _entry, callback, _n = self._queue.popleft()
                     callback(None, e)
         finally:
             self._appending = False
@@ -593,17 +603,23 @@ class Topic:
         rec.done = True
         p.flush_receipts()
 
-    async def rebuild_dedup(self) -> None:
-        """A new owner: the persisted last sequence ids, then the tail ledger's entries on top."""
-        for k, v in self.ml.properties.items():
-            if k.startswith("dedup/"):
-                with contextlib.suppress(ValueError):
-                    self.last_sequence[k[len("dedup/") :]] = int(v)
+    async def scan_tail(self) -> None:
+        """A new owner: with dedup, the persisted last sequence ids, then the tail ledger's entries on top;
+        the tail ledger's message counts (it was recovered from the previous owner, whose counts are lost)."""
+        if self.dedup_enabled:
+            for k, v in self.ml.properties.items():
+                if k.startswith("dedup/"):
+                    with contextlib.suppress(ValueError):
+                        self.last_sequence[k[len("dedup/") :]] = int(v)
         ledgers = self.ml.view().ledgers
-        tail = [(lid, n) for lid, n in ledgers if n > 0]
+        tail = [(lid, n) for lid, n in ledgers[:-1] if n > 0]
         if not tail:
             return
         lid, n = tail[-1]
+        known = any(li.ledger_id == lid and li.messages > 0 for li in self.ml.info.ledgers)
+        if known and not self.dedup_enabled:
+            return
+        counts: list[int] = []
         pos = Position(lid, 0)
         while True:
             got = await self.ml.read_entries(pos, 1000)
@@ -611,14 +627,66 @@ class Topic:
             if not got:
                 break
             for _p, data in got:
-                with contextlib.suppress(wire.EntryFormatError):
+                try:
                     md, _ = wire.parse_entry(data, verify_checksum=False)
+                except wire.EntryFormatError:
+                    counts.append(1)
+                    continue
+                counts.append(md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1)
+                if self.dedup_enabled:
                     seq = md.highest_sequence_id if md.HasField("highest_sequence_id") else md.sequence_id
                     if seq > self.last_sequence.get(md.producer_name, -1):
                         self.last_sequence[md.producer_name] = seq
             if len(got) < 1000:
                 break
             pos = Position(lid, got[-1][0].entry_id + 1)
+        if not known and len(counts) == n:
+            self.ml.record_messages(lid, counts)
+
+    # -- backlog quota ----------------------------------------------------------------------------------------
+
+    def backlog_bytes(self) -> int:
+        """Estimated bytes after the slowest durable subscription's mark-delete (Pulsar's backlog size)."""
+        slowest = self.ml.slowest_mark_delete()
+        if slowest is None:
+            return 0
+        return self.ml.estimate_bytes(slowest, self.ml.last_confirmed_position())
+
+    async def evict_backlog(self, limit_bytes: int) -> None:
+        """Move every cursor behind the point where the backlog fits ``limit_bytes`` up to it (the oldest
+        unacknowledged entries are skipped, as Pulsar's ``consumer_backlog_eviction`` does)."""
+        ml = self.ml
+        view = ml.view()
+        last = ml.last_confirmed_position()
+        lo, hi = 0, view.total_entries()  # the first entry index whose backlog from there fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ml.estimate_bytes(view.position_at(mid).previous(), last) <= limit_bytes:
+                hi = mid
+            else:
+                lo = mid + 1
+        start = ml.next_position(last) if lo >= view.total_entries() else view.position_at(lo)
+        target = start.previous()
+        await ml.refresh_cursors()
+        names = {*ml.cursors, *(await self.service.stored_cursor_names(self))}
+        for name in sorted(names):
+            rt = self.subscriptions.get(name)
+            if rt is not None and rt.cursor is not None:
+                if rt.cursor.mark_delete < target:
+                    log.warning("topic=%s subscription=%s backlog evicted up to %s", self.name, name, target)
+                    await rt.seek(start)
+                    self.service.metrics.quota_evictions += 1
+                continue
+            if rt is not None:
+                continue  # a reader (non-durable) holds no backlog
+            hook = ml.cursors.get(name)
+            mc = hook if isinstance(hook, ManagedCursor) else None
+            if mc is None:
+                mc = await ManagedCursor.open(ml, name, InitialPosition.LATEST)
+            if mc.mark_delete < target:
+                log.warning("topic=%s subscription=%s backlog evicted up to %s", self.name, name, target)
+                await mc.reset(start)
+                self.service.metrics.quota_evictions += 1
 
     # -- subscriptions --------------------------------------------------------------------------------------
 
@@ -849,6 +917,7 @@ class BrokerService:
                 log.warning("namespace policies not refreshed: %s", e)
             for topic in self.served_topics():
                 try:
+                    await self.enforce_quota(topic)
                     await topic.ml.tick()
                 except ManagedLedgerFencedError as e:
                     self.topic_lost(topic, str(e))
@@ -878,6 +947,36 @@ class BrokerService:
             topic.dedup_enabled = True
         elif not dedup:
             topic.dedup_enabled = False
+        topic.quota = p.backlog_quota
+
+    async def enforce_quota(self, topic: Topic) -> None:
+        """The namespace's backlog quota (``limit_size`` bytes of the slowest durable subscription's backlog):
+        ``consumer_backlog_eviction`` moves the slowest cursors forward until the backlog fits; the producer
+        policies mark the topic so that its producers are closed and refused until it fits again."""
+        q = topic.quota
+        if q.limit_size < 0 or topic.unloaded:
+            topic.quota_exceeded = False
+            return
+        backlog = topic.backlog_bytes()
+        if backlog <= q.limit_size:
+            topic.quota_exceeded = False
+            return
+        if q.policy == "consumer_backlog_eviction":
+            await topic.evict_backlog(q.limit_size)
+            return
+        if not topic.quota_exceeded:
+            log.warning(
+                "topic=%s backlog %d bytes exceeds its quota of %d (%s): producers are closed and refused",
+                topic.name,
+                backlog,
+                q.limit_size,
+                q.policy,
+            )
+        topic.quota_exceeded = True
+        for p in list(topic.producers.values()):  # they reconnect, and are refused while it lasts
+            topic.remove_producer(p)
+            p.session.producers.pop(p.producer_id, None)
+            p.session.send(wire.close_producer(p.producer_id, 0))
 
     def served_topics(self) -> list[Topic]:
         """The topics open on this broker now."""
@@ -913,14 +1012,15 @@ class BrokerService:
             retention_time_s=policies.retention_time_s,
             retention_size_bytes=policies.retention_size_bytes,
         )
+        quota = policies.backlog_quota
         try:
             ml = await ManagedLedger.open(self.bk, self.meta, name.ml_name, ml_config)
         except BaseException:
             await self.meta.release_ownership(name.ml_name, self.config.id)
             raise
         topic = Topic(self, name, ml, dedup)
-        if dedup:
-            await topic.rebuild_dedup()
+        topic.quota = quota
+        await topic.scan_tail()
         log.info("broker=%s now serves topic=%s", self.config.id, name)
         return topic
 
@@ -959,6 +1059,10 @@ class BrokerService:
                 c.session.consumers.pop(c.consumer_id, None)
                 c.session.send(wire.close_consumer(c.consumer_id, 0))
             sub.consumers.clear()
+
+    async def stored_cursor_names(self, topic: Topic) -> list[str]:
+        assert self.meta is not None
+        return list(await self.meta.list_cursors(topic.name.ml_name))
 
     async def _close_topic(self, topic: Topic) -> None:
         with contextlib.suppress(Exception):
@@ -1092,6 +1196,20 @@ class BrokerService:
         topic = await self._topic_for(s, cmd.topic, cmd.request_id, PRODUCE)
         if topic is None:
             return
+        q = topic.quota
+        if q.limit_size >= 0 and q.policy != "consumer_backlog_eviction":
+            backlog = topic.backlog_bytes()
+            if backlog > q.limit_size:
+                topic.quota_exceeded = True
+                self.metrics.quota_refusals += 1
+                code = (
+                    pb.ProducerBlockedQuotaExceededException
+                    if q.policy == "producer_exception"
+                    else pb.ProducerBlockedQuotaExceededError
+                )
+                why = f"{topic.name}: backlog of {backlog} bytes exceeds the quota of {q.limit_size} ({q.policy})"
+                s.send(wire.error(cmd.request_id, code, why))
+                return
         schema_version: bytes | None = None
         if cmd.HasField("schema") and (cmd.schema.type != SCHEMA_NONE or cmd.schema.schema_data):
             assert self.meta is not None  # bytes producers declare none; a declared schema is stored
@@ -1145,6 +1263,7 @@ class BrokerService:
         self, s: Session, cmd: pb.CommandProducer, topic: Topic, name: str, schema_version: bytes | None
     ) -> None:
         mode = cmd.producer_access_mode if cmd.HasField("producer_access_mode") else pb.Shared
+        s.closed_by_quota.pop(cmd.producer_id, None)
         p = Producer(s, cmd.producer_id, name, topic, exclusive=mode != pb.Shared)
         topic.add_producer(p)
         s.producers[cmd.producer_id] = p
@@ -1164,8 +1283,17 @@ class BrokerService:
         cmd: pb.CommandSend = r.body  # type: ignore[assignment]
         p = s.producers.get(cmd.producer_id)
         if p is None:
+            if cmd.producer_id in s.closed_by_quota:
+                return  # sent before the client saw CLOSE_PRODUCER: it resends after reconnecting
             s.conn.send_raw(wire.error(0, pb.ProducerBusy, f"no producer with id {cmd.producer_id}"))
             s.conn.close(f"SEND for unknown producer {cmd.producer_id}")
+            return
+        if p.topic.quota_exceeded:
+            self.metrics.quota_refusals += 1
+            p.topic.remove_producer(p)
+            s.producers.pop(p.producer_id, None)
+            s.closed_by_quota[p.producer_id] = True
+            s.send(wire.close_producer(p.producer_id, 0))
             return
         frame = r.frame
         if not frame.checksum_ok:
@@ -1415,6 +1543,6 @@ class BrokerService:
                 availablePermits=c.sub.core.permits(key),
                 unackedMessages=c.sub.core.unacked_messages(key),
                 type=c.sub.core.sub_type.name,
-                msgBacklog=c.sub.cursor.backlog() if c.sub.cursor else 0,
+                msgBacklog=c.sub.cursor.backlog_messages() if c.sub.cursor else 0,
             )
         )

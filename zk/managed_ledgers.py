@@ -85,14 +85,20 @@ class LedgerInfo:
     entries: int = 0
     size: int = 0
     timestamp_ms: int = 0
+    # Messages in the ledger's entries (a batch entry holds many); 0 while open or when not known (written
+    # before the field existed, or recovered from another owner): readers then count one per entry
+    messages: int = 0
 
     def to_json(self) -> JsonDict:
-        return {
+        out: JsonDict = {
             "ledger_id": self.ledger_id,
             "entries": self.entries,
             "size": self.size,
             "timestamp_ms": self.timestamp_ms,
         }
+        if self.messages:
+            out["messages"] = self.messages
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> LedgerInfo:
@@ -101,6 +107,7 @@ class LedgerInfo:
             entries=_field(d, "entries", int, 0),
             size=_field(d, "size", int, 0),
             timestamp_ms=_field(d, "timestamp_ms", int, 0),
+            messages=_field(d, "messages", int, 0),
         )
 
 
