@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import bookie.journal as journal_mod
 from bookie.journal import (
     ALIGNMENT,
+    LOADED_BATCH_BYTES,
     SEGMENT_HEADER_LEN,
     Journal,
     JournalClosedError,
@@ -402,9 +403,9 @@ def test_the_idle_path_gathers_records_of_one_loop_iteration_in_one_batch(tmp_pa
     asyncio.run(main())
 
 
-async def _append_one(j: Journal, i: int) -> BaseException | None:
+async def _append_one(j: Journal, i: int, size: int = 100) -> BaseException | None:
     fut: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
-    j.append(RecordType.ENTRY, 1, i, b"x" * 100, fut.set_result)
+    j.append(RecordType.ENTRY, 1, i, b"x" * size, fut.set_result)
     return await fut
 
 
@@ -425,6 +426,28 @@ def test_the_idle_path_waits_while_records_keep_arriving_but_no_longer_than_max_
         assert done and 0.045 <= done[0] < 1.0, done
         assert j.stats["syncs"] == 1 and j.stats["last_batch_records"] > 2
         await j.flush()
+        await j.close()
+
+    asyncio.run(main())
+
+
+def test_after_a_large_batch_records_wait_for_max_wait_and_light_traffic_does_not(tmp_path: Path) -> None:
+    """Under load (the last batch held LOADED_BATCH_BYTES or more) a batch gathers for max_wait_ms, so fewer
+    fsyncs share the disk; once batches are small again a lone record goes at once."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        j = await open_journal(tmp_path, max_wait_ms=100.0)
+        big = await asyncio.gather(
+            *(_append_one(j, i, size=1000) for i in range(LOADED_BATCH_BYTES // 1000 + 1))
+        )
+        assert big == [None] * len(big) and j.stats["syncs"] == 1
+        t0 = loop.time()
+        assert await _append_one(j, 100) is None  # loaded: waits for more
+        assert 0.09 <= loop.time() - t0 < 2.0
+        t0 = loop.time()
+        assert await _append_one(j, 101) is None  # the last batch was small: at once
+        assert loop.time() - t0 < 0.09
         await j.close()
 
     asyncio.run(main())
@@ -502,7 +525,7 @@ def test_idle_journal_has_no_timer_or_busy_loop(tmp_path: Path) -> None:
         j = await open_journal(tmp_path)
         assert await append_all(j, entries(3)) == [None] * 3
         await asyncio.sleep(0.01)
-        assert not j._look_scheduled and not j._io_busy
+        assert not j._look_scheduled and j._timer is None and not j._io_busy
         syncs = j.stats["syncs"]
         await asyncio.sleep(0.05)
         assert j.stats["syncs"] == syncs
