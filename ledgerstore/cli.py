@@ -614,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ledgerstore.bench_topic import add_bench_topic_command
 
     add_bench_topic_command(bench, _common)
+    from ledgerstore.bench_rereplication import add_bench_rereplication_command
+
+    add_bench_rereplication_command(bench, _common)
 
     # spark (analysis jobs; ledgerstore/spark_cmd.py) -------------------------------------------
     from ledgerstore.spark_cmd import add_spark_command
