@@ -5,6 +5,10 @@ ZooKeeper, three bookies and (unless ``--brokers 0``) one topic broker. Bookies 
 "pulsar://127.0.0.1:6650")``) reach them; see the addressing notes at the top of docker/compose.yaml. ``down``
 and ``status`` also cover an AutoRecovery service started with ``--profile autorecovery``. The bookies' shared
 settings come from docker/bookie.toml and the broker's from docker/broker.toml, which compose.yaml mounts.
+
+Authentication is on (docker/README.md, "Secure deployment"): compose.yaml's `init` service makes the secrets in a
+volume; ``up`` copies the ``admin`` token and the ZooKeeper credentials to docker/secrets/ (mode 600, not in git)
+and prints the two variables that let this host's clients in.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from ledgerstore.cli import CommandError, emit
 
 PROJECT = "ledgerstore"
 COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker" / "compose.yaml"
+HOST_SECRETS_DIR = COMPOSE_FILE.parent / "secrets"  # .gitignore'd
+HOST_SECRETS = {"admin.token": "LEDGERSTORE_AUTH_TOKEN_FILE", "zk-auth": "LEDGERSTORE_ZK_AUTH_FILE"}
 
 
 def compose_command() -> list[str]:
@@ -82,6 +88,24 @@ def _run(
         ) from None
 
 
+def copy_host_secrets(env: dict[str, str]) -> dict[str, str]:
+    """The ``admin`` token and the ZooKeeper credentials, out of the `init` service's volume into
+    docker/secrets/ (mode 600); returns the variables naming them."""
+    HOST_SECRETS_DIR.mkdir(mode=0o700, exist_ok=True)
+    exports: dict[str, str] = {}
+    for name, variable in HOST_SECRETS.items():
+        r = _run(["run", "--rm", "--no-deps", "-T", "init", "cat-secret", name], env)
+        if r.returncode != 0 or not r.stdout.strip():
+            raise CommandError(f"could not read {name} from the secrets volume: {r.stderr.strip()[-500:]}")
+        target = HOST_SECRETS_DIR / name
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(r.stdout.strip() + "\n")
+        target.chmod(0o600)
+        exports[variable] = str(target)
+    return exports
+
+
 def answers_health(url: str) -> bool:
     """``GET url`` answers 200 within 2 s."""
     import urllib.request
@@ -123,9 +147,10 @@ def command(args: argparse.Namespace) -> int:
         admin_ports = [env.get(f"BOOKIE{i}_HTTP_PORT", str(8001 + i)) for i in range(3)]  # compose's defaults
         urls = [f"http://127.0.0.1:{port}/health" for port in admin_ports]
         _wait_healthy(urls + ([broker_health] if brokers else []), timeout_s=180)
+        exports = copy_host_secrets(env)
         zk = f"127.0.0.1:{args.zk_port}"
         bookies = [f"127.0.0.1:{args.base_port + i}" for i in range(3)]
-        doc: dict[str, object] = {"zk": zk, "bookies": bookies}
+        doc: dict[str, object] = {"zk": zk, "bookies": bookies, "auth": exports}
         text = f"cluster up (containers): ZooKeeper {zk}, bookies {', '.join(bookies)}"
         if brokers:
             doc["broker"] = {
@@ -133,6 +158,10 @@ def command(args: argparse.Namespace) -> int:
                 "admin": f"http://127.0.0.1:{broker_http_port}",
             }
             text += f"\n  broker: service URL pulsar://127.0.0.1:{broker_port}, admin http://127.0.0.1:{broker_http_port}"
+            text += " (Pulsar clients: pulsar.AuthenticationToken with the admin token)"
+        text += "\n  authentication on; for clients on this host:\n" + "\n".join(
+            f"    export {variable}={path}" for variable, path in exports.items()
+        )
         emit(args, text, doc)
         return 0
     if args.action == "down":
