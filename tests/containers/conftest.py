@@ -17,6 +17,14 @@ mounted read-only at /etc/ledgerstore/ and named by ``LEDGERSTORE_CONFIG``, as i
 line carries only what differs per container (``--port``, ``--advertised-address``, the broker's ``--http-port``
 and a test's ``broker_args``), which overrides the file.
 
+Authentication is on, as in docker/compose.yaml: once per session the compose deployment's ``init`` step
+(docker/init-secrets.sh, in the image, as root) creates the token secret, ZooKeeper credentials and tokens in a
+volume of their own; bookies and brokers mount it read-only at /etc/ledgerstore/secrets (docker/bookie.toml and
+docker/broker.toml name the files in it) and get ``LEDGERSTORE_ZK_AUTH_FILE``. This process gets copies
+(``deployment_secrets``) and ``LEDGERSTORE_ZK_AUTH_FILE`` and ``LEDGERSTORE_AUTH_TOKEN_FILE`` (the ``admin`` token)
+in its environment for the session, so its clients and the ``ledgerstore`` commands it runs are let in; a Pulsar
+client passes ``cluster.pulsar_auth()``.
+
 Images come from ``docker/build-offline.sh`` (run once per session: it is cached and takes seconds when nothing
 changed; set ``LEDGERSTORE_SKIP_IMAGE_BUILD=1`` to use the images as they are). Without a reachable Docker engine
 every test here is skipped with the reason; under CI (``CI=true``) or with ``LEDGERSTORE_DOCKER_AUTOSTART=1``
@@ -32,11 +40,14 @@ import os
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
+import io
 import json
 import socket
 import subprocess
+import tarfile
 import time
 import tomllib
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Collection, Iterator
@@ -57,8 +68,13 @@ LABEL = "ledgerstore.test"
 BOOKIE_CONFIG = REPO_ROOT / "docker" / "bookie.toml"
 BROKER_CONFIG = REPO_ROOT / "docker" / "broker.toml"
 CONFIG_DIR = "/etc/ledgerstore"
+# Where docker/compose.yaml's `init` service writes the credentials and every other service mounts them.
+SECRETS_DIR = f"{CONFIG_DIR}/secrets"
+INIT_SCRIPT = REPO_ROOT / "docker" / "init-secrets.sh"
+SECRET_FILES = ("token-secret", "zk-auth", "broker.token", "autorecovery.token", "admin.token")
 
 BUILD_TIMEOUT_S = 1200
+INIT_TIMEOUT_S = 120
 ZK_HEALTHY_TIMEOUT_S = 90
 BOOKIE_HEALTHY_TIMEOUT_S = 90
 BROKER_HEALTHY_TIMEOUT_S = 90
@@ -127,6 +143,88 @@ def ledgerstore_images(docker_engine: Any) -> tuple[str, str]:
         except Exception:
             pytest.fail(f"image {image} is missing: run docker/build-offline.sh")
     return APP_IMAGE, ZK_IMAGE
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The deployment's credentials: ``volume`` (mounted read-only at SECRETS_DIR in the containers) and a copy
+    of each file in ``host_dir`` (mode 600) for this process."""
+
+    volume: str
+    host_dir: Path
+
+    def read(self, name: str) -> str:
+        return (self.host_dir / name).read_text().strip()
+
+    @property
+    def zk_auth(self) -> str:
+        """``user:password`` for ZooKeeper's digest scheme."""
+        return self.read("zk-auth")
+
+    @property
+    def admin_token(self) -> str:
+        return self.read("admin.token")
+
+
+def make_secrets(client: Any, app_image: str, volume: str, host_dir: Path, labels: dict[str, str]) -> Secrets:
+    """Run docker/init-secrets.sh as compose.yaml's `init` service does, into ``volume``, and copy the files it
+    made to ``host_dir``."""
+    client.volumes.create(name=volume, labels=labels)
+    container = client.containers.create(
+        app_image,
+        entrypoint=["/bin/sh", f"{CONFIG_DIR}/init-secrets.sh"],
+        user="0:0",
+        labels=labels,
+        volumes={
+            volume: {"bind": SECRETS_DIR, "mode": "rw"},
+            str(INIT_SCRIPT): {"bind": f"{CONFIG_DIR}/init-secrets.sh", "mode": "ro"},
+        },
+    )
+    try:
+        container.start()
+        status = container.wait(timeout=INIT_TIMEOUT_S)
+        if status.get("StatusCode") != 0:
+            raise AssertionError(
+                f"init-secrets.sh failed: {status}\n{container.logs().decode(errors='replace')}"
+            )
+        chunks, _ = container.get_archive(SECRETS_DIR)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            for member in tar.getmembers():
+                name = Path(member.name).name
+                if member.isfile() and name in SECRET_FILES:
+                    f = tar.extractfile(member)
+                    assert f is not None
+                    assert member.mode & 0o077 == 0, f"{name} is readable by others: {oct(member.mode)}"
+                    assert member.uid == 10001, f"{name} belongs to uid {member.uid}, not the services' 10001"
+                    target = host_dir / name
+                    target.write_bytes(f.read())
+                    target.chmod(0o600)
+    finally:
+        container.remove(force=True)
+    missing = [n for n in SECRET_FILES if not (host_dir / n).exists()]
+    assert not missing, f"init-secrets.sh made no {missing}"
+    return Secrets(volume=volume, host_dir=host_dir)
+
+
+@pytest.fixture(scope="session")
+def deployment_secrets(
+    docker_engine: Any, ledgerstore_images: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Secrets]:
+    """The session's credentials (see the module's docstring); this process's environment points at them."""
+    host_dir = tmp_path_factory.mktemp("secrets")
+    host_dir.chmod(0o700)
+    volume = f"ls-secrets-{uuid.uuid4().hex[:8]}"
+    secrets = make_secrets(docker_engine, ledgerstore_images[0], volume, host_dir, {LABEL: volume})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LEDGERSTORE_ZK_AUTH_FILE", str(host_dir / "zk-auth"))
+        mp.setenv("LEDGERSTORE_AUTH_TOKEN_FILE", str(host_dir / "admin.token"))
+        mp.delenv("LEDGERSTORE_ZK_AUTH", raising=False)
+        mp.delenv("LEDGERSTORE_AUTH_TOKEN", raising=False)
+        yield secrets
+    try:
+        docker_engine.volumes.get(volume).remove(force=True)
+    except Exception:
+        pass
 
 
 # --- helpers -------------------------------------------------------------------------------------------------
@@ -222,12 +320,13 @@ class Node:
 class Cluster:
     """ZooKeeper + bookies (+ a broker) on a private Docker network; all removed by :meth:`close`."""
 
-    def __init__(self, client: Any, app_image: str, zk_image: str) -> None:
+    def __init__(self, client: Any, app_image: str, zk_image: str, secrets: Secrets) -> None:
         from testcontainers.core.network import Network
 
         self.client = client
         self.app_image = app_image
         self.zk_image = zk_image
+        self.secrets = secrets
         self.prefix = f"ls-{uuid.uuid4().hex[:8]}"
         self.labels = {LABEL: self.prefix}
         self.network = Network(docker_network_kw={"labels": self.labels}).create()
@@ -268,12 +367,23 @@ class Cluster:
             .with_kwargs(init=True, labels=self.labels)
         )
 
-    @staticmethod
-    def _with_config(container: Any, config: Path) -> Any:
-        """Mount ``config`` read-only at /etc/ledgerstore/<its name> and point LEDGERSTORE_CONFIG at it (what
+    def pulsar_auth(self) -> Any:
+        """``pulsar.AuthenticationToken`` with the ``admin`` token (a superuser in docker/broker.toml)."""
+        import pulsar
+
+        return pulsar.AuthenticationToken(self.secrets.admin_token)
+
+    def _with_config(self, container: Any, config: Path) -> Any:
+        """Mount ``config`` read-only at /etc/ledgerstore/<its name> and point LEDGERSTORE_CONFIG at it, and the
+        secrets volume read-only at /etc/ledgerstore/secrets with LEDGERSTORE_ZK_AUTH_FILE (what
         docker/compose.yaml does for each bookie and the broker)."""
         target = f"{CONFIG_DIR}/{config.name}"
-        return container.with_volume_mapping(str(config), target, "ro").with_env("LEDGERSTORE_CONFIG", target)
+        return (
+            container.with_volume_mapping(str(config), target, "ro")
+            .with_env("LEDGERSTORE_CONFIG", target)
+            .with_volume_mapping(self.secrets.volume, SECRETS_DIR, "ro")
+            .with_env("LEDGERSTORE_ZK_AUTH_FILE", f"{SECRETS_DIR}/zk-auth")
+        )
 
     @staticmethod
     def _publish_local(container: Any, container_port: int, host_port: int) -> None:
@@ -404,7 +514,9 @@ class Cluster:
         if self._kazoo is None:
             from kazoo.client import KazooClient
 
-            self._kazoo = KazooClient(hosts=self.zk_connect, timeout=10.0)
+            self._kazoo = KazooClient(
+                hosts=self.zk_connect, timeout=10.0, auth_data=[("digest", self.secrets.zk_auth)]
+            )
             self._kazoo.start(timeout=30)
         return self._kazoo
 
@@ -494,7 +606,10 @@ class ClusterFactory(Protocol):
 
 @pytest.fixture
 def cluster_factory(
-    request: pytest.FixtureRequest, docker_engine: Any, ledgerstore_images: tuple[str, str]
+    request: pytest.FixtureRequest,
+    docker_engine: Any,
+    ledgerstore_images: tuple[str, str],
+    deployment_secrets: Secrets,
 ) -> Iterator[ClusterFactory]:
     """``cluster_factory(n, broker=False, broker_args=())``: a fresh ZooKeeper + n bookies (+ a broker started
     with ``broker_args``), removed after the test."""
@@ -502,7 +617,7 @@ def cluster_factory(
     request.node._ledgerstore_clusters = clusters
 
     def make(bookies: int = 3, broker: bool = False, broker_args: tuple[str, ...] = ()) -> Cluster:
-        cluster = Cluster(docker_engine, *ledgerstore_images)
+        cluster = Cluster(docker_engine, *ledgerstore_images, deployment_secrets)
         clusters.append(cluster)
         return cluster.start(bookies, broker=broker, broker_args=broker_args)
 
@@ -518,9 +633,11 @@ def cluster(cluster_factory: ClusterFactory) -> Cluster:
 
 
 @pytest.fixture(scope="module")
-def shared_broker_cluster(docker_engine: Any, ledgerstore_images: tuple[str, str]) -> Iterator[Cluster]:
+def shared_broker_cluster(
+    docker_engine: Any, ledgerstore_images: tuple[str, str], deployment_secrets: Secrets
+) -> Iterator[Cluster]:
     """ZooKeeper + 4 bookies + a broker, started once for a module (a cluster costs 15-20 s to start)."""
-    cluster = Cluster(docker_engine, *ledgerstore_images)
+    cluster = Cluster(docker_engine, *ledgerstore_images, deployment_secrets)
     try:
         cluster.start(4, broker=True)
         yield cluster
@@ -540,3 +657,82 @@ def broker_cluster(request: pytest.FixtureRequest, shared_broker_cluster: Cluste
     assert cluster.broker is not None
     cluster.wait_healthy(cluster.broker, BROKER_HEALTHY_TIMEOUT_S)
     return cluster
+
+
+# --- strangers -----------------------------------------------------------------------------------------------
+
+
+def assert_stranger_refused(
+    zk_port: int, bookie_ports: Collection[int], broker_port: int | None, broker_http_port: int | None
+) -> None:
+    """A client with no token and no ZooKeeper credentials gets nothing: ZooKeeper answers NoAuth on the ledgers
+    node and the root, each bookie UNAUTHORIZED (and closes) to a fence of ledger 0 with a bogus key, the broker
+    refuses a Pulsar producer and an HTTP lookup (401), and a token signed by another key fares no better."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+
+    from bookie import auth
+    from bookie import protocol as p
+    from tests.abuse.test_auth_abuse import _exchange as bookie_exchange
+
+    zk = KazooClient(hosts=f"127.0.0.1:{zk_port}", timeout=10.0)
+    zk.start(timeout=30)
+    try:
+        ledgers = f"{ZK_ROOT}/ledgers"
+        assert zk.exists(ledgers) is not None, "no ledgers node yet: write a ledger first"
+        refused: list[tuple[str, Callable[[], Any]]] = [
+            ("get_children ledgers", lambda: zk.get_children(ledgers)),
+            ("get ledgers", lambda: zk.get(ledgers)),
+            ("get_children root", lambda: zk.get_children(ZK_ROOT)),
+            ("get_acls ledgers", lambda: zk.get_acls(ledgers)),
+            ("create under root", lambda: zk.create(f"{ZK_ROOT}/stranger", b"x")),
+            ("set ledgers", lambda: zk.set(ledgers, b"")),
+            ("delete ledgers", lambda: zk.delete(ledgers)),
+        ]
+        for what, call in refused:
+            with pytest.raises(NoAuthError):
+                call()
+                raise AssertionError(f"ZooKeeper let a stranger {what}")
+    finally:
+        zk.stop()
+        zk.close()
+
+    fence = p.ReadEntryRequest(
+        request_id=7,
+        ledger_id=0,
+        entry_id=p.LAST_ENTRY,
+        master_key=p.master_key(b"a stranger's password"),
+        flags=p.Flag.FENCE,
+    )
+    for port in bookie_ports:
+        resps, closed = bookie_exchange(f"127.0.0.1:{port}", p.encode(fence), 10.0)
+        assert closed and [r.status for r in resps] == [p.Status.UNAUTHORIZED], (port, resps)
+
+    if broker_port is None or broker_http_port is None:
+        return
+    import pulsar
+
+    topic = f"persistent://public/default/stranger-{uuid.uuid4().hex[:8]}"
+    foreign = auth.create_token(auth.new_secret(), "admin")
+    for authentication in (None, pulsar.AuthenticationToken(foreign)):
+        c = pulsar.Client(
+            f"pulsar://127.0.0.1:{broker_port}",
+            authentication=authentication,
+            operation_timeout_seconds=10,
+            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+        )
+        try:
+            with pytest.raises(Exception) as info:
+                c.create_producer(topic)
+            assert "Authentication" in type(info.value).__name__ or "uthentication" in str(info.value), (
+                info.value
+            )
+        finally:
+            c.close()
+    lookup = f"http://127.0.0.1:{broker_http_port}/lookup/v2/topic/{topic.replace('://', '/')}"
+    for headers in ({}, {"Authorization": f"Bearer {foreign}"}):
+        try:
+            urllib.request.urlopen(urllib.request.Request(lookup, headers=headers), timeout=10)
+            raise AssertionError(f"the broker answered a stranger's lookup ({headers})")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401, exc

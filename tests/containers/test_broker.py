@@ -21,7 +21,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import BROKER_CONFIG, Cluster, Node, assert_runs_with_config, wait_until
+from .conftest import (
+    BROKER_CONFIG,
+    Cluster,
+    Node,
+    assert_runs_with_config,
+    assert_stranger_refused,
+    wait_until,
+)
 
 pulsar = pytest.importorskip("pulsar", reason="pulsar-client is not installed (pip install '.[pulsar]')")
 
@@ -45,9 +52,13 @@ def new_topic() -> str:
     return f"persistent://public/default/containers-{uuid.uuid4().hex[:10]}"
 
 
-def client(url: str) -> Any:
+def client(cluster: Cluster, url: str) -> Any:
+    """A Pulsar client of ``url`` with the cluster's admin token (the broker requires one)."""
     return pulsar.Client(
-        url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+        url,
+        authentication=cluster.pulsar_auth(),
+        operation_timeout_seconds=30,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
     )
 
 
@@ -162,7 +173,7 @@ def test_pulsar_client_produces_and_consumes_through_the_broker_container(broker
         cluster.broker_admin, BROKER_CONFIG, from_flags=("port", "http_port", "advertised_address")
     )
     topic = new_topic()
-    c = client(cluster.broker_url)
+    c = client(cluster, cluster.broker_url)
     try:
         consumer = c.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
         batched = c.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5)
@@ -178,7 +189,7 @@ def test_pulsar_client_produces_and_consumes_through_the_broker_container(broker
         c.close()
 
     # The HTTP lookup (http:// service URL) answers the advertised address too; a reader from the earliest id.
-    c = client(cluster.broker_admin)
+    c = client(cluster, cluster.broker_admin)
     try:
         reader = c.create_reader(topic, pulsar.MessageId.earliest)
         first = reader.read_next(timeout_millis=10_000)
@@ -208,7 +219,7 @@ def test_producing_through_the_broker_survives_a_bookie_fault_and_loses_no_acked
     # E=3 of 4 bookies: the spare takes the faulty bookie's place (an ensemble change in the broker's ledger).
     cluster = broker_cluster
     topic = new_topic()
-    c = client(cluster.broker_url)
+    c = client(cluster, cluster.broker_url)
     try:
         consumer, writer = subscribe_and_write(c, topic)
         writer.wait_for(200, "before the fault ")
@@ -235,7 +246,7 @@ def test_producing_resumes_after_the_broker_container_is_paused(broker_cluster: 
     broker = cluster.broker
     assert broker is not None
     topic = new_topic()
-    c = client(cluster.broker_url)
+    c = client(cluster, cluster.broker_url)
     try:
         consumer, writer = subscribe_and_write(c, topic)
         writer.wait_for(200, "before the pause ")
@@ -251,3 +262,18 @@ def test_producing_resumes_after_the_broker_container_is_paused(broker_cluster: 
         assert resumed_s < 30, f"producing took {resumed_s:.1f}s to resume after the pause"
     finally:
         c.close()
+
+
+def test_a_stranger_is_refused_by_zookeeper_every_bookie_and_the_broker(broker_cluster: Cluster) -> None:
+    """Authentication as docker/compose.yaml runs it: the admin token writes (so the ledgers node exists); with no
+    token and no ZooKeeper credentials nothing is read or changed anywhere."""
+    cluster = broker_cluster
+    c = client(cluster, cluster.broker_url)
+    try:
+        c.create_producer(new_topic()).send(payload(0))
+    finally:
+        c.close()
+    assert cluster.zk is not None and cluster.broker is not None
+    assert_stranger_refused(
+        cluster.zk.port, [b.port for b in cluster.bookies], cluster.broker.port, cluster.broker.http_port
+    )
