@@ -2,10 +2,11 @@
 
 A worker takes a marked ledger under its ephemeral lock, reads the mark and the metadata, and per the decision
 clears the mark, leaves it (an open ledger's grace period, a live writer), recovery-opens the ledger (fence and
-close), or copies: each entry a replaced bookie held is read from another bookie of its write set (verified
-against its digest; a drained bookie is read first), written unchanged with RECOVERY_ADD to the replacement the
-rack-aware placement picks, the replacement fenced for the ledger, and only then one metadata CAS swaps every
-replacement in (``ledger_client.rereplication.swapped``). The metadata never names a bookie before it holds its
+close), or copies: the entries a replaced bookie held are read in READ_RANGE batches from other bookies of their
+write sets (verified against their digests; a drained bookie is read first) and written unchanged, pipelined, with
+RECOVERY_ADD to the replacement the rack-aware placement picks (``ledger_client.rereplicator.copy_fragment``,
+the throttle taken as they are sent), the replacement fenced for the ledger, and only then one metadata CAS swaps
+every replacement in (``ledger_client.rereplication.swapped``). The metadata never names a bookie before it holds its
 entries. A live bookie found lacking entries gets them back in place (no metadata change). The mark is cleared
 at the version read, then the lock released. A worker that dies leaves the mark; its lock goes with its
 ZooKeeper session, and another worker starts over (entries are immutable: copying again writes the same bytes).
@@ -27,7 +28,7 @@ from ledger_client.client import BookKeeper, _meta
 from ledger_client.placement import choose_replacement
 from ledger_client.quorum import write_set
 from ledger_client.rereplication import lost_fragments, swapped
-from ledger_client.rereplicator import _fence, _read_verified, _write
+from ledger_client.rereplicator import _fence, _read_verified, _write, copy_fragment
 from zk import racks as zk_racks
 from zk.ledger_metadata import LedgerMetadata
 from zk.underreplication import UnderReplicationManager
@@ -177,6 +178,10 @@ class ReplicationWorker:
         if wait > 0:
             await asyncio.sleep(wait)
 
+    def _copied(self, entries: int, nbytes: int) -> None:
+        self.metrics.rereplicated_entries_total += entries
+        self.metrics.rereplicated_bytes_total += nbytes
+
     async def _copy_entry(
         self, codec: EntryCodec, key: bytes, eid: int, sources: list[str], target: str
     ) -> None:
@@ -245,15 +250,16 @@ class ReplicationWorker:
                 )
                 planned[f.ensemble_index][f.bookie_index] = target
                 chosen[f.ensemble_index] = target
-                jobs = [
-                    functools.partial(
-                        self._copy_entry, codec, key, eid, sources_for(eid, ensemble, bookie), target
-                    )
-                    for eid in f.entries()
-                ]
-                before = self.metrics.rereplicated_entries_total
-                await self._bounded(jobs)
-                out.entries_copied += self.metrics.rereplicated_entries_total - before
+                out.entries_copied += await copy_fragment(
+                    self.bk,
+                    codec,
+                    key,
+                    f,
+                    target,
+                    functools.partial(sources_for, ensemble=ensemble, leaving=bookie),
+                    throttle=self._throttle,
+                    on_copied=self._copied,
+                )
                 await _fence(self.bk, lid, key, target)
             out.replacements[bookie] = chosen
 
