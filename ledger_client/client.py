@@ -993,6 +993,36 @@ class LedgerHandle:
             return e
         raise E.NoSuchEntryError(f"entry {entry_id}", ledger_id=self.ledger_id)
 
+    async def read_replica(self, bookie: str, first: int, last: int) -> AsyncIterator[tuple[int, str, bytes]]:
+        """One bookie's copy of entries first..last, for checking a replica by hand: yields
+        ``(entry_id, status, payload)`` for each entry whose write set names ``bookie``, where status is ``OK``,
+        a bookie status (``NO_ENTRY``, ...), ``DIGEST_MISMATCH`` or ``UNREACHABLE``; no failover, no fencing."""
+        md = self.metadata
+        for eid in range(first, last + 1):
+            ens = md.ensemble_at(eid)
+            if bookie not in [ens.bookies[i] for i in write_set(eid, md.ensemble_size, md.write_quorum)]:
+                continue
+            try:
+                resp = await self.bk._ask(bookie, functools.partial(self._read_request, eid))
+            except E.LedgerError:
+                yield eid, "UNREACHABLE", b""
+                continue
+            assert isinstance(resp, p.ReadEntryResponse)
+            if resp.status != p.Status.OK:
+                yield eid, resp.status.name, b""
+                continue
+            try:
+                _, payload = self._codec.verify(resp.entry, eid)
+            except _RawDigestMismatch:
+                yield eid, "DIGEST_MISMATCH", b""
+                continue
+            yield eid, "OK", payload
+
+    def _read_request(self, entry_id: int, rid: int) -> p.ReadEntryRequest:
+        return p.ReadEntryRequest(
+            request_id=rid, ledger_id=self.ledger_id, entry_id=entry_id, master_key=self._key
+        )
+
     async def _read_range(
         self, first: int, last: int, stop_on_missing: bool = False
     ) -> AsyncIterator[LedgerEntry]:

@@ -799,4 +799,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m ledgerstore.cli` runs this file as __main__; the command modules import ledgerstore.cli, a second
+    # copy whose CommandError is another class. Run that copy's main, so one class is raised and classified.
+    from ledgerstore.cli import main as _main
+
+    sys.exit(_main())

@@ -72,6 +72,12 @@ def add_ledger_commands(
         action="store_true",
         help="fence and recover an open ledger first (closes it; its writer gets no more acks)",
     )
+    a.add_argument(
+        "--bookie",
+        default=None,
+        metavar="ID",
+        help="read only this bookie's copy (the entries its write sets name it for), with each one's status",
+    )
     # Reading never fences by default; the old opt-out stays accepted so existing scripts keep working.
     a.add_argument("--no-recovery", action="store_true", help=argparse.SUPPRESS)
 
@@ -245,6 +251,8 @@ async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
     lh = await bk.open_ledger(args.ledger_id, password=password_of(args).encode(), recovery=args.recover)
     last = lh.last_add_confirmed if args.last is None else args.last
     rows = []
+    if args.bookie:
+        return await _read_replica(args, lh, last)
     async for e in lh.read(args.first, last):
         if args.json:
             rows.append({"entry_id": e.entry_id, "data": e.data.decode("utf-8", "backslashreplace")})
@@ -253,6 +261,24 @@ async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     return 0
+
+
+async def _read_replica(args: argparse.Namespace, lh: Any, last: int) -> int:
+    """``ledger read --bookie ID``: one replica's copy, entry by entry, with what that bookie answered."""
+    md = lh.metadata
+    if not any(args.bookie in ens.bookies for ens in md.ensembles):
+        raise CommandError(f"bookie {args.bookie} is in no ensemble of ledger {lh.ledger_id}", code=4)
+    rows, bad = [], 0
+    async for eid, status, data in lh.read_replica(args.bookie, args.first, last):
+        bad += status != "OK"
+        text = data.decode("utf-8", "backslashreplace")
+        if args.json:
+            rows.append({"entry_id": eid, "status": status, "data": text})
+        else:
+            print(f"{eid}\t{status}\t{text}")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    return 1 if bad else 0
 
 
 async def _simpletest(args: argparse.Namespace, bk: BookKeeper) -> int:

@@ -134,3 +134,28 @@ def test_ledger_read_of_an_open_ledger_leaves_it_open_and_its_writer_appending(b
         assert md["state"] == "CLOSED" and md["last_entry_id"] == 20
     finally:
         bk.close()
+
+
+def test_ledger_read_of_one_bookie_shows_that_replicas_copy_and_a_dead_replica(bookies) -> None:
+    procs = bookies.start_many(3)
+    bk = BookKeeper.connect(bookies.zk, zk_root=bookies.root)
+    try:
+        lh = bk.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
+        lh.append_many([b"e%d" % i for i in range(9)])
+        lh.close()
+        bookie = lh.metadata.ensembles[0].bookies[0]
+        r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", bookie, "--json")
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)
+        # E3/Qw2: the first bookie of the ensemble holds entries 0, 2, 3, 5, 6, 8 (write sets (e+i) mod 3)
+        assert [row["entry_id"] for row in rows] == [0, 2, 3, 5, 6, 8]
+        assert all(row["status"] == "OK" and row["data"] == f"e{row['entry_id']}" for row in rows)
+
+        next(bp for bp in procs if bp.id == bookie).kill9()
+        r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", bookie, "--json")
+        assert r.returncode == 1
+        assert {row["status"] for row in json.loads(r.stdout)} == {"UNREACHABLE"}
+        r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", "10.0.0.1:1")
+        assert r.returncode == 4 and "in no ensemble" in r.stderr
+    finally:
+        bk.close()
