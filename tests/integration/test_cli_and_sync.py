@@ -144,7 +144,9 @@ def test_ledger_read_of_one_bookie_shows_that_replicas_copy_and_a_dead_replica(b
         lh.append_many([b"e%d" % i for i in range(9)])
         lh.close()
         bookie = lh.metadata.ensembles[0].bookies[0]
-        r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", bookie, "--json")
+        r = _ls(
+            bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", bookie, "--json"
+        )
         assert r.returncode == 0, r.stderr
         rows = json.loads(r.stdout)
         # E3/Qw2: the first bookie of the ensemble holds entries 0, 2, 3, 5, 6, 8 (write sets (e+i) mod 3)
@@ -152,7 +154,9 @@ def test_ledger_read_of_one_bookie_shows_that_replicas_copy_and_a_dead_replica(b
         assert all(row["status"] == "OK" and row["data"] == f"e{row['entry_id']}" for row in rows)
 
         next(bp for bp in procs if bp.id == bookie).kill9()
-        r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", bookie, "--json")
+        r = _ls(
+            bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", bookie, "--json"
+        )
         assert r.returncode == 1
         assert {row["status"] for row in json.loads(r.stdout)} == {"UNREACHABLE"}
         r = _ls(bookies, "ledger", "read", str(lh.ledger_id), "--password", "pw", "--bookie", "10.0.0.1:1")
