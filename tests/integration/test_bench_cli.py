@@ -88,14 +88,14 @@ def test_bench_ledger_measures_each_way_of_writing_appends(
     assert 0 < r["p50_ms"] <= r["p99_ms"]
 
 
-def test_bench_rereplication_reports_the_rate_and_the_writers_latency_with_and_without_a_throttle(
-    tmp_path: Path,
-) -> None:
-    """A tiny run of both phases: the killed bookie's entries are all copied back (AutoRecovery's own count), the
-    rates are over the copy's duration, and the writer's latency is split at the kill."""
+def test_bench_rereplication_reports_the_rate_and_the_writers_latency(tmp_path: Path) -> None:
+    """A tiny run of one (throttled) phase: the killed bookie's entries are all copied back (AutoRecovery's own
+    count), the rates are over the copy's duration, and the writer's latency is split at the kill. (The
+    unthrottled phase of ``--compare-throttle`` runs the same code on a fresh cluster: one phase keeps this
+    quick.)"""
     out = subprocess.run(
         [*LEDGERSTORE, "bench", "rereplication", "--size-mb", "2", "--ledgers", "2", "--bookies", "4"]
-        + ["--write-rate", "100", "--baseline-s", "1", "--compare-throttle", "--throttle-mb", "4", "--json"],
+        + ["--write-rate", "100", "--baseline-s", "1", "--throttle-mb", "4", "--json"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -107,13 +107,12 @@ def test_bench_rereplication_reports_the_rate_and_the_writers_latency_with_and_w
     )  # progress on stderr, the JSON alone on stdout
     r = json.loads(out.stdout)
     assert r["mode"] == "rereplication" and r["E/Qw/Qa"] == "3/2/2" and r["bookies"] == 4
-    for name, throttle in (("unthrottled", 0.0), ("throttled", 4.0)):
-        ph = r[name]
-        assert ph["throttle_mb_per_s_per_worker"] == throttle
-        assert ph["victim_entries"] == 2048 and ph["copied_entries"] == ph["victim_entries"], ph
-        assert 0 < ph["detect_s"] < ph["recovery_s"] and 0 < ph["copy_s"] <= ph["recovery_s"]
-        assert ph["rereplication_entries_per_s"] > 0 and ph["rereplication_mb_per_s"] > 0
-        assert ph["writer_errors"] == 0
-        assert ph["writer_before"]["acked"] > 0 and ph["writer_during"]["acked"] > 0
-        assert 0 < ph["writer_during"]["p50_ms"] <= ph["writer_during"]["p99_ms"]
+    assert "unthrottled" not in r and "throttled" not in r  # one phase: its figures at the top level
+    assert r["throttle_mb_per_s_per_worker"] == 4.0
+    assert r["victim_entries"] == 2048 and r["copied_entries"] == r["victim_entries"], r
+    assert 0 < r["detect_s"] < r["recovery_s"] and 0 < r["copy_s"] <= r["recovery_s"]
+    assert r["rereplication_entries_per_s"] > 0 and r["rereplication_mb_per_s"] > 0
+    assert r["writer_errors"] == 0
+    assert r["writer_before"]["acked"] > 0 and r["writer_during"]["acked"] > 0
+    assert 0 < r["writer_during"]["p50_ms"] <= r["writer_during"]["p99_ms"]
     assert not list(tmp_path.glob("ls-bench-rerep-*"))  # the throwaway clusters are gone
