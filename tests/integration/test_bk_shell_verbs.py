@@ -71,13 +71,28 @@ def test_sanity_writes_reads_and_deletes_on_each_bookie_alone(bookies) -> None:
     assert r.returncode == 0 and r.stdout.startswith(f"{procs[1].id}: OK")
 
 
+def _stop_and_wait_unregistered(bookies, bp) -> None:
+    """Stop a bookie and wait until its registration is gone (a stop that had to kill leaves it until the
+    session times out)."""
+    import time
+
+    bp.stop()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = _ls(bookies, "ledger", "bookies", "--json")
+        if r.returncode == 0 and bp.id not in json.dumps(json.loads(r.stdout)):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{bp.id} still registered 30 s after it stopped")
+
+
 def test_updatecookie_gives_a_stopped_bookie_a_new_id(bookies, tmp_path: Path) -> None:
     procs = bookies.start_many(3)
     lid = _write_closed(bookies, e=3, w=3, a=3)
     old = procs[0]
     r = _ls(bookies, "bookie", "updatecookie", "--bookie-id", "127.0.0.1:1", "--data-dir", str(old.data_dir))
     assert r.returncode != 0 and "running" in r.stderr  # registered: refused
-    old.stop()
+    _stop_and_wait_unregistered(bookies, old)
     new_port = old.port  # same port, new id: a renamed host (an alias of 127.0.0.1)
     new_id = f"localhost:{new_port}"
     r = _ls(
@@ -97,7 +112,7 @@ def test_updatecookie_gives_a_stopped_bookie_a_new_id(bookies, tmp_path: Path) -
     assert plan["changed"] is False and plan["ledgers_naming_old_id"] == [lid]
     # a dry run changed nothing: the bookie still starts under its old id
     old.start()
-    old.stop()
+    _stop_and_wait_unregistered(bookies, old)
     r = _ls(
         bookies,
         "bookie",

@@ -20,7 +20,8 @@ from bookie.storage import MemoryLedgerStorage
 from tests.unit.test_bookie_backpressure import KEY, RecordingTransport
 
 SECRET = b"k" * 32
-TOKEN = create_token(SECRET, "writer", expires_in_s=600)
+# A day: the module is imported at collection, and the whole suite may run for longer than minutes before this.
+TOKEN = create_token(SECRET, "writer", expires_in_s=86_400)
 
 
 class Rig:
