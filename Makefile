@@ -22,7 +22,7 @@ typecheck: bootstrap
 	$(VENV)/bin/mypy
 
 test: lint typecheck
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=30 tests $(PYTEST_ARGS)
 
 unit: bootstrap
 	$(VENV)/bin/pytest -q tests/unit
