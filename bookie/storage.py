@@ -571,7 +571,7 @@ class RocksLedgerStorage:
             # RocksDB runs max(1, jobs / 4) memtable flushes at once. A flush writes its 128 KiB direct-I/O
             # requests one after another, so one flush thread is bounded by the disk's write latency: with the
             # journal on its own device (``--journal-dir``), 3/3/2 at ~65k entries/s outran it and memtables
-            # piled up into write delays; two flush threads held the rate (docs/BENCHMARKS.md, session 6).
+            # piled up into write delays; two flush threads held the rate (docs/BENCHMARKS.md, 2026-11-22).
             opts.set_max_background_jobs(4 * flush_threads)
         opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
         # Up to MEMTABLES_MAX memtables: one filling while others flush. RocksDB delays writes once all but one
