@@ -772,14 +772,21 @@ class BookieCore:
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Garbage-collect a ledger deleted from metadata."""
-        info = self.ledgers.pop(ledger_id, None)
-        if info is not None and info.master_key == UNBOUND_KEY:
-            for k in fence_keys(info):
-                self._unbound_durable.discard((ledger_id, k))
-        self._fence_durable.discard(ledger_id)
-        self._commit_ledgers.pop(ledger_id, None)
-        self._commit_entries = [e for e in self._commit_entries if e[0] != ledger_id]
-        self.storage.delete_ledger(ledger_id)
+        self.delete_ledgers([ledger_id])
+
+    def delete_ledgers(self, ledger_ids: Sequence[int]) -> None:
+        """Garbage-collect ledgers deleted from metadata, in one storage deletion (all or none after a crash)."""
+        gone = set(ledger_ids)
+        for ledger_id in gone:
+            info = self.ledgers.pop(ledger_id, None)
+            if info is not None and info.master_key == UNBOUND_KEY:
+                for k in fence_keys(info):
+                    self._unbound_durable.discard((ledger_id, k))
+            self._fence_durable.discard(ledger_id)
+            self._commit_ledgers.pop(ledger_id, None)
+        if self._commit_entries:
+            self._commit_entries = [e for e in self._commit_entries if e[0] not in gone]
+        self.storage.delete_ledgers(sorted(gone))
 
     def flush_pending(self) -> None:
         """Write everything durable to storage now (before a checkpoint)."""
