@@ -11,7 +11,9 @@ BookKeeper's ``GarbageCollectorThread`` with ``verifyMetadataOnGc``. A pass:
    never deletes anything; a ZooKeeper error stops the pass);
 5. deletes at most ``deletions_max`` ledgers per pass (``bound_hits`` counts passes that stopped there; the
    rest wait for the next pass), and only a ledger whose index row is still the one snapshotted: an add or
-   fence since the snapshot means somebody uses the id now, so it is left to a later pass.
+   fence since the snapshot means somebody uses the id now, so it is left to a later pass;
+6. deletes the confirmed ledgers ``DELETE_BATCH`` at a time: one storage call per batch (one durable write
+   batch of range deletes and at most one compaction), the fingerprints checked again just before it.
 
 ``should_stop`` is asked before every step that waits (the bookie is stopping, or the HTTP caller that asked
 for the pass went away); a stopped pass deletes nothing more. The metadata and the deletion are injected
@@ -28,9 +30,10 @@ from typing import Any, Protocol
 
 log = logging.getLogger("ledgerstore.bookie.gc")
 
-DEFAULT_GC_DELETIONS_MAX = (
-    1000  # ledgers deleted per pass at most (one RocksDB range delete + compaction each)
-)
+DEFAULT_GC_DELETIONS_MAX = 1000  # ledgers deleted per pass at most
+# Ledgers deleted in one storage call: one RocksDB write batch of range deletes and at most one compaction. One
+# compaction per ledger flushed a memtable each time: 10k fenced-only ledgers took 52 s to collect.
+DELETE_BATCH = 256
 VERIFY_CHUNK = 64  # candidates whose znodes are read in one worker-thread call
 
 
@@ -49,6 +52,7 @@ class MetadataView(Protocol):
 class GcStats:
     passes: int = 0
     deleted: int = 0
+    delete_batches: int = 0  # storage deletions (each of up to DELETE_BATCH ledgers)
     refused: int = 0  # passes stopped because the ledgers parent node was missing or empty
     listed_short: int = 0  # candidates whose znode exists although the listing lacked them
     in_use: int = 0  # candidates whose index row changed since the snapshot (left for later)
@@ -87,7 +91,7 @@ def fingerprint(info: Any) -> tuple[Any, ...]:
 class LedgerCollector:
     metadata: MetadataView
     local: Callable[[], Mapping[int, Any]]  # the bookie's ledger index (ledger id -> LedgerInfo)
-    delete: Callable[[int], None]  # blocking: runs in a worker thread
+    delete: Callable[[list[int]], None]  # a batch of ledgers, blocking: runs in a worker thread
     deletions_max: int = DEFAULT_GC_DELETIONS_MAX
     bookie_id: str = ""
     stats: GcStats = field(default_factory=GcStats)
@@ -108,10 +112,40 @@ class LedgerCollector:
             return True
         return True
 
-    async def _delete(self, ledger_id: int) -> None:
-        busy = asyncio.get_running_loop().run_in_executor(None, self.delete, ledger_id)
+    async def _delete(self, ledger_ids: list[int]) -> None:
+        busy = asyncio.get_running_loop().run_in_executor(None, self.delete, ledger_ids)
         self._busy = busy
         await asyncio.shield(busy)  # cancelled: the thread goes on; wait_idle waits for it
+
+    def _unchanged(self, local: Mapping[int, Any], lid: int, snapshot: Mapping[int, Any]) -> bool:
+        """Whether the ledger is still stored with the snapshotted index row (else it is gone already, or in
+        use again: kept, and counted)."""
+        info = local.get(lid)
+        if info is None:
+            return False  # gone already
+        if fingerprint(info) != snapshot[lid]:
+            self.stats.in_use += 1
+            log.info("bookie=%s gc: ledger %d changed since the snapshot: kept", self.bookie_id, lid)
+            return False
+        return True
+
+    async def _delete_batch(self, ready: list[int], snapshot: Mapping[int, Any], deleted: list[int]) -> None:
+        """Delete ``ready`` (confirmed gone from metadata) in one storage call, but only those whose index row
+        is still the snapshotted one now (checked with no wait between the check and the call)."""
+        local = self.local()
+        batch = [lid for lid in ready if self._unchanged(local, lid, snapshot)]
+        ready.clear()
+        if not batch:
+            return
+        log.info(
+            "bookie=%s gc: deleting %d ledgers %d..%d (their znodes do not exist)",
+            self.bookie_id, len(batch), batch[0], batch[-1],
+        )  # fmt: skip
+        log.debug("bookie=%s gc: deleting ledgers %s", self.bookie_id, batch)
+        await self._delete(batch)
+        deleted.extend(batch)
+        self.stats.deleted += len(batch)
+        self.stats.delete_batches += 1
 
     async def run_pass(self, should_stop: Callable[[], bool] = lambda: False) -> GcPass:
         """One pass (passes never overlap: a second caller waits for the running one, then runs its own)."""
@@ -156,6 +190,7 @@ class LedgerCollector:
         listed = set(await asyncio.to_thread(md.list_ids))
         candidates = sorted(set(snapshot) - listed)
         deleted: list[int] = []
+        ready: list[int] = []  # confirmed gone, not deleted yet
         kept: list[int] = []
         bound_hit = False
         for i in range(0, len(candidates), VERIFY_CHUNK):
@@ -173,24 +208,22 @@ class LedgerCollector:
                         lid,
                     )
                     continue
-                if len(deleted) >= self.deletions_max:
+                if len(deleted) + len(ready) >= self.deletions_max:
                     bound_hit = True
                     break
-                if should_stop():
-                    return GcPass(len(candidates), tuple(deleted), tuple(kept), stopped=True)
-                info = self.local().get(lid)
-                if info is None:
-                    continue  # gone already
-                if fingerprint(info) != snapshot[lid]:
-                    self.stats.in_use += 1
-                    log.info("bookie=%s gc: ledger %d changed since the snapshot: kept", self.bookie_id, lid)
+                if not self._unchanged(self.local(), lid, snapshot):
                     continue
-                log.info("bookie=%s gc: deleting ledger %d (its znode does not exist)", self.bookie_id, lid)
-                await self._delete(lid)
-                deleted.append(lid)
-                self.stats.deleted += 1
+                ready.append(lid)
+                if len(ready) >= DELETE_BATCH:
+                    if should_stop():
+                        return GcPass(len(candidates), tuple(deleted), tuple(kept), stopped=True)
+                    await self._delete_batch(ready, snapshot, deleted)
             if bound_hit:
                 break
+        if ready:
+            if should_stop():
+                return GcPass(len(candidates), tuple(deleted), tuple(kept), stopped=True)
+            await self._delete_batch(ready, snapshot, deleted)
         if bound_hit:
             self.stats.bound_hits += 1
             log.warning(

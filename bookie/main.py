@@ -242,7 +242,7 @@ class Bookie:
         self.collector = LedgerCollector(
             metadata=ZkMetadataView(self.store),
             local=lambda: core.ledgers,
-            delete=core.delete_ledger,
+            delete=core.delete_ledgers,
             deletions_max=cfg.gc_deletions_max,
             bookie_id=cfg.id,
         )
@@ -389,6 +389,7 @@ class Bookie:
         for name, attr, help_text in (
             ("passes", "passes", "Garbage collection passes over deleted ledgers"),
             ("deleted_ledgers", "deleted", "Ledgers deleted because their own znode is gone"),
+            ("delete_batches", "delete_batches", "Storage deletions of GC (one range-delete batch each)"),
             (
                 "refused",
                 "refused",
