@@ -1473,6 +1473,7 @@ class _RecoveryDriver:
         self.loop = lh._loop
         self.queue: asyncio.Queue[Callable[[], list[Any]]] = asyncio.Queue()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.writes: set[asyncio.Task[None]] = set()  # RecoveryAdds not answered yet
 
     async def run(self) -> Close:
         self._execute(self.rec.start())
@@ -1487,10 +1488,20 @@ class _RecoveryDriver:
                     ) from None
                 result = self._execute(event())
                 if result is not None:
+                    await self._finish_writes()
                     return result
         finally:
             for t in self.tasks:
                 t.cancel()
+
+    async def _finish_writes(self) -> None:
+        """Before the close, let the write-backs still in flight finish (at most ``add_timeout_s``). Qa acks
+        are all the close needs, but the others are part of it too: a replacement of a write-back ensemble
+        change gets its resends in the same step as the close when the entries already had Qa from the bookies
+        that stayed, and the close names it for those entries. Cancelled unsent, they would be missing there,
+        and the entries one copy short of the write quorum with nothing to tell the re-replication."""
+        if self.writes:
+            await asyncio.wait(set(self.writes), timeout=self.lh.bk.config.add_timeout_s)
 
     def _execute(self, cmds: list[Any]) -> Close | None:
         for cmd in cmds:
@@ -1502,13 +1513,17 @@ class _RecoveryDriver:
                     if isinstance(cmd.error, E.LedgerRecoveryError)
                     else E.LedgerRecoveryError(str(cmd.error), ledger_id=self.lh.ledger_id)
                 )
-            self._spawn(self._run_command(cmd))
+            t = self._spawn(self._run_command(cmd))
+            if isinstance(cmd, RecoveryAdd):
+                self.writes.add(t)
+                t.add_done_callback(self.writes.discard)
         return None
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
         t = self.loop.create_task(coro)
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
+        return t
 
     async def _request(self, bookie: str, build: Callable[[int], p.Request]) -> p.Response | None:
         """One request of recovery; None for no answer, which UNAUTHORIZED counts as: the metadata accepted

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from bookie import protocol as p
 from bookie.entryformat import DigestType, EntryCodec
 from ledger_client import BookKeeper, ClientConfig, LedgerFencedError, ReadBeyondLacError, UnauthorizedError
 from ledger_client.bookie_conn import connect
+from ledger_client.quorum import write_set
 
 PW = b"secret"
 
@@ -23,6 +26,10 @@ def payload(i: int, size: int = 64) -> bytes:
 
 async def _bk(bookies, **cfg) -> BookKeeper:
     return await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root, **cfg))
+
+
+def _with_request_id(build: Callable[..., p.Request]) -> Callable[[int], p.Request]:
+    return lambda rid: build(request_id=rid)
 
 
 async def _read_all(lh) -> list[bytes]:
@@ -411,6 +418,55 @@ def test_entry_on_one_bookie_is_either_recovered_to_quorum_or_cut(bookies) -> No
         assert await _read_all(rh) == [payload(i) for i in range(last + 1)]
         assert len(procs) == 3
         await bk.close()
+        await bk2.close()
+
+    asyncio.run(go())
+
+
+def test_recovery_write_back_reaches_a_replacement_named_by_the_close(bookies) -> None:
+    """Entries 10..13 of an E3/Qw3/Qa2 ledger are on two bookies only, the third is dead: recovery writes them
+    back, the dead bookie's failure replaces it, and its replacement is named in the closed metadata. Every live
+    bookie the close names for a recovered entry holds it once recovery returns (the resends to the replacement
+    are sent and answered, not dropped when the other two acks already make Qa)."""
+    procs = bookies.start_many(4)
+    by_id = {bp.id: bp for bp in procs}
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        for i in range(10):
+            await lh.append(payload(i))
+        ens = lh.metadata.last_ensemble.bookies
+        codec = EntryCodec(lh.ledger_id, DigestType.CRC32C)
+        key = p.master_key(PW)
+        for b in ens[1:]:
+            conn = await connect(b)
+            for eid in range(10, 14):
+                entry = codec.build(eid, 9, (eid + 1) * 64, payload(eid))
+                add = functools.partial(
+                    p.AddEntryRequest, ledger_id=lh.ledger_id, entry_id=eid, master_key=key, entry=entry
+                )
+                resp = await conn.request(_with_request_id(add), 5)
+                assert resp.status == p.Status.OK
+            conn.close()
+        await bk.close()  # the writer is gone, its ledger left OPEN
+        by_id[ens[0]].kill9()
+        live = set(by_id) - {ens[0]}
+        bk2 = await _bk(bookies)
+        rh = await bk2.open_ledger(lh.ledger_id, password=PW)
+        md = rh.metadata
+        assert md.last_entry_id == 13
+        for eid in range(10, 14):
+            members = [md.ensemble_at(eid).bookies[i] for i in write_set(eid, 3, 3)]
+            for b in sorted(set(members) & live):
+                c = await connect(b)
+                read = functools.partial(
+                    p.ReadEntryRequest, ledger_id=lh.ledger_id, entry_id=eid, master_key=key
+                )
+                r = await c.request(_with_request_id(read), 5)
+                c.close()
+                assert r.status == p.Status.OK, (eid, b, members, [e.bookies for e in md.ensembles])
+        assert await _read_all(rh) == [payload(i) for i in range(14)]
         await bk2.close()
 
     asyncio.run(go())
