@@ -2,9 +2,12 @@
 naming it is marked with it to *drain*; workers (this one, and any AutoRecovery process) copy its entries to
 other bookies, reading from it first, and swap them in; once no ledger names it, its cookie is deleted.
 
-While it drains, ``bookies/decommissioning/<id>`` keeps replacements off it. An OPEN ledger naming it is left to
-its writer until it is closed (writes keep going to the bookie meanwhile: nothing fails). A ledger created on it
-meanwhile is found by the next pass and drained too.
+While it drains, ``bookies/decommissioning/<id>`` keeps new ensembles and replacements off it (the client's
+placement and AutoRecovery leave it out). An OPEN ledger naming it is left to its writer until it is closed
+(writes keep going to the bookie meanwhile: nothing fails). A ledger created on it meanwhile (by a client that
+chose its ensemble just before the mark) is found by the next pass and drained too. When the bookie is still
+registered at the end, the mark stays, so no ledger lands on it before it is stopped; a new cookie for its id
+(the bookie formatted and started again) removes the mark.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ async def decommission(
     if result.complete:
         result.waiting = {}
         result.cookie_deleted = await _meta(functools.partial(cookies.delete_zk_cookie, bk.store, bookie))
-        await _meta(functools.partial(manager.end_decommission, bookie))
+        if bookie not in await _meta(bk.registry.all):
+            await _meta(functools.partial(manager.end_decommission, bookie))
     result.seconds = time.monotonic() - started
     return result

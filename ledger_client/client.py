@@ -261,9 +261,21 @@ class BookKeeper:
             self.odd_bookies[bookie],
         )
 
+    def _placement_inputs(self) -> tuple[set[str], set[str], dict[str, str]]:
+        """What placement draws from (blocking; run in a thread): the writable bookies, the bookies being
+        decommissioned (``bookies/decommissioning``: never chosen for a new ensemble or as a replacement, as
+        BookKeeper keeps a decommissioning bookie out of placement) and the rack map (``bookies/racks``). The two
+        listings are one pipelined ZooKeeper round; the racks' bodies one more, only when racks are set."""
+        from zk.racks import RACKS, racks_of
+        from zk.underreplication import DECOMMISSIONING
+
+        available = set(self.registry.available())
+        found = self.store.children_many([DECOMMISSIONING, RACKS])
+        return available, set(found[DECOMMISSIONING] or ()), racks_of(self.store, found[RACKS] or ())
+
     async def _replacements(self, ensemble: Sequence[str], failed: Sequence[int]) -> list[str]:
-        available = await _meta(self.registry.available)
-        return replace_failed(ensemble, failed, available, rng=self._rng)
+        available, draining, racks = await _meta(self._placement_inputs)
+        return replace_failed(ensemble, failed, available, exclude=draining, rng=self._rng, racks=racks)
 
     # -- ledgers ---------------------------------------------------------------------------------------
     async def create_ledger(
@@ -277,15 +289,16 @@ class BookKeeper:
         bookies: Sequence[str] | None = None,
     ) -> LedgerHandle:
         """``bookies``: the ensemble to use (``ensemble_size`` of them, e.g. one bookie for a sanity check);
-        by default the placement policy picks it among the writable bookies."""
+        by default the placement policy picks it among the writable bookies not being decommissioned, spread
+        over their racks (``zk.racks``)."""
         validate_quorum(ensemble_size, write_quorum, ack_quorum)
         if bookies is not None:
             bookies = list(bookies)
             if len(bookies) != ensemble_size or len(set(bookies)) != ensemble_size:
                 raise ValueError(f"an ensemble of {ensemble_size} distinct bookies is needed, got {bookies}")
         else:
-            available = await _meta(self.registry.available)
-            bookies = choose_ensemble(ensemble_size, available, rng=self._rng)
+            available, draining, racks = await _meta(self._placement_inputs)
+            bookies = choose_ensemble(ensemble_size, available, exclude=draining, rng=self._rng, racks=racks)
         versioned = await _meta(
             functools.partial(
                 self.ledgers.create,

@@ -121,10 +121,16 @@ def read_zk_cookie(store: MetadataStore, bookie_id: str) -> Versioned[Cookie] | 
 
 
 def write_zk_cookie(store: MetadataStore, cookie: Cookie, version: int = -1) -> Versioned[Cookie]:
-    """``version`` -1 creates (:class:`MetadataExistsError` if present); otherwise a CAS update."""
+    """``version`` -1 creates (:class:`MetadataExistsError` if present); otherwise a CAS update.
+
+    Creating a cookie makes a new bookie of that id: a decommission mark the id's previous bookie left
+    (``bookies/decommissioning/<id>``, kept after its data moved off while it still ran) goes."""
     path = layout.cookie_path(cookie.bookie_id)
     if version == -1:
+        from zk.underreplication import UnderReplicationManager
+
         store.create(path, cookie.to_json())
+        UnderReplicationManager(store).end_decommission(cookie.bookie_id)
         return Versioned(cookie, 0)
     written = store.set(path, cookie.to_json(), version)
     return Versioned(cookie, written.version)

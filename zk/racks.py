@@ -5,11 +5,13 @@ without a znode is in :data:`DEFAULT_RACK`. The placement policy (``ledger_clien
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from zk import layout
 from zk.client import MetadataStore
 from zk.errors import MetadataNotFoundError
 
-__all__ = ["DEFAULT_RACK", "RACKS", "check_rack", "delete_rack", "racks", "set_rack"]
+__all__ = ["DEFAULT_RACK", "RACKS", "check_rack", "delete_rack", "racks", "racks_of", "set_rack"]
 
 DEFAULT_RACK = "/default-region/default-rack"
 RACKS = f"{layout.BOOKIES}/racks"
@@ -45,6 +47,15 @@ def racks(store: MetadataStore) -> dict[str, str]:
     try:
         names = store.children(RACKS)
     except MetadataNotFoundError:
+        return {}
+    return racks_of(store, names)
+
+
+def racks_of(store: MetadataStore, names: Iterable[str]) -> dict[str, str]:
+    """:func:`racks` for the rack znodes ``names`` (children of :data:`RACKS` already listed): one pipelined
+    read of their bodies, none when there are none."""
+    names = list(names)
+    if not names:
         return {}
     bodies = store.get_many([f"{RACKS}/{n}" for n in names])
     out = {}

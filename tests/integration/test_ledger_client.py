@@ -13,7 +13,14 @@ import pytest
 
 from bookie import protocol as p
 from bookie.entryformat import DigestType, EntryCodec
-from ledger_client import BookKeeper, ClientConfig, LedgerFencedError, ReadBeyondLacError, UnauthorizedError
+from ledger_client import (
+    BookKeeper,
+    ClientConfig,
+    LedgerFencedError,
+    NotEnoughBookiesError,
+    ReadBeyondLacError,
+    UnauthorizedError,
+)
 from ledger_client.bookie_conn import connect
 from ledger_client.quorum import write_set
 
@@ -546,6 +553,78 @@ def test_ensemble_change_survives_a_lost_metadata_reply(bookies) -> None:
         assert len(md.ensembles) == 2 and md.last_entry_id == 149
         rh = await bk.open_ledger(lh.ledger_id, password=PW)
         assert await _read_all(rh) == [payload(i) for i in range(150)]
+        await bk.close()
+
+    asyncio.run(go())
+
+
+def test_placement_skips_a_decommissioning_bookie_and_spreads_over_racks(zk_connect, zk_store) -> None:
+    """Bookies registered as znodes only (placement needs no bookie process): a bookie in
+    ``bookies/decommissioning`` is never in a new ensemble nor a replacement; an explicit ensemble may still
+    name it; ensembles span both racks."""
+    from zk import BookieRegistry
+    from zk.racks import set_rack
+    from zk.underreplication import UnderReplicationManager
+
+    ids = [f"127.0.0.1:{4000 + i}" for i in range(5)]
+    registry = BookieRegistry(zk_store)
+    for i, b in enumerate(ids):
+        registry.register(b, {"host": "127.0.0.1", "port": 4000 + i})
+        set_rack(zk_store, b, "/r/a" if i % 2 else "/r/b")
+    draining = ids[2]
+    UnderReplicationManager(zk_store).start_decommission(draining)
+
+    async def go() -> None:
+        bk = await BookKeeper.connect(zk_connect.connect_string, config=ClientConfig(zk_root=zk_connect.root))
+        try:
+            for _ in range(40):
+                lh = await bk.create_ledger(3, 2, 2, password=PW)
+                ensemble = lh.metadata.ensembles[0].bookies
+                assert draining not in ensemble
+                assert {"/r/a", "/r/b"} == {"/r/a" if ids.index(b) % 2 else "/r/b" for b in ensemble}
+            for _ in range(40):  # ensemble change: 4 non-draining bookies, 3 in the ensemble, one failed
+                ensemble = [ids[0], ids[1], ids[3]]
+                assert await bk._replacements(ensemble, [0]) == [ids[4], ids[1], ids[3]]
+            # all four others taken: no replacement rather than the draining bookie
+            with pytest.raises(NotEnoughBookiesError):
+                await bk._replacements([ids[0], ids[1], ids[3], ids[4]], [0])
+            with pytest.raises(NotEnoughBookiesError):
+                await bk.create_ledger(5, 2, 2, password=PW)
+            lh = await bk.create_ledger(3, 2, 2, password=PW, bookies=[draining, ids[0], ids[1]])
+            assert lh.metadata.ensembles[0].bookies == (draining, ids[0], ids[1])
+            UnderReplicationManager(zk_store).end_decommission(draining)
+            chosen = set()
+            for _ in range(40):
+                chosen |= set((await bk.create_ledger(3, 2, 2, password=PW)).metadata.ensembles[0].bookies)
+            assert draining in chosen
+        finally:
+            await bk.close()
+            registry.close()
+
+    asyncio.run(go())
+
+
+def test_ensemble_change_never_replaces_with_a_decommissioning_bookie(bookies) -> None:
+    from zk.underreplication import UnderReplicationManager
+
+    procs = {bp.id: bp for bp in bookies.start_many(5)}
+
+    async def go() -> None:
+        bk = await _bk(bookies, add_timeout_s=2.0)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        first = lh.metadata.ensembles[0].bookies
+        spare, draining = sorted(set(procs) - set(first))
+        await asyncio.to_thread(UnderReplicationManager(bk.store).start_decommission, draining)
+        for i in range(20):
+            await lh.append(payload(i))
+        procs[first[0]].kill9()
+        for i in range(20, 60):
+            await asyncio.wait_for(lh.append(payload(i)), 30)
+        await lh.close()
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert [e.bookies for e in md.ensembles] == [first, (spare, *first[1:])]
+        rh = await bk.open_ledger(lh.ledger_id, password=PW)
+        assert await _read_all(rh) == [payload(i) for i in range(60)]
         await bk.close()
 
     asyncio.run(go())

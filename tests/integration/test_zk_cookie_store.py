@@ -109,3 +109,17 @@ def test_ensure_cookies_race_same_id_different_dirs(zk_store: MetadataStore, tmp
     assert ensure_cookies(zk_store, a) is CookieVerdict.NEW
     with pytest.raises(CookieMismatchError):
         ensure_cookies(zk_store, b)  # b's dirs are empty, but ZooKeeper knows the bookie id
+
+
+def test_a_new_cookie_ends_the_ids_decommission_mark(zk_store: MetadataStore) -> None:
+    from zk.underreplication import UnderReplicationManager
+
+    manager = UnderReplicationManager(zk_store)
+    manager.start_decommission(BID)
+    c = Cookie(BID, "/j", ("/l",), "inst")
+    write_zk_cookie(zk_store, c)
+    assert manager.decommissioning() == set()
+    manager.start_decommission(BID)
+    # an update is no new bookie
+    write_zk_cookie(zk_store, Cookie(BID, "/j", ("/l", "/l2"), "inst"), version=0)
+    assert manager.decommissioning() == {BID}
