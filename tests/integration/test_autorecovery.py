@@ -205,11 +205,12 @@ def _victim(bookies, ledgers: dict[int, bool]) -> str:
 
 
 def test_a_bookie_killed_for_good_is_rereplicated_with_no_command_typed(bookies, tmp_path) -> None:
+    """5 bookies, 20 ledgers (closed and open; E3/Qw2/Qa2 and E3/Qw3/Qa2), one bookie killed for good."""
     procs = bookies.start_many(5)
     by_id = {bp.id: bp for bp in procs}
     ar = AutoRecoveryProcess(bookies, tmp_path, "a")
     try:
-        ledgers = asyncio.run(_write_ledgers(bookies, 10))
+        ledgers = asyncio.run(_write_ledgers(bookies, 20))
         victim = _victim(bookies, ledgers)
         hit = asyncio.run(_names(bookies, victim))
         by_id[victim].kill9()
