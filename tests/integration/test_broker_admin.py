@@ -472,4 +472,4 @@ def test_topic_cli_verbs(broker: BrokerProcess) -> None:
     r = ledgerstore("topic", "list", *urls, "--json")
     assert full not in json.loads(r.stdout)["partitioned"]
     r = ledgerstore("topic", "stats", "nope-" + t, *urls)
-    assert r.returncode == 1 and "404" in r.stderr
+    assert r.returncode == 4 and "404" in r.stderr  # not found: exit status 4 (docs/cli.md)
