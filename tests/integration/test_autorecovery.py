@@ -280,14 +280,18 @@ def _victim_closed(bookies, ledgers: dict[int, bool]) -> str:
 def test_a_bookie_back_within_the_delay_costs_no_copy(bookies, tmp_path) -> None:
     procs = bookies.start_many(5)
     by_id = {bp.id: bp for bp in procs}
-    ar = AutoRecoveryProcess(bookies, tmp_path, "a", "--lost-bookie-recovery-delay-s", "6")
+    # The delay leaves room for a loaded machine: the victim re-registers only once its old session has expired
+    # and its restart (journal replay, RocksDB open) is done.
+    delay_s = 20.0
+    ar = AutoRecoveryProcess(bookies, tmp_path, "a", "--lost-bookie-recovery-delay-s", str(delay_s))
     try:
         ledgers = asyncio.run(_write_ledgers(bookies, 4, open_every=100))
         victim = _victim_closed(bookies, ledgers)
         before = asyncio.run(_names(bookies, victim))
+        killed = time.monotonic()
         by_id[victim].kill9()
         by_id[victim].start()  # registers as soon as its old session has expired
-        time.sleep(8)  # past the delay, counted from when it went missing
+        time.sleep(max(0.0, killed + delay_s + 2 - time.monotonic()))  # past the delay, counted from the loss
         assert not _marks(bookies)
         assert ar.metrics()["rereplicated_entries_total"] == 0
         assert asyncio.run(_names(bookies, victim)) == before
