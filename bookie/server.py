@@ -263,19 +263,26 @@ class BookieConnection(asyncio.Protocol):
                 if not dec.buffered:
                     return
             self._handle_frames(dec.frames_raw())
-        except p.ProtocolError as e:
+        except Exception as e:
+            self._input_failed(e)
+        finally:
+            self._after_input(dec.buffered < expect)
+
+    def _input_failed(self, e: Exception) -> None:
+        """Close this connection after a malformed frame or an internal error while serving its input."""
+        if isinstance(e, p.ProtocolError):
             self.server.malformed += 1
             log.warning(
                 "bookie=%s closing connection from %s: malformed frame: %s", self.core.bookie_id, self.peer, e
             )
-            self._abort()
-        except Exception:
-            log.exception(
-                "bookie=%s internal error serving %s; closing that connection", self.core.bookie_id, self.peer
+        else:
+            log.error(
+                "bookie=%s internal error serving %s; closing that connection",
+                self.core.bookie_id,
+                self.peer,
+                exc_info=e,
             )
-            self._abort()
-        finally:
-            self._after_input(dec.buffered < expect)
+        self._abort()
 
     def _after_input(self, consumed: bool) -> None:
         """After frames were taken from the decoder (``consumed``: at least one whole frame) or bytes added."""
@@ -394,17 +401,8 @@ class BookieConnection(asyncio.Protocol):
             self._handle_frames(frames)
             if self._stalled is None and self.decoder.buffered:
                 self._handle_frames(self.decoder.frames_raw())
-        except p.ProtocolError as e:
-            self.server.malformed += 1
-            log.warning(
-                "bookie=%s closing connection from %s: malformed frame: %s", self.core.bookie_id, self.peer, e
-            )
-            self._abort()
-        except Exception:
-            log.exception(
-                "bookie=%s internal error serving %s; closing that connection", self.core.bookie_id, self.peer
-            )
-            self._abort()
+        except Exception as e:
+            self._input_failed(e)
         finally:
             self._after_input(True)
 
