@@ -28,6 +28,15 @@ def free_port() -> int:
     return _free_port("127.0.0.1")
 
 
+def health_ok(http_port: int) -> bool:
+    """Whether ``http://127.0.0.1:<http_port>/health`` answers 200 (a bookie, a broker or AutoRecovery)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 class ServiceProcess:
     """What a bookie and a broker process share: spawning with output to a log file, waiting until ready,
     SIGTERM (after a SIGCONT, so a paused process can exit), kill -9, SIGSTOP/SIGCONT. A subclass is a dataclass
@@ -159,11 +168,7 @@ class BookieProcess(ServiceProcess):
         return self
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        return health_ok(self.http_port)
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
         self._wait_until(self.healthy, timeout_s, "healthy")
@@ -387,12 +392,7 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
         rows.append({**b, "alive": alive, "health": health})
     broker_rows = []
     for b in st.get("brokers", []):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{b['http_port']}/health", timeout=1) as r:
-                admin_ok = r.status == 200
-        except OSError:
-            admin_ok = False
-        broker_rows.append({**b, "alive": _pid_alive(b["pid"]), "admin": admin_ok})
+        broker_rows.append({**b, "alive": _pid_alive(b["pid"]), "admin": health_ok(b["http_port"])})
     ar = st.get("autorecovery")
     ar_row = {**ar, "alive": _pid_alive(ar["pid"])} if ar else None
     emit(
@@ -531,11 +531,7 @@ class AutoRecoveryProcess(ServiceProcess):
         return self
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/health", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        return health_ok(self.metrics_port)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         self._wait_until(self.ready, timeout_s, "ready")
