@@ -1124,12 +1124,7 @@ class LedgerHandle:
 
         async def ask(i: int, bookie: str) -> tuple[int, p.Status | None, int]:
             try:
-                resp = await self.bk._ask(
-                    bookie,
-                    lambda rid: p.ReadEntryRequest(
-                        request_id=rid, ledger_id=self.ledger_id, entry_id=p.LAST_ENTRY, master_key=self._key
-                    ),
-                )
+                resp = await self.bk._ask(bookie, functools.partial(self._read_request, p.LAST_ENTRY))
             except E.LedgerError:
                 return i, None, -1
             assert isinstance(resp, p.ReadEntryResponse)
