@@ -16,6 +16,9 @@ checkpoint) or a journal write that fails other than for a full disk *fails* the
 with INTERNAL, goes read-only and re-registers so, drops its client connections once (so no request whose
 reply was lost hangs), reports ``/health`` 503 with the reason and ``bookie_failed 1``, and stays so until it
 is restarted (the restart replays the journal). It never stays registered writable while its adds go unanswered.
+A failure caused by a full disk (RocksDB keeps refusing every write after one, until it is reopened) is cured
+by the bookie itself: once the disk has room again it stops cleanly and executes itself anew with the same
+command line (same process id, so a supervisor sees no exit), which reopens storage and replays the journal.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +46,7 @@ from . import auth
 from . import server as srv
 from .bk_http import add_bookkeeper_routes
 from .config_file import ConfigError, Effective, resolve
-from .core import BookieCore
+from .core import BookieCore, _is_enospc
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
 from .journal import Journal
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
@@ -58,6 +62,9 @@ def _gauge(read: Callable[[], dict[str, int]], key: str) -> float:
 
 
 EXIT_COOKIE_MISMATCH = 3
+EXIT_RESTART = (
+    -1
+)  # run_until_signalled's answer when the bookie should run itself anew (never an exit status)
 ZK_STOP_TIMEOUT_S = 2.0
 HTTP_STOP_TIMEOUT_S = 2.0  # admin requests still running at shutdown get this long
 GC_STOP_TIMEOUT_S = 10.0  # a ledger deletion under way at shutdown gets this long before storage closes
@@ -146,6 +153,9 @@ class Bookie:
         self.stopping = False
         self.failed = ""  # why the bookie failed (storage or journal error); empty while it has not
         self.failures = 0
+        self.restart_when_space = False  # the failure came from a full disk: restart once there is room again
+        self.restart_requested = False
+        self.stop_requested = asyncio.Event()
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -163,7 +173,7 @@ class Bookie:
             try:
                 fn()
             except Exception as e:  # a deferred storage write failed: its replies are lost; fail loudly
-                self.fail(f"storage write failed: {e!r}")
+                self.fail(f"storage write failed: {e!r}", disk_full=_no_space(e))
 
         def schedule(delay_s: float, fn: Any) -> Any:
             call = functools.partial(guarded, fn)
@@ -536,6 +546,17 @@ class Bookie:
 
     async def _disk_check(self) -> None:
         self._update_readonly()
+        if self.restart_when_space and not self.restart_requested:
+            usage = self._disk_usage()
+            if usage < self.config.disk_usage_lwm:
+                log.warning(
+                    "bookie=%s the disk has room again (%.1f%% used): restarting to reopen storage and replay "
+                    "the journal",
+                    self.config.id,
+                    usage * 100,
+                )
+                self.restart_requested = True
+                self.stop_requested.set()
 
     async def checkpoint(self) -> None:
         """Flush ledger storage, then let the journal forget what storage now holds."""
@@ -545,7 +566,7 @@ class Bookie:
             mark = self.journal.mark
             await asyncio.to_thread(self.storage.flush)
         except Exception as e:
-            self.fail(f"storage flush failed: {e!r}")
+            self.fail(f"storage flush failed: {e!r}", disk_full=_no_space(e))
             raise
         await asyncio.to_thread(self.journal.checkpoint, mark)
 
@@ -553,22 +574,23 @@ class Bookie:
     def _on_journal_error(self, exc: BaseException, in_callback: bool) -> None:
         """The journal's report: a write or fsync failed (``in_callback`` False), or a completion callback (a
         storage write of a durable add) raised and was answered with the error (True)."""
-        from .core import _is_enospc
-
         if not in_callback and _is_enospc(exc):
             return  # a full disk: read-only until space comes back (the disk check), not a failure
         what = "storage write after the journal failed" if in_callback else "journal write failed"
-        self.fail(f"{what}: {exc!r}")
+        self.fail(f"{what}: {exc!r}", disk_full=in_callback and _no_space(exc))
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str, *, disk_full: bool = False) -> None:
         """A storage or journal error: read-only, unhealthy, re-registered so, connections dropped once (see the
-        module docstring)."""
+        module docstring). ``disk_full``: the error was a full disk, so the bookie restarts itself once the disk
+        has room again (only when that was the first failure: any other error waits for an operator)."""
         self.failures += 1
         if self.failed:
             log.error("bookie=%s failed again: %s", self.config.id, why)
             return
         self.failed = why
-        log.error("bookie=%s FAILED, now read-only and unhealthy until restarted: %s", self.config.id, why)
+        self.restart_when_space = disk_full
+        until = "the disk has room again" if disk_full else "restarted"
+        log.error("bookie=%s FAILED, now read-only and unhealthy until %s: %s", self.config.id, until, why)
         if self.core is not None:
             self._set_readonly(True, why)
         if self.server is not None:
@@ -878,13 +900,26 @@ async def run_until_signalled(config: BookieConfig, settings: Effective | None =
         log.error("bookie=%s refusing to start: cookie mismatch: %s", config.id, e)
         await bookie.stop()
         return EXIT_COOKIE_MISMATCH
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, bookie.stop_requested.set)
+    await bookie.stop_requested.wait()
     await bookie.stop()
-    return 0
+    return EXIT_RESTART if bookie.restart_requested else 0
+
+
+def _no_space(exc: BaseException) -> bool:
+    """A full disk, as an OSError or as RocksDB's error text (rocksdict raises a plain Exception)."""
+    return _is_enospc(exc) or "No space left on device" in str(exc)
+
+
+def _exec_self() -> None:
+    """Replace this process with a fresh run of the same command line (same pid, same open stdout/stderr)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 def install_uvloop() -> None:
@@ -905,11 +940,15 @@ def serve(args: argparse.Namespace) -> int:
     install_uvloop()
     profile = os.environ.get("LEDGERSTORE_PROFILE")
     if not profile:
-        return asyncio.run(run_until_signalled(config_from_args(args), settings))
-    import cProfile
+        rc = asyncio.run(run_until_signalled(config_from_args(args), settings))
+    else:
+        import cProfile
 
-    prof = cProfile.Profile()
-    try:
-        return prof.runcall(asyncio.run, run_until_signalled(config_from_args(args), settings))
-    finally:
-        prof.dump_stats(profile)
+        prof = cProfile.Profile()
+        try:
+            rc = prof.runcall(asyncio.run, run_until_signalled(config_from_args(args), settings))
+        finally:
+            prof.dump_stats(profile)
+    if rc == EXIT_RESTART:
+        _exec_self()
+    return rc
