@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -151,14 +152,18 @@ def test_a_bookie_killed_during_the_scan_reads_fail_over(
         ledgers.append((lh.ledger_id, data))
     victim = procs[1]
     killed_at: list[float] = []
+    reads_before = _reads_served(victim)
 
-    def kill_soon() -> None:
-        time.sleep(1.0)
+    def kill_once_reading() -> None:  # mid-scan, however fast the machine: at the victim's first read request
+        deadline = time.monotonic() + 60
+        while _reads_served(victim) <= reads_before and time.monotonic() < deadline:
+            time.sleep(0.005)
         victim.kill9()
         killed_at.append(time.monotonic())
 
-    df = reader(spark, bookies, entriesPerPartition=1000, readTimeoutMs=3000)
-    t = threading.Thread(target=kill_soon)
+    # small partitions: a scan of 120 tasks outlasts the few milliseconds between the first read and the kill
+    df = reader(spark, bookies, entriesPerPartition=100, readTimeoutMs=3000)
+    t = threading.Thread(target=kill_once_reading)
     t.start()
     try:
         got = summary(df)
@@ -166,10 +171,19 @@ def test_a_bookie_killed_during_the_scan_reads_fail_over(
     finally:
         t.join()
     assert got == {lid: expected(data) for lid, data in ledgers}
-    # every write set of a 3/2 ledger on 3 bookies has the victim in 2 of 3 entries; whether the kill landed
-    # mid-scan or before, a scan after it still reads everything from the other replica
+    # every write set of a 3/2 ledger on 3 bookies has the victim in 2 of 3 entries: the scan read some entries
+    # from it, then read the rest from the other replica
     assert killed_at and killed_at[0] < finished
     assert summary(reader(spark, bookies, entriesPerPartition=1000)) == got
+
+
+def _reads_served(bp: Any) -> int:
+    """The bookie's ``bookie_reads_total`` (read requests it has served)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics", timeout=2) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("bookie_reads_total "):
+                return int(float(line.split()[1]))
+    raise AssertionError("no bookie_reads_total in /metrics")
 
 
 def test_ledger_selection_all_ids_and_ranges(bookies: Any, client: BookKeeper, spark: Any) -> None:
