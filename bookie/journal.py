@@ -64,6 +64,18 @@ file to the new segment's name, overwrites its header and writes records over th
 * a crash after renaming a free file but before its new header is durable leaves a last segment whose header
   names an older seq: nothing was written to it yet, so replay recycles it again.
 
+Preallocation
+-------------
+The same cost applies to a fresh segment at low load: each lone batch's fdatasync also writes the inode (the file
+grew), two device writes in turn instead of one. So when the journal is idle (a batch completed and nothing is
+queued) and less than ``PREALLOC_LOW_BYTES`` of written-ahead space remains in the segment, the writer thread
+writes zeros over the next ``preallocate_bytes`` and fdatasyncs them (BookKeeper's ``journalPreAllocSizeMB``);
+records then overwrite blocks the file already has. Records appended meanwhile wait for that job like for a
+batch in flight (a few ms, once per ``preallocate_bytes`` of journal). A loaded journal is never idle and writes
+as before; a recycled segment is written ahead already. Replay meets the zeros after the last record of the last
+segment: an all-zero record header ends that segment like a torn tail (and is cut off). A full disk just stops
+the preallocation.
+
 Alignment
 ---------
 Every batch ends with a PADDING record that makes it end on a 4 KiB boundary (BookKeeper's
@@ -186,6 +198,13 @@ _READ_CHUNK = 1 << 20
 INLINE_FSYNC_MAX_S = 0.0005
 #: a batch of at least this many bytes (before padding) means the journal is loaded (see "Group commit")
 LOADED_BATCH_BYTES = 16 * 1024
+#: an idle journal writes zeros ahead once less than this much written-ahead space is left (see "Preallocation")
+PREALLOC_LOW_BYTES = 1024 * 1024
+#: after a failed preallocation (a full disk) none is tried for this long
+PREALLOC_RETRY_S = 10.0
+_ZEROS = bytes(256 * 1024)
+#: what a segment scan reports on an all-zero record header: the end of what was written, not damage
+ZEROS_AHEAD = "zeros written ahead"
 
 
 class RecordType(enum.IntEnum):
@@ -339,6 +358,9 @@ class _SegmentScan:
                     self.problem = f"short record header ({avail} of {_REC_HDR_LEN} bytes)"
                     return
                 blen, crc, rtype = _REC_HDR.unpack_from(buf, pos)
+                if not (blen or crc or rtype):
+                    self.problem = ZEROS_AHEAD
+                    return
                 need = _REC_HDR_LEN + blen
                 if base + pos + need > size:
                     self.problem = f"short record ({size - base - pos} of {need} bytes)"
@@ -458,6 +480,7 @@ class Journal:
         sync_inline_bytes: int = 8 * 1024,
         segment_bytes: int = 256 * 1024 * 1024,
         reuse_segments: int = 4,
+        preallocate_bytes: int = 2 * 1024 * 1024,
         alignment: int = ALIGNMENT,
         fsync: bool = True,
         remove_pages_from_cache: bool = True,
@@ -472,6 +495,7 @@ class Journal:
         self._sync_inline = max(0, int(sync_inline_bytes))
         self._segment_bytes = max(SEGMENT_HEADER_LEN + 1, int(segment_bytes))
         self._reuse = max(0, int(reuse_segments))
+        self._prealloc = max(0, int(preallocate_bytes)) if fsync else 0
         if alignment < 0:
             raise ValueError("alignment must be >= 0")
         self._alignment = int(alignment)
@@ -499,6 +523,8 @@ class Journal:
             "last_batch_records": 0,
             "max_batch_records": 0,
             "inline_syncs": 0,  # batches written and fsynced on the loop thread (the idle path)
+            "preallocations": 0,  # zeros written ahead in an idle moment (see "Preallocation")
+            "preallocated_bytes": 0,
             "segments_created": 0,  # new files
             "segments_reused": 0,  # free files written over
             "segments_recycled": 0,  # old segments kept as free files
@@ -536,6 +562,10 @@ class Journal:
         self._offset = 0
         self._broken: BaseException | None = None
         self._idle_since = 0.0  # perf_counter when the last batch ended (0: none yet)
+        self._alloc_end = (
+            0  # the current segment file's bytes written so far (records, zeros, an old segment's)
+        )
+        self._prealloc_after = 0.0  # monotonic time before which no preallocation is tried (after a failure)
         # replay / checkpoint
         self._ckpt_lock = threading.Lock()
         self._pool_lock = threading.Lock()  # guards _free (checkpoint thread and writer thread)
@@ -705,15 +735,20 @@ class Journal:
                     raise JournalCorruptError(
                         f"{path}: {scan.problem} at offset {scan.end} (not the last segment)"
                     )
-                logger.warning(
-                    "journal: %s: torn tail (%s) at offset %d of %d; truncating to %d",
-                    path,
-                    scan.problem,
-                    scan.end,
-                    size,
-                    scan.end,
-                )
-                self.stats["torn_tails"] += 1
+                if scan.problem == ZEROS_AHEAD:
+                    logger.info(
+                        "journal: %s ends at offset %d; cutting the zeros written ahead", path, scan.end
+                    )
+                else:
+                    logger.warning(
+                        "journal: %s: torn tail (%s) at offset %d of %d; truncating to %d",
+                        path,
+                        scan.problem,
+                        scan.end,
+                        size,
+                        scan.end,
+                    )
+                    self.stats["torn_tails"] += 1
             if last:
                 # cut a torn tail, and make what replay saw durable before a later segment is acknowledged
                 fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -1073,6 +1108,49 @@ class Journal:
                     keep.append((target, w))
             self._waiters = keep
         self._maybe_next()
+        if result is not None:
+            self._maybe_preallocate()
+
+    def _maybe_preallocate(self) -> None:
+        """Idle (no batch in flight, nothing queued) and close to the end of the written-ahead space: write zeros
+        ahead on the writer thread; records appended meanwhile wait for it like for a batch (see
+        "Preallocation")."""
+        if (
+            not self._prealloc
+            or self._io_busy
+            or self._buf_len
+            or self._state != _RUNNING
+            or self._alloc_end - self._w_off >= PREALLOC_LOW_BYTES
+            or self._alloc_end >= self._segment_bytes
+            or self._w_off >= self._segment_bytes
+        ):
+            return
+        loop = self._loop
+        assert loop is not None
+        if loop.time() < self._prealloc_after:
+            return
+        self._io_busy = True
+        fut = loop.run_in_executor(self._executor, self._io_preallocate, self._w_seq)
+        fut.add_done_callback(self._on_preallocated)
+
+    def _on_preallocated(self, fut: asyncio.Future[int]) -> None:
+        self._io_busy = False
+        if fut.cancelled():
+            pass
+        elif (exc := fut.exception()) is not None:
+            loop = self._loop
+            assert loop is not None
+            self._prealloc_after = loop.time() + PREALLOC_RETRY_S
+            logger.warning(
+                "journal: preallocating segment space failed (%s); retrying in %.0fs", exc, PREALLOC_RETRY_S
+            )
+        elif n := fut.result():
+            self.stats["preallocations"] += 1
+            self.stats["preallocated_bytes"] += n
+        if self._buf_len and not self._loaded:
+            self._start_batch(inline_ok=True)  # what came meanwhile is idle traffic: the idle path's batch
+        else:
+            self._maybe_next()
 
     def _callback_failed(self, cb: Done, exc: Exception) -> None:
         """A completion callback raised on a durable record (storing it failed): never a silent hang. The callback
@@ -1137,6 +1215,8 @@ class Journal:
                 pass
             raise
         self.stats["segments_reused" if free is not None else "segments_created"] += 1
+        self._alloc_end = os.fstat(fd).st_size  # a recycled file is written ahead already
+        self._zeroed = False
         return fd
 
     def _seal(self) -> None:
@@ -1146,6 +1226,8 @@ class Journal:
         self._pack_records(end, [(RecordType.SEGMENT_END, self._seq + 1, -1, b"")], crc_seed(self._seq))
         try:
             _pwrite_all(self._fd, end, self._offset)
+            if self._zeroed:  # a sealed segment keeps no zeros written ahead
+                os.ftruncate(self._fd, self._offset + len(end))
             self._fsync(self._fd)
         except BaseException as exc:
             self._cut_back(exc)
@@ -1155,6 +1237,7 @@ class Journal:
         """After a failed write: truncate the segment to ``_offset`` (the end of the last good batch)."""
         try:
             os.ftruncate(self._fd, self._offset)
+            self._alloc_end = min(self._alloc_end, self._offset)
             self._fsync(self._fd)
         except BaseException:
             self._broken = exc
@@ -1182,6 +1265,7 @@ class Journal:
 
     def _io_repair(self) -> None:
         os.ftruncate(self._fd, self._offset)
+        self._alloc_end = self._offset
         self._fsync(self._fd)
         self._broken = None
 
@@ -1222,6 +1306,27 @@ class Journal:
             except OSError:
                 pass
         return self._seq, self._offset, t1 - t0
+
+    def _io_preallocate(self, seq: int) -> int:
+        """Write zeros after the written-ahead space of segment ``seq`` (if it is still the current one) and
+        fdatasync them; the number of bytes written."""
+        if self._fd < 0 or self._broken is not None or seq != self._seq:
+            return 0
+        start = max(self._alloc_end, self._offset)
+        end = min(start + self._prealloc, self._segment_bytes)
+        if end <= start:
+            return 0
+        fd = self._fd
+        pos = start
+        while pos < end:
+            pos += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), end - pos)], pos)
+        self._zeroed = True
+        self._fsync(fd)
+        self._alloc_end = end
+        if self._drop_pages:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        return end - start
 
     def _io_close(self) -> None:
         if self._fd < 0:

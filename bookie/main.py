@@ -84,6 +84,7 @@ class BookieConfig:
     journal_max_wait_ms: float = 1.0
     journal_segment_mb: int = 256
     journal_reuse_segments: int = 4  # old segments kept to be written over
+    journal_prealloc_mb: float = 2.0  # zeros an idle journal writes ahead of its records
     fsync: bool = True
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
@@ -192,6 +193,7 @@ class Bookie:
             max_wait_ms=cfg.journal_max_wait_ms,
             segment_bytes=cfg.journal_segment_mb * 1024 * 1024,
             reuse_segments=cfg.journal_reuse_segments,
+            preallocate_bytes=int(cfg.journal_prealloc_mb * 1024 * 1024),
             fsync=cfg.fsync,
             on_sync=self._on_sync,
         )
@@ -723,6 +725,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         journal_max_wait_ms=args.journal_max_wait_ms,
         journal_segment_mb=getattr(args, "journal_segment_mb", 256),
         journal_reuse_segments=getattr(args, "journal_reuse_segments", 4),
+        journal_prealloc_mb=getattr(args, "journal_prealloc_mb", 2.0),
         fsync=not args.no_fsync,
         disk_usage_threshold=args.disk_usage_threshold,
         disk_usage_lwm=args.disk_usage_lwm,

@@ -416,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
         "than growing a file; 0: delete them)",
     )
     serve.add_argument(
+        "--journal-prealloc-mb",
+        type=float,
+        default=2.0,
+        help="zeros an idle journal writes ahead of its records in a new segment, so a lone add's fdatasync "
+        "does not also commit the file's growth (0: none)",
+    )
+    serve.add_argument(
         "--write-buffer-mb",
         type=int,
         default=64,

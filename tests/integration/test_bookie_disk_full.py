@@ -118,7 +118,7 @@ def test_enospc_in_the_journal_answers_readonly_and_loses_nothing(bookies, small
     assert asyncio.run(write(0, 10)) == [p.Status.OK] * 10
     filler = small_fs / "filler"
     _fill(filler, None)
-    statuses = asyncio.run(write(10, 5, size=64 * 1024))
+    statuses = asyncio.run(write(10, 64, size=64 * 1024))  # more than the 2 MiB the journal wrote ahead
     assert statuses[-1] == p.Status.READONLY, statuses
     assert set(statuses) <= {p.Status.OK, p.Status.READONLY}
     assert bp.alive

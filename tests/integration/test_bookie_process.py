@@ -74,10 +74,13 @@ def test_every_acked_entry_fence_and_key_survive_kill9(bookies) -> None:
 
 
 def _end_of_last_entry_record(seg: Path) -> int:
-    """File offset just after the last record that is not PADDING (read from the record headers)."""
+    """File offset just after the last record that is not PADDING (read from the record headers, up to the
+    zeros the journal writes ahead)."""
     raw = seg.read_bytes()
     pos, end = SEGMENT_HEADER_LEN, 0
     while pos + 9 <= len(raw):
+        if not any(raw[pos : pos + 9]):
+            break
         blen = int.from_bytes(raw[pos : pos + 4], "big")
         if pos + 9 + blen > len(raw):
             break

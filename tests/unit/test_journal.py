@@ -459,7 +459,7 @@ def test_a_batch_synced_on_the_loop_thread_is_durable_before_its_callbacks(
     """The inline path keeps the journal's rule: callbacks run only after the batch's fsync returned."""
 
     async def main() -> None:
-        j = await open_journal(tmp_path)
+        j = await open_journal(tmp_path, preallocate_bytes=0)  # its fsyncs are the batches' only
         synced: list[int] = []
         real_fsync = j._fsync
 
@@ -936,7 +936,8 @@ def test_a_failed_rotation_fails_its_batch_and_the_next_batch_rotates(tmp_path: 
 
 def test_fsync_error_fails_batch_truncates_and_recovers(tmp_path: Path) -> None:
     async def main() -> None:
-        j = await open_journal(tmp_path, sync_inline_bytes=0)  # the fsync is held open on the writer thread
+        # the fsync is held open on the writer thread
+        j = await open_journal(tmp_path, sync_inline_bytes=0, preallocate_bytes=0)
         good = entries(10)
         assert await append_all(j, good) == [None] * 10
         mark = j.mark
@@ -1276,7 +1277,7 @@ def test_a_failed_fsync_on_the_loop_thread_fails_its_batch_and_the_journal_recov
     tmp_path: Path, any_fsync_is_fast: None
 ) -> None:
     async def main() -> None:
-        j = await open_journal(tmp_path)
+        j = await open_journal(tmp_path, preallocate_bytes=0)  # the injected failure is a batch's
         assert await _append_one(j, 0) is None
         mark = j.mark
         j._fsync = failing_once(j._fsync, "injected fsync failure")
@@ -1290,3 +1291,73 @@ def test_a_failed_fsync_on_the_loop_thread_fails_its_batch_and_the_journal_recov
         assert got == [(0, b"x" * 100), (2, b"x" * 100)]
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- preallocation
+
+
+def test_an_idle_journal_writes_zeros_ahead_and_replay_cuts_them_as_the_end_not_damage(
+    tmp_path: Path,
+) -> None:
+    """Lone appends on a fresh segment: the journal writes zeros ahead between them (so a batch's fdatasync
+    overwrites blocks the file has); a crash leaves the zeros after the last record, replay yields every record,
+    cuts the zeros without counting a torn tail, and a second crash after more appends replays everything too
+    (the first segment, now an older one, holds no zeros)."""
+
+    async def run(first: int, n: int) -> Journal:
+        j = await open_journal(tmp_path, preallocate_bytes=256 * 1024)
+        for i in range(first, first + n):
+            assert await _append_with(j, i, lambda exc: None) is None
+        await die(j)
+        return j
+
+    j = asyncio.run(run(0, 20))
+    assert j.stats["preallocations"] >= 1 and j.stats["preallocated_bytes"] >= 256 * 1024
+    (seg,) = segments(tmp_path)
+    assert seg.stat().st_size >= 256 * 1024  # the zeros are there after the "crash"
+    r = Journal(tmp_path)
+    assert [x.entry_id for x in r.replay() if x.type == RecordType.ENTRY] == list(range(20))
+    assert r.stats["torn_tails"] == 0
+    assert seg.stat().st_size < 256 * 1024  # cut at the last record
+    asyncio.run(run(20, 5))
+    r = Journal(tmp_path)
+    assert [x.entry_id for x in r.replay() if x.type == RecordType.ENTRY] == list(range(25))
+    assert r.stats["torn_tails"] == 0
+
+
+def test_a_sealed_segment_keeps_no_zeros_written_ahead(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path, preallocate_bytes=256 * 1024)
+        for i in range(5):
+            assert await _append_with(j, i, lambda exc: None) is None
+        assert j.stats["preallocations"] >= 1
+        await j.close()
+
+    asyncio.run(main())
+    (seg,) = segments(tmp_path)
+    layout = record_layout(seg)
+    assert layout[-1][2] == RecordType.SEGMENT_END
+    assert layout[-1][0] + layout[-1][1] == seg.stat().st_size
+
+
+def test_a_failed_preallocation_loses_nothing_and_waits_before_the_next(tmp_path: Path) -> None:
+    async def main() -> None:
+        j = await open_journal(tmp_path, preallocate_bytes=256 * 1024)
+        real = j._fsync
+        calls = {"n": 0}
+
+        def failing_when_zeroing(fd: int) -> None:
+            calls["n"] += 1
+            if threading.current_thread() is not threading.main_thread():  # the writer thread: the zeros
+                raise OSError(errno.ENOSPC, "injected: no space for the zeros")
+            real(fd)
+
+        j._fsync = failing_when_zeroing
+        for i in range(10):
+            assert await _append_with(j, i, lambda exc: None) is None
+        assert j.stats["preallocations"] == 0 and j.stats["failed_syncs"] == 0
+        await j.close()
+
+    asyncio.run(main())
+    got = [r.entry_id for r in Journal(tmp_path).replay() if r.type == RecordType.ENTRY]
+    assert got == list(range(10))
