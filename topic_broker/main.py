@@ -84,7 +84,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ensemble-size", type=int, default=DEFAULT_ENSEMBLE_SIZE)
     p.add_argument("--write-quorum", type=int, default=DEFAULT_WRITE_QUORUM)
     p.add_argument("--ack-quorum", type=int, default=DEFAULT_ACK_QUORUM)
-    p.add_argument("--managed-ledger-password", default="")
+    p.add_argument(
+        "--managed-ledger-password",
+        default="",
+        help="the password of the ledgers the broker creates (visible in `ps`: prefer "
+        "--managed-ledger-password-file or $LEDGERSTORE_MANAGED_LEDGER_PASSWORD)",
+    )
+    p.add_argument(
+        "--managed-ledger-password-file",
+        default=None,
+        help="a file whose first line is the password of the ledgers the broker creates",
+    )
     p.add_argument("--max-entries-per-ledger", type=int, default=50_000)
     p.add_argument("--min-rollover-time-s", type=float, default=600.0)
     p.add_argument("--max-rollover-time-s", type=float, default=4 * 3600.0)
@@ -129,6 +139,21 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     enable_config_file(p, what="broker")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
 
 
+def _managed_ledger_password(args: argparse.Namespace) -> bytes:
+    """--managed-ledger-password-file's first line, else --managed-ledger-password (or its environment
+    variable, through the config layer)."""
+    path = getattr(args, "managed_ledger_password_file", None)
+    if path:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as e:
+            raise ConfigError(f"--managed-ledger-password-file: {e}") from e
+        if not lines or not lines[0]:
+            raise ConfigError(f"--managed-ledger-password-file: {path} has no password on its first line")
+        return lines[0].encode()
+    return str(args.managed_ledger_password or "").encode()
+
+
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     from bookie.main import load_secret
 
@@ -162,7 +187,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         ensemble_size=args.ensemble_size,
         write_quorum=args.write_quorum,
         ack_quorum=args.ack_quorum,
-        managed_ledger_password=args.managed_ledger_password.encode(),
+        managed_ledger_password=_managed_ledger_password(args),
         max_entries_per_ledger=args.max_entries_per_ledger,
         min_rollover_time_s=args.min_rollover_time_s,
         max_rollover_time_s=args.max_rollover_time_s,
