@@ -15,10 +15,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import itertools
 import struct
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import sub as _sub
 
 import crc32c as _crc32c
 
@@ -45,6 +47,21 @@ _CRC = struct.Struct(">I")
 # a CRC32C entry's ledger id, entry id and digest (skipping the LAC and length): verify_spans' one unpack
 _HEAD_CRC = struct.Struct(">Qq16xI")
 assert _HEAD_CRC.size == HEADER.size + 4
+
+
+_HEADS_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _heads_struct(gap: int, n: int) -> struct.Struct:
+    """One ``struct`` reading the ledger id, entry id and CRC32C digest of ``n`` entries spaced ``gap`` bytes
+    apart (from one entry's payload to the next entry's header): ``verify_spans``' one unpack per reply."""
+    s = _HEADS_STRUCTS.get((gap, n))
+    if s is None:
+        if len(_HEADS_STRUCTS) >= 64:
+            _HEADS_STRUCTS.clear()
+        one = _HEAD_CRC.format.lstrip(">")
+        s = _HEADS_STRUCTS[(gap, n)] = struct.Struct(">" + f"{one}{gap}x" * (n - 1) + one)
+    return s
 
 
 class DigestType(enum.Enum):
@@ -176,10 +193,12 @@ class EntryCodec:
     ) -> tuple[list[bytes], str | None]:
         """Verify the entries ``data[bounds[2k]:bounds[2k + 1]]`` (a READ_RANGE reply left in its frame,
         ``protocol.decode_read_range``), expected to be entries ``entry_id``, ``entry_id + step``, ...: their
-        payloads up to the first that fails, and why it failed (None when none did). The read path's hot loop:
-        no copy but the payload, one header unpack and two CRC32C calls per entry (for CRC32C ledgers)."""
-        out: list[bytes] = []
+        payloads up to the first that fails, and why it failed (None when none did). The read path's hot loop,
+        for CRC32C ledgers run column-wise: every header unpacked by one call (one ``struct`` for the lot when
+        the entries are evenly spaced, as a reply of same-size entries is), the ids compared as whole tuples,
+        and the payload slices and both CRC32C calls of every entry done by ``map`` (no bytecode per entry)."""
         if self.digest_type is not DigestType.CRC32C:
+            out: list[bytes] = []
             for k in range(0, len(bounds), 2):
                 try:
                     out.append(self.verify(data[bounds[k] : bounds[k + 1]], entry_id)[1])
@@ -187,25 +206,50 @@ class EntryCodec:
                     return out, str(e)
                 entry_id += step
             return out, None
-        crc = _crc32c.crc32c
-        head = _HEAD_CRC.unpack_from
-        lid_want = self.ledger_id
+        starts = bounds[0::2]
+        ends = bounds[1::2]
+        n = len(starts)
+        if not n:
+            return [], None
         fixed = _HEAD_CRC.size
-        with memoryview(data) as mv:
-            for k in range(0, len(bounds), 2):
-                a = bounds[k]
-                b = bounds[k + 1]
-                if b - a < fixed:
-                    return out, f"entry {entry_id}: {b - a} bytes, shorter than header+digest ({fixed})"
-                lid, eid, digest = head(data, a)
-                if lid != lid_want or eid != entry_id:
-                    return out, f"entry {entry_id}: header names ledger {lid} entry {eid}"
-                payload = data[a + fixed : b]
-                if crc(payload, crc(mv[a : a + HEADER_LEN])) != digest:
-                    return out, f"digest mismatch for ledger {lid} entry {eid}"
-                out.append(payload)
-                entry_id += step
-        return out, None
+        why: str | None = None
+        if min(map(_sub, ends, starts)) < fixed:  # an entry too short for a header: verify up to it
+            n = next(k for k in range(n) if ends[k] - starts[k] < fixed)
+            why = f"entry {entry_id + n * step}: {ends[n] - starts[n]} bytes, shorter than header+digest ({fixed})"
+            starts, ends = starts[:n], ends[:n]
+        a0 = starts[0] if n else 0
+        stride = starts[1] - a0 if n > 1 else 1
+        size = ends[0] - a0 if n else fixed
+        even = (
+            n > 0
+            and stride >= size
+            and starts == list(range(a0, a0 + n * stride, stride))
+            and ends == list(range(a0 + size, a0 + size + n * stride, stride))
+        )
+        if even:
+            heads = _heads_struct(stride - fixed, n).unpack_from(data, a0)
+            lids, eids, digests = heads[0::3], heads[1::3], heads[2::3]
+            p_starts: Sequence[int] = range(a0 + fixed, a0 + fixed + n * stride, stride)
+            h_ends: Sequence[int] = range(a0 + HEADER_LEN, a0 + HEADER_LEN + n * stride, stride)
+        else:
+            rows = list(map(_HEAD_CRC.unpack_from, itertools.repeat(data, n), starts))
+            lids, eids, digests = (tuple(c) for c in zip(*rows, strict=True)) if n else ((), (), ())
+            p_starts = [a + fixed for a in starts]
+            h_ends = [a + HEADER_LEN for a in starts]
+        good = n
+        want = tuple(range(entry_id, entry_id + n * step, step))
+        if lids != (self.ledger_id,) * n or eids != want:
+            good = next(k for k in range(n) if lids[k] != self.ledger_id or eids[k] != want[k])
+            why = f"entry {want[good]}: header names ledger {lids[good]} entry {eids[good]}"
+        get = data.__getitem__
+        payloads = list(map(get, map(slice, p_starts[:good], ends[:good])))
+        crc = _crc32c.crc32c
+        crcs = list(map(crc, payloads, map(crc, map(get, map(slice, starts[:good], h_ends[:good])))))
+        if crcs != list(digests[:good]):
+            good = next(k for k in range(good) if crcs[k] != digests[k])
+            why = f"digest mismatch for ledger {lids[good]} entry {eids[good]}"
+            del payloads[good:]
+        return payloads, why
 
     def build_lac(self, lac: int) -> bytes:
         body = _LAC_BLOB.pack(self.ledger_id, lac)
