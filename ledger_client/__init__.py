@@ -8,7 +8,7 @@ rh = await bk.open_ledger(lh.ledger_id, password=b"secret", recovery=True)
 
 from bookie.entryformat import DigestType
 
-from .client import BookKeeper, ClientConfig, LedgerEntry, LedgerHandle
+from .client import BookKeeper, ClientConfig, EntryBatch, LedgerEntry, LedgerHandle
 from .errors import (
     BookieUnavailableError,
     DigestMismatchError,
@@ -31,6 +31,7 @@ __all__ = [
     "ClientConfig",
     "DigestMismatchError",
     "DigestType",
+    "EntryBatch",
     "LedgerClosedError",
     "LedgerEntry",
     "LedgerError",

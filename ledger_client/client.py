@@ -22,7 +22,7 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,7 +43,7 @@ from .pending import DEFAULT_OUTSTANDING_ADDS_MAX, Progress, WritePipeline
 from .placement import choose_ensemble, replace_failed
 from .quorum import CoverageSet, answer_for_status, validate_quorum, write_set
 from .read_conn import ReadConnection, ReadPool
-from .read_planner import Batch, Outcome, ReadPlanner, Unreadable
+from .read_planner import Batch, Outcome, ReadPlanner, ReadyRuns, Unreadable
 from .recovery import (
     ChangeEnsemble,
     Close,
@@ -170,6 +170,29 @@ class LedgerEntry:
     ledger_id: int
     entry_id: int
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EntryBatch:
+    """Consecutive entries of one ledger as a column: entry ``first_entry_id + k`` has payload ``payloads[k]``.
+    What ``LedgerHandle.read_batches`` yields (one object per run of entries, none per entry)."""
+
+    ledger_id: int
+    first_entry_id: int
+    payloads: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    @property
+    def last_entry_id(self) -> int:
+        return self.first_entry_id + len(self.payloads) - 1
+
+    def entries(self) -> Iterator[LedgerEntry]:
+        """The batch as ``LedgerEntry`` objects, made as they are iterated."""
+        first = self.first_entry_id
+        n = len(self.payloads)
+        return map(LedgerEntry, itertools.repeat(self.ledger_id, n), range(first, first + n), self.payloads)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -986,19 +1009,26 @@ class LedgerHandle:
     # -- reading ------------------------------------------------------------------------------------------
     async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
         """Entries first..last (inclusive), in order. Refuses to read beyond the LAC."""
+        async for batch in self.read_batches(first, last):
+            for e in batch.entries():
+                yield e
+
+    async def read_batches(self, first: int, last: int) -> AsyncIterator[EntryBatch]:
+        """Entries first..last (inclusive), in order, as batches of consecutive entries (the runs that are
+        ready, each payload verified against its digest): ``read`` without an object per entry, for bulk
+        consumers. Refuses to read beyond the LAC."""
         if last > self.last_add_confirmed:
             raise E.ReadBeyondLacError(
                 f"entry {last} is beyond the last add confirmed ({self.last_add_confirmed})",
                 ledger_id=self.ledger_id,
             )
-        async for chunk in self._read_chunks(first, last):
-            for e in chunk:
-                yield e
+        async for batch in self._read_chunks(first, last):
+            yield batch
 
     async def read_unconfirmed(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
         """Entries that may be beyond the LAC (stops at the first entry no replica has)."""
-        async for chunk in self._read_chunks(first, last, stop_on_missing=True):
-            for e in chunk:
+        async for batch in self._read_chunks(first, last, stop_on_missing=True):
+            for e in batch.entries():
                 yield e
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
@@ -1039,15 +1069,15 @@ class LedgerHandle:
     async def _read_range(
         self, first: int, last: int, stop_on_missing: bool = False
     ) -> AsyncIterator[LedgerEntry]:
-        async for chunk in self._read_chunks(first, last, stop_on_missing):
-            for e in chunk:
+        async for batch in self._read_chunks(first, last, stop_on_missing):
+            for e in batch.entries():
                 yield e
 
     async def _read_chunks(
         self, first: int, last: int, stop_on_missing: bool = False
-    ) -> AsyncIterator[list[LedgerEntry]]:
+    ) -> AsyncIterator[EntryBatch]:
         """Entries first..last in order, yielded as runs of consecutive entries that are ready (one resumption
-        of this generator per run, not per entry: the callers' loops yield the entries one by one)."""
+        of this generator per run, not per entry)."""
         if first < 0 or last < first:
             if last < first:
                 return
@@ -1057,8 +1087,8 @@ class LedgerHandle:
         while True:
             try:
                 async for chunk in self._read_batched(nxt, last, stop_on_missing, final=nxt == refreshed_at):
-                    nxt = chunk[-1].entry_id + 1
-                    yield chunk
+                    yield EntryBatch(self.ledger_id, nxt, chunk)
+                    nxt += len(chunk)
                 return
             except _RefreshAndRetry as r:
                 # The ledger is still open: a writer may have replaced bookies since this handle read its
@@ -1069,24 +1099,20 @@ class LedgerHandle:
 
     async def _read_batched(
         self, first: int, last: int, stop_on_missing: bool, *, final: bool
-    ) -> AsyncIterator[list[LedgerEntry]]:
-        """Entries first..last from READ_RANGE batches (``ReadPlanner``), verified and in order, in runs of
-        those ready. An entry no replica returned ends the read: silently (``stop_on_missing`` and every
-        replica said it has none), with ``_RefreshAndRetry`` (an open ledger, unless ``final``) or with the
-        error."""
+    ) -> AsyncIterator[list[bytes]]:
+        """The payloads of entries first..last from READ_RANGE batches (``ReadPlanner``), verified and in
+        order, in runs of those ready. An entry no replica returned ends the read: silently
+        (``stop_on_missing`` and every replica said it has none), with ``_RefreshAndRetry`` (an open ledger,
+        unless ``final``) or with the error."""
         reader = _BatchReader(self, first, last)
         try:
             reader.start()
-            pop = reader.ready.pop
+            take = reader.ready.take
             eid = first
             while eid <= last:
-                chunk = []
-                entry = pop(eid, None)
-                while entry is not None:
-                    chunk.append(entry)
-                    eid += 1
-                    entry = pop(eid, None) if eid <= last else None
+                chunk = take(eid, last)
                 if chunk:
+                    eid += len(chunk)
                     reader.more(eid)
                     yield chunk
                     continue
@@ -1315,7 +1341,7 @@ _RANGE_REPLY_FIXED = _FRAME_HEADER_LEN + 21  # frame header + u8 status, u64 led
 class _BatchReader:
     """The I/O of one batched sequential read: sends the ``ReadPlanner``'s batches as READ_RANGE requests (with a
     timeout each) on read connections, verifies every returned entry's digest where it lies in the received
-    bytes (``EntryCodec.verify_spans``), and files the entries in ``ready`` (entry id -> entry) for the
+    bytes (``EntryCodec.verify_spans``), and files their payloads in ``ready`` (a piece per answer) for the
     consumer, which ``wake`` wakes."""
 
     def __init__(self, lh: LedgerHandle, first: int, last: int) -> None:
@@ -1336,7 +1362,7 @@ class _BatchReader:
             batch_entries=self.batch_entries,
             window=max(1, cfg.read_ahead_batches),
         )
-        self.ready: dict[int, LedgerEntry] = {}
+        self.ready = ReadyRuns(self.planner.step)
         self.unreadable: dict[int, Unreadable] = {}
         self.fatal: E.LedgerError | None = None
         self.wake = asyncio.Event()
@@ -1417,11 +1443,7 @@ class _BatchReader:
             bounds = resp.bounds if len(resp.bounds) <= 2 * count else resp.bounds[: 2 * count]
             payloads, bad = lh._codec.verify_spans(resp.data, bounds, b.first, b.step)
             n = len(payloads)
-            if n:
-                ids = range(b.first, b.first + n * b.step, b.step)
-                self.ready.update(
-                    zip(ids, map(LedgerEntry, itertools.repeat(lh.ledger_id, n), ids, payloads), strict=True)
-                )
+            self.ready.add(b.first, payloads)
             outcome: Outcome | None = None
             why = ""
             if bad is not None:

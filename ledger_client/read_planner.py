@@ -198,3 +198,53 @@ class ReadPlanner:
     def _replicas(self, entry_id: int) -> list[int]:
         """The write set of ``entry_id`` as indices in its ensemble."""
         return [(entry_id + i) % self.E for i in range(self.Qw)]
+
+
+class ReadyRuns:
+    """Verified entries waiting for the reader, filed as the pieces the answers brought (no object per entry):
+    piece ``first -> payloads`` holds entries ``first``, ``first + step``, ... (``step`` is the planner's). ``take``
+    hands out the longest run of consecutive entries ready from a given id, interleaving the ``step`` pieces
+    of a stretch with one slice assignment each, and files what is left of a piece under its next entry id."""
+
+    __slots__ = ("step", "_pieces")
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self._pieces: dict[int, list[bytes]] = {}
+
+    def add(self, first: int, payloads: list[bytes]) -> None:
+        if payloads:
+            self._pieces[first] = payloads
+
+    def __len__(self) -> int:
+        """How many entries are filed."""
+        return sum(map(len, self._pieces.values()))
+
+    def take(self, nxt: int, last: int) -> list[bytes]:
+        """The payloads of entries ``nxt``, ``nxt + 1``, ... up to ``last`` or the first one not ready."""
+        pieces = self._pieces
+        step = self.step
+        if step == 1:
+            piece = pieces.pop(nxt, None)
+            if piece is None:
+                return []
+            want = last - nxt + 1
+            if len(piece) > want:
+                pieces[nxt + want] = piece[want:]
+                del piece[want:]
+            return piece
+        # entry nxt + j is entry j // step of the piece at nxt + j % step: ready while j // step < its length
+        n = last - nxt + 1
+        for k in range(step):
+            n = min(n, len(pieces.get(nxt + k, ())) * step + k)
+        if n <= 0:
+            return []
+        out: list[bytes] = [b""] * n
+        for k in range(min(step, n)):
+            piece = pieces.pop(nxt + k)
+            c = (n - k + step - 1) // step
+            if len(piece) > c:
+                pieces[nxt + k + c * step] = piece[c:]
+                del piece[c:]
+            out[k::step] = piece
+        return out

@@ -1,10 +1,15 @@
-"""ReadPlanner: which bookie is asked for which entries, and what a short or failed answer leads to."""
+"""ReadPlanner: which bookie is asked for which entries, and what a short or failed answer leads to; ReadyRuns:
+the answers' pieces handed to the reader as runs of consecutive entries."""
 
 from __future__ import annotations
 
-import pytest
+import random
 
-from ledger_client.read_planner import Batch, Outcome, ReadPlanner, Segment, segments
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger_client.read_planner import Batch, Outcome, ReadPlanner, ReadyRuns, Segment, segments
 
 B3 = ("a", "b", "c")
 
@@ -165,3 +170,60 @@ def test_segment_is_kept_by_retries() -> None:
 def test_bad_parameters() -> None:
     with pytest.raises(ValueError):
         planner(n=0)
+
+
+def _payload(e: int) -> bytes:
+    return e.to_bytes(4, "big")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([(3, 3), (3, 2), (5, 2), (4, 1)]),
+    st.integers(0, 20),
+    st.integers(0, 120),
+    st.integers(1, 8),
+    st.integers(0, 2**32),
+)
+def test_ready_runs_hand_out_every_entry_once_in_order_whatever_the_answers(
+    shape, first, n, batch, seed
+) -> None:
+    """Answers (short ones included, retried from where they stopped) arrive in any order; the reader takes
+    runs from where it is: it gets every entry of first..last once, in order, and only what was filed."""
+    E, Qw = shape
+    last = first + n
+    rng = random.Random(seed)
+    pl = ReadPlanner(first, last, [(0, ("a", "b", "c", "d", "e")[:E])], ensemble_size=E, write_quorum=Qw,
+                     batch_entries=batch, window=3)  # fmt: skip
+    ready = ReadyRuns(pl.step)
+    waiting = pl.next_batches()
+    got: list[bytes] = []
+    nxt = first
+    while nxt <= last:
+        if waiting and rng.random() < 0.7:
+            b = waiting.pop(rng.randrange(len(waiting)))
+            k = rng.randint(1, b.count)  # a short answer is asked again for the rest
+            ready.add(b.first, [_payload(e) for e in range(b.first, b.last + 1, b.step)][:k])
+            waiting += pl.on_answer(b, k, None if k == b.count else Outcome.SHORT).retries
+        run = ready.take(nxt, last)
+        got += run
+        nxt += len(run)
+        pl.consumed = nxt
+        waiting += pl.next_batches()
+        assert waiting or run or nxt > last or len(ready)
+    assert got == [_payload(e) for e in range(first, last + 1)]
+    assert len(ready) == 0
+
+
+def test_ready_runs_take_stops_at_the_first_entry_not_filed() -> None:
+    r = ReadyRuns(3)
+    r.add(10, [b"10", b"13", b"16"])
+    r.add(12, [b"12", b"15"])
+    assert r.take(10, 99) == [b"10"]  # 11 missing
+    r.add(11, [b"11"])
+    assert r.take(11, 99) == [b"11", b"12", b"13"]  # 14 missing (11's piece ended)
+    r.add(14, [b"14", b"17"])
+    assert r.take(14, 16) == [b"14", b"15", b"16"]  # up to last
+    assert r.take(17, 99) == [b"17"] and len(r) == 0
+    one = ReadyRuns(1)
+    one.add(0, [b"0", b"1", b"2"])
+    assert one.take(0, 1) == [b"0", b"1"] and one.take(2, 9) == [b"2"] and one.take(3, 9) == []
