@@ -71,8 +71,9 @@ class AuthenticationFailed(Exception):
     """Raised by an ``authenticate`` callback: the message goes to the client (never the token)."""
 
 
-#: ``authenticate(method_name, auth_data) -> subject``; raises :class:`AuthenticationFailed`.
-Authenticator = Callable[[str, bytes], str]
+#: ``authenticate(method_name, auth_data) -> (subject, expires_at)``, ``expires_at`` in Unix seconds (None: the
+#: credentials never expire); raises :class:`AuthenticationFailed`.
+Authenticator = Callable[[str, bytes], tuple[str, float | None]]
 
 #: Client command type -> (BaseCommand field, service handler method).
 HANDLERS: dict[int, tuple[str, str]] = {
@@ -111,6 +112,9 @@ class ConnectionConfig:
     auth_required: bool = False
     refuse_after_connected: bool = True
     refused_linger_s: float = 10.0
+    #: how long a client has to answer AUTH_CHALLENGE once its token expired (Pulsar's
+    #: ``authenticationRefreshCheckSeconds`` is how often the broker looks: here, every tick)
+    auth_refresh_timeout_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -132,6 +136,9 @@ class ProtocolConnection:
         self.client_version = ""
         self.principal: str | None = None  # the token's subject, once CONNECT carried a good one
         self.refused: str | None = None  # authentication failed: the first request is answered with this
+        self.auth_expires_at: float | None = None  # Unix seconds when the principal's token expires
+        self._supports_auth_refresh = False  # the client answers AUTH_CHALLENGE (its CONNECT's feature flags)
+        self._challenge_sent_at: float | None = None
         self._connected_at = now
         self.close_reason: str | None = None
         self._decoder = wire.FrameDecoder(max_frame_size=config.max_message_size + wire.FRAME_PADDING_SIZE)
@@ -185,6 +192,9 @@ class ProtocolConnection:
         if t == T.CONNECT:
             self.close("a second CONNECT")
             return None
+        if t == T.AUTH_RESPONSE and cmd.HasField("authResponse"):
+            self._on_auth_response(cmd.authResponse)
+            return None
         route = HANDLERS.get(t)
         if route is None:
             rid = _request_id(cmd)
@@ -207,6 +217,8 @@ class ProtocolConnection:
             )
             self.close(f"client protocol version {version}")
             return
+        flags = c.feature_flags if c.HasField("feature_flags") else None
+        self._supports_auth_refresh = bool(flags is not None and flags.supports_auth_refresh)
         if not self._authenticate(c):
             return
         self.protocol_version = min(version, self.config.protocol_version)
@@ -230,10 +242,36 @@ class ProtocolConnection:
         if method not in ("", AUTH_METHOD_TOKEN):
             return self._refuse(f"authentication method {method!r} is not supported (token is)")
         try:
-            self.principal = authenticate(AUTH_METHOD_TOKEN, data)
+            self.principal, self.auth_expires_at = authenticate(AUTH_METHOD_TOKEN, data)
         except AuthenticationFailed as e:
             return self._refuse(f"authentication failed: {e}")
         return True
+
+    def _on_auth_response(self, r: pb.CommandAuthResponse) -> None:
+        """Fresh credentials after AUTH_CHALLENGE: they must verify and name the same subject, or the connection
+        closes (Pulsar's broker does the same)."""
+        authenticate = self.config.authenticate
+        if authenticate is None or self.principal is None:
+            return  # nothing was authenticated on this connection: nothing to refresh
+        auth = r.response if r.HasField("response") else pb.AuthData()
+        if auth.auth_method_name not in ("", AUTH_METHOD_TOKEN):
+            return self._auth_refresh_failed(
+                f"authentication method {auth.auth_method_name!r} is not supported"
+            )
+        try:
+            subject, expires_at = authenticate(AUTH_METHOD_TOKEN, auth.auth_data)
+        except AuthenticationFailed as e:
+            return self._auth_refresh_failed(f"authentication refresh failed: {e}")
+        if subject != self.principal:
+            return self._auth_refresh_failed(
+                f"authentication refresh failed: the new token is for {subject!r}, not {self.principal!r}"
+            )
+        self.auth_expires_at = expires_at
+        self._challenge_sent_at = None
+
+    def _auth_refresh_failed(self, message: str) -> None:
+        self._error(None, pb.AuthenticationError, message)
+        self.close(message)
 
     def _refuse(self, message: str) -> bool:
         if self.config.refuse_after_connected:
@@ -289,13 +327,20 @@ class ProtocolConnection:
 
     # -- keep-alive -----------------------------------------------------------------------------------------
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, wall: float | None = None) -> None:
+        """Keep-alive at monotonic time ``now``; with ``wall`` (Unix seconds), also the expiry of the token the
+        connection authenticated with: AUTH_CHALLENGE when it expired (a client that cannot answer one is
+        closed), and a close when the answer does not come within ``auth_refresh_timeout_s``."""
         if self.closed or self.state != ConnState.CONNECTED:
             return
         if self.refused is not None:
             if now - self._connected_at >= self.config.refused_linger_s:
                 self.close(self.refused)
             return
+        if wall is not None and self.auth_expires_at is not None:
+            self._check_auth_expiry(now, wall)
+            if self.closed:
+                return
         interval = self.config.keepalive_interval_s
         if self._ping_sent_at is not None:
             if now - self._ping_sent_at >= interval:
@@ -303,6 +348,19 @@ class ProtocolConnection:
         elif now - self._last_received >= interval:
             self._ping_sent_at = now
             self.send_raw(wire.ping())
+
+    def _check_auth_expiry(self, now: float, wall: float) -> None:
+        if self._challenge_sent_at is not None:
+            if now - self._challenge_sent_at >= self.config.auth_refresh_timeout_s:
+                self._auth_refresh_failed("the token expired and no fresh one came in time")
+        elif self.auth_expires_at is not None and wall >= self.auth_expires_at:
+            if not self._supports_auth_refresh:
+                self._auth_refresh_failed("the token expired (the client cannot refresh it: reconnect)")
+                return
+            self._challenge_sent_at = now
+            self.send_raw(
+                wire.auth_challenge(self.config.server_version, self.protocol_version, AUTH_METHOD_TOKEN)
+            )
 
 
 def _request_id(cmd: pb.BaseCommand) -> int | None:

@@ -221,7 +221,7 @@ class Session:
             self.flush()
 
     def tick(self, now: float) -> None:
-        self.conn.tick(now)
+        self.conn.tick(now, time.time())
         if self.conn.has_data_to_send or self.conn.closed:
             self.flush()
 
@@ -774,7 +774,7 @@ class BrokerService:
         self.verifier = TokenVerifier(config.auth_secret) if config.auth_secret is not None else None
         self.conn_config = ConnectionConfig(
             max_message_size=config.max_message_size,
-            authenticate=self.authenticate if self.verifier is not None else None,
+            authenticate=self.authenticate_token if self.verifier is not None else None,
             auth_required=config.auth_required,
         )
         self.bk: BookKeeper | None = None
@@ -791,7 +791,11 @@ class BrokerService:
     # -- authentication and authorization ---------------------------------------------------------------------
 
     def authenticate(self, method: str, data: bytes) -> str:
-        """A token's subject (the CONNECT's and the admin HTTP's check); AuthenticationFailed otherwise."""
+        """A token's subject (the admin HTTP's check); AuthenticationFailed otherwise."""
+        return self.authenticate_token(method, data)[0]
+
+    def authenticate_token(self, method: str, data: bytes) -> tuple[str, float | None]:
+        """A token's subject and expiry (CONNECT's and AUTH_RESPONSE's check); AuthenticationFailed otherwise."""
         if self.verifier is None:
             raise AuthenticationFailed("the broker has no token secret")
         try:
@@ -799,7 +803,7 @@ class BrokerService:
         except TokenError as e:
             self.metrics.auth_failures += 1
             raise AuthenticationFailed(str(e)) from None
-        return principal.subject
+        return principal.subject, principal.expires_at
 
     def is_superuser(self, role: str | None) -> bool:
         return role is not None and role in self.config.superuser_roles

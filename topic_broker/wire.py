@@ -371,6 +371,20 @@ def pong() -> bytes:
     return _PONG
 
 
+def auth_challenge(server_version: str, protocol_version: int, method: str) -> bytes:
+    """AUTH_CHALLENGE: the client's credentials expired; it answers with AUTH_RESPONSE holding fresh ones."""
+    return _frame(
+        _T(
+            type=_T.AUTH_CHALLENGE,
+            authChallenge=pb.CommandAuthChallenge(
+                server_version=server_version,
+                protocol_version=protocol_version,
+                challenge=pb.AuthData(auth_method_name=method, auth_data=b"refresh"),
+            ),
+        )
+    )
+
+
 def success(request_id: int, schema: pb.Schema | None = None) -> bytes:
     return _frame(_T(type=_T.SUCCESS, success=pb.CommandSuccess(request_id=request_id, schema=schema)))
 

@@ -217,3 +217,58 @@ def test_admin_http_needs_a_token_to_change_anything(secure: SecureCluster) -> N
     assert secure.http("GET", "/health")[0] == 200
     status, text = secure.http("GET", "/metrics")
     assert status == 200 and "pulsar_broker_auth_failures_total" in text
+
+
+def test_an_expiring_token_is_refreshed_through_auth_challenge_and_a_stale_one_ends_the_connection(
+    secure: SecureCluster,
+) -> None:
+    """Pulsar's token refresh with the official client: once a connection's token expires the broker sends
+    AUTH_CHALLENGE; a client whose token supplier hands out fresh tokens keeps its connection and its producer
+    (no close for expiry in the broker's log); one that can only repeat its expired token is disconnected and
+    cannot reconnect with it."""
+    log_path = secure.broker.log_path or Path()
+    topic = _topic()
+    issued: list[str] = []
+
+    def fresh() -> str:
+        issued.append(create_token(secure.secret, SUPERUSER, expires_in_s=2))
+        return issued[-1]
+
+    c = pulsar.Client(
+        secure.broker.service_url,
+        authentication=pulsar.AuthenticationToken(fresh),
+        operation_timeout_seconds=10,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+    )
+    try:
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = c.create_producer(topic)
+        sent = []
+        deadline = time.monotonic() + 7  # a few expiries at the broker's 1 s check
+        while time.monotonic() < deadline:
+            sent.append(f"m-{len(sent)}".encode())
+            producer.send(sent[-1])
+            time.sleep(0.1)
+        got = []
+        for _ in sent:
+            m = consumer.receive(timeout_millis=10_000)
+            consumer.acknowledge(m)
+            got.append(m.data())
+        assert got == sent
+    finally:
+        c.close()
+    assert len(issued) >= 3, issued  # asked again at each challenge
+    log = log_path.read_text()
+    assert "no fresh one came in time" not in log and "authentication refresh failed" not in log
+
+    stale = create_token(secure.secret, SUPERUSER, expires_in_s=2)
+    c = secure.client(stale, operation_timeout_seconds=5)
+    try:
+        producer = c.create_producer(_topic(), send_timeout_millis=4000)
+        producer.send(b"before expiry")
+        time.sleep(4)  # expired, challenged, the same token sent back: disconnected
+        with pytest.raises(pulsar.PulsarException):
+            producer.send(b"after expiry")
+    finally:
+        c.close()
+    assert "authentication refresh failed" in log_path.read_text()
