@@ -200,6 +200,8 @@ INLINE_FSYNC_MAX_S = 0.0005
 LOADED_BATCH_BYTES = 16 * 1024
 #: an idle journal writes zeros ahead once less than this much written-ahead space is left (see "Preallocation")
 PREALLOC_LOW_BYTES = 1024 * 1024
+#: synced journal pages are dropped from the page cache once this many have built up (and at a seal)
+DROP_PAGES_BYTES = 256 * 1024
 #: after a failed preallocation (a full disk) none is tried for this long
 PREALLOC_RETRY_S = 10.0
 _ZEROS = bytes(256 * 1024)
@@ -562,10 +564,11 @@ class Journal:
         self._offset = 0
         self._broken: BaseException | None = None
         self._idle_since = 0.0  # perf_counter when the last batch ended (0: none yet)
-        self._alloc_end = (
-            0  # the current segment file's bytes written so far (records, zeros, an old segment's)
-        )
+        # the current segment file's bytes written so far (records, zeros, an old segment's)
+        self._alloc_end = 0
         self._prealloc_after = 0.0  # monotonic time before which no preallocation is tried (after a failure)
+        self._zeroed = False  # zeros were written ahead in the current segment (its seal cuts them)
+        self._dropped_to = 0  # the current segment's pages before this offset were dropped from the cache
         # replay / checkpoint
         self._ckpt_lock = threading.Lock()
         self._pool_lock = threading.Lock()  # guards _free (checkpoint thread and writer thread)
@@ -1216,6 +1219,7 @@ class Journal:
             raise
         self.stats["segments_reused" if free is not None else "segments_created"] += 1
         self._alloc_end = os.fstat(fd).st_size  # a recycled file is written ahead already
+        self._dropped_to = 0
         self._zeroed = False
         return fd
 
@@ -1300,12 +1304,18 @@ class Journal:
         self._idle_since = t1
         st["total_write_s"] += t0 - tw
         self._offset = start + size
-        if self._drop_pages:
-            try:  # durable and clean now: nothing reads them before a restart
-                os.posix_fadvise(fd, start, size, os.POSIX_FADV_DONTNEED)
-            except OSError:
-                pass
+        if self._offset - self._dropped_to >= DROP_PAGES_BYTES:
+            self._drop_written()
         return self._seq, self._offset, t1 - t0
+
+    def _drop_written(self) -> None:
+        """Drop the synced batches' pages from the page cache (nothing reads them before a restart), in steps
+        of ``DROP_PAGES_BYTES`` rather than a syscall per batch, and at a seal."""
+        start, end = self._dropped_to, self._offset
+        self._dropped_to = end
+        if self._drop_pages and end > start:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
     def _io_preallocate(self, seq: int) -> int:
         """Write zeros after the written-ahead space of segment ``seq`` (if it is still the current one) and

@@ -926,3 +926,13 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
         "bookie_journal_bytes_total", "Bytes written to the journal", lambda: journal_stats().get("bytes", 0)
     )
     m.counter("bookie_journal_syncs_total", "Journal fsyncs", lambda: journal_stats().get("syncs", 0))
+    m.counter(
+        "bookie_journal_inline_syncs_total",
+        "Journal batches written and fsynced on the event loop's thread (the idle path, no thread hand-off)",
+        lambda: journal_stats().get("inline_syncs", 0),
+    )
+    m.counter(
+        "bookie_journal_preallocated_bytes_total",
+        "Zeros an idle journal wrote ahead of its records",
+        lambda: journal_stats().get("preallocated_bytes", 0),
+    )

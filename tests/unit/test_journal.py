@@ -1340,7 +1340,9 @@ def test_a_sealed_segment_keeps_no_zeros_written_ahead(tmp_path: Path) -> None:
     assert layout[-1][0] + layout[-1][1] == seg.stat().st_size
 
 
-def test_a_failed_preallocation_loses_nothing_and_waits_before_the_next(tmp_path: Path) -> None:
+def test_a_failed_preallocation_loses_nothing_and_waits_before_the_next(
+    tmp_path: Path, any_fsync_is_fast: None
+) -> None:
     async def main() -> None:
         j = await open_journal(tmp_path, preallocate_bytes=256 * 1024)
         real = j._fsync
