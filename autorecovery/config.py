@@ -43,3 +43,5 @@ class AutoRecoveryConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     zk_session_timeout_s: float = 10.0
+    #: The token sent to bookies (None: the client's own sources, ``$LEDGERSTORE_AUTH_TOKEN[_FILE]``).
+    auth_token: str | None = None

@@ -1,10 +1,30 @@
-"""AutoRecovery's counters and gauges, rendered in Prometheus' text format on ``/metrics``."""
+"""AutoRecovery's counters and gauges, rendered in Prometheus' text format on ``/metrics`` (a standalone process)
+or registered on its bookie's ``/metrics`` (AutoRecovery inside a bookie, ``autorecovery/embedded.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Metrics"]
+__all__ = ["ROWS", "Metrics"]
+
+#: metric name, Prometheus type, attribute of Metrics, help
+_TABLE = """
+under_replicated_ledgers             gauge    under_replicated_ledgers    ledgers marked under-replicated
+under_replicated_oldest_mark_seconds gauge    oldest_mark_age_s           seconds since the oldest mark was made (0 without marks)
+rereplicated_entries_total           counter  rereplicated_entries_total  entries copied by this process
+rereplicated_bytes_total             counter  rereplicated_bytes_total    bytes copied by this process
+ledgers_rereplicated_total           counter  ledgers_rereplicated_total  ledgers this process re-replicated
+ledgers_marked_total                 counter  ledgers_marked_total        marks this process made as auditor
+autorecovery_audits_total            counter  audits_total                lost-bookie audits run
+autorecovery_checks_total            counter  checks_total                entry checks run
+autorecovery_is_auditor              gauge    is_auditor                  1 while this process is the elected auditor
+"""
+
+#: (metric name, Prometheus type, help, attribute of Metrics)
+ROWS: tuple[tuple[str, str, str, str], ...] = tuple(
+    (name, kind, help_text, attr)
+    for name, kind, attr, help_text in (line.split(maxsplit=3) for line in _TABLE.strip().splitlines())
+)
 
 
 @dataclass
@@ -19,54 +39,14 @@ class Metrics:
     checks_total: int = 0
     is_auditor: int = 0
 
+    def value(self, attr: str) -> float:
+        v = getattr(self, attr)
+        return round(v, 3) if isinstance(v, float) else float(v)
+
     def render(self) -> str:
-        rows = [
-            (
-                "under_replicated_ledgers",
-                "gauge",
-                "ledgers marked under-replicated",
-                self.under_replicated_ledgers,
-            ),
-            (
-                "under_replicated_oldest_mark_seconds",
-                "gauge",
-                "seconds since the oldest mark was made (0 without marks)",
-                round(self.oldest_mark_age_s, 3),
-            ),
-            (
-                "rereplicated_entries_total",
-                "counter",
-                "entries copied by this process",
-                self.rereplicated_entries_total,
-            ),
-            (
-                "rereplicated_bytes_total",
-                "counter",
-                "bytes copied by this process",
-                self.rereplicated_bytes_total,
-            ),
-            (
-                "ledgers_rereplicated_total",
-                "counter",
-                "ledgers this process re-replicated",
-                self.ledgers_rereplicated_total,
-            ),
-            (
-                "ledgers_marked_total",
-                "counter",
-                "marks this process made as auditor",
-                self.ledgers_marked_total,
-            ),
-            ("autorecovery_audits_total", "counter", "lost-bookie audits run", self.audits_total),
-            ("autorecovery_checks_total", "counter", "entry checks run", self.checks_total),
-            (
-                "autorecovery_is_auditor",
-                "gauge",
-                "1 while this process is the elected auditor",
-                self.is_auditor,
-            ),
-        ]
         out = []
-        for name, kind, help_text, value in rows:
-            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        for name, kind, help_text, attr in ROWS:
+            v = getattr(self, attr)
+            shown = round(v, 3) if isinstance(v, float) else v
+            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {shown}"]
         return "\n".join(out) + "\n"

@@ -63,15 +63,21 @@ async def _serve_metrics(config: AutoRecoveryConfig, metrics: Metrics) -> web.Ap
     return runner
 
 
-async def run_autorecovery(config: AutoRecoveryConfig, stop_event: asyncio.Event) -> Metrics:
-    """Run until ``stop_event`` is set; returns the final metrics. Its ZooKeeper session (and with it the
-    election znode and any worker lock) ends when it returns."""
+async def run_autorecovery(
+    config: AutoRecoveryConfig, stop_event: asyncio.Event, metrics: Metrics | None = None
+) -> Metrics:
+    """Run until ``stop_event`` is set; returns the final metrics (``metrics``, counted on, when given). Its
+    ZooKeeper session (and with it the election znode and any worker lock) ends when it returns."""
     owner = config.owner or default_owner()
     bk = await BookKeeper.connect(
         config.zk,
-        config=ClientConfig(zk_root=config.zk_root, zk_session_timeout_s=config.zk_session_timeout_s),
+        config=ClientConfig(
+            zk_root=config.zk_root,
+            zk_session_timeout_s=config.zk_session_timeout_s,
+            auth_token=config.auth_token,
+        ),
     )
-    metrics = Metrics()
+    metrics = Metrics() if metrics is None else metrics
     manager = UnderReplicationManager(bk.store)
     runner = None
     tasks: list[asyncio.Task[None]] = []

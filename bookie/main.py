@@ -7,6 +7,10 @@ Start-up order matters for safety:
 2. replay the journal into ledger storage (every acked entry, fence and master key comes back), then checkpoint;
 3. listen, and only then register as available (or read-only) in ZooKeeper.
 
+Companions: services the command above this package hands in (AutoRecovery, BookKeeper's
+``autoRecoveryDaemonEnabled``; this package never imports them) start once the bookie serves and stop first on
+shutdown, each within ``COMPANION_STOP_TIMEOUT_S``; one that fails to start is logged and the bookie serves on.
+
 Shutdown (SIGTERM/SIGINT) reverses it: unregister, stop serving, flush and close the journal, checkpoint. A garbage
 collection pass stops at its next step (a stopping bookie deletes nothing more), and the admin HTTP server waits
 at most ``HTTP_STOP_TIMEOUT_S`` for its requests: SIGTERM exits within seconds.
@@ -35,10 +39,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -69,6 +73,23 @@ ZK_STOP_TIMEOUT_S = 2.0
 HTTP_STOP_TIMEOUT_S = 2.0  # admin requests still running at shutdown get this long
 GC_STOP_TIMEOUT_S = 10.0  # a ledger deletion under way at shutdown gets this long before storage closes
 REGISTER_RETRY_S = 30.0  # how long registration retries while ZooKeeper is unreachable
+COMPANION_START_TIMEOUT_S = 30.0  # a companion not started by then is given up (the bookie serves on)
+COMPANION_STOP_TIMEOUT_S = 5.0  # each companion's stop at shutdown gets this long
+
+
+class Companion(Protocol):
+    """A service run in the bookie's process beside it (see the module docstring). ``start`` gets the running
+    bookie (its id, config, ``server.metrics`` registry) and returns once the service runs; ``stop`` ends it."""
+
+    name: str
+
+    async def start(self, bookie: Bookie) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+#: Builds the companions of a ``bookie serve`` from its resolved settings (flags, environment, --config file).
+CompanionFactory = Callable[[argparse.Namespace], Sequence[Companion]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -895,7 +916,9 @@ def add_limit_arguments(serve: argparse.ArgumentParser) -> None:
     )
 
 
-async def run_until_signalled(config: BookieConfig, settings: Effective | None = None) -> int:
+async def run_until_signalled(
+    config: BookieConfig, settings: Effective | None = None, companions: Sequence[Companion] = ()
+) -> int:
     bookie = Bookie(config, settings)
     try:
         await bookie.start()
@@ -906,9 +929,40 @@ async def run_until_signalled(config: BookieConfig, settings: Effective | None =
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, bookie.stop_requested.set)
+    running = await _start_companions(bookie, companions)
     await bookie.stop_requested.wait()
+    for c in reversed(running):  # first: a companion may be using the bookie (its worker copying to it)
+        await _stop_companion(config.id, c)
     await bookie.stop()
     return EXIT_RESTART if bookie.restart_requested else 0
+
+
+async def _start_companions(bookie: Bookie, companions: Sequence[Companion]) -> list[Companion]:
+    running = []
+    for c in companions:
+        if bookie.stop_requested.is_set():
+            break
+        try:
+            await asyncio.wait_for(c.start(bookie), COMPANION_START_TIMEOUT_S)
+        except Exception as e:  # the data path matters more: serve on without it, loudly
+            log.error(
+                "bookie=%s %s did not start, the bookie serves without it: %r", bookie.config.id, c.name, e
+            )
+            await _stop_companion(bookie.config.id, c)
+            continue
+        running.append(c)
+    return running
+
+
+async def _stop_companion(bookie_id: str, c: Companion) -> None:
+    try:
+        await asyncio.wait_for(c.stop(), COMPANION_STOP_TIMEOUT_S)
+    except TimeoutError:
+        log.warning(
+            "bookie=%s %s still stopping after %.0fs: going on", bookie_id, c.name, COMPANION_STOP_TIMEOUT_S
+        )
+    except Exception as e:
+        log.warning("bookie=%s stopping %s failed: %r", bookie_id, c.name, e)
 
 
 def _no_space(exc: BaseException) -> bool:
@@ -934,22 +988,24 @@ def install_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, companions: CompanionFactory | None = None) -> int:
+    """``bookie serve``: run until SIGTERM/SIGINT, with the services ``companions`` builds beside the bookie."""
     try:  # flags > LEDGERSTORE_<SETTING> > --config FILE > defaults (bookie/config_file.py)
         settings = resolve(args)
-    except ConfigError as e:
+        extra = list(companions(args)) if companions is not None else []
+    except (ConfigError, ValueError, OSError) as e:
         log.error("bookie: %s", e)
         return 2
     install_uvloop()
     profile = os.environ.get("LEDGERSTORE_PROFILE")
     if not profile:
-        rc = asyncio.run(run_until_signalled(config_from_args(args), settings))
+        rc = asyncio.run(run_until_signalled(config_from_args(args), settings, extra))
     else:
         import cProfile
 
         prof = cProfile.Profile()
         try:
-            rc = prof.runcall(asyncio.run, run_until_signalled(config_from_args(args), settings))
+            rc = prof.runcall(asyncio.run, run_until_signalled(config_from_args(args), settings, extra))
         finally:
             prof.dump_stats(profile)
     if rc == EXIT_RESTART:

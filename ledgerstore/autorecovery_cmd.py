@@ -12,11 +12,17 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ledgerstore.cli import CommandError, add_passwords_arguments, emit, passwords_of, progress_disabled
 
-__all__ = ["add_autorecovery_commands"]
+__all__ = [
+    "add_autorecovery_commands",
+    "add_autorecovery_settings",
+    "autorecovery_config",
+    "bookie_companions",
+]
 
 Common = Callable[[argparse.ArgumentParser], None]
 
@@ -32,13 +38,6 @@ def _subparsers(parser: argparse.ArgumentParser) -> Any:
 def add_autorecovery_commands(
     sub: Any, bookie_parser: argparse.ArgumentParser, ledger_parser: argparse.ArgumentParser, common: Common
 ) -> None:
-    from autorecovery.config import (
-        DEFAULT_AUDIT_INTERVAL_S,
-        DEFAULT_GRACE_PERIOD_S,
-        DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S,
-        DEFAULT_THROTTLE_BYTES_PER_S,
-    )
-
     ap = sub.add_parser(
         "autorecovery", help="re-replicate lost bookies' data automatically (auditor + workers)"
     )
@@ -47,50 +46,12 @@ def add_autorecovery_commands(
         "serve", help="run an auditor candidate and replication workers in the foreground"
     )
     common(serve)
-    serve.add_argument(
-        "--lost-bookie-recovery-delay-s",
-        type=float,
-        default=DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S,
-        help="a bookie gone this long is lost and its ledgers marked (one back sooner: nothing is copied)",
-    )
-    serve.add_argument(
-        "--audit-interval-s",
-        type=float,
-        default=DEFAULT_AUDIT_INTERVAL_S,
-        help="how often the auditor checks that live bookies hold their entries (default: a week)",
-    )
-    serve.add_argument(
-        "--check-all-entries", action="store_true", help="the check reads every entry, not first and last"
-    )
-    serve.add_argument(
-        "--open-ledger-grace-period-s",
-        type=float,
-        default=DEFAULT_GRACE_PERIOD_S,
-        help="an open ledger still naming a lost bookie in its last ensemble after this is fenced and closed",
-    )
-    serve.add_argument(
-        "--throttle-mb",
-        type=float,
-        default=DEFAULT_THROTTLE_BYTES_PER_S / 2**20,
-        help="MiB/s each worker copies at most (0: no limit)",
-    )
-    serve.add_argument("--workers", type=int, default=1, help="ledgers re-replicated at once")
-    serve.add_argument("--no-auditor", action="store_true", help="workers only: never take the auditor role")
+    add_autorecovery_settings(serve, in_bookie=False)
     add_passwords_arguments(serve, "a ledger password to try")
-    serve.add_argument(
-        "--min-racks", type=int, default=2, help="racks a ledger's ensemble should span (placement policy)"
-    )
     serve.add_argument(
         "--metrics-port", type=int, default=None, help="serve /metrics and /health on this port"
     )
     serve.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics and /health")
-    serve.add_argument("--zk-session-timeout-s", type=float, default=10.0)
-    serve.add_argument(
-        "--poll-interval-s",
-        type=float,
-        default=1.0,
-        help="seconds between looks for under-replicated ledgers",
-    )
     serve.set_defaults(func=_serve)
     for name, fn, text in (
         ("status", _status, "the auditor, marks, locks and bookies being decommissioned"),
@@ -128,6 +89,131 @@ def add_autorecovery_commands(
     rk.set_defaults(func=_racks)
 
 
+def add_autorecovery_settings(p: argparse.ArgumentParser, *, in_bookie: bool) -> None:
+    """AutoRecovery's settings, for ``autorecovery serve`` and (``in_bookie``) for ``bookie serve``, where the
+    flags a bookie could mistake for its own carry an ``autorecovery-`` prefix and ``--no-autorecovery`` turns
+    it off. In a bookie they are settings too: ``LEDGERSTORE_<NAME>`` and ``--config`` keys."""
+    from autorecovery.config import (
+        DEFAULT_AUDIT_INTERVAL_S,
+        DEFAULT_GRACE_PERIOD_S,
+        DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S,
+        DEFAULT_THROTTLE_BYTES_PER_S,
+    )
+
+    own = "--autorecovery-" if in_bookie else "--"
+    if in_bookie:
+        p.add_argument(
+            "--no-autorecovery",
+            dest="autorecovery",
+            action="store_false",
+            help="run no AutoRecovery (auditor candidate and replication worker) in this bookie; by default it "
+            "does, as BookKeeper's autoRecoveryDaemonEnabled",
+        )
+    p.add_argument(
+        "--lost-bookie-recovery-delay-s",
+        type=float,
+        default=DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S,
+        help="a bookie gone this long is lost and its ledgers marked (one back sooner: nothing is copied)",
+    )
+    p.add_argument(
+        "--audit-interval-s",
+        type=float,
+        default=DEFAULT_AUDIT_INTERVAL_S,
+        help="how often the auditor checks that live bookies hold their entries (default: a week)",
+    )
+    p.add_argument(
+        "--check-all-entries", action="store_true", help="the check reads every entry, not first and last"
+    )
+    p.add_argument(
+        "--open-ledger-grace-period-s",
+        type=float,
+        default=DEFAULT_GRACE_PERIOD_S,
+        help="an open ledger still naming a lost bookie in its last ensemble after this is fenced and closed",
+    )
+    p.add_argument(
+        f"{own}throttle-mb",
+        type=float,
+        default=DEFAULT_THROTTLE_BYTES_PER_S / 2**20,
+        help="MiB/s each worker copies at most (0: no limit)",
+    )
+    p.add_argument(f"{own}workers", type=int, default=1, help="ledgers re-replicated at once")
+    p.add_argument("--no-auditor", action="store_true", help="workers only: never take the auditor role")
+    p.add_argument(
+        "--min-racks", type=int, default=2, help="racks a ledger's ensemble should span (placement policy)"
+    )
+    p.add_argument(
+        f"{own}zk-session-timeout-s",
+        type=float,
+        default=10.0,
+        help="ZooKeeper session timeout of AutoRecovery: how soon another takes over its auditor role and locks",
+    )
+    p.add_argument(
+        f"{own}poll-interval-s",
+        type=float,
+        default=1.0,
+        help="seconds between looks for under-replicated ledgers",
+    )
+    if in_bookie:
+        p.add_argument(
+            "--autorecovery-password",
+            action="append",
+            default=None,
+            help="a ledger password AutoRecovery may open ledgers with (repeatable; none given: the empty one; "
+            "prefer --autorecovery-password-file: a flag shows in `ps`)",
+        )
+        p.add_argument(
+            "--autorecovery-password-file",
+            type=Path,
+            action="append",
+            default=None,
+            metavar="FILE",
+            help="more such passwords, one a line (repeatable)",
+        )
+
+
+def autorecovery_config(args: argparse.Namespace, *, in_bookie: bool) -> Any:
+    """The AutoRecoveryConfig of a parsed ``autorecovery serve`` or (``in_bookie``) ``bookie serve``."""
+    from autorecovery import AutoRecoveryConfig
+
+    def own(name: str) -> Any:
+        return getattr(args, f"autorecovery_{name}" if in_bookie else name)
+
+    if in_bookie:
+        found = list(args.autorecovery_password or [])
+        for path in args.autorecovery_password_file or []:
+            found += [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+        passwords = tuple(pw.encode() for pw in found) or (b"",)
+    else:
+        passwords = _passwords(args)
+    return AutoRecoveryConfig(
+        zk=args.zk,
+        zk_root=args.zk_root,
+        auditor=not args.no_auditor,
+        workers=own("workers"),
+        lost_bookie_recovery_delay_s=args.lost_bookie_recovery_delay_s,
+        audit_interval_s=args.audit_interval_s,
+        check_all_entries=args.check_all_entries,
+        open_ledger_rereplication_grace_period_s=args.open_ledger_grace_period_s,
+        throttle_bytes_per_s=own("throttle_mb") * 2**20,
+        passwords=passwords,
+        min_racks=args.min_racks,
+        metrics_port=None if in_bookie else args.metrics_port,
+        metrics_host="127.0.0.1" if in_bookie else args.metrics_host,
+        zk_session_timeout_s=own("zk_session_timeout_s"),
+        poll_interval_s=own("poll_interval_s"),
+    )
+
+
+def bookie_companions(args: argparse.Namespace) -> list[Any]:
+    """What ``bookie serve`` runs beside the bookie (``bookie.main.serve``'s companions): AutoRecovery unless
+    ``--no-autorecovery``."""
+    if not args.autorecovery:
+        return []
+    from autorecovery.embedded import EmbeddedAutoRecovery
+
+    return [EmbeddedAutoRecovery(autorecovery_config(args, in_bookie=True))]
+
+
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
@@ -145,28 +231,12 @@ def _passwords(args: argparse.Namespace) -> tuple[bytes, ...]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from autorecovery import AutoRecoveryConfig, run_autorecovery
+    from autorecovery import run_autorecovery
     from bookie.main import install_uvloop
 
     if not args.verbose:
         logging.getLogger().setLevel(logging.INFO)
-    config = AutoRecoveryConfig(
-        zk=args.zk,
-        zk_root=args.zk_root,
-        auditor=not args.no_auditor,
-        workers=args.workers,
-        lost_bookie_recovery_delay_s=args.lost_bookie_recovery_delay_s,
-        audit_interval_s=args.audit_interval_s,
-        check_all_entries=args.check_all_entries,
-        open_ledger_rereplication_grace_period_s=args.open_ledger_grace_period_s,
-        throttle_bytes_per_s=args.throttle_mb * 2**20,
-        passwords=_passwords(args),
-        min_racks=args.min_racks,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        zk_session_timeout_s=args.zk_session_timeout_s,
-        poll_interval_s=args.poll_interval_s,
-    )
+    config = autorecovery_config(args, in_bookie=False)
     install_uvloop()
 
     async def go() -> None:

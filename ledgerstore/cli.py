@@ -507,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bookie.main import add_scrub_arguments
 
     add_scrub_arguments(serve)
+    from ledgerstore.autorecovery_cmd import add_autorecovery_settings
+
+    add_autorecovery_settings(serve, in_bookie=True)  # AutoRecovery in the bookie (autorecovery/embedded.py)
     serve.add_argument(
         "--no-fsync", action="store_true", help="UNSAFE: skip fsync (benchmarks of the rest only)"
     )
@@ -549,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cs = cp.add_subparsers(dest="action", required=True)
     for name, text in (
-        ("up", "start ZooKeeper (unless --zk names one), bookies, brokers and AutoRecovery"),
+        ("up", "start ZooKeeper (unless --zk names one), bookies (with AutoRecovery) and brokers"),
         ("down", "stop what `cluster up` started"),
         ("status", "what is running, where"),
     ):
@@ -570,9 +573,18 @@ def build_parser() -> argparse.ArgumentParser:
             "--no-autorecovery",
             dest="autorecovery",
             action="store_false",
-            help="start no AutoRecovery process (by default one re-replicates a lost bookie's ledgers)",
+            help="bookies run no AutoRecovery (by default each runs an auditor candidate and a replication "
+            "worker, which re-replicate a lost bookie's ledgers)",
         )
-        a.add_argument("--autorecovery-port", type=int, default=8100, help="AutoRecovery's /metrics port")
+        a.add_argument(
+            "--autorecovery-process",
+            action="store_true",
+            help="also start a standalone AutoRecovery process (`autorecovery serve`, /metrics on "
+            "--autorecovery-port)",
+        )
+        a.add_argument(
+            "--autorecovery-port", type=int, default=8100, help="the AutoRecovery process's /metrics port"
+        )
         a.add_argument(
             "--autorecovery-password",
             action="append",
@@ -689,7 +701,9 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
     from bookie import main as bookie_main
 
     if args.action == "serve":
-        return bookie_main.serve(args)
+        from ledgerstore.autorecovery_cmd import bookie_companions
+
+        return bookie_main.serve(args, companions=bookie_companions)
     if args.action == "gc":
         from ledgerstore.bookie_admin import trigger_gc
 

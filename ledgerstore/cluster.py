@@ -130,6 +130,9 @@ class BookieProcess(ServiceProcess):
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: run AutoRecovery inside the bookie (``bookie serve``'s default). Off here unless asked: tests and
+    #: benchmarks decide themselves what re-replicates; ``cluster up`` asks for it.
+    autorecovery: bool = False
 
     @property
     def id(self) -> str:
@@ -152,6 +155,7 @@ class BookieProcess(ServiceProcess):
             str(self.port),
             "--http-port",
             str(self.http_port),
+            *([] if self.autorecovery else ["--no-autorecovery"]),
             *self.extra_args,
         ]
         if self.bookie_id:
@@ -221,6 +225,14 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         raise CommandError(f"a partial cluster is running from {state_dir}; `ledgerstore cluster down` first")
     # --zk names a ZooKeeper to use; otherwise the cluster starts its own on --zk-port (and `down` stops it)
     zk = args.zk if getattr(args, "zk_given", False) else launcher.cli_start(state_dir, args.zk_port)
+    # AutoRecovery runs in every bookie (an auditor candidate and a worker each), unless --no-autorecovery; the
+    # passwords it may open ledgers with: the brokers' managed ledgers (empty) and the operator's
+    passwords = ["", *(getattr(args, "autorecovery_password", None) or [])]
+    password_file = getattr(args, "autorecovery_password_file", None)
+    embedded = getattr(args, "autorecovery", True)
+    recovery_args = [a for pw in passwords for a in ("--autorecovery-password", pw)]
+    if password_file is not None:
+        recovery_args += ["--autorecovery-password-file", str(password_file)]
     bookies = []
     for i in range(args.bookies):
         port = args.base_port + i
@@ -232,6 +244,8 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
             port=port,
             http_port=http_port,
             log_path=state_dir / f"bookie-{i}.log",
+            autorecovery=embedded,
+            extra_args=recovery_args if embedded else [],
         )
         bp.start(wait=False)
         bookies.append(bp)
@@ -251,14 +265,13 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     for br in brokers:
         br.wait_ready(60)
     recovery = None
-    if getattr(args, "autorecovery", True):
-        # the passwords it may open ledgers with: the brokers' managed ledgers (empty) and the operator's
+    if getattr(args, "autorecovery_process", False):  # a standalone one too, on request
         recovery = AutoRecoveryProcess(
             zk=zk,
             zk_root=args.zk_root,
             metrics_port=args.autorecovery_port,
-            passwords=["", *(getattr(args, "autorecovery_password", None) or [])],
-            password_file=getattr(args, "autorecovery_password_file", None),
+            passwords=passwords,
+            password_file=password_file,
             log_path=state_dir / "autorecovery.log",
         )
         recovery.start(wait=True)
@@ -292,7 +305,12 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
                 f"\n  broker {br.id}: service URL {br.service_url}, admin http://127.0.0.1:{br.http_port}"
                 for br in brokers
             )
-            + (f"\n  autorecovery: http://127.0.0.1:{recovery.metrics_port}/metrics" if recovery else "")
+            + ("\n  autorecovery: in every bookie (metrics on theirs)" if embedded else "")
+            + (
+                f"\n  autorecovery process: http://127.0.0.1:{recovery.metrics_port}/metrics"
+                if recovery
+                else ""
+            )
             + f"\n  (logs in {state_dir})"
         ),
         state,
@@ -314,16 +332,22 @@ def _broker_row(br: BrokerProcess) -> dict[str, Any]:
 
 def _stop_pid(pid: int, timeout_s: float = 15.0) -> bool:
     """SIGTERM, then SIGKILL after ``timeout_s``; True if it was running."""
-    if not _pid_alive(pid):
-        return False
-    os.kill(pid, signal.SIGTERM)
+    return _stop_pids([pid], timeout_s) == 1
+
+
+def _stop_pids(pids: list[int], timeout_s: float = 15.0) -> int:
+    """SIGTERM to every one at once, then SIGKILL to those still running after ``timeout_s``; how many ran.
+    Bookies stop together: each stops its AutoRecovery first, so none is left to take the others for lost."""
+    running = [pid for pid in pids if _pid_alive(pid)]
+    for pid in running:
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _pid_alive(pid):
-            return True
+    while time.monotonic() < deadline and any(_pid_alive(pid) for pid in running):
         time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-    return True
+    for pid in running:
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    return len(running)
 
 
 def restart_broker(state_dir: Path, index: int = 0) -> dict[str, Any]:
@@ -362,7 +386,7 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     if st.get("autorecovery"):  # first: bookies stopping one by one must not look lost to it
         _stop_pid(st["autorecovery"]["pid"])
     brokers_stopped = sum(_stop_pid(b["pid"]) for b in st.get("brokers", []))  # before the bookies
-    stopped = sum(_stop_pid(b["pid"]) for b in st["bookies"])
+    stopped = _stop_pids([b["pid"] for b in st["bookies"]])
     zk_stopped = launcher.cli_stop(state_dir)
     _state_file(state_dir).unlink(missing_ok=True)
     zk_said = "stopped" if zk_stopped else "not running"

@@ -31,6 +31,7 @@ class BookieFactory:
         wait: bool = True,
         port: int | None = None,
         bookie_id: str | None = None,
+        autorecovery: bool = False,
     ) -> BookieProcess:
         port = port or free_port()
         bp = BookieProcess(
@@ -41,12 +42,14 @@ class BookieFactory:
             http_port=free_port(),
             extra_args=list(extra),
             bookie_id=bookie_id,
+            autorecovery=autorecovery,
         )
         self.procs.append(bp)
         return bp.start(wait=wait)
 
-    def start_many(self, n: int, *extra: str) -> list[BookieProcess]:
-        procs = [self.start(*extra, wait=False) for _ in range(n)]
+    def start_many(self, n: int, *extra: str, autorecovery: bool = False) -> list[BookieProcess]:
+        """``n`` bookies; ``autorecovery``: each runs AutoRecovery inside (off by default, as BookieProcess)."""
+        procs = [self.start(*extra, wait=False, autorecovery=autorecovery) for _ in range(n)]
         for bp in procs:
             bp.wait_healthy(60)
         return procs

@@ -413,7 +413,16 @@ class Cluster:
         name = f"{self.prefix}-bookie-{self._seq}"
         self._seq += 1
         # zk, data_dir, http_port (8000), listen_address: docker/bookie.toml
-        command = ["bookie", "serve", "--port", str(port), "--advertised-address", "127.0.0.1"]
+        # --no-autorecovery: the tests decide what re-replicates (as ledgerstore.cluster.BookieProcess does)
+        command = [
+            "bookie",
+            "serve",
+            "--port",
+            str(port),
+            "--advertised-address",
+            "127.0.0.1",
+            "--no-autorecovery",
+        ]
         c = self._with_config(self._container(self.app_image, name, name, command), BOOKIE_CONFIG)
         c = c.with_volume_mapping(volume, "/data", "rw")
         self._publish_local(c, port, port)
