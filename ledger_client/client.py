@@ -1087,8 +1087,9 @@ class LedgerHandle:
         while True:
             try:
                 async for chunk in self._read_batched(nxt, last, stop_on_missing, final=nxt == refreshed_at):
+                    n = len(chunk)  # (before the consumer holds the list)
                     yield EntryBatch(self.ledger_id, nxt, chunk)
-                    nxt += len(chunk)
+                    nxt += n
                 return
             except _RefreshAndRetry as r:
                 # The ledger is still open: a writer may have replaced bookies since this handle read its

@@ -91,6 +91,13 @@ def add_bench_commands(
     rd.add_argument("--batch-entries", type=int, default=None, help="ClientConfig.read_batch_entries")
     rd.add_argument("--batch-bytes", type=int, default=None, help="ClientConfig.read_batch_bytes")
     rd.add_argument("--read-ahead", type=int, default=None, help="ClientConfig.read_ahead_batches")
+    rd.add_argument(
+        "--api",
+        choices=("batches", "entries"),
+        default="batches",
+        help="read with read_batches (default: a list of payloads per run of entries) or read (an object per "
+        "entry)",
+    )
     rd.add_argument("--runs", type=int, default=3)
     rd.add_argument(
         "--bookies", type=int, default=3, help="bookie processes to start (when no --use-cluster)"

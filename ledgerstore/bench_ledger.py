@@ -1,7 +1,9 @@
 """``ledgerstore bench ledger``: the ledger client writing E/Qw/Qa ledgers to bookie processes.
 
 ``ledgerstore bench read``: the same client writing ``entries`` entries to one ledger, closing it, and reading it
-back with ``read(0, last)`` (batched READ_RANGE reads), each timed: write and read figures of one run.
+back (batched READ_RANGE reads) with ``read_batches(0, last)`` (``--api batches``, the bulk consumers' API) or
+``read(0, last)`` (``--api entries``, an object per entry), each timed: write and read figures of one run, and
+the CPU µs per entry read of the client and of each bookie process.
 
 One client process keeps ``outstanding`` appends in flight (spread over ``ledgers`` ledgers) for ``duration``
 seconds and reports acked entries/s, MB/s and add latency percentiles (append call to ack, as the caller sees
@@ -322,8 +324,13 @@ async def read_run(
     entries: int,
     outstanding: int,
     read_config: dict[str, Any],
+    api: str = "batches",
+    pids: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Write ``entries`` entries to a new ledger, close it, read them all back in order (checking each one)."""
+    """Write ``entries`` entries to a new ledger, close it, read them all back in order (checking each one's
+    id and size): with ``read_batches`` (``api`` "batches") or ``read``; the CPU of ``pids`` over the read."""
+    from ledgerstore.bench import cpu_meter
+
     cfg = ClientConfig(zk_root=zk_root, outstanding_adds_max=max(1, outstanding), **read_config)
     bk = await BookKeeper.connect(zk, config=cfg)
     try:
@@ -339,13 +346,23 @@ async def read_run(
             raise RuntimeError(f"{stats['errors']} appends failed")
         reader = await bk.open_ledger(lh.ledger_id, password=b"bench", recovery=False)
         last = reader.last_add_confirmed
-        t0 = perf()
-        n = 0
-        async for e in reader.read(0, last):
-            if e.entry_id != n or len(e.data) != entry_size:
-                raise RuntimeError(f"read entry {e.entry_id} ({len(e.data)} B), expected {n}")
-            n += 1
-        t_read = perf() - t0
+        with cpu_meter(pids or {}, "entry_read") as cpu:
+            t0 = perf()
+            n = 0
+            if api == "batches":
+                async for b in reader.read_batches(0, last):
+                    if b.first_entry_id != n or b.payloads.count(payload) != len(b):
+                        raise RuntimeError(
+                            f"read a batch of {len(b)} from entry {b.first_entry_id}, expected {n}"
+                        )
+                    n += len(b)
+            else:
+                async for e in reader.read(0, last):
+                    if e.entry_id != n or len(e.data) != entry_size:
+                        raise RuntimeError(f"read entry {e.entry_id} ({len(e.data)} B), expected {n}")
+                    n += 1
+            t_read = perf() - t0
+            cpu["units"] = n
         if n != entries:
             raise RuntimeError(f"read {n} entries, wrote {entries}")
         with contextlib.suppress(Exception):
@@ -359,6 +376,7 @@ async def read_run(
         "read_mb_per_s": entries * entry_size / t_read / 1e6,
         "write_s": round(t_write, 3),
         "read_s": round(t_read, 3),
+        **cpu,
     }
 
 
@@ -380,12 +398,16 @@ def run_read_bench(
         )
         if v is not None
     }
+    pids = {"client": os.getpid()}
     with contextlib.ExitStack() as stack:
         if args.use_cluster:
             zk, root = args.zk, args.zk_root
         else:
-            zk, _, _ = stack.enter_context(local_cluster(max(args.bookies, args.ensemble), args.bookie_arg))
+            zk, procs, _ = stack.enter_context(
+                local_cluster(max(args.bookies, args.ensemble), args.bookie_arg)
+            )
             root = "/ledgerstore"
+            pids |= {f"bookie{i + 1}": bp.proc.pid for i, bp in enumerate(procs)}
         runs = []
         for i in range(args.runs):
             r = asyncio.run(
@@ -399,6 +421,8 @@ def run_read_bench(
                     entries=args.entries,
                     outstanding=args.outstanding,
                     read_config=read_config,
+                    api=args.api,
+                    pids=pids,
                 )
             )
             print(
@@ -414,6 +438,7 @@ def run_read_bench(
         "E/Qw/Qa": f"{args.ensemble}/{args.write_quorum}/{args.ack_quorum}",
         "entries": args.entries,
         "entry_size": args.entry_size,
+        "read_api": args.api,
         "read_batch_entries": read_config.get("read_batch_entries", cfg.read_batch_entries),
         "read_batch_bytes": read_config.get("read_batch_bytes", cfg.read_batch_bytes),
         "read_ahead_batches": read_config.get("read_ahead_batches", cfg.read_ahead_batches),

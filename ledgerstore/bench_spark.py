@@ -3,8 +3,9 @@
 One invocation writes the ledger set once (default 1 GiB of 1 KiB entries over 4 ledgers, E3/Qw2/Qa2, every
 entry distinct), then each run measures, in this order:
 
-* ``raw``: the ledger client in this process reading every ledger sequentially (``read(0, last)``, batched
-  READ_RANGE reads), one ledger after the other, touching each entry's bytes (length summed);
+* ``raw``: the ledger client in this process reading every ledger sequentially (``read_batches(0, last)``,
+  batched READ_RANGE reads, as the ledger source reads), one ledger after the other, touching each entry's
+  bytes (length summed);
 * ``spark count``: ``spark.read.format("ledger")...load().count()`` in a ``local[2]`` session started before the
   runs (session start-up is not timed);
 * ``spark checksum``: the same scan into ``sum(crc32(data))``, ``sum(length)`` and ``count(*)``, checked
@@ -173,7 +174,8 @@ async def write_ledgers(
 
 
 async def raw_read(zk: str, zk_root: str, ledger_ids: list[int]) -> tuple[int, int]:
-    """Read every ledger sequentially with one client; (entries, payload bytes)."""
+    """Read every ledger sequentially with one client (``read_batches``, the client's bulk read, as the ledger
+    source reads); (entries, payload bytes)."""
     from ledger_client import BookKeeper, ClientConfig
 
     bk = await BookKeeper.connect(zk, config=ClientConfig(zk_root=zk_root))
@@ -181,9 +183,9 @@ async def raw_read(zk: str, zk_root: str, ledger_ids: list[int]) -> tuple[int, i
     try:
         for lid in ledger_ids:
             lh = await bk.open_ledger(lid, password=PASSWORD, recovery=False)
-            async for e in lh.read(0, lh.last_add_confirmed):
-                n += 1
-                nbytes += len(e.data)
+            async for b in lh.read_batches(0, lh.last_add_confirmed):
+                n += len(b)
+                nbytes += sum(map(len, b.payloads))
     finally:
         await bk.close()
     return n, nbytes

@@ -18,8 +18,9 @@ CLOSED ledger is read to ``last_entry_id``, any other to that LAC. Each ledger i
 ``entriesPerPartition``; one Spark partition per range.
 
 Reading (executors): each partition connects its own client (the async client on a private event loop in the
-reading thread, uvloop where installed), opens the ledger without fencing, reads its range (batched range reads
-from the bookies of its write sets, trying the next replica when one fails, following ensemble changes), yields
+reading thread, uvloop where installed), opens the ledger without fencing, reads its range with ``read_batches``
+(batched range reads from the bookies of its write sets, trying the next replica when one fails, following
+ensemble changes; payloads as lists, no object per entry), yields
 Arrow record batches of at most ``maxRecordsPerBatch`` rows and ``BATCH_BYTES_MAX`` payload bytes (the metadata
 columns built once per partition, lengths and ids computed from the batch's offsets), and closes the client.
 
@@ -31,7 +32,9 @@ logged.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -159,21 +162,39 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-async def _take(entries: AsyncIterator[Any], first: int, max_rows: int, max_bytes: int) -> list[bytes]:
-    """The next entries' payloads, in order from ``first`` with no gap: at most ``max_rows`` of them and
-    ``max_bytes`` (the entry that reaches it included). The iterator stays open for the next call."""
-    out: list[bytes] = []
-    size = 0
-    expected = first
-    async for entry in entries:
-        if entry.entry_id != expected:
-            raise RuntimeError(f"read entry {entry.entry_id} where {expected} was due")  # in order, no gaps
-        expected += 1
-        out.append(entry.data)
-        size += len(entry.data)
-        if len(out) >= max_rows or size >= max_bytes:
-            break
-    return out
+class _Payloads:
+    """A range's payloads from the client's ``read_batches`` (a list per run of entries the bookies returned),
+    handed out in lists of at most ``max_rows`` entries and ``max_bytes`` (the entry that reaches it included):
+    lists are sliced and joined, never walked entry by entry."""
+
+    def __init__(self, batches: AsyncIterator[Any], first: int) -> None:
+        self.batches = batches
+        self.expected = first  # the id of the first entry not handed out
+        self.carry: list[bytes] = []  # read, not yet handed out
+
+    async def take(self, max_rows: int, max_bytes: int) -> list[bytes]:
+        out, self.carry = self.carry, []
+        size = sum(map(len, out))
+        while len(out) < max_rows and size < max_bytes:
+            try:
+                b = await anext(self.batches)
+            except StopAsyncIteration:
+                break
+            due = self.expected + len(out)
+            if b.first_entry_id != due:  # in order, no gaps
+                raise RuntimeError(f"read entry {b.first_entry_id} where {due} was due")
+            if out:
+                out += b.payloads
+            else:
+                out = b.payloads
+            size += sum(map(len, b.payloads))
+        n = min(len(out), max_rows)
+        if size >= max_bytes:
+            n = min(n, bisect.bisect_left(list(itertools.accumulate(map(len, out))), max_bytes) + 1)
+        if n < len(out):
+            out, self.carry = out[:n], out[n:]
+        self.expected += len(out)
+        return out
 
 
 class _Columns:
@@ -240,11 +261,11 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
         if lh.last_add_confirmed < part.last_entry_id:
             # Planned from a LAC some bookies reported; the LAC never goes backwards, so ask again.
             run(lh.read_last_add_confirmed())
-        entries = lh.read(part.first_entry_id, part.last_entry_id)
+        payloads = _Payloads(lh.read_batches(part.first_entry_id, part.last_entry_id), part.first_entry_id)
         expected = part.first_entry_id
         while expected <= part.last_entry_id:
             try:
-                data = run(_take(entries, expected, max_rows, BATCH_BYTES_MAX))
+                data = run(payloads.take(max_rows, BATCH_BYTES_MAX))
             except (NoSuchEntryError, NoSuchLedgerError):
                 if run(_exists(bk, part.ledger_id)):
                     raise

@@ -42,6 +42,14 @@ def test_read_of_a_closed_ledger_equals_what_was_written(bookies, E, Qw) -> None
             assert e.entry_id == 10
             break
         assert (await rh.read_entry(77)).data == payload(77)
+        # read_batches: the same entries as columns, whatever the consumer does with the lists it gets
+        nxt, got_batches = 5, []
+        async for b in rh.read_batches(5, 2999):
+            assert b.first_entry_id == nxt and b.ledger_id == lh.ledger_id and len(b) > 0
+            nxt = b.last_entry_id + 1
+            got_batches += b.payloads
+            b.payloads.clear()
+        assert nxt == 3000 and got_batches == [payload(i) for i in range(5, 3000)]
         await bk.close()
 
     asyncio.run(go())
