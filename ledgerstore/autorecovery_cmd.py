@@ -15,7 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ledgerstore.cli import CommandError, add_passwords_arguments, emit, passwords_of, progress_disabled
+from ledgerstore.cli import (
+    EXIT_NOT_FOUND,
+    CommandError,
+    add_passwords_arguments,
+    emit,
+    passwords_of,
+    progress_disabled,
+)
 
 __all__ = [
     "add_autorecovery_commands",
@@ -78,6 +85,12 @@ def add_autorecovery_commands(
     add_passwords_arguments(dec, "a ledger password to try")
     dec.add_argument("--timeout-s", type=float, default=3600.0, help="give up waiting after this long")
     dec.add_argument("--throttle-mb", type=float, default=0.0, help="MiB/s copied at most (0: no limit)")
+    dec.add_argument(
+        "--cancel",
+        action="store_true",
+        help="end a decommission that will not finish (its command died or was stopped; stop it first if it "
+        "runs): the bookie's decommissioning mark and its drain marks go, and placement may choose it again",
+    )
     dec.set_defaults(func=_decommission)
     sr = bsub.add_parser("set-rack", help="put a bookie in a rack (/region/rack) for rack-aware placement")
     common(sr)
@@ -361,6 +374,8 @@ def _underreplicated(args: argparse.Namespace) -> int:
 
 
 def _decommission(args: argparse.Namespace) -> int:
+    if args.cancel:
+        return _cancel_decommission(args)
     from tqdm import tqdm
 
     from autorecovery import AutoRecoveryConfig, decommission
@@ -421,6 +436,29 @@ def _decommission(args: argparse.Namespace) -> int:
 
     emit(args, human, dataclasses.asdict(result))
     return 0 if result.complete else 1
+
+
+def _cancel_decommission(args: argparse.Namespace) -> int:
+    from zk.underreplication import UnderReplicationManager
+
+    store = _store(args)
+    try:
+        was, ledgers = UnderReplicationManager(store).cancel_decommission(args.bookie)
+    finally:
+        store.close()
+    if not was and not ledgers:
+        raise CommandError(f"no decommission of bookie {args.bookie} to cancel", EXIT_NOT_FOUND)
+    emit(
+        args,
+        f"decommission of bookie {args.bookie} cancelled: "
+        + ("its decommissioning mark removed" if was else "it had no decommissioning mark")
+        + f"; {len(ledgers)} ledgers no longer drain it"
+        + (
+            f" ({', '.join(map(str, ledgers[:20]))}{', ...' if len(ledgers) > 20 else ''})" if ledgers else ""
+        ),
+        {"bookie": args.bookie, "cancelled": True, "was_decommissioning": was, "ledgers": ledgers},
+    )
+    return 0
 
 
 def _set_rack(args: argparse.Namespace) -> int:

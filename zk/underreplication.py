@@ -23,9 +23,10 @@ bookie while the worker copied stays for another pass.
 from __future__ import annotations
 
 import builtins
+import functools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zk import layout
@@ -69,6 +70,10 @@ class UnderReplicationMark:
         """Every bookie the mark names, missing first."""
         return self.missing + tuple(b for b in self.drain if b not in self.missing)
 
+    def undrained(self, bookie: str) -> UnderReplicationMark:
+        """This mark without ``bookie`` among the bookies to drain (a decommission cancelled)."""
+        return replace(self, drain=tuple(b for b in self.drain if b != bookie))
+
     def to_json(self) -> JsonDict:
         return {
             "ledger_id": self.ledger_id,
@@ -91,6 +96,10 @@ class UnderReplicationMark:
             mtime_ms=int(d.get("mtime_ms", 0)),
             entries=tuple(sorted((str(b), int(f), int(la)) for b, f, la in d.get("entries", []))),
         )
+
+
+def _undrain(ledger_id: int, bookie: str, cur: JsonDict) -> JsonDict:
+    return UnderReplicationMark.from_json(ledger_id, cur).undrained(bookie).to_json()
 
 
 class UnderReplicationManager:
@@ -265,6 +274,28 @@ class UnderReplicationManager:
         self.store.delete(
             f"{DECOMMISSIONING}/{layout.check_znode_name(bookie_id, 'bookie id')}", missing_ok=True
         )
+
+    def cancel_decommission(self, bookie_id: str) -> tuple[bool, builtins.list[int]]:
+        """End a decommission of ``bookie_id`` that will not finish (its command died or was stopped): its
+        ``bookies/decommissioning`` mark goes, so placement may choose it again, and the bookie leaves every
+        mark's ``drain`` (a mark left naming no bookie goes too; a copy a worker has under way may still finish
+        and swap, which moves data and loses none). Returns (it was being decommissioned, the ledgers whose
+        marks named it to drain)."""
+        was = bookie_id in self.decommissioning()
+        self.end_decommission(bookie_id)
+        changed = []
+        for lid, v in self.list().items():
+            if bookie_id not in v.value.drain:
+                continue
+            path = layout.underreplicated_ledger_path(lid)
+            try:
+                new = self.store.update(path, functools.partial(_undrain, lid, bookie_id))
+            except MetadataNotFoundError:  # a worker cleared it meanwhile
+                continue
+            if not UnderReplicationMark.from_json(lid, new.value).bookies:
+                self.clear(lid, new.version)
+            changed.append(lid)
+        return was, changed
 
     def decommissioning(self) -> set[str]:
         try:

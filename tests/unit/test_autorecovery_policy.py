@@ -224,3 +224,13 @@ def test_rack_names_are_checked(bad) -> None:
     with pytest.raises(ValueError):
         check_rack(bad)
     assert check_rack("/region-1/rack-2") == "/region-1/rack-2"
+
+
+def test_a_cancelled_decommission_takes_the_bookie_out_of_the_drain_list_only() -> None:
+    mark = UnderReplicationMark(ledger_id=7, missing=("a:1",), drain=("b:1", "c:1"), count=2, ctime_ms=5)
+    out = mark.undrained("b:1")
+    assert out.drain == ("c:1",) and out.missing == ("a:1",) and (out.count, out.ctime_ms) == (2, 5)
+    assert mark.undrained("a:1") == mark  # a missing bookie stays missing
+    assert (
+        not UnderReplicationMark(ledger_id=7, drain=("b:1",)).undrained("b:1").bookies
+    )  # nothing left: cleared
