@@ -15,60 +15,18 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledgerstore.cluster import BrokerProcess, free_port
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import Brokers
 
 pulsar = pytest.importorskip("pulsar")
 
 
-class Brokers:
-    def __init__(self, bookies: Any, tmp: Path) -> None:
-        self.bookies = bookies
-        self.tmp = tmp
-        self.procs: list[BrokerProcess] = []
-
-    def start(self) -> BrokerProcess:
-        port = free_port()
-        bp = BrokerProcess(
-            zk=self.bookies.zk,
-            zk_root=self.bookies.root,
-            port=port,
-            http_port=free_port(),
-            extra_args=["--zk-session-timeout-s", "4"],
-            log_path=self.tmp / f"broker-{port}.log",
-        )
-        self.procs.append(bp)
-        bp.start()
-        wait_http(bp)
-        return bp
-
-    def stop_all(self) -> None:
-        for bp in self.procs:
-            try:
-                bp.stop()
-            except Exception:
-                bp.kill9()
-
-
 def web(bp: BrokerProcess) -> str:
     return f"http://127.0.0.1:{bp.http_port}"
-
-
-def wait_http(bp: BrokerProcess, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(web(bp) + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"broker admin not up: {bp.log_tail()}")
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -117,19 +75,6 @@ def ledgerstore(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     return subprocess.run(
         [sys.executable, "-m", "ledgerstore.cli", *args], capture_output=True, text=True, timeout=120, env=env
     )
-
-
-@pytest.fixture
-def cluster(bookies: Any, tmp_path: Path) -> Iterator[Brokers]:
-    bookies.start_many(3)
-    b = Brokers(bookies, tmp_path)
-    yield b
-    b.stop_all()
-
-
-@pytest.fixture
-def broker(cluster: Brokers) -> BrokerProcess:
-    return cluster.start()
 
 
 T = "/admin/v2/persistent/public/default"

@@ -7,13 +7,14 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledgerstore.cluster import BrokerProcess, free_port
+from tests.broker_testing import Brokers
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 from topic_broker.names import TopicName
@@ -23,46 +24,6 @@ from zk.managed_ledgers import BrokerMetadataStore, CursorInfo
 pulsar = pytest.importorskip("pulsar")
 
 T = pb.BaseCommand
-
-
-class Brokers:
-    def __init__(self, bookies, tmp: Path) -> None:
-        self.bookies = bookies
-        self.tmp = tmp
-        self.procs: list[BrokerProcess] = []
-
-    def start(self, *extra: str) -> BrokerProcess:
-        port = free_port()
-        bp = BrokerProcess(
-            zk=self.bookies.zk,
-            zk_root=self.bookies.root,
-            port=port,
-            http_port=free_port(),
-            extra_args=["--zk-session-timeout-s", "4", *extra],
-            log_path=self.tmp / f"broker-{port}.log",
-        )
-        self.procs.append(bp)
-        return bp.start()
-
-    def stop_all(self) -> None:
-        for bp in self.procs:
-            try:
-                bp.stop()
-            except Exception:
-                bp.kill9()
-
-
-@pytest.fixture
-def cluster(bookies, tmp_path: Path) -> Iterator[Brokers]:
-    bookies.start_many(3)
-    b = Brokers(bookies, tmp_path)
-    yield b
-    b.stop_all()
-
-
-@pytest.fixture
-def broker(cluster: Brokers) -> BrokerProcess:
-    return cluster.start()
 
 
 def quiet_logger() -> pulsar.ConsoleLogger:
