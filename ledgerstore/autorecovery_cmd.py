@@ -86,6 +86,13 @@ def add_autorecovery_commands(
     dec.add_argument("--timeout-s", type=float, default=3600.0, help="give up waiting after this long")
     dec.add_argument("--throttle-mb", type=float, default=0.0, help="MiB/s copied at most (0: no limit)")
     dec.add_argument(
+        "--settle-s",
+        type=float,
+        default=None,
+        help="the pass that ends it runs at least this long after the bookie was marked, so a ledger placed on "
+        "a view older than the mark is drained too (default: 30, twice a client's ZooKeeper request timeout)",
+    )
+    dec.add_argument(
         "--cancel",
         action="store_true",
         help="end a decommission that will not finish (its command died or was stopped; stop it first if it "
@@ -379,6 +386,7 @@ def _decommission(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from autorecovery import AutoRecoveryConfig, decommission
+    from autorecovery.decommission import DEFAULT_SETTLE_S
     from ledger_client import BookKeeper, ClientConfig
     from zk import BookieRegistry, read_zk_cookie
 
@@ -413,7 +421,14 @@ def _decommission(args: argparse.Namespace) -> int:
     async def go() -> Any:
         bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
         try:
-            return await decommission(bk, args.bookie, config, timeout_s=args.timeout_s, on_progress=progress)
+            return await decommission(
+                bk,
+                args.bookie,
+                config,
+                timeout_s=args.timeout_s,
+                on_progress=progress,
+                settle_s=DEFAULT_SETTLE_S if args.settle_s is None else args.settle_s,
+            )
         finally:
             await bk.close()
 

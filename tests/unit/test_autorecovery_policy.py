@@ -234,3 +234,11 @@ def test_a_cancelled_decommission_takes_the_bookie_out_of_the_drain_list_only() 
     assert (
         not UnderReplicationMark(ledger_id=7, drain=("b:1",)).undrained("b:1").bookies
     )  # nothing left: cleared
+
+
+def test_a_decommission_ends_no_sooner_than_the_settle_time_after_its_mark() -> None:
+    from autorecovery.decommission import settle_wait
+
+    assert settle_wait(marked_at=100.0, now=101.0, settle_s=30.0) == 29.0
+    assert settle_wait(marked_at=100.0, now=130.0, settle_s=30.0) == 0.0
+    assert settle_wait(marked_at=100.0, now=500.0, settle_s=0.0) == 0.0
