@@ -523,6 +523,7 @@ class Topic:
         self.dedup_enabled = dedup
         self.producers: dict[int, Producer] = {}  # by id(producer)
         self.subscriptions: dict[str, SubscriptionRuntime] = {}
+        self._opening_subscription = asyncio.Lock()  # consumers subscribing at once open one cursor
         self.waiting: deque[_WaitingProducer] = deque()  # WaitForExclusive producers, first come first served
         self.last_sequence: dict[str, int] = {}  # producer name -> highest sequence id accepted
         self.last_entry_messages: int | None = None
@@ -691,11 +692,20 @@ class Topic:
     # -- subscriptions --------------------------------------------------------------------------------------
 
     async def subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
+        """The subscription ``s`` names, opened (its cursor restored or created) on first use. Opening is one
+        at a time: two consumers subscribing a new subscription at once must not both create its cursor (the
+        second creation would conflict and fence the topic)."""
         rt = self.subscriptions.get(s.subscription)
-        if rt is not None:
-            if rt.cursor is not None and not rt.consumers:
-                await rt.cursor.refresh()  # idle: another writer may have moved it (it restarts from there)
-            return rt
+        if rt is None:
+            async with self._opening_subscription:
+                rt = self.subscriptions.get(s.subscription)
+                if rt is None:
+                    return await self._open_subscription(s)
+        if rt.cursor is not None and not rt.consumers:
+            await rt.cursor.refresh()  # idle: another writer may have moved it (it restarts from there)
+        return rt
+
+    async def _open_subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
         sub_type = SubType(s.subType)
         core = Subscription(sub_type, partition=self.name.partition_index)
         if s.durable:
@@ -710,9 +720,6 @@ class Topic:
         else:
             start = self._reader_start(s)
             rt = SubscriptionRuntime(self, s.subscription, core, None, start)
-        existing = self.subscriptions.get(s.subscription)  # opened concurrently
-        if existing is not None:
-            return existing
         self.subscriptions[s.subscription] = rt
         return rt
 

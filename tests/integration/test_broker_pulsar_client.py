@@ -299,6 +299,49 @@ def test_partitioned_topic(broker: BrokerProcess, cluster: Brokers) -> None:
         c.close()
 
 
+def test_consumers_subscribing_a_new_shared_subscription_at_once(
+    broker: BrokerProcess, cluster: Brokers
+) -> None:
+    """Both create the same new cursor on every partition at the same moment: one creates it, the other joins
+    it (the topic is not fenced by the second creation)."""
+    import threading
+
+    t = topic_name()
+    _meta(cluster, lambda meta: meta.create_partitioned_topic(TopicName.parse(t).ml_name, 4))
+    clients = [client(broker), client(broker)]
+    try:
+        barrier = threading.Barrier(len(clients))
+        consumers: list[Any] = [None] * len(clients)
+
+        def subscribe(i: int) -> None:
+            barrier.wait()
+            consumers[i] = clients[i].subscribe(t, "sh", consumer_type=pulsar.ConsumerType.Shared)
+
+        threads = [threading.Thread(target=subscribe, args=(i,)) for i in range(len(clients))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert all(consumers)
+        p = clients[0].create_producer(t, batching_enabled=False)
+        for i in range(40):
+            p.send(f"{i}".encode())
+        seen: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 40 and time.monotonic() < deadline:
+            for s in consumers:
+                try:
+                    m = s.receive(timeout_millis=100)
+                except pulsar.Timeout:
+                    continue
+                seen.append(int(m.data()))
+                s.acknowledge(m)
+        assert sorted(seen) == list(range(40))
+    finally:
+        for c in clients:
+            c.close()
+
+
 def _meta(cluster: Brokers, fn: Callable[[BrokerMetadataStore], Awaitable[Any]]) -> Any:
     """Run ``fn`` against the cluster's broker znodes (as another process, e.g. the Spark source, would)."""
     return _meta_store(cluster.bookies, fn)
