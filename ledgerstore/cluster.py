@@ -501,13 +501,16 @@ class BrokerProcess(ServiceProcess):
         return self
 
     def ready(self) -> bool:
+        """Its Pulsar port accepts connections and its admin HTTP answers ``/health`` 200 (connected to
+        ZooKeeper): both, since the admin server may start a moment after the Pulsar listener."""
         import socket
 
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
+                pass
         except OSError:
             return False
+        return health_ok(self.http_port)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         self._wait_until(self.ready, timeout_s, "ready")
