@@ -1,13 +1,16 @@
 """``ledgerstore bench topic``: produce and end-to-end (publish → consume) throughput and latency of the topic
 broker through the official ``pulsar-client``, on a partitioned topic.
 
-Producers and the consumer are separate processes (the Python client serialises its callbacks on one
-interpreter, so one process cannot drive the broker to its limit). Produce: every producer sends its share
-with ``send_async`` as fast as the client's pending-message window lets it; the figure is the messages
-acknowledged over the wall time of the slowest producer. End to end: producers send at a fixed total rate
-(``--rate``; default half the produce figure of the same run) while a consumer on a Shared subscription
-receives and acknowledges; latency of a message is its receive time minus its publish time (same machine
-clock). The broker's CPU per message is reported beside the figures.
+Producers and consumers are separate processes (the Python client serialises its callbacks on one
+interpreter, so one process cannot drive the broker to its limit); each run uses a fresh topic, and the
+medians of ``--runs`` runs are reported. Produce: every producer sends its share with ``send_async`` as fast
+as the client's pending-message window lets it; the figure is the messages acknowledged over the wall time
+from the common start to the last producer's flush. End to end: producers send evenly at a fixed total rate
+(``--rate``; default half the median produce figure) while ``--consumers`` processes on a Shared
+subscription receive and acknowledge; latency of a message is its receive time minus its publish time (same
+machine clock). Every run checks its counts: what the producers had acknowledged is what the broker stored
+and what the consumers received. CPU per message of the broker, the bookies and the client processes is
+reported beside the figures, with how busy the whole machine was.
 """
 
 from __future__ import annotations
@@ -47,10 +50,12 @@ def add_bench_topic_command(
     )
     tp.add_argument("--partitions", type=int, default=4)
     tp.add_argument("--producers", type=int, default=2, help="producer processes")
+    tp.add_argument("--consumers", type=int, default=2, help="consumer processes (end-to-end phase)")
     tp.add_argument(
         "--rate", type=float, default=0.0, help="end-to-end phase rate, msg/s (0: half of produce)"
     )
     tp.add_argument("--skip-e2e", action="store_true")
+    tp.add_argument("--runs", type=int, default=3, help="runs of each phase; the medians are reported")
     tp.add_argument("-E", "--ensemble", type=int, default=3)
     tp.add_argument("-W", "--write-quorum", type=int, default=2)
     tp.add_argument("-A", "--ack-quorum", type=int, default=2)
@@ -68,19 +73,21 @@ def _client(url: str) -> Any:
     import pulsar
 
     return pulsar.Client(
-        url, operation_timeout_seconds=60, io_threads=2, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+        url, operation_timeout_seconds=60, io_threads=1, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
     )
 
 
 def _produce(
-    url: str, topic: str, n: int, size: int, batching: bool, rate: float, every: int, out: Any
+    url: str, topic: str, n: int, size: int, batching: bool, rate: float, every: int, go: Any, out: Any
 ) -> None:
-    """Send ``n`` messages (at ``rate`` msg/s when > 0); put (acked, failed, start, end) on ``out``.
+    """Send ``n`` messages (at ``rate`` msg/s when > 0) once ``go`` is set; put (acked, failed, start, end) on
+    ``out``.
 
     A completion callback goes on every ``every``-th message and the last: the official Python client hands each
-    callback from its I/O thread to Python under the GIL, which alone caps a process at ~25-35k msg/s here
-    whatever the broker does. ``flush()`` returns once every message is acknowledged or failed; a failed sample
-    counts its whole stride as failed. The broker's own count of stored messages is checked after the phase."""
+    callback from its I/O thread to Python under the GIL, a cost of the client, not of the broker.
+    ``flush()`` returns once every message is acknowledged or failed; a failed sample counts its whole stride
+    as failed. The broker's own count of stored messages is checked after the phase. Paced, the producer sends
+    what is due every half millisecond (at most a few dozen messages at once), so the rate has no bursts."""
     import pulsar
 
     c = _client(url)
@@ -103,50 +110,69 @@ def _produce(
             if res != pulsar.Result.Ok:
                 counts[1] += every
 
-        def send(i: int) -> None:
-            if (i + 1) % every == 0 or i == n - 1:
-                p.send_async(payload, done)
-            else:
-                p.send_async(payload, None)
-
+        send_async = p.send_async
+        go.wait(120)
+        cpu0 = time.process_time()
         start = time.time()
-        if rate > 0:
-            step = 200  # messages per pacing step
-            for i in range(0, n, step):
-                wait = start + i / rate - time.time()
-                if wait > 0:
-                    time.sleep(wait)
-                for j in range(i, min(i + step, n)):
-                    send(j)
-        else:
-            for j in range(n):
-                send(j)
+        i = 0  # messages sent
+        while i < n:
+            due = n
+            if rate > 0:
+                due = min(n, int((time.time() - start) * rate) + 1)
+                if due <= i:
+                    time.sleep(0.0005)
+                    continue
+            for i in range(i + 1, due + 1):  # noqa: B020 - i is the count sent once the loop ends
+                send_async(payload, done if i % every == 0 or i == n else None)
         p.flush()
         end = time.time()
         failed = min(n, counts[1])
-        out.put(("produced", n - failed, failed, start, end))
+        out.put(("produced", n - failed, failed, start, end, time.process_time() - cpu0))
     finally:
         c.close()
 
 
-def _consume(url: str, topic: str, n: int, ready: Any, out: Any) -> None:
-    """Receive ``n`` messages; put (received, latencies ms sample) on ``out``."""
+def _consume(url: str, topic: str, total: int, received: Any, ready: Any, out: Any) -> None:
+    """Consume on the Shared subscription ``bench`` until the consumers together received ``total`` messages
+    (``received``, shared between the processes) or nothing arrives for 30 s; put (received, latencies ms,
+    CPU seconds) on ``out``.
+
+    What a Pulsar user does: ``receive`` and ``acknowledge`` each message, in as many processes as it takes to
+    keep up. Latency of a message: the time ``receive`` returned it minus its publish time (same machine
+    clock)."""
+    import pulsar
+
     c = _client(url)
     try:
-        consumer = c.subscribe(topic, "bench", consumer_type=_shared(), receiver_queue_size=5000)
-        ready.set()
+        consumer = c.subscribe(
+            topic, "bench", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=5000
+        )
+        ready.release()
+        receive, acknowledge, clock = consumer.receive, consumer.acknowledge, time.time
         lat: list[float] = []
-        got = 0
-        while got < n:
+        got = unreported = 0
+        cpu0 = time.process_time()
+        idle_since = time.monotonic()
+        while received.value < total:
             try:
-                m = consumer.receive(30_000)
-            except Exception:  # noqa: BLE001 - a timeout ends the phase with what arrived
-                break
+                m = receive(100)
+            except pulsar.Timeout:
+                with received.get_lock():
+                    received.value += unreported
+                unreported = 0
+                if time.monotonic() - idle_since > 30:
+                    break
+                continue
+            lat.append(clock() * 1000 - m.publish_timestamp())
+            acknowledge(m)
             got += 1
-            if got % 10 == 0:
-                lat.append(time.time() * 1000 - m.publish_timestamp())
-            consumer.acknowledge(m)
-        out.put(("consumed", got, lat))
+            unreported += 1
+            if unreported == 256:
+                idle_since = time.monotonic()
+                with received.get_lock():
+                    received.value += unreported
+                unreported = 0
+        out.put(("consumed", got, lat, time.process_time() - cpu0))
     finally:
         c.close()
 
@@ -158,12 +184,6 @@ def _stored_messages(admin_url: str, topic: str) -> int:
     path = topic.replace("persistent://", "persistent/")
     with urllib.request.urlopen(f"{admin_url}/admin/v2/{path}/partitioned-stats", timeout=30) as r:
         return int(json.loads(r.read())["msgInCounter"])
-
-
-def _shared() -> Any:
-    import pulsar
-
-    return pulsar.ConsumerType.Shared
 
 
 # -- the benchmark ----------------------------------------------------------------------------------------------
@@ -187,48 +207,79 @@ def _create_topic(zk: str, zk_root: str, topic: str, partitions: int) -> None:
 
 
 def _phase(
-    url: str, topic: str, args: argparse.Namespace, rate: float, consume: bool, broker_pid: int | None
+    url: str, topic: str, args: argparse.Namespace, rate: float, consume: bool, pids: dict[str, int]
 ) -> dict[str, Any]:
+    """One run: producers (and with ``consume`` one consumer process per partition) on a fresh ``topic``."""
     from ledgerstore.bench import cpu_meter
+    from ledgerstore.bench_spark import _cpu_ticks as machine_ticks
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
+    go = ctx.Event()
     procs = []
+    received = ctx.Value("q", 0)
     if consume:
-        ready = ctx.Event()
-        cp = ctx.Process(target=_consume, args=(url, topic, args.messages, ready, out))
-        cp.start()
-        procs.append(cp)
-        ready.wait(60)
+        ready = ctx.Semaphore(0)
+        for _ in range(args.consumers):
+            cp = ctx.Process(target=_consume, args=(url, topic, args.messages, received, ready, out))
+            cp.start()
+            procs.append(cp)
+        for _ in range(args.consumers):
+            ready.acquire(timeout=60)
     share = args.messages // args.producers
     per_rate = rate / args.producers if rate > 0 else 0.0
-    with cpu_meter({"broker": broker_pid} if broker_pid else {}, "msg") as cpu:
-        for i in range(args.producers):
-            n = share + (args.messages - share * args.producers if i == 0 else 0)
-            pp = ctx.Process(
-                target=_produce,
-                args=(url, topic, n, args.size, not args.no_batching, per_rate, args.callback_every, out),
-            )
-            pp.start()
-            procs.append(pp)
+    for i in range(args.producers):
+        n = share + (args.messages - share * args.producers if i == 0 else 0)
+        pp = ctx.Process(
+            target=_produce,
+            args=(url, topic, n, args.size, not args.no_batching, per_rate, args.callback_every, go, out),
+        )
+        pp.start()
+        procs.append(pp)
+    time.sleep(2)  # the producers connect before the clock starts
+    busy0, total0 = machine_ticks()
+    with cpu_meter(pids, "msg") as cpu:
+        go.set()
         results = [out.get(timeout=600) for _ in procs]
         cpu["units"] = args.messages
+    busy1, total1 = machine_ticks()
     for p in procs:
         p.join(60)
     produced = [r for r in results if r[0] == "produced"]
     acked = sum(r[1] for r in produced)
-    failed = sum(r[2] for r in produced)
     wall = max(r[4] for r in produced) - min(r[3] for r in produced)
-    row: dict[str, Any] = {"acked": acked, "failed": failed, "msg_per_s": round(acked / wall), **cpu}
-    row["mb_per_s"] = round(acked * args.size / wall / 1e6, 1)
-    for r in results:
-        if r[0] == "consumed":
-            lat = sorted(r[2])
-            row["received"] = r[1]
-            if lat:
-                row["e2e_p50_ms"] = round(lat[len(lat) // 2], 1)
-                row["e2e_p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 1)
-                row["e2e_max_ms"] = round(lat[-1], 1)
+    row: dict[str, Any] = {
+        "acked": acked,
+        "failed": sum(r[2] for r in produced),
+        "msg_per_s": round(acked / wall),
+        "mb_per_s": round(acked * args.size / wall / 1e6, 1),
+        **cpu,
+        "machine_busy_pct": round(100 * (busy1 - busy0) / max(1.0, total1 - total0), 1),
+        "cpu_us_per_msg_producers": round(1e6 * sum(r[5] for r in produced) / max(1, acked), 2),
+    }
+    if consume:
+        lat = sorted(x for r in results if r[0] == "consumed" for x in r[2])
+        row["received"] = sum(r[1] for r in results if r[0] == "consumed")
+        consumers_cpu = sum(r[3] for r in results if r[0] == "consumed")
+        row["cpu_us_per_msg_consumers"] = round(1e6 * consumers_cpu / max(1, row["received"]), 2)
+        if lat:
+            row["p50_ms"] = round(lat[len(lat) // 2], 1)
+            row["p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 1)
+            row["max_ms"] = round(lat[-1], 1)
+    return row
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key, the median of the runs' numbers (and every run's figure under ``runs`` for throughput)."""
+    import statistics
+
+    row: dict[str, Any] = {}
+    for k in runs[0]:
+        values = [r[k] for r in runs if k in r]
+        row[k] = statistics.median(values) if len(values) > 1 else values[0]
+    row["runs_msg_per_s"] = [r["msg_per_s"] for r in runs]
+    if "p99_ms" in runs[0]:
+        row["runs_p99_ms"] = [r.get("p99_ms") for r in runs]
     return row
 
 
@@ -239,19 +290,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.messages < args.producers or args.size < 1 or args.partitions < 1 or args.producers < 1:
         raise CommandError("need --messages >= --producers >= 1, --size >= 1, --partitions >= 1")
+    if args.runs < 1:
+        raise CommandError("need --runs >= 1")
     try:
         import pulsar  # noqa: F401
     except ImportError as e:
         raise CommandError("bench topic needs pulsar-client (pip install pulsar-client)") from e
-    topic = f"persistent://public/default/bench-{uuid.uuid4().hex[:8]}"
     with contextlib.ExitStack() as stack:
-        broker_pid: int | None = None
+        pids: dict[str, int] = {}
         admin_url: str | None = None
         if args.service_url:
             url, zk, root = args.service_url, args.zk, args.zk_root
         else:
             print(f"  starting ZooKeeper, {args.bookies} bookies and a broker", file=sys.stderr, flush=True)
-            zk, _, tmp = stack.enter_context(local_cluster(max(args.bookies, args.ensemble)))
+            zk, bookies, tmp = stack.enter_context(local_cluster(max(args.bookies, args.ensemble)))
             root = "/ledgerstore"
             bp = BrokerProcess(
                 zk=zk,
@@ -267,32 +319,44 @@ def run(args: argparse.Namespace) -> int:
             )
             stack.callback(bp.stop)
             bp.start()
-            url, broker_pid = bp.service_url, bp.proc.pid if bp.proc else None
+            url = bp.service_url
+            if bp.proc:
+                pids["broker"] = bp.proc.pid
+            pids.update({f"bookie{i}": b.proc.pid for i, b in enumerate(bookies) if b.proc})
             admin_url = f"http://127.0.0.1:{bp.http_port}"
-        _create_topic(zk, root, topic, args.partitions)
-        _create_topic(zk, root, topic + "-e2e", args.partitions)
-        load = os.getloadavg()[0]
+
+        def one_run(rate: float, consume: bool) -> dict[str, Any]:
+            topic = f"persistent://public/default/bench-{uuid.uuid4().hex[:8]}"
+            _create_topic(zk, root, topic, args.partitions)
+            row = _phase(url, topic, args, rate, consume, pids)
+            if admin_url:  # what the broker stored, counted by the broker: the producers' figure checked
+                stored = _stored_messages(admin_url, topic)
+                if stored != row["acked"]:
+                    raise CommandError(f"the broker stored {stored} messages, {row['acked']} acked")
+            if row["failed"] or row.get("received", row["acked"]) != row["acked"]:
+                raise CommandError(
+                    f"{row['acked']} acked, {row['failed']} failed, {row.get('received')} received"
+                )
+            print(f"  {'e2e' if consume else 'produce'}: {row}", file=sys.stderr, flush=True)
+            return row
+
         data: dict[str, Any] = {
             "size": args.size,
             "batching": not args.no_batching,
             "partitions": args.partitions,
             "producers": args.producers,
             "messages": args.messages,
+            "runs": args.runs,
             "E/Qw/Qa": f"{args.ensemble}/{args.write_quorum}/{args.ack_quorum}",
-            "load_before": round(load, 2),
+            "load_before": round(os.getloadavg()[0], 2),
         }
-        produce = _phase(url, topic, args, 0.0, False, broker_pid)
-        if admin_url:  # what the broker stored, counted by the broker: the producers' figure checked
-            produce["stored"] = _stored_messages(admin_url, topic)
-            if produce["stored"] != produce["acked"]:
-                raise CommandError(
-                    f"the broker stored {produce['stored']} messages, {produce['acked']} acked"
-                )
+        produce = _medians([one_run(0.0, False) for _ in range(args.runs)])
         data.update({f"produce_{k}": v for k, v in produce.items()})
         if not args.skip_e2e:
             rate = args.rate or produce["msg_per_s"] / 2
-            e2e = _phase(url, topic + "-e2e", args, rate, True, broker_pid)
+            e2e = _medians([one_run(rate, True) for _ in range(args.runs)])
             data["e2e_rate_target"] = round(rate)
             data.update({f"e2e_{k}" if not k.startswith("e2e_") else k: v for k, v in e2e.items()})
+        data["load_after"] = round(os.getloadavg()[0], 2)
     _print(args, "bench topic (pulsar-client through a broker)", data)
     return 0
