@@ -21,9 +21,10 @@ A worker holding a mark (:func:`decide`):
 * OPEN or IN_RECOVERY with a missing bookie in its last ensemble: within the grace period ``wait`` (the writer,
   if alive, replaces it by an ensemble change); after it ``recover`` (fence and close, as BookKeeper's worker
   does with a ledger still open after the grace period), then replicate;
-* OPEN with the mark's bookies only in earlier ensembles (the writer changed ensemble: it is alive), or only
-  drained ones: ``wait`` for the close. Swapping a bookie in a sealed fragment of an OPEN ledger is not a
-  legal metadata change here (``zk.ledger_metadata.check_transition``).
+* OPEN with the mark's gone bookies only in earlier ensembles (the writer changed ensemble: it is alive) ->
+  ``replicate`` their sealed fragments (every entry there was acknowledged) and swap them in, while the writer
+  goes on in its last ensemble (``zk.ledger_metadata.check_transition`` admits that swap in an OPEN ledger);
+* OPEN with only drained or live bookies marked, or IN_RECOVERY: ``wait`` for the close.
 """
 
 from __future__ import annotations
@@ -181,9 +182,12 @@ def decide(
             return Decision(
                 Action.RECOVER, why=f"still open after the grace period with {sorted(gone_in_last)} gone"
             )
+        sealed_gone = missing - writable  # none in the last ensemble: only in sealed ones
+        if sealed_gone and md.state.value == "OPEN":
+            return Decision(Action.REPLICATE, frozenset(sealed_gone), frozenset())
         return Decision(
             Action.WAIT,
-            why="open and its writer is alive (the marked bookies are not in its last ensemble): waiting for it to close",
+            why="open, its writer alive, no gone bookie marked in a sealed ensemble: waiting for it to close",
         )
     replace = drain | {b for b in missing if b not in writable}
     repair = missing - replace

@@ -7,7 +7,8 @@ write sets (verified against their digests; a drained bookie is read first) and 
 RECOVERY_ADD to the replacement the rack-aware placement picks (``ledger_client.rereplicator.copy_fragment``,
 the throttle taken as they are sent), the replacement fenced for the ledger, and only then one metadata CAS swaps
 every replacement in (``ledger_client.rereplication.swapped``). The metadata never names a bookie before it holds its
-entries. A live bookie found lacking entries gets them back in place (no metadata change). The mark is cleared
+entries. An OPEN ledger whose writer is alive gets its sealed fragments copied the same way, with no fence (its
+writer may later choose the replacement for its last ensemble). A live bookie found lacking entries gets them back in place (no metadata change). The mark is cleared
 at the version read, then the lock released. A worker that dies leaves the mark; its lock goes with its
 ZooKeeper session, and another worker starts over (entries are immutable: copying again writes the same bytes).
 """
@@ -260,7 +261,8 @@ class ReplicationWorker:
                     throttle=self._throttle,
                     on_copied=self._copied,
                 )
-                await _fence(self.bk, lid, key, target)
+                if md.is_closed:  # an OPEN ledger's writer may yet choose the target: never fence it there
+                    await _fence(self.bk, lid, key, target)
             out.replacements[bookie] = chosen
 
         if out.replacements:

@@ -42,13 +42,15 @@ class Fragment:
 
 
 def lost_fragments(md: LedgerMetadata, bookie: str) -> list[Fragment]:
-    """Every fragment of a CLOSED ledger that ``bookie`` is in, with the entries it stored (maybe none)."""
-    if not md.is_closed:
-        raise ValueError(f"ledger {md.ledger_id} is {md.state.value}: only CLOSED ledgers are re-replicated")
+    """Every fragment of a CLOSED ledger that ``bookie`` is in, with the entries it stored (maybe none); of an
+    OPEN ledger only the sealed ones (every ensemble but the last, whose entries were all acknowledged before the
+    writer changed ensemble). A ledger IN_RECOVERY has none: its recoverer decides where it ends."""
+    if md.state.value == "IN_RECOVERY":
+        raise ValueError(f"ledger {md.ledger_id} is IN_RECOVERY: it is re-replicated once closed")
     out = []
     ens = md.ensembles
     for k, ensemble in enumerate(ens):
-        if bookie not in ensemble.bookies:
+        if bookie not in ensemble.bookies or (k + 1 == len(ens) and not md.is_closed):
             continue
         last = ens[k + 1].first_entry_id - 1 if k + 1 < len(ens) else md.last_entry_id
         out.append(
@@ -56,7 +58,7 @@ def lost_fragments(md: LedgerMetadata, bookie: str) -> list[Fragment]:
                 ensemble_index=k,
                 bookie_index=ensemble.bookies.index(bookie),
                 first_entry_id=ensemble.first_entry_id,
-                last_entry_id=min(last, md.last_entry_id),
+                last_entry_id=min(last, md.last_entry_id) if md.is_closed else last,
                 ensemble_size=md.ensemble_size,
                 write_quorum=md.write_quorum,
             )

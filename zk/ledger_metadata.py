@@ -409,6 +409,9 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
     * a CLOSED ledger's metadata never changes: not its last_entry_id, length nor ensembles, except that a bookie
       of an ensemble may be swapped, in place, for one not in that ensemble (re-replication, which copies the
       bookie's entries to its replacement first: :func:`check_bookie_swap`);
+    * an OPEN ledger's *sealed* ensembles (all but the last: every entry they cover was acknowledged before the
+      writer's ensemble change) take the same swap, in a write that changes nothing else (AutoRecovery
+      re-replicating a lost bookie while the writer, alive, writes to its last ensemble);
     * ensembles are only appended, with first_entry_ids strictly increasing; earlier ensembles are unchanged,
       except that the *last* ensemble may be replaced by one starting at the same first_entry_id (an ensemble
       change before any entry reached it) - replace or append in one write, not both; except when
@@ -440,6 +443,15 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
     o, n = old.ensembles, new.ensembles
     if len(n) < len(o):
         raise MetadataTransitionError(f"ledger {old.ledger_id}: ensembles cannot be removed")
+    if (
+        old.state is new.state is LedgerState.OPEN
+        and len(n) == len(o)
+        and n[-1] == o[-1]
+        and n[:-1] != o[:-1]
+        and (new.last_entry_id, new.length) == (old.last_entry_id, old.length)
+    ):
+        check_bookie_swap(old, new)  # a sealed ensemble's bookie swapped in place
+        return
     if n[: len(o) - 1] != o[:-1]:
         raise MetadataTransitionError(f"ledger {old.ledger_id}: only the last ensemble may be replaced")
     cand = n[len(o) - 1]
@@ -458,8 +470,8 @@ def check_transition(old: LedgerMetadata, new: LedgerMetadata) -> None:
 
 
 def check_bookie_swap(old: LedgerMetadata, new: LedgerMetadata) -> None:
-    """The one change a CLOSED ledger's ensembles may take: re-replication moves a lost bookie's entries to
-    another bookie, then swaps it in at the same position. Ensembles keep their count and first entry ids; in each,
+    """The one change a CLOSED ledger's ensembles (and an OPEN one's sealed ensembles) may take: re-replication
+    moves a lost bookie's entries to another bookie, then swaps it in at the same position. Ensembles keep their count and first entry ids; in each,
     a changed position gets a bookie that was not in that ensemble, so no bookie changes position and every
     entry's write set keeps its other bookies (which still hold it)."""
     o, n = old.ensembles, new.ensembles

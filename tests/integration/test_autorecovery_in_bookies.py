@@ -143,3 +143,51 @@ async def _read_back(bookies, ledgers: dict[int, bool], live: set[str]) -> None:
             assert [e.data async for e in h.read(0, ENTRIES - 1)] == [payload(lid, i) for i in range(ENTRIES)]
     finally:
         await bk.close()
+
+
+def test_a_sealed_fragment_of_an_open_ledger_is_rereplicated_while_its_writer_writes(bookies) -> None:
+    """The writer replaced the killed bookie by an ensemble change and goes on writing; the bookies' AutoRecovery
+    swaps it out of the sealed ensemble while the ledger is still OPEN, and the writer's close keeps that swap."""
+    procs = bookies.start_many(5, *RECOVERY, autorecovery=True)
+    by_id = {bp.id: bp for bp in procs}
+    victim = procs[0].id
+
+    async def go() -> tuple[int, int, bool]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            lh = await bk.create_ledger(3, 2, 2, password=PW, bookies=[victim, procs[1].id, procs[2].id])
+            n = 0
+            for _ in range(30):
+                await lh.append(payload(lh.ledger_id, n))
+                n += 1
+            by_id[victim].kill9()
+            for _ in range(30):  # the writer's ensemble change replaces it from here on
+                await lh.append(payload(lh.ledger_id, n))
+                n += 1
+            swapped_while_open = False
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                md = await bk.ledger_metadata(lh.ledger_id)
+                assert md.state.value == "OPEN"
+                if not any(victim in e.bookies for e in md.ensembles):
+                    swapped_while_open = True
+                    break
+                await lh.append(payload(lh.ledger_id, n))  # the writer writes on meanwhile
+                n += 1
+                await asyncio.sleep(0.5)
+            for _ in range(10):
+                await lh.append(payload(lh.ledger_id, n))
+                n += 1
+            await lh.close()
+            return lh.ledger_id, n, swapped_while_open
+        finally:
+            await bk.close()
+
+    lid, n, swapped_while_open = asyncio.run(go())
+    assert swapped_while_open, "the sealed ensemble still names the killed bookie"
+    live = set(by_id) - {victim}
+    asyncio.run(_check_every_replica(bookies, {lid: n}, live))
+    deadline = time.monotonic() + 30
+    while _marks(bookies):  # the mark goes once the swap is made
+        assert time.monotonic() < deadline, _marks(bookies)
+        time.sleep(0.5)

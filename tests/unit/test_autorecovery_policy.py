@@ -127,7 +127,26 @@ LIVE = {"b", "c", "d", "e"}
         (CLOSED, mark(7, (), ("c",)), LIVE, 0, Action.REPLICATE, {"c"}, set()),  # drained though up
         (OPEN_LAST, mark(8, ("a",), ctime_ms=1000), LIVE, 2000, Action.WAIT, set(), set()),  # grace period
         (OPEN_LAST, mark(8, ("a",), ctime_ms=1000), LIVE, 4000, Action.RECOVER, set(), set()),  # writer gone
-        (OPEN_EARLIER, mark(9, ("a",), ctime_ms=0), LIVE, 10**9, Action.WAIT, set(), set()),  # writer alive
+        # writer alive, a gone in a sealed ensemble only: its fragment is re-replicated while the writer writes
+        (OPEN_EARLIER, mark(9, ("a",), ctime_ms=0), LIVE, 0, Action.REPLICATE, {"a"}, set()),
+        (
+            OPEN_EARLIER,
+            mark(9, ("b",), ctime_ms=0),
+            LIVE,
+            0,
+            Action.WAIT,
+            set(),
+            set(),
+        ),  # b up: repaired once closed
+        (
+            OPEN_EARLIER,
+            mark(9, (), ("c",), ctime_ms=0),
+            LIVE,
+            0,
+            Action.WAIT,
+            set(),
+            set(),
+        ),  # drain: once closed
         (OPEN_LAST, mark(8, (), ("b",), ctime_ms=0), LIVE, 10**9, Action.WAIT, set(), set()),  # drain waits
     ],
 )

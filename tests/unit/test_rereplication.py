@@ -52,10 +52,14 @@ def test_an_ensemble_past_the_last_entry_is_an_empty_fragment() -> None:
     assert [list(f.entries()) for f in lost_fragments(empty, B[1])] == [[]]
 
 
-def test_only_closed_ledgers() -> None:
-    m = md(3, 2, 2, [(0, B[0:3])], last=4)
-    with pytest.raises(ValueError, match="CLOSED"):
-        lost_fragments(m.replace(state=m.state.OPEN, last_entry_id=-1, length=0), B[0])
+def test_an_open_ledger_has_only_its_sealed_fragments_and_one_in_recovery_none() -> None:
+    m = md(3, 2, 2, [(0, B[0:3]), (5, (B[3], B[1], B[2]))], last=9)
+    open_ = m.replace(state=m.state.OPEN, last_entry_id=-1, length=0)
+    (f,) = lost_fragments(open_, B[1])  # the sealed ensemble's, not the writer's last one
+    assert (f.ensemble_index, f.first_entry_id, f.last_entry_id) == (0, 0, 4)
+    assert lost_fragments(open_, B[3]) == []
+    with pytest.raises(ValueError, match="IN_RECOVERY"):
+        lost_fragments(m.replace(state=m.state.IN_RECOVERY, last_entry_id=-1, length=0), B[0])
 
 
 @given(

@@ -207,6 +207,11 @@ ALLOWED = [
     ("no-op", OPEN, OPEN),
     ("no-op closed", CLOSED, CLOSED),
     ("append ensemble", OPEN, OPEN_2ENS),
+    (
+        "open: a bookie swapped in place in a sealed ensemble (re-replication while the writer writes)",
+        OPEN_2ENS,
+        OPEN_2ENS.replace(ensembles=(Ensemble(0, (B[0], B[7], B[2])), OPEN_2ENS.ensembles[1])),
+    ),
     ("append two ensembles", OPEN, OPEN_2ENS.with_new_ensemble(15, B[:3])),
     ("replace last ensemble at same start", OPEN_2ENS, OPEN_2ENS.with_new_ensemble(10, B[5:8])),
     ("replace only ensemble", OPEN, OPEN.with_new_ensemble(0, B[5:8])),
@@ -260,15 +265,27 @@ FORBIDDEN = [
         CLOSED.replace(ensembles=(CLOSED.ensembles[0], Ensemble(11, tuple(B[3:6])))),
     ),
     (
-        "open: a bookie swapped in an earlier ensemble (only a CLOSED ledger's may be)",
+        "open: a bookie moved within a sealed ensemble",
         OPEN_2ENS,
-        OPEN_2ENS.replace(ensembles=(Ensemble(0, (B[0], B[7], B[2])), OPEN_2ENS.ensembles[1])),
+        OPEN_2ENS.replace(ensembles=(Ensemble(0, (B[1], B[0], B[2])), OPEN_2ENS.ensembles[1])),
+    ),
+    (
+        "open: a sealed ensemble's bookie swapped and an ensemble appended in one write",
+        OPEN_2ENS,
+        OPEN_2ENS.replace(
+            ensembles=(Ensemble(0, (B[0], B[7], B[2])), OPEN_2ENS.ensembles[1])
+        ).with_new_ensemble(15, B[:3]),
+    ),
+    (
+        "in recovery: a bookie swapped in a sealed ensemble (the recoverer decides alone)",
+        REC,
+        REC.replace(ensembles=(Ensemble(0, (B[0], B[7], B[2])), REC.ensembles[1])),
     ),
     ("ensemble removed", OPEN_2ENS, OPEN),
     (
         "earlier ensemble changed",
         OPEN_2ENS,
-        OPEN_2ENS.replace(ensembles=(Ensemble(0, tuple(B[5:8])), OPEN_2ENS.ensembles[1])),
+        OPEN_2ENS.replace(ensembles=(Ensemble(0, (B[1], B[0], B[5])), OPEN_2ENS.ensembles[1])),
     ),
     (
         "last ensemble moved",
