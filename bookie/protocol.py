@@ -740,6 +740,10 @@ def decode_read_range(rid: int, data: bytes, start: int, end: int) -> ReadRangeS
     return ReadRangeSpans(rid, _status(st), ledger, first, data, bounds)
 
 
+#: a frame at least this large is gathered from its chunks and joined once (``FrameDecoder.feed``), not grown
+_GATHER_MIN = 64 * 1024
+
+
 def _evenly_spaced(data: bytes, pos: int, end: int, count: int) -> bool:
     """Whether ``data[pos:end]`` is ``count`` entries of one size, each after its u32 length: the length fields
     are compared byte by byte as four strided slices (C loops, none per entry in Python)."""
@@ -760,20 +764,43 @@ class FrameDecoder:
     is unusable (there is no way to resynchronise a length-prefixed stream).
     """
 
-    __slots__ = ("_buf", "frame_size_max", "broken")
+    __slots__ = ("_buf", "_parts", "_parts_len", "_need", "frame_size_max", "broken")
 
     def __init__(self, frame_size_max: int = FRAME_SIZE_MAX) -> None:
         # a received chunk is kept as it came (bytes, no copy) while nothing else is buffered; a partial frame
-        # left over is kept in a bytearray that later chunks extend
+        # left over is kept in a bytearray that later chunks extend, unless it is a large one: then the chunks
+        # are gathered in _parts (the first of them stays in _buf) and joined once, into bytes, when the frame
+        # is whole (_need bytes)
         self._buf: bytes | bytearray = b""
+        self._parts: list[bytes | bytearray] = []
+        self._parts_len = 0
+        self._need = 0
         self.frame_size_max = frame_size_max
         self.broken = False
 
     def feed(self, data: bytes) -> None:
+        parts = self._parts
+        if parts:
+            parts.append(data)
+            self._parts_len += len(data)
+            if self._parts_len >= self._need:
+                self._buf = b"".join(parts)
+                self._parts = []
+            return
         buf = self._buf
         if not buf and type(data) is bytes:
             self._buf = data
-        elif type(buf) is bytearray:
+            return
+        n = len(buf)
+        if n >= 4:
+            need = 4 + _LEN.unpack_from(buf)[0]
+            if _GATHER_MIN <= need <= 4 + self.frame_size_max and n < need:
+                if n + len(data) >= need:
+                    self._buf = b"".join((buf, data))
+                else:
+                    self._parts, self._parts_len, self._need = [buf, data], n + len(data), need
+                return
+        if type(buf) is bytearray:
             buf += data
         else:
             grown = bytearray(buf)
@@ -793,7 +820,7 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame (a partial frame in progress)."""
-        return len(self._buf)
+        return self._parts_len if self._parts else len(self._buf)
 
     def frames_raw(self) -> Iterator[tuple[int, int, int, bytes, int, int]]:
         """Yield (op, flags, request_id, data, body_start, body_end) for each whole frame buffered.
@@ -818,7 +845,7 @@ class FrameDecoder:
                 break
             end += 4 + length
         if end:
-            if end == n and type(buf) is bytes:
+            if type(buf) is bytes:  # (immutable: the frames are read where they lie, whatever follows them)
                 data = buf
             else:
                 with memoryview(buf) as mv:

@@ -377,3 +377,34 @@ def test_leading_add_responses_leave_a_buffer_of_other_frames_alone() -> None:
     dec.feed(ack * 3 + rng + ack)
     assert [r[4] for r in dec.take_leading_add_responses()] == [1, 1, 1]
     assert dec.buffered == len(rng) + len(ack)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([10, 3_000, 70_000, 300_000]), min_size=1, max_size=6),
+    st.lists(st.integers(1, 200_000), min_size=1, max_size=40),
+)
+def test_frames_of_any_size_cut_anywhere_come_out_whole_and_in_order(sizes, cuts) -> None:
+    """Large frames are gathered from their chunks and joined once; small ones grow a buffer: either way the
+    frames come out whole, in order, and ``buffered`` counts what is held."""
+    frames = [
+        p.encode(
+            p.ReadRangeResponse(
+                request_id=k, status=p.Status.OK, ledger_id=1, first_entry_id=0, entries=(bytes([k]) * n,)
+            )
+        )
+        for k, n in enumerate(sizes)
+    ]
+    stream = b"".join(frames)
+    dec = p.FrameDecoder()
+    got: list[bytes] = []
+    pos = 0
+    for cut in [*cuts, len(stream)]:
+        chunk = stream[pos : pos + cut]
+        pos += len(chunk)
+        dec.feed(chunk)
+        got += [bytes(data[a - p.FRAME_HEADER.size - 4 : b]) for _, _, _, data, a, b in dec.frames_raw()]
+        assert dec.buffered == pos - sum(map(len, got))
+        if pos == len(stream):
+            break
+    assert got == frames
