@@ -328,8 +328,10 @@ async def read_run(
     pids: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Write ``entries`` entries to a new ledger, close it, read them all back in order (checking each one's
-    id and size): with ``read_batches`` (``api`` "batches") or ``read``; the CPU of ``pids`` over the read."""
+    id and size): with ``read_batches`` (``api`` "batches") or ``read``; the CPU of ``pids`` over the read, and
+    the share of the machine's cores busy meanwhile (``read_machine_busy_pct``: every process, other tenants too)."""
     from ledgerstore.bench import cpu_meter
+    from ledgerstore.bench_spark import machine_meter
 
     cfg = ClientConfig(zk_root=zk_root, outstanding_adds_max=max(1, outstanding), **read_config)
     bk = await BookKeeper.connect(zk, config=cfg)
@@ -346,7 +348,7 @@ async def read_run(
             raise RuntimeError(f"{stats['errors']} appends failed")
         reader = await bk.open_ledger(lh.ledger_id, password=b"bench", recovery=False)
         last = reader.last_add_confirmed
-        with cpu_meter(pids or {}, "entry_read") as cpu:
+        with cpu_meter(pids or {}, "entry_read") as cpu, machine_meter() as machine:
             t0 = perf()
             n = 0
             if api == "batches":
@@ -377,6 +379,7 @@ async def read_run(
         "write_s": round(t_write, 3),
         "read_s": round(t_read, 3),
         **cpu,
+        "read_machine_busy_pct": machine.get("machine_busy_pct"),
     }
 
 
