@@ -1,7 +1,8 @@
 """AutoRecovery: an elected auditor marks ledgers that lost replicas, workers copy the missing entries to other
 bookies and swap them into the metadata (BookKeeper's ``replication`` package). Above the client in the layers:
-CLI (``ledgerstore``) -> AutoRecovery -> ``ledger_client`` -> wire codec; a bookie may run it beside itself
-through :func:`run_autorecovery`. Operations: docs/operations.md, section AutoRecovery.
+CLI (``ledgerstore``) -> AutoRecovery -> ``ledger_client`` -> wire codec. ``ledgerstore autorecovery serve`` runs
+:func:`run_autorecovery`; every bookie runs it too, in its own thread (``embedded.EmbeddedAutoRecovery``, a
+companion ``ledgerstore bookie serve`` hands to the bookie). Operations: docs/operations.md, section AutoRecovery.
 """
 
 from .config import AutoRecoveryConfig
