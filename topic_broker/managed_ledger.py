@@ -78,6 +78,7 @@ DEFAULT_RETENTION_TIME_S = 0.0
 DEFAULT_RETENTION_SIZE_BYTES = 0
 DEFAULT_READ_HANDLES_MAX = 64
 DEFAULT_READ_ENTRIES_MAX = 10_000
+DEFAULT_ENTRY_CACHE_BYTES = 4 * 1024**2  # Pulsar's managed-ledger cache, per managed ledger here
 
 APPLICATION = b"ledgerstore-broker"
 COMPONENT = b"managed-ledger"
@@ -129,6 +130,7 @@ class ManagedLedgerConfig:
     retention_time_s: float = DEFAULT_RETENTION_TIME_S
     retention_size_bytes: int = DEFAULT_RETENTION_SIZE_BYTES
     read_handles_max: int = DEFAULT_READ_HANDLES_MAX
+    entry_cache_bytes: int = DEFAULT_ENTRY_CACHE_BYTES
 
     def __post_init__(self) -> None:
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
@@ -142,6 +144,53 @@ class ManagedLedgerConfig:
 
 
 # --- pure rules ------------------------------------------------------------------------------------------------
+
+
+class EntryCache:
+    """The entries this owner appended most recently, by position, up to ``max_bytes`` (the oldest leave
+    first): consumers at the tail read them from here instead of from the bookies, as from Pulsar's
+    managed-ledger cache. Holds only durable entries (put once acknowledged), as they were appended."""
+
+    __slots__ = ("_entries", "_bytes", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        size = len(data)
+        if size > self.max_bytes:
+            return
+        entries = self._entries
+        entries[ledger_id, entry_id] = data
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            self._bytes -= len(entries.popitem(last=False)[1])
+
+    def take(self, ledger_id: int, first: int, last: int, out: list[tuple[Position, bytes]]) -> int:
+        """Append the cached run of entries ``first``..``last`` of ``ledger_id`` to ``out`` (stopping at the
+        first one not cached); returns the next entry id to read elsewhere."""
+        get = self._entries.get
+        eid = first
+        while eid <= last:
+            data = get((ledger_id, eid))
+            if data is None:
+                break
+            out.append((Position(ledger_id, eid), data))
+            eid += 1
+        return eid
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
 
 
 def should_rollover(config: ManagedLedgerConfig, entries: int, size_bytes: int, age_s: float) -> bool:
@@ -328,6 +377,7 @@ class ManagedLedger:
         # ledgers are known by their LedgerInfo.messages total (0: one per entry)
         self._entry_messages: dict[int, array[int]] = {}
         self._current_failed = False
+        self._cache = EntryCache(config.entry_cache_bytes)
         self._state = _OPEN
         self._fence_reason = ""
         self._submit_lock = asyncio.Lock()  # FIFO: appends are sent in call order; rollover holds it
@@ -485,7 +535,7 @@ class ManagedLedger:
                 lh = self._current
                 lid = lh.ledger_id
                 try:
-                    await lh.append_callback(entry, self._on_added(lid, callback))
+                    await lh.append_callback(entry, self._on_added(lid, entry, callback))
                 except LE.LedgerError as e:
                     raise self._write_failed(lid, e) from e
                 queue.popleft()
@@ -493,9 +543,12 @@ class ManagedLedger:
                 self._current_size += len(entry)
                 self._current_messages.append(max(1, messages))
 
-    def _on_added(self, ledger_id: int, callback: AppendCallback) -> LE_AddCallback:
+    def _on_added(self, ledger_id: int, entry: bytes, callback: AppendCallback) -> LE_AddCallback:
+        put = self._cache.put
+
         def added(entry_id: int, error: LE.LedgerError | None) -> None:
             if error is None:
+                put(ledger_id, entry_id, entry)
                 callback(Position(ledger_id, entry_id), None)
             else:
                 callback(None, self._write_failed(ledger_id, error))
@@ -619,12 +672,14 @@ class ManagedLedger:
         while pos is not None and len(out) < max_entries:
             lid = pos.ledger_id
             last = min(view.entries_in(lid) - 1, pos.entry_id + max_entries - len(out) - 1)
-            handle = await self._handle_for(lid)
-            try:
-                async for e in handle.read(pos.entry_id, last):
-                    out.append((Position(lid, e.entry_id), e.data))
-            except LE.LedgerError as e:
-                raise ManagedLedgerError(f"read of ledger {lid} failed: {e}", ml_name=self.name) from e
+            first = self._cache.take(lid, pos.entry_id, last, out)
+            if first <= last:
+                handle = await self._handle_for(lid)
+                try:
+                    async for e in handle.read(first, last):
+                        out.append((Position(lid, e.entry_id), e.data))
+                except LE.LedgerError as e:
+                    raise ManagedLedgerError(f"read of ledger {lid} failed: {e}", ml_name=self.name) from e
             pos = view.resolve(Position(lid, last + 1))
         return out
 
@@ -846,6 +901,7 @@ class ManagedLedger:
             else:
                 with contextlib.suppress(LE.LedgerError):
                     await self._current.close()
+        self._cache.clear()
         await self._release_read_handles()
 
     async def delete(self) -> None:
