@@ -159,12 +159,20 @@ def enable(parser: argparse.ArgumentParser, *, what: str = "server") -> list[Set
         )
         action.required = False
         action.__class__ = _tracking(type(action))
+    example = next(
+        (
+            f"{s.name} = {s.default!r}"
+            for s in settings
+            if s.kind == "value" and isinstance(s.default, int | float) and not isinstance(s.default, bool)
+        ),
+        "name = value",
+    )
     parser.add_argument(
         "--config",
         default=None,
         metavar="FILE",
         help=f"the {what}'s settings as TOML: each key is a flag's name with underscores "
-        f"(journal_max_wait_ms = 2.0); flags and {ENV_PREFIX}<NAME> environment variables override it "
+        f"({example}); flags and {ENV_PREFIX}<NAME> environment variables override it "
         f"(default ${CONFIG_ENV})",
     )
     parser.set_defaults(**{_SPEC_ATTR: tuple(settings)})

@@ -17,6 +17,7 @@ from typing import Any
 
 from ledgerstore.cli import (
     EXIT_NOT_FOUND,
+    EXIT_USAGE,
     CommandError,
     add_passwords_arguments,
     emit,
@@ -59,6 +60,11 @@ def add_autorecovery_commands(
         "--metrics-port", type=int, default=None, help="serve /metrics and /health on this port"
     )
     serve.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics and /health")
+    from bookie.config_file import enable as enable_config_file
+
+    enable_config_file(
+        serve, what="AutoRecovery process"
+    )  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
     serve.set_defaults(func=_serve)
     for name, fn, text in (
         ("status", _status, "the auditor, marks, locks and bookies being decommissioned"),
@@ -252,10 +258,15 @@ def _passwords(args: argparse.Namespace) -> tuple[bytes, ...]:
 
 def _serve(args: argparse.Namespace) -> int:
     from autorecovery import run_autorecovery
+    from bookie.config_file import ConfigError, resolve
     from bookie.main import install_uvloop
 
     if not args.verbose:
         logging.getLogger().setLevel(logging.INFO)
+    try:  # flags > LEDGERSTORE_<SETTING> > --config FILE > defaults, as bookie serve and broker serve
+        resolve(args)
+    except ConfigError as e:
+        raise CommandError(f"autorecovery serve: {e}", EXIT_USAGE) from e
     config = autorecovery_config(args, in_bookie=False)
     install_uvloop()
 
