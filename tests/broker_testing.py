@@ -5,14 +5,27 @@ tests/integration/conftest.py imports the fixtures; a test module imports ``Brok
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledgerstore.cluster import BrokerProcess, free_port, health_ok
+from ledgerstore.cluster import BrokerProcess, free_port
+
+
+def start_broker(bookies: Any, tmp: Path, session_timeout_s: float, *extra: str) -> BrokerProcess:
+    """A broker process on free ports against the bookies' ZooKeeper and metadata root (not waited for)."""
+    port = free_port()
+    bp = BrokerProcess(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=port,
+        http_port=free_port(),
+        extra_args=["--zk-session-timeout-s", f"{session_timeout_s:g}", *extra],
+        log_path=tmp / f"broker-{port}.log",
+    )
+    return bp.start(wait=False)
 
 
 class Brokers:
@@ -23,24 +36,11 @@ class Brokers:
         self.tmp = tmp
         self.procs: list[BrokerProcess] = []
 
-    def start(self, *extra: str, timeout_s: float = 30.0) -> BrokerProcess:
-        """A broker serving both its Pulsar port and its admin HTTP (``/health`` 200)."""
-        port = free_port()
-        bp = BrokerProcess(
-            zk=self.bookies.zk,
-            zk_root=self.bookies.root,
-            port=port,
-            http_port=free_port(),
-            extra_args=["--zk-session-timeout-s", "4", *extra],
-            log_path=self.tmp / f"broker-{port}.log",
-        )
+    def start(self, *extra: str) -> BrokerProcess:
+        """A broker serving both its Pulsar port and its admin HTTP (``BrokerProcess.ready``)."""
+        bp = start_broker(self.bookies, self.tmp, 4, *extra)
         self.procs.append(bp)
-        bp.start()
-        deadline = time.monotonic() + timeout_s
-        while not health_ok(bp.http_port):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"broker admin not up: {bp.log_tail()}")
-            time.sleep(0.1)
+        bp.wait_ready(60)
         return bp
 
     def stop_all(self) -> None:

@@ -19,27 +19,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pulsar
 
-from ledgerstore.cluster import BrokerProcess, free_port
+from ledgerstore.cluster import BrokerProcess
 from tests.faults.broker_checker import Consume, MsgId, Produce
-
-
-def start_broker(bookies: Any, tmp: Path, session_timeout_s: float, *extra: str) -> BrokerProcess:
-    """A broker process on free ports against the bookies' ZooKeeper and metadata root (not waited for)."""
-    port = free_port()
-    bp = BrokerProcess(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=port,
-        http_port=free_port(),
-        extra_args=["--zk-session-timeout-s", f"{session_timeout_s:g}", *extra],
-        log_path=tmp / f"broker-{port}.log",
-    )
-    return bp.start(wait=False)
 
 
 def partition_of(topic_name: str, fallback: int) -> int:

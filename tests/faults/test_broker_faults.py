@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker_testing import start_broker
 from tests.faults.broker_checker import check
-from tests.faults.broker_workload import BrokerNemesis, TopicWorkload, draw_schedule, start_broker
+from tests.faults.broker_workload import BrokerNemesis, TopicWorkload, draw_schedule
 
 pulsar = pytest.importorskip("pulsar")
 

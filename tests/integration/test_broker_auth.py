@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bookie.auth import create_token, new_secret
-from ledgerstore.cluster import BrokerProcess, free_port
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import start_broker
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -77,25 +78,19 @@ def secure(bookies, tmp_path: Path) -> Iterator[SecureCluster]:
     broker_token = tmp_path / "broker.token"
     broker_token.write_text(create_token(secret, "broker"))
     bookies.start_many(3, "--auth-secret-file", str(secret_file), "--auth-required")
-    port = free_port()
-    bp = BrokerProcess(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=port,
-        http_port=free_port(),
-        extra_args=[
-            "--zk-session-timeout-s",
-            "4",
-            "--auth-secret-file",
-            str(secret_file),
-            "--auth-required",
-            "--superuser-roles",
-            f"{SUPERUSER},ops",
-            "--bookie-auth-token-file",
-            str(broker_token),
-        ],
-        log_path=tmp_path / f"broker-{port}.log",
-    ).start()
+    bp = start_broker(
+        bookies,
+        tmp_path,
+        4,
+        "--auth-secret-file",
+        str(secret_file),
+        "--auth-required",
+        "--superuser-roles",
+        f"{SUPERUSER},ops",
+        "--bookie-auth-token-file",
+        str(broker_token),
+    )
+    bp.wait_ready(60)
     try:
         yield SecureCluster(bp, secret, tokens)
     finally:

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from ledgerstore.cluster import BrokerProcess, free_port
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import start_broker
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -22,15 +23,8 @@ pulsar = pytest.importorskip("pulsar")
 @pytest.fixture
 def broker(bookies, tmp_path: Path) -> Iterator[BrokerProcess]:
     bookies.start_many(3)
-    port = free_port()
-    bp = BrokerProcess(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=port,
-        http_port=free_port(),
-        extra_args=["--tick-interval-s", "1"],
-        log_path=tmp_path / f"broker-{port}.log",
-    ).start()
+    bp = start_broker(bookies, tmp_path, 10.0, "--tick-interval-s", "1")  # the default session timeout
+    bp.wait_ready(60)
     try:
         yield bp
     finally:

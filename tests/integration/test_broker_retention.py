@@ -18,7 +18,7 @@ import pytest
 
 from ledger_client import BookKeeper, ClientConfig
 from ledger_client.errors import NoSuchLedgerError
-from tests.faults.broker_workload import start_broker
+from tests.broker_testing import start_broker
 
 pulsar = pytest.importorskip("pulsar")
 

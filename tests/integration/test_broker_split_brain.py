@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.broker_testing import start_broker
 from tests.faults.broker_checker import Consume, Produce, check
-from tests.faults.broker_workload import msg_id_of, start_broker
+from tests.faults.broker_workload import msg_id_of
 
 pulsar = pytest.importorskip("pulsar")
 

@@ -521,18 +521,11 @@ def test_messages_produced_through_a_broker_read_back_with_their_message_ids(
     bookies: Any, spark: Any, tmp_path: Path
 ) -> None:
     pulsar = pytest.importorskip("pulsar")
-    from ledgerstore.cluster import BrokerProcess, free_port
+    from tests.broker_testing import start_broker
 
     bookies.start_many(3)
-    port = free_port()
-    bp = BrokerProcess(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=port,
-        http_port=free_port(),
-        log_path=tmp_path / "broker.log",
-    )
-    bp.start()
+    bp = start_broker(bookies, tmp_path, 10.0)  # the default session timeout
+    bp.wait_ready(60)
     topic = "persistent://public/default/e2e"
     sent: dict[tuple[int, int, int], tuple[bytes, str, dict[str, str], int]] = {}
     try:
