@@ -119,17 +119,22 @@ def test_backlog_counts_messages_of_batches(broker: BrokerProcess) -> None:
         c.close()
 
 
-def test_quota_producer_exception_refuses_producers(broker: BrokerProcess) -> None:
-    ns = f"q{uuid.uuid4().hex[:6]}"
+def _topic_with_quota(broker: BrokerProcess, prefix: str, limit: int, policy: str) -> str:
+    """A topic in a new namespace whose backlog quota is ``limit`` bytes with ``policy``."""
+    ns = f"{prefix}{uuid.uuid4().hex[:6]}"
     assert http(broker, "PUT", f"/admin/v2/namespaces/public/{ns}")[0] == 204
     status, body = http(
         broker,
         "POST",
         f"/admin/v2/namespaces/public/{ns}/backlogQuota",
-        {"limitSize": 2048, "policy": "producer_exception"},
+        {"limitSize": limit, "policy": policy},
     )
     assert status == 204, body
-    topic = f"persistent://public/{ns}/t"
+    return f"persistent://public/{ns}/t"
+
+
+def test_quota_producer_exception_refuses_producers(broker: BrokerProcess) -> None:
+    topic = _topic_with_quota(broker, "q", 2048, "producer_exception")
     c = client(broker)
     try:
         consumer = c.subscribe(topic, "slow")
@@ -169,16 +174,7 @@ def _try_producer(c: Any, topic: str) -> Any:
 
 
 def test_quota_consumer_backlog_eviction_moves_the_slowest_cursor(broker: BrokerProcess) -> None:
-    ns = f"e{uuid.uuid4().hex[:6]}"
-    assert http(broker, "PUT", f"/admin/v2/namespaces/public/{ns}")[0] == 204
-    status, body = http(
-        broker,
-        "POST",
-        f"/admin/v2/namespaces/public/{ns}/backlogQuota",
-        {"limitSize": 4096, "policy": "consumer_backlog_eviction"},
-    )
-    assert status == 204, body
-    topic = f"persistent://public/{ns}/t"
+    topic = _topic_with_quota(broker, "e", 4096, "consumer_backlog_eviction")
     c = client(broker)
     try:
         c.subscribe(topic, "slow").close()  # durable, nobody reading
@@ -188,7 +184,7 @@ def test_quota_consumer_backlog_eviction_moves_the_slowest_cursor(broker: Broker
             producer.send(f"{i:04d}".encode() * 256)  # 1 KiB each: 20 KiB behind "slow"
         for _ in range(20):
             fast.acknowledge(fast.receive(timeout_millis=10_000))
-        path = f"/admin/v2/persistent/public/{ns}/t/stats"
+        path = "/admin/v2/" + topic.replace("://", "/", 1) + "/stats"
         stats = wait_for(
             lambda: http(broker, "GET", path)[1],
             lambda st: st["subscriptions"]["slow"]["backlogSize"] <= 4096,
