@@ -522,13 +522,15 @@ class Bookie:
                 worst = max(worst, 1.0 - du.free / du.total)
         return worst
 
-    def _update_readonly(self, initial: bool = False) -> None:
+    def _update_readonly(self, initial: bool = False) -> float:
+        """Read-only at the disk usage threshold, writable again below the low-water mark; the usage seen."""
         assert self.core is not None
         usage = self._disk_usage()
         if not self.core.readonly and usage >= self.config.disk_usage_threshold:
             self._set_readonly(True, f"disk usage {usage:.1%} >= {self.config.disk_usage_threshold:.0%}")
         elif self.core.readonly and usage < self.config.disk_usage_lwm and not self.failed:
             self._set_readonly(False, f"disk usage {usage:.1%} < {self.config.disk_usage_lwm:.0%}")
+        return usage
 
     def _set_readonly(self, readonly: bool, why: str) -> None:
         assert self.core is not None
@@ -568,18 +570,16 @@ class Bookie:
         self._registered_readonly = readonly
 
     async def _disk_check(self) -> None:
-        self._update_readonly()
-        if self.restart_when_space and not self.restart_requested:
-            usage = self._disk_usage()
-            if usage < self.config.disk_usage_lwm:
-                log.warning(
-                    "bookie=%s the disk has room again (%.1f%% used): restarting to reopen storage and replay "
-                    "the journal",
-                    self.config.id,
-                    usage * 100,
-                )
-                self.restart_requested = True
-                self.stop_requested.set()
+        usage = self._update_readonly()
+        if self.restart_when_space and not self.restart_requested and usage < self.config.disk_usage_lwm:
+            log.warning(
+                "bookie=%s the disk has room again (%.1f%% used): restarting to reopen storage and replay the "
+                "journal",
+                self.config.id,
+                usage * 100,
+            )
+            self.restart_requested = True
+            self.stop_requested.set()
 
     async def checkpoint(self) -> None:
         """Flush ledger storage, then let the journal forget what storage now holds."""
