@@ -17,6 +17,7 @@ run: bootstrap
 lint: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo .importlinter
 
 typecheck: bootstrap
 	$(VENV)/bin/mypy
