@@ -7,6 +7,7 @@ rh = await bk.open_ledger(lh.ledger_id, password=b"secret", recovery=True)
 """
 
 from bookie.entryformat import DigestType
+from zk.ledger_metadata import LedgerState
 
 from .client import BookKeeper, ClientConfig, EntryBatch, LedgerEntry, LedgerHandle
 from .errors import (
@@ -38,6 +39,7 @@ __all__ = [
     "LedgerFencedError",
     "LedgerHandle",
     "LedgerRecoveryError",
+    "LedgerState",
     "MetadataStoreError",
     "MetadataVersionError",
     "NoSuchEntryError",

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from bookie import protocol as p
 from bookie.entryformat import DigestMismatchError as _RawDigestMismatch
 from bookie.entryformat import DigestType, EntryCodec, peek_header
+from zk.ledger_metadata import LedgerState
 
 from . import errors as E
 from .bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool, Security, client_tls_context
@@ -351,7 +352,7 @@ class BookKeeper:
         if not md.check_password(password):
             raise E.UnauthorizedError(f"wrong password for ledger {ledger_id}", ledger_id=ledger_id)
         lh = LedgerHandle(self, versioned, password, writer=False)
-        if md.state.value == "CLOSED":
+        if md.state is LedgerState.CLOSED:
             lh._lac = md.last_entry_id
             return lh
         if recovery:
@@ -472,7 +473,7 @@ class LedgerHandle:
 
     @property
     def is_closed(self) -> bool:
-        return self.metadata.state.value == "CLOSED"
+        return self.metadata.state is LedgerState.CLOSED
 
     # -- writing ------------------------------------------------------------------------------------------
     async def append(self, data: bytes) -> int:
@@ -881,7 +882,7 @@ class LedgerHandle:
                     fresh = await _meta(
                         functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
                     )
-                    ev = ensemble_change_event(fresh.value.state.value)
+                    ev = ensemble_change_event(fresh.value.state)
                     if ev is HandleEvent.FENCED:
                         self._apply(
                             pipe.fail(
@@ -975,7 +976,7 @@ class LedgerHandle:
         lac, length = pipe.lac, pipe.length
         while True:
             current = self._versioned
-            ev = writer_close_event(current.value.state.value, current.value.last_entry_id, lac)
+            ev = writer_close_event(current.value.state, current.value.last_entry_id, lac)
             if ev is None:
                 try:
                     self._versioned = await _meta(
@@ -1123,7 +1124,7 @@ class LedgerHandle:
                 if bad is not None:
                     if stop_on_missing and bad.missing:
                         return
-                    if not final and self.metadata.state.value != "CLOSED":
+                    if not final and self.metadata.state is not LedgerState.CLOSED:
                         raise _RefreshAndRetry(eid)
                     raise reader.error(bad)
                 reader.more(eid)
@@ -1136,13 +1137,13 @@ class LedgerHandle:
         fresh = await _meta(functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id)
         if fresh.version > self._versioned.version:
             self._versioned = fresh
-            if self._pipe is None and fresh.value.state.value == "CLOSED":
+            if self._pipe is None and fresh.value.state is LedgerState.CLOSED:
                 self._lac = max(self._lac, fresh.value.last_entry_id)
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the last ensemble for its LAC (max over a coverage set of answers); never goes backwards."""
         md = self.metadata
-        if md.state.value == "CLOSED":
+        if md.state is LedgerState.CLOSED:
             self._lac = max(self._lac, md.last_entry_id)
             return self.last_add_confirmed
         bookies = md.last_ensemble.bookies
@@ -1224,14 +1225,14 @@ class LedgerHandle:
                     yield e
                 nxt = lac + 1
                 continue
-            if self.metadata.state.value == "CLOSED" and nxt > self.metadata.last_entry_id:
+            if self.metadata.state is LedgerState.CLOSED and nxt > self.metadata.last_entry_id:
                 return
             await self.wait_for_lac(lac, poll_timeout_s)
             if self.last_add_confirmed == lac:
                 self._versioned = await _meta(
                     functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
                 )
-                if self.metadata.state.value == "CLOSED":
+                if self.metadata.state is LedgerState.CLOSED:
                     self._lac = max(self._lac, self.metadata.last_entry_id)
 
     # -- recovery -----------------------------------------------------------------------------------------
@@ -1257,7 +1258,7 @@ class LedgerHandle:
         # 1. OPEN -> IN_RECOVERY (CAS), or proceed, or nothing to do.
         while True:
             md = self._versioned.value
-            decision = recovery_metadata_decision(md.state.value)
+            decision = recovery_metadata_decision(md.state)
             if decision == "already_closed":
                 self._lac = md.last_entry_id
                 return
@@ -1266,7 +1267,10 @@ class LedgerHandle:
             try:
                 self._versioned = await _meta(
                     functools.partial(
-                        self.bk.ledgers.write, self.ledger_id, md.with_state("IN_RECOVERY"), self._versioned
+                        self.bk.ledgers.write,
+                        self.ledger_id,
+                        md.with_state(LedgerState.IN_RECOVERY),
+                        self._versioned,
                     ),
                     self.ledger_id,
                 )
@@ -1288,7 +1292,7 @@ class LedgerHandle:
         while True:
             cur = self._versioned.value
             d = recovery_close_decision(
-                current_state=cur.state.value,
+                current_state=cur.state,
                 current_last_entry_id=cur.last_entry_id,
                 current_length=cur.length,
                 last_entry_id=close.last_entry_id,
@@ -1303,7 +1307,7 @@ class LedgerHandle:
             from zk import Ensemble
 
             new = cur.replace(
-                state="CLOSED",
+                state=LedgerState.CLOSED,
                 last_entry_id=close.last_entry_id,
                 length=close.length,
                 ensembles=tuple(Ensemble(s.first_entry_id, tuple(s.bookies)) for s in close.ensembles),

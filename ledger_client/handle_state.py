@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import enum
 
+from zk.ledger_metadata import LedgerState
+
 from .errors import (
     IllegalStateTransitionError,
     LedgerClosedError,
@@ -46,6 +48,7 @@ __all__ = [
     "HandleState",
     "HandleStateMachine",
     "ensemble_change_event",
+    "ledger_state",
     "transition",
     "writer_close_event",
 ]
@@ -181,35 +184,41 @@ class HandleStateMachine:
         return f"HandleStateMachine({self.state.name}, error={self.error!r})"
 
 
+def ledger_state(found_state: LedgerState | str) -> LedgerState:
+    """The metadata state ``found_state`` (a ``LedgerState`` or its string value) as a ``LedgerState``."""
+    try:
+        return LedgerState(found_state)
+    except ValueError:
+        raise IllegalStateTransitionError(f"unknown ledger state {found_state!r}") from None
+
+
 def writer_close_event(
-    found_state: str, found_last_entry_id: int, our_last_add_confirmed: int
+    found_state: LedgerState | str, found_last_entry_id: int, our_last_add_confirmed: int
 ) -> HandleEvent | None:
     """What the writer's close makes of the metadata it (re-)read.
 
     ``None``: the ledger is OPEN — CAS it to CLOSED(our LAC, length) now; on success feed ``CLOSE_DONE``, on a
     version conflict re-read and ask again. Otherwise the event to feed (the metadata is left alone).
     """
-    if found_state == "OPEN":
+    state = ledger_state(found_state)
+    if state is LedgerState.OPEN:
         return None
-    if found_state == "IN_RECOVERY":
+    if state is LedgerState.IN_RECOVERY:
         return HandleEvent.CLOSE_FOUND_IN_RECOVERY
-    if found_state == "CLOSED":
-        if found_last_entry_id == our_last_add_confirmed:
-            return HandleEvent.CLOSE_FOUND_CLOSED_SAME
-        return HandleEvent.CLOSE_FOUND_CLOSED_OTHER
-    raise IllegalStateTransitionError(f"unknown ledger state {found_state!r}")
+    if found_last_entry_id == our_last_add_confirmed:
+        return HandleEvent.CLOSE_FOUND_CLOSED_SAME
+    return HandleEvent.CLOSE_FOUND_CLOSED_OTHER
 
 
-def ensemble_change_event(found_state: str) -> HandleEvent | None:
+def ensemble_change_event(found_state: LedgerState | str) -> HandleEvent | None:
     """What a writer's ensemble change makes of the metadata it (re-)read.
 
     ``None``: OPEN — CAS the new segment now (also check the failed bookies are still in the last segment);
     on success feed ``ENSEMBLE_CHANGE_DONE``. Otherwise the event to feed.
     """
-    if found_state == "OPEN":
+    state = ledger_state(found_state)
+    if state is LedgerState.OPEN:
         return None
-    if found_state == "IN_RECOVERY":
+    if state is LedgerState.IN_RECOVERY:
         return HandleEvent.FENCED
-    if found_state == "CLOSED":
-        return HandleEvent.FOUND_CLOSED
-    raise IllegalStateTransitionError(f"unknown ledger state {found_state!r}")
+    return HandleEvent.FOUND_CLOSED

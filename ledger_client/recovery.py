@@ -74,6 +74,7 @@ from typing import Literal, NamedTuple, Protocol
 
 from bookie.entryformat import peek_header
 from bookie.protocol import Status
+from zk.ledger_metadata import LedgerState
 
 from .errors import (
     IllegalStateTransitionError,
@@ -573,7 +574,7 @@ class LedgerRecovery:
 RecoveryStart = Literal["mark_in_recovery", "proceed", "already_closed"]
 
 
-def recovery_metadata_decision(state: str) -> RecoveryStart:
+def recovery_metadata_decision(state: LedgerState | str) -> RecoveryStart:
     """What a recovering opener does with the ledger metadata it just read.
 
     - ``OPEN`` → ``"mark_in_recovery"``: CAS OPEN→IN_RECOVERY (on a version conflict re-read and ask again),
@@ -582,13 +583,15 @@ def recovery_metadata_decision(state: str) -> RecoveryStart:
       close CAS makes concurrent recoverers converge.
     - ``CLOSED`` → ``"already_closed"``: use the metadata's last_entry_id; nothing to recover.
     """
-    if state == "OPEN":
+    try:
+        found = LedgerState(state)
+    except ValueError:
+        raise IncorrectParameterError(f"unknown ledger state {state!r}") from None
+    if found is LedgerState.OPEN:
         return "mark_in_recovery"
-    if state == "IN_RECOVERY":
+    if found is LedgerState.IN_RECOVERY:
         return "proceed"
-    if state == "CLOSED":
-        return "already_closed"
-    raise IncorrectParameterError(f"unknown ledger state {state!r}")
+    return "already_closed"
 
 
 class CloseDecision(NamedTuple):
@@ -600,7 +603,12 @@ class CloseDecision(NamedTuple):
 
 
 def recovery_close_decision(
-    *, current_state: str, current_last_entry_id: int, current_length: int, last_entry_id: int, length: int
+    *,
+    current_state: LedgerState | str,
+    current_last_entry_id: int,
+    current_length: int,
+    last_entry_id: int,
+    length: int,
 ) -> CloseDecision:
     """How to close after recovery, given the metadata as (re-)read.
 
@@ -608,8 +616,8 @@ def recovery_close_decision(
     CLOSED → another recoverer won the first CAS: adopt its last_entry_id and length, so all converge
     (§10.6). OPEN cannot happen (metadata never goes back to OPEN): LedgerRecoveryError.
     """
-    if current_state == "IN_RECOVERY":
+    if current_state == LedgerState.IN_RECOVERY:
         return CloseDecision("write", last_entry_id, length)
-    if current_state == "CLOSED":
+    if current_state == LedgerState.CLOSED:
         return CloseDecision("adopt", current_last_entry_id, current_length)
     raise LedgerRecoveryError(f"ledger is {current_state} while closing after recovery")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from zk.ledger_metadata import Ensemble, LedgerMetadata
+from zk.ledger_metadata import Ensemble, LedgerMetadata, LedgerState
 
 __all__ = ["Fragment", "lost_fragments", "swapped"]
 
@@ -45,7 +45,7 @@ def lost_fragments(md: LedgerMetadata, bookie: str) -> list[Fragment]:
     """Every fragment of a CLOSED ledger that ``bookie`` is in, with the entries it stored (maybe none); of an
     OPEN ledger only the sealed ones (every ensemble but the last, whose entries were all acknowledged before the
     writer changed ensemble). A ledger IN_RECOVERY has none: its recoverer decides where it ends."""
-    if md.state.value == "IN_RECOVERY":
+    if md.state is LedgerState.IN_RECOVERY:
         raise ValueError(f"ledger {md.ledger_id} is IN_RECOVERY: it is re-replicated once closed")
     out = []
     ens = md.ensembles
