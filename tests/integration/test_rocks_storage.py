@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -285,7 +287,7 @@ def test_what_deleting_a_ledger_reads(tmp_path: Path, mode: str) -> None:
         pytest.skip(
             "no direct I/O here: compaction reads come from the page cache and /proc/self/io misses them"
         )
-    s = RocksLedgerStorage(tmp_path / "db", blob_files=mode)
+    s = RocksLedgerStorage(tmp_path / "db", blob_files=mode, direct_io=True)
     data = 0
     for lid in (1, 2):
         for batch in range(10):
@@ -604,3 +606,39 @@ def test_closing_during_a_blob_garbage_pass_stops_it_and_loses_nothing(
     assert s.blob_garbage()[1] == 0
     assert s.get_range(1, 0, 59_999, 1 << 40) == [b"\x01" * 1000] * 60_000
     s.close()
+
+
+def _resident_bytes(paths: list[Path]) -> int:
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sum(map(int, out.split()))
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux fincore")
+@pytest.mark.parametrize("blob_files", ["on", "off"])
+def test_flushed_entries_stay_in_the_page_cache(tmp_path: Path, blob_files: str) -> None:
+    """Flushes write through the page cache (synced as they go), so the first read after a write reads memory;
+    with ``direct_io`` they bypass it and the first read goes to the disk."""
+    if not _supports_direct_io(tmp_path):
+        pytest.skip("a memory filesystem: everything is in memory, with or without direct I/O")
+    entries = 4000
+    for direct, where in ((False, tmp_path / "cached"), (True, tmp_path / "direct")):
+        s = RocksLedgerStorage(where, blob_files=blob_files, direct_io=direct)
+        for first in range(0, entries, 500):
+            rows = [(7, e, bytes([e % 251]) * 1000) for e in range(first, first + 500)]
+            s.write(rows, [(7, LedgerInfo(KEY))])
+        s.flush()
+        files = [f for f in where.iterdir() if f.suffix in (".sst", ".blob")]
+        stored = sum(f.stat().st_size for f in files)
+        assert stored >= entries * 1000, (stored, files)
+        resident = _resident_bytes(files)
+        if direct:
+            assert resident <= stored // 10, f"{resident} of {stored} bytes cached after a direct-I/O flush"
+        else:
+            assert resident >= stored * 9 // 10, f"only {resident} of {stored} bytes cached after the flush"
+        assert s.get_range(7, 0, entries - 1, 1 << 30) == [bytes([e % 251]) * 1000 for e in range(entries)]
+        s.close()
