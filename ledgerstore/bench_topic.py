@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import uuid
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -135,7 +136,7 @@ def _produce(
 def _consume(url: str, topic: str, total: int, received: Any, ready: Any, out: Any) -> None:
     """Consume on the Shared subscription ``bench`` until the consumers together received ``total`` messages
     (``received``, shared between the processes) or nothing arrives for 30 s; put (received, latencies ms,
-    CPU seconds) on ``out``.
+    CPU seconds, receive times) on ``out``.
 
     What a Pulsar user does: ``receive`` and ``acknowledge`` each message, in as many processes as it takes to
     keep up. Latency of a message: the time ``receive`` returned it minus its publish time (same machine
@@ -149,7 +150,8 @@ def _consume(url: str, topic: str, total: int, received: Any, ready: Any, out: A
         )
         ready.release()
         receive, acknowledge, clock = consumer.receive, consumer.acknowledge, time.time
-        lat: list[float] = []
+        lat = array("d")  # per message: latency ms, and (in `at`) its receive time (for the trace)
+        at = array("d")
         got = unreported = 0
         cpu0 = time.process_time()
         idle_since = time.monotonic()
@@ -163,7 +165,9 @@ def _consume(url: str, topic: str, total: int, received: Any, ready: Any, out: A
                 if time.monotonic() - idle_since > 30:
                     break
                 continue
-            lat.append(clock() * 1000 - m.publish_timestamp())
+            now = clock()
+            at.append(now)
+            lat.append(now * 1000 - m.publish_timestamp())
             acknowledge(m)
             got += 1
             unreported += 1
@@ -172,7 +176,7 @@ def _consume(url: str, topic: str, total: int, received: Any, ready: Any, out: A
                 with received.get_lock():
                     received.value += unreported
                 unreported = 0
-        out.put(("consumed", got, lat, time.process_time() - cpu0))
+        out.put(("consumed", got, lat, time.process_time() - cpu0, at))
     finally:
         c.close()
 
@@ -184,6 +188,71 @@ def _stored_messages(admin_url: str, topic: str) -> int:
     path = topic.replace("persistent://", "persistent/")
     with urllib.request.urlopen(f"{admin_url}/admin/v2/{path}/partitioned-stats", timeout=30) as r:
         return int(json.loads(r.read())["msgInCounter"])
+
+
+# -- latency over time ----------------------------------------------------------------------------------------
+
+
+def latency_trace(
+    samples: list[tuple[Any, Any]], t0: float, window_s: float = 0.1, worst: int = 3
+) -> dict[str, Any]:
+    """Where in a run the latency was: ``samples`` holds per consumer (receive times in s, latencies in ms),
+    ``t0`` is the run's start. Returns the ``worst`` windows of ``window_s`` by their highest latency, as
+    [offset s, max ms, messages received in the window], and the longest time between two consecutive
+    receives of all consumers (``max_gap_ms`` at ``gap_at_s``): a stall of delivery shows as both."""
+    if window_s <= 0 or worst < 1:
+        raise ValueError("need window_s > 0 and worst >= 1")
+    peak: dict[int, float] = {}
+    count: dict[int, int] = {}
+    times: list[float] = []
+    for at, lat in samples:
+        if len(at) != len(lat):
+            raise ValueError(f"{len(at)} receive times for {len(lat)} latencies")
+        times.extend(at)
+        for t, ms in zip(at, lat, strict=True):
+            w = int((t - t0) / window_s)
+            count[w] = count.get(w, 0) + 1
+            if ms > peak.get(w, -1e18):
+                peak[w] = ms
+    top = sorted(peak, key=lambda w: peak[w], reverse=True)[:worst]
+    out: dict[str, Any] = {
+        "worst_windows": [[round(w * window_s, 2), round(peak[w], 1), count[w]] for w in sorted(top)]
+    }
+    times.sort()
+    gap, gap_at = 0.0, t0
+    for a, b in zip(times, times[1:], strict=False):
+        if b - a > gap:
+            gap, gap_at = b - a, a
+    out["max_gap_ms"] = round(gap * 1000, 1)
+    out["gap_at_s"] = round(gap_at - t0, 2)
+    return out
+
+
+#: Log lines worth showing beside a run's latency: warnings, stalls and the storage's own events.
+_EVENT_WORDS = ("WARNING", "ERROR", "stall", "rolled over", "rotat", "flush", "compact", "checkpoint")
+
+
+def log_events(paths: list[Any], start: float, end: float, limit: int = 20) -> list[str]:
+    """The lines of the processes' logs (``YYYY-MM-DD HH:MM:SS,mmm LEVEL …``, local time) stamped between
+    ``start`` and ``end`` (epoch seconds) that name a warning or a storage event, each prefixed with its
+    offset from ``start`` and its file's name; at most ``limit``, the earliest first."""
+    found: list[tuple[float, str]] = []
+    for path in paths:
+        try:
+            text = open(path, errors="replace").read()  # noqa: SIM115 - read at once
+        except OSError:
+            continue
+        name = os.path.basename(str(path))
+        for line in text.splitlines():
+            if len(line) < 23 or not any(w in line for w in _EVENT_WORDS):
+                continue
+            try:
+                ts = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
+            except ValueError:
+                continue
+            if start <= ts <= end:
+                found.append((ts, f"+{ts - start:.2f}s {name}: {line[24:][:160]}"))
+    return [text for _ts, text in sorted(found)[:limit]]
 
 
 # -- the benchmark ----------------------------------------------------------------------------------------------
@@ -207,7 +276,13 @@ def _create_topic(zk: str, zk_root: str, topic: str, partitions: int) -> None:
 
 
 def _phase(
-    url: str, topic: str, args: argparse.Namespace, rate: float, consume: bool, pids: dict[str, int]
+    url: str,
+    topic: str,
+    args: argparse.Namespace,
+    rate: float,
+    consume: bool,
+    pids: dict[str, int],
+    logs: list[Any],
 ) -> dict[str, Any]:
     """One run: producers (and with ``consume`` one consumer process per partition) on a fresh ``topic``."""
     from ledgerstore.bench import cpu_meter
@@ -266,6 +341,12 @@ def _phase(
             row["p50_ms"] = round(lat[len(lat) // 2], 1)
             row["p99_ms"] = round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 1)
             row["max_ms"] = round(lat[-1], 1)
+            t0 = min(r[3] for r in produced)
+            trace = latency_trace([(r[4], r[2]) for r in results if r[0] == "consumed"], t0)
+            row.update(trace)
+            events = log_events(logs, t0 - 1.0, time.time())
+            if events:
+                print("  events in the run's logs:\n    " + "\n    ".join(events), file=sys.stderr)
     return row
 
 
@@ -276,10 +357,14 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for k in runs[0]:
         values = [r[k] for r in runs if k in r]
+        if isinstance(values[0], list):  # the latency trace's windows: every run's
+            row[f"runs_{k}"] = values
+            continue
         row[k] = statistics.median(values) if len(values) > 1 else values[0]
     row["runs_msg_per_s"] = [r["msg_per_s"] for r in runs]
     if "p99_ms" in runs[0]:
         row["runs_p99_ms"] = [r.get("p99_ms") for r in runs]
+        row["runs_max_gap_ms"] = [r.get("max_gap_ms") for r in runs]
     return row
 
 
@@ -299,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         pids: dict[str, int] = {}
         admin_url: str | None = None
+        logs: list[Any] = []  # the broker's and bookies' logs, for the events beside the latency
         if args.service_url:
             url, zk, root = args.service_url, args.zk, args.zk_root
         else:
@@ -324,11 +410,12 @@ def run(args: argparse.Namespace) -> int:
                 pids["broker"] = bp.proc.pid
             pids.update({f"bookie{i}": b.proc.pid for i, b in enumerate(bookies) if b.proc})
             admin_url = f"http://127.0.0.1:{bp.http_port}"
+            logs = [tmp / "broker.log", *(b.log_path for b in bookies if b.log_path)]
 
         def one_run(rate: float, consume: bool) -> dict[str, Any]:
             topic = f"persistent://public/default/bench-{uuid.uuid4().hex[:8]}"
             _create_topic(zk, root, topic, args.partitions)
-            row = _phase(url, topic, args, rate, consume, pids)
+            row = _phase(url, topic, args, rate, consume, pids, logs)
             if admin_url:  # what the broker stored, counted by the broker: the producers' figure checked
                 stored = _stored_messages(admin_url, topic)
                 if stored != row["acked"]:

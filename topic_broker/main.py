@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,6 +43,38 @@ CONFIG_VALUES_PATHS = ("/admin/v2/brokers/configuration/values", "/admin/v2/brok
 GC_THRESHOLD_GEN0 = 50_000
 
 
+#: An event-loop iteration or a garbage collection longer than this is logged (a stall of delivery).
+STALL_LOG_S = 0.1
+_gc_started = [0.0]
+
+
+def _gc_watch(phase: str, info: dict[str, int]) -> None:
+    """``gc.callbacks``: log a collection that held the interpreter for longer than ``STALL_LOG_S``."""
+    if phase == "start":
+        _gc_started[0] = time.perf_counter()
+        return
+    took = time.perf_counter() - _gc_started[0]
+    if took > STALL_LOG_S:
+        log.warning(
+            "stall: gc of generation %d took %.0f ms (%d collected)",
+            info.get("generation", -1),
+            took * 1000,
+            info.get("collected", 0),
+        )
+
+
+async def _loop_watch(interval_s: float = 0.02) -> None:
+    """Log when the event loop wakes this task up more than ``STALL_LOG_S`` late: something held the loop
+    (a long callback, a collection) or the process got no CPU, and no frame went out meanwhile."""
+    clock = time.monotonic
+    while True:
+        t = clock()
+        await asyncio.sleep(interval_s)
+        late = clock() - t - interval_s
+        if late > STALL_LOG_S:
+            log.warning("stall: the event loop was %.0f ms late", late * 1000)
+
+
 async def serve(
     config: BrokerConfig, stop: asyncio.Event | None = None, settings: Effective | None = None
 ) -> int:
@@ -59,6 +93,8 @@ async def serve(
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD_GEN0, 20, 20)
+    gc.callbacks.append(_gc_watch)
+    watch = asyncio.get_running_loop().create_task(_loop_watch())
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -66,6 +102,8 @@ async def serve(
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    watch.cancel()
+    gc.callbacks.remove(_gc_watch)
     await admin.stop()
     await server.stop()
     await service.stop()
@@ -211,7 +249,16 @@ def run(args: argparse.Namespace) -> int:
         log.error("broker: %s", e)
         return 2
     install_uvloop()
-    return asyncio.run(serve(config, settings=settings))
+    profile = os.environ.get("LEDGERSTORE_BROKER_PROFILE")
+    if not profile:
+        return asyncio.run(serve(config, settings=settings))
+    import cProfile  # a cProfile of the whole run, written at exit (the bookie's is LEDGERSTORE_PROFILE)
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(asyncio.run, serve(config, settings=settings))
+    finally:
+        prof.dump_stats(profile)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
