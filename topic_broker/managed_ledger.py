@@ -378,6 +378,8 @@ class ManagedLedger:
         self._entry_messages: dict[int, array[int]] = {}
         self._current_failed = False
         self._cache = EntryCache(config.entry_cache_bytes)
+        #: (current ledger, its last entry acknowledged and handed to its callback): what read_cached serves up to
+        self._added = (current.ledger_id, current.last_add_confirmed)
         self._state = _OPEN
         self._fence_reason = ""
         self._submit_lock = asyncio.Lock()  # FIFO: appends are sent in call order; rollover holds it
@@ -549,6 +551,8 @@ class ManagedLedger:
         def added(entry_id: int, error: LE.LedgerError | None) -> None:
             if error is None:
                 put(ledger_id, entry_id, entry)
+                if ledger_id == self._added[0]:
+                    self._added = (ledger_id, entry_id)
                 callback(Position(ledger_id, entry_id), None)
             else:
                 callback(None, self._write_failed(ledger_id, error))
@@ -601,6 +605,7 @@ class ManagedLedger:
             if closed.entries > 0:
                 self._entry_messages[closed.ledger_id] = self._current_messages[: closed.entries]
             self._current = new
+            self._added = (new.ledger_id, -1)
             self._current_created_s = self._clock()
             self._current_entries = self._current_size = 0
             self._current_messages = array("I")
@@ -682,6 +687,25 @@ class ManagedLedger:
                     raise ManagedLedgerError(f"read of ledger {lid} failed: {e}", ml_name=self.name) from e
             pos = view.resolve(Position(lid, last + 1))
         return out
+
+    def read_cached(
+        self, start: Position, max_entries: int
+    ) -> tuple[list[tuple[Position, bytes]], bool] | None:
+        """A read at the tail served at once, without a task: up to ``max_entries`` entries of the current
+        ledger from ``start`` on, as far as their appends are acknowledged, all from the cache; with True
+        when they reach the last acknowledged entry (``([], True)`` when ``start`` is just past it). None
+        when the read must take :meth:`read_entries` (another ledger, an entry not cached, not open)."""
+        lid, last = self._added
+        if start[0] != lid or self._state != _OPEN or max_entries <= 0:
+            return None
+        first = start[1]
+        if first > last:
+            return ([], True) if first == last + 1 else None
+        end = min(last, first + min(max_entries, DEFAULT_READ_ENTRIES_MAX) - 1)
+        out: list[tuple[Position, bytes]] = []
+        if self._cache.take(lid, first, end, out) <= end:
+            return None
+        return out, end == last
 
     async def read_entry(self, pos: Position) -> bytes:
         got = await self.read_entries(pos, 1)

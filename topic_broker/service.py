@@ -361,7 +361,11 @@ class SubscriptionRuntime:
         return c.sub_key
 
     def execute(self, cmds: list[Command]) -> None:
-        for cmd in cmds:
+        work = cmds
+        i = 0
+        while i < len(work):
+            cmd = work[i]
+            i += 1
             if isinstance(cmd, Deliver):
                 c = self._by_key.get(cmd.consumer_id)
                 if c is None:
@@ -377,7 +381,17 @@ class SubscriptionRuntime:
                     self.topic.key, self.name, entry.num_messages, len(entry.data) if entry.data else 0
                 )
             elif isinstance(cmd, Read):
-                self.topic.service.spawn(self._read(cmd))
+                # At the tail the entries are in the cache: dispatched now, not by a task per read
+                cached = self.topic.ml.read_cached(Position(*cmd.start), cmd.max_entries)
+                if cached is None:
+                    self.topic.service.spawn(self._read(cmd))
+                    continue
+                got, at_end = cached
+                nxt = Position(got[-1][0][0], got[-1][0][1] + 1) if got else cmd.start
+                entries = [_dispatch_entry(p, d) for p, d in got if not self._acked(p)]
+                if work is cmds:
+                    work = list(cmds)
+                work += self.core.on_read(cmd.epoch, entries, nxt, at_end=at_end)
             elif isinstance(cmd, ReadReplay):
                 self.topic.service.spawn(self._read_replay(cmd))
             elif isinstance(cmd, ActiveConsumerChanged):
