@@ -32,7 +32,8 @@ log = logging.getLogger("ledgerstore.bookie.gc")
 
 DEFAULT_GC_DELETIONS_MAX = 1000  # ledgers deleted per pass at most
 # Ledgers deleted in one storage call: one RocksDB write batch of range deletes and at most one compaction. One
-# compaction per ledger flushed a memtable each time: 10k fenced-only ledgers took 52 s to collect.
+# compaction per ledger flushed a memtable each time (docs/benchmarks-history.md, "Deleting ledgers in
+# batches").
 DELETE_BATCH = 256
 VERIFY_CHUNK = 64  # candidates whose znodes are read in one worker-thread call
 

@@ -52,8 +52,8 @@ and deleting segments is finished on the next start.
 Recycling
 ---------
 Writing into blocks a file already has is much cheaper than growing a file: each fdatasync of a growing file
-also commits the filesystem's allocation metadata (measured on this VM's ext4: 64 KiB writes + fdatasync
-262 -> 412 MB/s, 256 KiB 474 -> 816 MB/s, 4 MiB 684 -> 1079 MB/s). So a checkpoint does not delete segments it
+also commits the filesystem's allocation metadata (measured on ext4 for 64 KiB to 4 MiB writes + fdatasync:
+docs/benchmarks-history.md, "Journal segments written over"). So a checkpoint does not delete segments it
 no longer needs: it renames up to ``reuse_segments`` of them to ``<seq>-<unique>.free``, and a rotation renames a free
 file to the new segment's name, overwrites its header and writes records over the old ones (BookKeeper's
 ``journalReuseFiles``). What lies beyond the last record is then an older segment's data, not end-of-file:
@@ -82,9 +82,9 @@ Every batch ends with a PADDING record that makes it end on a 4 KiB boundary (Bo
 ``journalAlignmentSize``), so every batch after a segment's first starts on one too. Without it a batch ends
 mid-page: its fdatasync writes that page, and the next batch writes it again; and when the file is a recycled
 one whose old pages are no longer cached, ``pwrite`` first *reads* the old page it only partly overwrites,
-synchronously, on the journal's critical path (traced under load: ~150 such 4 KiB reads per second per
-bookie, ~1 ms each). Measured with three journal-like writers beside three storage-like ones on this VM: 422
--> 524 MB/s of journal writes, fsync p50 2.4 -> 1.8 ms. The cost is under 4 KiB per batch.
+synchronously, on the journal's critical path (a block-layer trace under load found them). Three journal-like
+writers beside three storage-like ones wrote more and synced faster with the padding
+(docs/benchmarks-history.md, "Where the disk's time goes"). The cost is under 4 KiB per batch.
 
 Group commit
 ------------
@@ -100,8 +100,9 @@ record. The commit adapts to the load, with no fixed timer (BookKeeper's ``journ
   and the batch size follows the fsync time.
 * **Under load** (the last batch held ``LOADED_BATCH_BYTES`` or more), both wait until the oldest record has
   waited ``max_wait_ms`` (one ``call_at`` timer): batches of a loaded journal gather what a few loop iterations
-  bring, so fewer fsyncs share the disk and the CPU (measured: without it, 10 % more bookie CPU per entry and a
-  lower rate with many appends in flight on a busy machine, docs/BENCHMARKS.md). Light traffic never waits.
+  bring, so fewer fsyncs share the disk and the CPU (without it, more bookie CPU per entry and a lower rate with
+  many appends in flight on a busy machine: docs/benchmarks-history.md, "Low-load latency and appends written
+  the obvious way" and "A lone add with the journal written ahead"). Light traffic never waits.
 * ``flush_bytes`` buffered start a batch at once (when the writer is idle).
 
 A batch is written (``pwrite`` + ``fdatasync``, which release the GIL) by a dedicated single-thread executor,
@@ -230,8 +231,9 @@ _TYPES: dict[int, RecordType] = {int(t): t for t in RecordType}
 
 
 # Freeing a whole segment's extents at once makes one big filesystem-journal commit, and every journal fdatasync
-# that needs a commit (each one that grows the segment being written) waits behind it: measured on this VM's
-# ext4, each checkpoint's unlink of ~1 GiB of segments stalled adds for ~100 ms. Shrinking a segment in steps
+# that needs a commit (each one that grows the segment being written) waits behind it: on ext4, each
+# checkpoint's unlink of ~1 GiB of segments stalled adds (docs/benchmarks-history.md, "Index column family,
+# direct I/O, blob files"). Shrinking a segment in steps
 # with a pause between them spreads that work over many small commits.
 DELETE_STEP_BYTES = 8 * 1024 * 1024
 DELETE_STEP_PAUSE_S = 0.005

@@ -27,8 +27,9 @@ one after writing striped ledgers means re-replicating them. A format 2 run must
 bitmap's lowest bit), else it is an error like any malformed value.
 One key per run instead of one per entry is most of what RocksDB costs per entry (the write batch, the memtable's
 skip list, the flush's per-record work, a blob record with its CRC32C and a blob reference in the SST): write +
-flush of 1 KiB entries measured 1.8-2.6 us per entry one key each, 1.3-1.4 in runs of 16-256. A read gets the
-run keyed by its entry's block's first id, and only when that run does not hold the entry (its block was
+flush of 1 KiB entries costs clearly less CPU per entry in runs of 16-256 than one key each
+(docs/benchmarks-history.md, "Entries stored in runs"). A read gets the run keyed by its entry's block's first
+id, and only when that run does not hold the entry (its block was
 written in pieces, or that id is not this bookie's) seeks backward (``seek_for_prev`` to the entry's key; a run
 starting more than 64 ids earlier cannot hold it, which bounds the scan when runs overlap, as re-added entries
 make them); it keeps the last ``RUNS_CACHED`` runs it decoded, so reading a ledger entry by entry reads each run
@@ -47,28 +48,30 @@ holds it.
 
 The index rows live in their own column family because every write batch rewrites them: in the entries' key
 space they would make every flushed SST span from its first entry key to the ``L`` rows, so all SSTs would
-overlap and RocksDB would merge-rewrite every entry again and again in compaction (measured: 3.1 GB of compaction
-writes for 1.9 GB of entries in 20 s). Alone, a ledger's entries arrive in key order, flushed SSTs do not overlap,
+overlap and RocksDB would merge-rewrite every entry again and again in compaction (measured:
+docs/benchmarks-history.md, "Index column family, direct I/O, blob files"). Alone, a ledger's entries arrive in
+key order, flushed SSTs do not overlap,
 and compaction moves them down without rewriting them.
 
 Entries of ``BLOB_MIN_BYTES`` or more are kept in RocksDB's blob files (BlobDB): a flush writes the values once,
 sequentially, into a blob file, and the SSTs hold only keys and blob references. Many ledgers written at once
 interleave in every memtable, so their SSTs do overlap and are compacted, but compaction then rewrites ~30-byte
-references instead of the entries (measured with 16 ledgers over 20 s: 1.6 GB of compaction writes without blob
-files, 24 MB with them). This is BookKeeper's entry-log design inside RocksDB: values in append-only files, an
-index beside them. It has a price: RocksDB checksums every blob record with a CRC32C, and rocksdict's build
-computes it in software (~1 GB/s), so a flush into blob files costs more CPU than a flush that keeps the values
-in the SST (measured, write and flush together per 1 KiB entry: one key per entry 3.6-4.2 against 2.2-2.5 us,
-in runs 1.3-1.4 against 0.7).
+references instead of the entries (with 16 ledgers written at once, a small fraction of the compaction writes
+without blob files: docs/benchmarks-history.md, "Index column family, direct I/O, blob files"). This is
+BookKeeper's entry-log design inside RocksDB: values in append-only files, an index beside them. It has a price:
+RocksDB checksums every blob record with a CRC32C, and rocksdict's build computes it in software, so a flush
+into blob files costs more CPU than a flush that keeps the values in the SST (write and flush together per 1 KiB
+entry, one key per entry and in runs: docs/benchmarks-history.md, "Where the CPU goes" and "Entries stored in
+runs").
 When a bookie is writing one ledger only, its flushed SSTs never overlap (keys rise) and compaction moves them
 down without rewriting them, so mode ``auto`` (``ValueSeparation``) puts values in blob files only while ledgers
 interleave: as soon as a second ledger is written, blob files are switched on (RocksDB's mutable option
 ``enable_blob_files``, applied from the next flush), and off again after two quiet windows in which only one
 ledger was written. Both kinds of files are read alike. ``auto`` is the default: deleting a ledger kept in the
 SSTs costs more (its range delete's compaction reads every entry again, where a blob file whose entries are all
-deleted is just removed), but with entries stored in runs it no longer costs more than it saves (measured,
-300k 1 KiB entries per ledger, write + flush and delete: in the SSTs 0.7 + 0.4 us per entry, in blob files
-1.3-1.8 + 0.01; one key per entry it was 2.5-2.8 + 2.1-2.4 against 3.4-3.9 + 0.5, and ``on`` was the default).
+deleted is just removed), but with entries stored in runs it no longer costs more than it saves over an entry's
+life (write + flush and delete: docs/benchmarks-history.md, "Entries stored in runs"); with one key per entry
+blob files were the cheaper, and ``on`` was the default).
 
 Deleting ledgers range-deletes their keys, a batch of ledgers in one durable write batch (all or none after a
 crash), and compacts once per batch, over the span of those that held entries (``delete_ledgers``), so their SSTs
@@ -505,9 +508,10 @@ class BlobGarbagePolicy:
 
     RocksDB's own blob garbage collection is driven by age: with it on, every compaction relocates the live blobs
     of the oldest ``age cutoff`` of blob files, garbage or not. Ledgers written at once overlap in every flushed SST,
-    so compactions run all the time, and live entries were reread and rewritten over and over (measured, 4 ledgers
-    at once, 3/3/2: the compaction threads took 15 % of a core per bookie, 86.5k entries/s against 115.3k without
-    it). Garbage only appears when a ledger is deleted (or a run is replaced by a longer one), so, like
+    so compactions run all the time, and live entries were reread and rewritten over and over (with 4 ledgers at
+    once the compaction threads took a good part of a core per bookie, and the rate fell with it:
+    docs/benchmarks-history.md, "Entries stored in runs", several ledgers at once). Garbage only appears when a
+    ledger is deleted (or a run is replaced by a longer one), so, like
     BookKeeper's entry-log compaction, collection is driven by the share of garbage: a pass is due once the
     blob files' garbage is at least ``ratio`` of the bytes stored (blob files and SSTs: a pass rewrites both) and
     at least ``min_bytes``. A pass copies what is live, at most ``(1 - ratio) / ratio`` bytes per byte it frees
@@ -581,14 +585,16 @@ class RocksLedgerStorage:
         if flush_threads > 1:
             # RocksDB runs max(1, jobs / 4) memtable flushes at once. A flush writes its 128 KiB direct-I/O
             # requests one after another, so one flush thread is bounded by the disk's write latency: with the
-            # journal on its own device (``--journal-dir``), 3/3/2 at ~65k entries/s outran it and memtables
-            # piled up into write delays; two flush threads held the rate (docs/BENCHMARKS.md, 2026-11-22).
+            # journal on its own device (``--journal-dir``), 3/3/2 outran it and memtables piled up into write
+            # delays; two flush threads held the rate (docs/benchmarks-history.md, "Where the disk's time
+            # goes").
             opts.set_max_background_jobs(4 * flush_threads)
         opts.set_write_buffer_size(write_buffer_mb * 1024 * 1024)
         # Up to MEMTABLES_MAX memtables: one filling while others flush. RocksDB delays writes once all but one
         # are full, and rocksdict holds the GIL through a delayed write, so the whole bookie (loop and journal
         # thread) stops: with 4, direct-I/O flushes sharing the disk with the journal fell behind for moments
-        # and 0.2-0.8 s of delays per 16 s made adds take 40-70 ms in episodes; with 8, none in the same runs.
+        # and the delays made adds take tens of ms in episodes; with 8, none in the same runs
+        # (docs/benchmarks-history.md, "Index column family, direct I/O, blob files").
         opts.set_max_write_buffer_number(MEMTABLES_MAX)
         # Entries are opaque and usually incompressible (or compressed by the application): compressing them
         # on flush costs CPU the bookie's loop needs.
@@ -855,7 +861,8 @@ class RocksLedgerStorage:
         up on its own (``_run_at``), and entries an older version stored one key each are read one by one.
 
         The walk reads without RocksDB's block and blob checksums: rocksdict's build computes them in software,
-        ~2 us of the ~3 us a 2 KiB run costs to fetch from a blob file. What they guard is guarded anyway:
+        most of what a run costs to fetch from a blob file (docs/benchmarks-history.md, "Strided READ_RANGE for
+        Qw < E"). What they guard is guarded anyway:
         every entry carries a digest of its header and payload that the reader verifies (a damaged entry is a
         digest mismatch there, and the reader turns to another replica), and a damaged run header fails
         ``run_offsets`` (lengths that do not add up): INTERNAL. An entry the walk does not find is looked up
@@ -988,7 +995,8 @@ class RocksLedgerStorage:
         compact once, over the key range from the first to the last of them that held entries (none when none
         did: a ledger that was only fenced has an index row alone). The batch is atomic: after a crash every
         ledger of it is either whole or gone. One compaction per ledger cost a memtable flush each (the range
-        tombstone is in the memtable): 10k fenced-only ledgers took 52 s one by one (``gc.DELETE_BATCH``)."""
+        tombstone is in the memtable), so deleting many one by one took far longer (``gc.DELETE_BATCH``;
+        docs/benchmarks-history.md, "Deleting ledgers in batches")."""
         from rocksdict import WriteBatch
 
         ids = sorted(set(ledger_ids))

@@ -8,7 +8,8 @@ Modes:
 * ``bench limits``  — only the machine limits: 1 KiB append+fsync rate, sequential fsync'd write, loopback
   framed-message rate.
 
-Targets are in the issues; results and the commands that produced them go in docs/BENCHMARKS.md.
+Targets are in the issues; each benchmark's command and latest figures go in docs/BENCHMARKS.md, the figures
+they replace in docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ from zk.versioned import Versioned
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _DIGEST_V2 = re.compile(r"v2\$pbkdf2-sha256\$([1-9][0-9]{0,8})\$([0-9a-f]{32})\$([0-9a-f]{64})")
 
-#: PBKDF2 iterations of a version-2 password digest (about 40 ms of one core here). Each digest records its own
+#: PBKDF2 iterations of a version-2 password digest (its CPU cost: docs/benchmarks-history.md, "Password
+#: digests"). Each digest records its own
 #: count, so raising this later leaves existing ledgers readable. Every ``create_ledger`` pays it once; checks
 #: that passed are remembered per process (``_VERIFIED``), so reopening a ledger does not pay it again.
 PASSWORD_ITERATIONS = 100_000
