@@ -600,17 +600,18 @@ class RocksLedgerStorage:
         # on flush costs CPU the bookie's loop needs.
         opts.set_compression_type(DBCompressionType.none())
         # Reads of a ledger are mostly sequential (range reads, catch-up readers): let the kernel read ahead in
-        # SST and blob files rather than have RocksDB advise random access. A range read of entries just
-        # flushed (direct I/O: not in the page cache) went from 45-67 to 13-14 us per entry (1 KiB, E3/Qw2).
+        # SST and blob files rather than have RocksDB advise random access: a range read of entries just
+        # flushed costs a fraction of what it did (docs/benchmarks-history.md, "Strided READ_RANGE for Qw < E").
         opts.set_advise_random_on_open(False)
         # Flushes and compactions write through the page cache, syncing every FLUSH_SYNC_BYTES as they go
         # (sync_file_range): the entries just flushed stay cached, so the first read after a write (a catch-up
         # reader, a Spark scan, recovery) reads memory, not the disk. With direct I/O (``direct_io``, the default
-        # until 2026-11-27) that first read cost each bookie ~2x the CPU of a warm one (E3/Qw2, 200,000 x 1 KiB:
-        # 1.9-2.15 against 0.8-0.95 us per ledger entry, page-cache misses and read-ahead I/O in the kernel).
+        # until 2026-11-27) that first read cost each bookie far more CPU than a warm one (page-cache misses and
+        # read-ahead I/O in the kernel; docs/benchmarks-history.md, "Flushes through the page cache").
         # The incremental syncs keep a memtable flush from landing on the device as one 64 MiB burst at the
-        # SST's fsync (every journal fdatasync queued behind such a burst waited 30-100 ms); direct I/O in
-        # 128 KiB requests was the earlier answer to that (journal fsyncs over 10 ms ~6 % -> < 0.5 %).
+        # SST's fsync (every journal fdatasync queued behind such a burst waited for it); direct I/O in
+        # 128 KiB requests was the earlier answer to that (docs/benchmarks-history.md, "Index column family,
+        # direct I/O, blob files").
         if direct_io and _supports_direct_io(directory):
             opts.set_use_direct_io_for_flush_and_compaction(True)
             opts.set_writable_file_max_buffer_size(DIRECT_WRITE_BYTES)
