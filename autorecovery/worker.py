@@ -26,6 +26,7 @@ from bookie import protocol as p
 from bookie.entryformat import DigestType, EntryCodec
 from ledger_client import errors as E
 from ledger_client.client import BookKeeper, _meta
+from ledger_client.metadata import update_metadata
 from ledger_client.placement import choose_replacement
 from ledger_client.quorum import write_set
 from ledger_client.rereplication import lost_fragments, swapped
@@ -267,12 +268,12 @@ class ReplicationWorker:
 
         if out.replacements:
 
-            def transform(cur: LedgerMetadata) -> LedgerMetadata:
+            def transform(cur: LedgerMetadata) -> tuple[LedgerMetadata, None]:
                 for bookie, chosen in out.replacements.items():
                     cur = swapped(cur, bookie, chosen)
-                return cur
+                return cur, None
 
-            await _meta(functools.partial(self.bk.ledgers.update, lid, transform), lid)
+            await update_metadata(self.bk.ledgers, lid, transform)
         log.info(
             "ledger=%d re-replicated: %d entries copied, replaced %s, repaired %s",
             lid,

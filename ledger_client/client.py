@@ -34,12 +34,14 @@ from zk.ledger_metadata import LedgerState
 from . import errors as E
 from .bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool, Security, client_tls_context
 from .handle_state import (
+    EnsembleChangeStep,
     HandleEvent,
     HandleState,
     HandleStateMachine,
-    ensemble_change_event,
-    writer_close_event,
+    ensemble_change_transition,
+    writer_close_transition,
 )
+from .metadata import _meta, read_metadata, update_metadata
 from .pending import DEFAULT_OUTSTANDING_ADDS_MAX, Progress, WritePipeline
 from .placement import choose_ensemble, replace_failed
 from .quorum import CoverageSet, answer_for_status, validate_quorum, write_set
@@ -54,8 +56,8 @@ from .recovery import (
     RecoveryAdd,
     RecoveryFailed,
     RecoveryRead,
-    recovery_close_decision,
-    recovery_metadata_decision,
+    recovery_close_transition,
+    recovery_start_transition,
 )
 
 log = logging.getLogger("ledgerstore.client")
@@ -196,23 +198,6 @@ class EntryBatch:
         return map(LedgerEntry, itertools.repeat(self.ledger_id, n), range(first, first + n), self.payloads)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Metadata boundary: zk errors become ledger_client errors here and nowhere else.
-
-
-async def _meta(call: Callable[[], _T], ledger_id: int | None = None) -> _T:
-    import zk
-
-    try:
-        return await asyncio.to_thread(call)
-    except zk.MetadataNotFoundError as e:
-        raise E.NoSuchLedgerError(f"ledger {ledger_id} does not exist", ledger_id=ledger_id) from e
-    except zk.MetadataVersionError as e:
-        raise E.MetadataVersionError(str(e), ledger_id=ledger_id) from e
-    except zk.MetadataError as e:
-        raise E.MetadataStoreError(str(e), ledger_id=ledger_id) from e
-
-
 class BookKeeper:
     """Entry point: ``bk = await BookKeeper.connect("127.0.0.1:2181")``."""
 
@@ -347,7 +332,7 @@ class BookKeeper:
         return lh
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> LedgerHandle:
-        versioned = await _meta(functools.partial(self.ledgers.read, ledger_id), ledger_id)
+        versioned = await read_metadata(self.ledgers, ledger_id)
         md = versioned.value
         if not md.check_password(password):
             raise E.UnauthorizedError(f"wrong password for ledger {ledger_id}", ledger_id=ledger_id)
@@ -368,7 +353,7 @@ class BookKeeper:
         if password is None:
             await _meta(functools.partial(self.ledgers.delete, ledger_id), ledger_id)
             return
-        versioned = await _meta(functools.partial(self.ledgers.read, ledger_id), ledger_id)
+        versioned = await read_metadata(self.ledgers, ledger_id)
         if not await asyncio.to_thread(versioned.value.check_password, password):
             raise E.UnauthorizedError(f"wrong password for ledger {ledger_id}", ledger_id=ledger_id)
         await _meta(functools.partial(self.ledgers.delete, ledger_id, versioned.version), ledger_id)
@@ -377,7 +362,7 @@ class BookKeeper:
         return await _meta(self.ledgers.list)
 
     async def ledger_metadata(self, ledger_id: int) -> Any:
-        return (await _meta(functools.partial(self.ledgers.read, ledger_id), ledger_id)).value
+        return (await read_metadata(self.ledgers, ledger_id)).value
 
     async def close(self) -> None:
         if self._closed:
@@ -866,69 +851,31 @@ class LedgerHandle:
                 try:
                     new_bookies = await self.bk._replacements(pipe.ensemble, sorted(plan.failed_indices))
                     tried.add(tuple(new_bookies))
-                    current = self._versioned
-                    new_md = current.value.with_new_ensemble(plan.first_entry_id, new_bookies)
-                    written = await _meta(
-                        functools.partial(self.bk.ledgers.write, self.ledger_id, new_md, current),
-                        self.ledger_id,
+                    transition = functools.partial(
+                        ensemble_change_transition,
+                        first_entry_id=plan.first_entry_id,
+                        ensemble=pipe.ensemble,
+                        tried=frozenset(tried),
+                        new_bookies=new_bookies,
                     )
-                except E.NotEnoughBookiesError as e:
-                    if self._loop.time() > deadline:
-                        self._apply(pipe.fail(e))
-                        return
-                    await asyncio.sleep(0.25)
-                    continue
-                except E.MetadataVersionError:
-                    fresh = await _meta(
-                        functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
+                    written, step = await update_metadata(
+                        self.bk.ledgers, self.ledger_id, transition, self._versioned
                     )
-                    ev = ensemble_change_event(fresh.value.state)
-                    if ev is HandleEvent.FENCED:
-                        self._apply(
-                            pipe.fail(
-                                E.LedgerFencedError(
-                                    f"ledger {self.ledger_id} is being recovered by another client",
-                                    ledger_id=self.ledger_id,
-                                )
-                            )
-                        )
-                        return
-                    if ev is HandleEvent.FOUND_CLOSED:
-                        self._apply(
-                            pipe.fail(
-                                E.LedgerClosedError(
-                                    f"ledger {self.ledger_id} was closed", ledger_id=self.ledger_id
-                                )
-                            )
-                        )
-                        return
-                    last = fresh.value.last_ensemble
-                    if last.first_entry_id == plan.first_entry_id and tuple(last.bookies) in tried:
-                        # Our own write was applied and only its reply was lost (ZooKeeper connection loss).
-                        new_bookies = list(last.bookies)
-                        written = fresh
-                        break
-                    if tuple(last.bookies) != tuple(pipe.ensemble):
-                        self._apply(
-                            pipe.fail(
-                                E.LedgerFencedError(
-                                    f"ledger {self.ledger_id}: metadata changed under the writer",
-                                    ledger_id=self.ledger_id,
-                                )
-                            )
-                        )
-                        return
-                    self._versioned = fresh
-                    continue
                 except E.LedgerError as e:
-                    # ZooKeeper unreachable, or the reply lost: retry; a stale version then surfaces as a
-                    # version conflict and the re-read above tells whether our write was applied.
+                    # No replacement yet, ZooKeeper unreachable, or the reply lost: retry; a stale version then
+                    # surfaces as a version conflict, and the step on the re-read metadata tells whether our
+                    # write was applied (ADOPT).
                     if self._loop.time() > deadline:
                         self._apply(pipe.fail(e))
                         return
                     await asyncio.sleep(0.25)
                     continue
                 break
+            if step is not EnsembleChangeStep.WRITE and step is not EnsembleChangeStep.ADOPT:
+                self._versioned = written
+                self._apply(pipe.fail(self._ensemble_change_error(step)))
+                return
+            new_bookies = list(written.value.last_ensemble.bookies)
             self._versioned = written
             log.info(
                 "ledger=%d ensemble change at entry %d: %s -> %s",
@@ -948,6 +895,14 @@ class LedgerHandle:
                     self._send_add(r.entry_id, r.bookie, frame)
             self._apply(Progress(completed=result.completed))
             self._forget_congestion_outside(pipe.ensemble)
+
+    def _ensemble_change_error(self, step: EnsembleChangeStep) -> E.LedgerError:
+        lid = self.ledger_id
+        if step is EnsembleChangeStep.FENCED:
+            return E.LedgerFencedError(f"ledger {lid} is being recovered by another client", ledger_id=lid)
+        if step is EnsembleChangeStep.FOUND_CLOSED:
+            return E.LedgerClosedError(f"ledger {lid} was closed", ledger_id=lid)
+        return E.LedgerFencedError(f"ledger {lid}: metadata changed under the writer", ledger_id=lid)
 
     def _forget_congestion_outside(self, ensemble: tuple[str, ...]) -> None:
         for bookie in [b for b in self._congested if b not in ensemble]:
@@ -973,30 +928,16 @@ class LedgerHandle:
         self.bk.pool.remove_listener(self.ledger_id, self)
         if pipe.error is not None:
             raise pipe.error
-        lac, length = pipe.lac, pipe.length
-        while True:
-            current = self._versioned
-            ev = writer_close_event(current.value.state, current.value.last_entry_id, lac)
-            if ev is None:
-                try:
-                    self._versioned = await _meta(
-                        functools.partial(
-                            self.bk.ledgers.write, self.ledger_id, current.value.close(lac, length), current
-                        ),
-                        self.ledger_id,
-                    )
-                except E.MetadataVersionError:
-                    self._versioned = await _meta(
-                        functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
-                    )
-                    continue
-                self._state.handle(HandleEvent.CLOSE_DONE)
-                return
-            self._state.handle(ev)
-            if self._state.state is HandleState.ERROR:
-                assert self._state.error is not None
-                raise self._state.error
-            return
+        transition = functools.partial(
+            writer_close_transition, last_add_confirmed=pipe.lac, length=pipe.length
+        )
+        self._versioned, ev = await update_metadata(
+            self.bk.ledgers, self.ledger_id, transition, self._versioned
+        )
+        self._state.handle(HandleEvent.CLOSE_DONE if ev is None else ev)
+        if self._state.state is HandleState.ERROR:
+            assert self._state.error is not None
+            raise self._state.error
 
     async def _drained(self) -> None:
         """Wait until every append pending now completed or failed."""
@@ -1134,7 +1075,7 @@ class LedgerHandle:
             reader.close()
 
     async def _refresh_metadata(self) -> None:
-        fresh = await _meta(functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id)
+        fresh = await read_metadata(self.bk.ledgers, self.ledger_id)
         if fresh.version > self._versioned.version:
             self._versioned = fresh
             if self._pipe is None and fresh.value.state is LedgerState.CLOSED:
@@ -1229,9 +1170,7 @@ class LedgerHandle:
                 return
             await self.wait_for_lac(lac, poll_timeout_s)
             if self.last_add_confirmed == lac:
-                self._versioned = await _meta(
-                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
-                )
+                self._versioned = await read_metadata(self.bk.ledgers, self.ledger_id)
                 if self.metadata.state is LedgerState.CLOSED:
                     self._lac = max(self._lac, self.metadata.last_entry_id)
 
@@ -1248,38 +1187,19 @@ class LedgerHandle:
             except E.LedgerRecoveryError as e:
                 last_error = e
                 log.warning("ledger=%d recovery attempt %d failed: %s", self.ledger_id, attempt + 1, e)
-                self._versioned = await _meta(
-                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
-                )
+                self._versioned = await read_metadata(self.bk.ledgers, self.ledger_id)
         assert last_error is not None
         raise last_error
 
     async def _recover_once(self) -> None:
         # 1. OPEN -> IN_RECOVERY (CAS), or proceed, or nothing to do.
-        while True:
-            md = self._versioned.value
-            decision = recovery_metadata_decision(md.state)
-            if decision == "already_closed":
-                self._lac = md.last_entry_id
-                return
-            if decision == "proceed":
-                break
-            try:
-                self._versioned = await _meta(
-                    functools.partial(
-                        self.bk.ledgers.write,
-                        self.ledger_id,
-                        md.with_state(LedgerState.IN_RECOVERY),
-                        self._versioned,
-                    ),
-                    self.ledger_id,
-                )
-                break
-            except E.MetadataVersionError:
-                self._versioned = await _meta(
-                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
-                )
+        self._versioned, decision = await update_metadata(
+            self.bk.ledgers, self.ledger_id, recovery_start_transition, self._versioned
+        )
         md = self._versioned.value
+        if decision == "already_closed":
+            self._lac = md.last_entry_id
+            return
         rec = LedgerRecovery(
             ensemble_size=md.ensemble_size,
             write_quorum=md.write_quorum,
@@ -1289,47 +1209,22 @@ class LedgerHandle:
         driver = _RecoveryDriver(self, rec)
         close = await driver.run()
         # 2. Close: IN_RECOVERY -> CLOSED (concurrent recoverers converge on the first CAS).
-        while True:
-            cur = self._versioned.value
-            d = recovery_close_decision(
-                current_state=cur.state,
-                current_last_entry_id=cur.last_entry_id,
-                current_length=cur.length,
-                last_entry_id=close.last_entry_id,
-                length=close.length,
-            )
-            if d.action == "adopt":
-                self._lac = cur.last_entry_id
-                log.info(
-                    "ledger=%d already closed by another recoverer at %d", self.ledger_id, cur.last_entry_id
-                )
-                return
-            from zk import Ensemble
-
-            new = cur.replace(
-                state=LedgerState.CLOSED,
-                last_entry_id=close.last_entry_id,
-                length=close.length,
-                ensembles=tuple(Ensemble(s.first_entry_id, tuple(s.bookies)) for s in close.ensembles),
-            )
-            try:
-                self._versioned = await _meta(
-                    functools.partial(self.bk.ledgers.write, self.ledger_id, new, self._versioned),
-                    self.ledger_id,
-                )
-            except E.MetadataVersionError:
-                self._versioned = await _meta(
-                    functools.partial(self.bk.ledgers.read, self.ledger_id), self.ledger_id
-                )
-                continue
-            self._lac = close.last_entry_id
-            log.info(
-                "ledger=%d recovered and closed: last_entry_id=%d length=%d",
-                self.ledger_id,
-                close.last_entry_id,
-                close.length,
-            )
+        self._versioned, d = await update_metadata(
+            self.bk.ledgers,
+            self.ledger_id,
+            functools.partial(recovery_close_transition, close=close),
+            self._versioned,
+        )
+        self._lac = d.last_entry_id
+        if d.action == "adopt":
+            log.info("ledger=%d already closed by another recoverer at %d", self.ledger_id, d.last_entry_id)
             return
+        log.info(
+            "ledger=%d recovered and closed: last_entry_id=%d length=%d",
+            self.ledger_id,
+            d.last_entry_id,
+            d.length,
+        )
 
 
 class _RefreshAndRetry(Exception):

@@ -24,7 +24,10 @@ version conflict, it maps what it finds with :func:`writer_close_event`:
 - CLOSED with another last_entry_id → somebody else closed the ledger differently: ERROR(LedgerFencedError).
 
 An ensemble change CAS (predicate: OPEN) that finds IN_RECOVERY is ``FENCED``; one that finds CLOSED is
-``FOUND_CLOSED`` → ERROR(LedgerClosedError) (:func:`ensemble_change_event`).
+``FOUND_CLOSED`` → ERROR(LedgerClosedError) (:func:`ensemble_change_event`). What the writer does with the
+metadata it (re-)reads during an ensemble change, all of it, is :func:`ensemble_change_step`; the metadata writes
+of the close and of an ensemble change are :func:`writer_close_transition` and
+:func:`ensemble_change_transition`, the transitions the client's one compare-and-set loop applies.
 
 :func:`transition` is the table lookup; :class:`HandleStateMachine` applies it and raises refusals.
 """
@@ -32,8 +35,9 @@ An ensemble change CAS (predicate: OPEN) that finds IN_RECOVERY is ``FENCED``; o
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection, Sequence
 
-from zk.ledger_metadata import LedgerState
+from zk.ledger_metadata import LedgerMetadata, LedgerState
 
 from .errors import (
     IllegalStateTransitionError,
@@ -44,13 +48,17 @@ from .errors import (
 
 __all__ = [
     "TRANSITIONS",
+    "EnsembleChangeStep",
     "HandleEvent",
     "HandleState",
     "HandleStateMachine",
     "ensemble_change_event",
+    "ensemble_change_step",
+    "ensemble_change_transition",
     "ledger_state",
     "transition",
     "writer_close_event",
+    "writer_close_transition",
 ]
 
 
@@ -222,3 +230,86 @@ def ensemble_change_event(found_state: LedgerState | str) -> HandleEvent | None:
     if state is LedgerState.IN_RECOVERY:
         return HandleEvent.FENCED
     return HandleEvent.FOUND_CLOSED
+
+
+def writer_close_transition(
+    md: LedgerMetadata, last_add_confirmed: int, length: int
+) -> tuple[LedgerMetadata | None, HandleEvent | None]:
+    """The writer's close as a metadata transition: ``(md closed at our LAC and length, None)`` while the ledger
+    is OPEN (once written, feed ``CLOSE_DONE``), else ``(None, the event to feed)`` (:func:`writer_close_event`;
+    the metadata is left alone)."""
+    ev = writer_close_event(md.state, md.last_entry_id, last_add_confirmed)
+    if ev is None:
+        return md.close(last_add_confirmed, length), None
+    return None, ev
+
+
+class EnsembleChangeStep(enum.Enum):
+    """What a writer's ensemble change does with the metadata it (re-)read (:func:`ensemble_change_step`)."""
+
+    WRITE = "WRITE"  # OPEN, last segment still the pipeline's: CAS the new segment on this version
+    ADOPT = (
+        "ADOPT"  # the last segment is one this change tried: its write was applied, only the reply was lost
+    )
+    FENCED = "FENCED"  # IN_RECOVERY: a recoverer fenced the ledger; fail (LedgerFencedError)
+    FOUND_CLOSED = "FOUND_CLOSED"  # CLOSED by someone else: fail (LedgerClosedError)
+    CHANGED = "CHANGED"  # OPEN but the last segment is not ours: another writer changed it; fail (fenced)
+
+
+def ensemble_change_step(
+    found_state: LedgerState | str,
+    found_last_first_entry_id: int,
+    found_last_bookies: Sequence[str],
+    *,
+    first_entry_id: int,
+    ensemble: Sequence[str],
+    tried: Collection[tuple[str, ...]],
+) -> EnsembleChangeStep:
+    """The writer's whole decision on the metadata it (re-)read while changing its ensemble.
+
+    Args:
+        found_state, found_last_first_entry_id, found_last_bookies: the metadata's state and last segment.
+        first_entry_id: where the new segment starts (``EnsembleChangePlan.first_entry_id``).
+        ensemble: the pipeline's ensemble (the last segment as the writer knows it).
+        tried: the segments this change has tried to write (a lost reply may hide that one was applied).
+
+    Returns:
+        The step: WRITE or ADOPT go on; FENCED, FOUND_CLOSED and CHANGED end the writer. The state comes first
+        (:func:`ensemble_change_event`): a ledger IN_RECOVERY fails the writer even if one of its own writes
+        reached the metadata before the recoverer's.
+    """
+    ev = ensemble_change_event(found_state)
+    if ev is HandleEvent.FENCED:
+        return EnsembleChangeStep.FENCED
+    if ev is HandleEvent.FOUND_CLOSED:
+        return EnsembleChangeStep.FOUND_CLOSED
+    last = tuple(found_last_bookies)
+    if found_last_first_entry_id == first_entry_id and last in tried:
+        return EnsembleChangeStep.ADOPT
+    if last != tuple(ensemble):
+        return EnsembleChangeStep.CHANGED
+    return EnsembleChangeStep.WRITE
+
+
+def ensemble_change_transition(
+    md: LedgerMetadata,
+    *,
+    first_entry_id: int,
+    ensemble: Sequence[str],
+    tried: Collection[tuple[str, ...]],
+    new_bookies: Sequence[str],
+) -> tuple[LedgerMetadata | None, EnsembleChangeStep]:
+    """An ensemble change as a metadata transition: ``md`` with the segment ``new_bookies`` from
+    ``first_entry_id`` when :func:`ensemble_change_step` says WRITE, else nothing to write and the step."""
+    last = md.last_ensemble
+    step = ensemble_change_step(
+        md.state,
+        last.first_entry_id,
+        last.bookies,
+        first_entry_id=first_entry_id,
+        ensemble=ensemble,
+        tried=tried,
+    )
+    if step is EnsembleChangeStep.WRITE:
+        return md.with_new_ensemble(first_entry_id, new_bookies), step
+    return None, step

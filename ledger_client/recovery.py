@@ -74,7 +74,7 @@ from typing import Literal, NamedTuple, Protocol
 
 from bookie.entryformat import peek_header
 from bookie.protocol import Status
-from zk.ledger_metadata import LedgerState
+from zk.ledger_metadata import Ensemble, LedgerMetadata, LedgerState
 
 from .errors import (
     IllegalStateTransitionError,
@@ -108,7 +108,9 @@ __all__ = [
     "Segment",
     "SegmentLike",
     "recovery_close_decision",
+    "recovery_close_transition",
     "recovery_metadata_decision",
+    "recovery_start_transition",
 ]
 
 DEFAULT_RECOVERY_READ_WINDOW = 16  # entries read or written back at once
@@ -621,3 +623,36 @@ def recovery_close_decision(
     if current_state == LedgerState.CLOSED:
         return CloseDecision("adopt", current_last_entry_id, current_length)
     raise LedgerRecoveryError(f"ledger is {current_state} while closing after recovery")
+
+
+def recovery_start_transition(md: LedgerMetadata) -> tuple[LedgerMetadata | None, RecoveryStart]:
+    """The recovering opener's first metadata transition (:func:`recovery_metadata_decision`): ``md`` marked
+    IN_RECOVERY while it is OPEN, else nothing to write."""
+    decision = recovery_metadata_decision(md.state)
+    if decision == "mark_in_recovery":
+        return md.with_state(LedgerState.IN_RECOVERY), decision
+    return None, decision
+
+
+def recovery_close_transition(
+    md: LedgerMetadata, close: Close
+) -> tuple[LedgerMetadata | None, CloseDecision]:
+    """Recovery's close as a metadata transition (:func:`recovery_close_decision`): while IN_RECOVERY, ``md``
+    CLOSED with the ``Close``'s last entry, length and segments (its write-back ensemble changes); once CLOSED by
+    another recoverer, nothing to write (adopt its close). Raises ``LedgerRecoveryError`` on OPEN."""
+    d = recovery_close_decision(
+        current_state=md.state,
+        current_last_entry_id=md.last_entry_id,
+        current_length=md.length,
+        last_entry_id=close.last_entry_id,
+        length=close.length,
+    )
+    if d.action == "adopt":
+        return None, d
+    new = md.replace(
+        state=LedgerState.CLOSED,
+        last_entry_id=close.last_entry_id,
+        length=close.length,
+        ensembles=tuple(Ensemble(s.first_entry_id, tuple(s.bookies)) for s in close.ensembles),
+    )
+    return new, d

@@ -413,7 +413,7 @@ async def rereplicate_ledger(
 ) -> LedgerRereplication:
     """Copy ``lost``'s share of a CLOSED ledger to replacement bookies and swap them into its metadata (with
     ``dry_run``, only choose the replacements and count the entries)."""
-    from .client import _meta
+    from .metadata import _meta, update_metadata
 
     md = await bk.ledger_metadata(ledger_id)
     if not any(lost in ens.bookies for ens in md.ensembles):
@@ -447,11 +447,8 @@ async def rereplicate_ledger(
             )
             await _fence(bk, ledger_id, key, target)
         if not dry_run:
-            await _meta(
-                functools.partial(
-                    bk.ledgers.update, ledger_id, lambda cur: swapped(cur, lost, result.replacements)
-                ),
-                ledger_id,
+            await update_metadata(
+                bk.ledgers, ledger_id, lambda cur: (swapped(cur, lost, result.replacements), None)
             )
     except (E.LedgerError, ValueError) as e:
         return LedgerRereplication(ledger_id, "failed", result.entries_copied, error=str(e))

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from zk import layout
 from zk.client import FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, JsonDict, MetadataStore
@@ -49,6 +49,11 @@ from zk.errors import (
 )
 from zk.idgen import IdGenerator
 from zk.versioned import Versioned
+
+_R = TypeVar("_R")
+
+#: Compare-and-set conflicts in a row after which a metadata update gives up (``MetadataVersionError``).
+CAS_RETRIES_MAX = 100
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _DIGEST_V2 = re.compile(r"v2\$pbkdf2-sha256\$([1-9][0-9]{0,8})\$([0-9a-f]{32})\$([0-9a-f]{64})")
@@ -586,19 +591,55 @@ class LedgerMetadataStore:
         return Versioned(new, written.version)
 
     def update(
-        self, ledger_id: int, fn: Callable[[LedgerMetadata], LedgerMetadata], *, retries: int = 100
+        self,
+        ledger_id: int,
+        fn: Callable[[LedgerMetadata], LedgerMetadata],
+        *,
+        retries: int = CAS_RETRIES_MAX,
     ) -> Versioned[LedgerMetadata]:
         """CAS loop: read, ``new = fn(current)`` (raise to abort, return ``current`` for no write), check the
-        transition, write; on a version conflict re-read and call ``fn`` again."""
-        for _ in range(retries + 1):
+        transition, write; on a version conflict re-read and call ``fn`` again (:meth:`update_with`)."""
+        return self.update_with(ledger_id, lambda md: (fn(md), None), retries=retries)[0]
+
+    def update_with(
+        self,
+        ledger_id: int,
+        transition: Callable[[LedgerMetadata], tuple[LedgerMetadata | None, _R]],
+        *,
+        current: Versioned[LedgerMetadata] | None = None,
+        retries: int = CAS_RETRIES_MAX,
+    ) -> tuple[Versioned[LedgerMetadata], _R]:
+        """The compare-and-set loop every read-modify-write of a ledger's metadata goes through (the writer's
+        close and ensemble changes, recovery's two state changes, re-replication's bookie swaps).
+
+        Args:
+            ledger_id: the ledger.
+            transition: pure; maps the metadata found to ``(new, result)``: ``new`` is the metadata to write
+                (``None``, or the same value: write nothing), ``result`` what the caller learns of it. It
+                raises to give up (a state that forbids the change).
+            current: the version the caller holds (no read before the first attempt), else a fresh read.
+            retries: version conflicts after which to give up.
+
+        Returns:
+            The metadata as written (or as found, when nothing was written) and ``transition``'s result for it.
+
+        Raises:
+            MetadataVersionError: ``retries`` conflicts in a row.
+            MetadataTransitionError: the new metadata is not a legal successor (:func:`check_transition`).
+            MetadataNotFoundError: the ledger does not exist.
+        """
+        if current is None:
             current = self.read(ledger_id)
-            new = fn(current.value)
-            if new == current.value:
-                return current
+        for attempt in range(retries + 1):
+            new, result = transition(current.value)
+            if new is None or new == current.value:
+                return current, result
             try:
-                return self.write(ledger_id, new, current)
+                return self.write(ledger_id, new, current), result
             except MetadataVersionError:
-                continue
+                if attempt == retries:
+                    break
+                current = self.read(ledger_id)
         raise MetadataVersionError(
             f"ledger {ledger_id}: gave up after {retries} compare-and-set conflicts",
             path=layout.ledger_path(ledger_id),
@@ -657,7 +698,11 @@ class LedgerMetadataStore:
         return await asyncio.to_thread(self.write, ledger_id, new, expected)
 
     async def aupdate(
-        self, ledger_id: int, fn: Callable[[LedgerMetadata], LedgerMetadata], *, retries: int = 100
+        self,
+        ledger_id: int,
+        fn: Callable[[LedgerMetadata], LedgerMetadata],
+        *,
+        retries: int = CAS_RETRIES_MAX,
     ) -> Versioned[LedgerMetadata]:
         """``fn`` runs in the worker thread."""
         return await asyncio.to_thread(self.update, ledger_id, fn, retries=retries)
