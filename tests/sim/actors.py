@@ -85,6 +85,8 @@ class Writer(Client):
         outstanding_adds_max: int = 8,
         ensemble: list[str] | None = None,
         close_when_done: bool = True,
+        batch_max: int = 1,
+        payload_size: int = 16,
     ) -> None:
         super().__init__(world, name)
         self.fixed_ensemble = ensemble  # scenarios pin the ensemble; otherwise placement chooses
@@ -96,6 +98,10 @@ class Writer(Client):
         self.key = p.master_key(password)
         self.think_max_s = think_max_s
         self.outstanding_adds_max = outstanding_adds_max
+        self.batch_max = (
+            batch_max  # > 1: append bursts of up to this many and send each bookie its share at once
+        )
+        self.payload_size = payload_size  # the payload size of a batching writer's entries
         self.lid: int | None = None
         self.versioned: Versioned[LedgerMetadata] | None = None
         self.pipe: WritePipeline | None = None
@@ -182,18 +188,81 @@ class Writer(Client):
         if not pipe.has_capacity:
             self._waiting = True  # back-pressure: _apply ticks again once an add completes or fails
             return
+        if self.batch_max > 1:
+            self._tick_batch()
+            return
         payload = w.rng.randbytes(w.rng.randint(1, 24))
+        eid, data = self._append(payload)
+        for t in pipe.targets(eid):
+            self._send_add(eid, t.bookie, data)
+        self._maybe_change_ensemble()
+        self.later(w.jitter(self.think_max_s) + 0.0001, self._tick)
+
+    def _append(self, payload: bytes) -> tuple[int, bytes]:
+        pipe, codec, lid, w = self.pipe, self.codec, self.lid, self.world
+        assert pipe is not None and codec is not None and lid is not None
         add = pipe.next_entry(len(payload))
         lac = add.entry_id if w.mut.eager_lac else add.lac  # eager_lac: WRONG on purpose
         data = codec.build(add.entry_id, lac, add.length, payload)
         w.written[(lid, add.entry_id)] = data
+        w.payload_sizes[(lid, add.entry_id)] = len(payload)
         self.inflight.add(add.entry_id)
         self.appended += 1
         w.log(f"{self.name} APPEND L{lid} e{add.entry_id} (lac {add.lac})")
-        for t in pipe.targets(add.entry_id):
-            self._send_add(add.entry_id, t.bookie, data)
+        return add.entry_id, data
+
+    def _tick_batch(self) -> None:
+        """Append a burst of entries (of one payload size, as a benchmark or a batching producer does) and send
+        each bookie its share in one write: the bookie's multi-entry add path and the pipeline's ``on_acks``."""
+        pipe, w = self.pipe, self.world
+        assert pipe is not None
+        outbox: dict[str, list[tuple[int, bytes]]] = {}
+        for _ in range(w.rng.randint(1, self.batch_max)):
+            if not pipe.has_capacity or self.appended >= self.n_entries:
+                break
+            eid, data = self._append(w.rng.randbytes(self.payload_size))
+            for t in pipe.targets(eid):
+                outbox.setdefault(t.bookie, []).append((eid, data))
+        for bookie, items in outbox.items():
+            if len(items) == 1:
+                self._send_add(items[0][0], bookie, items[0][1])
+            else:
+                self._send_adds(bookie, items)
         self._maybe_change_ensemble()
         self.later(w.jitter(self.think_max_s) + 0.0001, self._tick)
+
+    def _send_adds(self, bookie: str, items: list[tuple[int, bytes]]) -> None:
+        lid, key, w = self.lid, self.key, self.world
+        assert lid is not None
+        w.stats["writer add batches"] += 1
+        remaining = {eid for eid, _ in items}
+
+        def build(eid: int, data: bytes) -> Any:
+            return lambda rid: p.AddEntryRequest(
+                request_id=rid, ledger_id=lid, entry_id=eid, master_key=key, entry=data
+            )
+
+        def on_rows(rows: list[tuple[int, ...]] | None) -> bool:
+            pipe = self.pipe
+            assert pipe is not None
+            if rows is None:  # timeout or lost connection: every add not answered failed at this bookie
+                for eid in sorted(remaining):
+                    self._apply(pipe.on_ack(eid, bookie, None))
+                remaining.clear()
+            else:
+                mine = [r for r in rows if r[7] in remaining]
+                remaining.difference_update(r[7] for r in mine)
+                ok = [r[7] for r in mine if r[5] == p.Status.OK or w.mut.batch_acks_all]
+                if ok:  # a chunk of OK acks from one bookie: one call, as the client's fast path
+                    self._apply(pipe.on_acks(bookie, ok))
+                for r in mine:
+                    if r[5] != p.Status.OK and not w.mut.batch_acks_all:
+                        self._apply(pipe.on_ack(r[7], bookie, p.Status(r[5])))
+            self._maybe_change_ensemble()
+            self._maybe_close()
+            return not remaining
+
+        self.request_adds(bookie, [build(eid, data) for eid, data in items], on_rows)
 
     def _send_add(self, eid: int, bookie: str, data: bytes) -> None:
         lid, key = self.lid, self.key
@@ -368,7 +437,10 @@ class Writer(Client):
         assert pipe is not None and cur is not None and self.lid is not None
         ev = writer_close_event(cur.value.state.value, cur.value.last_entry_id, pipe.lac)
         if ev is None:
-            w.meta.write(self, self.lid, cur.value.close(pipe.lac, pipe.length), cur, self._close_written)
+            length = pipe.length
+            if w.mut.wrong_close_length and pipe.lac >= 0:
+                length -= w.payload_sizes[(self.lid, pipe.lac)]  # WRONG on purpose: the last entry left out
+            w.meta.write(self, self.lid, cur.value.close(pipe.lac, length), cur, self._close_written)
             return
         self.state.handle(ev)
         w.log(
@@ -427,6 +499,7 @@ class Recoverer(Client):
         self.fence_lacs: list[int] = []  # LACs the fencing reads returned (all attempts)
         self.starts: list[int] = []  # each attempt's recovery start, once fencing reached coverage
         self._covered = False
+        self._reopened = False  # mutation reopen-closed-ledger: this recoverer reopened its ledger
 
     def start(self, delay_s: float = 0.0) -> None:
         self.world.log(f"{self.name} RECOVER L{self.lid} (in {delay_s:.3f}s)")
@@ -446,7 +519,17 @@ class Recoverer(Client):
         assert self.versioned is not None
         md = self.versioned.value
         decision = recovery_metadata_decision(md.state.value)
-        if decision == "already_closed":
+        if decision == "already_closed" and self.world.mut.reopen_closed_ledger and not self._reopened:
+            # WRONG on purpose: the ledger is taken out of CLOSED and recovered again.
+            self._reopened = True
+            self.world.meta.write(
+                self,
+                self.lid,
+                md.replace(state="IN_RECOVERY", last_entry_id=-1, length=0),
+                self.versioned,
+                self._on_marked,
+            )
+        elif decision == "already_closed":
             self._finished(md.last_entry_id)
         elif decision == "proceed":
             self._run()

@@ -21,9 +21,11 @@ Invariants (the labels used in reports):
 4. A recoverer's fencing coverage is real (enough durable fences in every write set), and after it the old
    writer gets nothing acknowledged that fenced bookies did not already hold (see ``on_fence_coverage``).
    Fence survival across restarts: 7.
-5. Metadata moves only OPEN->IN_RECOVERY->CLOSED or OPEN->CLOSED; a CLOSED ledger never changes; ensembles are
-   only appended (or the last one replaced at the same first entry) with strictly increasing first entry
-   ids — checked here independently of ``check_transition``, which the store also runs.
+5. Metadata moves only OPEN->IN_RECOVERY->CLOSED or OPEN->CLOSED; a CLOSED ledger never changes (not its
+   state, last_entry_id, length nor ensembles); ensembles are only appended (or the last one replaced at the
+   same first entry) with strictly increasing first entry ids; a ledger is closed with ``length`` = the sum of
+   its entries' payload sizes up to last_entry_id — checked here, on every change of a ledger znode of the
+   simulated ZooKeeper, independently of ``check_transition``, which the real store also runs.
 6. Every recoverer reports the last_entry_id the ledger was closed with.
 7. A restarted bookie has every entry it acked, every fence it confirmed and every master key it used.
 10. Liveness: after the heal, live writers finish, and every ledger is CLOSED before the deadline.
@@ -204,7 +206,11 @@ class Checker:
             old.length,
             old.ensembles,
         ):
-            self.fail("5", f"L{lid} changed after CLOSED at {old.last_entry_id}: now {new.last_entry_id}")
+            self.fail(
+                "5",
+                f"L{lid} changed after CLOSED at {old.last_entry_id} (length {old.length}): now "
+                f"{new.state} at {new.last_entry_id} (length {new.length}), ensembles {_segs(new.ensembles)}",
+            )
         if ns != "CLOSED" and new.last_entry_id != -1:
             self.fail("5", f"L{lid} is {ns} with last_entry_id {new.last_entry_id}")
         self._check_ensembles(new)
@@ -219,6 +225,16 @@ class Checker:
             self._on_closed(lid, new)
 
     def _on_closed(self, lid: int, md: LedgerMetadata) -> None:
+        sizes = self.world.payload_sizes
+        last = md.last_entry_id
+        if all((lid, e) in sizes for e in range(last + 1)):  # (else entries no simulated writer made)
+            want = sum(sizes[(lid, e)] for e in range(last + 1))
+            if md.length != want:
+                self.fail(
+                    "5",
+                    f"L{lid} CLOSED at last_entry_id {last} with length {md.length}; its entries 0..{last} "
+                    f"hold {want} bytes of payload",
+                )
         writer = self.writers.get(lid)
         if writer is not None:
             lost = [e for e in writer.acked if e > md.last_entry_id]
@@ -293,7 +309,8 @@ class Checker:
     def on_bookie_restart(self, node: BookieNode) -> None:
         core = node.core
         assert core is not None
-        missing = [k for k, data in node.acked_entries.items() if core.storage.get_entry(*k) != data]
+        stored = node.storage.entries  # (not through get_entry: a failing disk may refuse reads)
+        missing = [k for k, data in node.acked_entries.items() if stored.get(k) != data]
         if missing:
             self.fail(
                 "7", f"{node.bid} restarted without {len(missing)} entries it had acknowledged: {missing[:5]}"

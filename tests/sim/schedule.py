@@ -3,7 +3,8 @@
 A schedule has two phases. During the fault period (until ``cfg.heal_at_s``) writers append, readers tail,
 recoverers may start at any moment (sometimes two at once), and faults strike: bookie crashes (losing
 unsynced journal records and uncheckpointed storage), a wiped disk, symmetric and one-way partitions between
-a client and a bookie, slow disks, ZooKeeper session expiry of a client, a paused client. Then everything
+a client and a bookie, slow disks, disks whose reads fail with I/O errors, ZooKeeper session expiry or a
+flaky ZooKeeper connection (replies lost after the operation applied) of a client, a paused client. Then everything
 heals; live writers must finish within ``writer_grace_s``; after that a recoverer is started for every ledger
 that is not CLOSED, and every ledger must be CLOSED within ``close_deadline_s``.
 
@@ -100,8 +101,10 @@ class Plan:
         "session",
         "zk_flaky",
         "pause",
+        "read_errors",
     )
     allow_wipe: bool = True
+    batching: float = 0.3  # probability that a writer appends in bursts sent as one write per bookie
     rules: list[Callable[[World], Callable[[str, str, Any], str | float | None]]] = field(
         default_factory=list
     )
@@ -217,6 +220,14 @@ def _disk_faults(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
     plan.fault_kinds = ("crash", "wipe", "crash")
 
 
+def _batched(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
+    """Every writer appends in bursts (each bookie gets its share in one write) while recoverers fence it."""
+    _concurrent_recovery(rng, cfg, plan)
+    plan.batching = 1.0
+    plan.outstanding = (8, 16)
+    plan.recoverers = (1, 2)
+
+
 def _concurrent_recovery(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
     """Several recoverers of one ledger at once, on a lossy network, while its writer is mid-stream."""
     cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum = rng.choice([(3, 3, 2), (3, 2, 2), (4, 3, 2)])
@@ -234,12 +245,27 @@ def _concurrent_recovery(rng: random.Random, cfg: SimConfig, plan: Plan) -> None
     plan.fault_kinds = ("crash", "partition", "one_way", "isolate")
 
 
+def _read_errors(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
+    """Bookies whose disks fail reads (I/O errors) while readers tail and recoverers read the ledger."""
+    cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum = rng.choice([(3, 3, 2), (3, 2, 2), (4, 3, 2)])
+    cfg.n_bookies = cfg.ensemble_size + 1
+    cfg.heal_at_s = 2.0
+    plan.entries = (10, 30)
+    plan.readers = 1.0
+    plan.recoverers = (1, 2)
+    plan.recoverer_window = (0.2, 0.9)
+    plan.faults = (2, 5)
+    plan.fault_kinds = ("read_errors", "read_errors", "crash")
+
+
 PROFILES: dict[str, Callable[[random.Random, SimConfig, Plan], None]] = {
     "default": _default,
     "fence-race": _fence_race,
     "out-of-order": _out_of_order,
     "disk-faults": _disk_faults,
     "concurrent-recovery": _concurrent_recovery,
+    "read-errors": _read_errors,
+    "batched": _batched,
 }
 
 
@@ -269,7 +295,10 @@ def build(
     heal = cfg.heal_at_s
 
     writers: list[Writer] = []
+    # Batching is drawn from its own stream, so that the schedules of writers that do not batch stay as before.
+    brng = random.Random(seed * 7919 + 17)
     for i in range(plan.n_ledgers):
+        batch = brng.random() < plan.batching
         wr = Writer(
             world,
             f"w{i}",
@@ -277,6 +306,8 @@ def build(
             password=PASSWORD,
             think_max_s=plan.think_max_s,
             outstanding_adds_max=rng.randint(*plan.outstanding),
+            batch_max=brng.randint(2, 8) if batch else 1,
+            payload_size=brng.randint(1, 24),
         )
         wr.start(rng.uniform(0.0, 0.05))
         writers.append(wr)
@@ -312,6 +343,8 @@ def build(
             world.at(when + dur, partial(_isolate, world, b, False))
         elif kind == "slow_disk":
             world.at(when, partial(_slow, world, b, dur))
+        elif kind == "read_errors":
+            world.at(when, partial(_failing_reads, world, b, dur, rng.uniform(0.2, 0.9)))
         else:
             world.at(when, partial(_client_fault, world, kind, b, dur))
 
@@ -388,6 +421,13 @@ def _isolate(world: World, bookie: str, on: bool) -> None:
 def _slow(world: World, bookie: str, dur: float) -> None:
     world.log(f"SLOW DISK {bookie} for {dur:.3f}s")
     world.bookies[bookie].slow_until = world.now + dur
+
+
+def _failing_reads(world: World, bookie: str, dur: float, prob: float) -> None:
+    world.log(f"READ ERRORS {bookie} for {dur:.3f}s (p={prob:.2f})")
+    node = world.bookies[bookie]
+    node.read_errors_until = world.now + dur
+    node.read_error_prob = prob
 
 
 def _expire(world: World, client: str, on: bool) -> None:

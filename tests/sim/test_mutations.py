@@ -53,6 +53,17 @@ CASES = [
     case("recoverer-reports-own-result", "concurrent-recovery", "6", 100),
     case("recovery-gives-up", "default", "10", 300),  # liveness: a ledger never closes
     case("writer-skips-ensemble-change", "default", "10", 50),  # liveness: a writer stops making progress
+    # The metadata store: the real LedgerMetadataStore over the simulated ZooKeeper.
+    case("unversioned-set", "concurrent-recovery", "5", 20),  # no compare-and-set: a stale write lands
+    case("reopen-closed-ledger", "concurrent-recovery", "5", 50),  # refused by the store's check_transition
+    case(
+        "reopen-closed-ledger+unchecked-metadata-store", "concurrent-recovery", "5", 50
+    ),  # ... the checker's
+    case("wrong-close-length", "default", "5", 20),  # the metadata length is not the entries' sizes
+    # Storage read errors.
+    case("read-error-as-missing", "read-errors", "3", 50),  # a failed read denies a stored entry
+    # The batched add path (several adds in one write, a chunk of replies to WritePipeline.on_acks).
+    case("batch-acks-all", "batched", "1,2,4", 20),  # a refused add in a reply chunk counted as acked
 ]
 
 

@@ -34,7 +34,10 @@ def test_random_schedules(seeds: range) -> None:
     _run_chunk(seeds, "default")
 
 
-@pytest.mark.parametrize("profile", ["fence-race", "out-of-order", "disk-faults", "concurrent-recovery"])
+@pytest.mark.parametrize(
+    "profile",
+    ["fence-race", "out-of-order", "disk-faults", "concurrent-recovery", "read-errors", "batched"],
+)
 def test_directed_profiles_are_clean_without_mutations(profile: str) -> None:
     """The profiles the mutation tests search must not fail on the real system either."""
     _run_chunk(range(START, START + 300), profile)

@@ -4,7 +4,7 @@ One ``random.Random(seed)`` owns every decision (message delays, loss, duplicati
 faults, placement), time is an event queue, and there are no threads and no wall clock, so a seed replays
 bit for bit. Nothing here re-implements the code under test: bookies are the real ``BookieCore`` over
 ``MemoryJournal`` + ``MemoryLedgerStorage``, requests and replies cross the network as real protocol frames,
-and every metadata write runs the real ``check_transition``. What the simulator adds is small and obvious:
+and ledger metadata goes through the real ``zk.LedgerMetadataStore`` over a simulated ZooKeeper. What the simulator adds is small and obvious:
 
 * **Network** — each message is delivered after a random delay (so messages reorder), or lost, or delivered
   twice; partitions block directed (src, dst) pairs, checked when a message would be delivered; scenario
@@ -15,40 +15,46 @@ and every metadata write runs the real ``check_transition``. What the simulator 
   since the last checkpoint (RocksDB with its WAL off); the journal is never truncated, so a restart replays
   all of it over the last checkpoint. A wiped disk loses everything, cookie included: the cookie check refuses
   to start such a bookie (it stays down) unless the test-only ``trust_wiped_disk`` mutation is on.
-* **Metadata** — an in-memory map ledger id -> ``Versioned[LedgerMetadata]``; reads and compare-and-set
-  writes take effect after a random latency; a client whose ZooKeeper session "expired" gets errors and
-  nothing applied until it heals.
+* **Metadata** — ``zk.LedgerMetadataStore`` (id allocation, ``check_transition``, compare-and-set on the
+  znode version) over ``tests.sim.zookeeper.SimZooKeeper`` (versioned znodes, NodeExists, BadVersion); reads
+  and writes take effect after a random latency; a client whose ZooKeeper session "expired" gets errors and
+  nothing applied until it heals; a flaky connection loses replies of applied operations.
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bookie import protocol as p
-from bookie.core import REC_ENTRY, REC_FENCE, REC_MASTER_KEY, BookieCore, Done
+from bookie.core import ENTRY_HEAD, REC_ENTRY, REC_FENCE, REC_MASTER_KEY, BookieCore, Done
 from bookie.memjournal import MemoryJournal
 from bookie.storage import MemoryLedgerStorage
 from zk.errors import (
     MetadataConnectionError,
     MetadataError,
-    MetadataNotFoundError,
     MetadataSessionExpiredError,
     MetadataTransitionError,
     MetadataVersionError,
 )
-from zk.ledger_metadata import LedgerMetadata, check_transition
+from zk.idgen import IdGenerator
+from zk.layout import LEDGERS, ledger_path, parse_ledger_path
+from zk.ledger_metadata import LedgerMetadata, LedgerMetadataStore
 from zk.versioned import Versioned
+
+from .zookeeper import SimZooKeeper
 
 if TYPE_CHECKING:
     from .checker import Checker
 
 Thunk = Callable[[], None]
 MetaResult = Versioned[LedgerMetadata] | MetadataError
+LEDGERS_PREFIX = LEDGERS + "/"
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -78,6 +84,11 @@ class Mutations:
     eager_lac: bool = False  # the writer piggybacks the entry's own id as LAC (claims unconfirmed entries)
     writer_skips_ensemble_change: bool = False  # the writer never replaces a failed bookie
     lossy_storage: bool = False  # ledger storage silently drops some entries it is asked to write
+    unversioned_set: bool = False  # ZooKeeper's set ignores the expected version (no compare-and-set)
+    reopen_closed_ledger: bool = False  # a recoverer that finds the ledger CLOSED marks it IN_RECOVERY again
+    wrong_close_length: bool = False  # the writer's close leaves its last entry out of the metadata length
+    read_error_as_missing: bool = False  # a bookie answers a storage read error NO_ENTRY instead of INTERNAL
+    batch_acks_all: bool = False  # the writer takes every response of a batch's reply chunk for an OK ack
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -98,6 +109,11 @@ MUTATION_FLAGS = {
     "eager-lac": "eager_lac",
     "writer-skips-ensemble-change": "writer_skips_ensemble_change",
     "lossy-storage": "lossy_storage",
+    "unversioned-set": "unversioned_set",
+    "reopen-closed-ledger": "reopen_closed_ledger",
+    "wrong-close-length": "wrong_close_length",
+    "read-error-as-missing": "read_error_as_missing",
+    "batch-acks-all": "batch_acks_all",
 }
 
 
@@ -185,8 +201,10 @@ class World:
         self.meta = MetadataStore(self)
         self.bookies: dict[str, BookieNode] = {}
         self.clients: dict[str, Client] = {}
-        # Ground truth for the checkers: every entry as its writer built it, by (ledger, entry).
+        # Ground truth for the checkers: every entry as its writer built it, by (ledger, entry), and the size of
+        # its payload (what the metadata length counts).
         self.written: dict[tuple[int, int], bytes] = {}
+        self.payload_sizes: dict[tuple[int, int], int] = {}
         self.stats: Counter[str] = Counter()  # what happened (for reports and for tuning the schedules)
         self.checker: Checker = Checker(self, disabled=disabled_checks, strict=strict)
 
@@ -255,6 +273,7 @@ class World:
         self.net.blocked.clear()
         for node in self.bookies.values():
             node.slow_until = 0.0
+            node.read_errors_until = 0.0
             if not node.up:
                 node.restart()
         self.meta.expired.clear()
@@ -345,6 +364,8 @@ def _brief(m: Any) -> str:
         return f"ADD-RESP {m.status.name} L{m.ledger_id} e{m.entry_id} rid{m.request_id}"
     if isinstance(m, p.ReadEntryResponse):
         return f"READ-RESP {m.status.name} L{m.ledger_id} e{m.entry_id} lac{m.lac} rid{m.request_id}"
+    if isinstance(m, AddBatch):
+        return f"<{m.adds} adds, {m.nbytes} bytes>"
     if isinstance(m, bytes):
         return f"<{len(m)} bytes>"
     return type(m).__name__
@@ -354,15 +375,44 @@ def _brief(m: Any) -> str:
 
 
 class MetadataStore:
-    """ZooKeeper's part: ledger id -> Versioned[LedgerMetadata], compare-and-set on the version, every write
-    checked by ``check_transition`` (as ``zk.LedgerMetadataStore.write``)."""
+    """ZooKeeper's part, through the project's own metadata code: ``zk.LedgerMetadataStore`` (ids from
+    ``zk.IdGenerator``, ``check_transition``, the compare-and-set on the znode version) over the simulated
+    ZooKeeper of ``tests.sim.zookeeper``. Operations take effect after a random latency; a client whose session
+    "expired" gets errors and nothing applied until it heals; a "flaky" client's replies are lost after the
+    operation applied (ConnectionLoss).
+
+    ``ledgers`` is the checkers' view of what ZooKeeper holds: every ledger znode decoded after each change."""
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.ledgers: dict[int, Versioned[LedgerMetadata]] = {}
         self.expired: set[str] = set()  # clients whose session is expired: every operation fails
         self.flaky: set[str] = set()  # clients whose connection drops replies (operations still apply)
-        self._next_id = 1
+        self.zk = SimZooKeeper(on_change=self._on_znode_change)
+        self.zk.ignore_versions = world.mut.unversioned_set
+        self.store = LedgerMetadataStore(self.zk, idgen=IdGenerator(self.zk))  # type: ignore[arg-type]
+        self._writer: str = ""  # the client whose operation is applying (for the trace)
+
+    def _on_znode_change(self, path: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """Every change of a ledger znode, decoded, goes to the checker (whoever made it, however)."""
+        if not path.startswith(LEDGERS_PREFIX) or new is None:
+            return
+        lid = parse_ledger_path(path)
+        md = LedgerMetadata.from_json(new)
+        cur = self.ledgers.get(lid)
+        version = self.zk.nodes[path][1]
+        self.ledgers[lid] = Versioned(md, version)
+        checker = self.world.checker
+        if old is None:
+            checker.on_metadata_created(md)
+            self.world.log(f"meta CREATE L{lid} by {self._writer} ensemble={list(md.last_ensemble.bookies)}")
+            return
+        assert cur is not None
+        self.world.log(
+            f"meta WRITE L{lid} v{version} by {self._writer}: {md.state} last={md.last_entry_id} "
+            f"length={md.length} ensembles={[(e.first_entry_id, list(e.bookies)) for e in md.ensembles]}"
+        )
+        checker.on_metadata_write(lid, cur.value, md)
 
     def _op(self, client: Client, apply: Callable[[], MetaResult], cb: Callable[[MetaResult], None]) -> None:
         w = self.world
@@ -373,7 +423,11 @@ class MetadataStore:
                 w.stats["meta op failed: session expired"] += 1
                 result = MetadataSessionExpiredError(f"session of {client.name} expired")
             else:
-                result = apply()
+                self._writer = client.name
+                try:
+                    result = apply()
+                except MetadataError as e:
+                    result = e
                 if client.name in self.flaky and w.rng.random() < 0.5:
                     # ConnectionLoss after the server applied the operation: the client cannot tell.
                     w.stats["meta op applied, reply lost"] += 1
@@ -386,23 +440,26 @@ class MetadataStore:
     def create(
         self, client: Client, build: Callable[[int], LedgerMetadata], cb: Callable[[MetaResult], None]
     ) -> None:
+        """``build(ledger_id)`` describes the ledger; the store allocates the id (``IdGenerator``; an id taken
+        already is skipped after NodeExists) and creates the znode."""
+
         def apply() -> MetaResult:
-            lid = self._next_id
-            self._next_id += 1
-            md = build(lid)
-            self.ledgers[lid] = Versioned(md, 0)
-            self.world.checker.on_metadata_created(md)
-            self.world.log(f"meta CREATE L{lid} by {client.name} ensemble={list(md.last_ensemble.bookies)}")
-            return self.ledgers[lid]
+            md = build(0)
+            return self.store.create(
+                ensemble_size=md.ensemble_size,
+                write_quorum=md.write_quorum,
+                ack_quorum=md.ack_quorum,
+                bookies=md.last_ensemble.bookies,
+                password_digest=md.password_digest,
+                digest_type=md.digest_type,
+                custom_metadata=md.custom_metadata,
+                ctime_ms=md.ctime_ms,
+            )
 
         self._op(client, apply, cb)
 
     def read(self, client: Client, lid: int, cb: Callable[[MetaResult], None]) -> None:
-        def apply() -> MetaResult:
-            v = self.ledgers.get(lid)
-            return v if v is not None else MetadataNotFoundError(f"ledger {lid}")
-
-        self._op(client, apply, cb)
+        self._op(client, lambda: self.store.read(lid), cb)
 
     def write(
         self,
@@ -412,28 +469,24 @@ class MetadataStore:
         expected: Versioned[LedgerMetadata],
         cb: Callable[[MetaResult], None],
     ) -> None:
+        """One compare-and-set: ``LedgerMetadataStore.write`` (transition check, then a set at the expected
+        version: BadVersion if somebody wrote since). A refused transition is reported as invariant 5: no
+        client may even attempt one. Mutation ``unchecked-metadata-store``: the client sets the znode itself at
+        the expected version, without the transition check."""
+
         def apply() -> MetaResult:
-            cur = self.ledgers.get(lid)
-            if cur is None:
-                return MetadataNotFoundError(f"ledger {lid}")
-            if cur.version != expected.version:
-                self.world.stats["meta CAS conflict"] += 1
-                return MetadataVersionError(f"ledger {lid} at version {cur.version}, not {expected.version}")
+            w = self.world
             try:
-                if not self.world.mut.unchecked_metadata_store:
-                    check_transition(cur.value, new)
+                if w.mut.unchecked_metadata_store:
+                    self.zk.set(ledger_path(lid), new.to_json(), expected.version)
+                    return Versioned(new, expected.version + 1)
+                return self.store.write(lid, new, expected)
+            except MetadataVersionError:
+                w.stats["meta CAS conflict"] += 1
+                raise
             except MetadataTransitionError as e:
-                self.world.checker.fail("5", f"{client.name} attempted an illegal metadata write: {e}")
-                return e
-            if new == cur.value:
-                return cur
-            self.ledgers[lid] = Versioned(new, cur.version + 1)
-            self.world.log(
-                f"meta WRITE L{lid} v{cur.version + 1} by {client.name}: {new.state} "
-                f"last={new.last_entry_id} ensembles={[(e.first_entry_id, list(e.bookies)) for e in new.ensembles]}"
-            )
-            self.world.checker.on_metadata_write(lid, cur.value, new)
-            return self.ledgers[lid]
+                w.checker.fail("5", f"{client.name} attempted an illegal metadata write: {e}")
+                raise
 
         self._op(client, apply, cb)
 
@@ -503,6 +556,45 @@ class Client:
         inc = node.incarnation if node.up else -1  # the process this request's connection goes to
         w.net.send(self.name, bookie, req, lambda: node.receive(self, rid, frame, inc))
 
+    def request_adds(
+        self,
+        bookie: str,
+        builds: list[Callable[[int], p.AddEntryRequest]],
+        on_rows: Callable[[list[tuple[int, ...]] | None], bool],
+    ) -> None:
+        """Send several adds in one write (one network message), as the real client does when it pipelines:
+        the bookie decodes them with the server's ``FrameDecoder.take_add_run`` and runs ``add_entries`` on
+        each run. Its replies come back in chunks of ADD_ENTRY response rows (``take_leading_add_responses``);
+        ``on_rows`` gets each chunk and returns True once every add is answered, or gets None on timeout or
+        a lost connection (every add not answered yet failed)."""
+        w = self.world
+        frames = []
+        for build in builds:
+            self._rid += 1
+            frames.append(p.encode(build(self._rid)))
+        rid = self._rid  # the batch's key: its last request id
+        blob = b"".join(frames)
+        key = (bookie, rid)
+        timer = w.timer(w.cfg.request_timeout_s, lambda: self.call(lambda: self._expire(key)))
+        self._pending[key] = (on_rows, timer)  # type: ignore[assignment]
+        node = w.bookies[bookie]
+        inc = node.incarnation if node.up else -1
+        msg = AddBatch(len(builds), len(blob))
+        w.net.send(self.name, bookie, msg, lambda: node.receive_adds(self, rid, blob, inc))
+
+    def on_add_rows(self, bookie: str, rid: int, chunk: bytes) -> None:
+        key = (bookie, rid)
+        item = self._pending.get(key)
+        if item is None:
+            return  # timed out already, or a duplicate chunk after the last one
+        dec = p.FrameDecoder()
+        dec.feed(chunk)
+        rows = dec.take_leading_add_responses()
+        assert rows and not dec.buffered, "a reply chunk of whole ADD_ENTRY responses"
+        if item[0](rows):  # type: ignore[arg-type]
+            del self._pending[key]
+            item[1].cancel()
+
     def _expire(self, key: tuple[str, int]) -> None:
         item = self._pending.pop(key, None)
         if item is not None:
@@ -529,7 +621,44 @@ class Client:
 # ------------------------------------------------------------------------------------------------ bookies
 
 
-class CorruptingStorage(MemoryLedgerStorage):
+class AddBatch(NamedTuple):
+    """What the network and the trace see of a write of several adds."""
+
+    adds: int
+    nbytes: int
+
+
+class SimStorage(MemoryLedgerStorage):
+    """Ledger storage on a simulated disk: reads fail with an I/O error while ``read_fails()`` says so (the fault
+    kind ``read_errors``: bad sectors, a failing controller). Writes are unaffected; nothing is lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_fails: Callable[[], bool] = lambda: False
+
+    def _check_read(self, ledger_id: int, entry_id: int) -> None:
+        if self.read_fails():
+            raise OSError(errno.EIO, f"Input/output error reading L{ledger_id} e{entry_id} (simulated)")
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        self._check_read(ledger_id, entry_id)
+        return super().get_entry(ledger_id, entry_id)
+
+    def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int, step: int = 1) -> list[bytes]:
+        self._check_read(ledger_id, first)
+        return super().get_range(ledger_id, first, last, max_bytes, step)
+
+
+class MissingOnErrorCore(BookieCore):
+    """WRONG on purpose (mutation ``read-error-as-missing``): a storage read error is answered NO_ENTRY, which
+    readers and recovery take for "this bookie does not have the entry"."""
+
+    def _storage_failed(self, ledger_id: int, what: str, exc: Exception) -> p.Status:
+        super()._storage_failed(ledger_id, what, exc)
+        return p.Status.NO_ENTRY
+
+
+class CorruptingStorage(SimStorage):
     """WRONG on purpose (mutation ``corrupting-disk``): flips the last bit of about one entry in eight."""
 
     def __init__(self, rng: random.Random) -> None:
@@ -544,7 +673,7 @@ class CorruptingStorage(MemoryLedgerStorage):
         super().write(entries, ledgers)
 
 
-class LossyStorage(MemoryLedgerStorage):
+class LossyStorage(SimStorage):
     """WRONG on purpose (mutation ``lossy-storage``): about one entry in eight is never stored."""
 
     def __init__(self, rng: random.Random) -> None:
@@ -570,6 +699,8 @@ class BookieNode:
         self.refused = False  # the cookie check refused to start it (a wiped disk)
         self.disk_lost = False  # its disk was wiped at some point
         self.slow_until = 0.0  # a slow disk: syncs take long until then
+        self.read_errors_until = 0.0  # a failing disk: storage reads fail (I/O error) until then ...
+        self.read_error_prob = 0.0  # ... each with this probability
         self._sync_pending = False
         self._lied: list[tuple[int, int, int, bytes]] = []  # lying_fsync: "synced" but not on disk yet
         # What is on disk (durable journal records), indexed for the checkers.
@@ -582,13 +713,27 @@ class BookieNode:
         self.acked_keys: dict[int, bytes] = {}
         self.core: BookieCore | None = self._new_core()
 
-    def _empty_storage(self) -> MemoryLedgerStorage:
+    def _empty_storage(self) -> SimStorage:
         w = self.world
+        storage: SimStorage
         if w.mut.corrupting_disk:
-            return CorruptingStorage(w.rng)
-        if w.mut.lossy_storage:
-            return LossyStorage(w.rng)
-        return MemoryLedgerStorage()
+            storage = CorruptingStorage(w.rng)
+        elif w.mut.lossy_storage:
+            storage = LossyStorage(w.rng)
+        else:
+            storage = SimStorage()
+        storage.read_fails = self._read_fails
+        return storage
+
+    def _read_fails(self) -> bool:
+        w = self.world
+        if w.now >= self.read_errors_until:
+            return False
+        if w.rng.random() < self.read_error_prob:
+            w.stats["storage read error"] += 1
+            w.log(f"{self.bid} storage READ ERROR")
+            return True
+        return False
 
     def _new_core(self) -> BookieCore:
         inc = self.incarnation
@@ -601,7 +746,8 @@ class BookieNode:
 
             return w.timer(delay_s, run)
 
-        return BookieCore(self.storage, self._journal_append, schedule, bookie_id=self.bid)
+        core = MissingOnErrorCore if w.mut.read_error_as_missing else BookieCore
+        return core(self.storage, self._journal_append, schedule, bookie_id=self.bid)
 
     # -- disk -------------------------------------------------------------------------------------------
 
@@ -682,6 +828,50 @@ class BookieNode:
         w.log(f"{self.bid} <- {client.name} {_brief(req)}")
         self.core.handle(req, reply)
 
+    def receive_adds(self, client: Client, rid: int, blob: bytes, incarnation: int) -> None:
+        """Several adds in one write: runs of same-size frames (``take_add_run``, as ``bookie.server``) each go to
+        ``BookieCore.add_entries`` in one call; each reply chunk goes back as one message."""
+        w = self.world
+        if self.up and incarnation not in (-1, self.incarnation):
+            return
+        if not self.up or self.core is None:
+            if w.net.can_reach(self.bid, client.name):
+                key = (self.bid, rid)
+                client.later(w.cfg.reset_delay_s, lambda: client._expire(key))
+            return
+        dec = p.FrameDecoder()
+        dec.feed(blob)
+        inc = self.incarnation
+        core = self.core
+        while dec.buffered:
+            run = dec.take_add_run(ENTRY_HEAD)
+            assert run is not None, "a batch holds whole ADD_ENTRY frames only"
+            rows, heads = run
+            sent = {r[1]: r for r in rows}
+            w.stats["bookie add runs"] += 1
+            w.stats["bookie adds in runs of 2+"] += len(rows) if len(rows) > 1 else 0
+            w.log(f"{self.bid} <- {client.name} ADD RUN of {len(rows)} (e{rows[0][3]}..e{rows[-1][3]})")
+
+            def reply(frames: bytes, n: int, sent: dict[int, Any] = sent) -> None:
+                if self.incarnation != inc:
+                    return
+                chunk = p.FrameDecoder()
+                chunk.feed(frames)
+                for row in chunk.take_leading_add_responses():
+                    if row[5] == p.Status.OK:
+                        _, _, lid, eid, key, entry = sent[row[4]]
+                        self.acked_entries[(lid, eid)] = entry
+                        self.acked_keys.setdefault(lid, key)
+                w.log(f"{self.bid} -> {client.name} {n} ADD-RESP")
+                w.net.send(
+                    self.bid,
+                    client.name,
+                    AddBatch(n, len(frames)),
+                    lambda: client.call(lambda: client.on_add_rows(self.bid, rid, frames)),
+                )
+
+            core.add_entries(rows, reply, heads)
+
     def _note_reply(self, req: p.Request, resp: p.Response) -> None:
         """Remember what this reply promises: an acked add keeps its entry (and the ledger's key); an answered
         fence read keeps its fence (and key) — across any later crash (invariant 7)."""
@@ -695,9 +885,11 @@ class BookieNode:
                 self.acked_fences.add(req.ledger_id)
                 self.acked_keys.setdefault(req.ledger_id, req.master_key)
             key = (req.ledger_id, req.entry_id)
-            if req.entry_id >= 0 and resp.status != p.Status.OK and key in self.durable:
+            missing = resp.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER)
+            if req.entry_id >= 0 and missing and key in self.durable:
                 # Read-your-writes at the bookie: an entry whose journal record is synced is readable
-                # (the core keeps it in memory until its storage batch lands, and replays it on restart).
+                # (the core keeps it in memory until its storage batch lands, and replays it on restart);
+                # a storage read error may fail the read (INTERNAL), never deny the entry.
                 self.world.checker.fail(
                     "3",
                     f"{self.bid} answered {resp.status.name} for L{key[0]} e{key[1]}, which is on its disk",
