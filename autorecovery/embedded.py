@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -33,7 +32,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .config import AutoRecoveryConfig
-from .metrics import ROWS, Metrics
+from .metrics import Metrics
 from .service import run_autorecovery
 
 if TYPE_CHECKING:
@@ -66,14 +65,7 @@ class EmbeddedAutoRecovery:
         if config.auth_token is None:
             config = replace(config, auth_token=_token_for(bookie))
         if bookie.server is not None:
-            registry = bookie.server.metrics
-            for name, kind, help_text, attr in ROWS:
-                add = registry.counter if kind == "counter" else registry.gauge
-                add(
-                    name,
-                    f"AutoRecovery in this bookie: {help_text}",
-                    functools.partial(self.metrics.value, attr),
-                )
+            self.metrics.register(bookie.server.metrics, "AutoRecovery in this bookie: ")
         self._thread = threading.Thread(
             target=self._run, args=(config,), name=f"autorecovery-{bid}", daemon=True
         )

@@ -1,9 +1,13 @@
-"""AutoRecovery's counters and gauges, rendered in Prometheus' text format on ``/metrics`` (a standalone process)
-or registered on its bookie's ``/metrics`` (AutoRecovery inside a bookie, ``autorecovery/embedded.py``)."""
+"""AutoRecovery's counters and gauges: plain numbers its auditor and workers update, exported through
+``prometheus_client`` at scrape time on its own ``/metrics`` (a standalone process, ``service.py``) or on its
+bookie's (AutoRecovery inside a bookie, ``autorecovery/embedded.py``)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from bookie.metrics import ServerMetrics
 
 __all__ = ["ROWS", "Metrics"]
 
@@ -43,10 +47,8 @@ class Metrics:
         v = getattr(self, attr)
         return round(v, 3) if isinstance(v, float) else float(v)
 
-    def render(self) -> str:
-        out = []
+    def register(self, metrics: ServerMetrics, help_prefix: str = "") -> None:
+        """Export every row of the table through ``metrics`` (read at each scrape)."""
         for name, kind, help_text, attr in ROWS:
-            v = getattr(self, attr)
-            shown = round(v, 3) if isinstance(v, float) else v
-            out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {shown}"]
-        return "\n".join(out) + "\n"
+            add = metrics.counter if kind == "counter" else metrics.gauge
+            add(name, help_prefix + help_text, functools.partial(self.value, attr))

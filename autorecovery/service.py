@@ -15,6 +15,7 @@ import time
 
 from aiohttp import web
 
+from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from ledger_client.client import BookKeeper, ClientConfig, _meta
 from zk.underreplication import UnderReplicationManager
 
@@ -48,8 +49,11 @@ async def _refresh_gauges(manager: UnderReplicationManager, metrics: Metrics, st
 
 
 async def _serve_metrics(config: AutoRecoveryConfig, metrics: Metrics) -> web.AppRunner:
+    exported = ServerMetrics()
+    metrics.register(exported)
+
     async def handle(_: web.Request) -> web.Response:
-        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=exported.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def health(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "auditor": bool(metrics.is_auditor)})

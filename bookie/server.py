@@ -47,7 +47,7 @@ from aiohttp import web
 from . import protocol as p
 from .auth import TokenError, TokenVerifier
 from .core import ENTRY_HEAD, AddRow, BookieCore
-from .metrics import RateMeter, Registry
+from .metrics import CONTENT_TYPE_LATEST, RateMeter, ServerMetrics
 
 log = logging.getLogger("ledgerstore.bookie.server")
 
@@ -612,7 +612,7 @@ class BookieServer:
         self._refusals_unlogged = 0
         self.adds_received = 0
         self.add_rate = RateMeter(time.monotonic, lambda: self.adds_received)
-        self.metrics = Registry()
+        self.metrics = ServerMetrics()
         self.add_latency = self.metrics.histogram(
             "bookie_add_latency_seconds",
             "Add latency, receive to reply (fsync included), one observation per group of adds received together",
@@ -797,7 +797,7 @@ def admin_app(
         return web.json_response({"status": "ok", "readonly": core.readonly, "bookie_id": core.bookie_id})
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=server.metrics.render(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=server.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def api_info(_: web.Request) -> web.Response:
         return web.json_response(info())

@@ -25,7 +25,7 @@ if [ ! -f "$stamp" ]; then
   # compat: a .pth puts the checkout on sys.path, so PySpark's scan of top-level `pyspark_*` modules finds our
   # data sources (an import-hook editable install hides them from pkgutil.iter_modules).
   "$VENV/bin/pip" install -q -e ".[$EXTRAS]" --config-settings editable_mode=compat 2>&1 | grep -v -i "warning: location" || true
-  "$VENV/bin/python" -c "import kazoo, rocksdict, aiohttp, crc32c"
+  "$VENV/bin/python" -c "import kazoo, rocksdict, aiohttp, crc32c, prometheus_client"
   # the linters `make lint` runs (the dev extra)
   case ",$EXTRAS," in *,dev,*) "$VENV/bin/lint-imports" --help >/dev/null ;; esac
   rm -f "$VENV"/.installed-*

@@ -42,8 +42,10 @@ from urllib.parse import quote, unquote
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.core import Metric
 
 import zk
+from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from zk import layout
 from zk.managed_ledgers import (
     BacklogQuota,
@@ -55,7 +57,7 @@ from zk.managed_ledgers import (
 from . import wire
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
-from .metrics import BrokerMetrics, Sample, render
+from .metrics import BrokerMetrics, Families
 from .names import InvalidTopicName, TopicName
 
 if TYPE_CHECKING:
@@ -207,6 +209,9 @@ class AdminApp:
     def __init__(self, service: BrokerService) -> None:
         self.service = service
         self.metrics: BrokerMetrics = service.metrics
+        # this broker's own registry (tests run several brokers in one process)
+        self.exported = ServerMetrics()
+        self.exported.add_collector(self.collect_metrics)
         self._http: aiohttp.ClientSession | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------------------
@@ -1137,17 +1142,12 @@ class AdminApp:
     # -- metrics ----------------------------------------------------------------------------------------------
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.render_metrics().encode(),
-            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-        )
+        return web.Response(body=self.exported.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def render_metrics(self) -> str:
-        fam: dict[str, list[Sample]] = {}
-
-        def add(name: str, labels: dict[str, str], value: float) -> None:
-            fam.setdefault(name, []).append(Sample(name, labels, value))
-
+    def collect_metrics(self) -> list[Metric]:
+        """The families ``/metrics`` serves, read from the service when scraped (``self.exported`` calls it)."""
+        fam = Families()
+        add = fam.add
         topics = self._served_topics()
         for t in topics:
             key = str(t.name)
@@ -1183,44 +1183,7 @@ class AdminApp:
         add("pulsar_broker_authorization_refusals_total", broker, self.metrics.authz_refusals)
         add("pulsar_broker_backlog_quota_refusals_total", broker, self.metrics.quota_refusals)
         add("pulsar_broker_backlog_quota_evictions_total", broker, self.metrics.quota_evictions)
-        help_text = {
-            "pulsar_in_messages_total": ("counter", "messages published to the topic on this broker"),
-            "pulsar_in_bytes_total": (
-                "counter",
-                "bytes (stored entries) published to the topic on this broker",
-            ),
-            "pulsar_out_messages_total": ("counter", "messages dispatched to consumers"),
-            "pulsar_out_bytes_total": ("counter", "bytes (stored entries) dispatched to consumers"),
-            "pulsar_storage_size": ("gauge", "bytes in the topic's ledgers (before replication)"),
-            "pulsar_storage_entries": ("gauge", "entries in the topic's ledgers"),
-            "pulsar_producers_count": ("gauge", "connected producers"),
-            "pulsar_consumers_count": ("gauge", "connected consumers"),
-            "pulsar_subscriptions_count": ("gauge", "subscriptions"),
-            "pulsar_msg_backlog": (
-                "gauge",
-                "messages not yet acknowledged (a batch counts its messages), summed over durable subscriptions",
-            ),
-            "pulsar_subscription_back_log": ("gauge", "messages not yet acknowledged by the subscription"),
-            "pulsar_subscription_out_messages_total": ("counter", "messages dispatched to the subscription"),
-            "pulsar_subscription_out_bytes_total": ("counter", "bytes dispatched to the subscription"),
-            "pulsar_topics_count": ("gauge", "topics (partitions) this broker serves"),
-            "pulsar_broker_connections": ("gauge", "open client connections"),
-            "pulsar_broker_auth_failures_total": ("counter", "tokens refused (binary CONNECT and HTTP)"),
-            "pulsar_broker_authorization_refusals_total": (
-                "counter",
-                "lookups, producers and subscriptions refused for lack of a namespace permission",
-            ),
-            "pulsar_broker_backlog_quota_refusals_total": (
-                "counter",
-                "producers and sends refused by a backlog quota (producer_exception)",
-            ),
-            "pulsar_broker_backlog_quota_evictions_total": (
-                "counter",
-                "cursors moved forward by a backlog quota (consumer_backlog_eviction)",
-            ),
-        }
-        families = [(name, help_text[name][0], help_text[name][1], samples) for name, samples in fam.items()]
-        return render(families, [(broker, self.metrics.publish_latency)])
+        return [*fam.families(), self.metrics.publish_latency.family(broker)]
 
     # -- routes -----------------------------------------------------------------------------------------------
 

@@ -1,24 +1,27 @@
 """The broker's Prometheus metrics: counters per topic and subscription, a publish-latency histogram, and the
-text exposition ``/metrics`` serves (``admin.py``). Pure: no sockets, no event loop.
+families ``/metrics`` serves (``admin.py`` collects them at each scrape; ``prometheus_client`` writes the text).
+Pure: no sockets, no event loop.
 
 Names follow Pulsar's broker metrics where Pulsar has one (``pulsar_in_messages_total``, ``pulsar_storage_size``,
 ``pulsar_subscription_back_log`` …) so dashboards written for Pulsar find them; every per-topic sample carries
 ``cluster``, ``namespace`` and ``topic`` labels, per-subscription samples also ``subscription``.
 
 The service reports what happened through :meth:`BrokerMetrics.published` (an entry is durable; latency from SEND
-to durable) and :meth:`BrokerMetrics.dispatched` (an entry went to a consumer).
+to durable) and :meth:`BrokerMetrics.dispatched` (an entry went to a consumer): plain ints and a plain-int
+histogram on the data path, read only when ``/metrics`` is scraped.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from bookie.metrics import Histogram
 
-__all__ = ["PUBLISH_LATENCY_BUCKETS_S", "BrokerMetrics", "Sample", "TopicCounters", "render"]
+__all__ = ["FAMILIES", "PUBLISH_LATENCY_BUCKETS_S", "BrokerMetrics", "Families", "TopicCounters"]
 
 #: Publish latency buckets (seconds), SEND received → entry durable on Qa bookies.
 PUBLISH_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
@@ -56,17 +59,6 @@ class TopicCounters:
     def rate(self, what: str, value: float, now: float | None = None) -> float:
         w = self.rates.setdefault(what, _RateWindow())
         return w.rate(time.monotonic() if now is None else now, value)
-
-
-def cumulative(h: Histogram) -> list[tuple[str, int]]:
-    """(``le`` label, cumulative count) per bucket, ending with ``+Inf``."""
-    out: list[tuple[str, int]] = []
-    acc = 0
-    for bound, c in zip(h.buckets, h.counts, strict=False):
-        acc += c
-        out.append((_fmt(bound), acc))
-    out.append(("+Inf", h.count))
-    return out
 
 
 class BrokerMetrics:
@@ -111,51 +103,60 @@ class BrokerMetrics:
 
 # -- exposition -------------------------------------------------------------------------------------------------
 
+#: (type, help) of every family ``/metrics`` serves besides the publish-latency histogram, by name.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "pulsar_in_messages_total": ("counter", "messages published to the topic on this broker"),
+    "pulsar_in_bytes_total": ("counter", "bytes (stored entries) published to the topic on this broker"),
+    "pulsar_out_messages_total": ("counter", "messages dispatched to consumers"),
+    "pulsar_out_bytes_total": ("counter", "bytes (stored entries) dispatched to consumers"),
+    "pulsar_storage_size": ("gauge", "bytes in the topic's ledgers (before replication)"),
+    "pulsar_storage_entries": ("gauge", "entries in the topic's ledgers"),
+    "pulsar_producers_count": ("gauge", "connected producers"),
+    "pulsar_consumers_count": ("gauge", "connected consumers"),
+    "pulsar_subscriptions_count": ("gauge", "subscriptions"),
+    "pulsar_msg_backlog": (
+        "gauge",
+        "messages not yet acknowledged (a batch counts its messages), summed over durable subscriptions",
+    ),
+    "pulsar_subscription_back_log": ("gauge", "messages not yet acknowledged by the subscription"),
+    "pulsar_subscription_out_messages_total": ("counter", "messages dispatched to the subscription"),
+    "pulsar_subscription_out_bytes_total": ("counter", "bytes dispatched to the subscription"),
+    "pulsar_topics_count": ("gauge", "topics (partitions) this broker serves"),
+    "pulsar_broker_connections": ("gauge", "open client connections"),
+    "pulsar_broker_auth_failures_total": ("counter", "tokens refused (binary CONNECT and HTTP)"),
+    "pulsar_broker_authorization_refusals_total": (
+        "counter",
+        "lookups, producers and subscriptions refused for lack of a namespace permission",
+    ),
+    "pulsar_broker_backlog_quota_refusals_total": (
+        "counter",
+        "producers and sends refused by a backlog quota (producer_exception)",
+    ),
+    "pulsar_broker_backlog_quota_evictions_total": (
+        "counter",
+        "cursors moved forward by a backlog quota (consumer_backlog_eviction)",
+    ),
+}
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    name: str
-    labels: Mapping[str, str]
-    value: float
 
+class Families:
+    """Samples added one at a time (name, labels, value), grouped into ``prometheus_client`` families of the
+    type and help :data:`FAMILIES` gives; the samples of one family carry the same label names in the same
+    order."""
 
-def _fmt(v: float) -> str:
-    if isinstance(v, int):
-        return str(v)
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if math.isnan(v):
-        return "NaN"
-    return repr(float(v))
+    def __init__(self) -> None:
+        self._families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
 
+    def add(self, name: str, labels: Mapping[str, str], value: float) -> None:
+        f = self._families.get(name)
+        if f is None:
+            try:
+                kind, help_text = FAMILIES[name]
+            except KeyError:
+                raise ValueError(f"no metric family {name!r} (topic_broker.metrics.FAMILIES)") from None
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            f = self._families[name] = family(name, help_text, labels=list(labels))
+        f.add_metric(list(labels.values()), value)
 
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
-
-
-def render(
-    families: Iterable[tuple[str, str, str, Iterable[Sample]]],
-    histograms: Iterable[tuple[Mapping[str, str], Histogram]] = (),
-) -> str:
-    """Prometheus text format 0.0.4: ``families`` are (name, type, help, samples)."""
-    lines: list[str] = []
-    for name, kind, help_text, samples in families:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for s in samples:
-            lines.append(f"{s.name}{_labels(s.labels)} {_fmt(s.value)}")
-    for labels, h in histograms:
-        name = h.name
-        lines.append(f"# HELP {name} {h.help}")
-        lines.append(f"# TYPE {name} histogram")
-        for le, n in cumulative(h):
-            lines.append(f"{name}_bucket{_labels({**labels, 'le': le})} {n}")
-        lines.append(f"{name}_sum{_labels(labels)} {_fmt(h.sum)}")
-        lines.append(f"{name}_count{_labels(labels)} {h.count}")
-    return "\n".join(lines) + "\n"
+    def families(self) -> list[Metric]:
+        return list(self._families.values())

@@ -8,6 +8,7 @@ import urllib.request
 from typing import Any
 
 from ledgerstore.cluster import BookieProcess
+from tests.metrics_testing import parse
 
 
 def rss_bytes(pid: int) -> int:
@@ -34,10 +35,7 @@ def http(bp: BookieProcess, method: str, path: str, timeout_s: float = 30.0) -> 
 
 def metric(bp: BookieProcess, name: str) -> float:
     _, text = http(bp, "GET", "/metrics")
-    for line in str(text).splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    return parse(str(text))[name]
 
 
 def ledger_ids(bp: BookieProcess) -> set[int]:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from bookie import protocol as p
@@ -19,6 +18,7 @@ from ledger_client import BookKeeper, ClientConfig
 from ledger_client.quorum import write_set
 from ledgerstore.cluster import free_port
 from tests.integration.test_rereplication import _raw_read
+from tests.metrics_testing import scrape
 from zk import MetadataStore
 from zk.underreplication import UnderReplicationManager
 
@@ -69,11 +69,7 @@ class AutoRecoveryProcess:
         raise TimeoutError(self.log.read_text())
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
-            text = r.read().decode()
-        return {
-            line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"
-        }
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2)
 
     def kill9(self) -> None:
         if self.proc.poll() is None:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import time
-import urllib.request
 
 from ledger_client import BookKeeper, ClientConfig
 from ledgerstore.cluster import BookieProcess
@@ -27,6 +26,7 @@ from tests.integration.test_autorecovery import (
     kill_one_for_good,
     payload,
 )
+from tests.metrics_testing import scrape
 
 #: the AutoRecovery settings of the test's bookies: a short session (quick take-over) and grace period
 RECOVERY = (
@@ -42,9 +42,7 @@ RECOVERY = (
 
 
 def metrics(bp: BookieProcess) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    return scrape(f"http://127.0.0.1:{bp.http_port}/metrics", timeout=5)
 
 
 def _status(bookies) -> dict:

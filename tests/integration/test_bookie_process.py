@@ -15,6 +15,7 @@ from bookie import protocol as p
 from bookie.journal import SEGMENT_HEADER_LEN, RecordType
 from ledgerstore.cluster import BookieProcess, free_port
 from tests.integration.rawbookie import KEY, WRONG, RawBookie, build, payload_for
+from tests.metrics_testing import scrape
 
 
 def _journal_segments(data_dir: Path) -> list[Path]:
@@ -225,10 +226,8 @@ def test_a_busy_connection_is_paused_not_refused(bookies) -> None:
 
     statuses = asyncio.run(stream())
     assert statuses == [p.Status.OK] * 4000
-    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics") as r:
-        metrics = r.read().decode()
-    pauses = [ln for ln in metrics.splitlines() if ln.startswith("bookie_backpressure_pauses_total ")]
-    assert pauses and float(pauses[0].split()[1]) > 0, pauses
+    pauses = scrape(f"http://127.0.0.1:{bp.http_port}/metrics")["bookie_backpressure_pauses_total"]
+    assert pauses > 0, pauses
 
 
 def test_payload_helper_is_deterministic() -> None:
@@ -238,7 +237,6 @@ def test_payload_helper_is_deterministic() -> None:
 @pytest.mark.parametrize("n", [1])
 def test_bookie_info_and_admin_http(bookies, n: int) -> None:
     import json
-    import urllib.request
 
     bp = bookies.start()
     with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/health") as r:
@@ -252,12 +250,12 @@ def test_bookie_info_and_admin_http(bookies, n: int) -> None:
         raw.close()
 
     asyncio.run(go())
-    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics") as r:
-        text = r.read().decode()
-    assert "bookie_adds_total 1" in text and "bookie_journal_fsync_seconds_count" in text
-    assert "bookie_storage_memtables_waiting 0" in text and "bookie_storage_writes_delayed 0" in text
-    assert "bookie_storage_blob_bytes " in text and "bookie_storage_sst_bytes " in text
-    assert "bookie_storage_blob_files_on " in text and "bookie_storage_blob_files_switches " in text
+    m = scrape(f"http://127.0.0.1:{bp.http_port}/metrics")
+    assert m["bookie_adds_total"] == 1 and m["bookie_journal_fsync_seconds_count"] >= 1
+    assert m['bookie_journal_fsync_seconds_bucket{le="+Inf"}'] == m["bookie_journal_fsync_seconds_count"]
+    assert m["bookie_storage_memtables_waiting"] == 0 and m["bookie_storage_writes_delayed"] == 0
+    assert m["bookie_storage_blob_bytes"] >= 0 and m["bookie_storage_sst_bytes"] >= 0
+    assert m["bookie_storage_blob_files_on"] in (0, 1) and m["bookie_storage_blob_files_switches"] >= 0
     with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/ledgers/44") as r:
         assert json.loads(r.read())["last_entry_id"] == 0
     with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/api/v1/info") as r:

@@ -8,7 +8,6 @@ redirects to a topic's owner, ``ledgerstore topic …`` verbs and ``/metrics`` a
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers
+from tests.metrics_testing import scrape
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -206,18 +206,16 @@ def test_topic_admin_round_trip_stats_cursors_and_metrics(broker: BrokerProcess)
 
         # /metrics: Prometheus text that counts what was produced and what is left
         metrics = prometheus(broker)
+        # (labels sorted by name, as prometheus_client writes them)
         labels = f'cluster="ledgerstore",namespace="public/default",topic="{full}"'
         assert metrics[f"pulsar_in_messages_total{{{labels}}}"] == 50
         assert metrics[f"pulsar_out_messages_total{{{labels}}}"] >= 50
-        assert metrics[f'pulsar_subscription_back_log{{{labels},subscription="work"}}'] == 29
-        assert metrics[f'pulsar_subscription_back_log{{{labels},subscription="early"}}'] == 50
-        assert (
-            metrics[
-                'pulsar_broker_publish_latency_seconds_count{cluster="ledgerstore",broker="'
-                + f'127.0.0.1:{broker.port}"}}'
-            ]
-            == 50
-        )
+        ns = 'cluster="ledgerstore",namespace="public/default"'
+        assert metrics[f'pulsar_subscription_back_log{{{ns},subscription="work",topic="{full}"}}'] == 29
+        assert metrics[f'pulsar_subscription_back_log{{{ns},subscription="early",topic="{full}"}}'] == 50
+        broker_labels = f'broker="127.0.0.1:{broker.port}",cluster="ledgerstore"'
+        assert metrics[f"pulsar_broker_publish_latency_seconds_count{{{broker_labels}}}"] == 50
+        assert metrics[f'pulsar_broker_publish_latency_seconds_bucket{{{broker_labels},le="+Inf"}}'] == 50
 
         # skip_all empties the backlog; resetcursor by time rewinds to the first message published at/after it
         ok(broker, "POST", f"{T}/{t}/subscription/early/skip_all")
@@ -264,30 +262,8 @@ def test_topic_admin_round_trip_stats_cursors_and_metrics(broker: BrokerProcess)
 
 
 def prometheus(bp: BrokerProcess) -> dict[str, float]:
-    """Parse /metrics strictly: every sample belongs to a family declared by # TYPE before it."""
-    with urllib.request.urlopen(web(bp) + "/metrics", timeout=10) as r:
-        assert r.headers["Content-Type"].startswith("text/plain")
-        text = r.read().decode()
-    sample = re.compile(
-        r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$'
-    )
-    declared: set[str] = set()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            name, kind = line.split()[2:4]
-            assert kind in ("counter", "gauge", "histogram")
-            declared.add(name)
-            continue
-        if line.startswith("#") or not line:
-            continue
-        m = sample.match(line)
-        assert m, f"not Prometheus text: {line!r}"
-        name = m.group(1)
-        family = re.sub(r"_(bucket|sum|count)$", "", name)
-        assert name in declared or family in declared, line
-        out[name + (m.group(2) or "")] = float(m.group(3))
-    return out
+    """/metrics, parsed by prometheus_client (text it cannot parse fails the test)."""
+    return scrape(web(bp) + "/metrics")
 
 
 # -- partitioned topics and the HTTP service URL ------------------------------------------------------------------

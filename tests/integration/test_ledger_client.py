@@ -23,6 +23,7 @@ from ledger_client import (
 )
 from ledger_client.bookie_conn import connect
 from ledger_client.quorum import write_set
+from tests.metrics_testing import scrape
 
 PW = b"secret"
 
@@ -281,13 +282,10 @@ def test_blob_storage_stays_bounded_while_ledgers_beside_a_long_lived_one_are_de
 
 
 def _metric(bp: Any, name: str) -> float:
-    import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics") as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"no {name} in /metrics")
+    m = scrape(f"http://127.0.0.1:{bp.http_port}/metrics")
+    assert name in m, f"no {name} in /metrics"
+    return m[name]
 
 
 def test_recovery_while_writer_appends_fences_the_writer_and_keeps_every_ack(bookies) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 
 from ledger_client import ClientConfig
 from ledger_client.sync import BookKeeper
+from tests.metrics_testing import scrape
 
 PW = b"secret"
 
@@ -179,11 +179,7 @@ def test_a_bookie_killed_during_the_scan_reads_fail_over(
 
 def _reads_served(bp: Any) -> int:
     """The bookie's ``bookie_reads_total`` (read requests it has served)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{bp.http_port}/metrics", timeout=2) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("bookie_reads_total "):
-                return int(float(line.split()[1]))
-    raise AssertionError("no bookie_reads_total in /metrics")
+    return int(scrape(f"http://127.0.0.1:{bp.http_port}/metrics", timeout=2)["bookie_reads_total"])
 
 
 def test_ledger_selection_all_ids_and_ranges(bookies: Any, client: BookKeeper, spark: Any) -> None:

@@ -1,14 +1,14 @@
-"""The broker's metrics: counters per topic/subscription and the Prometheus text they render to."""
+"""The broker's metrics: counters per topic/subscription and the Prometheus families they export."""
 
 from __future__ import annotations
 
-import re
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from bookie.metrics import ServerMetrics
 from topic_broker.admin import _ranges_text
 from topic_broker.managed_ledger import Position
-from topic_broker.metrics import BrokerMetrics, Sample, render
-
-SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_]\w*="([^"\\]|\\.)*",?)*\})? \S+$')
+from topic_broker.metrics import BrokerMetrics, Families
 
 
 def test_counters_add_up_per_topic_and_subscription() -> None:
@@ -25,22 +25,42 @@ def test_counters_add_up_per_topic_and_subscription() -> None:
     assert m.topic("t").msg_out == 0
 
 
-def test_render_is_prometheus_text_with_escaped_labels_and_cumulative_buckets() -> None:
+def test_families_render_through_prometheus_client_with_escaped_labels_and_cumulative_buckets() -> None:
     m = BrokerMetrics()
     for v in (0.0001, 0.003, 0.003, 7.0):
         m.publish_latency.observe(v)
-    text = render(
-        [("x_total", "counter", "a counter", [Sample("x_total", {"topic": 'we"ird\\name\n'}, 3)])],
-        [({"broker": "b1"}, m.publish_latency)],
+    fam = Families()
+    weird = 'we"ird\\name\n'
+    fam.add("pulsar_in_messages_total", {"topic": weird}, 3)
+    fam.add("pulsar_in_messages_total", {"topic": "plain"}, 5)
+    fam.add("pulsar_subscription_back_log", {"topic": "plain", "subscription": "s"}, 7)
+    exported = ServerMetrics()
+    exported.add_collector(lambda: [*fam.families(), m.publish_latency.family({"broker": "b1"})])
+    text = exported.exposition().decode()
+    assert "# TYPE pulsar_in_messages_total counter" in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["pulsar_in_messages"].type == "counter"
+    assert {s.labels["topic"]: s.value for s in families["pulsar_in_messages"].samples} == {
+        weird: 3,
+        "plain": 5,
+    }
+    (backlog,) = families["pulsar_subscription_back_log"].samples
+    assert backlog.labels == {"topic": "plain", "subscription": "s"} and backlog.value == 7
+    h = families["pulsar_broker_publish_latency_seconds"]
+    assert h.type == "histogram"
+    buckets = [s for s in h.samples if s.name.endswith("_bucket")]
+    counts = [s.value for s in buckets]
+    assert (
+        counts == sorted(counts) and buckets[-1].labels == {"broker": "b1", "le": "+Inf"} and counts[-1] == 4
     )
-    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    assert all(SAMPLE.match(ln) for ln in lines), lines
-    assert 'x_total{topic="we\\"ird\\\\name\\n"} 3' in lines
-    buckets = [ln for ln in lines if "_bucket" in ln]
-    counts = [int(ln.rsplit(" ", 1)[1]) for ln in buckets]
-    assert counts == sorted(counts) and counts[-1] == 4
-    assert buckets[-1].startswith('pulsar_broker_publish_latency_seconds_bucket{broker="b1",le="+Inf"}')
-    assert "# TYPE pulsar_broker_publish_latency_seconds histogram" in text
+    assert [s.value for s in buckets if s.labels["le"] == "0.005"] == [3]
+    (total,) = [s.value for s in h.samples if s.name.endswith("_sum")]
+    assert abs(total - 7.0061) < 1e-9
+
+
+def test_an_unknown_family_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no metric family 'pulsar_nonsense'"):
+        Families().add("pulsar_nonsense", {}, 1)
 
 
 def test_individually_deleted_ranges_read_as_pulsar_prints_them() -> None:
