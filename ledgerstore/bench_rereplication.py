@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 __all__ = ["add_bench_rereplication_command", "run"]
 
 PASSWORD = b"bench-rereplication"
@@ -194,7 +196,7 @@ def _throttle(mb: float) -> str:
 def _recovery_metrics(recovery: Any) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{recovery.metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    return {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln and ln[0] != "#"}
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 # --------------------------------------------------------------------------------------------------------
