@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.metrics_testing import scrape, starting
+
 from .conftest import (
     BROKER_CONFIG,
     Cluster,
@@ -196,8 +198,8 @@ def test_pulsar_client_produces_and_consumes_through_the_broker_container(broker
         assert first.data() == payload(0)
     finally:
         c.close()
-    metrics = admin_get(cluster, "/metrics")
-    assert "pulsar_in_messages_total" in metrics
+    metrics = scrape(cluster.broker_admin + "/metrics")
+    assert starting(metrics, "pulsar_in_messages_total"), sorted(metrics)
 
 
 def inject(cluster: Cluster, fault: str, node: Node) -> Callable[[], None]:
