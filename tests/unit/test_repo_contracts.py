@@ -1,9 +1,11 @@
 """Contracts of the repository itself: the design document's references resolve, nothing points outside the
-repository, and the lower packages never import the ones built on top of them (docs/architecture.md §2)."""
+repository, the lower packages never import the ones built on top of them or the test helpers, and the import
+contracts ``lint-imports`` checks cover every package (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
 import ast
+import configparser
 import os
 import re
 from collections.abc import Iterator
@@ -113,3 +115,16 @@ def _upward_imports() -> set[tuple[str, str]]:
 def test_lower_packages_never_import_the_packages_built_on_them() -> None:
     bad = sorted(_upward_imports())
     assert not bad, f"{', '.join(LOWER_PACKAGES)} must not import {', '.join(sorted(UPPER_PACKAGES))}: {bad}"
+
+
+def test_the_import_contracts_cover_every_package_the_project_ships() -> None:
+    """Every package of setup.cfg's ``packages.find`` is a root package of ``.importlinter`` and sits in its
+    layers contract, so a new package cannot escape the layering that ``lint-imports`` checks."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg", encoding="utf-8")
+    shipped = {p for p in setup["options.packages.find"]["include"].split() if "*" not in p}
+    contracts = configparser.ConfigParser()
+    contracts.read(ROOT / ".importlinter", encoding="utf-8")
+    roots = set(contracts["importlinter"]["root_packages"].split())
+    layered = set(re.split(r"[\s|:]+", contracts["importlinter:contract:layers"]["layers"])) - {""}
+    assert shipped and shipped == roots == layered, (shipped, roots, layered)
