@@ -1,12 +1,13 @@
 """Clients of the simulated cluster, driving the real client cores the way ``ledger_client.client`` does.
 
 * :class:`Writer` — creates a ledger (ensemble from ``placement.choose_ensemble``), appends through
-  ``WritePipeline``, changes the ensemble through a metadata CAS (predicate: OPEN and the last ensemble is
-  still the pipeline's, as ``LedgerHandle._change_ensemble``), closes via ``writer_close_event``; its handle
+  ``WritePipeline`` (single adds, or bursts sent as one write per bookie), changes the ensemble with the
+  client's ``ensemble_change_transition``/``ensemble_change_step`` (what to write, and what the metadata found
+  on a conflict means), closes with ``writer_close_transition``; its handle
   state is a ``HandleStateMachine``. Every entry it acknowledges to its "user" is recorded for the checkers.
-* :class:`Recoverer` — opens with recovery: ``recovery_metadata_decision``, CAS OPEN->IN_RECOVERY, executes
+* :class:`Recoverer` — opens with recovery: ``recovery_start_transition``, CAS OPEN->IN_RECOVERY, executes
   ``LedgerRecovery``'s commands (fence reads, recovery reads, write-backs, ensemble changes by placement),
-  closes with ``recovery_close_decision`` and a CAS; a failed attempt is retried from fresh metadata.
+  closes with ``recovery_close_transition`` and a CAS; a failed attempt is retried from fresh metadata.
 * :class:`Reader` — a tailing reader: learns the LAC with READ_ENTRY(-1) from a coverage of the last
   ensemble (no fence) or with a long poll on one bookie, reads entries up to it from their write sets
   (following metadata changes) and verifies each digest.
@@ -28,11 +29,13 @@ from ledger_client.errors import (
     NotEnoughBookiesError,
 )
 from ledger_client.handle_state import (
+    EnsembleChangeStep,
     HandleEvent,
     HandleState,
     HandleStateMachine,
-    ensemble_change_event,
-    writer_close_event,
+    ensemble_change_step,
+    ensemble_change_transition,
+    writer_close_transition,
 )
 from ledger_client.pending import EnsembleChangePlan, Progress, WritePipeline
 from ledger_client.placement import choose_ensemble, replace_failed
@@ -47,8 +50,8 @@ from ledger_client.recovery import (
     RecoveryAdd,
     RecoveryFailed,
     RecoveryRead,
-    recovery_close_decision,
-    recovery_metadata_decision,
+    recovery_close_transition,
+    recovery_start_transition,
 )
 from zk.errors import MetadataError, MetadataTransitionError, MetadataVersionError
 from zk.ledger_metadata import Ensemble, LedgerMetadata, password_digest_of
@@ -323,8 +326,8 @@ class Writer(Client):
         self._ec_attempt()
 
     def _ec_attempt(self) -> None:
-        """Choose replacements and CAS the new segment (predicate: the version we read, which is OPEN with
-        the pipeline's ensemble as its last segment)."""
+        """Choose replacements and CAS the new segment on the version we hold, as
+        ``ensemble_change_transition`` (the client's own) makes it from that version."""
         pipe, plan, w = self.pipe, self._ec_plan, self.world
         assert pipe is not None and plan is not None and self.versioned is not None and self.lid is not None
         if pipe.error is not None:
@@ -336,15 +339,21 @@ class Writer(Client):
             self.spares_short = (len(set(available) - set(pipe.ensemble)), len(plan.failed_indices))
             self._ec_retry(e)
             return
-        self._ec_tried.append(tuple(new))
         current = self.versioned
-        w.meta.write(
-            self,
-            self.lid,
-            current.value.with_new_ensemble(plan.first_entry_id, new),
-            current,
-            self._ec_written,
+        md, step = ensemble_change_transition(
+            current.value,
+            first_entry_id=plan.first_entry_id,
+            ensemble=pipe.ensemble,
+            tried=self._ec_tried,
+            new_bookies=new,
         )
+        if md is None and step is EnsembleChangeStep.FENCED and w.mut.writer_continues_in_recovery:
+            md = current.value.with_new_ensemble(plan.first_entry_id, new)  # WRONG on purpose
+        if md is None:
+            self._ec_step(step, current)
+            return
+        self._ec_tried.append(tuple(new))
+        w.meta.write(self, self.lid, md, current, self._ec_written)
 
     def _ec_retry(self, error: LedgerError) -> None:
         """After a failure: give up past the deadline, else re-read (a lost reply may hide an applied write)."""
@@ -375,26 +384,36 @@ class Writer(Client):
         if isinstance(res, MetadataError):
             self._ec_retry(MetadataStoreError(str(res), ledger_id=self.lid))
             return
-        ev = ensemble_change_event(res.value.state.value)
-        if ev is HandleEvent.FENCED:
-            self._apply(pipe.fail(LedgerFencedError("ledger is being recovered", ledger_id=self.lid)))
-            return
-        if ev is HandleEvent.FOUND_CLOSED:
-            self._apply(pipe.fail(LedgerClosedError("ledger was closed", ledger_id=self.lid)))
-            return
         last = res.value.last_ensemble
-        if last.first_entry_id == plan.first_entry_id and tuple(last.bookies) in self._ec_tried:
-            # One of our own CAS writes was applied although its reply was lost (ZooKeeper ConnectionLoss),
-            # as BookKeeper's metadata update loop recognises. (LedgerHandle._change_ensemble does not yet: it
-            # retries on its stale version, re-reads, and fails with "metadata changed under the writer".)
+        step = ensemble_change_step(
+            res.value.state,
+            last.first_entry_id,
+            last.bookies,
+            first_entry_id=plan.first_entry_id,
+            ensemble=pipe.ensemble,
+            tried=self._ec_tried,
+        )
+        if step is EnsembleChangeStep.FENCED and self.world.mut.writer_continues_in_recovery:
+            step = EnsembleChangeStep.WRITE  # WRONG on purpose: carries on in a ledger being recovered
+        self._ec_step(step, res)
+
+    def _ec_step(self, step: EnsembleChangeStep, res: Versioned[LedgerMetadata]) -> None:
+        """Act on ``ensemble_change_step``'s decision about the metadata found."""
+        pipe = self.pipe
+        assert pipe is not None and self.lid is not None
+        if step is EnsembleChangeStep.FENCED:
+            self._apply(pipe.fail(LedgerFencedError("ledger is being recovered", ledger_id=self.lid)))
+        elif step is EnsembleChangeStep.FOUND_CLOSED:
+            self._apply(pipe.fail(LedgerClosedError("ledger was closed", ledger_id=self.lid)))
+        elif step is EnsembleChangeStep.CHANGED:
+            self._apply(pipe.fail(LedgerFencedError("metadata changed under the writer", ledger_id=self.lid)))
+        elif step is EnsembleChangeStep.ADOPT:
+            # One of our own CAS writes was applied although its reply was lost (ZooKeeper ConnectionLoss).
             self.world.stats["writer found its own lost ensemble change"] += 1
             self._ec_applied(res)
-            return
-        if tuple(last.bookies) != tuple(pipe.ensemble):
-            self._apply(pipe.fail(LedgerFencedError("metadata changed under the writer", ledger_id=self.lid)))
-            return
-        self.versioned = res
-        self._ec_attempt()
+        else:
+            self.versioned = res
+            self._ec_attempt()
 
     def _ec_applied(self, res: Versioned[LedgerMetadata]) -> None:
         pipe, plan, w = self.pipe, self._ec_plan, self.world
@@ -435,13 +454,14 @@ class Writer(Client):
     def _close_attempt(self) -> None:
         pipe, cur, w = self.pipe, self.versioned, self.world
         assert pipe is not None and cur is not None and self.lid is not None
-        ev = writer_close_event(cur.value.state.value, cur.value.last_entry_id, pipe.lac)
-        if ev is None:
-            length = pipe.length
-            if w.mut.wrong_close_length and pipe.lac >= 0:
-                length -= w.payload_sizes[(self.lid, pipe.lac)]  # WRONG on purpose: the last entry left out
-            w.meta.write(self, self.lid, cur.value.close(pipe.lac, length), cur, self._close_written)
+        length = pipe.length
+        if w.mut.wrong_close_length and pipe.lac >= 0:
+            length -= w.payload_sizes[(self.lid, pipe.lac)]  # WRONG on purpose: the last entry left out
+        md, ev = writer_close_transition(cur.value, pipe.lac, length)
+        if md is not None:
+            w.meta.write(self, self.lid, md, cur, self._close_written)
             return
+        assert ev is not None
         self.state.handle(ev)
         w.log(
             f"{self.name} CLOSE found {cur.value.state} last={cur.value.last_entry_id}: {self.state.state.name}"
@@ -518,7 +538,7 @@ class Recoverer(Client):
     def _decide(self) -> None:
         assert self.versioned is not None
         md = self.versioned.value
-        decision = recovery_metadata_decision(md.state.value)
+        marked, decision = recovery_start_transition(md)  # the client's own transition
         if decision == "already_closed" and self.world.mut.reopen_closed_ledger and not self._reopened:
             # WRONG on purpose: the ledger is taken out of CLOSED and recovered again.
             self._reopened = True
@@ -534,9 +554,8 @@ class Recoverer(Client):
         elif decision == "proceed":
             self._run()
         else:
-            self.world.meta.write(
-                self, self.lid, md.with_state("IN_RECOVERY"), self.versioned, self._on_marked
-            )
+            assert marked is not None
+            self.world.meta.write(self, self.lid, marked, self.versioned, self._on_marked)
 
     def _on_marked(self, res: MetaResult) -> None:
         if isinstance(res, MetadataVersionError):
@@ -705,22 +724,16 @@ class Recoverer(Client):
         cur = self.versioned
         assert cur is not None
         md = cur.value
-        d = recovery_close_decision(
-            current_state=md.state.value,
-            current_last_entry_id=md.last_entry_id,
-            current_length=md.length,
-            last_entry_id=cmd.last_entry_id,
-            length=cmd.length,
-        )
+        closed, d = recovery_close_transition(md, cmd)  # the client's own transition
         mut = self.world.mut
-        if d.action == "adopt" and not mut.recoverer_overwrites_close:
+        if closed is None and not mut.recoverer_overwrites_close:
             self.world.stats["recovery adopted another close"] += 1
             self.world.log(
                 f"{self.name} adopts the close at {d.last_entry_id} (computed {cmd.last_entry_id})"
             )
             self._finished(cmd.last_entry_id if mut.recoverer_reports_own_result else d.last_entry_id)
             return
-        new = md.replace(
+        new = closed or md.replace(  # (None: recoverer-overwrites-close, WRONG on purpose)
             state="CLOSED",
             last_entry_id=cmd.last_entry_id,
             length=cmd.length,

@@ -53,6 +53,9 @@ CASES = [
     case("recoverer-reports-own-result", "concurrent-recovery", "6", 100),
     case("recovery-gives-up", "default", "10", 300),  # liveness: a ledger never closes
     case("writer-skips-ensemble-change", "default", "10", 50),  # liveness: a writer stops making progress
+    # ensemble_change_step's FENCED taken for WRITE: the writer changes the ensemble of a ledger being recovered
+    # and gets entries acknowledged by bookies the recovery never fenced.
+    case("writer-continues-in-recovery", "default", "4,1,5", 100),
     # The metadata store: the real LedgerMetadataStore over the simulated ZooKeeper.
     case("unversioned-set", "concurrent-recovery", "5", 20),  # no compare-and-set: a stale write lands
     case("reopen-closed-ledger", "concurrent-recovery", "5", 50),  # refused by the store's check_transition

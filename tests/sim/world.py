@@ -89,6 +89,7 @@ class Mutations:
     wrong_close_length: bool = False  # the writer's close leaves its last entry out of the metadata length
     read_error_as_missing: bool = False  # a bookie answers a storage read error NO_ENTRY instead of INTERNAL
     batch_acks_all: bool = False  # the writer takes every response of a batch's reply chunk for an OK ack
+    writer_continues_in_recovery: bool = False  # ensemble_change_step's FENCED taken for WRITE
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -114,6 +115,7 @@ MUTATION_FLAGS = {
     "wrong-close-length": "wrong_close_length",
     "read-error-as-missing": "read_error_as_missing",
     "batch-acks-all": "batch_acks_all",
+    "writer-continues-in-recovery": "writer_continues_in_recovery",
 }
 
 
