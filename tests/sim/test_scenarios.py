@@ -177,3 +177,30 @@ def test_trusting_a_wiped_bookie_loses_an_acked_entry() -> None:
     w = _wiped("trust-wiped-disk", disabled=frozenset({"7", "2"}))
     assert invariants(w) == {"1"}, dump(w)
     assert w.meta.ledgers[1].value.last_entry_id == -1
+
+
+# -- storage read errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mutation_name", ["none", "read-error-as-missing"])
+def test_recovery_reads_past_a_bookie_whose_disk_fails_every_read(mutation_name: str) -> None:
+    """E=Qw=3, Qa=2: the writer stops (stays open) after 10 acked entries; b0's storage then fails every read
+    with an I/O error. Recovery fences and reads from b1 and b2 and closes at the last entry, nothing lost;
+    b0 answers INTERNAL, never NO_ENTRY. Answered NO_ENTRY instead (the mutation), b0 denies entries that are
+    on its disk."""
+    w = make_world(3, 3, 3, 2, mutation_name=mutation_name)
+    wr = writer(w, ABC, 10, close_when_done=False)
+    w.run(1.0)
+    assert wr.acked == list(range(10)), dump(w)
+    b0 = w.bookies["b0"]
+    b0.read_errors_until, b0.read_error_prob = 100.0, 1.0
+    recs = recover_at(w, 1.1, wr, read_window=4)
+    settle(w, 5.0)
+    if mutation_name != "none":
+        assert invariants(w) == {"3"}, dump(w)
+        return
+    assert_clean(w)
+    md = w.meta.ledgers[1].value
+    assert (md.state, md.last_entry_id) == ("CLOSED", 9), dump(w)
+    assert md.length == sum(w.payload_sizes[(1, e)] for e in range(10))
+    assert recs[0].result == 9 and w.stats["storage read error"] > 0, dump(w)
