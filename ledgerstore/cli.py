@@ -603,7 +603,15 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument(
             "--zk-port", type=int, default=2181, help="the port of the ZooKeeper it starts (not with --zk)"
         )
-        a.add_argument("--base-port", type=int, default=3181, help="the first bookie's port (HTTP: 8000..)")
+        a.add_argument(
+            "--base-port", type=int, default=3181, help="the first bookie's port (the others follow)"
+        )
+        a.add_argument(
+            "--bookie-http-port",
+            type=int,
+            default=8000,
+            help="the first bookie's admin HTTP port (/health, /metrics; the others follow)",
+        )
     cp.set_defaults(func=_cmd_cluster)
 
     # ledger --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,13 +29,19 @@ def free_port() -> int:
     return _free_port("127.0.0.1")
 
 
-def health_ok(http_port: int) -> bool:
-    """Whether ``http://127.0.0.1:<http_port>/health`` answers 200 (a bookie, a broker or AutoRecovery)."""
+def health_ok(http_port: int, bookie_id: str | None = None) -> bool:
+    """Whether ``http://127.0.0.1:<http_port>/health`` answers 200 (a bookie, a broker or AutoRecovery); with
+    ``bookie_id``, only if the bookie answering is that one (not another process holding the port)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
+            if r.status != 200:
+                return False
+            if bookie_id is None:
+                return True
+            body = json.loads(r.read() or b"{}")
+    except (OSError, ValueError):
         return False
+    return isinstance(body, dict) and body.get("bookie_id") == bookie_id
 
 
 class ServiceProcess:
@@ -172,7 +179,7 @@ class BookieProcess(ServiceProcess):
         return self
 
     def healthy(self) -> bool:
-        return health_ok(self.http_port)
+        return health_ok(self.http_port, self.id)
 
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
         self._wait_until(self.healthy, timeout_s, "healthy")
@@ -213,6 +220,28 @@ def command(args: argparse.Namespace) -> int:
     return _status(args, state_dir)
 
 
+def _check_ports_free(ports: list[tuple[int, str]]) -> None:
+    """Refuse to start when a port the cluster needs is taken (another cluster, another program): the process
+    given it would fail to bind, and a health check could be answered by whoever holds the port."""
+    taken = []
+    seen: dict[int, str] = {}
+    for port, what in ports:
+        if port in seen:
+            raise CommandError(
+                f"port {port} is both {seen[port]} and {what}: choose ports that do not overlap", 2
+            )
+        seen[port] = what
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                taken.append(f"{port} ({what})")
+    if taken:
+        raise CommandError(
+            "ports in use on 127.0.0.1: " + ", ".join(taken) + "; pick free ones with the options named", 2
+        )
+
+
 def _up(args: argparse.Namespace, state_dir: Path) -> int:
     from zk import launcher
 
@@ -223,6 +252,27 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         return 0
     if st and any(_pid_alive(b["pid"]) for b in st.get("bookies", [])):
         raise CommandError(f"a partial cluster is running from {state_dir}; `ledgerstore cluster down` first")
+    bookie_http = getattr(args, "bookie_http_port", 8000)
+    _check_ports_free(
+        [(args.base_port + i, f"bookie-{i}'s port (--base-port)") for i in range(args.bookies)]
+        + [
+            (bookie_http + i, f"bookie-{i}'s admin HTTP port (--bookie-http-port)")
+            for i in range(args.bookies)
+        ]
+        + [
+            (args.broker_port + i, f"broker-{i}'s port (--broker-port)")
+            for i in range(getattr(args, "brokers", 0))
+        ]
+        + [
+            (args.broker_http_port + i, f"broker-{i}'s admin HTTP port (--broker-http-port)")
+            for i in range(getattr(args, "brokers", 0))
+        ]
+        + (
+            [(args.autorecovery_port, "AutoRecovery's metrics port (--autorecovery-port)")]
+            if getattr(args, "autorecovery_process", False)
+            else []
+        )
+    )
     # --zk names a ZooKeeper to use; otherwise the cluster starts its own on --zk-port (and `down` stops it)
     zk = args.zk if getattr(args, "zk_given", False) else launcher.cli_start(state_dir, args.zk_port)
     # AutoRecovery runs in every bookie (an auditor candidate and a worker each), unless --no-autorecovery; the
@@ -236,7 +286,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     bookies = []
     for i in range(args.bookies):
         port = args.base_port + i
-        http_port = 8000 + i
+        http_port = bookie_http + i
         bp = BookieProcess(
             zk=zk,
             zk_root=args.zk_root,
