@@ -63,7 +63,7 @@ def _gc_watch(phase: str, info: dict[str, int]) -> None:
         )
 
 
-async def _loop_watch(interval_s: float = 0.02) -> None:
+async def _loop_watch(interval_s: float = 0.05) -> None:
     """Log when the event loop wakes this task up more than ``STALL_LOG_S`` late: something held the loop
     (a long callback, a collection) or the process got no CPU, and no frame went out meanwhile."""
     clock = time.monotonic

@@ -707,6 +707,14 @@ class ManagedLedger:
             return None
         return out, end == last
 
+    def current_entry_messages(self, ledger_id: int, entry_id: int) -> int | None:
+        """Messages in an entry this owner appended to the current ledger (its SEND's count), None for any
+        other entry: the dispatcher's count without parsing the entry's metadata."""
+        counts = self._current_messages
+        if ledger_id != self._current.ledger_id or not 0 <= entry_id < len(counts):
+            return None
+        return counts[entry_id]
+
     async def read_entry(self, pos: Position) -> bytes:
         got = await self.read_entries(pos, 1)
         if not got or got[0][0] != pos:
@@ -752,6 +760,8 @@ class ManagedLedger:
         return self.view().first_position()
 
     def next_position(self, pos: Position) -> Position:
+        if pos[0] == self._current.ledger_id:  # the newest ledger's next entry: asked on every cursor ack
+            return Position(pos[0], pos[1] + 1)
         return self.view().next_position(pos)
 
     def count_entries(self, after: Position, upto: Position) -> int:

@@ -388,7 +388,7 @@ class SubscriptionRuntime:
                     continue
                 got, at_end = cached
                 nxt = Position(got[-1][0][0], got[-1][0][1] + 1) if got else cmd.start
-                entries = [_dispatch_entry(p, d) for p, d in got if not self._acked(p)]
+                entries = self._tail_entries(got)
                 if work is cmds:
                     work = list(cmds)
                 work += self.core.on_read(cmd.epoch, entries, nxt, at_end=at_end)
@@ -398,6 +398,20 @@ class SubscriptionRuntime:
                 c = self._by_key.get(cmd.consumer_id)
                 if c is not None:
                     c.session.send(wire.active_consumer_change(c.consumer_id, cmd.is_active))
+
+    def _tail_entries(self, got: list[tuple[Position, bytes]]) -> list[DispatchEntry]:
+        """What to dispatch of entries read at the tail. Only Key_Shared needs an entry's key; the others take
+        its message count from the managed ledger, as its SEND gave it, instead of parsing its metadata."""
+        if self.core.sub_type == SubType.KEY_SHARED:
+            return [_dispatch_entry(p, d) for p, d in got if not self._acked(p)]
+        count = self.topic.ml.current_entry_messages
+        out: list[DispatchEntry] = []
+        for p, d in got:
+            if self._acked(p):
+                continue
+            n = count(p[0], p[1])
+            out.append(_dispatch_entry(p, d) if n is None else DispatchEntry(p, n, b"", d))
+        return out
 
     async def _read(self, cmd: Read) -> None:
         ml = self.topic.ml

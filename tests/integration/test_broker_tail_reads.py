@@ -4,6 +4,7 @@ against real ZooKeeper and bookie processes."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 from ledger_client import BookKeeper, ClientConfig
@@ -37,13 +38,25 @@ def test_read_cached_serves_the_acknowledged_tail_and_declines_the_rest(bookies:
             assert ml.read_cached(Position(lid, 3), 10) == ([], True), "just past the last: at the end"
             assert ml.read_cached(Position(lid, 4), 10) is None, "not a position at the tail"
             assert ml.read_cached(Position(lid, 0), 0) is None
-            more = [await ml.append(f"f{i}".encode()) for i in range(4)]  # 5 a ledger: f2 starts the next
+            assert [ml.current_entry_messages(lid, i) for i in range(4)] == [1, 1, 1, None]
+            done: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+            await ml.append_from(deque([(b"batch", lambda pos, _e: done.set_result(pos), 31)]))
+            assert (await done).entry_id == 3 and ml.current_entry_messages(lid, 3) == 31
+            assert ml.current_entry_messages(lid + 1000, 0) is None
+            positions.append(await done)
+            more = [await ml.append(f"f{i}".encode()) for i in range(3)]  # 5 a ledger: f1 starts the next
             new = ml.current_ledger_id
-            assert new != lid and [p.ledger_id for p in more] == [lid, lid, new, new]
-            tail = [(more[2], b"f2"), (more[3], b"f3")]
+            assert new != lid and [p.ledger_id for p in more] == [lid, new, new]
+            assert ml.current_entry_messages(lid, 3) is None, "no longer the current ledger"
+            tail = [(more[1], b"f1"), (more[2], b"f2")]
             assert ml.read_cached(Position(lid, 0), 10) is None, "a closed ledger is read the usual way"
             assert (await ml.read_entries(Position(lid, 0), 10))[0] == (positions[0], b"e0")
             assert ml.read_cached(Position(new, 0), 10) == (tail, True)
+            assert ml.next_position(Position(new, 7)) == Position(new, 8), (
+                "the current ledger: its next entry"
+            )
+            assert ml.next_position(Position(lid, 4)) == Position(new, 0), "the end of a closed ledger"
+            assert ml.next_position(Position(lid, 2)) == Position(lid, 3)
             ml._cache.clear()  # an entry no longer cached: the read goes to the bookies
             assert ml.read_cached(Position(new, 0), 10) is None
             assert await ml.read_entries(Position(new, 0), 10) == tail
