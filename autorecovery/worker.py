@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from bookie import protocol as p
 from bookie.entryformat import DigestType, EntryCodec
 from ledger_client import errors as E
-from ledger_client.client import BookKeeper, _meta
-from ledger_client.metadata import update_metadata
+from ledger_client.client import BookKeeper
+from ledger_client.metadata import _meta, update_metadata
 from ledger_client.placement import choose_replacement
 from ledger_client.quorum import write_set
 from ledger_client.rereplication import lost_fragments, swapped

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from bookie import protocol as p
 from bookie.entryformat import ADD_FRAME_ENTRY_OFFSET, DigestType, EntryCodec
 from ledger_client.bookie_conn import ADD_RID_BASE, AddRow, BookieConnection, BookiePool
-from ledger_client.client import ClientConfig, LedgerHandle, _Routes
+from ledger_client.client import ClientConfig, LedgerHandle
 from ledger_client.errors import (
     BookieUnavailableError,
     LedgerError,
@@ -23,6 +23,7 @@ from ledger_client.errors import (
     NotEnoughBookiesError,
 )
 from ledger_client.quorum import write_set
+from ledger_client.send_path import _Routes
 
 KEY = p.master_key(b"pw")
 
