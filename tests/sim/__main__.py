@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import sys
 import time
 
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown mutation(s) {unknown}")
 
+    # The bookie core logs the simulated faults it meets (storage read errors); the trace has them already.
+    logging.getLogger("ledgerstore.bookie").setLevel(logging.CRITICAL)
     seeds = [args.seed] if args.seed is not None else list(range(args.start, args.start + args.seeds))
     disabled = frozenset(x for x in args.disable.split(",") if x)
     failures = 0

@@ -40,6 +40,7 @@ from ledger_client.handle_state import (
 from ledger_client.pending import EnsembleChangePlan, Progress, WritePipeline
 from ledger_client.placement import choose_ensemble, replace_failed
 from ledger_client.quorum import CoverageSet, answer_for_status, write_set
+from ledger_client.read_planner import Batch, Outcome, ReadPlanner
 from ledger_client.recovery import (
     ChangeEnsemble,
     Close,
@@ -946,3 +947,138 @@ class Reader(Client):
             lambda rid: p.ReadEntryRequest(request_id=rid, ledger_id=lid, entry_id=eid, master_key=key),
             on_reply,
         )
+
+
+# ------------------------------------------------------------------------------------------------ range reader
+
+
+class RangeReader(Client):
+    """Reads a ledger, once it is CLOSED, from its first entry to its last as ``LedgerHandle.read_batches`` does:
+    the client's ``ReadPlanner`` cuts it into READ_RANGE batches (read-ahead window, failover to the next
+    replica, short answers asked again) and this actor sends them and verifies every entry. An entry that
+    every replica says it does not have is reported lost (invariant 1: it is <= last_entry_id); one that
+    failed otherwise (I/O errors, timeouts) is read again later, from a fresh plan."""
+
+    def __init__(
+        self, world: World, name: str, writer: Writer, *, batch_entries: int, window: int, poll_s: float = 0.1
+    ) -> None:
+        super().__init__(world, name)
+        self.writer = writer
+        self.key = writer.key
+        self.batch_entries = batch_entries
+        self.window = window
+        self.poll_s = poll_s
+        self.lid: int | None = None
+        self.codec: EntryCodec | None = None
+        self.md: LedgerMetadata | None = None
+        self.planner: ReadPlanner | None = None
+        self.got: set[int] = set()
+        self.next = 0  # every entry before this one has been read
+        self.lac = -1  # (the ledger's last entry, once known: for the liveness report)
+
+    def start(self, delay_s: float = 0.0) -> None:
+        self.later(delay_s, self._open)
+
+    def _open(self) -> None:
+        lid = self.writer.lid
+        if lid is None:
+            self.later(self.poll_s, self._open)
+            return
+        self.lid = lid
+        self.codec = EntryCodec(lid, DIGEST, self.key)
+
+        def got(res: MetaResult) -> None:
+            if isinstance(res, MetadataError) or res.value.state.value != "CLOSED":
+                self.later(self.poll_s, self._open)
+                return
+            self.md = res.value
+            self.lac = self.md.last_entry_id
+            self._plan()
+
+        self.world.meta.read(self, lid, got)
+
+    def _plan(self) -> None:
+        md = self.md
+        assert md is not None
+        if self.next > md.last_entry_id:
+            self.done = True
+            self.world.log(f"{self.name} range-read all of L{self.lid} ({self.next} entries)")
+            return
+        self.world.stats["range reader plans"] += 1
+        self.planner = ReadPlanner(
+            self.next,
+            md.last_entry_id,
+            [(e.first_entry_id, e.bookies) for e in md.ensembles],
+            ensemble_size=md.ensemble_size,
+            write_quorum=md.write_quorum,
+            batch_entries=self.batch_entries,
+            window=self.window,
+        )
+        for b in self.planner.next_batches():
+            self._send(self.planner, b)
+
+    def _send(self, planner: ReadPlanner, b: Batch) -> None:
+        lid, key = self.lid, self.key
+        assert lid is not None
+        self.request(
+            b.bookie,
+            lambda rid: p.ReadRangeRequest(
+                request_id=rid,
+                ledger_id=lid,
+                first_entry_id=b.first,
+                last_entry_id=b.last,
+                master_key=key,
+                max_bytes=self.world.rng.choice([64, 256, 1 << 20]),  # short answers too
+                step=b.step,
+            ),
+            lambda resp: self._on_reply(planner, b, resp),
+        )
+
+    def _on_reply(self, planner: ReadPlanner, b: Batch, resp: p.Response | None) -> None:
+        if planner is not self.planner:
+            return  # an abandoned plan
+        w, lid, codec = self.world, self.lid, self.codec
+        assert lid is not None and codec is not None
+        delivered, outcome, why = 0, Outcome.FAILED, "TIMEOUT"
+        if isinstance(resp, p.ReadRangeResponse):
+            why = resp.status.name
+            if resp.status == p.Status.OK:
+                outcome = Outcome.SHORT if len(resp.entries) < b.count else None  # type: ignore[assignment]
+                for k, entry in enumerate(resp.entries[: b.count]):
+                    eid = b.first + k * b.step
+                    try:
+                        codec.verify(entry, eid)
+                    except DigestMismatchError as e:
+                        w.checker.fail("3", f"{self.name}: {b.bookie} returned a corrupt e{eid}: {e}")
+                        outcome, why = Outcome.FAILED, "DIGEST_MISMATCH"
+                        break
+                    w.checker.on_read(self.name, lid, eid, entry)
+                    self.got.add(eid)
+                    delivered += 1
+            elif resp.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
+                outcome = Outcome.MISSING
+        settled = planner.on_answer(b, delivered, outcome, why)
+        w.stats["range reader entries read"] += delivered
+        while self.next in self.got:
+            self.next += 1
+        planner.consumed = self.next
+        bad = settled.unreadable
+        if bad is not None:
+            self.planner = None
+            if bad.missing:
+                w.checker.fail(
+                    "1",
+                    f"{self.name}: every replica of L{lid} e{bad.entry_id} (CLOSED at {self.lac}) says it has "
+                    f"no such entry: {'; '.join(bad.errors)}",
+                )
+                return
+            w.stats["range reader retries"] += 1
+            self.later(self.poll_s, self._plan)  # unreadable for now (errors): read on from a fresh plan
+            return
+        for r in settled.retries:
+            self._send(planner, r)
+        for r in planner.next_batches():
+            self._send(planner, r)
+        if planner.done_planning and planner.in_flight == 0:
+            self.planner = None
+            self._plan()

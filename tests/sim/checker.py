@@ -379,14 +379,15 @@ class Checker:
         return {c.lid for c in self.world.clients.values() if isinstance(c, Recoverer)}
 
     def check_closed(self) -> None:
-        """Liveness: every ledger is CLOSED at the deadline, and every tailing reader has read all of it."""
-        from .actors import Reader
+        """Liveness: every ledger is CLOSED at the deadline, and every reader (tailing or range) has read all of
+        it."""
+        from .actors import RangeReader, Reader
 
         for lid, v in self.world.meta.ledgers.items():
             if v.value.state.value != "CLOSED":
                 self.fail("10", f"L{lid} is still {v.value.state} at the liveness deadline")
         for c in self.world.clients.values():
-            if isinstance(c, Reader) and not c.done:
+            if isinstance(c, (Reader, RangeReader)) and not c.done:
                 self.fail("10", f"{c.name} has not read L{c.lid} to its end: next e{c.next}, LAC {c.lac}")
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from bookie import protocol as p
 
-from .actors import Reader, Recoverer, Writer
+from .actors import RangeReader, Reader, Recoverer, Writer
 from .checker import Violation
 from .world import Mutations, SimConfig, World, mutation
 
@@ -105,6 +105,7 @@ class Plan:
     )
     allow_wipe: bool = True
     batching: float = 0.3  # probability that a writer appends in bursts sent as one write per bookie
+    range_readers: float = 0.3  # probability of a range reader (READ_RANGE batches, once CLOSED) per ledger
     rules: list[Callable[[World], Callable[[str, str, Any], str | float | None]]] = field(
         default_factory=list
     )
@@ -252,6 +253,7 @@ def _read_errors(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
     cfg.heal_at_s = 2.0
     plan.entries = (10, 30)
     plan.readers = 1.0
+    plan.range_readers = 1.0
     plan.recoverers = (1, 2)
     plan.recoverer_window = (0.2, 0.9)
     plan.faults = (2, 5)
@@ -313,6 +315,11 @@ def build(
         writers.append(wr)
         if rng.random() < plan.readers:
             Reader(world, f"r{i}", wr, poll_s=rng.uniform(0.05, 0.3)).start(rng.uniform(0.0, 0.2))
+        if brng.random() < plan.range_readers:
+            rr = RangeReader(
+                world, f"rr{i}", wr, batch_entries=brng.choice([1, 2, 4, 8]), window=brng.choice([1, 2, 4])
+            )
+            rr.start(brng.uniform(0.0, 0.2))
 
     # Recoverers during the fault period (on a ledger that exists by then), sometimes two at once.
     n_rec = rng.randint(*plan.recoverers)

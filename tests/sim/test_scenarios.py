@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .actors import Writer
+from .actors import RangeReader, Writer
 from .scripted import add, dump, fence, invariants, make_world, once, read, recover_at, writer
 from .world import World
 
@@ -186,7 +186,7 @@ def test_trusting_a_wiped_bookie_loses_an_acked_entry() -> None:
 def test_recovery_reads_past_a_bookie_whose_disk_fails_every_read(mutation_name: str) -> None:
     """E=Qw=3, Qa=2: the writer stops (stays open) after 10 acked entries; b0's storage then fails every read
     with an I/O error. Recovery fences and reads from b1 and b2 and closes at the last entry, nothing lost;
-    b0 answers INTERNAL, never NO_ENTRY. Answered NO_ENTRY instead (the mutation), b0 denies entries that are
+    a range reader (the client's ReadPlanner) then reads all ten; b0 answers INTERNAL, never NO_ENTRY. Answered NO_ENTRY instead (the mutation), b0 denies entries that are
     on its disk."""
     w = make_world(3, 3, 3, 2, mutation_name=mutation_name)
     wr = writer(w, ABC, 10, close_when_done=False)
@@ -195,6 +195,8 @@ def test_recovery_reads_past_a_bookie_whose_disk_fails_every_read(mutation_name:
     b0 = w.bookies["b0"]
     b0.read_errors_until, b0.read_error_prob = 100.0, 1.0
     recs = recover_at(w, 1.1, wr, read_window=4)
+    rr = RangeReader(w, "rr0", wr, batch_entries=4, window=2)
+    rr.start(1.0)
     settle(w, 5.0)
     if mutation_name != "none":
         assert invariants(w) == {"3"}, dump(w)
@@ -204,3 +206,4 @@ def test_recovery_reads_past_a_bookie_whose_disk_fails_every_read(mutation_name:
     assert (md.state, md.last_entry_id) == ("CLOSED", 9), dump(w)
     assert md.length == sum(w.payload_sizes[(1, e)] for e in range(10))
     assert recs[0].result == 9 and w.stats["storage read error"] > 0, dump(w)
+    assert rr.done and rr.next == 10, dump(w)  # READ_RANGE batches failed over from b0 to b1 and b2

@@ -896,6 +896,14 @@ class BookieNode:
                     "3",
                     f"{self.bid} answered {resp.status.name} for L{key[0]} e{key[1]}, which is on its disk",
                 )
+        elif isinstance(req, p.ReadRangeRequest):
+            key = (req.ledger_id, req.first_entry_id)
+            if resp.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER) and key in self.durable:
+                self.world.checker.fail(
+                    "3",
+                    f"{self.bid} answered {resp.status.name} to a range read from L{key[0]} e{key[1]}, "
+                    "which is on its disk",
+                )
 
     # -- crash and restart ------------------------------------------------------------------------------
 
