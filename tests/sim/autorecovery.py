@@ -5,7 +5,8 @@ placement (``ledger_client.placement.choose_replacement``), fragments (``ledger_
 metadata rules (``LedgerMetadata``, ``swapped``).
 
 The model, one ``random.Random(seed)`` owning every choice: CLOSED ledgers of E3/Qw2/Qa2 and E3/Qw3/Qa2 over
-6 bookies (each a dict of the entries it holds); a metadata store with versions (CAS); marks, locks and the
+6 bookies (each a dict of the entries it holds); ledger metadata in the real ``zk.LedgerMetadataStore`` over
+the simulated ZooKeeper (``tests.sim.zookeeper``: its CAS and ``check_transition``); marks, locks and the
 registry as the znodes are. The auditor marks ledgers of lost bookies (``LostBookieTracker``,
 ``ledgers_to_mark``) and runs the check (``entries_to_check``: a live bookie lacking an entry is marked). A
 worker takes one step per event: lock a mark, ``decide``, copy one entry (read from a reachable replica of its
@@ -25,13 +26,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from autorecovery.policy import Action, LostBookieTracker, decide, entries_to_check, ledgers_to_mark
 from ledger_client.placement import choose_replacement
 from ledger_client.quorum import write_set
 from ledger_client.rereplication import lost_fragments, swapped
-from zk.ledger_metadata import Ensemble, LedgerMetadata, LedgerState, password_digest_of
+from zk.errors import MetadataTransitionError, MetadataVersionError
+from zk.layout import LEDGERS, parse_ledger_path
+from zk.ledger_metadata import LedgerMetadata, LedgerMetadataStore, LedgerState, password_digest_of
 from zk.underreplication import UnderReplicationMark
+
+from .zookeeper import SimZooKeeper
 
 __all__ = ["ArOutcome", "run_autorecovery"]
 
@@ -80,7 +86,9 @@ class _Model:
         self.data: dict[str, dict[tuple[int, int], bytes]] = {b: {} for b in BOOKIES}
         self.dead: set[str] = set()  # crashed for good
         self.partitioned: set[str] = set()
-        self.md: dict[int, tuple[LedgerMetadata, int]] = {}
+        self.md: dict[int, tuple[LedgerMetadata, int]] = {}  # what the ledger znodes hold, decoded
+        self.zk = SimZooKeeper(on_change=self._on_znode)
+        self.store = LedgerMetadataStore(self.zk)  # type: ignore[arg-type]
         self.marks: dict[int, tuple[UnderReplicationMark, int]] = {}
         self.locks: dict[int, str] = {}
         self.jobs: dict[str, _Job | None] = {"w0": None, "w1": None}
@@ -103,14 +111,16 @@ class _Model:
             ens = tuple(self.rng.sample(BOOKIES, 3))
             qw = self.rng.choice((2, 3))
             last = self.rng.randint(0, 30)
-            md = LedgerMetadata(
+            created = self.store.create(
                 ledger_id=lid,
                 ensemble_size=3,
                 write_quorum=qw,
                 ack_quorum=2,
-                ensembles=(Ensemble(0, ens),),
+                bookies=ens,
                 password_digest=password_digest_of(b""),
+                ctime_ms=0,
             )
+            md = created.value
             if last > 10 and self.rng.random() < 0.5:  # an ensemble change part way
                 others = [b for b in BOOKIES if b not in ens]
                 second = list(ens)
@@ -121,7 +131,7 @@ class _Model:
                 e = md.ensemble_at(eid).bookies
                 for i in write_set(eid, 3, qw):
                     self.data[e[i]][(lid, eid)] = f"L{lid}E{eid}".encode()
-            self.md[lid] = (md, 0)
+            self.store.write(lid, md, created)  # (self.md follows the znode)
 
     # --- znodes -----------------------------------------------------------------------------------------------
 
@@ -137,10 +147,20 @@ class _Model:
             self.marks[lid] = (new, v + 1)
         self.log(f"mark ledger {lid} missing {sorted(missing)}")
 
+    def _on_znode(self, path: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is not None and path.startswith(LEDGERS + "/"):
+            self.md[parse_ledger_path(path)] = (LedgerMetadata.from_json(new), self.zk.nodes[path][1])
+
     def cas(self, lid: int, version: int, md: LedgerMetadata, by: str) -> bool:
-        if self.md[lid][1] != version:
+        """``LedgerMetadataStore.write`` at ``version`` (the transition check included: a swap must be a legal
+        change of a CLOSED ledger); False on a version conflict."""
+        try:
+            self.store.write(lid, md, version)
+        except MetadataVersionError:
             return False
-        self.md[lid] = (md, version + 1)
+        except MetadataTransitionError as e:
+            self.violations.append(f"5: {by}: an illegal metadata write: {e}")
+            return False
         self.log(f"{by}: CAS ledger {lid} -> {[e.bookies for e in md.ensembles]}")
         return True
 
