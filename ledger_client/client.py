@@ -223,9 +223,27 @@ class BookKeeper:
         custom_metadata: Mapping[str, bytes] | None = None,
         bookies: Sequence[str] | None = None,
     ) -> LedgerHandle:
-        """``bookies``: the ensemble to use (``ensemble_size`` of them, e.g. one bookie for a sanity check);
-        by default the placement policy picks it among the writable bookies not being decommissioned, spread
-        over their racks (``zk.racks``)."""
+        """Create a ledger and return its writer handle.
+
+        Args:
+            ensemble_size, write_quorum, ack_quorum: E bookies hold the ledger, each entry goes to Qw of them
+                (round-robin) and is acknowledged once Qa of those have it (E >= Qw >= Qa >= 1).
+            password: the ledger's password (readers and recoverers need it; stored as a salted digest).
+            digest: the checksum each entry carries.
+            custom_metadata: small opaque values kept with the ledger's metadata.
+            bookies: the ensemble to use (``ensemble_size`` distinct bookies, e.g. one bookie for a sanity
+                check); by default the placement policy picks it among the writable bookies not being
+                decommissioned, spread over their racks (``zk.racks``).
+
+        Returns:
+            A writer ``LedgerHandle`` (``append*``, ``close``; it reads too).
+
+        Raises:
+            IncorrectParameterError: the quorums are not E >= Qw >= Qa >= 1.
+            ValueError: ``bookies`` is not ``ensemble_size`` distinct bookies.
+            NotEnoughBookiesError: fewer than ``ensemble_size`` writable bookies (outside decommissioning).
+            MetadataStoreError: ZooKeeper could not be reached.
+        """
         validate_quorum(ensemble_size, write_quorum, ack_quorum)
         if bookies is not None:
             bookies = list(bookies)
@@ -258,6 +276,26 @@ class BookKeeper:
         return lh
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> LedgerHandle:
+        """Open a ledger for reading.
+
+        Args:
+            ledger_id: the ledger.
+            password: its password (as given to ``create_ledger``).
+            recovery: for a ledger that is not CLOSED: fence it (its writer can no longer add), find its last
+                entry, write the tail back to a write quorum and close it (BookKeeper's ``openLedger``). False
+                leaves the writer alone and only learns the last add confirmed (``openLedgerNoRecovery``): the
+                handle then reads up to it and can follow the ledger (``tail``, ``read_last_add_confirmed``).
+
+        Returns:
+            A reading ``LedgerHandle`` whose ``last_add_confirmed`` is the ledger's last entry once CLOSED.
+
+        Raises:
+            NoSuchLedgerError: no such ledger.
+            UnauthorizedError: wrong password.
+            LedgerRecoveryError: recovery failed ``recovery_attempts_max`` times (the ledger stays
+                IN_RECOVERY; a later open retries).
+            MetadataStoreError: ZooKeeper could not be reached.
+        """
         versioned = await read_metadata(self.ledgers, ledger_id)
         md = versioned.value
         if not md.check_password(password):
@@ -415,8 +453,19 @@ class LedgerHandle(WriterSendPath):
         return list(range(first, first + n))
 
     async def append_future(self, data: bytes) -> asyncio.Future[int]:
-        """Like ``append`` but returns as soon as the entry is sent: the future resolves with its id.
-        Waits (back-pressure) while ``outstanding_adds_max`` adds are pending."""
+        """Like ``append`` but returns as soon as the entry is sent. Waits (back-pressure) while
+        ``outstanding_adds_max`` adds are pending.
+
+        Args:
+            data: the entry's payload, as for ``append``.
+
+        Returns:
+            A future that resolves with the entry's id once it is acknowledged, or with the error of ``append``.
+
+        Raises:
+            The errors of ``append`` known before the entry is sent (a closed, fenced or failed handle, an
+            entry too large); later ones reach the future.
+        """
         pipe = self._pipe
         if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity or self._congested:
             await self._until_appendable()
@@ -429,7 +478,19 @@ class LedgerHandle(WriterSendPath):
         it is acknowledged (under the same rules as ``append``), ``callback(entry_id, error)`` if it fails.
         Callbacks run on the event loop, in entry-id order, and must not block (BookKeeper's
         ``asyncAddEntry``; cheaper than a future per entry). Waits (back-pressure) while
-        ``outstanding_adds_max`` adds are pending."""
+        ``outstanding_adds_max`` adds are pending.
+
+        Args:
+            data: the entry's payload, as for ``append``.
+            callback: ``(entry_id, error)``, ``error`` None once acknowledged; an exception it raises is
+                logged, not propagated.
+
+        Returns:
+            The entry's id (not yet acknowledged).
+
+        Raises:
+            The errors of ``append`` known before the entry is sent; later ones reach the callback.
+        """
         pipe = self._pipe
         if pipe is None or self._state.state is not _OPEN or not pipe.has_capacity or self._congested:
             await self._until_appendable()
@@ -467,7 +528,22 @@ class LedgerHandle(WriterSendPath):
 
     # -- reading ------------------------------------------------------------------------------------------
     async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
-        """Entries first..last (inclusive), in order. Refuses to read beyond the LAC."""
+        """Entries first..last (inclusive), in order, each verified against its digest.
+
+        Args:
+            first, last: entry ids, ``0 <= first``; ``last`` at most ``last_add_confirmed`` (an empty range
+                when ``last < first``).
+
+        Yields:
+            ``LedgerEntry`` objects (``read_batches`` yields the same without an object per entry).
+
+        Raises:
+            ReadBeyondLacError: ``last`` is beyond the last add confirmed.
+            IncorrectParameterError: ``first`` is negative.
+            NoSuchEntryError: an entry is missing on every replica.
+            BookieUnavailableError: an entry could not be read from any replica (unreachable, timed out or
+                failing its digest check).
+        """
         async for batch in self.read_batches(first, last):
             for e in batch.entries():
                 yield e
@@ -475,7 +551,17 @@ class LedgerHandle(WriterSendPath):
     async def read_batches(self, first: int, last: int) -> AsyncIterator[EntryBatch]:
         """Entries first..last (inclusive), in order, as batches of consecutive entries (the runs that are
         ready, each payload verified against its digest): ``read`` without an object per entry, for bulk
-        consumers. Refuses to read beyond the LAC."""
+        consumers.
+
+        Args:
+            first, last: as for ``read``.
+
+        Yields:
+            ``EntryBatch`` objects covering first..last without gaps.
+
+        Raises:
+            The errors of ``read``.
+        """
         if last > self.last_add_confirmed:
             raise E.ReadBeyondLacError(
                 f"entry {last} is beyond the last add confirmed ({self.last_add_confirmed})",
@@ -485,12 +571,29 @@ class LedgerHandle(WriterSendPath):
             yield batch
 
     async def read_unconfirmed(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
-        """Entries that may be beyond the LAC (stops at the first entry no replica has)."""
+        """Entries first..last even beyond the last add confirmed (a reader of an open ledger peeking ahead):
+        stops, without an error, at the first entry every replica says it does not have.
+
+        Args:
+            first, last: entry ids, ``0 <= first``.
+
+        Yields:
+            ``LedgerEntry`` objects, in order, from ``first`` on.
+
+        Raises:
+            IncorrectParameterError: ``first`` is negative.
+            BookieUnavailableError: an entry could not be read (no replica answered it has none).
+        """
         async for batch in self._read_chunks(first, last, stop_on_missing=True):
             for e in batch.entries():
                 yield e
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
+        """One entry, as ``read(entry_id, entry_id)``.
+
+        Raises:
+            The errors of ``read``.
+        """
         async for e in self.read(entry_id, entry_id):
             return e
         raise E.NoSuchEntryError(f"entry {entry_id}", ledger_id=self.ledger_id)
@@ -599,7 +702,15 @@ class LedgerHandle(WriterSendPath):
                 self._lac = max(self._lac, fresh.value.last_entry_id)
 
     async def read_last_add_confirmed(self) -> int:
-        """Ask the last ensemble for its LAC (max over a coverage set of answers); never goes backwards."""
+        """Ask the last ensemble for its LAC (max over a coverage set of answers); never goes backwards.
+
+        Returns:
+            The handle's ``last_add_confirmed``, raised to what the bookies reported (a CLOSED ledger's last
+            entry id once the metadata says CLOSED).
+
+        Raises:
+            BookieUnavailableError: too few bookies answered to cover every entry's write set.
+        """
         md = self.metadata
         if md.state is LedgerState.CLOSED:
             self._lac = max(self._lac, md.last_entry_id)
