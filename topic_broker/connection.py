@@ -308,9 +308,12 @@ class ProtocolConnection:
     def data_to_send(self) -> bytes:
         if not self._out:
             return b""
-        data = b"".join(self._out)
-        self._out.clear()
-        return data
+        return b"".join(self.take_frames())
+
+    def take_frames(self) -> list[bytes]:
+        """What to send, as the buffers queued (for ``transport.writelines``: nothing is copied to join them)."""
+        out, self._out = self._out, []
+        return out
 
     @property
     def has_data_to_send(self) -> bool:

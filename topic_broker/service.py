@@ -192,9 +192,9 @@ class Session:
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        data = self.conn.data_to_send()
-        if data and not self.closed:
-            self.transport.write(data)
+        frames = self.conn.take_frames()
+        if frames and not self.closed:
+            self.transport.writelines(frames)
         if self.conn.closed and not self.closed:
             log.info("connection %s closed by the broker: %s", self.peer, self.conn.close_reason)
             self.closed = True
@@ -372,11 +372,14 @@ class SubscriptionRuntime:
                     continue
                 entry = cmd.entry
                 pos = entry.position
-                c.session.send(
-                    wire.message(
-                        c.consumer_id, pos[0], pos[1], entry.data, redelivery_count=cmd.redelivery_count
+                session = c.session
+                # the frame's head, then the stored entry as it is (two buffers, no copy)
+                session.send(
+                    wire.message_head(
+                        c.consumer_id, pos[0], pos[1], len(entry.data), redelivery_count=cmd.redelivery_count
                     )
                 )
+                session.send(entry.data)
                 self.topic.service.metrics.dispatched(
                     self.topic.key, self.name, entry.num_messages, len(entry.data) if entry.data else 0
                 )

@@ -76,6 +76,7 @@ __all__ = [
     "lookup_response",
     "make_entry",
     "message",
+    "message_head",
     "parse_entry",
     "partitioned_metadata_response",
     "ping",
@@ -520,6 +521,27 @@ def send_error(producer_id: int, sequence_id: int, code: pb.ServerError, message
     )
 
 
+def message_head(
+    consumer_id: int, ledger_id: int, entry_id: int, entry_size: int, *, redelivery_count: int = 0
+) -> bytes:
+    """The start of a MESSAGE frame (its sizes and command) for a stored entry of ``entry_size`` bytes at
+    (ledger_id, entry_id), which follows it unchanged: the dispatcher writes the two as separate buffers, so
+    the entry is not copied into the frame."""
+    if consumer_id < 0 or not 0 <= redelivery_count < 2**32 or entry_size < _ENTRY_HEADER_SIZE:
+        raise ValueError(
+            f"no MESSAGE head for consumer {consumer_id}, redelivery count {redelivery_count}, "
+            f"an entry of {entry_size} bytes"
+        )
+    m = bytearray(b"\x08")  # consumer_id = 1
+    _varint(consumer_id, m)
+    _with_field(m, 0x12, _mid_bytes(ledger_id, entry_id))  # message_id = 2
+    if redelivery_count:
+        m.append(0x18)  # redelivery_count = 3
+        _varint(redelivery_count, m)
+    cmd = _base_command(_T.MESSAGE, 0x4A, m)  # BaseCommand.message = 9
+    return b"".join((_HEADER.pack(4 + len(cmd) + entry_size, len(cmd)), cmd))
+
+
 def message(
     consumer_id: int,
     ledger_id: int,
@@ -539,15 +561,9 @@ def message(
         and consumer_id >= 0
         and 0 <= redelivery_count < 2**32
     ):
-        m = bytearray(b"\x08")  # consumer_id = 1
-        _varint(consumer_id, m)
-        _with_field(m, 0x12, _mid_bytes(ledger_id, entry_id))  # message_id = 2
-        if redelivery_count:
-            m.append(0x18)  # redelivery_count = 3
-            _varint(redelivery_count, m)
-        cmd = _base_command(_T.MESSAGE, 0x4A, m)  # BaseCommand.message = 9
         assert bytes(entry[:2]) == _CHECKSUM_MAGIC_BYTES, "a stored entry starts with the checksum magic"
-        return b"".join((_HEADER.pack(4 + len(cmd) + len(entry), len(cmd)), cmd, entry))
+        head = message_head(consumer_id, ledger_id, entry_id, len(entry), redelivery_count=redelivery_count)
+        return b"".join((head, entry))
     command = _T(
         type=_T.MESSAGE,
         message=pb.CommandMessage(
