@@ -243,7 +243,18 @@ def latency_trace(
 
 
 #: Log lines worth showing beside a run's latency: warnings, stalls and the storage's own events.
-_EVENT_WORDS = ("WARNING", "ERROR", "stall", "rolled over", "rotat", "flush", "compact", "checkpoint")
+_EVENT_WORDS = (
+    "WARNING",
+    "ERROR",
+    "stall",
+    "slow",
+    "gc:",
+    "rolled over",
+    "rotat",
+    "flush",
+    "compact",
+    "checkpoint",
+)
 
 
 def log_events(paths: list[Any], start: float, end: float, limit: int = 20) -> list[str]:

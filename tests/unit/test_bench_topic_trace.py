@@ -42,10 +42,15 @@ def test_log_events_keeps_the_run_s_warnings_and_storage_events(tmp_path: Path) 
         "not a log line\n"
     )
     bookie = tmp_path / "bookie-1.log"
-    bookie.write_text("2026-11-27 20:30:01,000 INFO bookie.journal: journal rotated to segment 3\n")
+    bookie.write_text(
+        "2026-11-27 20:30:01,000 INFO bookie.journal: journal rotated to segment 3\n"
+        "2026-11-27 20:30:03,000 INFO bookie.gc: bookie=b gc: 2 ledgers deleted\n"
+        "2026-11-27 20:30:04,000 INFO bookie.server: a routine line\n"
+    )
     got = log_events([broker, bookie, tmp_path / "missing.log"], start, start + 10)
     assert got == [
         "+1.00s bookie-1.log: INFO bookie.journal: journal rotated to segment 3",
         "+2.50s broker.log: WARNING topic_broker.main: stall: the event loop was 300 ms late",
+        "+3.00s bookie-1.log: INFO bookie.gc: bookie=b gc: 2 ledgers deleted",
     ]
     assert log_events([broker], start, start + 10, limit=0) == []
