@@ -242,6 +242,38 @@ def latency_trace(
     return out
 
 
+def fsync_tail(metrics_text: str, over_s: tuple[float, ...] = (0.1, 0.25)) -> list[float]:
+    """From a bookie's ``/metrics``: how many journal write+fsyncs so far took longer than each of ``over_s``
+    (``bookie_journal_fsync_seconds``; each bound must be one of its bucket bounds). Raises ValueError when
+    the histogram or a bucket is missing."""
+    import re
+
+    buckets: dict[float, float] = {}
+    count: float | None = None
+    for line in metrics_text.splitlines():
+        m = re.match(r'bookie_journal_fsync_seconds_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\} (\S+)', line)
+        if m:
+            buckets[float(m.group(1))] = float(m.group(2))
+        elif line.startswith("bookie_journal_fsync_seconds_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    if count is None:
+        raise ValueError("no bookie_journal_fsync_seconds histogram in the metrics")
+    missing = [b for b in over_s if b not in buckets]
+    if missing:
+        raise ValueError(f"no fsync bucket with the bound {missing[0]}")
+    return [count - buckets[b] for b in over_s]
+
+
+def _fsync_tails(http_ports: list[int]) -> list[list[float]]:
+    import urllib.request
+
+    out = []
+    for port in http_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            out.append(fsync_tail(r.read().decode()))
+    return out
+
+
 #: Log lines worth showing beside a run's latency: warnings, stalls and the storage's own events.
 _EVENT_WORDS = (
     "WARNING",
@@ -410,6 +442,7 @@ def run(args: argparse.Namespace) -> int:
         pids: dict[str, int] = {}
         admin_url: str | None = None
         logs: list[Any] = []  # the broker's and bookies' logs, for the events beside the latency
+        bookie_http: list[int] = []  # the bookies' admin ports (/metrics), for their journal syncs
         if args.service_url:
             url, zk, root = args.service_url, args.zk, args.zk_root
         else:
@@ -436,11 +469,17 @@ def run(args: argparse.Namespace) -> int:
             pids.update({f"bookie{i}": b.proc.pid for i, b in enumerate(bookies) if b.proc})
             admin_url = f"http://127.0.0.1:{bp.http_port}"
             logs = [tmp / "broker.log", *(b.log_path for b in bookies if b.log_path)]
+            bookie_http = [b.http_port for b in bookies]
 
         def one_run(rate: float, consume: bool) -> dict[str, Any]:
             topic = f"persistent://public/default/bench-{uuid.uuid4().hex[:8]}"
             _create_topic(zk, root, topic, args.partitions)
+            before = _fsync_tails(bookie_http)
             row = _phase(url, topic, args, rate, consume, pids, logs)
+            if bookie_http:  # slow journal syncs during the run, per bookie: a stall of every add on them
+                after = _fsync_tails(bookie_http)
+                row["fsyncs_over_100ms"] = [int(a[0] - b[0]) for a, b in zip(after, before, strict=True)]
+                row["fsyncs_over_250ms"] = [int(a[1] - b[1]) for a, b in zip(after, before, strict=True)]
             if admin_url:  # what the broker stored, counted by the broker: the producers' figure checked
                 stored = _stored_messages(admin_url, topic)
                 if stored != row["acked"]:

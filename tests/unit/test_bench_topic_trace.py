@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerstore.bench_topic import latency_trace, log_events
+from ledgerstore.bench_topic import fsync_tail, latency_trace, log_events
 
 
 def test_the_trace_names_the_stalled_window_and_the_longest_gap() -> None:
@@ -54,3 +54,23 @@ def test_log_events_keeps_the_run_s_warnings_and_storage_events(tmp_path: Path) 
         "+3.00s bookie-1.log: INFO bookie.gc: bookie=b gc: 2 ledgers deleted",
     ]
     assert log_events([broker], start, start + 10, limit=0) == []
+
+
+FSYNC_METRICS = """# HELP bookie_journal_fsync_seconds Journal write+fsync latency
+# TYPE bookie_journal_fsync_seconds histogram
+bookie_journal_fsync_seconds_bucket{le="0.05"} 327.0
+bookie_journal_fsync_seconds_bucket{le="0.1"} 328.0
+bookie_journal_fsync_seconds_bucket{le="0.25"} 330.0
+bookie_journal_fsync_seconds_bucket{le="+Inf"} 334.0
+bookie_journal_fsync_seconds_count 334.0
+bookie_add_latency_seconds_bucket{le="0.1"} 1.0
+"""
+
+
+def test_fsync_tail_counts_the_syncs_over_each_bound() -> None:
+    assert fsync_tail(FSYNC_METRICS) == [6.0, 4.0]
+    assert fsync_tail(FSYNC_METRICS, (0.05,)) == [7.0]
+    with pytest.raises(ValueError, match="no fsync bucket with the bound 0.5"):
+        fsync_tail(FSYNC_METRICS, (0.5,))
+    with pytest.raises(ValueError, match="no bookie_journal_fsync_seconds histogram"):
+        fsync_tail("bookie_add_latency_seconds_count 3.0\n")
