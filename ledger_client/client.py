@@ -41,10 +41,10 @@ from .metadata import _meta, read_metadata, update_metadata
 from .pending import DEFAULT_OUTSTANDING_ADDS_MAX, WritePipeline
 from .placement import choose_ensemble, replace_failed
 from .quorum import CoverageSet, answer_for_status, validate_quorum, write_set
-from .read_conn import ReadConnection, ReadPool
-from .read_planner import Batch, Outcome, ReadPlanner, ReadyRuns, Unreadable
+from .range_reader import BatchReader, RefreshAndRetry
+from .read_conn import ReadPool
 from .recovery_driver import recover
-from .send_path import _FRAME_HEADER_LEN, _OPEN, AddCallback, WriterSendPath, _ignore_add
+from .send_path import _OPEN, AddCallback, WriterSendPath, _ignore_add
 
 log = logging.getLogger("ledgerstore.client")
 
@@ -653,7 +653,7 @@ class LedgerHandle(WriterSendPath):
                     yield EntryBatch(self.ledger_id, nxt, chunk)
                     nxt += n
                 return
-            except _RefreshAndRetry as r:
+            except RefreshAndRetry as r:
                 # The ledger is still open: a writer may have replaced bookies since this handle read its
                 # metadata (an ensemble change moves entries from LAC+1 on to new bookies). Follow the
                 # metadata, like a BookKeeper read handle does, and try that entry once more.
@@ -665,9 +665,9 @@ class LedgerHandle(WriterSendPath):
     ) -> AsyncIterator[list[bytes]]:
         """The payloads of entries first..last from READ_RANGE batches (``ReadPlanner``), verified and in
         order, in runs of those ready. An entry no replica returned ends the read: silently
-        (``stop_on_missing`` and every replica said it has none), with ``_RefreshAndRetry`` (an open ledger,
+        (``stop_on_missing`` and every replica said it has none), with ``RefreshAndRetry`` (an open ledger,
         unless ``final``) or with the error."""
-        reader = _BatchReader(self, first, last)
+        reader = BatchReader(self, first, last)
         try:
             reader.start()
             take = reader.ready.take
@@ -686,7 +686,7 @@ class LedgerHandle(WriterSendPath):
                     if stop_on_missing and bad.missing:
                         return
                     if not final and self.metadata.state is not LedgerState.CLOSED:
-                        raise _RefreshAndRetry(eid)
+                        raise RefreshAndRetry(eid)
                     raise reader.error(bad)
                 reader.more(eid)
                 reader.wake.clear()
@@ -806,180 +806,3 @@ class LedgerHandle(WriterSendPath):
     async def _recover(self) -> None:
         """Fence the ledger, find its end, write its tail back and close it (``recovery_driver``)."""
         await recover(self)
-
-
-class _RefreshAndRetry(Exception):
-    """An open ledger's entry no replica of the handle's metadata returned: refresh it and read on from there."""
-
-    def __init__(self, entry_id: int) -> None:
-        super().__init__(entry_id)
-        self.entry_id = entry_id
-
-
-_RANGE_REPLY_FIXED = _FRAME_HEADER_LEN + 21  # frame header + u8 status, u64 ledger, i64 first, u32 n
-
-
-class _BatchReader:
-    """The I/O of one batched sequential read: sends the ``ReadPlanner``'s batches as READ_RANGE requests (with a
-    timeout each) on read connections, verifies every returned entry's digest where it lies in the received
-    bytes (``EntryCodec.verify_spans``), and files their payloads in ``ready`` (a piece per answer) for the
-    consumer, which ``wake`` wakes."""
-
-    def __init__(self, lh: LedgerHandle, first: int, last: int) -> None:
-        md = lh.metadata
-        cfg = lh.bk.config
-        self.lh = lh
-        self.batch_entries = max(1, cfg.read_batch_entries)
-        # the reply must fit a frame: its fixed part and a u32 length per entry, then at most max_bytes
-        self.max_bytes = max(
-            1, min(cfg.read_batch_bytes, p.FRAME_SIZE_MAX - _RANGE_REPLY_FIXED - 4 * self.batch_entries)
-        )
-        self.planner = ReadPlanner(
-            first,
-            last,
-            [(ens.first_entry_id, ens.bookies) for ens in md.ensembles],
-            ensemble_size=md.ensemble_size,
-            write_quorum=md.write_quorum,
-            batch_entries=self.batch_entries,
-            window=max(1, cfg.read_ahead_batches),
-        )
-        self.ready = ReadyRuns(self.planner.step)
-        self.unreadable: dict[int, Unreadable] = {}
-        self.fatal: E.LedgerError | None = None
-        self.wake = asyncio.Event()
-        # batch -> (connection, request id, its timeout) while it waits for an answer
-        self._waiting: dict[Batch, tuple[ReadConnection | None, int, asyncio.TimerHandle | None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closed = False
-
-    def start(self) -> None:
-        self._send_all(self.planner.next_batches())
-
-    def more(self, consumed: int) -> None:
-        """The consumer took every entry before ``consumed``: read ahead from there."""
-        planner = self.planner
-        planner.consumed = consumed
-        if planner.in_flight < planner.window and not planner.done_planning:
-            self._send_all(planner.next_batches())
-
-    def _send_all(self, batches: list[Batch]) -> None:
-        for b in batches:
-            self._send(b)
-
-    def _send(self, b: Batch, conn: ReadConnection | None = None) -> None:
-        if self._closed:
-            return
-        conn = conn or self.lh.bk.read_pool.get_nowait(b.bookie)
-        self._waiting[b] = (conn, 0, None)
-        if conn is None:
-            task = asyncio.ensure_future(self._connect_and_send(b))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            return
-        lh = self.lh
-        rid = conn.next_id()
-        req = p.ReadRangeRequest(
-            request_id=rid,
-            ledger_id=lh.ledger_id,
-            first_entry_id=b.first,
-            last_entry_id=b.last,
-            master_key=lh._key,
-            max_bytes=self.max_bytes,
-            step=b.step,
-        )
-        conn.send_read_range(req, functools.partial(self._on_reply, b))
-        if b in self._waiting:  # (a closed connection answers at once)
-            timer = lh._loop.call_later(lh.bk.config.read_timeout_s, self._on_timeout, b)
-            self._waiting[b] = (conn, rid, timer)
-
-    async def _connect_and_send(self, b: Batch) -> None:
-        try:
-            conn = await self.lh.bk.read_pool.get(b.bookie)
-        except E.LedgerError as e:
-            self._answer(b, 0, Outcome.FAILED, e.code)
-            return
-        except OSError as e:
-            self._answer(b, 0, Outcome.FAILED, str(e))
-            return
-        if b in self._waiting:
-            self._send(b, conn)
-
-    def _on_timeout(self, b: Batch) -> None:
-        conn, rid, _ = self._waiting.get(b, (None, 0, None))
-        if conn is not None:
-            conn.forget(rid)
-        self._answer(b, 0, Outcome.FAILED, "TIMEOUT")
-
-    def _on_reply(self, b: Batch, resp: p.ReadRangeSpans | None, exc: BaseException | None) -> None:
-        if b not in self._waiting:  # timed out before (or closed)
-            return
-        if exc is not None or resp is None:
-            code = exc.code if isinstance(exc, E.LedgerError) else type(exc).__name__
-            self._answer(b, 0, Outcome.FAILED, code)
-            return
-        status = resp.status
-        if status == p.Status.OK:
-            lh = self.lh
-            count = b.count
-            bounds = resp.bounds if len(resp.bounds) <= 2 * count else resp.bounds[: 2 * count]
-            payloads, bad = lh._codec.verify_spans(resp.data, bounds, b.first, b.step)
-            n = len(payloads)
-            self.ready.add(b.first, payloads)
-            outcome: Outcome | None = None
-            why = ""
-            if bad is not None:
-                log.error("ledger=%d bookie=%s: %s", lh.ledger_id, b.bookie, bad)
-                outcome, why = Outcome.FAILED, "DIGEST_MISMATCH"
-            elif n < count:
-                outcome = Outcome.SHORT
-            self._answer(b, n, outcome, why)
-        elif status == p.Status.UNAUTHORIZED:  # (the metadata accepted the password: the bookie is odd)
-            self.lh.bk.report_unauthorized(b.bookie, self.lh.ledger_id, "a range read")
-            self._answer(b, 0, Outcome.FAILED, status.name)
-        elif status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
-            self._answer(b, 0, Outcome.MISSING, status.name)
-        else:
-            self._answer(b, 0, Outcome.FAILED, status.name)
-
-    def _answer(self, b: Batch, delivered: int, outcome: Outcome | None, why: str) -> None:
-        waiting = self._waiting.pop(b, None)
-        if waiting is None or self._closed:
-            return
-        if waiting[2] is not None:
-            waiting[2].cancel()
-        settled = self.planner.on_answer(b, delivered, outcome, why)
-        if settled.unreadable is not None:
-            self.unreadable[settled.unreadable.entry_id] = settled.unreadable
-        self._send_all(settled.retries)
-        if delivered or settled.unreadable is not None or self.fatal is not None:
-            self.wake.set()
-
-    def error(self, bad: Unreadable) -> E.LedgerError:
-        eid, lid = bad.entry_id, self.lh.ledger_id
-        if bad.missing:
-            return E.NoSuchEntryError(
-                f"entry {eid} not found on any replica: {'; '.join(bad.errors)}", ledger_id=lid, entry_id=eid
-            )
-        return E.BookieUnavailableError(
-            f"entry {eid} unreadable from every replica: {'; '.join(bad.errors)}", ledger_id=lid, entry_id=eid
-        )
-
-    def close(self) -> None:
-        self._closed = True
-        waiting, self._waiting = self._waiting, {}
-        for conn, rid, timer in waiting.values():
-            if conn is not None:
-                conn.forget(rid)
-            if timer is not None:
-                timer.cancel()
-        _discard(list(self._tasks))
-
-
-def _discard(tasks: Any) -> None:
-    """Cancel prefetched reads nobody will consume (and retrieve the errors of those that already failed)."""
-    for t in tasks:
-        if t.done():
-            if not t.cancelled():
-                t.exception()
-        else:
-            t.cancel()

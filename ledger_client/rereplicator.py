@@ -54,7 +54,7 @@ WRITE_WINDOW_ENTRIES = 1000
 WRITE_WINDOW_BYTES = 4 * 1024 * 1024
 #: entries sent per throttle call (and per check of the window)
 _SEND_GROUP = 64
-#: READ_RANGE reply overhead: frame header, u8 status, u64 ledger, i64 first, u32 count (client._RANGE_REPLY_FIXED)
+#: READ_RANGE reply overhead: frame header, u8 status, u64 ledger, i64 first, u32 count (range_reader._RANGE_REPLY_FIXED)
 _RANGE_REPLY_FIXED = 64
 
 Throttle = Callable[[int], Awaitable[None]]
