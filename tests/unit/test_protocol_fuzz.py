@@ -194,3 +194,16 @@ def test_read_range_replies_fit_the_frame_limit() -> None:
     assert len(frame) - 4 <= p.FRAME_SIZE_MAX
     with pytest.raises(p.ProtocolError):
         p.encode_read_range_response(1, p.Status.OK, 1, 0, small[: n + 1])
+
+
+def test_read_range_fitting_at_the_exact_limit() -> None:
+    """Entries filling the reply to the byte all fit; one byte more leaves the last one out."""
+    room = p.READ_RANGE_REPLY_BYTES_MAX
+    n = 64
+    size = room // n - 4
+    exact = [b"a" * size] * (n - 1) + [b"b" * (room - (n - 1) * (size + 4) - 4)]
+    assert 4 * n + sum(map(len, exact)) == room
+    assert p.read_range_entries_fitting(exact) == n
+    over = [*exact[:-1], exact[-1] + b"c"]
+    assert p.read_range_entries_fitting(over) == n - 1
+    assert p.read_range_entries_fitting([]) == 0
