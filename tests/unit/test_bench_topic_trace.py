@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerstore.bench_topic import fsync_tail, latency_trace, log_events
+from ledgerstore.bench_topic import fsync_tail, latency_trace, log_events, metric_value
 
 
 def test_the_trace_names_the_stalled_window_and_the_longest_gap() -> None:
@@ -74,3 +74,11 @@ def test_fsync_tail_counts_the_syncs_over_each_bound() -> None:
         fsync_tail(FSYNC_METRICS, (0.5,))
     with pytest.raises(ValueError, match="no bookie_journal_fsync_seconds histogram"):
         fsync_tail("bookie_add_latency_seconds_count 3.0\n")
+
+
+def test_metric_value_reads_one_unlabelled_sample() -> None:
+    text = "# HELP bookie_read_bytes_total Bytes\nbookie_read_bytes_total 1.5e+06\nbookie_reads_total 7.0\n"
+    assert metric_value(text, "bookie_read_bytes_total") == 1.5e6
+    assert metric_value(text, "bookie_reads_total") == 7.0
+    with pytest.raises(ValueError, match="no bookie_adds_total"):
+        metric_value(text, "bookie_adds_total")
