@@ -452,6 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
         "its SSTs, which saves the blob files' CRC), on (always: deleting a ledger reads nothing back), or off",
     )
     serve.add_argument(
+        "--storage-direct-io",
+        action="store_true",
+        help="RocksDB flushes and compactions bypass the page cache (O_DIRECT, 128 KiB requests); by default "
+        "they go through it, synced every 1 MiB, so the first read of entries just flushed reads memory",
+    )
+    serve.add_argument(
         "--storage-blob-gc-ratio",
         type=float,
         default=0.5,
