@@ -106,6 +106,7 @@ class BookieConfig:
     journal_segment_mb: int = 256
     journal_reuse_segments: int = 4  # old segments kept to be written over
     journal_prealloc_mb: float = 2.0  # zeros an idle journal writes ahead of its records
+    journal_direct_io: bool = True  # aligned batches written with O_DIRECT where the filesystem allows it
     fsync: bool = True
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
@@ -220,6 +221,7 @@ class Bookie:
             reuse_segments=cfg.journal_reuse_segments,
             preallocate_bytes=int(cfg.journal_prealloc_mb * 1024 * 1024),
             fsync=cfg.fsync,
+            direct_io=cfg.journal_direct_io,
             on_sync=self._on_sync,
         )
         self.journal.on_error = self._on_journal_error
@@ -751,6 +753,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         journal_segment_mb=getattr(args, "journal_segment_mb", 256),
         journal_reuse_segments=getattr(args, "journal_reuse_segments", 4),
         journal_prealloc_mb=getattr(args, "journal_prealloc_mb", 2.0),
+        journal_direct_io=not getattr(args, "no_journal_direct_io", False),
         fsync=not args.no_fsync,
         disk_usage_threshold=args.disk_usage_threshold,
         disk_usage_lwm=args.disk_usage_lwm,

@@ -932,6 +932,11 @@ def register_core_metrics(server: BookieServer, journal_stats: Callable[[], dict
         lambda: journal_stats().get("inline_syncs", 0),
     )
     m.counter(
+        "bookie_journal_direct_writes_total",
+        "Journal batches written with O_DIRECT, bypassing the page cache (--no-journal-direct-io: none)",
+        lambda: journal_stats().get("direct_writes", 0),
+    )
+    m.counter(
         "bookie_journal_preallocated_bytes_total",
         "Zeros an idle journal wrote ahead of its records",
         lambda: journal_stats().get("preallocated_bytes", 0),

@@ -423,6 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
         "does not also commit the file's growth (0: none)",
     )
     serve.add_argument(
+        "--no-journal-direct-io",
+        action="store_true",
+        help="write the journal through the page cache (by default its page-aligned batches bypass it with "
+        "O_DIRECT where the filesystem allows it: no copy into the cache and a shorter fdatasync)",
+    )
+    serve.add_argument(
         "--write-buffer-mb",
         type=int,
         default=64,
