@@ -7,12 +7,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from ledgerstore.cluster import BookieProcess, free_port
 from tests.zk_testing import zk_connect, zk_root, zk_server, zk_store  # noqa: F401
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+# Property tests check results, never speed: on a shared 2-core machine one example can take longer than
+# hypothesis's default 200 ms deadline without anything being wrong.
+settings.register_profile("shared-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-machine")
 
 
 class BookieFactory:

@@ -524,11 +524,16 @@ def test_idle_journal_has_no_timer_or_busy_loop(tmp_path: Path) -> None:
     async def main() -> None:
         j = await open_journal(tmp_path)
         assert await append_all(j, entries(3)) == [None] * 3
-        await asyncio.sleep(0.01)
+        # an idle journal may write zeros ahead once (a job on the writer thread; slow on a busy disk): let it end
+        for _ in range(1000):
+            if not j._io_busy and not j._look_scheduled:
+                break
+            await asyncio.sleep(0.01)
         assert not j._look_scheduled and j._timer is None and not j._io_busy
-        syncs = j.stats["syncs"]
+        busy = (j.stats["syncs"], j.stats["preallocations"])
         await asyncio.sleep(0.05)
-        assert j.stats["syncs"] == syncs
+        assert (j.stats["syncs"], j.stats["preallocations"]) == busy
+        assert not j._look_scheduled and j._timer is None and not j._io_busy
         await j.close()
 
     asyncio.run(main())
