@@ -128,9 +128,7 @@ class BookieConfig:
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
     storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
     storage_blob_files: str = "auto"  # entries in blob files: auto (while ledgers interleave), on, off
-    storage_direct_io: bool = (
-        False  # flushes and compactions bypass the page cache (before 2026-11-27: always)
-    )
+    storage_flush_io: str = "direct"  # RocksDB flushes and compactions: direct (O_DIRECT) or page-cache
     storage_blob_gc_ratio: float = 0.5  # collect blob files' garbage once it is this share of them...
     storage_blob_gc_min_mb: int = 64  # ...and at least this many MiB
     auth_secret_file: Path | None = None  # HS256 token secret: tokens are checked (data plane and admin HTTP)
@@ -211,7 +209,7 @@ class Bookie:
             write_rate_mb=cfg.storage_write_rate_mb,
             flush_threads=cfg.storage_flush_threads,
             blob_files=cfg.storage_blob_files,
-            direct_io=cfg.storage_direct_io,
+            direct_io=cfg.storage_flush_io != "page-cache",
             blob_gc=BlobGarbagePolicy(cfg.storage_blob_gc_ratio, cfg.storage_blob_gc_min_mb * 1024 * 1024),
         )
         self.journal = Journal(
@@ -766,7 +764,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         storage_write_rate_mb=getattr(args, "storage_write_rate_mb", 0),
         storage_flush_threads=getattr(args, "storage_flush_threads", 1),
         storage_blob_files=getattr(args, "storage_blob_files", "auto"),
-        storage_direct_io=getattr(args, "storage_direct_io", False),
+        storage_flush_io=getattr(args, "storage_flush_io", "direct"),
         storage_blob_gc_ratio=getattr(args, "storage_blob_gc_ratio", 0.5),
         storage_blob_gc_min_mb=getattr(args, "storage_blob_gc_min_mb", 64),
         frame_grace_s=getattr(args, "frame_grace_s", srv.DEFAULT_FRAME_GRACE_S),

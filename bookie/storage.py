@@ -573,7 +573,7 @@ class RocksLedgerStorage:
         blob_files: str = "auto",
         blob_window_s: float = 1.0,
         blob_gc: BlobGarbagePolicy | None = None,
-        direct_io: bool = False,
+        direct_io: bool = True,
     ) -> None:
         from rocksdict import DBCompressionType, Options, Rdict, ReadOptions, WriteOptions
 
@@ -603,15 +603,15 @@ class RocksLedgerStorage:
         # SST and blob files rather than have RocksDB advise random access: a range read of entries just
         # flushed costs a fraction of what it did (docs/benchmarks-history.md, "Strided READ_RANGE for Qw < E").
         opts.set_advise_random_on_open(False)
-        # Flushes and compactions write through the page cache, syncing every FLUSH_SYNC_BYTES as they go
-        # (sync_file_range): the entries just flushed stay cached, so the first read after a write (a catch-up
-        # reader, a Spark scan, recovery) reads memory, not the disk. With direct I/O (``direct_io``, the default
-        # until 2026-11-27) that first read cost each bookie far more CPU than a warm one (page-cache misses and
-        # read-ahead I/O in the kernel; docs/benchmarks-history.md, "Flushes through the page cache").
-        # The incremental syncs keep a memtable flush from landing on the device as one 64 MiB burst at the
-        # SST's fsync (every journal fdatasync queued behind such a burst waited for it); direct I/O in
-        # 128 KiB requests was the earlier answer to that (docs/benchmarks-history.md, "Index column family,
-        # direct I/O, blob files").
+        # Flushes and compactions write with direct I/O in 128 KiB requests (``direct_io``, the default): a
+        # memtable flush never has more than one request in flight in front of the journal's fdatasyncs on a
+        # shared disk, and never lands on the device as one 64 MiB burst at the SST's fsync
+        # (docs/benchmarks-history.md, "Index column family, direct I/O, blob files"). Without it they write
+        # through the page cache, syncing every FLUSH_SYNC_BYTES as they go (sync_file_range): the entries just
+        # flushed stay cached, so the first read after a write (a catch-up reader, a Spark scan, recovery) reads
+        # memory and costs each bookie about half the CPU ("Flushes through the page cache"); but the writeback
+        # it queues delays the journal's syncs, and the write tail under load grows about 3x ("Flushes through
+        # the page cache: the write side"). ``--storage-flush-io`` chooses.
         if direct_io and _supports_direct_io(directory):
             opts.set_use_direct_io_for_flush_and_compaction(True)
             opts.set_writable_file_max_buffer_size(DIRECT_WRITE_BYTES)

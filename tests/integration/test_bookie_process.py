@@ -375,11 +375,11 @@ def test_journal_on_its_own_directory_survives_kill9_and_is_part_of_the_cookie(b
 
 
 def test_paced_direct_io_storage_flushes_and_keeps_every_entry(bookies) -> None:
-    """--storage-direct-io with --storage-write-rate-mb: direct-I/O, rate-limited RocksDB flushes. With a 1 MiB
-    memtable and 1 s checkpoints the entries go through many flushes and a checkpoint that drops the journal
+    """--storage-flush-io direct with --storage-write-rate-mb: direct-I/O, rate-limited RocksDB flushes. With a
+    1 MiB memtable and 1 s checkpoints the entries go through many flushes and a checkpoint that drops the journal
     behind them; after a restart every entry reads back from storage alone."""
     bp = bookies.start(
-        "--storage-direct-io",
+        "--storage-flush-io=direct",
         "--storage-write-rate-mb=20",
         "--write-buffer-mb=1",
         "--checkpoint-interval-s=1",
