@@ -157,6 +157,8 @@ from typing import Any
 
 import crc32c as _crc32c_mod
 
+from .storage import _supports_direct_io
+
 __all__ = [
     "ALIGNMENT",
     "Journal",
@@ -222,21 +224,6 @@ _ZEROS = bytes(256 * 1024)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _DIRECT_ALIGN = 4096  # O_DIRECT offsets, sizes and buffers: a multiple of the page (and of any block size)
 _DIRECT_BUF_MIN = 1024 * 1024
-
-
-def _direct_io_works(directory: Path) -> bool:
-    """Whether files in ``directory`` can be opened with O_DIRECT (tmpfs, for one, refuses it)."""
-    if not _O_DIRECT:
-        return False
-    probe = directory / ".direct-io-probe"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | _O_DIRECT | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return False
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        probe.unlink()
-    return True
 
 
 #: what a segment scan reports on an all-zero record header: the end of what was written, not damage
@@ -545,7 +532,7 @@ class Journal:
             and remove_pages_from_cache
             and direct_io
             and self._alignment > 0
-            and _direct_io_works(self.directory)
+            and _supports_direct_io(self.directory)
         )
         self._dfd = -1  # the current segment opened with O_DIRECT (writer thread)
         self._dfd_seq = -1

@@ -13,11 +13,12 @@ import pytest
 
 import bookie.journal as journal_mod
 from bookie.journal import Journal, JournalRecord, RecordType
+from bookie.storage import _supports_direct_io
 
 from .test_journal import append_all, open_journal, segments
 
 pytestmark = pytest.mark.skipif(
-    not journal_mod._direct_io_works(Path(os.environ.get("TMPDIR", "/tmp"))),
+    not _supports_direct_io(Path(os.environ.get("TMPDIR", "/tmp"))),
     reason="a filesystem without O_DIRECT",
 )
 
