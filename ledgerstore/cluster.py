@@ -223,6 +223,8 @@ def command(args: argparse.Namespace) -> int:
 def _check_ports_free(ports: list[tuple[int, str]]) -> None:
     """Refuse to start when a port the cluster needs is taken (another cluster, another program): the process
     given it would fail to bind, and a health check could be answered by whoever holds the port."""
+    from zk.launcher import port_is_free
+
     taken = []
     seen: dict[int, str] = {}
     for port, what in ports:
@@ -231,11 +233,8 @@ def _check_ports_free(ports: list[tuple[int, str]]) -> None:
                 f"port {port} is both {seen[port]} and {what}: choose ports that do not overlap", 2
             )
         seen[port] = what
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                taken.append(f"{port} ({what})")
+        if not port_is_free(port, "127.0.0.1"):
+            taken.append(f"{port} ({what})")
     if taken:
         raise CommandError(
             "ports in use on 127.0.0.1: " + ", ".join(taken) + "; pick free ones with the options named", 2
@@ -553,7 +552,6 @@ class BrokerProcess(ServiceProcess):
     def ready(self) -> bool:
         """Its Pulsar port accepts connections and its admin HTTP answers ``/health`` 200 (connected to
         ZooKeeper): both, since the admin server may start a moment after the Pulsar listener."""
-        import socket
 
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1):
