@@ -1363,8 +1363,7 @@ class Journal:
 
     def _write_direct(self, pieces: list[bytes | bytearray], size: int, start: int) -> None:
         """Write one aligned batch with O_DIRECT: copied into a page-aligned buffer (O_DIRECT needs one), then
-        one pwrite. A filesystem that refuses it (EINVAL) turns direct I/O off for good; the batch is then
-        written through the page cache."""
+        one pwrite (``_pwrite_direct``, which writes it through the page cache if O_DIRECT is refused)."""
         buf = self._dbuf
         if buf is None or len(buf) < size:
             if buf is not None:
@@ -1376,19 +1375,27 @@ class Journal:
                 n = len(piece)
                 mv[pos : pos + n] = piece
                 pos += n
-            try:
-                done = os.pwrite(self._direct_fd(), mv[:size], start)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                logger.warning("journal: O_DIRECT writes refused (%s); writing through the page cache", e)
-                self._direct = False
-                self._close_direct()
-                done = 0
-            if done:
+            if self._pwrite_direct(mv[:size], start):
                 self.stats["direct_writes"] += 1
-            if done < size:  # (a short direct write: the rest through the page cache)
-                _pwrite_all(self._fd, mv[done:size], start + done)
+
+    def _pwrite_direct(self, data: memoryview, offset: int) -> bool:
+        """Write ``data`` (page-aligned, in memory and on disk) at ``offset`` with one O_DIRECT pwrite (the rest
+        of a short one through the page cache); whether it went that way. A filesystem that refuses O_DIRECT
+        (EINVAL) turns direct I/O off for good, with one warning, and ``data`` is written through the page cache:
+        the caller's write happens either way."""
+        try:
+            done = os.pwrite(self._direct_fd(), data, offset)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            logger.warning("journal: O_DIRECT writes refused (%s); writing through the page cache", e)
+            self._direct = False
+            self._close_direct()
+            _pwrite_all(self._fd, data, offset)
+            return False
+        if done < len(data):
+            _pwrite_all(self._fd, data[done:], offset + done)
+        return True
 
     def _drop_written(self) -> None:
         """Drop the synced batches' pages from the page cache (nothing reads them before a restart), in steps
@@ -1413,10 +1420,11 @@ class Journal:
         if self._direct and not (start | end) % _DIRECT_ALIGN:
             if self._zbuf is None:
                 self._zbuf = mmap.mmap(-1, len(_ZEROS))  # anonymous memory: zeros, page-aligned
-            dfd = self._direct_fd()
             with memoryview(self._zbuf) as zeros:
-                while pos < end:
-                    pos += os.pwrite(dfd, zeros[: min(len(zeros), end - pos)], pos)
+                while pos < end and self._direct:  # (refused: the rest through the page cache)
+                    n = min(len(zeros), end - pos)
+                    self._pwrite_direct(zeros[:n], pos)
+                    pos += n
         while pos < end:
             pos += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), end - pos)], pos)
         self._zeroed = True

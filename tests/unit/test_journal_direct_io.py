@@ -86,3 +86,30 @@ def test_o_direct_refused_with_einval_falls_back_to_the_page_cache_and_loses_not
     assert len(refused) == 1  # refused once, then never tried again
     assert stats["direct_writes"] == 0
     assert _replayed(tmp_path) == records
+
+
+def test_o_direct_refused_while_writing_zeros_ahead_falls_back_like_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The zeros written ahead are the first O_DIRECT write of a segment (its first batch is not page-aligned):
+    refused there with EINVAL, they are written through the page cache, direct I/O is off for good (one
+    warning), and the journal appends, syncs and replays as before."""
+    real = os.pwrite
+    refused: list[bool] = []  # per refused write: was it zeros (a preallocation), not a batch
+
+    def pwrite(fd: int, data: memoryview, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & journal_mod._O_DIRECT:
+            refused.append(not any(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(journal_mod.os, "pwrite", pwrite)
+    records = _records(200)
+    with caplog.at_level("WARNING", logger=journal_mod.logger.name):
+        stats = _run(tmp_path, records, preallocate_bytes=256 * 1024)
+    assert refused == [True]  # refused once, on the zeros, then never tried again
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "O_DIRECT writes refused" in warnings[0], warnings
+    assert stats["preallocations"] >= 1 and stats["preallocated_bytes"] >= 256 * 1024
+    assert stats["direct_writes"] == 0 and stats["syncs"] > 1 and stats["failed_syncs"] == 0
+    assert _replayed(tmp_path) == records
