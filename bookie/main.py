@@ -56,7 +56,7 @@ from .journal import Journal
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
-from .storage import MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
+from .storage import DEFAULT_CACHE_MB, MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
 
 log = logging.getLogger("ledgerstore.bookie")
 
@@ -129,6 +129,9 @@ class BookieConfig:
     storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
     storage_blob_files: str = "auto"  # entries in blob files: auto (while ledgers interleave), on, off
     storage_flush_io: str = "direct"  # RocksDB flushes and compactions: direct (O_DIRECT) or page-cache
+    storage_cache_mb: int = (
+        DEFAULT_CACHE_MB  # the entries' block cache, filled by each flush (0: RocksDB's own)
+    )
     storage_blob_gc_ratio: float = 0.5  # collect blob files' garbage once it is this share of them...
     storage_blob_gc_min_mb: int = 64  # ...and at least this many MiB
     auth_secret_file: Path | None = None  # HS256 token secret: tokens are checked (data plane and admin HTTP)
@@ -210,6 +213,7 @@ class Bookie:
             flush_threads=cfg.storage_flush_threads,
             blob_files=cfg.storage_blob_files,
             direct_io=cfg.storage_flush_io != "page-cache",
+            cache_mb=cfg.storage_cache_mb,
             blob_gc=BlobGarbagePolicy(cfg.storage_blob_gc_ratio, cfg.storage_blob_gc_min_mb * 1024 * 1024),
         )
         self.journal = Journal(
@@ -472,6 +476,10 @@ class Bookie:
                 "1 while flushes put entries in blob files (--storage-blob-files; auto: ledgers interleave)",
             ),
             ("blob_files_switches", "Times --storage-blob-files auto switched blob files on or off"),
+            (
+                "cache_bytes",
+                "Bytes in the entries' RocksDB block cache (--storage-cache-mb; flushes fill it)",
+            ),
         ):
             self.server.metrics.gauge(
                 f"bookie_storage_{key}", help_text, functools.partial(_gauge, gauges, key)
@@ -765,6 +773,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         storage_flush_threads=getattr(args, "storage_flush_threads", 1),
         storage_blob_files=getattr(args, "storage_blob_files", "auto"),
         storage_flush_io=getattr(args, "storage_flush_io", "direct"),
+        storage_cache_mb=getattr(args, "storage_cache_mb", DEFAULT_CACHE_MB),
         storage_blob_gc_ratio=getattr(args, "storage_blob_gc_ratio", 0.5),
         storage_blob_gc_min_mb=getattr(args, "storage_blob_gc_min_mb", 64),
         frame_grace_s=getattr(args, "frame_grace_s", srv.DEFAULT_FRAME_GRACE_S),

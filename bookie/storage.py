@@ -441,6 +441,7 @@ MEMTABLES_MAX = 8
 BLOB_MIN_BYTES = 256
 BLOB_FILE_BYTES = 256 * 1024 * 1024
 RUNS_CACHED = 16
+DEFAULT_CACHE_MB = 256
 
 
 class ValueSeparation:
@@ -574,8 +575,17 @@ class RocksLedgerStorage:
         blob_window_s: float = 1.0,
         blob_gc: BlobGarbagePolicy | None = None,
         direct_io: bool = True,
+        cache_mb: int = DEFAULT_CACHE_MB,
     ) -> None:
-        from rocksdict import DBCompressionType, Options, Rdict, ReadOptions, WriteOptions
+        from rocksdict import (
+            BlockBasedOptions,
+            Cache,
+            DBCompressionType,
+            Options,
+            Rdict,
+            ReadOptions,
+            WriteOptions,
+        )
 
         directory.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
@@ -621,6 +631,19 @@ class RocksLedgerStorage:
                     "%s does not support direct I/O: storage flushes go through the page cache", directory
                 )
             opts.set_bytes_per_sync(FLUSH_SYNC_BYTES)
+        if cache_mb < 0:
+            raise ValueError(f"storage cache must be >= 0 MiB, not {cache_mb!r}")
+        if cache_mb > 0:
+            # The entries' block cache, which each flush fills with the blocks it writes (RocksDB's
+            # ``prepopulate_block_cache=kFlushOnly``, set once the database is open): with flushes written around
+            # the page cache (direct I/O), the first read after a write (a catch-up reader, a Spark scan,
+            # recovery) would otherwise read every run back from the disk, at about twice the bookie's CPU per
+            # entry; from the cache it costs no system call at all (docs/benchmarks-history.md, "A block cache
+            # the flushes fill"). Compaction outputs are not added, and entries kept in blob files (ledgers
+            # written interleaved) are not either: rocksdict sets no blob cache.
+            table = BlockBasedOptions()
+            table.set_block_cache(Cache(cache_mb * 1024 * 1024))
+            opts.set_block_based_table_factory(table)
         if write_rate_mb > 0:
             # Opt-in: RocksDB's rate limiter paces flushes and compactions further, but when it falls behind,
             # writes stall, and a stalled write holds the GIL (rocksdict), which stops the whole bookie.
@@ -645,6 +668,8 @@ class RocksLedgerStorage:
         self._db = Rdict(str(directory), opts, column_families={INDEX_CF: index_opts})
         self._index = self._db.get_column_family(INDEX_CF)
         self._index_cf = self._db.get_column_family_handle(INDEX_CF)
+        if cache_mb > 0:
+            self._db.set_options({"block_based_table_factory": "{prepopulate_block_cache=kFlushOnly;}"})
         self._wo = WriteOptions()
         self._wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; stubs are wrong
         # Range reads walk the runs without RocksDB's checksums (see get_range)
@@ -1121,6 +1146,7 @@ class RocksLedgerStorage:
             "sst_bytes": prop("rocksdb.total-sst-files-size") or 0,
             "blob_bytes": prop("rocksdb.live-blob-file-size") or 0,
             "blob_garbage_bytes": prop("rocksdb.live-blob-file-garbage-size") or 0,
+            "cache_bytes": prop("rocksdb.block-cache-usage") or 0,
             "blob_files_on": int(self._separation.enabled),
             "blob_files_switches": self._separation.switches,
         }

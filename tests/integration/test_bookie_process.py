@@ -414,6 +414,32 @@ def test_paced_direct_io_storage_flushes_and_keeps_every_entry(bookies) -> None:
     )
 
 
+def test_flushes_leave_the_entries_in_the_block_cache(bookies) -> None:
+    """--storage-cache-mb: a bookie's memtable flushes leave the entries they wrote in RocksDB's block cache
+    (the first read after a write reads memory), seen in /metrics, and the entries read back."""
+    bp = bookies.start("--storage-blob-files=off", "--write-buffer-mb=1", "--storage-cache-mb=16")
+    n = 3000
+
+    async def write_and_read() -> None:
+        raw = await RawBookie.open(bp.id)
+        for first in range(0, n, 500):
+            results = await asyncio.gather(*(raw.add(5, e, size=1000) for e in range(first, first + 500)))
+            assert set(results) == {p.Status.OK}
+        deadline = time.monotonic() + 10
+        metrics = scrape(f"http://127.0.0.1:{bp.http_port}/metrics")
+        while metrics["bookie_storage_cache_bytes"] < 2_000_000 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # flushes run in RocksDB's own threads
+            metrics = scrape(f"http://127.0.0.1:{bp.http_port}/metrics")
+        assert metrics["bookie_storage_sst_bytes"] >= 2_000_000, "1 MiB memtables should have been flushed"
+        assert metrics["bookie_storage_cache_bytes"] >= 2_000_000, metrics["bookie_storage_cache_bytes"]
+        for e in range(0, n, 7):
+            r = await raw.read(5, e)
+            assert r.status == p.Status.OK and r.entry == build(5, e, size=1000)
+        raw.close()
+
+    asyncio.run(write_and_read())
+
+
 def test_strided_range_reads_of_a_bookie_process_old_and_new_requests(bookies) -> None:
     """A bookie holding two entries in three (E3/Qw2) answers a READ_RANGE with a step of 3 with one residue,
     from its memtable and, after a restart, from flushed storage; a request without a step keeps today's

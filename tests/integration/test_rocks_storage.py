@@ -642,3 +642,29 @@ def test_flushed_entries_stay_in_the_page_cache(tmp_path: Path, blob_files: str)
             assert resident >= stored * 9 // 10, f"only {resident} of {stored} bytes cached after the flush"
         assert s.get_range(7, 0, entries - 1, 1 << 30) == [bytes([e % 251]) * 1000 for e in range(entries)]
         s.close()
+
+
+@pytest.mark.parametrize("cache_mb", [64, 0])
+def test_flushes_fill_the_block_cache(tmp_path: Path, cache_mb: int) -> None:
+    """With a cache (``--storage-cache-mb``), a flush leaves the entries it wrote in RocksDB's block cache, so the
+    first read after a write needs no disk; with 0, RocksDB's own cache stays empty until something is read."""
+    s = RocksLedgerStorage(tmp_path / "db", cache_mb=cache_mb, blob_files="off")
+    try:
+        entries = [bytes([e % 251]) * 1000 for e in range(8000)]
+        s.write([(1, e, data) for e, data in enumerate(entries)], [(1, LedgerInfo(KEY))])
+        s.flush()
+        cached = s.gauges()["cache_bytes"]
+        if cache_mb:
+            assert _persisted_option(tmp_path / "db", "prepopulate_block_cache") == "kFlushOnly"
+            assert cached >= 8000 * 1000, cached
+        else:
+            assert _persisted_option(tmp_path / "db", "prepopulate_block_cache") == "kDisable"
+            assert cached < 1000 * 1000, cached
+        assert s.get_range(1, 0, 7999, 1 << 30) == entries
+    finally:
+        s.close()
+
+
+def test_a_negative_cache_size_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="storage cache"):
+        RocksLedgerStorage(tmp_path / "db", cache_mb=-1)
