@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
@@ -146,7 +146,66 @@ def _check_root(root: str) -> str:
     return root
 
 
-class MetadataStore:
+class _CasPrimitives(Protocol):
+    """What :class:`CompareAndSetUpdate` builds on."""
+
+    def abs_path(self, path: str) -> str: ...
+
+    def get_optional(self, path: str) -> Versioned[JsonDict] | None: ...
+
+    def create(self, path: str, value: Mapping[str, Any]) -> str: ...
+
+    def set(self, path: str, value: Mapping[str, Any], version: int) -> Versioned[JsonDict]: ...
+
+
+class CompareAndSetUpdate:
+    """``update``, the read-modify-CAS loop, over a store's ``get_optional``, ``create`` and ``set``: one
+    implementation for :class:`MetadataStore` and the simulator's ZooKeeper (``tests/sim/zookeeper.py``), so the
+    simulator runs this very loop."""
+
+    def update(
+        self: _CasPrimitives,
+        path: str,
+        fn: Callable[[JsonDict], Mapping[str, Any]],
+        *,
+        retries: int = DEFAULT_UPDATE_RETRIES,
+        default: Mapping[str, Any] | None = None,
+    ) -> Versioned[JsonDict]:
+        """The compare-and-set loop: read, ``new = fn(current)``, write at the read version; on a conflict re-read
+        and call ``fn`` again. ``fn`` gets a private copy; it may raise to abort (the exception propagates). If
+        ``new == current`` nothing is written. With ``default``, a missing znode is treated as holding
+        ``default`` and created (a concurrent create counts as a conflict). Returns the final ``Versioned``.
+        Raises :class:`MetadataVersionError` after ``retries`` conflicts. Connection errors are not retried
+        (a lost reply may hide a successful write, and ``fn`` need not be idempotent)."""
+        attempt = 0
+        while True:
+            current: Versioned[JsonDict] | None = self.get_optional(path)
+            if current is None and default is None:
+                raise MetadataNotFoundError("znode does not exist", path=self.abs_path(path))
+            base: JsonDict = dict(default or {}) if current is None else current.value
+            base.setdefault("format_version", FORMAT_VERSION)
+            new = fn(copy.deepcopy(base))
+            if not isinstance(new, Mapping):
+                raise TypeError(f"update function must return a dict, got {type(new).__name__}")
+            try:
+                if current is None:
+                    self.create(path, new)
+                    return Versioned(json.loads(encode_body(new)), 0)
+                if dict(new) == current.value:
+                    return current
+                return self.set(path, new, current.version)
+            except MetadataVersionError:
+                pass
+            except MetadataExistsError:
+                if current is not None:
+                    raise
+            attempt += 1
+            if attempt > retries:
+                raise MetadataVersionError(f"gave up after {retries} compare-and-set conflicts", path=path)
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 10))))
+
+
+class MetadataStore(CompareAndSetUpdate):
     """A JSON-over-ZooKeeper store rooted at ``root``. Thread-safe. Use :meth:`connect` to build one."""
 
     def __init__(
@@ -598,47 +657,6 @@ class MetadataStore:
             except MetadataNotFoundError:
                 out[p] = None
         return out
-
-    def update(
-        self,
-        path: str,
-        fn: Callable[[JsonDict], Mapping[str, Any]],
-        *,
-        retries: int = DEFAULT_UPDATE_RETRIES,
-        default: Mapping[str, Any] | None = None,
-    ) -> Versioned[JsonDict]:
-        """The compare-and-set loop: read, ``new = fn(current)``, write at the read version; on a conflict re-read
-        and call ``fn`` again. ``fn`` gets a private copy; it may raise to abort (the exception propagates). If
-        ``new == current`` nothing is written. With ``default``, a missing znode is treated as holding
-        ``default`` and created (a concurrent create counts as a conflict). Returns the final ``Versioned``.
-        Raises :class:`MetadataVersionError` after ``retries`` conflicts. Connection errors are not retried
-        (a lost reply may hide a successful write, and ``fn`` need not be idempotent)."""
-        attempt = 0
-        while True:
-            current: Versioned[JsonDict] | None = self.get_optional(path)
-            if current is None and default is None:
-                raise MetadataNotFoundError("znode does not exist", path=self.abs_path(path))
-            base: JsonDict = dict(default or {}) if current is None else current.value
-            base.setdefault("format_version", FORMAT_VERSION)
-            new = fn(copy.deepcopy(base))
-            if not isinstance(new, Mapping):
-                raise TypeError(f"update function must return a dict, got {type(new).__name__}")
-            try:
-                if current is None:
-                    self.create(path, new)
-                    return Versioned(json.loads(encode_body(new)), 0)
-                if dict(new) == current.value:
-                    return current
-                return self.set(path, new, current.version)
-            except MetadataVersionError:
-                pass
-            except MetadataExistsError:
-                if current is not None:
-                    raise
-            attempt += 1
-            if attempt > retries:
-                raise MetadataVersionError(f"gave up after {retries} compare-and-set conflicts", path=path)
-            time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 10))))
 
     # --- watches ----------------------------------------------------------------------------------------------
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from zk.errors import MetadataExistsError, MetadataTransitionError, MetadataVersionError
+from zk.client import CompareAndSetUpdate, MetadataStore
+from zk.errors import (
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataTransitionError,
+    MetadataVersionError,
+)
 from zk.layout import ledger_path
 from zk.ledger_metadata import Ensemble, LedgerMetadata, password_digest_of
 
@@ -82,6 +88,20 @@ def test_unversioned_set_mutation_makes_the_simulated_zookeeper_ignore_versions(
         zk.set("a", {"n": 3}, 0)
     zk.ignore_versions = True
     assert zk.set("a", {"n": 3}, 0).version == 2
+
+
+def test_the_simulated_zookeeper_updates_through_the_real_compare_and_set_loop() -> None:
+    """``update`` (what ``IdGenerator`` calls) is ``zk.client``'s loop, not a copy: its checks hold here too."""
+    assert SimZooKeeper.update is MetadataStore.update is CompareAndSetUpdate.update
+    zk = SimZooKeeper()
+    with pytest.raises(MetadataNotFoundError):
+        zk.update("n", lambda cur: cur)
+    assert zk.update("n", lambda cur: {**cur, "n": cur["n"] + 1}, default={"n": 0}).version == 0
+    assert zk.update("n", lambda cur: cur).version == 0  # unchanged: nothing written
+    with pytest.raises(TypeError, match="must return a dict"):
+        zk.update("n", lambda cur: [cur])  # type: ignore[arg-type, return-value]
+    v = zk.update("n", lambda cur: {**cur, "n": cur["n"] + 1})
+    assert (v.value["n"], v.version, zk.nodes["n"][1]) == (2, 1, 1)
 
 
 def test_lost_replies_of_applied_metadata_writes_are_recognised() -> None:

@@ -15,12 +15,11 @@ around it by ``tests.sim.world.MetadataStore``.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from zk.client import FORMAT_VERSION, JsonDict, decode_body, encode_body
+from zk.client import CompareAndSetUpdate, JsonDict, decode_body, encode_body
 from zk.errors import MetadataExistsError, MetadataNotFoundError, MetadataVersionError
 from zk.versioned import Versioned
 
@@ -28,8 +27,10 @@ from zk.versioned import Versioned
 OnChange = Callable[[str, JsonDict | None, JsonDict | None], None]
 
 
-class SimZooKeeper:
-    """Znodes by store-relative path (no leading ``/``): path -> (body bytes, version)."""
+class SimZooKeeper(CompareAndSetUpdate):
+    """Znodes by store-relative path (no leading ``/``): path -> (body bytes, version). ``update`` is the real
+    store's compare-and-set loop (``zk.client.CompareAndSetUpdate``) over ``get_optional``, ``create`` and
+    ``set`` here; it makes one pass, as nothing else runs while a simulated operation applies."""
 
     def __init__(self, on_change: OnChange | None = None) -> None:
         self.nodes: dict[str, tuple[bytes, int]] = {}
@@ -40,6 +41,10 @@ class SimZooKeeper:
     @staticmethod
     def _key(path: str) -> str:
         return path.strip("/")
+
+    def abs_path(self, path: str) -> str:
+        """The path errors name: the simulated tree has no root, so the store-relative one."""
+        return self._key(path)
 
     def _changed(self, path: str, old: bytes | None, new: bytes | None) -> None:
         if self.on_change is not None:
@@ -92,28 +97,6 @@ class SimZooKeeper:
         self.nodes[key] = (data, node[1] + 1)
         self._changed(key, node[0], data)
         return Versioned(json.loads(data), node[1] + 1)
-
-    def update(
-        self,
-        path: str,
-        fn: Callable[[JsonDict], Mapping[str, Any]],
-        *,
-        retries: int = 100,
-        default: Mapping[str, Any] | None = None,
-    ) -> Versioned[JsonDict]:
-        """The read-modify-CAS loop (one pass: nothing else runs while a simulated operation applies)."""
-        current = self.get_optional(path)
-        if current is None and default is None:
-            raise MetadataNotFoundError("znode does not exist", path=self._key(path))
-        base: JsonDict = dict(default or {}) if current is None else current.value
-        base.setdefault("format_version", FORMAT_VERSION)
-        new = fn(copy.deepcopy(base))
-        if current is None:
-            self.create(path, new)
-            return Versioned(json.loads(encode_body(new)), 0)
-        if dict(new) == current.value:
-            return current
-        return self.set(path, new, current.version)
 
     def delete(self, path: str, version: int = -1, *, missing_ok: bool = False, **_kwargs: Any) -> bool:
         self.ops += 1
