@@ -103,7 +103,7 @@ from spark._topic_offsets import (
     resolve_start,
 )
 from spark._topic_options import OffsetSpec, TopicOptionError, TopicOptions, parse_topic_options
-from spark.ledger_source import _exists
+from spark.ledger_source import _exists, freeze_worker_heap
 from spark.options import BATCH_BYTES_MAX
 
 __all__ = [
@@ -434,6 +434,7 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
     from topic_broker import pulsar_api_pb2 as pb
     from topic_broker.wire import EntryFormatError, iter_batch, parse_entry
 
+    freeze_worker_heap()  # as the ledger source: PySpark's full collection after each task skips the modules
     pa_schema = to_arrow_schema(schema, timezone="UTC")
     names = [f.name for f in schema.fields]
     cols: dict[str, list[Any]] = {n: [] for n in names}

@@ -76,6 +76,28 @@ def expected(entries: list[bytes]) -> tuple[int, int, int, int, int]:
     )
 
 
+def test_a_batchs_columns_hold_every_payload_its_length_and_id_in_order() -> None:
+    """The reader's Arrow batch (built from joined payloads and offsets), without Spark: empty and varied
+    payloads, the full schema and a subset of it."""
+    from pyspark.sql.types import StructType
+
+    from spark.ledger_source import LEDGER_SCHEMA, LedgerRange, _Columns
+
+    part = LedgerRange(7, 0, 99, "CLOSED", 1_234, {"app": b"x"})
+    data = [payload(7, i) for i in range(5)] + [b"", b"\x00" * 3, payload(7, 9, 3000)]
+    batch = _Columns(part, LEDGER_SCHEMA, 16).batch(10, data)
+    batch.validate(full=True)
+    assert batch.column("data").to_pylist() == data
+    assert batch.column("length").to_pylist() == [len(d) for d in data]
+    assert batch.column("entry_id").to_pylist() == list(range(10, 10 + len(data)))
+    assert set(batch.column("ledger_id").to_pylist()) == {7}
+    assert batch.column("custom_metadata").to_pylist()[-1] == [("app", b"x")]
+    narrow = StructType([LEDGER_SCHEMA["entry_id"], LEDGER_SCHEMA["data"]])
+    small = _Columns(part, narrow, 16).batch(0, data[:2])
+    assert small.schema.names == ["entry_id", "data"]
+    assert small.column("data").to_pylist() == data[:2]
+
+
 def test_closed_and_open_ledgers_read_exactly_what_was_written_and_the_writer_keeps_appending(
     bookies: Any, client: BookKeeper, spark: Any
 ) -> None:
