@@ -16,7 +16,11 @@ entry distinct), then each run measures, in this order:
 Figures are medians over ``--runs``; ``*_vs_raw_pct`` is a Spark scan's MB/s over the raw client's in the same run
 (target ≥ 80 %).
 Each phase also reports ``machine_busy_pct`` (all processes, from /proc/stat: the bookies, Spark's JVM and Python
-workers, and anything else running on the machine) so a loaded machine shows.
+workers, and anything else running on the machine) so a loaded machine shows, and the CPU µs per row of each of
+its own processes, which other tenants disturb less than a rate (``<phase>_cpu_us_per_row_<group>``; groups:
+``client`` (this process: the raw read's client, Spark's driver side), ``bookies`` (the bookie processes it
+started), ``jvm`` (Spark's JVM), ``python_workers`` (the JVM's descendants: the Python worker daemon and its
+workers, where the ledger source reads)).
 """
 
 from __future__ import annotations
@@ -98,6 +102,64 @@ def machine_meter() -> Iterator[dict[str, float]]:
     b1, t1 = _cpu_ticks()
     if t1 > t0:
         out["machine_busy_pct"] = round(100.0 * (b1 - b0) / (t1 - t0), 1)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (Linux /proc): under Spark's JVM, the Python worker daemon and its workers."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+class CpuGroups:
+    """CPU seconds so far of the bench's process groups (see the module docstring); a process that ended
+    since the last look (a Python worker Spark retired) drops out, so a phase's figure is a floor."""
+
+    def __init__(self, bookie_pids: list[int], jvm_pid: int | None) -> None:
+        self.bookie_pids = bookie_pids
+        self.jvm_pid = jvm_pid
+
+    def now(self) -> dict[str, float]:
+        from ledgerstore.bench import _cpu_seconds
+
+        def total(pids: list[int]) -> float:
+            used = 0.0
+            for pid in pids:
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    used += _cpu_seconds(pid)
+            return used
+
+        out = {"client": total([os.getpid()])}
+        if self.bookie_pids:
+            out["bookies"] = total(self.bookie_pids)
+        if self.jvm_pid is not None:
+            out["jvm"] = total([self.jvm_pid])
+            out["python_workers"] = total(_descendants(self.jvm_pid))
+        return out
+
+    @contextlib.contextmanager
+    def per_row(self, phase: str) -> Iterator[dict[str, float]]:
+        """Across the block: ``<phase>_cpu_us_per_row_<group>``; the block stores its rows under ``"rows"``."""
+        out: dict[str, float] = {}
+        before = self.now()
+        yield out
+        after = self.now()
+        rows = max(1, int(out.pop("rows", 0)))
+        for group, used in after.items():
+            out[f"{phase}_cpu_us_per_row_{group}"] = round(1e6 * (used - before.get(group, used)) / rows, 2)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -204,32 +266,41 @@ def _rates(prefix: str, entries: int, nbytes: int, seconds: float) -> dict[str, 
 
 
 def _one_run(
-    session: Any, zk: str, zk_root: str, written: dict[str, Any], source: dict[str, str]
+    session: Any,
+    zk: str,
+    zk_root: str,
+    written: dict[str, Any],
+    source: dict[str, str],
+    cpu: CpuGroups,
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     entries, nbytes, ids = written["entries"], written["bytes"], written["ledger_ids"]
     out: dict[str, Any] = {}
-    with machine_meter() as busy:
+    with machine_meter() as busy, cpu.per_row("raw") as used:
         t0 = time.perf_counter()
         n, got = asyncio.run(raw_read(zk, zk_root, ids))
         out |= _rates("raw", n, got, time.perf_counter() - t0)
+        used["rows"] = n
+    out |= used
     out["raw_machine_busy_pct"] = busy.get("machine_busy_pct")
     if (n, got) != (entries, nbytes):
         raise RuntimeError(f"raw read {n} entries / {got} bytes, wrote {entries} / {nbytes}")
 
     df = session.read.format("ledger").options(**source).load()
-    with machine_meter() as busy:
+    with machine_meter() as busy, cpu.per_row("spark_count") as used:
         t0 = time.perf_counter()
         counted = df.count()
         out |= _rates("spark_count", counted, nbytes, time.perf_counter() - t0)
+        used["rows"] = counted
+    out |= used
     out["spark_count_machine_busy_pct"] = busy.get("machine_busy_pct")
     if counted != entries:
         raise RuntimeError(f"Spark counted {counted} entries, wrote {entries}")
 
     narrow = session.read.format("ledger").schema(NARROW_SCHEMA).options(**source).load()
     for phase, frame in (("spark_checksum", df), ("spark_narrow_checksum", narrow)):
-        with machine_meter() as busy:
+        with machine_meter() as busy, cpu.per_row(phase) as used:
             t0 = time.perf_counter()
             row = frame.agg(
                 F.count("*").alias("n"),
@@ -237,11 +308,18 @@ def _one_run(
                 F.sum(F.crc32("data")).alias("crc"),
             ).collect()[0]
             out |= _rates(phase, row["n"], row["bytes"], time.perf_counter() - t0)
+            used["rows"] = row["n"]
+        out |= used
         out[f"{phase}_machine_busy_pct"] = busy.get("machine_busy_pct")
         _check(row, written)
     for phase in ("spark_count", "spark_checksum", "spark_narrow_checksum"):
         out[f"{phase}_vs_raw_pct"] = round(100 * out[f"{phase}_mb_per_s"] / out["raw_mb_per_s"], 1)
     return out
+
+
+def _cpu_summary(r: dict[str, Any], phase: str) -> str:
+    prefix = f"{phase}_cpu_us_per_row_"
+    return " ".join(f"{k[len(prefix) :]} {v}" for k, v in r.items() if k.startswith(prefix))
 
 
 def _check(row: Any, written: dict[str, Any]) -> None:
@@ -256,6 +334,8 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in runs[0]:
         vals = [r[k] for r in runs if r[k] is not None]
         out[k] = statistics.median(vals) if vals else None
+        if "_cpu_us_per_row_" in k and out[k] is not None:
+            out[k] = round(out[k], 2)
     for k in (
         "raw_entries_per_s",
         "spark_count_entries_per_s",
@@ -278,12 +358,16 @@ def run(args: argparse.Namespace) -> int:
     entries = args.size_mb * 1024 * 1024 // args.entry_size
     load_before = os.getloadavg()[0]
     with contextlib.ExitStack() as stack:
+        bookie_pids: list[int] = []
         if args.use_cluster:
             zk, root = args.zk, args.zk_root
         else:
             _progress(f"starting ZooKeeper and {max(args.bookies, args.ensemble)} bookies")
-            zk, _, _ = stack.enter_context(local_cluster(max(args.bookies, args.ensemble), args.bookie_arg))
+            zk, procs, _ = stack.enter_context(
+                local_cluster(max(args.bookies, args.ensemble), args.bookie_arg)
+            )
             root = "/ledgerstore"
+            bookie_pids = [bp.proc.pid for bp in procs if bp.proc is not None]
         _progress(
             f"writing {entries:,} entries of {args.entry_size} B ({args.size_mb} MiB) over {args.ledgers} "
             f"ledgers, E/Qw/Qa {args.ensemble}/{args.write_quorum}/{args.ack_quorum}"
@@ -319,16 +403,23 @@ def run(args: argparse.Namespace) -> int:
             source["entriesPerPartition"] = str(args.entries_per_partition)
         if args.max_records_per_batch:
             source["maxRecordsPerBatch"] = str(args.max_records_per_batch)
+        gateway_proc = getattr(
+            session.sparkContext._gateway, "proc", None
+        )  # the JVM, when PySpark started it
+        cpu = CpuGroups(bookie_pids, gateway_proc.pid if gateway_proc is not None else None)
         runs = []
         for i in range(args.runs):
-            r = _one_run(session, zk, root, written, source)
+            r = _one_run(session, zk, root, written, source, cpu)
             _progress(
                 f"run {i + 1}/{args.runs}: raw {r['raw_entries_per_s']:,.0f} entries/s "
                 f"({r['raw_mb_per_s']:,.1f} MB/s), Spark count {r['spark_count_entries_per_s']:,.0f}/s, "
                 f"checksum {r['spark_checksum_entries_per_s']:,.0f}/s ({r['spark_checksum_vs_raw_pct']} % of raw), "
                 f"narrow {r['spark_narrow_checksum_entries_per_s']:,.0f}/s "
                 f"({r['spark_narrow_checksum_vs_raw_pct']} %); machine busy {r['raw_machine_busy_pct']} / "
-                f"{r['spark_checksum_machine_busy_pct']} %"
+                f"{r['spark_checksum_machine_busy_pct']} %; CPU µs per row: raw "
+                + _cpu_summary(r, "raw")
+                + ", checksum "
+                + _cpu_summary(r, "spark_checksum")
             )
             runs.append(r)
     from spark.options import DEFAULT_ENTRIES_PER_PARTITION, DEFAULT_MAX_RECORDS_PER_BATCH
