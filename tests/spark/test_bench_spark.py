@@ -41,9 +41,10 @@ def test_bench_spark_small_run_reports_checked_scans_beside_the_raw_read(tmp_pat
     for phase in ("raw", "spark_count", "spark_checksum", "spark_narrow_checksum"):
         assert r[f"{phase}_entries_per_s"] > 0 and r[f"{phase}_mb_per_s"] > 0
     assert r["spark_checksum_vs_raw_pct"] > 0 and isinstance(r["spark_vs_raw_target_met"], bool)
-    # CPU per row of its own processes: the raw read's client here, the scans' reading in the Python workers
-    assert r["raw_cpu_us_per_row_client"] > 0 and r["raw_cpu_us_per_row_bookies"] > 0
+    # CPU per row of its own processes: the raw read's client here, the scans' reading in the Python workers.
+    # The bookies' share of a 4 MiB read is a few ms, below /proc's 10 ms tick: reported, maybe as 0.
+    assert r["raw_cpu_us_per_row_client"] > 0 and r["raw_cpu_us_per_row_bookies"] >= 0
     for phase in ("spark_count", "spark_checksum", "spark_narrow_checksum"):
         assert r[f"{phase}_cpu_us_per_row_python_workers"] > 0 and r[f"{phase}_cpu_us_per_row_jvm"] > 0
-        assert r[f"{phase}_cpu_us_per_row_bookies"] > 0
+        assert r[f"{phase}_cpu_us_per_row_bookies"] >= 0
     assert "run 1/1" in proc.stderr and "writing" in proc.stderr  # progress on stderr, JSON alone on stdout
