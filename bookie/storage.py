@@ -638,9 +638,11 @@ class RocksLedgerStorage:
             # ``prepopulate_block_cache=kFlushOnly``, set once the database is open): with flushes written around
             # the page cache (direct I/O), the first read after a write (a catch-up reader, a Spark scan,
             # recovery) would otherwise read every run back from the disk, at about twice the bookie's CPU per
-            # entry; from the cache it costs no system call at all (docs/benchmarks-history.md, "A block cache
-            # the flushes fill"). Compaction outputs are not added, and entries kept in blob files (ledgers
-            # written interleaved) are not either: rocksdict sets no blob cache.
+            # entry; from the cache it costs about half (docs/benchmarks-history.md, "A block cache the flushes
+            # fill"). RocksDB's automatic iterator read-ahead still reads the file beside cached blocks (turned
+            # off, reads of blocks not in the cache were 40 % slower). Compaction outputs are not added, and
+            # entries kept in blob files (ledgers written interleaved) are not either: rocksdict sets no blob
+            # cache.
             table = BlockBasedOptions()
             table.set_block_cache(Cache(cache_mb * 1024 * 1024))
             opts.set_block_based_table_factory(table)
