@@ -374,6 +374,20 @@ def test_journal_on_its_own_directory_survives_kill9_and_is_part_of_the_cookie(b
     assert "cookie" in bp.log_tail(20).lower()
 
 
+async def _add_entries(raw: RawBookie, ledger_id: int, n: int) -> None:
+    """Entries 0..n-1 of 1000 bytes, 500 in flight at a time, every one acknowledged OK."""
+    for first in range(0, n, 500):
+        results = await asyncio.gather(*(raw.add(ledger_id, e, size=1000) for e in range(first, first + 500)))
+        assert set(results) == {p.Status.OK}
+
+
+async def _check_entries(raw: RawBookie, ledger_id: int, n: int) -> None:
+    """Every 7th of the entries ``_add_entries`` wrote reads back as written."""
+    for e in range(0, n, 7):
+        r = await raw.read(ledger_id, e)
+        assert r.status == p.Status.OK and r.entry == build(ledger_id, e, size=1000)
+
+
 def test_paced_direct_io_storage_flushes_and_keeps_every_entry(bookies) -> None:
     """--storage-flush-io direct with --storage-write-rate-mb: direct-I/O, rate-limited RocksDB flushes. With a
     1 MiB memtable and 1 s checkpoints the entries go through many flushes and a checkpoint that drops the journal
@@ -388,9 +402,7 @@ def test_paced_direct_io_storage_flushes_and_keeps_every_entry(bookies) -> None:
 
     async def write() -> None:
         raw = await RawBookie.open(bp.id)
-        for first in range(0, n, 500):
-            results = await asyncio.gather(*(raw.add(9, e, size=1000) for e in range(first, first + 500)))
-            assert set(results) == {p.Status.OK}
+        await _add_entries(raw, 9, n)
         raw.close()
 
     asyncio.run(write())
@@ -399,9 +411,7 @@ def test_paced_direct_io_storage_flushes_and_keeps_every_entry(bookies) -> None:
 
     async def read() -> None:
         raw = await RawBookie.open(bp.id)
-        for e in range(0, n, 7):
-            r = await raw.read(9, e)
-            assert r.status == p.Status.OK and r.entry == build(9, e, size=1000)
+        await _check_entries(raw, 9, n)
         raw.close()
 
     asyncio.run(read())
@@ -422,9 +432,7 @@ def test_flushes_leave_the_entries_in_the_block_cache(bookies) -> None:
 
     async def write_and_read() -> None:
         raw = await RawBookie.open(bp.id)
-        for first in range(0, n, 500):
-            results = await asyncio.gather(*(raw.add(5, e, size=1000) for e in range(first, first + 500)))
-            assert set(results) == {p.Status.OK}
+        await _add_entries(raw, 5, n)
         deadline = time.monotonic() + 10
         metrics = scrape(f"http://127.0.0.1:{bp.http_port}/metrics")
         while metrics["bookie_storage_cache_bytes"] < 2_000_000 and time.monotonic() < deadline:
@@ -432,9 +440,7 @@ def test_flushes_leave_the_entries_in_the_block_cache(bookies) -> None:
             metrics = scrape(f"http://127.0.0.1:{bp.http_port}/metrics")
         assert metrics["bookie_storage_sst_bytes"] >= 2_000_000, "1 MiB memtables should have been flushed"
         assert metrics["bookie_storage_cache_bytes"] >= 2_000_000, metrics["bookie_storage_cache_bytes"]
-        for e in range(0, n, 7):
-            r = await raw.read(5, e)
-            assert r.status == p.Status.OK and r.entry == build(5, e, size=1000)
+        await _check_entries(raw, 5, n)
         raw.close()
 
     asyncio.run(write_and_read())
