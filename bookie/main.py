@@ -129,9 +129,8 @@ class BookieConfig:
     storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
     storage_blob_files: str = "auto"  # entries in blob files: auto (while ledgers interleave), on, off
     storage_flush_io: str = "direct"  # RocksDB flushes and compactions: direct (O_DIRECT) or page-cache
-    storage_cache_mb: int = (
-        DEFAULT_CACHE_MB  # the entries' block cache, filled by each flush (0: RocksDB's own)
-    )
+    # the entries' block cache, filled by each flush (0: RocksDB's own)
+    storage_cache_mb: int = DEFAULT_CACHE_MB
     storage_blob_gc_ratio: float = 0.5  # collect blob files' garbage once it is this share of them...
     storage_blob_gc_min_mb: int = 64  # ...and at least this many MiB
     auth_secret_file: Path | None = None  # HS256 token secret: tokens are checked (data plane and admin HTTP)

@@ -552,7 +552,6 @@ class BrokerProcess(ServiceProcess):
     def ready(self) -> bool:
         """Its Pulsar port accepts connections and its admin HTTP answers ``/health`` 200 (connected to
         ZooKeeper): both, since the admin server may start a moment after the Pulsar listener."""
-
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 pass
