@@ -403,9 +403,8 @@ def run(args: argparse.Namespace) -> int:
             source["entriesPerPartition"] = str(args.entries_per_partition)
         if args.max_records_per_batch:
             source["maxRecordsPerBatch"] = str(args.max_records_per_batch)
-        gateway_proc = getattr(
-            session.sparkContext._gateway, "proc", None
-        )  # the JVM, when PySpark started it
+        # the JVM, when PySpark started it
+        gateway_proc = getattr(session.sparkContext._gateway, "proc", None)
         cpu = CpuGroups(bookie_pids, gateway_proc.pid if gateway_proc is not None else None)
         runs = []
         for i in range(args.runs):
