@@ -155,13 +155,15 @@ class ProtocolConnection:
     def receive_data(self, data: bytes, now: float) -> list[Request]:
         if self.closed:
             return []
-        self._last_received = now
-        self._ping_sent_at = None
         try:
             frames = self._decoder.feed(data)
         except wire.FrameError as e:
             self.close(f"bad frame: {e}")
             return []
+        # only whole frames are signs of life: a trickled partial one must not hold the keep-alive off
+        if frames:
+            self._last_received = now
+            self._ping_sent_at = None
         out: list[Request] = []
         for frame in frames:
             req = self._on_frame(frame)
@@ -334,7 +336,12 @@ class ProtocolConnection:
         """Keep-alive at monotonic time ``now``; with ``wall`` (Unix seconds), also the expiry of the token the
         connection authenticated with: AUTH_CHALLENGE when it expired (a client that cannot answer one is
         closed), and a close when the answer does not come within ``auth_refresh_timeout_s``."""
-        if self.closed or self.state != ConnState.CONNECTED:
+        if self.closed:
+            return
+        if self.state == ConnState.AWAITING_CONNECT:
+            # as Pulsar's broker: a handshake not completed within the keep-alive interval closes the connection
+            if now - self._connected_at >= self.config.keepalive_interval_s:
+                self.close(f"no CONNECT within {self.config.keepalive_interval_s:g}s")
             return
         if self.refused is not None:
             if now - self._connected_at >= self.config.refused_linger_s:

@@ -217,10 +217,13 @@ def test_any_input_counts_as_an_answer_to_the_ping() -> None:
     assert [c.type for c in decode(conn.data_to_send())] == [T.PING]
 
 
-def test_no_keepalive_before_connect() -> None:
+def test_no_keepalive_before_connect_and_no_connect_within_the_interval_closes() -> None:
     conn = ProtocolConnection(ConnectionConfig(keepalive_interval_s=1.0), 0.0)
-    conn.tick(100.0)
+    conn.tick(0.9)
     assert not conn.has_data_to_send and not conn.closed
+    conn.tick(1.0)
+    assert not conn.has_data_to_send, "no PING to a peer that has not connected"
+    assert conn.closed and "no CONNECT within 1s" in (conn.close_reason or "")
 
 
 def test_negative_message_ids_are_sent_as_uint64_and_read_back_signed() -> None:

@@ -1,0 +1,102 @@
+"""Strangers on the broker's Pulsar port: connections that never finish the handshake, or hold a frame open by
+trickling it, are closed within the keep-alive bound (as Pulsar's broker does), while a real client is served."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import broker, cluster  # noqa: F401
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+from topic_broker.connection import ConnectionConfig, ProtocolConnection
+
+pulsar = pytest.importorskip("pulsar")
+
+T = pb.BaseCommand
+KEEPALIVE_S = 30.0  # the broker's keep-alive interval (topic_broker.connection.DEFAULT_KEEPALIVE_INTERVAL_S)
+
+
+def _connect_frame() -> bytes:
+    return wire.encode_command(
+        T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+    )
+
+
+def test_pure_core_a_trickled_partial_frame_is_no_sign_of_life() -> None:
+    conn = ProtocolConnection(ConnectionConfig(keepalive_interval_s=30.0), 0.0)
+    conn.receive_data(_connect_frame(), 0.0)
+    conn.data_to_send()
+    conn.receive_data(struct.pack(">I", 1000), 1.0)  # a frame of 1000 bytes, begun
+    t = 1.0
+    while t < 200 and not conn.closed:
+        t += 5.0
+        conn.receive_data(b"x", t)  # one more byte of it now and then
+        conn.tick(t)
+    assert conn.closed and "keep-alive" in (conn.close_reason or ""), "a trickle kept the connection open"
+    assert t <= 2 * 30.0 + 5.0
+
+
+def _closed_after(
+    socks: dict[str, socket.socket], start: float, deadline: float, trickle: str
+) -> dict[str, float]:
+    """Seconds from ``start`` until the broker closed each socket (inf: still open at ``deadline``); the one
+    named ``trickle`` is sent a byte every 5 s meanwhile."""
+    closed = dict.fromkeys(socks, float("inf"))
+    next_byte = time.monotonic() + 5.0
+    for s in socks.values():
+        s.setblocking(False)
+    while time.monotonic() < deadline and any(v == float("inf") for v in closed.values()):
+        time.sleep(0.2)
+        for name, s in socks.items():
+            if closed[name] != float("inf"):
+                continue
+            try:
+                if not s.recv(65536):
+                    closed[name] = time.monotonic() - start
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed[name] = time.monotonic() - start
+        if time.monotonic() >= next_byte and closed[trickle] == float("inf"):
+            next_byte += 5.0
+            try:
+                socks[trickle].send(b"x")
+            except OSError:
+                closed[trickle] = time.monotonic() - start
+    return closed
+
+
+def test_half_open_handshakes_and_trickled_frames_are_closed_and_a_client_is_served_meanwhile(
+    broker: BrokerProcess,  # noqa: F811
+) -> None:
+    silent = socket.create_connection(("127.0.0.1", broker.port), timeout=5)  # connects, sends nothing
+    half = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    half.sendall(struct.pack(">I", 100) + b"0123456789")  # a frame header and a tenth of its body
+    trickler = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
+    trickler.sendall(_connect_frame())
+    assert wire.FrameDecoder().feed(trickler.recv(65536))[0].command.type == T.CONNECTED
+    trickler.sendall(struct.pack(">I", 100_000) + b"y")  # then a large frame, a byte every 5 s
+    start = time.monotonic()
+    client = pulsar.Client(
+        broker.service_url, operation_timeout_seconds=15, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+    )
+    try:
+        producer = client.create_producer("persistent://public/default/strangers-by")
+        producer.send(b"served while strangers hold connections")
+        socks = {"silent": silent, "half": half, "trickle": trickler}
+        closed = _closed_after(socks, start, start + 2 * KEEPALIVE_S + 15, "trickle")
+        producer.send(b"still served")
+    finally:
+        client.close()
+        for s in (silent, half, trickler):
+            s.close()
+    assert closed["silent"] <= KEEPALIVE_S + 10, closed
+    assert closed["half"] <= KEEPALIVE_S + 10, closed
+    assert closed["trickle"] <= 2 * KEEPALIVE_S + 15, closed
+    log = broker.log_path.read_text() if broker.log_path else ""
+    assert "no CONNECT within" in log and "keep-alive timeout" in log
