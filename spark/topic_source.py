@@ -10,7 +10,8 @@
 
 No broker is in the path: the driver reads the managed ledgers' znodes (``docs/broker.md``) and, for a topic's
 open (current) ledger, its last add confirmed with a non-fencing open, so the broker keeps writing undisturbed;
-executors read entries from the bookies with their own client and unpack them (batches into one row per message).
+executors read entries from the bookies with their own client and unpack them (batches into one row per message;
+payloads compressed with LZ4, ZLIB, ZSTD or SNAPPY, as the Pulsar clients write them, are decompressed).
 
 Options (names case-insensitive; every mistake fails when the query is defined/started, naming the option):
 
@@ -424,6 +425,33 @@ class _Driver:
 
 # --- executor side: entries to Arrow rows ---------------------------------------------------------------------------
 
+#: Pulsar's compression codecs as Arrow names: LZ4 is the raw LZ4 block format, SNAPPY raw snappy, ZSTD a zstd
+#: frame (what the Java and C++ clients write). ZLIB and NONE are handled by :func:`topic_broker.wire.iter_batch`.
+_ARROW_CODECS = {1: "lz4_raw", 3: "zstd", 4: "snappy"}
+
+
+def _inflate(meta: Any, payload: Any) -> Any:
+    """The payload of an entry compressed with LZ4, ZSTD or SNAPPY, decompressed (``meta.compression`` is then
+    cleared so :func:`iter_batch` takes it as it is); other payloads unchanged. Raises ``EntryFormatError``."""
+    codec = _ARROW_CODECS.get(meta.compression)
+    if codec is None:
+        return payload
+    import pyarrow as pa
+
+    from topic_broker.wire import EntryFormatError
+
+    size = meta.uncompressed_size
+    try:
+        out = pa.Codec(codec).decompress(bytes(payload), decompressed_size=size, asbytes=True)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise EntryFormatError(f"{codec} payload does not decompress to {size} bytes: {e}") from None
+    if len(out) != size:
+        raise EntryFormatError(
+            f"{codec} payload inflates to {len(out)} bytes, not its uncompressed_size {size}"
+        )
+    meta.ClearField("compression")
+    return out
+
 
 def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iterator[Any]:
     """The range's messages as Arrow record batches. Stateless: its own client, closed at the end."""
@@ -453,7 +481,7 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
         nonlocal size
         try:
             meta, payload = parse_entry(data)
-            messages = list(iter_batch(meta, payload))
+            messages = list(iter_batch(meta, _inflate(meta, payload)))
         except EntryFormatError as e:
             raise RuntimeError(f"{part.topic}: entry {part.ledger_id}:{entry_id} is malformed: {e}") from e
         publish_us = meta.publish_time * 1000
