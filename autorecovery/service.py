@@ -16,6 +16,7 @@ import time
 from aiohttp import web
 
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from bookie.server import HttpService, serve_http
 from ledger_client.client import BookKeeper, ClientConfig, _meta
 from zk.underreplication import UnderReplicationManager
 
@@ -48,7 +49,7 @@ async def _refresh_gauges(manager: UnderReplicationManager, metrics: Metrics, st
             await asyncio.wait_for(stop.wait(), GAUGE_REFRESH_S)
 
 
-async def _serve_metrics(config: AutoRecoveryConfig, metrics: Metrics) -> web.AppRunner:
+async def _serve_metrics(config: AutoRecoveryConfig, port: int, metrics: Metrics) -> HttpService:
     exported = ServerMetrics()
     metrics.register(exported)
 
@@ -61,10 +62,7 @@ async def _serve_metrics(config: AutoRecoveryConfig, metrics: Metrics) -> web.Ap
     app = web.Application()
     app.router.add_get("/metrics", handle)
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, config.metrics_host, config.metrics_port).start()
-    return runner
+    return await serve_http("autorecovery HTTP", app, config.metrics_host, port, access_log=None)
 
 
 async def run_autorecovery(
@@ -87,7 +85,7 @@ async def run_autorecovery(
     tasks: list[asyncio.Task[None]] = []
     try:
         if config.metrics_port is not None:
-            runner = await _serve_metrics(config, metrics)
+            runner = await _serve_metrics(config, config.metrics_port, metrics)
         if config.auditor:
             tasks.append(asyncio.create_task(Auditor(bk, manager, config, metrics, owner).run(stop_event)))
         for i in range(config.workers):

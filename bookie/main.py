@@ -169,7 +169,7 @@ class Bookie:
         self.storage: RocksLedgerStorage | None = None
         self.core: BookieCore | None = None
         self.server: BookieServer | None = None
-        self._http: web.AppRunner | None = None
+        self._http: srv.HttpService | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._registered_readonly: bool | None = None
         self.started_at = time.time()
@@ -305,12 +305,22 @@ class Bookie:
         )
         add_bookkeeper_routes(app, self)  # BookKeeper's route names (bookie/bk_http.py)
         # handler_cancellation: a GC request whose caller went away stops; shutdown_timeout: SIGTERM does not
-        # wait a minute for admin requests
-        self._http = web.AppRunner(
-            app, access_log=None, handler_cancellation=True, shutdown_timeout=HTTP_STOP_TIMEOUT_S
+        # wait a minute for admin requests; connection limits: srv.serve_http
+        self._http = await srv.serve_http(
+            f"bookie={cfg.id} admin HTTP",
+            app,
+            cfg.listen_address or cfg.advertised_address,
+            cfg.http_port,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=HTTP_STOP_TIMEOUT_S,
         )
-        await self._http.setup()
-        await web.TCPSite(self._http, cfg.listen_address or cfg.advertised_address, cfg.http_port).start()
+        http = self._http
+        self.server.metrics.counter(
+            "bookie_http_connections_refused_total",
+            "Admin HTTP connections closed on arrival: too many open, or from one address",
+            lambda: http.refused,
+        )
 
         from zk import BookieRegistry
 

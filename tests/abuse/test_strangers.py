@@ -1,5 +1,7 @@
-"""Strangers on the broker's Pulsar port: connections that never finish the handshake, or hold a frame open by
-trickling it, are closed within the keep-alive bound (as Pulsar's broker does), while a real client is served."""
+"""Strangers holding connections open: on the broker's Pulsar port, connections that never finish the handshake,
+or hold a frame open by trickling it, are closed within the keep-alive bound (as Pulsar's broker does) while a real
+client is served; on a bookie's admin HTTP, connections beyond the per-address cap are closed on arrival and idle
+or half-sent ones after ``HTTP_IDLE_TIMEOUT_S``, while another address is served."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import time
 
 import pytest
 
+from bookie import server as srv
 from ledgerstore.cluster import BrokerProcess
+from tests.abuse.helpers import http, metric
 from tests.broker_testing import broker, cluster  # noqa: F401
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
@@ -42,9 +46,9 @@ def test_pure_core_a_trickled_partial_frame_is_no_sign_of_life() -> None:
 
 
 def _closed_after(
-    socks: dict[str, socket.socket], start: float, deadline: float, trickle: str
+    socks: dict[str, socket.socket], start: float, deadline: float, trickle: str | None = None
 ) -> dict[str, float]:
-    """Seconds from ``start`` until the broker closed each socket (inf: still open at ``deadline``); the one
+    """Seconds from ``start`` until the server closed each socket (inf: still open at ``deadline``); the one
     named ``trickle`` is sent a byte every 5 s meanwhile."""
     closed = dict.fromkeys(socks, float("inf"))
     next_byte = time.monotonic() + 5.0
@@ -62,7 +66,7 @@ def _closed_after(
                 pass
             except OSError:
                 closed[name] = time.monotonic() - start
-        if time.monotonic() >= next_byte and closed[trickle] == float("inf"):
+        if trickle is not None and time.monotonic() >= next_byte and closed[trickle] == float("inf"):
             next_byte += 5.0
             try:
                 socks[trickle].send(b"x")
@@ -100,3 +104,44 @@ def test_half_open_handshakes_and_trickled_frames_are_closed_and_a_client_is_ser
     assert closed["trickle"] <= 2 * KEEPALIVE_S + 15, closed
     log = broker.log_path.read_text() if broker.log_path else ""
     assert "no CONNECT within" in log and "keep-alive timeout" in log
+
+
+def _refused_at_once(s: socket.socket) -> bool:
+    """Whether the server closed ``s`` within 3 s without answering anything."""
+    s.settimeout(3)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def _from(host: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((host, 0))
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def test_admin_http_strangers_are_capped_per_address_and_idle_or_half_sent_ones_closed(bookies) -> None:
+    bp = bookies.start()
+    silent = _from("127.0.0.3", bp.http_port)
+    half = _from("127.0.0.3", bp.http_port)
+    half.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # a request head never finished
+    start = time.monotonic()
+    held = [_from("127.0.0.2", bp.http_port) for _ in range(srv.HTTP_CONNECTIONS_PER_PEER_MAX)]
+    one_more = _from("127.0.0.2", bp.http_port)
+    try:
+        assert _refused_at_once(one_more), "one connection over the per-address cap was kept"
+        status, body = http(bp, "GET", "/health", timeout_s=10)  # another address is served meanwhile
+        assert status == 200 and body["status"] == "ok"
+        assert metric(bp, "bookie_http_connections_refused_total") >= 1
+        closed = _closed_after({"silent": silent, "half": half}, start, start + srv.HTTP_IDLE_TIMEOUT_S + 15)
+        assert max(closed.values()) <= srv.HTTP_IDLE_TIMEOUT_S + 15, closed
+    finally:
+        for s in (silent, half, one_more, *held):
+            s.close()
+    assert bp.log_path is not None
+    assert "admin HTTP: refusing connection from 127.0.0.2" in bp.log_path.read_text()
