@@ -48,6 +48,8 @@ from . import protocol as p
 from .auth import TokenError, TokenVerifier
 from .core import ENTRY_HEAD, AddRow, BookieCore
 from .metrics import CONTENT_TYPE_LATEST, RateMeter, ServerMetrics
+from .server_gate import LOG_REFUSALS_EVERY_S as _LOG_REFUSALS_EVERY_S
+from .server_gate import ConnectionGate
 
 log = logging.getLogger("ledgerstore.bookie.server")
 
@@ -62,7 +64,6 @@ DEFAULT_WRITE_BUFFER_MAX = 8 * 1024 * 1024  # unsent reply bytes per connection 
 DEFAULT_INFLIGHT_BYTES_MAX = 128 * 1024 * 1024  # bytes held for peers, whole bookie
 _JOIN_MAX = 64 * 1024  # replies up to this size are joined into one write; larger ones are written alone
 _HELD_SMALL = 64 * 1024  # a partial frame below this does not count as holding the budget
-_LOG_REFUSALS_EVERY_S = 5.0
 
 _ADD_BODY = p.struct.Struct(f">Qq{p.MASTER_KEY_LEN}s")
 
@@ -724,58 +725,10 @@ HTTP_CONNECTIONS_PER_PEER_MAX = 64
 HTTP_IDLE_TIMEOUT_S = 30.0
 
 
-class _HttpGate:
-    """Counts an HTTP listener's connections, in all and per peer host; says why one more is refused."""
-
-    def __init__(self, name: str, connections_max: int, per_peer_max: int) -> None:
-        self.name = name
-        self.connections_max = connections_max
-        self.per_peer_max = per_peer_max
-        self.open = 0
-        self.per_peer: dict[str, int] = {}
-        self.refused = 0
-        self._last_log = 0.0
-        self._unlogged = 0
-
-    def admit(self, host: str) -> bool:
-        why = ""
-        if self.open >= self.connections_max:
-            why = f"{self.open} connections open (at most {self.connections_max})"
-        elif self.per_peer.get(host, 0) >= self.per_peer_max:
-            why = f"{self.per_peer[host]} connections from {host} (at most {self.per_peer_max} from one address)"
-        if not why:
-            self.open += 1
-            self.per_peer[host] = self.per_peer.get(host, 0) + 1
-            return True
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_REFUSALS_EVERY_S:
-            log.warning(
-                "%s: refusing connection from %s: %s (%d more refused since the last such line)",
-                self.name,
-                host,
-                why,
-                self._unlogged,
-            )
-            self._last_log = now
-            self._unlogged = 0
-        else:
-            self._unlogged += 1
-        return False
-
-    def release(self, host: str) -> None:
-        self.open -= 1
-        left = self.per_peer.get(host, 1) - 1
-        if left > 0:
-            self.per_peer[host] = left
-        else:
-            self.per_peer.pop(host, None)
-
-
 class _GatedHttpConnection(asyncio.Protocol):
     """aiohttp's handler for one connection, behind the gate: refused ones never reach it."""
 
-    def __init__(self, gate: _HttpGate, handler: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, gate: ConnectionGate, handler: Callable[[], asyncio.Protocol]) -> None:
         self.gate = gate
         self._handler = handler
         self.inner: asyncio.Protocol | None = None  # the handler, once admitted
@@ -817,7 +770,7 @@ class HttpService:
     the connections closed on arrival."""
 
     def __init__(
-        self, name: str, runner: web.AppRunner, server: asyncio.AbstractServer, gate: _HttpGate
+        self, name: str, runner: web.AppRunner, server: asyncio.AbstractServer, gate: ConnectionGate
     ) -> None:
         self.name = name
         self.runner = runner
@@ -854,7 +807,7 @@ async def serve_http(
     await runner.setup()
     handlers = runner.server
     assert handlers is not None
-    gate = _HttpGate(name, connections_max, per_peer_max)
+    gate = ConnectionGate(name, connections_max, per_peer_max)
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(

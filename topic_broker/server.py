@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
+
+from bookie.server_gate import ConnectionGate
 
 from .service import BrokerService, Session
 
@@ -13,13 +15,25 @@ log = logging.getLogger(__name__)
 __all__ = ["BrokerProtocol", "BrokerServer"]
 
 
+#: Connections at most, in all and from one address: one more is closed on arrival with a log line, so strangers
+#: cannot take every file descriptor (the broker's ZooKeeper session and bookie connections need them too).
+CONNECTIONS_MAX = 4096
+CONNECTIONS_PER_PEER_MAX = 256
+
+
 class BrokerProtocol(asyncio.Protocol):
-    def __init__(self, service: BrokerService) -> None:
+    def __init__(self, service: BrokerService, gate: ConnectionGate) -> None:
         self.service = service
+        self.gate = gate
         self.session: Session | None = None
+        self.host = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
+        self.host = str(peer[0]) if peer else "?"
+        if not self.gate.admit(self.host):
+            cast(asyncio.Transport, transport).abort()
+            return
         self.session = Session(self.service, transport, f"{peer[0]}:{peer[1]}" if peer else "?")
         self.service.sessions.add(self.session)
 
@@ -29,6 +43,7 @@ class BrokerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.session is not None:
+            self.gate.release(self.host)
             self.service.sessions.discard(self.session)
             self.session.connection_lost()
 
@@ -39,12 +54,13 @@ class BrokerServer:
     def __init__(self, service: BrokerService) -> None:
         self.service = service
         self._server: asyncio.base_events.Server | None = None
+        self.gate = ConnectionGate(f"broker={service.config.id}", CONNECTIONS_MAX, CONNECTIONS_PER_PEER_MAX)
 
     async def start(self) -> None:
         cfg = self.service.config
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: BrokerProtocol(self.service), cfg.listen_address, cfg.port, reuse_address=True
+            lambda: BrokerProtocol(self.service, self.gate), cfg.listen_address, cfg.port, reuse_address=True
         )
         log.info("broker=%s listening on %s:%d", cfg.id, cfg.listen_address, cfg.port)
 

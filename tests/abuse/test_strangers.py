@@ -1,7 +1,8 @@
-"""Strangers holding connections open: on the broker's Pulsar port, connections that never finish the handshake,
-or hold a frame open by trickling it, are closed within the keep-alive bound (as Pulsar's broker does) while a real
-client is served; on a bookie's admin HTTP, connections beyond the per-address cap are closed on arrival and idle
-or half-sent ones after ``HTTP_IDLE_TIMEOUT_S``, while another address is served."""
+"""Strangers holding connections open. On the broker's Pulsar port, connections beyond the per-address cap are
+closed on arrival, and connections that never finish the handshake, or hold a frame open by trickling it, are
+closed within the keep-alive bound (as Pulsar's broker does) while a real client is served. On a bookie's admin
+HTTP, connections beyond the per-address cap are closed on arrival and idle or half-sent ones after
+``HTTP_IDLE_TIMEOUT_S``, while another address is served."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ledgerstore.cluster import BrokerProcess
 from tests.abuse.helpers import http, metric
 from tests.broker_testing import broker, cluster  # noqa: F401
 from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import server as broker_server
 from topic_broker import wire
 from topic_broker.connection import ConnectionConfig, ProtocolConnection
 
@@ -78,6 +80,11 @@ def _closed_after(
 def test_half_open_handshakes_and_trickled_frames_are_closed_and_a_client_is_served_meanwhile(
     broker: BrokerProcess,  # noqa: F811
 ) -> None:
+    crowd = [_from("127.0.0.2", broker.port) for _ in range(broker_server.CONNECTIONS_PER_PEER_MAX)]
+    one_more = _from("127.0.0.2", broker.port)
+    assert _refused_at_once(one_more), "one connection over the per-address cap was kept"
+    for s in (one_more, *crowd):
+        s.close()
     silent = socket.create_connection(("127.0.0.1", broker.port), timeout=5)  # connects, sends nothing
     half = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
     half.sendall(struct.pack(">I", 100) + b"0123456789")  # a frame header and a tenth of its body
@@ -104,6 +111,7 @@ def test_half_open_handshakes_and_trickled_frames_are_closed_and_a_client_is_ser
     assert closed["trickle"] <= 2 * KEEPALIVE_S + 15, closed
     log = broker.log_path.read_text() if broker.log_path else ""
     assert "no CONNECT within" in log and "keep-alive timeout" in log
+    assert "refusing connection from 127.0.0.2" in log
 
 
 def _refused_at_once(s: socket.socket) -> bool:
