@@ -18,6 +18,7 @@ from bookie.config_file import ConfigError, Effective
 from bookie.config_file import enable as enable_config_file
 from bookie.config_file import resolve as resolve_config
 
+from . import wire
 from .admin import AdminServer
 from .server import BrokerServer
 from .service import (
@@ -205,6 +206,13 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         bookie_token = Path(token_file).read_text().strip()
         if not bookie_token:
             raise ConfigError(f"token file {token_file} is empty")
+    max_message_size = int(getattr(args, "max_message_size", DEFAULT_MAX_MESSAGE_SIZE))
+    if not 0 < max_message_size <= DEFAULT_MAX_MESSAGE_SIZE:
+        # one message (or chunk) is one ledger entry: a larger one could never be stored
+        raise ConfigError(
+            f"--max-message-size {max_message_size}: must be 1..{DEFAULT_MAX_MESSAGE_SIZE} (a ledger entry is at "
+            f"most {wire.LEDGER_ENTRY_MAX} bytes, and a stored message needs room for its headers)"
+        )
     superusers = tuple(
         r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
     )
@@ -221,7 +229,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         listen_address=args.listen_address,
         advertised_address=args.advertised_address,
         broker_id=args.broker_id,
-        max_message_size=args.max_message_size,
+        max_message_size=max_message_size,
         ensemble_size=args.ensemble_size,
         write_quorum=args.write_quorum,
         ack_quorum=args.ack_quorum,

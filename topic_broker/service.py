@@ -97,6 +97,10 @@ SCHEMA_NONE = 0
 PRODUCE = "produce"
 CONSUME = "consume"
 EITHER = (PRODUCE, CONSUME)
+#: The answer to a topic name we refuse (malformed, ``non-persistent://``). Not ``InvalidTopicName``: the C++-based
+#: clients (Python's ``pulsar-client``) retry that one until their operation timeout, so the user would see only
+#: ``Timeout``; ``NotAllowedError`` fails the call at once, and the message says what is wrong with the name.
+BAD_NAME = pb.NotAllowedError
 #: Pending SENDs per topic beyond which reading from producers' sockets pauses.
 APPEND_QUEUE_MAX = 10_000
 
@@ -250,6 +254,7 @@ class _Receipt:
     started: float = 0.0  # time.monotonic() at the SEND's arrival (publish latency)
     messages: int = 1
     size: int = 0
+    dedup: bool = True  # its sequence id takes part in deduplication (false for a chunk before the last)
 
 
 @dataclass(slots=True, eq=False)
@@ -578,13 +583,18 @@ class Topic:
         if not self.producers and self.waiting:
             self.service.grant_waiting_producer(self)
 
-    def publish(self, p: Producer, send: pb.CommandSend, entry: bytes, num_messages: int) -> None:
+    def publish(
+        self, p: Producer, send: pb.CommandSend, entry: bytes, num_messages: int, *, dedup: bool = True
+    ) -> None:
+        """``dedup`` False: the SEND's sequence id takes no part in deduplication (a chunk before the last)."""
         seq = send.sequence_id
         highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else seq
         highest = max(highest, seq)
-        rec = _Receipt(seq, highest, started=time.monotonic(), messages=num_messages, size=len(entry))
+        rec = _Receipt(
+            seq, highest, started=time.monotonic(), messages=num_messages, size=len(entry), dedup=dedup
+        )
         p.receipts.append(rec)
-        if self.dedup_enabled:
+        if self.dedup_enabled and dedup:
             last = self.last_sequence.get(p.name, -1)
             if highest <= last:
                 rec.done = True  # a resend of what is stored (or on its way): answered in its turn
@@ -627,7 +637,7 @@ class Topic:
         else:
             rec.position = position
             self.service.metrics.published(self.key, rec.messages, rec.size, time.monotonic() - rec.started)
-            if self.dedup_enabled:
+            if self.dedup_enabled and rec.dedup:
                 self.ml.set_property(f"dedup/{p.name}", str(rec.highest_sequence_id))
             self.last_entry_messages = None
             for sub in self.subscriptions.values():
@@ -665,7 +675,7 @@ class Topic:
                     counts.append(1)
                     continue
                 counts.append(md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1)
-                if self.dedup_enabled:
+                if self.dedup_enabled and wire.counts_for_dedup(md):
                     seq = md.highest_sequence_id if md.HasField("highest_sequence_id") else md.sequence_id
                     if seq > self.last_sequence.get(md.producer_name, -1):
                         self.last_sequence[md.producer_name] = seq
@@ -1175,11 +1185,7 @@ class BrokerService:
         try:
             name = TopicName.parse(cmd.topic)
         except InvalidTopicName as e:
-            s.send(
-                wire.partitioned_metadata_response(
-                    cmd.request_id, error_code=pb.InvalidTopicName, message=str(e)
-                )
-            )
+            s.send(wire.partitioned_metadata_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
             return
         refused = await self._authorized(s, name, EITHER)
         if refused is not None:
@@ -1198,7 +1204,7 @@ class BrokerService:
         try:
             name = TopicName.parse(cmd.topic)
         except InvalidTopicName as e:
-            s.send(wire.lookup_response(cmd.request_id, error_code=pb.InvalidTopicName, message=str(e)))
+            s.send(wire.lookup_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
             return
         refused = await self._authorized(s, name, EITHER)
         if refused is not None:
@@ -1226,7 +1232,7 @@ class BrokerService:
                     return None
             return await self.get_topic(name)
         except InvalidTopicName as e:
-            s.send(wire.error(request_id, pb.InvalidTopicName, str(e)))
+            s.send(wire.error(request_id, BAD_NAME, str(e)))
         except NotOwnerError as e:
             s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} is served by {e.owner.service_url}"))
         except (ManagedLedgerError, zk.MetadataError) as e:
@@ -1343,10 +1349,18 @@ class BrokerService:
             return
         entry = frame.entry
         assert entry is not None
-        if len(entry) > self.config.max_message_size + 64:
-            s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, "message too large"))
+        if len(entry) > wire.LEDGER_ENTRY_MAX:
+            # the client keeps messages to the max_message_size announced in CONNECTED, which leaves room
+            message = f"message of {len(entry)} bytes stored is over the largest ledger entry ({wire.LEDGER_ENTRY_MAX})"
+            s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, message))
             return
-        p.topic.publish(p, cmd, entry, cmd.num_messages if cmd.HasField("num_messages") else 1)
+        dedup = True
+        if cmd.is_chunk:  # the client marks chunks on the SEND: only then is the metadata read
+            try:
+                dedup = wire.counts_for_dedup(frame.metadata)
+            except wire.EntryFormatError:
+                pass
+        p.topic.publish(p, cmd, entry, cmd.num_messages if cmd.HasField("num_messages") else 1, dedup=dedup)
 
     def on_close_producer(self, s: Session, r: Request) -> None:
         cmd: pb.CommandCloseProducer = r.body  # type: ignore[assignment]

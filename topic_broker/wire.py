@@ -41,14 +41,17 @@ from typing import Final
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError
 
+from bookie.protocol import ENTRY_SIZE_MAX
 from topic_broker import pulsar_api_pb2 as pb
 
 __all__ = [
     "CHECKSUM_MAGIC",
+    "counts_for_dedup",
     "BROKER_ENTRY_METADATA_MAGIC",
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "FRAME_PADDING_SIZE",
+    "LEDGER_ENTRY_MAX",
     "EntryFormatError",
     "Frame",
     "FrameDecoder",
@@ -90,8 +93,14 @@ __all__ = [
 
 CHECKSUM_MAGIC: Final = 0x0E01
 BROKER_ENTRY_METADATA_MAGIC: Final = 0x0E02
-DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * 1024 * 1024
 FRAME_PADDING_SIZE: Final = 10 * 1024  # room for the command and headers around a message of the maximum size
+#: The largest entry a ledger takes: the bookies' limit less the ledger client's entry header (one SEND is one
+#: entry, so nothing larger can be stored).
+LEDGER_ENTRY_MAX: Final = ENTRY_SIZE_MAX - 64
+#: The largest message (metadata and payload) the broker announces in CONNECTED: what leaves room in a ledger
+#: entry for the stored headers and a chunk's metadata (the client cuts chunks of exactly this size). Pulsar's
+#: default is 5 MiB; a ledger entry is at most 5 MiB, so ours is 10 KiB less.
+DEFAULT_MAX_MESSAGE_SIZE: Final = LEDGER_ENTRY_MAX - FRAME_PADDING_SIZE
 DEFAULT_MAX_FRAME_SIZE: Final = DEFAULT_MAX_MESSAGE_SIZE + FRAME_PADDING_SIZE
 
 _U16 = struct.Struct(">H")
@@ -827,6 +836,15 @@ def parse_entry(
 def entry_message_count(metadata: pb.MessageMetadata) -> int:
     """Messages in the entry: a batch's ``num_messages_in_batch``, else 1 (what permits and backlog count)."""
     return metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+
+
+def counts_for_dedup(metadata: pb.MessageMetadata) -> bool:
+    """Whether the message's sequence id takes part in deduplication. Every chunk of a chunked message carries
+    the message's sequence id: only its last chunk counts (Pulsar's rule), or the chunks after the first would
+    be dropped as resends of it."""
+    if not metadata.HasField("chunk_id") or not metadata.HasField("num_chunks_from_msg"):
+        return True
+    return metadata.chunk_id >= metadata.num_chunks_from_msg - 1
 
 
 def entry_publish_time(entry: bytes | bytearray | memoryview) -> int:

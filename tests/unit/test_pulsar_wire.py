@@ -433,3 +433,23 @@ def test_real_pulsar_client_connect_parses_and_accepts_connected() -> None:
     assert connect.client_version
     lookups = [f for f in received if f.type == T.PARTITIONED_METADATA]
     assert lookups and lookups[0].command.partitionMetadata.topic == "persistent://public/default/my-topic"
+
+
+def test_the_largest_message_announced_fits_a_ledger_entry_with_its_headers() -> None:
+    from ledger_client.send_path import _PAYLOAD_MAX
+
+    assert wire.LEDGER_ENTRY_MAX <= _PAYLOAD_MAX
+    assert wire.DEFAULT_MAX_MESSAGE_SIZE + wire.FRAME_PADDING_SIZE <= wire.LEDGER_ENTRY_MAX
+
+
+@pytest.mark.parametrize(
+    ("chunk", "counts"),
+    [(None, True), ((0, 3), False), ((1, 3), False), ((2, 3), True), ((0, 1), True)],
+)
+def test_only_the_last_chunk_of_a_message_counts_for_dedup(
+    chunk: tuple[int, int] | None, counts: bool
+) -> None:
+    md = pb.MessageMetadata(producer_name="p", sequence_id=7, publish_time=1)
+    if chunk is not None:
+        md.chunk_id, md.num_chunks_from_msg = chunk
+    assert wire.counts_for_dedup(md) is counts
