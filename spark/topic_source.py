@@ -45,6 +45,12 @@ batch_index/batch_size for batch messages, what pulsar-spark gives; ``pulsar.Mes
 map<string,string>, ``__partition`` int (−1 for a non-partitioned topic), ``__ledgerId`` long, ``__entryId`` long,
 ``__batchIndex`` int (−1 for a message not in a batch).
 
+A chunked message (a producer with chunking on splits a message larger than the broker's limit over several
+entries) is one row at its last chunk's position (``__ledgerId``/``__entryId``), its ``__messageId`` the id Pulsar's
+clients give it (the last chunk's, with the first chunk's as ``first_chunk_message_id``); a reader finishing one
+finds its earlier chunks before its range (in the ledger and the one before it, up to ``CHUNK_LOOKBACK_ENTRIES``
+entries back). Chunks of a message that never completes (its producer died) make no row, as for a Pulsar consumer.
+
 Streaming: the offset is ``{partition full name: [ledgerId, entryId]}``, the next position to read per partition.
 Partitions added to a topic while the query runs are picked up and read from their earliest entry.
 ``commit(end)`` (and the planning of each micro-batch, whose start is the end of the completed previous one:
@@ -165,13 +171,16 @@ class PartitionRef:
 
 @dataclass(frozen=True)
 class TopicRange(InputPartition):  # type: ignore[misc]
-    """One Spark partition: entries ``first_entry_id..last_entry_id`` of one ledger of one topic partition."""
+    """One Spark partition: entries ``first_entry_id..last_entry_id`` of one ledger of one topic partition.
+    ``prev_ledger_id``: the ledger before it in the partition's chain (−1 if none), where the first chunks of a
+    chunked message whose last chunk is in the range may lie."""
 
     topic: str
     partition: int
     ledger_id: int
     first_entry_id: int
     last_entry_id: int
+    prev_ledger_id: int = -1
 
 
 # --- driver side: topics, ledger chains, positions ----------------------------------------------------------------
@@ -425,6 +434,25 @@ class _Driver:
 
 # --- executor side: entries to Arrow rows ---------------------------------------------------------------------------
 
+
+def _prev_ledger(snap: Snapshot, ledger_id: int) -> int:
+    ids = snap.ids()
+    i = ids.index(ledger_id)
+    return ids[i - 1] if i > 0 else -1
+
+
+#: How many entries before a range a reader looks back for the earlier chunks of a chunked message it finishes.
+CHUNK_LOOKBACK_ENTRIES = 10_000
+
+
+@dataclass
+class _Partial:
+    """The chunks of a chunked message read so far: where its first chunk is and the payloads in order."""
+
+    first: Pos
+    parts: list[bytes]
+
+
 #: Pulsar's compression codecs as Arrow names: LZ4 is the raw LZ4 block format, SNAPPY raw snappy, ZSTD a zstd
 #: frame (what the Java and C++ clients write). ZLIB and NONE are handled by :func:`topic_broker.wire.iter_batch`.
 _ARROW_CODECS = {1: "lz4_raw", 3: "zstd", 4: "snappy"}
@@ -477,10 +505,77 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
         size = 0
         return batch
 
+    # chunked messages (one message split over several entries): assembled at their last chunk
+    partials: dict[tuple[str, str], _Partial] = {}
+
+    def look_back(key: tuple[str, str], chunk_id: int) -> _Partial | None:
+        """Chunks ``0..chunk_id-1`` of ``key`` from the entries before the range (this ledger, then the one
+        before it), newest first; None when chunk 0 is not found within :data:`CHUNK_LOOKBACK_ENTRIES`."""
+        found: dict[int, tuple[Pos, bytes]] = {}
+        budget = CHUNK_LOOKBACK_ENTRIES
+        for lid in (part.ledger_id, part.prev_ledger_id):
+            if lid < 0 or budget <= 0:
+                break
+            try:
+                h = lh if lid == part.ledger_id else bk.open_ledger(lid, opts.password, recovery=False)
+            except NoSuchLedgerError:
+                break
+            try:
+                hi = part.first_entry_id - 1 if lid == part.ledger_id else h.last_add_confirmed
+                while hi >= 0 and budget > 0:
+                    lo = max(0, hi - 63)
+                    budget -= hi - lo + 1
+                    for entry in reversed(list(h.read(lo, hi))):
+                        m, pl = parse_entry(entry.data)
+                        if m.num_chunks_from_msg > 1 and (m.producer_name, m.uuid) == key:
+                            if m.chunk_id < chunk_id:
+                                found.setdefault(m.chunk_id, ((lid, entry.entry_id), bytes(pl)))
+                            if m.chunk_id == 0:
+                                if len(found) < chunk_id:
+                                    return None
+                                return _Partial(found[0][0], [found[i][1] for i in range(chunk_id)])
+                    hi = lo - 1
+            finally:
+                if h is not lh:
+                    h.close()
+        return None
+
+    def assemble(entry_id: int, meta: Any, payload: Any) -> tuple[Pos, bytes] | None:
+        """A chunk added; the message's first position and whole payload once its last chunk is in."""
+        key = (meta.producer_name, meta.uuid)
+        chunk_id = meta.chunk_id
+        if chunk_id == 0:
+            p: _Partial | None = _Partial((part.ledger_id, entry_id), [])
+        else:
+            p = partials.pop(key, None) or look_back(key, chunk_id)
+            if p is None or len(p.parts) != chunk_id:
+                log.warning(
+                    "%s: chunk %d of message %s at %d:%d without its earlier chunks: skipped",
+                    part.topic,
+                    chunk_id,
+                    meta.uuid,
+                    part.ledger_id,
+                    entry_id,
+                )
+                return None
+        assert p is not None
+        p.parts.append(bytes(payload))
+        if chunk_id < meta.num_chunks_from_msg - 1:
+            partials[key] = p
+            return None
+        return p.first, b"".join(p.parts)
+
     def add(entry_id: int, data: bytes) -> None:
         nonlocal size
+        first_chunk: Pos | None = None
         try:
-            meta, payload = parse_entry(data)
+            meta, raw = parse_entry(data)
+            payload: Any = raw
+            if meta.num_chunks_from_msg > 1:
+                whole = assemble(entry_id, meta, payload)
+                if whole is None:
+                    return
+                first_chunk, payload = whole
             messages = list(iter_batch(meta, _inflate(meta, payload)))
         except EntryFormatError as e:
             raise RuntimeError(f"{part.topic}: entry {part.ledger_id}:{entry_id} is malformed: {e}") from e
@@ -496,6 +591,10 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
             if batched:
                 mid.batch_index = i
                 mid.batch_size = len(messages)
+            if first_chunk is not None:  # what Pulsar's clients serialise for a chunked message's id
+                mid.first_chunk_message_id.ledgerId, mid.first_chunk_message_id.entryId = first_chunk
+                if part.partition >= 0:
+                    mid.first_chunk_message_id.partition = part.partition
             null_value = single is not None and single.null_value
             cols["value"].append(None if null_value else value)
             cols["__key"].append(src.partition_key if src.HasField("partition_key") else None)
@@ -570,7 +669,7 @@ class TopicReader(DataSourceReader):  # type: ignore[misc]
                 )
                 end = drv.position(p, snap, self.opts.ending, "endingOffsets")
                 for lid, first, last in entry_ranges(snap, start, end, self.opts.entries_per_partition):
-                    out.append(TopicRange(p.name, p.index, lid, first, last))
+                    out.append(TopicRange(p.name, p.index, lid, first, last, _prev_ledger(snap, lid)))
             return out
         finally:
             drv.close()
@@ -708,7 +807,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 snap = self.drv.snapshot(part)
             s = self.drv.check_start(part, snap, s, self._committed_mark(name))
             for lid, first, last in entry_ranges(snap, s, e, self.opts.entries_per_partition):
-                out.append(TopicRange(name, part.index, lid, first, last))
+                out.append(TopicRange(name, part.index, lid, first, last, _prev_ledger(snap, lid)))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

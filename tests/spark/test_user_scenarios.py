@@ -12,6 +12,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -186,3 +187,65 @@ def test_compressed_topics_read_back_message_by_message(
     check_rows(rows, sent, seen, topic)
     if batching:
         assert any(r["__batchIndex"] > 0 for r in rows), "some entries are batches of several messages"
+
+
+def test_chunked_messages_read_as_one_row_each_across_ranges_ledgers_and_micro_batches(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """Messages larger than the broker's 300 kB limit, sent LZ4-compressed in chunks of one entry each, 2 small
+    messages first so that a chunked message straddles the broker's 20-entry ledgers."""
+    import random
+
+    topic = "persistent://public/default/chunked"
+    rnd = random.Random(7)
+    values = [b"s0", b"s1"]
+    for i in range(7):
+        values += [rnd.randbytes(700_000 + 1000 * i), f"s{i + 2}".encode()]
+    client = cluster.client()
+    try:
+        p = client.create_producer(
+            topic,
+            batching_enabled=False,
+            chunking_enabled=True,
+            compression_type=pulsar.CompressionType.LZ4,
+        )
+        ids = [p.send(v) for v in values]
+        p.close()
+    finally:
+        client.close()
+    big = [i for i, v in enumerate(values) if len(v) > 1000]
+    assert all(str(ids[i]).count(";") == 1 for i in big), "the big messages were sent in chunks"
+    assert len({ids[i].ledger_id() for i in range(len(values))}) > 1
+    straddling = [i for i in big if str(ids[i]).split(";")[0].split(",")[0] != str(ids[i].ledger_id())]
+    assert straddling, f"a chunked message spans two ledgers: {[str(x) for x in ids]}"
+
+    def check(rows: list[Any]) -> None:
+        assert [bytes(r["value"]) for r in rows] == values
+        assert [pulsar.MessageId.deserialize(bytes(r["__messageId"])) for r in rows] == ids
+        assert [(r["__ledgerId"], r["__entryId"]) for r in rows] == [
+            (m.ledger_id(), m.entry_id()) for m in ids
+        ]
+
+    check(read_all(cluster, spark, len(values), topic=topic))
+    # one Spark partition per 2 entries: most big messages end in a range after their first chunk
+    check(read_all(cluster, spark, len(values), topic=topic, entriesPerPartition="2"))
+    # a stream admitting one entry per micro-batch: every message arrives whole in the batch of its last chunk
+    q = (
+        spark.readStream.format("topic")
+        .option("zk", cluster.zk)
+        .option("zkRoot", cluster.root)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxEntriesPerTrigger", "1")
+        .load()
+        .writeStream.format("memory")
+        .queryName("chunked_stream")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(180)
+    finally:
+        q.stop()
+    check(spark.sql("select * from chunked_stream").orderBy(*ORDER).collect())
