@@ -378,13 +378,29 @@ class SubscriptionRuntime:
                 entry = cmd.entry
                 pos = entry.position
                 session = c.session
-                # the frame's head, then the stored entry as it is (two buffers, no copy)
-                session.send(
-                    wire.message_head(
-                        c.consumer_id, pos[0], pos[1], len(entry.data), redelivery_count=cmd.redelivery_count
+                if cmd.ack_set is not None:  # a batch partly acknowledged: the client skips what its set says
+                    session.send(
+                        wire.message(
+                            c.consumer_id,
+                            pos[0],
+                            pos[1],
+                            entry.data,
+                            redelivery_count=cmd.redelivery_count,
+                            ack_set=cmd.ack_set,
+                        )
                     )
-                )
-                session.send(entry.data)
+                else:
+                    # the frame's head, then the stored entry as it is (two buffers, no copy)
+                    session.send(
+                        wire.message_head(
+                            c.consumer_id,
+                            pos[0],
+                            pos[1],
+                            len(entry.data),
+                            redelivery_count=cmd.redelivery_count,
+                        )
+                    )
+                    session.send(entry.data)
                 self.topic.service.metrics.dispatched(
                     self.topic.key, self.name, entry.num_messages, len(entry.data) if entry.data else 0
                 )

@@ -33,7 +33,9 @@ Rules (Pulsar's, as the official client expects them):
 - Every dispatched entry is pending on its consumer until acked. A lost consumer's pending entries, and those
   named by a redelivery request, go to the replay set with their redelivery count raised by one.
 - Acks are subscription-wide (a reconnected client acks with a new consumer id). A batch entry is acked when
-  every message of it is (batch indices, or an empty ack set), or by a cumulative ack at or past it.
+  every message of it is (batch indices, or an empty ack set), or by a cumulative ack at or past it. The
+  messages of a batch acked so far (batch-index acks) are remembered while the subscription lives: a batch
+  delivered again carries the ack set of the messages still unacked, so the client skips the others.
 - At most one read is in flight; a read started before a reset is recognised by its epoch and dropped.
 """
 
@@ -62,7 +64,9 @@ __all__ = [
     "ReadReplay",
     "SubType",
     "Subscription",
+    "acked_indices",
     "key_hash",
+    "unacked_set",
 ]
 
 Position = tuple[int, int]
@@ -97,6 +101,29 @@ def key_hash(key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
 
 
+def acked_indices(ack_set: Sequence[int], num_messages: int) -> set[int]:
+    """The batch indices an ack set marks acknowledged: its clear bits below ``num_messages`` (bit i is bit
+    i % 64 of word i // 64, as Java's ``BitSet.toLongArray``)."""
+    return {
+        i for i in range(num_messages) if i // 64 >= len(ack_set) or not (ack_set[i // 64] >> (i % 64)) & 1
+    }
+
+
+def unacked_set(num_messages: int, acked: Iterable[int]) -> tuple[int, ...]:
+    """The ack set of a batch of ``num_messages`` with ``acked`` acknowledged: a bit set for each message still
+    unacknowledged, as signed 64-bit words (protobuf ``int64``)."""
+    bits = (1 << num_messages) - 1
+    for i in acked:
+        if 0 <= i < num_messages:
+            bits &= ~(1 << i)
+    words = []
+    for _ in range((num_messages + 63) // 64):
+        w = bits & 0xFFFF_FFFF_FFFF_FFFF
+        words.append(w - (1 << 64) if w >= 1 << 63 else w)
+        bits >>= 64
+    return tuple(words)
+
+
 @dataclass(slots=True)
 class DispatchEntry:
     """What the dispatcher needs of one stored entry; ``data`` is opaque to it (the stored bytes)."""
@@ -128,6 +155,9 @@ class Deliver:
     consumer_id: int
     entry: DispatchEntry
     redelivery_count: int
+    #: a batch some of whose messages are acknowledged: Pulsar's ack set (a bit set of the messages still
+    #: unacknowledged, as 64-bit words), which the client uses to skip the others; None: deliver them all
+    ack_set: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +394,14 @@ class Subscription:
         for pos, batch_index, ack_set in acks:
             if ack_set is not None:
                 if any(ack_set):
-                    continue  # part of a batch: the entry stays pending until its last message is acked
+                    # part of a batch (batch-index acks): remembered, so a redelivery skips those messages;
+                    # the entry stays pending until its last message is acked
+                    info = self._info.get(pos)
+                    n = info.num_messages if info is not None else 64 * len(ack_set)
+                    done = self._batch_acks.setdefault(pos, set())
+                    done.update(acked_indices(ack_set, n))
+                    if info is None or len(done) < info.num_messages:
+                        continue
             elif batch_index >= 0:
                 info = self._info.get(pos)
                 if info is None or info.num_messages <= 1:
@@ -581,7 +618,9 @@ class Subscription:
         if self.sub_type == SubType.KEY_SHARED:
             self._key_owner[e.key] = c.consumer_id
             self._key_pending[e.key] = self._key_pending.get(e.key, 0) + 1
-        cmds.append(Deliver(c.consumer_id, e, self._redeliveries.get(pos, 0)))
+        acked = self._batch_acks.get(pos)
+        ack_set = unacked_set(e.num_messages, acked) if acked and e.num_messages > 1 else None
+        cmds.append(Deliver(c.consumer_id, e, self._redeliveries.get(pos, 0), ack_set))
 
     def _next_shared(self) -> _Consumer | None:
         n = len(self._rr)

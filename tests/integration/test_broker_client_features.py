@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 
@@ -96,5 +97,49 @@ def test_a_refused_topic_name_fails_at_once_not_after_the_operation_timeout(
             with pytest.raises(pulsar.NotAllowedError):
                 attempt()
             assert time.monotonic() - started < 5
+    finally:
+        c.close()
+
+
+def test_batch_index_acks_survive_a_reconnect_and_a_negative_ack(broker: BrokerProcess) -> None:
+    """With ``batch_index_ack_enabled`` the messages of a batch acked one by one are not delivered again, whether
+    the batch comes back to a new consumer or after a negative ack of the others."""
+    c = client(broker)
+    try:
+        t = topic_name()
+
+        def subscribe() -> Any:
+            return c.subscribe(
+                t,
+                "s",
+                consumer_type=pulsar.ConsumerType.Shared,
+                batch_index_ack_enabled=True,
+                negative_ack_redelivery_delay_ms=1000,  # after the grouped acks of 6 and 8 went out
+            )
+
+        consumer = subscribe()
+        producer = c.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=50)
+        for i in range(10):
+            producer.send_async(f"{i}".encode(), None)
+        producer.flush()
+        got = drain(consumer, 10)
+        assert len({(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got}) == 1  # one batch
+        for m in got[:5]:
+            consumer.acknowledge(m)
+        time.sleep(0.5)  # acks are grouped by the client
+        consumer.close()
+        consumer = subscribe()
+        again = drain(consumer, 5)
+        assert [m.data() for m in again] == [f"{i}".encode() for i in range(5, 10)]
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=1000)
+        for m in again:
+            if int(m.data()) % 2:
+                consumer.negative_acknowledge(m)
+            else:
+                consumer.acknowledge(m)
+        assert sorted(m.data() for m in drain(consumer, 3)) == [b"5", b"7", b"9"]
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=1000)
     finally:
         c.close()

@@ -15,6 +15,8 @@ from topic_broker.subscription import (
     ReadReplay,
     Subscription,
     SubType,
+    acked_indices,
+    unacked_set,
 )
 
 
@@ -173,6 +175,34 @@ def test_batch_index_acks(acks: list, fully_acked: list[Position]) -> None:
     sub.add_consumer(1, "a")
     run(sub, log, sub.flow(1, 100))
     assert sub.ack_individual(acks).acked == fully_acked
+
+
+def test_a_partly_acked_batch_is_redelivered_with_the_ack_set_of_what_is_left() -> None:
+    """Batch-index acks (ack sets): the acked messages are remembered, a redelivery carries the set of those
+    still unacked (the client skips the others), and the set that clears the last one acks the entry."""
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(1, batch=70)
+    sub.add_consumer(1, "a")
+    first = [c for c in run(sub, log, sub.flow(1, 100)) if isinstance(c, Deliver)]
+    assert first[0].ack_set is None
+    left = [-1, (1 << 6) - 1]  # 70 messages, all unacked: 64 bits, then 6
+    left[0] &= ~0b101  # messages 0 and 2 acked
+    assert sub.ack_individual([((1, 0), -1, left)]).acked == []
+    again = run(sub, log, sub.remove_consumer(1) + sub.add_consumer(2, "b") + sub.flow(2, 100))
+    redelivered = [c for c in again if isinstance(c, Deliver)]
+    assert [d.entry.position for d in redelivered] == [(1, 0)]
+    assert redelivered[0].ack_set == unacked_set(70, {0, 2})
+    assert acked_indices(redelivered[0].ack_set, 70) == {0, 2}
+    assert sub.ack_individual([((1, 0), -1, [1 << 1, 0])]).acked == []  # 1 is still unacked
+    assert sub.ack_individual([((1, 0), -1, [0, 0])]).acked == [(1, 0)]
+
+
+def test_ack_sets_are_signed_64_bit_words() -> None:
+    assert unacked_set(3, set()) == (0b111,)
+    assert unacked_set(64, set()) == (-1,)
+    assert unacked_set(65, {64}) == (-1, 0)
+    assert acked_indices((-1, 0), 65) == {64}
+    assert acked_indices((0b110,), 3) == {0}
 
 
 def test_cumulative_ack_inside_a_batch_marks_the_entry_before() -> None:
