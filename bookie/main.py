@@ -46,6 +46,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from zk.errors import MetadataConnectionError
+
 from . import auth
 from . import server as srv
 from .bk_http import add_bookkeeper_routes
@@ -688,6 +690,10 @@ class Bookie:
                 await fn()
             except asyncio.CancelledError:
                 raise
+            except (
+                MetadataConnectionError
+            ) as e:  # ZooKeeper away for a while: expected, the next period retries
+                log.warning("bookie=%s periodic task %s skipped: %s", self.config.id, fn.__name__, e)
             except Exception:
                 log.exception("bookie=%s periodic task %s failed", self.config.id, fn.__name__)
 

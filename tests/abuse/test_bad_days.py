@@ -1,0 +1,47 @@
+"""An operator's bad days against real processes: ZooKeeper gone for longer than the session timeout under a
+bookie, and back."""
+
+from __future__ import annotations
+
+import time
+
+from ledger_client.errors import NotEnoughBookiesError
+from ledger_client.sync import BookKeeper
+from tests.abuse.helpers import http
+from tests.zk_testing import wait_for
+
+SESSION_TIMEOUT_S = 10.0  # the bookie's ZooKeeper session timeout (zk.client's default)
+
+
+def test_zookeeper_paused_past_the_session_timeout_is_a_one_line_warning_and_the_bookie_serves_after(
+    bookies, zk_server
+) -> None:
+    bp = bookies.start("--gc-interval-s", "1")
+    with BookKeeper.connect(bookies.zk, zk_root=bookies.root) as bk:  # a ledger, so that GC lists ledgers
+        lh = bk.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1, password=b"p")
+        lh.append(b"before")
+        lh.close()
+    zk_server.pause()
+    try:
+        time.sleep(SESSION_TIMEOUT_S + 4)
+    finally:
+        zk_server.resume()
+    assert bp.log_path is not None
+    assert wait_for(lambda: "periodic task gc skipped" in bp.log_path.read_text(), timeout_s=20)
+    status, body = http(bp, "GET", "/health")
+    assert status == 200 and body["status"] == "ok"
+    with BookKeeper.connect(
+        bookies.zk, zk_root=bookies.root
+    ) as bk:  # and it serves again, once re-registered
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                lh = bk.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1, password=b"p")
+                break
+            except NotEnoughBookiesError:
+                assert time.monotonic() < deadline, "the bookie did not register again"
+                time.sleep(0.5)
+        assert lh.append(b"after ZooKeeper came back") == 0
+        lh.close()
+    log = bp.log_path.read_text()
+    assert "periodic task gc failed" not in log and "Traceback" not in log, log[-3000:]
