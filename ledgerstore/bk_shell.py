@@ -214,11 +214,21 @@ def bookie_sanity(args: argparse.Namespace) -> int:
     async def go() -> dict[str, Any]:
         bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
         try:
-            targets = args.bookie_id or await bk.writable_bookies()
+            writable = await bk.writable_bookies()
+            targets = args.bookie_id or writable
             if not targets:
                 raise CommandError("no writable bookies")
             out: dict[str, Any] = {}
             for b in targets:
+                if b not in writable:  # else its ledger would move to another bookie and "fail" misleadingly
+                    readonly = b in await bk.readonly_bookies()
+                    why = (
+                        "read-only: it takes no writes"
+                        if readonly
+                        else "not registered (down, or another --zk-root?)"
+                    )
+                    out[b] = {"ok": False, "error": why}
+                    continue
                 try:
                     out[b] = await one(bk, b)
                 except (Exception, TimeoutError) as e:

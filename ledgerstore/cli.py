@@ -539,7 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     from bookie.config_file import enable as enable_config_file
 
     enable_config_file(serve, what="bookie")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
-    fmt = bs.add_parser("format", help="delete a bookie's cookie so a replaced bookie can register anew")
+    fmt = bs.add_parser(
+        "format", help="delete a stopped bookie's cookie so a replaced bookie can register anew"
+    )
     _common(fmt)
     fmt.add_argument("--bookie-id", required=True, help="the bookie whose cookie goes (HOST:PORT)")
     fmt.add_argument(
@@ -747,11 +749,22 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
 
 
 def _format_cookie(args: argparse.Namespace) -> int:
-    from zk import MetadataStore, cookies
+    from zk import BookieRegistry, MetadataStore, cookies
 
     store = MetadataStore.connect(args.zk, root=args.zk_root)
     try:
-        cookies.delete_zk_cookie(store, args.bookie_id)
+        if (
+            args.bookie_id in BookieRegistry(store).all()
+        ):  # its cookie is what keeps a wiped disk from rejoining
+            raise CommandError(
+                f"bookie {args.bookie_id} is registered (running, or stopped less than its ZooKeeper session "
+                "timeout ago): stop it first"
+            )
+        if not cookies.delete_zk_cookie(store, args.bookie_id):
+            raise CommandError(
+                f"bookie {args.bookie_id} has no cookie in ZooKeeper (under {args.zk_root}): nothing deleted",
+                EXIT_NOT_FOUND,
+            )
     finally:
         store.close()
     emit(

@@ -13,7 +13,15 @@ from typing import Any
 from tqdm import tqdm
 
 from ledger_client.client import BookKeeper, ClientConfig
-from ledgerstore.cli import CommandError, add_password_arguments, emit, password_of, progress_disabled
+from ledger_client.errors import UnauthorizedError
+from ledgerstore.cli import (
+    PASSWORD_ENV,
+    CommandError,
+    add_password_arguments,
+    emit,
+    password_of,
+    progress_disabled,
+)
 
 
 def add_ledger_commands(
@@ -93,6 +101,11 @@ def _run(
         bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
         try:
             return await fn(args, bk)
+        except UnauthorizedError as e:
+            if not e.message.startswith("wrong password") or password_of(args):
+                raise
+            hint = f"{e.message}: none was given (--password, --password-file or ${PASSWORD_ENV})"
+            raise UnauthorizedError(hint, ledger_id=e.ledger_id) from e
         finally:
             await bk.close()
 
@@ -115,6 +128,11 @@ def _progress(args: argparse.Namespace, total: int, desc: str) -> tqdm:
     )
 
 
+def _nothing_under(args: argparse.Namespace, what: str) -> str:
+    """Where an empty answer came from: a mistyped --zk-root or --zk shows an empty cluster, not an error."""
+    return f"{what} under {args.zk_root} at {args.zk}: is that the cluster (--zk, --zk-root)?"
+
+
 async def _bookies(args: argparse.Namespace, bk: BookKeeper) -> int:
     w, r = await bk.writable_bookies(), await bk.readonly_bookies()
     emit(
@@ -125,6 +143,7 @@ async def _bookies(args: argparse.Namespace, bk: BookKeeper) -> int:
                 *(f"  {b}" for b in w),
                 f"read-only ({len(r)}):",
                 *(f"  {b}" for b in r),
+                *([] if w or r else [_nothing_under(args, "no bookie is registered")]),
             ]
         ),
         {"writable": w, "readonly": r},
@@ -151,7 +170,7 @@ async def _list(args: argparse.Namespace, bk: BookKeeper) -> int:
             f"{r['ledger_id']:>8}  {r['state']:<11} last_entry_id={r['last_entry_id']} length={r['length']}"
             for r in rows
         )
-        or "(no ledgers)",
+        or _nothing_under(args, "no ledgers"),
         rows,
     )
     return 0

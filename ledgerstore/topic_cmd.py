@@ -9,13 +9,15 @@ produce and consume use the official ``pulsar-client`` on ``--service-url`` (``$
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urljoin
 
 from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, emit, exit_status_for_http
@@ -23,6 +25,7 @@ from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, emit, exit_status_fo
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
 SUBSCRIPTION_TYPES = ("exclusive", "shared", "failover", "key_shared")
+T = TypeVar("T")
 
 
 # -- REST -------------------------------------------------------------------------------------------------------
@@ -184,10 +187,46 @@ def _client(args: argparse.Namespace) -> Any:
         import pulsar
     except ImportError as e:  # pragma: no cover - the bootstrap installs it
         raise CommandError("produce/consume need pulsar-client (pip install 'ledgerstore[pulsar]')") from e
-    kw: dict[str, Any] = {"operation_timeout_seconds": 30}
-    if hasattr(pulsar, "ConsoleLogger") and hasattr(pulsar, "LoggerLevel"):
-        kw["logger"] = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-    return pulsar.Client(args.service_url, **kw)
+    # The client's own log lines (its retries, its view of a failure) only with -v: the command's one-line error
+    # says what failed. (A Python logger here made the process abort at exit now and then.)
+    if getattr(args, "verbose", False):
+        logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Info)
+    else:
+        logger = pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    return pulsar.Client(args.service_url, operation_timeout_seconds=30, logger=logger)
+
+
+def _close(client: Any) -> None:
+    with contextlib.suppress(Exception):  # AlreadyClosed when _within closed it
+        client.close()
+
+
+def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[], T]) -> T:
+    """``call()`` (pulsar-client's create_producer or subscribe), given up after ``--timeout-s``: while a broker cannot
+    answer a lookup (its ZooKeeper down) it drops the connection and the client retries for ever, past its
+    operation timeout. Closing the client ends the call."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except Exception as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name=what, daemon=True)
+    t.start()
+    t.join(args.timeout_s)
+    if t.is_alive():
+        client.close()
+        t.join(5)
+        raise CommandError(
+            f"{what}: no answer within {args.timeout_s:g}s (are the broker at {args.service_url} and its "
+            "ZooKeeper up?)",
+            EXIT_UNAVAILABLE,
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -195,7 +234,14 @@ def _produce(args: argparse.Namespace) -> int:
     client = _client(args)
     ids: list[str] = []
     try:
-        producer = client.create_producer(full, batching_enabled=args.batching, send_timeout_millis=30_000)
+        producer = _within(
+            args,
+            client,
+            f"creating a producer on {full}",
+            lambda: client.create_producer(
+                full, batching_enabled=args.batching, send_timeout_millis=int(args.timeout_s * 1000)
+            ),
+        )
         t0 = time.perf_counter()
         messages = args.messages or ["hello"]
         for _ in range(args.num):
@@ -208,10 +254,12 @@ def _produce(args: argparse.Namespace) -> int:
         producer.flush()
         dt = time.perf_counter() - t0
         producer.close()
+    except CommandError:
+        raise
     except Exception as e:
         raise CommandError(f"produce to {full} failed: {e}") from e
     finally:
-        client.close()
+        _close(client)
     emit(
         args,
         lambda: (
@@ -241,8 +289,13 @@ def _consume(args: argparse.Namespace) -> int:
     )
     got: list[dict[str, Any]] = []
     try:
-        consumer = client.subscribe(
-            full, args.subscription, consumer_type=types[args.subscription_type], initial_position=initial
+        consumer = _within(
+            args,
+            client,
+            f"subscribing {args.subscription} to {full}",
+            lambda: client.subscribe(
+                full, args.subscription, consumer_type=types[args.subscription_type], initial_position=initial
+            ),
         )
         deadline = time.monotonic() + args.timeout_s
         while args.num <= 0 or len(got) < args.num:
@@ -253,7 +306,6 @@ def _consume(args: argparse.Namespace) -> int:
                 msg = consumer.receive(timeout_millis=left_ms)
             except Exception:  # pulsar.Timeout (its type differs across client versions)
                 break
-            consumer.acknowledge(msg)
             row = {
                 "message_id": str(msg.message_id()),
                 "data": msg.data().decode(errors="replace"),
@@ -262,14 +314,18 @@ def _consume(args: argparse.Namespace) -> int:
                 "redelivery_count": msg.redelivery_count(),
                 "topic": msg.topic_name(),
             }
+            if not args.json:  # written out before acknowledged: `| head` leaves the rest unacknowledged
+                line = f"{row['message_id']}  " + (f"key={row['key']}  " if row["key"] else "") + row["data"]
+                print(line, flush=True)
+            consumer.acknowledge(msg)
             got.append(row)
-            if not args.json:
-                print(f"{row['message_id']}  " + (f"key={row['key']}  " if row["key"] else "") + row["data"])
         consumer.close()
+    except (CommandError, BrokenPipeError):
+        raise
     except Exception as e:
         raise CommandError(f"consume from {full} failed: {e}") from e
     finally:
-        client.close()
+        _close(client)
     if args.json:
         emit(
             args,
@@ -327,6 +383,9 @@ def add_topic_commands(
     p.add_argument("-n", "--num", type=int, default=1, help="send the messages this many times")
     p.add_argument("--key", "-k", default=None, help="partition key")
     p.add_argument("--batching", action="store_true", help="batch messages (send_async + flush)")
+    p.add_argument(
+        "--timeout-s", type=float, default=30.0, help="give up connecting, or a send, after this long"
+    )
     p = verb("consume", "receive and acknowledge messages with pulsar-client", _consume)
     p.add_argument("name", help="topic name")
     p.add_argument("-s", "--subscription", required=True, help="subscription name")
@@ -340,7 +399,12 @@ def add_topic_commands(
         default="earliest",
         help="where a new subscription starts",
     )
-    p.add_argument("--timeout-s", type=float, default=30.0, help="give up waiting after this long")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=30.0,
+        help="give up subscribing, or waiting for messages, after this long",
+    )
     p = verb("stats", "a topic's stats (partitioned-stats for a partitioned topic)", _stats)
     p.add_argument("name", help="topic name")
     p = verb("internal-stats", "ledgers and cursors of a topic (each partition's)", _internal_stats)

@@ -1,0 +1,126 @@
+"""The operator commands as a newcomer meets them (README.md, docs/operations.md, docs/cli.md), against real
+ZooKeeper, bookie and broker processes: a mistake gets one clear line and the right exit status, never a
+traceback, a hang or a success that did nothing."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ledgerstore import cli
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import Brokers, start_broker
+from tests.conftest import BookieFactory
+from tests.zk_testing import make_test_server, unique_root
+from zk import MetadataStore, cookies
+
+LS = [sys.executable, "-m", "ledgerstore.cli"]
+
+
+def _ls(bookies: BookieFactory, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    cmd = [*LS, *args, "--zk", bookies.zk, "--zk-root", bookies.root]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    return r.stderr
+
+
+def test_bookie_format_refuses_a_running_bookie_and_says_when_there_was_no_cookie(
+    bookies: BookieFactory,
+) -> None:
+    (bp,) = bookies.start_many(1)
+    r = _ls(bookies, "bookie", "format", "--bookie-id", bp.id, "--delete-cookie")
+    assert r.returncode == cli.EXIT_ERROR, r.stdout + r.stderr
+    assert "stop it first" in _one_line_error(r)
+    with MetadataStore.connect(bookies.zk, root=bookies.root) as store:
+        assert cookies.read_zk_cookie(store, bp.id) is not None  # the running bookie keeps its identity
+
+    r = _ls(bookies, "bookie", "format", "--bookie-id", "127.0.0.1:1", "--delete-cookie", "--json")
+    assert r.returncode == cli.EXIT_NOT_FOUND, r.stdout + r.stderr
+    assert "no cookie" in json.loads(r.stdout)["error"]["message"]
+
+
+def test_bookie_sanity_of_a_bookie_that_is_not_registered_says_so(bookies: BookieFactory) -> None:
+    (bp,) = bookies.start_many(1)
+    r = _ls(bookies, "bookie", "sanity", "--bookie-id", "127.0.0.1:1", "--bookie-id", bp.id, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    got = json.loads(r.stdout)
+    assert got[bp.id]["ok"] and not got["127.0.0.1:1"]["ok"]
+    assert "not registered" in got["127.0.0.1:1"]["error"]  # not "the writes moved to other bookies"
+    assert _ls(bookies, "ledger", "list", "--json").stdout.strip() == "[]"  # nothing left behind
+
+
+def test_a_password_ledger_read_without_one_and_a_wrong_root_say_what_to_check(
+    bookies: BookieFactory,
+) -> None:
+    bookies.start_many(3)
+    r = _ls(bookies, "ledger", "write", "-n", "3", "--password", "pw", "--json")
+    lid = json.loads(r.stdout)["ledger_id"]
+    r = _ls(bookies, "ledger", "read", str(lid))
+    assert r.returncode == cli.EXIT_UNAUTHORIZED, r.stdout + r.stderr
+    assert "none was given (--password" in _one_line_error(r)
+    r = _ls(bookies, "ledger", "read", str(lid), "--password", "wrong")
+    assert r.returncode == cli.EXIT_UNAUTHORIZED and "none was given" not in _one_line_error(r)
+
+    wrong = unique_root()
+    for verb, empty in (("list", "no ledgers"), ("bookies", "no bookie is registered")):
+        r = subprocess.run(
+            [*LS, "ledger", verb, "--zk", bookies.zk, "--zk-root", wrong], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"{empty} under {wrong} at {bookies.zk}: is that the cluster" in r.stdout
+
+
+def test_topic_consume_into_a_closed_pipe_ends_quietly(cluster: Brokers) -> None:
+    b = cluster.start()
+    url = ["--service-url", b.service_url]
+    r = subprocess.run(
+        [*LS, "topic", "produce", "piped", "-m", "message", "-n", "1000", "--batching", *url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    # `head -1` exits after its line while consume still writes: the pipe closes in the middle of the loop
+    consume = shlex.join([*LS, "topic", "consume", "piped", "-s", "sub", "-n", "1000", *url])
+    r = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {consume} | head -1"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert r.stderr == "" and len(r.stdout.splitlines()) == 1
+
+
+def test_produce_and_consume_give_up_when_the_brokers_zookeeper_is_down(tmp_path: Path) -> None:
+    with make_test_server() as zk:
+        bookies = BookieFactory(zk.connect_string, unique_root(), tmp_path)
+        broker: BrokerProcess | None = None
+        try:
+            bookies.start_many(1)
+            broker = start_broker(
+                bookies, tmp_path, 4, "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1"
+            )
+            broker.wait_ready(60)
+            url = ["--service-url", broker.service_url, "--timeout-s", "5"]
+            r = subprocess.run(
+                [*LS, "topic", "produce", "t", *url], capture_output=True, text=True, timeout=120
+            )
+            assert r.returncode == 0, r.stderr
+            zk.stop()
+            for verb in (["produce", "t"], ["consume", "t", "-s", "s"]):
+                t0 = time.monotonic()
+                r = subprocess.run([*LS, "topic", *verb, *url], capture_output=True, text=True, timeout=120)
+                assert r.returncode == cli.EXIT_UNAVAILABLE, (verb, r.stdout, r.stderr)
+                assert "no answer within 5s" in _one_line_error(r)
+                assert time.monotonic() - t0 < 30  # it hung for good before
+        finally:
+            if broker is not None:
+                broker.kill9()
+            for bp in bookies.procs:
+                bp.kill9()
