@@ -742,9 +742,11 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         # ``start`` is the end of the last completed micro-batch (or the initial offset): Spark calls
         # ``commit`` for a batch only when it plans the next one with data, so the subscription moves here too
-        # and stands on what Spark has processed even after AvailableNow's last batch.
-        self.commit(start or {})
+        # and stands on what Spark has processed even after AvailableNow's last batch. It comes after the
+        # data-loss check, which takes the subscription's stored position: a ledger trimmed while the
+        # subscription was gone (deleted, or never there) is a loss, and a failed check leaves it gone.
         snaps = self._refresh()
+        stored = {name: self._committed_mark(name) for name in snaps}
         begin = positions_from_json(start or {})
         starts: dict[str, Pos] = {}
         caps: dict[str, Pos] = {}
@@ -752,11 +754,12 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             if self._target is not None and name not in self._target:
                 continue  # appeared after AvailableNow's target was taken: the next run reads it
             s = begin.get(name, EARLIEST)
-            starts[name] = self.drv.check_start(self._parts[name], snap, s, self._committed_mark(name))
+            starts[name] = self.drv.check_start(self._parts[name], snap, s, stored[name])
             cap = snap.latest()
             if self._target is not None:
                 cap = min(cap, self._target[name])
             caps[name] = cap
+        self.commit(start or {})
         max_entries: float | None = None
         max_bytes: float | None = None
         if isinstance(limit, ReadMaxRows):

@@ -249,3 +249,75 @@ def test_chunked_messages_read_as_one_row_each_across_ranges_ledgers_and_micro_b
     finally:
         q.stop()
     check(spark.sql("select * from chunked_stream").orderBy(*ORDER).collect())
+
+
+def test_a_stream_whose_unread_ledgers_were_trimmed_fails_until_told_to_skip_them(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """Retention 0 (Pulsar's default) in a namespace of its own: once the stream's subscription is deleted and
+    the application's consumer acknowledged everything, the broker trims ledgers the stream never read. Every
+    restart from the checkpoint then fails naming the lost ledger (an AvailableNow restart once put the
+    subscription back before the check and carried on), until ``failOnDataLoss`` is false."""
+    from pyspark.errors import StreamingQueryException
+
+    cluster.admin("PUT", "/admin/v2/tenants/trim", {"allowedClusters": ["ledgerstore"], "adminRoles": []})
+    cluster.admin("PUT", "/admin/v2/namespaces/trim/ns", {})
+    topic = "persistent://trim/ns/t"
+    client = cluster.client()
+    try:
+        app = client.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+        p = client.create_producer(topic, batching_enabled=False)
+
+        def send(n: int, tag: str) -> None:
+            for i in range(n):
+                p.send(f"{tag}{i}".encode())
+
+        def ack(n: int) -> None:
+            for _ in range(n):
+                app.acknowledge(app.receive(10_000))
+
+        send(30, "a")  # the application's subscription holds them until the stream's exists
+        time.sleep(1.5)  # the explicit LAC: the stream's first run sees all 30
+
+        def run(**options: str) -> int:
+            q = (
+                spark.readStream.format("topic")
+                .option("zk", cluster.zk)
+                .option("zkRoot", cluster.root)
+                .option("topic", topic)
+                .option("startingOffsets", "earliest")
+                .option("subscriptionName", "spark-trim")
+                .options(**options)
+                .load()
+                .writeStream.format("parquet")
+                .option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(availableNow=True)
+                .start(str(tmp_path / "out"))
+            )
+            try:
+                q.awaitTermination(120)
+            finally:
+                q.stop()
+            return sum(int(pp["numInputRows"]) for pp in q.recentProgress)
+
+        assert run() == 30
+        stats = json.loads(cluster.admin("GET", "/admin/v2/persistent/trim/ns/t/internalStats"))
+        first_ledgers = [led["ledgerId"] for led in stats["ledgers"]]
+        assert "spark-trim" in stats["cursors"] and len(first_ledgers) == 2
+        send(25, "b")
+        ack(55)
+        cluster.admin("DELETE", "/admin/v2/persistent/trim/ns/t/subscription/spark-trim")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stats = json.loads(cluster.admin("GET", "/admin/v2/persistent/trim/ns/t/internalStats"))
+            if stats["ledgers"][0]["ledgerId"] > first_ledgers[-1]:
+                break
+            time.sleep(0.5)
+        left = [(led["ledgerId"], led["entries"]) for led in stats["ledgers"]]
+        assert left[0][0] > first_ledgers[-1], f"the broker trimmed the stream's ledgers: {left}"
+        for _attempt in range(2):
+            with pytest.raises(StreamingQueryException, match=f"ledger {first_ledgers[-1]} was deleted"):
+                run()
+        assert run(failOnDataLoss="false") == 15
+    finally:
+        client.close()
