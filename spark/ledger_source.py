@@ -136,7 +136,11 @@ def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
             try:
                 md = bk.ledger_metadata(lid)
                 if not md.check_password(opts.password):
-                    raise LedgerOptionError("password", f"wrong password for ledger {lid}")
+                    raise LedgerOptionError(
+                        "password",
+                        f"wrong password for ledger {lid} (one query reads ledgers of one password: "
+                        "select the ones it opens with option 'ledgers')",
+                    )
                 lac = md.last_entry_id
                 if md.state.value != "CLOSED":
                     lh = bk.open_ledger(lid, opts.password, recovery=False)  # never fences a live writer

@@ -268,7 +268,7 @@ def test_wrong_password_fails_at_plan_time_naming_the_option(
         .option("password", "not-it")
         .load()
     )
-    with pytest.raises(Exception, match="option 'password'"):
+    with pytest.raises(Exception, match="option 'password'.*select the ones it opens with option 'ledgers'"):
         df.count()
 
 
