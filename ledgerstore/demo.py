@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,9 +22,45 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ledgerstore.cli import progress_disabled
+from ledgerstore.cli import DEFAULT_STATE_DIR, DEFAULT_ZK, DEFAULT_ZK_ROOT, progress_disabled
+from ledgerstore.topic_cmd import DEFAULT_ADMIN_URL
 
 TOPIC_MESSAGES = 1000
+
+
+def _command_name() -> str:
+    """How the user can type this command: its name when on PATH, else the path it was run by (.venv/bin/…)."""
+    exe = Path(sys.argv[0])
+    if exe.name != "ledgerstore" or shutil.which("ledgerstore") == str(exe.resolve()):
+        return "ledgerstore"
+    try:
+        return str(exe.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
+
+
+def next_steps(
+    args: argparse.Namespace, zk: str, ledger_id: int, web_url: str | None, topic: str | None
+) -> list[str]:
+    """The commands the demo suggests afterwards, as they can be typed here (this cluster's --zk, --url)."""
+    ls = _command_name()
+    at = "" if zk == DEFAULT_ZK else f" --zk {zk}"
+    at += "" if args.zk_root == DEFAULT_ZK_ROOT else f" --zk-root {args.zk_root}"
+    lines = [
+        f"{ls} ledger list{at}",
+        f"{ls} ledger metadata {ledger_id}{at}",
+        f"{ls} ledger read {ledger_id} --password demo --last 9{at}",
+    ]
+    if web_url is not None:
+        url = "" if web_url == DEFAULT_ADMIN_URL else f" --url {web_url}"
+        lines += [f"{ls} topic list{url}", f"{ls} topic stats {topic or '<topic>'}{url}"]
+    if Path(args.state_dir) == Path(DEFAULT_STATE_DIR):
+        lines.append("make cluster-down   (stops ZooKeeper, the bookies and the brokers)")
+    else:
+        lines.append(
+            f"{ls} cluster down --state-dir {args.state_dir}   (stops ZooKeeper, the bookies and the brokers)"
+        )
+    return lines
 
 
 def _brokers_from_state(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -271,14 +308,9 @@ def _run(args: argparse.Namespace, figures: dict[str, Any] | None = None) -> int
         )
     print(f"  result                       {'OK' if ok else 'FAILED'}")
     print(line)
-    print("  next: ledgerstore ledger list | ledgerstore ledger metadata <id> | ledgerstore bench bookie")
-    if brokers:
-        b = brokers[0]
-        print(
-            f"        ledgerstore topic list | ledgerstore topic stats {t['topic'] if t else '<topic>'}"
-            f"   (broker {b['service_url']}, admin {b['web_service_url']})"
-        )
-    print("        make cluster-down   (stops ZooKeeper, the bookies and the brokers)")
+    web_url = brokers[0]["web_service_url"] if brokers else None
+    for i, line in enumerate(next_steps(args, zk, s["ledger"], web_url, t["topic"] if t else None)):
+        print(("  next: " if i == 0 else " " * 8) + line)
     try:  # the analysis of what the demo wrote; the demo's result stands without it
         from spark.jobs import demo_summary
 
