@@ -29,7 +29,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -542,6 +542,26 @@ class SubscriptionRuntime:
         return self.cursor.mark_delete if self.cursor else self.mark_delete
 
 
+def schema_conflict(stored_types: Sequence[int], declared: int) -> str | None:
+    """Why a producer or consumer declaring a schema of type ``declared`` is refused on a topic whose schemas
+    have ``stored_types`` (oldest first), or None. As Pulsar: a schema of another type than the topic's latest
+    is incompatible (``IncompatibleSchema``); bytes (no schema) goes with anything. Definitions of the same
+    type are not compared (no Avro compatibility check)."""
+    if declared == SCHEMA_NONE or not stored_types or stored_types[-1] in (SCHEMA_NONE, declared):
+        return None
+    return (
+        f"incompatible schema: the topic's schema is {_schema_type_name(stored_types[-1])}, "
+        f"not {_schema_type_name(declared)}"
+    )
+
+
+def _schema_type_name(t: int) -> str:
+    try:
+        return pb.Schema.Type.Name(t).upper()  # type: ignore[arg-type]
+    except ValueError:
+        return f"type {t}"
+
+
 def _schema_info(schema: pb.Schema) -> SchemaInfo:
     return SchemaInfo(
         type=int(schema.type),
@@ -604,8 +624,9 @@ class Topic:
     ) -> None:
         """``dedup`` False: the SEND's sequence id takes no part in deduplication (a chunk before the last)."""
         seq = send.sequence_id
-        highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else seq
-        highest = max(highest, seq)
+        highest = wire.highest_sequence_id(
+            seq, send.highest_sequence_id if send.HasField("highest_sequence_id") else None, num_messages
+        )
         rec = _Receipt(
             seq, highest, started=time.monotonic(), messages=num_messages, size=len(entry), dedup=dedup
         )
@@ -692,7 +713,11 @@ class Topic:
                     continue
                 counts.append(md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1)
                 if self.dedup_enabled and wire.counts_for_dedup(md):
-                    seq = md.highest_sequence_id if md.HasField("highest_sequence_id") else md.sequence_id
+                    seq = wire.highest_sequence_id(
+                        md.sequence_id,
+                        md.highest_sequence_id if md.HasField("highest_sequence_id") else None,
+                        counts[-1],
+                    )
                     if seq > self.last_sequence.get(md.producer_name, -1):
                         self.last_sequence[md.producer_name] = seq
             if len(got) < 1000:
@@ -1278,6 +1303,10 @@ class BrokerService:
         if cmd.HasField("schema") and (cmd.schema.type != SCHEMA_NONE or cmd.schema.schema_data):
             assert self.meta is not None  # bytes producers declare none; a declared schema is stored
             try:
+                refused = await self._schema_refused(topic, cmd.schema)
+                if refused is not None:
+                    s.send(wire.error(cmd.request_id, pb.IncompatibleSchema, refused))
+                    return
                 version = await self.meta.add_schema(topic.name.base.ml_name, _schema_info(cmd.schema))
             except zk.MetadataError as e:
                 s.send(wire.error(cmd.request_id, pb.MetadataError, f"schema not stored: {e}"))
@@ -1386,6 +1415,14 @@ class BrokerService:
             p.topic.remove_producer(p)
         s.send(wire.success(cmd.request_id))
 
+    async def _schema_refused(self, topic: Topic, schema: pb.Schema) -> str | None:
+        """Why ``schema`` does not go with the topic's stored schemas (:func:`schema_conflict`), or None."""
+        if schema.type == SCHEMA_NONE:
+            return None
+        assert self.meta is not None
+        history = await self.meta.get_schemas(topic.name.base.ml_name)
+        return schema_conflict([v.type for v in history.versions], int(schema.type))
+
     async def on_subscribe(self, s: Session, r: Request) -> None:
         cmd: pb.CommandSubscribe = r.body  # type: ignore[assignment]
         topic = await self._topic_for(s, cmd.topic, cmd.request_id, CONSUME)
@@ -1395,6 +1432,10 @@ class BrokerService:
             s.send(wire.success(cmd.request_id))  # a repeated SUBSCRIBE of the same consumer
             return
         try:
+            refused = await self._schema_refused(topic, cmd.schema) if cmd.HasField("schema") else None
+            if refused is not None:
+                s.send(wire.error(cmd.request_id, pb.IncompatibleSchema, refused))
+                return
             sub = await topic.subscription(cmd)
         except (ManagedLedgerError, zk.MetadataError) as e:
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, str(e)))

@@ -47,6 +47,7 @@ from topic_broker import pulsar_api_pb2 as pb
 __all__ = [
     "CHECKSUM_MAGIC",
     "counts_for_dedup",
+    "highest_sequence_id",
     "BROKER_ENTRY_METADATA_MAGIC",
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -836,6 +837,14 @@ def parse_entry(
 def entry_message_count(metadata: pb.MessageMetadata) -> int:
     """Messages in the entry: a batch's ``num_messages_in_batch``, else 1 (what permits and backlog count)."""
     return metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else 1
+
+
+def highest_sequence_id(sequence_id: int, highest: int | None, num_messages: int) -> int:
+    """The highest sequence id a SEND (or stored entry) carries: a batch of N messages numbered from
+    ``sequence_id`` ends at ``sequence_id + N - 1``. The Java client says so (``highest_sequence_id``); the
+    C++-based clients send only the batch's first id, so without this a producer reopened after batches would
+    be told the first id of its last batch as its last sequence id."""
+    return max(sequence_id + max(num_messages, 1) - 1, sequence_id if highest is None else highest)
 
 
 def counts_for_dedup(metadata: pb.MessageMetadata) -> bool:

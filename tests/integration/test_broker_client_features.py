@@ -5,7 +5,9 @@ Real ZooKeeper, 3 bookie processes and a broker process; every wait is bounded."
 from __future__ import annotations
 
 import os
+import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,69 +19,65 @@ from topic_broker import wire
 pulsar = pytest.importorskip("pulsar")
 
 
-def test_every_compression_type_round_trips_with_and_without_batching(broker: BrokerProcess) -> None:
-    c = client(broker)
-    try:
-        for kind in ("LZ4", "ZLib", "ZSTD", "SNAPPY"):
-            for batching in (False, True):
-                t = topic_name()
-                consumer = c.subscribe(t, "s")
-                producer = c.create_producer(
-                    t,
-                    compression_type=getattr(pulsar.CompressionType, kind),
-                    batching_enabled=batching,
-                    batching_max_publish_delay_ms=5,
-                    block_if_queue_full=True,
-                )
-                sent = [(f"{kind}-{i}-" * 30).encode() for i in range(300)]
-                for data in sent:
-                    producer.send_async(data, None)
-                producer.flush()
-                assert [m.data() for m in drain(consumer, len(sent), 5000)] == sent, (kind, batching)
-                producer.close()
-                consumer.close()
-    finally:
-        c.close()
+@pytest.fixture
+def c(broker: BrokerProcess) -> Iterator[Any]:
+    """A ``pulsar.Client`` on the broker, closed after the test."""
+    cl = client(broker)
+    yield cl
+    cl.close()
 
 
-def test_chunked_messages_larger_than_the_limit_round_trip_and_ack(broker: BrokerProcess) -> None:
+def test_every_compression_type_round_trips_with_and_without_batching(c: Any) -> None:
+    for kind in ("LZ4", "ZLib", "ZSTD", "SNAPPY"):
+        for batching in (False, True):
+            t = topic_name()
+            consumer = c.subscribe(t, "s")
+            producer = c.create_producer(
+                t,
+                compression_type=getattr(pulsar.CompressionType, kind),
+                batching_enabled=batching,
+                batching_max_publish_delay_ms=5,
+                block_if_queue_full=True,
+            )
+            sent = [(f"{kind}-{i}-" * 30).encode() for i in range(300)]
+            for data in sent:
+                producer.send_async(data, None)
+            producer.flush()
+            assert [m.data() for m in drain(consumer, len(sent), 5000)] == sent, (kind, batching)
+            producer.close()
+            consumer.close()
+
+
+def test_chunked_messages_larger_than_the_limit_round_trip_and_ack(c: Any) -> None:
     """A 12 MiB message in chunks of the announced maximum: every chunk must fit a ledger entry, and dedup (on by
     default) must not take the chunks after the first for resends (they share the message's sequence id)."""
-    c = client(broker)
-    try:
-        t = topic_name()
-        consumer = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
-        producer = c.create_producer(t, batching_enabled=False, chunking_enabled=True)
-        big = os.urandom(12 * 1024 * 1024)
-        producer.send(b"before")
-        msg_id = producer.send(big)
-        producer.send(b"after")
-        assert str(msg_id).count(";") == 1  # a chunked message's id: its first and last chunk
-        got = drain(consumer, 3, 15_000)
-        assert [len(m.data()) for m in got] == [6, len(big), 5]
-        assert got[1].data() == big
-        for m in got:
-            consumer.acknowledge(m)
-        time.sleep(0.5)  # acks are grouped by the client
-        consumer.close()
-        again = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
-        with pytest.raises(pulsar.Timeout):
-            again.receive(timeout_millis=1500)  # every chunk was acknowledged
-    finally:
-        c.close()
+    t = topic_name()
+    consumer = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
+    producer = c.create_producer(t, batching_enabled=False, chunking_enabled=True)
+    big = os.urandom(12 * 1024 * 1024)
+    producer.send(b"before")
+    msg_id = producer.send(big)
+    producer.send(b"after")
+    assert str(msg_id).count(";") == 1  # a chunked message's id: its first and last chunk
+    got = drain(consumer, 3, 15_000)
+    assert [len(m.data()) for m in got] == [6, len(big), 5]
+    assert got[1].data() == big
+    for m in got:
+        consumer.acknowledge(m)
+    time.sleep(0.5)  # acks are grouped by the client
+    consumer.close()
+    again = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.Timeout):
+        again.receive(timeout_millis=1500)  # every chunk was acknowledged
 
 
-def test_a_message_over_the_limit_without_chunking_fails_at_once(broker: BrokerProcess) -> None:
-    c = client(broker)
-    try:
-        producer = c.create_producer(topic_name(), batching_enabled=False)
-        started = time.monotonic()
-        with pytest.raises(pulsar.MessageTooBig):
-            producer.send(b"x" * (wire.DEFAULT_MAX_MESSAGE_SIZE + 1))
-        assert time.monotonic() - started < 5
-        producer.send(b"small")  # the producer goes on
-    finally:
-        c.close()
+def test_a_message_over_the_limit_without_chunking_fails_at_once(c: Any) -> None:
+    producer = c.create_producer(topic_name(), batching_enabled=False)
+    started = time.monotonic()
+    with pytest.raises(pulsar.MessageTooBig):
+        producer.send(b"x" * (wire.DEFAULT_MAX_MESSAGE_SIZE + 1))
+    assert time.monotonic() - started < 5
+    producer.send(b"small")  # the producer goes on
 
 
 @pytest.mark.parametrize(
@@ -101,45 +99,159 @@ def test_a_refused_topic_name_fails_at_once_not_after_the_operation_timeout(
         c.close()
 
 
-def test_batch_index_acks_survive_a_reconnect_and_a_negative_ack(broker: BrokerProcess) -> None:
+def test_batch_index_acks_survive_a_reconnect_and_a_negative_ack(c: Any) -> None:
     """With ``batch_index_ack_enabled`` the messages of a batch acked one by one are not delivered again, whether
     the batch comes back to a new consumer or after a negative ack of the others."""
-    c = client(broker)
-    try:
-        t = topic_name()
+    t = topic_name()
 
-        def subscribe() -> Any:
-            return c.subscribe(
-                t,
-                "s",
-                consumer_type=pulsar.ConsumerType.Shared,
-                batch_index_ack_enabled=True,
-                negative_ack_redelivery_delay_ms=1000,  # after the grouped acks of 6 and 8 went out
-            )
+    def subscribe() -> Any:
+        return c.subscribe(
+            t,
+            "s",
+            consumer_type=pulsar.ConsumerType.Shared,
+            batch_index_ack_enabled=True,
+            negative_ack_redelivery_delay_ms=1000,  # after the grouped acks of 6 and 8 went out
+        )
 
-        consumer = subscribe()
-        producer = c.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=50)
-        for i in range(10):
-            producer.send_async(f"{i}".encode(), None)
-        producer.flush()
-        got = drain(consumer, 10)
-        assert len({(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got}) == 1  # one batch
-        for m in got[:5]:
+    consumer = subscribe()
+    producer = c.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=50)
+    for i in range(10):
+        producer.send_async(f"{i}".encode(), None)
+    producer.flush()
+    got = drain(consumer, 10)
+    assert len({(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got}) == 1  # one batch
+    for m in got[:5]:
+        consumer.acknowledge(m)
+    time.sleep(0.5)  # acks are grouped by the client
+    consumer.close()
+    consumer = subscribe()
+    again = drain(consumer, 5)
+    assert [m.data() for m in again] == [f"{i}".encode() for i in range(5, 10)]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1000)
+    for m in again:
+        if int(m.data()) % 2:
+            consumer.negative_acknowledge(m)
+        else:
             consumer.acknowledge(m)
-        time.sleep(0.5)  # acks are grouped by the client
-        consumer.close()
-        consumer = subscribe()
-        again = drain(consumer, 5)
-        assert [m.data() for m in again] == [f"{i}".encode() for i in range(5, 10)]
-        with pytest.raises(pulsar.Timeout):
-            consumer.receive(timeout_millis=1000)
-        for m in again:
-            if int(m.data()) % 2:
-                consumer.negative_acknowledge(m)
-            else:
-                consumer.acknowledge(m)
-        assert sorted(m.data() for m in drain(consumer, 3)) == [b"5", b"7", b"9"]
-        with pytest.raises(pulsar.Timeout):
-            consumer.receive(timeout_millis=1000)
-    finally:
-        c.close()
+    assert sorted(m.data() for m in drain(consumer, 3)) == [b"5", b"7", b"9"]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1000)
+
+
+def test_a_schema_of_another_type_is_refused_and_the_same_type_round_trips(c: Any) -> None:
+    from pulsar.schema import Integer, JsonSchema, Record, String, StringSchema
+
+    class Order(Record):
+        qty = Integer()
+        item = String()
+
+    t = topic_name()
+    producer = c.create_producer(t, schema=StringSchema())
+    producer.send("héllo")
+    for attempt in (
+        lambda: c.create_producer(t, schema=JsonSchema(Order)),
+        lambda: c.subscribe(t, "json", schema=JsonSchema(Order)),
+    ):
+        started = time.monotonic()
+        with pytest.raises(pulsar.IncompatibleSchema):
+            attempt()
+        assert time.monotonic() - started < 5
+    strings = c.subscribe(t, "str", schema=StringSchema(), initial_position=pulsar.InitialPosition.Earliest)
+    assert strings.receive(timeout_millis=5000).value() == "héllo"
+    c.subscribe(t, "bytes")  # no schema goes with any
+    j = topic_name()
+    orders = c.subscribe(j, "s", schema=JsonSchema(Order))
+    c.create_producer(j, schema=JsonSchema(Order)).send(Order(qty=3, item="tea"))
+    got = orders.receive(timeout_millis=5000).value()
+    assert (got.qty, got.item) == (3, "tea")
+
+
+def test_dead_letter_topic_gets_the_message_after_its_redeliveries(c: Any) -> None:
+    t = topic_name()
+    consumer = c.subscribe(
+        t,
+        "s",
+        consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=100,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2),
+    )
+    dead = c.subscribe(f"{t}-s-DLQ", "d", initial_position=pulsar.InitialPosition.Earliest)
+    c.create_producer(t).send(b"poison", properties={"k": "v"})
+    counts = []
+    for _ in range(3):
+        m = consumer.receive(timeout_millis=5000)
+        counts.append(m.redelivery_count())
+        consumer.negative_acknowledge(m)
+    assert counts == [0, 1, 2]
+    m = dead.receive(timeout_millis=10_000)
+    assert m.data() == b"poison"
+    assert m.properties()["k"] == "v" and m.properties()["REAL_TOPIC"].endswith(t)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1000)
+
+
+def test_what_a_producer_sets_round_trips_and_its_sequence_survives_a_reopen(c: Any) -> None:
+    """10k ``send_async`` with callbacks, properties, keys, event time; ``last_sequence_id`` after a reopen;
+    ``get_last_message_id``; multi-topic consumers and initial positions."""
+    t = topic_name()
+    consumer = c.subscribe(t, "s")
+    producer = c.create_producer(t, producer_name="p1", batching_enabled=True, block_if_queue_full=True)
+    assert producer.last_sequence_id() == -1
+    results: list[Any] = []
+    n = 10_000
+    for i in range(n):
+        producer.send_async(
+            f"{i}".encode(),
+            lambda res, _mid: results.append(res),
+            properties={"i": str(i)},
+            partition_key=f"k{i % 7}",
+            event_timestamp=1_000 + i,
+        )
+    producer.flush()
+    assert len(results) == n and all(r == pulsar.Result.Ok for r in results)
+    assert producer.last_sequence_id() == n - 1
+    got = drain(consumer, n)
+    assert all(
+        m.data() == f"{i}".encode()
+        and m.properties() == {"i": str(i)}
+        and m.partition_key() == f"k{i % 7}"
+        and m.event_timestamp() == 1_000 + i
+        for i, m in enumerate(got)
+    )
+    last = consumer.get_last_message_id()
+    assert (last.ledger_id(), last.entry_id()) == (
+        got[-1].message_id().ledger_id(),
+        got[-1].message_id().entry_id(),
+    )
+    producer.close()
+    assert c.create_producer(t, producer_name="p1").last_sequence_id() == n - 1
+
+    other = topic_name()
+    c.create_producer(other).send(b"old")
+    both = c.subscribe([t, other], "multi", initial_position=pulsar.InitialPosition.Earliest)
+    latest = c.subscribe(other, "latest", initial_position=pulsar.InitialPosition.Latest)
+    c.create_producer(other).send(b"new")
+    assert sum(1 for _ in drain(both, n + 2)) == n + 2
+    assert latest.receive(timeout_millis=5000).data() == b"new"
+    both.unsubscribe()
+
+
+def test_a_regex_consumer_gets_the_matching_topics_and_only_those(c: Any) -> None:
+    """``topics_pattern``: the topics of the namespace that match when it subscribes (GET_TOPICS_OF_NAMESPACE);
+    topics created later are found by the client's polling (every 60 s in the Python client)."""
+    prefix = topic_name()
+    for suffix in ("a", "b", "other"):
+        name = f"{prefix}-{suffix}" if suffix != "other" else f"x{prefix}"
+        c.create_producer(name).send(name.encode())
+    consumer = c.subscribe(
+        re.compile(f"persistent://public/default/{prefix}-.*"),
+        "s",
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
+    assert sorted(m.data() for m in drain(consumer, 2)) == [
+        f"{prefix}-a".encode(),
+        f"{prefix}-b".encode(),
+    ]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1000)

@@ -619,28 +619,36 @@ def _get_schema(bp: BrokerProcess, topic: str, version: int | None = None) -> pb
 
 
 def test_declared_schemas_are_stored_in_zookeeper_and_survive_a_restart(broker: BrokerProcess) -> None:
-    from pulsar.schema import JsonSchema, Record, String, StringSchema
+    from pulsar.schema import Float, JsonSchema, Record, String
 
     class Reading(Record):
         sensor = String()
+
+    class ReadingWithValue(Record):
+        sensor = String()
+        value = Float()
 
     t = f"persistent://public/default/{topic_name()}"
     c = client(broker)
     try:
         assert _get_schema(broker, t).error_code == pb.TopicNotFound, "a bytes topic has no schema"
-        c.create_producer(t, schema=StringSchema()).send("a")
-        c.create_producer(t, schema=JsonSchema(Reading)).send(Reading(sensor="x"))
-        c.create_producer(t, schema=StringSchema()).send("b")  # the same definition: version 0 again
+        c.create_producer(t, schema=JsonSchema(Reading)).send(Reading(sensor="a"))
+        c.create_producer(t, schema=JsonSchema(ReadingWithValue)).send(
+            ReadingWithValue(sensor="x", value=1.0)
+        )
+        c.create_producer(t, schema=JsonSchema(Reading)).send(
+            Reading(sensor="b")
+        )  # the same: version 0 again
     finally:
         c.close()
     broker.stop()
     broker.start()
     latest = _get_schema(broker, t)
     assert not latest.HasField("error_code")
-    assert latest.schema.type == pb.Schema.Json and b"sensor" in latest.schema.schema_data
+    assert latest.schema.type == pb.Schema.Json and b"value" in latest.schema.schema_data
     assert int.from_bytes(latest.schema_version, "big") == 1
     first = _get_schema(broker, t, version=0)
-    assert first.schema.type == pb.Schema.String
+    assert first.schema.type == pb.Schema.Json and b"value" not in first.schema.schema_data
     assert _get_schema(broker, t, version=2).error_code == pb.TopicNotFound
 
 

@@ -453,3 +453,10 @@ def test_only_the_last_chunk_of_a_message_counts_for_dedup(
     if chunk is not None:
         md.chunk_id, md.num_chunks_from_msg = chunk
     assert wire.counts_for_dedup(md) is counts
+
+
+def test_a_batch_without_highest_sequence_id_ends_at_its_first_id_plus_its_count() -> None:
+    assert wire.highest_sequence_id(9000, None, 1000) == 9999  # the C++ client's batch
+    assert wire.highest_sequence_id(9000, 9999, 1000) == 9999  # the Java client's
+    assert wire.highest_sequence_id(5, None, 1) == 5
+    assert wire.highest_sequence_id(5, 3, 1) == 5  # never below the first id
