@@ -16,7 +16,7 @@ import time
 from aiohttp import web
 
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from bookie.server import HttpService, serve_http
+from bookie.server_gate import HttpService, serve_http
 from ledger_client.client import BookKeeper, ClientConfig, _meta
 from zk.underreplication import UnderReplicationManager
 

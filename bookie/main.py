@@ -48,7 +48,7 @@ from aiohttp import web
 
 from zk.errors import MetadataConnectionError
 
-from . import auth
+from . import auth, server_gate
 from . import server as srv
 from .bk_http import add_bookkeeper_routes
 from .config_file import ConfigError, Effective, resolve
@@ -171,7 +171,7 @@ class Bookie:
         self.storage: RocksLedgerStorage | None = None
         self.core: BookieCore | None = None
         self.server: BookieServer | None = None
-        self._http: srv.HttpService | None = None
+        self._http: server_gate.HttpService | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._registered_readonly: bool | None = None
         self.started_at = time.time()
@@ -307,8 +307,8 @@ class Bookie:
         )
         add_bookkeeper_routes(app, self)  # BookKeeper's route names (bookie/bk_http.py)
         # handler_cancellation: a GC request whose caller went away stops; shutdown_timeout: SIGTERM does not
-        # wait a minute for admin requests; connection limits: srv.serve_http
-        self._http = await srv.serve_http(
+        # wait a minute for admin requests; connection limits: server_gate.serve_http
+        self._http = await server_gate.serve_http(
             f"bookie={cfg.id} admin HTTP",
             app,
             cfg.listen_address or cfg.advertised_address,

@@ -49,7 +49,6 @@ from .auth import TokenError, TokenVerifier
 from .core import ENTRY_HEAD, AddRow, BookieCore
 from .metrics import CONTENT_TYPE_LATEST, RateMeter, ServerMetrics
 from .server_gate import LOG_REFUSALS_EVERY_S as _LOG_REFUSALS_EVERY_S
-from .server_gate import ConnectionGate
 
 log = logging.getLogger("ledgerstore.bookie.server")
 
@@ -714,109 +713,6 @@ class BookieServer:
 
 # ------------------------------------------------------------------------------------------------------
 # Admin HTTP
-
-
-#: Admin HTTP connections: at most this many at once, and this many from one peer address; one more is closed
-#: on arrival (logged), so strangers holding connections cannot take the process's file descriptors, which the
-#: journal and storage need. A connection with no request under way for ``HTTP_IDLE_TIMEOUT_S`` (one that sends
-#: nothing, or only part of a request head) is closed (aiohttp's keep-alive timeout, an hour by default).
-HTTP_CONNECTIONS_MAX = 512
-HTTP_CONNECTIONS_PER_PEER_MAX = 64
-HTTP_IDLE_TIMEOUT_S = 30.0
-
-
-class _GatedHttpConnection(asyncio.Protocol):
-    """aiohttp's handler for one connection, behind the gate: refused ones never reach it."""
-
-    def __init__(self, gate: ConnectionGate, handler: Callable[[], asyncio.Protocol]) -> None:
-        self.gate = gate
-        self._handler = handler
-        self.inner: asyncio.Protocol | None = None  # the handler, once admitted
-        self.host = "?"
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        host = str(peer[0]) if peer else "?"
-        if not self.gate.admit(host):
-            cast(asyncio.Transport, transport).abort()
-            return
-        self.host = host
-        self.inner = self._handler()
-        self.inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.inner is not None:
-            self.gate.release(self.host)
-            self.inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self.inner is not None:
-            self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.inner is not None else None
-
-    def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
-
-
-class HttpService:
-    """An aiohttp application served on ``host:port`` behind the connection limits above; ``refused`` counts
-    the connections closed on arrival."""
-
-    def __init__(
-        self, name: str, runner: web.AppRunner, server: asyncio.AbstractServer, gate: ConnectionGate
-    ) -> None:
-        self.name = name
-        self.runner = runner
-        self._server = server
-        self._gate = gate
-
-    @property
-    def refused(self) -> int:
-        return self._gate.refused
-
-    @property
-    def port(self) -> int:
-        sockets = getattr(self._server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1])
-
-    async def cleanup(self) -> None:
-        self._server.close()
-        await self.runner.cleanup()
-
-
-async def serve_http(
-    name: str,
-    app: web.Application,
-    host: str | None,
-    port: int,
-    *,
-    connections_max: int = HTTP_CONNECTIONS_MAX,
-    per_peer_max: int = HTTP_CONNECTIONS_PER_PEER_MAX,
-    idle_timeout_s: float = HTTP_IDLE_TIMEOUT_S,
-    **runner_kw: Any,
-) -> HttpService:
-    """Serve ``app`` (``runner_kw`` go to ``web.AppRunner``); ``name`` heads the refusal log lines."""
-    runner = web.AppRunner(app, keepalive_timeout=idle_timeout_s, **runner_kw)
-    await runner.setup()
-    handlers = runner.server
-    assert handlers is not None
-    gate = ConnectionGate(name, connections_max, per_peer_max)
-    loop = asyncio.get_running_loop()
-    try:
-        server = await loop.create_server(
-            lambda: _GatedHttpConnection(gate, handlers), host, port, reuse_address=True
-        )
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return HttpService(name, runner, server, gate)
 
 
 #: ``--admin-read-auth``: which read-only endpoints need a token too (mutating ones always do, given a secret)

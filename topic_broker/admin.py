@@ -46,6 +46,7 @@ from prometheus_client.core import Metric
 
 import zk
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from bookie.server_gate import HttpService, serve_http
 from zk import layout
 from zk.managed_ledgers import (
     BacklogQuota,
@@ -1300,12 +1301,13 @@ class AdminServer:
         self.host = host if host is not None else service.config.listen_address
         self.port = port if port is not None else service.config.http_port
         self.app, self.admin = build_app(service)
-        self._runner: web.AppRunner | None = None
+        self._runner: HttpService | None = None
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port, reuse_address=True).start()
+        # connection limits and idle timeout: bookie/server_gate.py
+        self._runner = await serve_http(
+            f"broker={self.service.config.id} admin HTTP", self.app, self.host, self.port, access_log=None
+        )
         log.info("broker=%s admin REST on http://%s:%d", self.service.config.id, self.host, self.port)
 
     async def stop(self) -> None:

@@ -1,7 +1,7 @@
 """Strangers holding connections open. On the broker's Pulsar port, connections beyond the per-address cap are
 closed on arrival, and connections that never finish the handshake, or hold a frame open by trickling it, are
-closed within the keep-alive bound (as Pulsar's broker does) while a real client is served. On a bookie's admin
-HTTP, connections beyond the per-address cap are closed on arrival and idle or half-sent ones after
+closed within the keep-alive bound (as Pulsar's broker does) while a real client is served. On the admin HTTP of
+a bookie or a broker, connections beyond the per-address cap are closed on arrival and idle or half-sent ones after
 ``HTTP_IDLE_TIMEOUT_S``, while another address is served."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bookie import server as srv
+from bookie import server_gate as srv
 from ledgerstore.cluster import BrokerProcess
 from tests.abuse.helpers import http, metric
 from tests.broker_testing import broker, cluster  # noqa: F401
@@ -85,6 +85,13 @@ def test_half_open_handshakes_and_trickled_frames_are_closed_and_a_client_is_ser
     assert _refused_at_once(one_more), "one connection over the per-address cap was kept"
     for s in (one_more, *crowd):
         s.close()
+    crowd = [_from("127.0.0.4", broker.http_port) for _ in range(srv.HTTP_CONNECTIONS_PER_PEER_MAX)]
+    one_more = _from("127.0.0.4", broker.http_port)
+    assert _refused_at_once(one_more), "one admin HTTP connection over the per-address cap was kept"
+    for s in (one_more, *crowd):
+        s.close()
+    admin_half = socket.create_connection(("127.0.0.1", broker.http_port), timeout=5)
+    admin_half.sendall(b"GET /admin/v2/clusters HTTP/1.1\r\n")  # a request head never finished
     silent = socket.create_connection(("127.0.0.1", broker.port), timeout=5)  # connects, sends nothing
     half = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
     half.sendall(struct.pack(">I", 100) + b"0123456789")  # a frame header and a tenth of its body
@@ -99,19 +106,21 @@ def test_half_open_handshakes_and_trickled_frames_are_closed_and_a_client_is_ser
     try:
         producer = client.create_producer("persistent://public/default/strangers-by")
         producer.send(b"served while strangers hold connections")
-        socks = {"silent": silent, "half": half, "trickle": trickler}
+        socks = {"silent": silent, "half": half, "trickle": trickler, "admin_half": admin_half}
         closed = _closed_after(socks, start, start + 2 * KEEPALIVE_S + 15, "trickle")
         producer.send(b"still served")
     finally:
         client.close()
-        for s in (silent, half, trickler):
+        for s in (silent, half, trickler, admin_half):
             s.close()
     assert closed["silent"] <= KEEPALIVE_S + 10, closed
     assert closed["half"] <= KEEPALIVE_S + 10, closed
     assert closed["trickle"] <= 2 * KEEPALIVE_S + 15, closed
+    assert closed["admin_half"] <= srv.HTTP_IDLE_TIMEOUT_S + 15, closed
     log = broker.log_path.read_text() if broker.log_path else ""
     assert "no CONNECT within" in log and "keep-alive timeout" in log
     assert "refusing connection from 127.0.0.2" in log
+    assert "admin HTTP: refusing connection from 127.0.0.4" in log
 
 
 def _refused_at_once(s: socket.socket) -> bool:
