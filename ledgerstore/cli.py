@@ -282,7 +282,8 @@ class Parser(argparse.ArgumentParser):
     """An argparse parser whose complaints raise UsageError (so --json can report them as JSON)."""
 
     def error(self, message: str) -> Any:
-        raise UsageError(f"{self.prog}: {message}")
+        where = self.prog.removeprefix("ledgerstore").strip()  # the line already starts "ledgerstore: "
+        raise UsageError(f"{where}: {message}" if where else message)
 
 
 def walk_parsers(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.ArgumentParser, str | None]]:
@@ -845,9 +846,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(args, json_output, e)
 
 
+def _check_token_file(path: str) -> None:
+    """--auth-token-file is read later by each client: a wrong one is reported now, naming the flag."""
+    try:
+        Path(path).read_text(encoding="ascii")
+    except OSError as e:
+        raise CommandError(f"--auth-token-file: {e.strerror}: {path}", EXIT_NOT_FOUND) from e
+    except UnicodeDecodeError as e:
+        raise CommandError(
+            f"--auth-token-file {path} holds no token (binary: the secret file?); a token is the text "
+            "`ledgerstore auth create-token` prints"
+        ) from e
+
+
 def _run(args: argparse.Namespace) -> int:
     server = args.command in ("bookie", "broker", "autorecovery") and getattr(args, "action", "") == "serve"
     if getattr(args, "auth_token_file", None):  # read by every client this command makes (ClientConfig)
+        _check_token_file(args.auth_token_file)
         os.environ["LEDGERSTORE_AUTH_TOKEN_FILE"] = args.auth_token_file
     logging.basicConfig(
         level=logging.DEBUG

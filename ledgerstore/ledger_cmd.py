@@ -225,7 +225,10 @@ async def _create(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 def _payloads(args: argparse.Namespace) -> list[bytes]:
     if getattr(args, "input", None):
-        src = sys.stdin if args.input == "-" else open(args.input)  # noqa: SIM115
+        try:
+            src = sys.stdin if args.input == "-" else open(args.input)  # noqa: SIM115
+        except OSError as e:
+            raise CommandError(f"--input: {e.strerror}: {args.input}", code=4) from e
         with src:
             return [line.rstrip("\n").encode() for line in src]
     return [
@@ -267,6 +270,8 @@ async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
     # ledger is read up to its LAC, and only --recover fences and closes it.
     if args.recover and args.no_recovery:
         raise CommandError("--recover and --no-recovery contradict each other", code=2)
+    if args.first < 0:
+        raise CommandError(f"--first {args.first}: entry ids start at 0", code=2)
     lh = await bk.open_ledger(args.ledger_id, password=password_of(args).encode(), recovery=args.recover)
     last = lh.last_add_confirmed if args.last is None else args.last
     rows = []

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import quote, urljoin
 
-from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, emit, exit_status_for_http
+from ledgerstore.cli import EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, emit, exit_status_for_http
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
@@ -83,6 +83,8 @@ def topic_path(name: str) -> tuple[str, str]:
 
 def _create(args: argparse.Namespace) -> int:
     path, full = topic_path(args.name)
+    if args.partitions < 0:
+        raise CommandError(f"--partitions {args.partitions}: 0 (not partitioned) or more", EXIT_USAGE)
     if args.partitions:
         rest(args.url, "PUT", f"{path}/partitions", args.partitions)
         emit(

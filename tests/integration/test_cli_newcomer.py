@@ -124,3 +124,22 @@ def test_produce_and_consume_give_up_when_the_brokers_zookeeper_is_down(tmp_path
                 broker.kill9()
             for bp in bookies.procs:
                 bp.kill9()
+
+
+def test_usage_errors_and_missing_files_name_what_is_wrong(bookies: BookieFactory, tmp_path: Path) -> None:
+    r = _ls(bookies, "ledger", "read", "abc")  # usage: the line says "ledgerstore: " once
+    assert r.returncode == cli.EXIT_USAGE
+    assert r.stderr.startswith("ledgerstore: ledger read: argument ledger_id: invalid int value: 'abc'\n")
+    r = _ls(bookies, "ledger", "read", "1", "--first", "-5")
+    assert r.returncode == cli.EXIT_USAGE and "--first -5" in r.stderr
+    r = _ls(bookies, "topic", "create", "t", "--partitions", "-1", "--url", "http://127.0.0.1:1")
+    assert r.returncode == cli.EXIT_USAGE and "--partitions -1" in r.stderr
+
+    r = _ls(bookies, "ledger", "list", "--auth-token-file", str(tmp_path / "nope"))
+    assert r.returncode == cli.EXIT_NOT_FOUND and "--auth-token-file: No such file" in _one_line_error(r)
+    secret = tmp_path / "secret"
+    assert subprocess.run([*LS, "auth", "create-secret", str(secret)], capture_output=True).returncode == 0
+    r = _ls(bookies, "ledger", "list", "--auth-token-file", str(secret))  # the secret, not a token
+    assert r.returncode == cli.EXIT_ERROR and "holds no token" in _one_line_error(r)
+    r = _ls(bookies, "ledger", "write", "--input", str(tmp_path / "nope"))
+    assert r.returncode == cli.EXIT_NOT_FOUND and "--input: No such file" in _one_line_error(r)
