@@ -424,9 +424,15 @@ def _decommission(args: argparse.Namespace) -> int:
         leave=False,
     )
 
+    settle_s = DEFAULT_SETTLE_S if args.settle_s is None else args.settle_s
+
     def progress(done: int, total: int) -> None:
         bar.total = total
         bar.n = done
+        # all moved: the last pass runs --settle-s after the mark (a ledger placed just before it), say so
+        bar.set_postfix_str(
+            f"then a last pass {settle_s:g}s after the mark" if done == total else "", refresh=False
+        )
         bar.refresh()
 
     async def go() -> Any:
@@ -438,7 +444,7 @@ def _decommission(args: argparse.Namespace) -> int:
                 config,
                 timeout_s=args.timeout_s,
                 on_progress=progress,
-                settle_s=DEFAULT_SETTLE_S if args.settle_s is None else args.settle_s,
+                settle_s=settle_s,
             )
         finally:
             await bk.close()
