@@ -318,6 +318,11 @@ class ProtocolConnection:
         return out
 
     @property
+    def buffered(self) -> int:
+        """Bytes received that are not yet part of a whole frame (a partial frame)."""
+        return self._decoder.buffered
+
+    @property
     def has_data_to_send(self) -> bool:
         return bool(self._out)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, cast
 
 from bookie.server_gate import ConnectionGate
@@ -19,14 +20,23 @@ __all__ = ["BrokerProtocol", "BrokerServer"]
 #: cannot take every file descriptor (the broker's ZooKeeper session and bookie connections need them too).
 CONNECTIONS_MAX = 4096
 CONNECTIONS_PER_PEER_MAX = 256
+#: Bytes of partial frames held for all connections: beyond it, a connection holding a partial frame of at least
+#: ``_HELD_SMALL`` bytes is not read until the total is below again (a frame may be 5 MiB: 4096 connections each
+#: holding one would take 20 GiB). A connection paused so long that it misses the keep-alive is closed by it.
+PARTIAL_BYTES_MAX = 256 * 1024 * 1024
+_HELD_SMALL = 64 * 1024
+_LOG_PAUSES_EVERY_S = 5.0
 
 
 class BrokerProtocol(asyncio.Protocol):
-    def __init__(self, service: BrokerService, gate: ConnectionGate) -> None:
+    def __init__(self, service: BrokerService, gate: ConnectionGate, server: BrokerServer) -> None:
         self.service = service
         self.gate = gate
+        self.server = server
         self.session: Session | None = None
         self.host = "?"
+        self.partial = 0  # bytes of a partial frame counted against the server's PARTIAL_BYTES_MAX
+        self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -40,10 +50,12 @@ class BrokerProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.session is not None and not self.session.closed:
             self.session.data_received(data)
+            self.server.account(self, self.session.conn.buffered)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.session is not None:
             self.gate.release(self.host)
+            self.server.account(self, 0)
             self.service.sessions.discard(self.session)
             self.session.connection_lost()
 
@@ -55,12 +67,48 @@ class BrokerServer:
         self.service = service
         self._server: asyncio.base_events.Server | None = None
         self.gate = ConnectionGate(f"broker={service.config.id}", CONNECTIONS_MAX, CONNECTIONS_PER_PEER_MAX)
+        self.partial_bytes = 0  # bytes of partial frames held for all connections
+        self.partial_pauses = 0
+        self._waiting: set[BrokerProtocol] = set()
+        self._last_pause_log = 0.0
+
+    def account(self, conn: BrokerProtocol, partial: int) -> None:
+        """``conn`` now holds ``partial`` bytes of a partial frame: pause it if the total is over the bound, and
+        resume the paused ones once it is below again."""
+        self.partial_bytes += partial - conn.partial
+        conn.partial = partial
+        if partial < _HELD_SMALL or conn.session is None or conn.session.closed:
+            self._waiting.discard(conn)
+        elif self.partial_bytes > PARTIAL_BYTES_MAX and not conn.paused:
+            conn.paused = True
+            self._waiting.add(conn)
+            conn.session.transport.pause_reading()
+            self.partial_pauses += 1
+            now = time.monotonic()
+            if now - self._last_pause_log >= _LOG_PAUSES_EVERY_S:
+                self._last_pause_log = now
+                log.warning(
+                    "broker=%s partial frames hold %d bytes (at most %d): connections holding one wait (%s, ...)",
+                    self.service.config.id,
+                    self.partial_bytes,
+                    PARTIAL_BYTES_MAX,
+                    conn.session.peer,
+                )
+        if self.partial_bytes <= PARTIAL_BYTES_MAX and self._waiting:
+            waiting, self._waiting = self._waiting, set()
+            for c in waiting:
+                c.paused = False
+                if c.session is not None and not c.session.closed:
+                    c.session.transport.resume_reading()
 
     async def start(self) -> None:
         cfg = self.service.config
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: BrokerProtocol(self.service, self.gate), cfg.listen_address, cfg.port, reuse_address=True
+            lambda: BrokerProtocol(self.service, self.gate, self),
+            cfg.listen_address,
+            cfg.port,
+            reuse_address=True,
         )
         log.info("broker=%s listening on %s:%d", cfg.id, cfg.listen_address, cfg.port)
 

@@ -6,6 +6,7 @@ a bookie or a broker, connections beyond the per-address cap are closed on arriv
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
@@ -162,3 +163,48 @@ def test_admin_http_strangers_are_capped_per_address_and_idle_or_half_sent_ones_
             s.close()
     assert bp.log_path is not None
     assert "admin HTTP: refusing connection from 127.0.0.2" in bp.log_path.read_text()
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def test_partial_frames_of_many_connections_stay_within_the_brokers_budget(
+    broker: BrokerProcess,  # noqa: F811
+) -> None:
+    assert broker.proc is not None
+    pid = broker.proc.pid
+    before = _rss_mb(pid)
+    size = 5_000_000  # just under the 5 MiB message limit
+    n = 120  # 600 MB of partial frames offered, over twice PARTIAL_BYTES_MAX
+    socks = []
+    try:
+        for _ in range(n):
+            s = _from("127.0.0.5", broker.port)
+            s.sendall(_connect_frame())
+            s.recv(65536)
+            s.settimeout(0.3)
+            with contextlib.suppress(TimeoutError):  # a paused connection takes no more
+                s.sendall(struct.pack(">I", size) + bytes(size - 1))
+            socks.append(s)
+        time.sleep(2)
+        grown = _rss_mb(pid) - before
+        client = pulsar.Client(
+            broker.service_url,
+            operation_timeout_seconds=15,
+            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+        )
+        try:  # a client holding no partial frame is served meanwhile
+            client.create_producer("persistent://public/default/budget-by").send(b"served")
+        finally:
+            client.close()
+    finally:
+        for s in socks:
+            s.close()
+    assert grown < broker_server.PARTIAL_BYTES_MAX / 2**20 + 150, f"RSS grew {grown:.0f} MB"
+    assert broker.log_path is not None
+    assert "partial frames hold" in broker.log_path.read_text()
