@@ -201,6 +201,41 @@ def normalise_argv(argv: Sequence[str]) -> list[str]:
     return rest + moved + argv[end:]
 
 
+#: BookKeeper's shell verbs (``bookkeeper shell VERB``) -> the command that does the same here; typed as the top
+#: command (or after ``shell``) they get a usage error naming it (docs/operations.md has the table).
+BOOKKEEPER_VERBS: dict[str, str] = {
+    "listbookies": "ledger bookies",
+    "listledgers": "ledger list",
+    "ledgermetadata": "ledger metadata LEDGER_ID",
+    "readledger": "ledger read LEDGER_ID",
+    "simpletest": "ledger simpletest",
+    "deleteledger": "ledger delete LEDGER_ID",
+    "recover": "bookie recover BOOKIE [-l LEDGER_ID]",
+    "lastmark": "bookie lastmark",
+    "bookiesanity": "bookie sanity",
+    "updatecookie": "bookie updatecookie --bookie-id NEW --data-dir DIR",
+    "updateledgers": "bookie updatecookie --bookie-id NEW --data-dir DIR --update-ledgers",
+    "bookieformat": "bookie format --bookie-id ID --delete-cookie",
+    "decommissionbookie": "bookie decommission BOOKIE",
+    "listunderreplicated": "ledger underreplicated",
+    "whoisauditor": "autorecovery status",
+    "triggeraudit": "autorecovery trigger-audit",
+}
+
+
+def bookkeeper_verb_hint(argv: Sequence[str]) -> str | None:
+    """The usage error for a BookKeeper shell verb typed as a command (``ledgerstore listbookies``,
+    ``ledgerstore shell listbookies``), naming what to type instead; None for anything else."""
+    words = normalise_argv(argv)
+    if words[:1] == ["shell"]:
+        words = words[1:]
+        if not words or words[0] not in BOOKKEEPER_VERBS:
+            return "there is no `shell` command: BookKeeper's shell verbs are commands of their own (docs/operations.md)"
+    if not words or words[0] not in BOOKKEEPER_VERBS:
+        return None
+    return f"`{words[0]}` is BookKeeper's shell verb; here it is `ledgerstore {BOOKKEEPER_VERBS[words[0]]}`"
+
+
 def add_password_arguments(p: argparse.ArgumentParser, help_text: str = "the ledger's password") -> None:
     """``--password PW``, ``--password-file FILE`` (first line) or ``$LEDGERSTORE_PASSWORD``; see password_of."""
     g = p.add_mutually_exclusive_group()
@@ -830,6 +865,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_output = "--json" in before_dashes
     args: argparse.Namespace | None = None
     try:
+        hint = bookkeeper_verb_hint(raw)
+        if hint:
+            raise UsageError(hint)
         args = build_parser().parse_args(normalise_argv(raw))
         args.zk_given = any(t == "--zk" or t.startswith("--zk=") for t in before_dashes)
         status = _run(args)

@@ -5,11 +5,14 @@ traceback, a hang or a success that did nothing."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from ledgerstore import cli
 from ledgerstore.cluster import BrokerProcess
@@ -143,3 +146,21 @@ def test_usage_errors_and_missing_files_name_what_is_wrong(bookies: BookieFactor
     assert r.returncode == cli.EXIT_ERROR and "holds no token" in _one_line_error(r)
     r = _ls(bookies, "ledger", "write", "--input", str(tmp_path / "nope"))
     assert r.returncode == cli.EXIT_NOT_FOUND and "--input: No such file" in _one_line_error(r)
+
+
+def test_a_bookkeeper_shell_verb_is_answered_with_the_command_to_type(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv, expected in (
+        (["listbookies"], "`ledgerstore ledger bookies`"),
+        (["shell", "readledger", "7"], "`ledgerstore ledger read LEDGER_ID`"),
+        (["--zk", "h:1", "shell", "listunderreplicated"], "`ledgerstore ledger underreplicated`"),
+        (["shell", "nosuchverb"], "there is no `shell` command"),
+    ):
+        assert cli.main(argv) == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, (argv, err)
+    placeholders = {"LEDGER_ID": "1", "BOOKIE": "h:1", "NEW": "h:2", "ID": "h:1", "DIR": "/d"}
+    for equivalent in cli.BOOKKEEPER_VERBS.values():  # every suggestion is a command line that parses
+        words = re.sub(r"\[[^]]*\]", "", equivalent).split()
+        cli.build_parser().parse_args([placeholders.get(w, w) for w in words])
