@@ -322,6 +322,8 @@ class SubscriptionRuntime:
         self._by_key: dict[int, Consumer] = {}
         core.read_position = start
         self.mark_delete: Position = cursor.mark_delete if cursor else start.previous()
+        self._delay_timer: asyncio.TimerHandle | None = None
+        self._delay_timer_at = 0  # Unix ms the timer is set for
 
     @property
     def durable(self) -> bool:
@@ -365,7 +367,28 @@ class SubscriptionRuntime:
     def key_of(self, c: Consumer) -> int:
         return c.sub_key
 
+    def _arm_delay_timer(self) -> None:
+        """Delayed delivery: wake up when the earliest held-back entry is due."""
+        due = self.core.next_delivery_ms
+        if due is None or (self._delay_timer is not None and self._delay_timer_at <= due):
+            return
+        if self._delay_timer is not None:
+            self._delay_timer.cancel()
+        self._delay_timer_at = due
+        delay_s = max(0.0, due / 1000 - time.time())
+        self._delay_timer = asyncio.get_running_loop().call_later(delay_s, self._release_delayed)
+
+    def _release_delayed(self) -> None:
+        self._delay_timer = None
+        if not self.topic.unloaded:
+            self.execute(self.core.release_delayed(time.time() * 1000))
+
     def execute(self, cmds: list[Command]) -> None:
+        self._execute(cmds)
+        if self.core.delayed_count:
+            self._arm_delay_timer()
+
+    def _execute(self, cmds: list[Command]) -> None:
         work = cmds
         i = 0
         while i < len(work):
@@ -415,7 +438,7 @@ class SubscriptionRuntime:
                 entries = self._tail_entries(got)
                 if work is cmds:
                     work = list(cmds)
-                work += self.core.on_read(cmd.epoch, entries, nxt, at_end=at_end)
+                work += self.core.on_read(cmd.epoch, entries, nxt, at_end=at_end, now_ms=time.time() * 1000)
             elif isinstance(cmd, ReadReplay):
                 self.topic.service.spawn(self._read_replay(cmd))
             elif isinstance(cmd, ActiveConsumerChanged):
@@ -429,12 +452,22 @@ class SubscriptionRuntime:
         if self.core.sub_type == SubType.KEY_SHARED:
             return [_dispatch_entry(p, d) for p, d in got if not self._acked(p)]
         count = self.topic.ml.current_entry_messages
+        delays = (
+            self.core.sub_type == SubType.SHARED
+        )  # delayed delivery (Exclusive, Failover deliver at once)
         out: list[DispatchEntry] = []
         for p, d in got:
             if self._acked(p):
                 continue
             n = count(p[0], p[1])
-            out.append(_dispatch_entry(p, d) if n is None else DispatchEntry(p, n, b"", d))
+            if n is None:
+                out.append(_dispatch_entry(p, d))
+                continue
+            deliver_at = None
+            if delays:
+                with contextlib.suppress(wire.EntryFormatError):
+                    deliver_at = wire.entry_deliver_at(d)
+            out.append(DispatchEntry(p, n, b"", d, deliver_at))
         return out
 
     async def _read(self, cmd: Read) -> None:
@@ -452,7 +485,7 @@ class SubscriptionRuntime:
             return
         nxt = ml.next_position(got[-1][0])
         entries = [_dispatch_entry(p, d) for p, d in got if not self._acked(p)]
-        self.execute(self.core.on_read(cmd.epoch, entries, nxt, at_end=False))
+        self.execute(self.core.on_read(cmd.epoch, entries, nxt, at_end=False, now_ms=time.time() * 1000))
 
     async def _read_replay(self, cmd: ReadReplay) -> None:
         ml = self.topic.ml
@@ -583,7 +616,8 @@ def _dispatch_entry(pos: Position, data: bytes) -> DispatchEntry:
         return DispatchEntry(pos, 1, b"", data)
     key = md.ordering_key or (md.partition_key.encode() if md.partition_key else b"")
     n = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
-    return DispatchEntry(pos, max(1, n), key, data)
+    deliver_at = md.deliver_at_time if md.HasField("deliver_at_time") else None
+    return DispatchEntry(pos, max(1, n), key, data, deliver_at)
 
 
 class Topic:

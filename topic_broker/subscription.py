@@ -36,6 +36,9 @@ Rules (Pulsar's, as the official client expects them):
   every message of it is (batch indices, or an empty ack set), or by a cumulative ack at or past it. The
   messages of a batch acked so far (batch-index acks) are remembered while the subscription lives: a batch
   delivered again carries the ack set of the messages still unacked, so the client skips the others.
+- Delayed delivery (Pulsar's, Shared and Key_Shared only): an entry read with ``deliver_at`` later than the
+  read's ``now_ms`` is held back (no permits spent, not pending on anyone) until :meth:`release_delayed`, then
+  goes to the replay set. Exclusive and Failover deliver at once, as in Pulsar.
 - At most one read is in flight; a read started before a reset is recognised by its epoch and dropped.
 """
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 import bisect
 import enum
 import hashlib
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +136,9 @@ class DispatchEntry:
     num_messages: int = 1
     key: bytes = b""
     data: Any = None
+    deliver_at: int | None = (
+        None  # the message's deliver_at_time (Unix ms): delayed delivery on Shared/Key_Shared
+    )
 
 
 # -- commands -------------------------------------------------------------------------------------------------
@@ -232,6 +239,8 @@ class Subscription:
         self._replay_keys: dict[bytes, int] = {}  # Key_Shared: replay entries per key
         self._redeliveries: dict[Position, int] = {}
         self._batch_acks: dict[Position, set[int]] = {}
+        self._delayed: dict[Position, int] = {}  # delayed delivery: position -> deliver_at (Unix ms)
+        self._delayed_heap: list[tuple[int, Position]] = []
         self._key_owner: dict[bytes, int] = {}
         self._key_pending: dict[bytes, int] = {}
         self._ring: list[tuple[int, int]] = []  # (point, consumer id)
@@ -343,9 +352,11 @@ class Subscription:
         next_start: Position,
         *,
         at_end: bool | None = None,
+        now_ms: float | None = None,
     ) -> list[Command]:
         """``at_end``: the read found nothing to read (defaults to "no entries"; pass False when entries were
-        read but all were already acked and left out)."""
+        read but all were already acked and left out). ``now_ms`` (Unix ms): on Shared and Key_Shared, entries
+        whose ``deliver_at`` is later are held back until :meth:`release_delayed` (None: nothing is held)."""
         if epoch != self.epoch:
             return []
         self.reading = False
@@ -354,9 +365,44 @@ class Subscription:
             self.caught_up = True
         if entries:  # size the next read by the batch size seen (Pulsar's avgMessagesPerEntry)
             self._messages_per_entry = max(1, sum(e.num_messages for e in entries) // len(entries))
+        if now_ms is not None and self.sub_type in (SubType.SHARED, SubType.KEY_SHARED):
+            entries = [e for e in entries if not self._delay(e, now_ms)]
         cmds: list[Command] = []
         self._assign(entries, cmds, replay=False)
         return cmds + self._dispatch()
+
+    # -- delayed delivery -----------------------------------------------------------------------------------
+
+    def _delay(self, e: DispatchEntry, now_ms: float) -> bool:
+        """Hold ``e`` back if it is not due (Pulsar delays only on Shared and Key_Shared)."""
+        if e.deliver_at is None or e.deliver_at <= now_ms:
+            return False
+        self._info[e.position] = _Info(e.num_messages, e.key)
+        self._delayed[e.position] = e.deliver_at
+        heapq.heappush(self._delayed_heap, (e.deliver_at, e.position))
+        return True
+
+    @property
+    def next_delivery_ms(self) -> int | None:
+        """When the earliest held-back entry is due (Unix ms), or None."""
+        heap = self._delayed_heap
+        while heap and self._delayed.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # released or reset since
+        return heap[0][0] if heap else None
+
+    def release_delayed(self, now_ms: float) -> list[Command]:
+        """Entries due by ``now_ms`` go to the replay set (read again and dispatched as redeliveries are)."""
+        heap = self._delayed_heap
+        while heap and heap[0][0] <= now_ms:
+            at, pos = heapq.heappop(heap)
+            if self._delayed.get(pos) == at:
+                del self._delayed[pos]
+                self._add_replay(pos)
+        return self._dispatch()
+
+    @property
+    def delayed_count(self) -> int:
+        return len(self._delayed)
 
     def on_replay_read(self, epoch: int, entries: Sequence[DispatchEntry]) -> list[Command]:
         if epoch != self.epoch:
@@ -480,6 +526,8 @@ class Subscription:
         self._replay_keys.clear()
         self._redeliveries.clear()
         self._batch_acks.clear()
+        self._delayed.clear()
+        self._delayed_heap.clear()
         self._key_owner.clear()
         self._key_pending.clear()
         return self._dispatch()

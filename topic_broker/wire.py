@@ -47,6 +47,7 @@ from topic_broker import pulsar_api_pb2 as pb
 __all__ = [
     "CHECKSUM_MAGIC",
     "counts_for_dedup",
+    "entry_deliver_at",
     "highest_sequence_id",
     "BROKER_ENTRY_METADATA_MAGIC",
     "DEFAULT_MAX_FRAME_SIZE",
@@ -854,6 +855,19 @@ def counts_for_dedup(metadata: pb.MessageMetadata) -> bool:
     if not metadata.HasField("chunk_id") or not metadata.HasField("num_chunks_from_msg"):
         return True
     return metadata.chunk_id >= metadata.num_chunks_from_msg - 1
+
+
+#: MessageMetadata.deliver_at_time's tag (field 19, varint) as encoded: two bytes.
+_DELIVER_AT_TAG: Final = bytes([(19 << 3) & 0x7F | 0x80, (19 << 3) >> 7])
+
+
+def entry_deliver_at(entry: bytes) -> int | None:
+    """``deliver_at_time`` (Unix ms) of a stored entry, or None: a quick search for the field's tag, then a scan
+    of the metadata fields only where it appears (most entries have no delay). Raises :class:`EntryFormatError`."""
+    payload_start = _check_entry(entry)
+    if entry.find(_DELIVER_AT_TAG, _ENTRY_HEADER_SIZE, payload_start) < 0:
+        return None
+    return _scan_varint_field(entry, _ENTRY_HEADER_SIZE, payload_start, 19)
 
 
 def entry_publish_time(entry: bytes | bytearray | memoryview) -> int:

@@ -4,6 +4,7 @@ Real ZooKeeper, 3 bookie processes and a broker process; every wait is bounded."
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import time
@@ -255,3 +256,29 @@ def test_a_regex_consumer_gets_the_matching_topics_and_only_those(c: Any) -> Non
     ]
     with pytest.raises(pulsar.Timeout):
         consumer.receive(timeout_millis=1000)
+
+
+@pytest.mark.parametrize("sub_type", ["Shared", "KeyShared", "Exclusive"])
+def test_delayed_delivery_on_shared_and_key_shared_only(c: Any, sub_type: str) -> None:
+    """``deliver_after``: held back on Shared and Key_Shared (others go past it), delivered at once on the other
+    types, as in Pulsar; a consumer that reconnects meanwhile still waits for it."""
+    t = topic_name()
+    kind = getattr(pulsar.ConsumerType, sub_type)
+    consumer = c.subscribe(t, "s", consumer_type=kind)
+    producer = c.create_producer(t, batching_enabled=False)
+    started = time.monotonic()
+    producer.send(b"later", deliver_after=datetime.timedelta(seconds=2))
+    producer.send(b"now", partition_key="k")
+    first = consumer.receive(timeout_millis=5000)
+    consumer.acknowledge(first)
+    if sub_type == "Exclusive":
+        assert first.data() == b"later" and time.monotonic() - started < 1.5
+        return
+    assert first.data() == b"now" and time.monotonic() - started < 1.5
+    consumer.close()
+    consumer = c.subscribe(t, "s", consumer_type=kind)
+    later = consumer.receive(timeout_millis=5000)
+    assert later.data() == b"later" and time.monotonic() - started >= 1.9
+    consumer.acknowledge(later)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=500)

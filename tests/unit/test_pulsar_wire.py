@@ -460,3 +460,12 @@ def test_a_batch_without_highest_sequence_id_ends_at_its_first_id_plus_its_count
     assert wire.highest_sequence_id(9000, 9999, 1000) == 9999  # the Java client's
     assert wire.highest_sequence_id(5, None, 1) == 5
     assert wire.highest_sequence_id(5, 3, 1) == 5  # never below the first id
+
+
+def test_deliver_at_is_read_from_a_stored_entry_without_parsing_it() -> None:
+    md = pb.MessageMetadata(
+        producer_name="p\x98\x01", sequence_id=1, publish_time=2
+    )  # the tag's bytes, in a name
+    assert wire.entry_deliver_at(wire.make_entry(md, b"x")) is None
+    md.deliver_at_time = 1_700_000_000_123
+    assert wire.entry_deliver_at(wire.make_entry(md, b"x")) == 1_700_000_000_123

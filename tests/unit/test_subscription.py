@@ -349,3 +349,40 @@ def test_unacked_limit_stops_dispatch_until_acks() -> None:
     res = sub.ack_individual([((1, 0), -1, None), ((1, 1), -1, None)])
     out = delivered(run(sub, log, res.commands))
     assert [p for _, p, _ in out] == [(1, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("sub_type", [SubType.SHARED, SubType.KEY_SHARED])
+def test_delayed_entries_wait_for_their_time_without_holding_back_others(sub_type: SubType) -> None:
+    sub = Subscription(sub_type, read_position=(1, 0))
+    log = FakeLog(3)
+    log.entries[0].deliver_at = 5_000
+    sub.add_consumer(1, "a")
+    cmds = sub.flow(1, 100)
+    out: list[Command] = []
+    for c in cmds:  # the first read at t = 1000 ms
+        assert isinstance(c, Read)
+        entries, nxt = log.read(c.start, c.max_entries)
+        out += sub.on_read(c.epoch, entries, nxt, now_ms=1_000)
+    assert [p for _, p, _ in delivered(run(sub, log, out))] == [(1, 1), (1, 2)]
+    assert sub.next_delivery_ms == 5_000 and sub.delayed_count == 1
+    assert delivered(run(sub, log, sub.release_delayed(4_999))) == []
+    assert [p for _, p, _ in delivered(run(sub, log, sub.release_delayed(5_000)))] == [(1, 0)]
+    assert sub.next_delivery_ms is None and sub.delayed_count == 0
+
+
+def test_exclusive_delivers_a_delayed_entry_at_once_and_a_seek_forgets_delays() -> None:
+    ex = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(1)
+    log.entries[0].deliver_at = 5_000
+    ex.add_consumer(1, "a")
+    (read,) = ex.flow(1, 10)
+    assert isinstance(read, Read)
+    entries, nxt = log.read(read.start, read.max_entries)
+    assert [p for _, p, _ in delivered(ex.on_read(read.epoch, entries, nxt, now_ms=0))] == [(1, 0)]
+    sh = Subscription(SubType.SHARED, read_position=(1, 0))
+    sh.add_consumer(1, "a")
+    (read,) = sh.flow(1, 10)
+    assert isinstance(read, Read)
+    assert delivered(sh.on_read(read.epoch, entries, nxt, now_ms=0)) == []
+    sh.reset((1, 0))
+    assert sh.next_delivery_ms is None and sh.delayed_count == 0
