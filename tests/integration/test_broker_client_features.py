@@ -282,3 +282,20 @@ def test_delayed_delivery_on_shared_and_key_shared_only(c: Any, sub_type: str) -
     consumer.acknowledge(later)
     with pytest.raises(pulsar.Timeout):
         consumer.receive(timeout_millis=500)
+
+
+def test_ack_timeout_redelivers_what_was_not_acknowledged(c: Any) -> None:
+    """``unacked_messages_timeout_ms`` (10 s at the least in the client): the unacked messages come back with their
+    redelivery count raised; the acked one does not."""
+    t = topic_name()
+    consumer = c.subscribe(
+        t, "s", consumer_type=pulsar.ConsumerType.Shared, unacked_messages_timeout_ms=10_000
+    )
+    producer = c.create_producer(t, batching_enabled=False)
+    for i in range(4):
+        producer.send(f"{i}".encode())
+    got = drain(consumer, 4)
+    consumer.acknowledge(got[0])
+    again = drain(consumer, 3, 25_000)
+    assert sorted(m.data() for m in again) == [b"1", b"2", b"3"]
+    assert all(m.redelivery_count() == 1 for m in again)
