@@ -68,7 +68,7 @@ __all__ = [
     "ReadReplay",
     "SubType",
     "Subscription",
-    "acked_indices",
+    "acked_mask",
     "key_hash",
     "unacked_set",
 ]
@@ -105,21 +105,20 @@ def key_hash(key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
 
 
-def acked_indices(ack_set: Sequence[int], num_messages: int) -> set[int]:
-    """The batch indices an ack set marks acknowledged: its clear bits below ``num_messages`` (bit i is bit
-    i % 64 of word i // 64, as Java's ``BitSet.toLongArray``)."""
-    return {
-        i for i in range(num_messages) if i // 64 >= len(ack_set) or not (ack_set[i // 64] >> (i % 64)) & 1
-    }
+def acked_mask(ack_set: Sequence[int], num_messages: int) -> int:
+    """The messages an ack set marks acknowledged, as a bit mask (bit i: message i): its clear bits below
+    ``num_messages`` (bit i is bit i % 64 of word i // 64, as Java's ``BitSet.toLongArray``). Whole-int bit
+    operations: a batch of 1,000 messages acked one by one costs microseconds an ack, not a loop over it."""
+    unacked = 0
+    for k, word in enumerate(ack_set):
+        unacked |= (word & 0xFFFF_FFFF_FFFF_FFFF) << (64 * k)
+    return ~unacked & ((1 << num_messages) - 1)
 
 
-def unacked_set(num_messages: int, acked: Iterable[int]) -> tuple[int, ...]:
-    """The ack set of a batch of ``num_messages`` with ``acked`` acknowledged: a bit set for each message still
-    unacknowledged, as signed 64-bit words (protobuf ``int64``)."""
-    bits = (1 << num_messages) - 1
-    for i in acked:
-        if 0 <= i < num_messages:
-            bits &= ~(1 << i)
+def unacked_set(num_messages: int, acked: int) -> tuple[int, ...]:
+    """The ack set of a batch of ``num_messages`` whose messages in the bit mask ``acked`` are acknowledged: a
+    bit set for each message still unacknowledged, as signed 64-bit words (protobuf ``int64``)."""
+    bits = ((1 << num_messages) - 1) & ~acked
     words = []
     for _ in range((num_messages + 63) // 64):
         w = bits & 0xFFFF_FFFF_FFFF_FFFF
@@ -238,7 +237,7 @@ class Subscription:
         self._replay: set[Position] = set()
         self._replay_keys: dict[bytes, int] = {}  # Key_Shared: replay entries per key
         self._redeliveries: dict[Position, int] = {}
-        self._batch_acks: dict[Position, set[int]] = {}
+        self._batch_acks: dict[Position, int] = {}  # a batch's acked messages, as a bit mask
         self._delayed: dict[Position, int] = {}  # delayed delivery: position -> deliver_at (Unix ms)
         self._delayed_heap: list[tuple[int, Position]] = []
         self._key_owner: dict[bytes, int] = {}
@@ -444,9 +443,9 @@ class Subscription:
                     # the entry stays pending until its last message is acked
                     info = self._info.get(pos)
                     n = info.num_messages if info is not None else 64 * len(ack_set)
-                    done = self._batch_acks.setdefault(pos, set())
-                    done.update(acked_indices(ack_set, n))
-                    if info is None or len(done) < info.num_messages:
+                    done = self._batch_acks.get(pos, 0) | acked_mask(ack_set, n)
+                    self._batch_acks[pos] = done
+                    if info is None or done.bit_count() < info.num_messages:
                         continue
             elif batch_index >= 0:
                 info = self._info.get(pos)
@@ -454,9 +453,9 @@ class Subscription:
                     if info is None and batch_index > 0:
                         continue  # unknown batch size: wait for the whole-entry ack
                 else:
-                    done = self._batch_acks.setdefault(pos, set())
-                    done.add(batch_index)
-                    if len(done) < info.num_messages:
+                    done = self._batch_acks.get(pos, 0) | (1 << batch_index)
+                    self._batch_acks[pos] = done
+                    if done.bit_count() < info.num_messages:
                         continue
             self._ack_entry(pos)
             out.acked.append(pos)
@@ -479,8 +478,7 @@ class Subscription:
                 out.acked.append(position)
             out.mark_delete = position
         else:
-            done = self._batch_acks.setdefault(position, set())
-            done.update(range(batch_index + 1))
+            self._batch_acks[position] = self._batch_acks.get(position, 0) | ((1 << (batch_index + 1)) - 1)
             out.mark_delete = (position[0], position[1] - 1)
         out.commands = self._dispatch()
         return out
