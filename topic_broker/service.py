@@ -558,6 +558,7 @@ class SubscriptionRuntime:
             )
             if c
             else 0,
+            "msgDelayed": self.core.delayed_count,  # held back for delayed delivery (entries)
             "markDeletePosition": str(Position(*self.mark_position)),
             "readPosition": str(Position(*self.core.read_position)),
             "consumers": [
@@ -1464,6 +1465,9 @@ class BrokerService:
             return
         if cmd.consumer_id in s.consumers:
             s.send(wire.success(cmd.request_id))  # a repeated SUBSCRIBE of the same consumer
+            return
+        if not cmd.subscription:  # as Pulsar (a NamingException): not a znode name to fail on later
+            s.send(wire.error(cmd.request_id, pb.InvalidTopicName, "Empty subscription name"))
             return
         try:
             refused = await self._schema_refused(topic, cmd.schema) if cmd.HasField("schema") else None

@@ -208,3 +208,31 @@ def test_partial_frames_of_many_connections_stay_within_the_brokers_budget(
     assert grown < broker_server.PARTIAL_BYTES_MAX / 2**20 + 150, f"RSS grew {grown:.0f} MB"
     assert broker.log_path is not None
     assert "partial frames hold" in broker.log_path.read_text()
+
+
+def test_a_subscribe_with_an_empty_subscription_name_gets_an_error_and_the_connection_stays(
+    broker: BrokerProcess,  # noqa: F811
+) -> None:
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+    s.sendall(_connect_frame())
+    dec = wire.FrameDecoder()
+    assert dec.feed(s.recv(65536))[0].command.type == T.CONNECTED
+    sub = pb.CommandSubscribe(
+        topic="persistent://public/default/empty-sub", subscription="", subType=pb.CommandSubscribe.Exclusive
+    )
+    sub.consumer_id, sub.request_id = 1, 7
+    s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=sub)))
+    s.sendall(wire.encode_command(T(type=T.PING, ping=pb.CommandPing())))
+    frames: list = []
+    while len(frames) < 2:
+        data = s.recv(65536)
+        assert data, "the broker closed the connection"
+        frames += dec.feed(data)
+    s.close()
+    types = {f.command.type: f.command for f in frames}
+    assert types[T.ERROR].error.request_id == 7
+    assert types[T.ERROR].error.error == pb.InvalidTopicName
+    assert "subscription" in types[T.ERROR].error.message
+    assert T.PONG in types, "the connection stays open and served"
+    assert broker.log_path is not None
+    assert "on_subscribe failed" not in broker.log_path.read_text()
