@@ -290,6 +290,7 @@ def _consume(args: argparse.Namespace) -> int:
         else pulsar.InitialPosition.Latest
     )
     got: list[dict[str, Any]] = []
+    timed_out = getattr(pulsar, "Timeout", Exception)  # pulsar.Timeout (absent from some client versions)
     try:
         consumer = _within(
             args,
@@ -304,9 +305,11 @@ def _consume(args: argparse.Namespace) -> int:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
-            try:
-                msg = consumer.receive(timeout_millis=left_ms)
-            except Exception:  # pulsar.Timeout (its type differs across client versions)
+            try:  # in short waits: Ctrl-C is seen between two (a long one blocks in the client's C++ code)
+                msg = consumer.receive(timeout_millis=min(left_ms, 200))
+            except timed_out:
+                continue
+            except Exception:
                 break
             row = {
                 "message_id": str(msg.message_id()),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -81,7 +82,7 @@ def test_a_password_ledger_read_without_one_and_a_wrong_root_say_what_to_check(
         assert f"{empty} under {wrong} at {bookies.zk}: is that the cluster" in r.stdout
 
 
-def test_topic_consume_into_a_closed_pipe_ends_quietly(cluster: Brokers) -> None:
+def test_topic_consume_into_a_closed_pipe_or_interrupted_ends_quietly(cluster: Brokers) -> None:
     b = cluster.start()
     url = ["--service-url", b.service_url]
     r = subprocess.run(
@@ -98,6 +99,25 @@ def test_topic_consume_into_a_closed_pipe_ends_quietly(cluster: Brokers) -> None
     )
     assert r.returncode == 0, (r.returncode, r.stderr)
     assert r.stderr == "" and len(r.stdout.splitlines()) == 1
+
+    # Ctrl-C while it waits for messages: it ended only at --timeout-s, blocked in the client's receive
+    waiting = subprocess.Popen(
+        [*LS, "topic", "consume", "piped", "-s", "other", "-n", "0", "--timeout-s", "120", *url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(5)  # subscribed, consumed the backlog and waiting
+    waiting.send_signal(signal.SIGINT)
+    try:
+        rc = waiting.wait(15)
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert rc == cli.EXIT_INTERRUPTED
+    assert waiting.stderr is not None and "Traceback" not in waiting.stderr.read()
 
 
 def test_produce_and_consume_give_up_when_the_brokers_zookeeper_is_down(tmp_path: Path) -> None:
