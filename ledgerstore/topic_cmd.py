@@ -362,12 +362,14 @@ def add_topic_commands(
         p.add_argument(
             "--url",
             default=os.environ.get("LEDGERSTORE_BROKER_HTTP", DEFAULT_ADMIN_URL),
-            help="broker admin URL (any broker; calls follow redirects to the owner)",
+            help="broker admin URL (any broker; calls follow redirects to the owner) "
+            f"(default: {DEFAULT_ADMIN_URL}; env LEDGERSTORE_BROKER_HTTP)",
         )
         p.add_argument(
             "--service-url",
             default=os.environ.get("LEDGERSTORE_BROKER_URL", DEFAULT_SERVICE_URL),
-            help="Pulsar service URL for produce/consume (pulsar://… or http://…)",
+            help="Pulsar service URL for produce/consume (pulsar://… or http://…) "
+            f"(default: {DEFAULT_SERVICE_URL}; env LEDGERSTORE_BROKER_URL)",
         )
         p.set_defaults(func=fn)
         return p
