@@ -57,8 +57,10 @@ Partitions added to a topic while the query runs are picked up and read from the
 Spark commits a batch only when it plans the next one with data) moves the durable subscription
 ``subscriptionName`` (default ``spark-topic-<hash>`` of the query's
 zkRoot, topics and starting position: one stable name per query definition, never random per run; give two queries
-over the same topics different names) on every partition: its cursor znode ``managed-ledgers/<ml>/cursors/<sub>``
-gets ``mark_delete`` = the position before the committed end, so retention (the broker trims only ledgers every
+over the same topics different names; a subscription that exists and was not made by a topic query, an
+application's, is refused, naming the option) on every partition: its cursor znode
+``managed-ledgers/<ml>/cursors/<sub>`` (property ``spark-topic-query`` = 1 marks it as a query's) gets
+``mark_delete`` = the position before the committed end, so retention (the broker trims only ledgers every
 cursor consumed) keeps what Spark has not processed. ``Trigger.AvailableNow`` reads up to the latest positions
 seen when the query starts, in as many micro-batches as the read limit makes.
 """
@@ -404,6 +406,20 @@ class _Driver:
         return resolve_start(snap, start)
 
     # durable subscription
+    def _check_ours(self, part: PartitionRef, info: Any) -> None:
+        """Refuse a subscription that a topic query did not create: an application's, whose consumers the
+        commits would disturb (and the broker serving them takes such a write for another owner's and stops
+        serving the topic). Default names are ours even without the mark (made before it was set)."""
+        sub = self.opts.subscription
+        if SPARK_CURSOR_PROPERTY in info.properties or not self.opts.subscription_explicit:
+            return
+        raise TopicOptionError(
+            "subscriptionName",
+            f"subscription {sub!r} of {part.name} exists and was not created by a Spark topic query (an "
+            "application's?): moving it would disturb its consumers and fence the topic at its broker; give "
+            "the query a subscription name of its own",
+        )
+
     def commit(self, part: PartitionRef, mark_delete: Pos) -> None:
         from zk.errors import MetadataExistsError, MetadataVersionError
         from zk.managed_ledgers import BrokerMetadataStore, CursorInfo
@@ -412,9 +428,11 @@ class _Driver:
         sub = self.opts.subscription
         for _attempt in range(5):
             cur = asyncio.run(bms.get_cursor(part.ml_name, sub))
+            if cur is not None:
+                self._check_ours(part, cur.value)
             info = CursorInfo(
                 mark_delete=mark_delete,
-                properties=dict(cur.value.properties) if cur is not None else {},
+                properties={**(cur.value.properties if cur is not None else {}), SPARK_CURSOR_PROPERTY: 1},
                 last_active_ms=int(time.time() * 1000),
             )
             try:
@@ -429,7 +447,11 @@ class _Driver:
         from zk.managed_ledgers import CursorInfo
 
         v = self.store.get_optional(layout.ml_cursor_path(part.ml_name, self.opts.subscription))
-        return None if v is None else CursorInfo.from_json(v.value).mark_delete
+        if v is None:
+            return None
+        info = CursorInfo.from_json(v.value)
+        self._check_ours(part, info)
+        return info.mark_delete
 
 
 # --- executor side: entries to Arrow rows ---------------------------------------------------------------------------
@@ -440,6 +462,9 @@ def _prev_ledger(snap: Snapshot, ledger_id: int) -> int:
     i = ids.index(ledger_id)
     return ids[i - 1] if i > 0 else -1
 
+
+#: The property a topic query's subscription carries (its cursor's ``properties``): made by Spark, Spark's to move.
+SPARK_CURSOR_PROPERTY = "spark-topic-query"
 
 #: How many entries before a range a reader looks back for the earlier chunks of a chunked message it finishes.
 CHUNK_LOOKBACK_ENTRIES = 10_000

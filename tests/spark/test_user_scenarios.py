@@ -54,10 +54,34 @@ class Cluster:
         )
 
     def read(self, spark: Any, **options: str) -> Any:
-        r = spark.read.format("topic").option("zk", self.zk).option("zkRoot", self.root)
-        for k, v in options.items():
-            r = r.option(k, v)
-        return r.load()
+        return (
+            spark.read.format("topic")
+            .option("zk", self.zk)
+            .option("zkRoot", self.root)
+            .options(**options)
+            .load()
+        )
+
+    def available_now(self, spark: Any, where: Path, **options: str) -> int:
+        """A stream from the earliest entry to parquet under ``where`` (its checkpoint beside it), run with
+        ``Trigger.AvailableNow`` to its end; the rows it read."""
+        q = (
+            spark.readStream.format("topic")
+            .option("zk", self.zk)
+            .option("zkRoot", self.root)
+            .option("startingOffsets", "earliest")
+            .options(**options)
+            .load()
+            .writeStream.format("parquet")
+            .option("checkpointLocation", str(where / "ck"))
+            .trigger(availableNow=True)
+            .start(str(where / "out"))
+        )
+        try:
+            q.awaitTermination(180)
+        finally:
+            q.stop()
+        return sum(int(pp["numInputRows"]) for pp in q.recentProgress)
 
 
 @pytest.fixture(scope="module")
@@ -230,25 +254,8 @@ def test_chunked_messages_read_as_one_row_each_across_ranges_ledgers_and_micro_b
     # one Spark partition per 2 entries: most big messages end in a range after their first chunk
     check(read_all(cluster, spark, len(values), topic=topic, entriesPerPartition="2"))
     # a stream admitting one entry per micro-batch: every message arrives whole in the batch of its last chunk
-    q = (
-        spark.readStream.format("topic")
-        .option("zk", cluster.zk)
-        .option("zkRoot", cluster.root)
-        .option("topic", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxEntriesPerTrigger", "1")
-        .load()
-        .writeStream.format("memory")
-        .queryName("chunked_stream")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        assert q.awaitTermination(180)
-    finally:
-        q.stop()
-    check(spark.sql("select * from chunked_stream").orderBy(*ORDER).collect())
+    assert cluster.available_now(spark, tmp_path, topic=topic, maxEntriesPerTrigger="1") == len(values)
+    check(spark.read.parquet(str(tmp_path / "out")).orderBy(*ORDER).collect())
 
 
 def test_a_stream_whose_unread_ledgers_were_trimmed_fails_until_told_to_skip_them(
@@ -280,25 +287,9 @@ def test_a_stream_whose_unread_ledgers_were_trimmed_fails_until_told_to_skip_the
         time.sleep(1.5)  # the explicit LAC: the stream's first run sees all 30
 
         def run(**options: str) -> int:
-            q = (
-                spark.readStream.format("topic")
-                .option("zk", cluster.zk)
-                .option("zkRoot", cluster.root)
-                .option("topic", topic)
-                .option("startingOffsets", "earliest")
-                .option("subscriptionName", "spark-trim")
-                .options(**options)
-                .load()
-                .writeStream.format("parquet")
-                .option("checkpointLocation", str(tmp_path / "ck"))
-                .trigger(availableNow=True)
-                .start(str(tmp_path / "out"))
+            return cluster.available_now(
+                spark, tmp_path, topic=topic, subscriptionName="spark-trim", **options
             )
-            try:
-                q.awaitTermination(120)
-            finally:
-                q.stop()
-            return sum(int(pp["numInputRows"]) for pp in q.recentProgress)
 
         assert run() == 30
         stats = json.loads(cluster.admin("GET", "/admin/v2/persistent/trim/ns/t/internalStats"))
@@ -319,5 +310,41 @@ def test_a_stream_whose_unread_ledgers_were_trimmed_fails_until_told_to_skip_the
             with pytest.raises(StreamingQueryException, match=f"ledger {first_ledgers[-1]} was deleted"):
                 run()
         assert run(failOnDataLoss="false") == 15
+    finally:
+        client.close()
+
+
+def test_a_stream_refuses_an_applications_subscription_and_keeps_its_own(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """``subscriptionName`` naming the subscription of a live consumer: the query fails naming the option and
+    leaves the cursor alone (moving it made the broker take the write for another owner's and stop serving the
+    topic). A name of the query's own is created once and used again by the next run."""
+    from pyspark.errors import StreamingQueryException
+
+    topic = "persistent://public/default/shared-sub"
+    path = "/admin/v2/persistent/public/default/shared-sub/internalStats"
+    client = cluster.client()
+    try:
+        app = client.subscribe(topic, "app", initial_position=pulsar.InitialPosition.Earliest)
+        p = client.create_producer(topic, batching_enabled=False)
+        for i in range(25):
+            p.send(f"m{i}".encode())
+        time.sleep(1.5)  # the explicit LAC
+        before = json.loads(cluster.admin("GET", path))["cursors"]["app"]["markDeletePosition"]
+
+        def run(sub: str, n: int) -> int:
+            return cluster.available_now(
+                spark, tmp_path / f"{sub}-{n}", topic=topic, subscriptionName=sub, maxEntriesPerTrigger="10"
+            )
+
+        with pytest.raises(StreamingQueryException, match="option 'subscriptionName'.*'app'"):
+            run("app", 0)
+        stats = json.loads(cluster.admin("GET", path))
+        assert stats["cursors"]["app"]["markDeletePosition"] == before
+        for _ in range(25):  # the application's consumer still gets everything, from its own position
+            app.acknowledge(app.receive(10_000))
+        assert run("spark-own", 0) == 25 and run("spark-own", 1) == 25
+        assert set(json.loads(cluster.admin("GET", path))["cursors"]) == {"app", "spark-own"}
     finally:
         client.close()
