@@ -299,6 +299,7 @@ def _status(args: argparse.Namespace) -> int:
             "locks": {str(k): v for k, v in sorted(m.locks().items())},
             "decommissioning": sorted(m.decommissioning()),
         }
+        data["decommission_state"] = _decommission_states(store, data["decommissioning"])
     finally:
         store.close()
 
@@ -311,11 +312,29 @@ def _status(args: argparse.Namespace) -> int:
         ]
         lines += [f"  ledger {k} locked by {v}" for k, v in data["locks"].items()]
         if data["decommissioning"]:
-            lines.append(f"decommissioning: {', '.join(data['decommissioning'])}")
+            lines.append("decommissioning:")
+            lines += [f"  {b}  {data['decommission_state'][b]}" for b in data["decommissioning"]]
         return "\n".join(lines)
 
     emit(args, human, data)
     return 0
+
+
+def _decommission_states(store: Any, bookies: list[str]) -> dict[str, str]:
+    """What each decommissioning mark means now: the mark outlives a finished decommission (it keeps placement off
+    the id until a bookie registers under it anew), so say which are finished (cookie deleted) and which not."""
+    from zk import BookieRegistry, read_zk_cookie
+
+    registered = BookieRegistry(store).all()
+    states = {}
+    for b in bookies:
+        if read_zk_cookie(store, b) is not None:
+            states[b] = "in progress, or unfinished (`bookie decommission ID` again, or --cancel)"
+        elif b in registered:
+            states[b] = "done: its data moved, cookie deleted; stop the bookie"
+        else:
+            states[b] = "done (stopped): its data moved, cookie deleted"
+    return states
 
 
 def _enable(args: argparse.Namespace) -> int:

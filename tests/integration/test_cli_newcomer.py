@@ -184,3 +184,21 @@ def test_a_bookkeeper_shell_verb_is_answered_with_the_command_to_type(
     for equivalent in cli.BOOKKEEPER_VERBS.values():  # every suggestion is a command line that parses
         words = re.sub(r"\[[^]]*\]", "", equivalent).split()
         cli.build_parser().parse_args([placeholders.get(w, w) for w in words])
+
+
+def test_autorecovery_status_tells_a_finished_decommission_from_one_under_way(bookies: BookieFactory) -> None:
+    from zk.underreplication import UnderReplicationManager
+
+    (running,) = bookies.start_many(1)
+    gone = "127.0.0.1:1"  # marked, no cookie, not registered: what a finished decommission leaves
+    with MetadataStore.connect(bookies.zk, root=bookies.root) as store:
+        m = UnderReplicationManager(store)
+        m.start_decommission(running.id)  # marked and still holding its cookie: under way or unfinished
+        m.start_decommission(gone)
+    r = _ls(bookies, "autorecovery", "status")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert f"  {gone}  done (stopped): its data moved, cookie deleted" in lines, r.stdout
+    assert any(line.startswith(f"  {running.id}  in progress, or unfinished") for line in lines), r.stdout
+    states = json.loads(_ls(bookies, "autorecovery", "status", "--json").stdout)["decommission_state"]
+    assert states[gone].startswith("done") and states[running.id].startswith("in progress")
