@@ -111,6 +111,10 @@ def classify(exc: BaseException) -> tuple[int, str, str]:
     code = getattr(exc, "code", None)
     if isinstance(code, str):  # one of our hierarchies: a stable code (LedgerError's text starts with it)
         message = str(exc).removeprefix(f"[{code}] ")
+        if code in ("METADATA_STORE", "METADATA_CONNECTION") and "could not connect to ZooKeeper" in message:
+            # the client's wrapper repeats the address the store's own error already names
+            message = message[message.index("could not connect to ZooKeeper") :]
+            message += "; is it running? (`ledgerstore cluster status`; --zk HOST:PORT or $LEDGERSTORE_ZK)"
         return _STATUS_OF_ERROR_CODE.get(code, EXIT_ERROR), code, message
     if isinstance(exc, ConnectionError | TimeoutError):
         return EXIT_UNAVAILABLE, "UNAVAILABLE", str(exc) or type(exc).__name__

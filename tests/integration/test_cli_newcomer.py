@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -202,3 +203,16 @@ def test_autorecovery_status_tells_a_finished_decommission_from_one_under_way(bo
     assert any(line.startswith(f"  {running.id}  in progress, or unfinished") for line in lines), r.stdout
     states = json.loads(_ls(bookies, "autorecovery", "status", "--json").stdout)["decommission_state"]
     assert states[gone].startswith("done") and states[running.id].startswith("in progress")
+
+
+def test_no_zookeeper_at_the_address_says_so_once_and_what_to_check() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(
+        [*LS, "ledger", "list", "--zk", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == cli.EXIT_UNAVAILABLE, r.stdout + r.stderr
+    line = _one_line_error(r)
+    assert line.count(f"127.0.0.1:{port}") == 1, line  # the address once, not once per wrapping layer
+    assert "is it running? (`ledgerstore cluster status`; --zk HOST:PORT" in line
