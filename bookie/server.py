@@ -44,6 +44,8 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from zk.errors import MetadataConnectionError, MetadataError
+
 from . import protocol as p
 from .auth import TokenError, TokenVerifier
 from .core import ENTRY_HEAD, AddRow, BookieCore
@@ -835,7 +837,26 @@ def admin_app(
 
         return web.json_response(await gc(caller_gone))
 
-    app = web.Application(middlewares=[authenticate])
+    @web.middleware
+    async def metadata_errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """ZooKeeper away (or refusing) is an answer with the reason, not a 500 page and a traceback in the log."""
+        try:
+            return await handler(request)
+        except MetadataError as e:
+            status = 503 if isinstance(e, MetadataConnectionError) else 500
+            log.warning(
+                "bookie=%s admin %s %s: %d: ZooKeeper: %s",
+                core.bookie_id,
+                request.method,
+                request.path,
+                status,
+                e,
+            )
+            return web.json_response({"error": f"ZooKeeper: {e}", "code": e.code}, status=status)
+
+    app = web.Application(middlewares=[authenticate, metadata_errors])
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/v1/info", api_info)
