@@ -679,6 +679,7 @@ class AdminApp:
                 "msgOutCounter": counters.sub_msg_out.get(sub, 0),
                 "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
                 "unackedMessages": 0,
+                "msgDelayed": 0,
                 "markDeletePosition": str(md),
                 "readPosition": str(topic.ml.next_position(md)),
                 "consumers": [],
@@ -694,6 +695,7 @@ class AdminApp:
                 "msgOutCounter": counters.sub_msg_out.get(sub, 0),
                 "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
                 "unackedMessages": sum(c.get("unackedMessages", 0) for c in s.get("consumers", [])),
+                "msgDelayed": s.get("msgDelayed", 0),
                 "markDeletePosition": s.get("markDeletePosition"),
                 "readPosition": s.get("readPosition"),
                 "consumers": s.get("consumers", []),
@@ -771,6 +773,7 @@ class AdminApp:
                         "msgOutCounter": 0,
                         "bytesOutCounter": 0,
                         "unackedMessages": 0,
+                        "msgDelayed": 0,
                         "consumers": [],
                     },
                 )
@@ -781,6 +784,7 @@ class AdminApp:
                     "msgOutCounter",
                     "bytesOutCounter",
                     "unackedMessages",
+                    "msgDelayed",
                 ):
                     agg[k] += s.get(k, 0)
                 agg["consumers"] += s.get("consumers", [])

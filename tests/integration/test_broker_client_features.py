@@ -5,9 +5,11 @@ Real ZooKeeper, 3 bookie processes and a broker process; every wait is bounded."
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -259,7 +261,7 @@ def test_a_regex_consumer_gets_the_matching_topics_and_only_those(c: Any) -> Non
 
 
 @pytest.mark.parametrize("sub_type", ["Shared", "KeyShared", "Exclusive"])
-def test_delayed_delivery_on_shared_and_key_shared_only(c: Any, sub_type: str) -> None:
+def test_delayed_delivery_on_shared_and_key_shared_only(broker: BrokerProcess, c: Any, sub_type: str) -> None:
     """``deliver_after``: held back on Shared and Key_Shared (others go past it), delivered at once on the other
     types, as in Pulsar; a consumer that reconnects meanwhile still waits for it."""
     t = topic_name()
@@ -275,6 +277,9 @@ def test_delayed_delivery_on_shared_and_key_shared_only(c: Any, sub_type: str) -
         assert first.data() == b"later" and time.monotonic() - started < 1.5
         return
     assert first.data() == b"now" and time.monotonic() - started < 1.5
+    stats_url = f"http://127.0.0.1:{broker.http_port}/admin/v2/persistent/public/default/{t}/stats"
+    with urllib.request.urlopen(stats_url, timeout=5) as r:
+        assert json.load(r)["subscriptions"]["s"]["msgDelayed"] == 1
     consumer.close()
     consumer = c.subscribe(t, "s", consumer_type=kind)
     later = consumer.receive(timeout_millis=5000)
