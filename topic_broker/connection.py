@@ -60,7 +60,7 @@ T = pb.BaseCommand
 
 PROTOCOL_VERSION = 17
 MIN_CLIENT_PROTOCOL_VERSION = 12
-DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_SIZE = wire.DEFAULT_MAX_MESSAGE_SIZE  # what fits one ledger entry (wire.py)
 DEFAULT_KEEPALIVE_INTERVAL_S = 30.0
 SERVER_VERSION = "ledgerstore-broker"
 #: The one authentication method served (Pulsar's ``AuthenticationToken`` sends this name).
