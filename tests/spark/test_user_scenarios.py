@@ -348,3 +348,45 @@ def test_a_stream_refuses_an_applications_subscription_and_keeps_its_own(
         assert set(json.loads(cluster.admin("GET", path))["cursors"]) == {"app", "spark-own"}
     finally:
         client.close()
+
+
+def test_a_stream_over_a_growing_partitioned_topic_resumes_exactly_and_leaves_no_backlog(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """AvailableNow runs from one checkpoint over a partitioned topic that gains a partition between them, 20
+    entries a micro-batch, across the broker's ledger rollovers: each message once, and the query's one
+    subscription on every partition (the new one included) acknowledges everything (the broker's stats say so)."""
+    base = "growing"
+    topic = f"persistent://public/default/{base}"
+    cluster.admin("PUT", f"/admin/v2/persistent/public/default/{base}/partitions", 2)
+    client = cluster.client()
+    values: list[bytes] = []
+    try:
+        p = client.create_producer(topic, batching_enabled=False)
+
+        def send(n: int) -> None:
+            for _ in range(n):
+                values.append(f"v{len(values)}".encode())
+                p.send_async(values[-1], lambda res, mid: None)
+            p.flush()
+            time.sleep(1.5)  # the explicit LAC
+
+        send(90)
+        assert cluster.available_now(spark, tmp_path, topic=base, maxEntriesPerTrigger="20") == 90
+        cluster.admin("POST", f"/admin/v2/persistent/public/default/{base}/partitions", 3)
+        p.close()
+        p = client.create_producer(topic, batching_enabled=False)
+        send(90)
+        assert cluster.available_now(spark, tmp_path, topic=base, maxEntriesPerTrigger="20") == 90
+    finally:
+        client.close()
+    rows = spark.read.parquet(str(tmp_path / "out")).select("value", "__partition").collect()
+    assert sorted(bytes(r["value"]) for r in rows) == sorted(values)
+    assert {r["__partition"] for r in rows} == {0, 1, 2}
+    subs = []
+    for i in range(3):
+        stats = json.loads(
+            cluster.admin("GET", f"/admin/v2/persistent/public/default/{base}-partition-{i}/stats")
+        )
+        subs.append({name: s["msgBacklog"] for name, s in stats["subscriptions"].items()})
+    assert len({tuple(s) for s in subs}) == 1 and all(list(s.values()) == [0] for s in subs), subs
