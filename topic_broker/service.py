@@ -321,7 +321,7 @@ class SubscriptionRuntime:
         self._next_key = itertools.count()
         self._by_key: dict[int, Consumer] = {}
         core.read_position = start
-        self.mark_delete: Position = cursor.mark_delete if cursor else start.previous()
+        self.mark_delete: Position = cursor.mark_delete if cursor else self._before(start)
         self._delay_timer: asyncio.TimerHandle | None = None
         self._delay_timer_at = 0  # Unix ms the timer is set for
 
@@ -543,8 +543,15 @@ class SubscriptionRuntime:
     async def seek(self, position: Position) -> None:
         if self.cursor is not None:
             await self.cursor.reset(position)
-        self.mark_delete = position.previous()
+        self.mark_delete = self._before(position)
         self.execute(self.core.reset(position))
+
+    def _before(self, start: Position) -> Position:
+        """A reader's mark-delete when ``start`` is its next entry: the last stored entry when it starts after it,
+        also when the current ledger is still empty (its ``(ledger, -1)`` would sort after that entry, and the
+        client, comparing it with the last message id, would see nothing to read at latest-inclusive)."""
+        last = self.topic.ml.last_confirmed_position()
+        return last if start == self.topic.ml.next_position(last) else start.previous()
 
     def stats(self) -> dict[str, Any]:
         c = self.cursor
@@ -1608,7 +1615,7 @@ class BrokerService:
                 last.ledger_id,
                 last.entry_id,
                 batch_index=batch_index,
-                mark_delete_position=tuple(c.sub.mark_position) if c.sub.durable else None,  # type: ignore[arg-type]
+                mark_delete_position=tuple(c.sub.mark_position),  # type: ignore[arg-type]
             )
         )
 

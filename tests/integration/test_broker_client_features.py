@@ -304,3 +304,38 @@ def test_ack_timeout_redelivers_what_was_not_acknowledged(c: Any) -> None:
     again = drain(consumer, 3, 25_000)
     assert sorted(m.data() for m in again) == [b"1", b"2", b"3"]
     assert all(m.redelivery_count() == 1 for m in again)
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_a_reader_at_latest_inclusive_reads_the_last_message(broker: BrokerProcess, batching: bool) -> None:
+    """``MessageId.latest`` with ``start_message_id_inclusive``: the client asks for the last message id and seeks
+    there; the reader must get the topic's last message (the last of its batch), also when the current ledger is
+    empty after the broker restarted, and ``has_message_available`` must say so before the read."""
+    c = client(broker)
+    t = topic_name()
+    try:
+        p = c.create_producer(t, batching_enabled=batching, batching_max_publish_delay_ms=20)
+        for i in range(5):
+            p.send_async(f"{i}".encode(), None)
+        p.flush()
+        r = c.create_reader(t, pulsar.MessageId.latest, start_message_id_inclusive=True)
+        assert r.has_message_available()
+        assert r.read_next(5000).data() == b"4"
+        assert not r.has_message_available()
+        p.send(b"5")
+        assert r.read_next(5000).data() == b"5"
+    finally:
+        c.close()
+    broker.stop()
+    broker.start()  # the topic opens on a new, empty ledger
+    c = client(broker)
+    try:
+        r = c.create_reader(t, pulsar.MessageId.latest, start_message_id_inclusive=True)
+        assert r.has_message_available()
+        assert r.read_next(5000).data() == b"5"
+        with pytest.raises(pulsar.Timeout):
+            r.read_next(500)
+        exclusive = c.create_reader(t, pulsar.MessageId.latest)
+        assert not exclusive.has_message_available()
+    finally:
+        c.close()
