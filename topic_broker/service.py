@@ -640,6 +640,7 @@ class Topic:
         self._opening_subscription = asyncio.Lock()  # consumers subscribing at once open one cursor
         self.waiting: deque[_WaitingProducer] = deque()  # WaitForExclusive producers, first come first served
         self.last_sequence: dict[str, int] = {}  # producer name -> highest sequence id accepted
+        self.persisted_sequence: dict[str, int] = {}  # producer name -> highest sequence id stored
         self.last_entry_messages: int | None = None
         self._queue: deque[QueuedEntry] = deque()  # SENDs not handed to the ML yet
         self._appending = False
@@ -679,6 +680,7 @@ class Topic:
                 rec.done = True  # a resend of what is stored (or on its way): answered in its turn
                 p.flush_receipts()
                 return
+            self.persisted_sequence.setdefault(p.name, last)
             self.last_sequence[p.name] = highest
         self.msg_in += num_messages
         self.bytes_in += len(entry)
@@ -698,8 +700,12 @@ class Topic:
                     self.service.topic_lost(self, str(e))
                     return
                 except ManagedLedgerError as e:
-                    _entry, callback, _n = self._queue.popleft()
-                    callback(None, e)
+                    # as Pulsar: a failed add fails everything queued behind it, so that no later sequence id is
+                    # stored before the failed one is sent again (dedup would then take the resend for a duplicate)
+                    failed = list(self._queue)
+                    self._queue.clear()
+                    for _entry, callback, _n in failed:
+                        callback(None, e)
         finally:
             self._appending = False
 
@@ -713,11 +719,19 @@ class Topic:
             return
         if error is not None:
             rec.error = str(error)
+            if self.dedup_enabled:
+                # as Pulsar (resetHighestSequenceIdPushed, producers disconnected): what failed was not stored, so
+                # its resend is no duplicate; the connection closes so that nothing sent after it is stored first
+                self.last_sequence.update(self.persisted_sequence)
+                p.session.conn.close(f"persistence failed: {error}")
         else:
             rec.position = position
             self.service.metrics.published(self.key, rec.messages, rec.size, time.monotonic() - rec.started)
             if self.dedup_enabled and rec.dedup:
                 self.ml.set_property(f"dedup/{p.name}", str(rec.highest_sequence_id))
+                self.persisted_sequence[p.name] = max(
+                    self.persisted_sequence.get(p.name, -1), rec.highest_sequence_id
+                )
             self.last_entry_messages = None
             for sub in self.subscriptions.values():
                 sub.on_new_entries()

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from ledger_client.errors import NotEnoughBookiesError
 from ledger_client.sync import BookKeeper
 from tests.abuse.helpers import http
+from tests.broker_testing import Brokers
 from tests.zk_testing import wait_for
 
 SESSION_TIMEOUT_S = 10.0  # the bookie's ZooKeeper session timeout (zk.client's default)
@@ -50,3 +53,63 @@ def test_zookeeper_paused_past_the_session_timeout_is_a_one_line_warning_and_the
     log = bp.log_path.read_text()
     assert "periodic task gc failed" not in log and "Traceback" not in log, log[-3000:]
     assert "admin GET /api/v1/bookie/list_bookies: 503: ZooKeeper" in log
+
+
+def test_acknowledged_messages_survive_failed_appends_and_their_resends_with_dedup(bookies, tmp_path) -> None:
+    """Two of three bookies killed under a producer: the broker's appends fail, the client sends again what
+    failed, and once the bookies are back every message the producer saw acknowledged is in the topic (dedup
+    must not take a resend of a message that was never stored for a duplicate)."""
+    pulsar = pytest.importorskip("pulsar")
+    brokers = Brokers(bookies, tmp_path)
+    try:
+        bookies.start_many(3)
+        broker = brokers.start()
+        topic = "persistent://public/default/failed-appends"
+        client = pulsar.Client(
+            broker.service_url,
+            operation_timeout_seconds=30,
+            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+        )
+        try:
+            consumer = client.subscribe(topic, "all", initial_position=pulsar.InitialPosition.Earliest)
+            producer = client.create_producer(topic, send_timeout_millis=0, batching_enabled=False)
+            acked: set[bytes] = set()
+
+            def sent(res: object, _mid: object, m: bytes) -> None:
+                if res == pulsar.Result.Ok:
+                    acked.add(m)
+
+            start = time.monotonic()
+            i = 0
+            killed: list = []
+            restarted = False
+            while time.monotonic() - start < 25:
+                elapsed = time.monotonic() - start
+                if elapsed > 3 and not killed:
+                    killed = bookies.procs[:2]
+                    for bp in killed:
+                        bp.kill9()
+                if elapsed > 12 and killed and not restarted:
+                    restarted = True
+                    for bp in killed:
+                        bp.start(wait=False)
+                m = b"m%06d" % i
+                i += 1
+                producer.send_async(m, lambda r, mid, m=m: sent(r, mid, m))
+                time.sleep(0.01)
+            producer.flush()
+            got: set[bytes] = set()
+            while True:
+                try:
+                    msg = consumer.receive(timeout_millis=10_000)
+                except Exception:
+                    break
+                got.add(msg.data())
+                consumer.acknowledge(msg)
+        finally:
+            client.close()
+        assert acked, "nothing was acknowledged"
+        lost = sorted(acked - got)
+        assert not lost, f"{len(lost)} acknowledged messages not in the topic, first {lost[:5]}"
+    finally:
+        brokers.stop_all()
