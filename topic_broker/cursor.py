@@ -6,6 +6,9 @@ Ranges are kept sorted, disjoint and merged; when the range right after ``mark_d
 ``mark_delete`` moves over it. What "right after" means across ledger boundaries is the managed ledger's
 knowledge, so the cursor takes a ``next_position`` callable (``ManagedLedger.next_position``).
 
+It also keeps the acked messages of partly acknowledged batches (batch-index acks): a bit mask per entry after
+the mark-delete, dropped when the entry is acknowledged whole.
+
 Persisted (``zk.managed_ledgers.CursorInfo`` at ``managed-ledgers/<ml>/cursors/<sub>``) at most once per
 ``flush_interval_s`` and on close; at most :data:`MAX_STORED_RANGES` ranges are stored (the ones nearest
 ``mark_delete``; the rest are redelivered after a restart, never lost), with a logged warning.
@@ -59,14 +62,18 @@ class Cursor:
         mark_delete: Position,
         ranges: Iterable[tuple[Position, Position]] = (),
         next_position: NextPosition = _plus_one,
+        batch_acked: Mapping[Position, int] | None = None,
     ) -> None:
         self._md = Position(*mark_delete)
         self._next = next_position
         self._starts: list[Position] = []
         self._ends: list[Position] = []
+        self._batch: dict[Position, int] = {}  # entry -> mask of its batch's acked messages
         for start, end in ranges:
             self._add_range(Position(*start), Position(*end))
         self._advance()
+        for pos, mask in (batch_acked or {}).items():
+            self.ack_batch(pos, mask)
 
     # -- queries ----------------------------------------------------------------------------------------------
     @property
@@ -83,6 +90,11 @@ class Cursor:
         i = bisect.bisect_right(self._starts, pos) - 1
         return i >= 0 and pos <= self._ends[i]
 
+    @property
+    def batch_acked(self) -> dict[Position, int]:
+        """The partly acknowledged batches after the mark-delete: entry -> mask of its acked messages."""
+        return {p: m for p, m in self._batch.items() if not self.is_acked(p)}
+
     def set_next_position(self, next_position: NextPosition) -> None:
         self._next = next_position
 
@@ -92,6 +104,7 @@ class Cursor:
         pos = Position(*pos)
         if self.is_acked(pos):
             return False
+        self._batch.pop(pos, None)
         self._add_range(pos, pos)
         self._advance()
         return True
@@ -107,6 +120,20 @@ class Cursor:
             del self._starts[0], self._ends[0]
         self._md = md
         self._advance()
+        if self._batch:
+            self._batch = self.batch_acked
+        return True
+
+    def ack_batch(self, pos: Position, mask: int) -> bool:
+        """Some messages of the batch at ``pos`` acknowledged (bit ``i`` of ``mask``: message ``i``); the entry
+        stays unacknowledged. True if that changed anything."""
+        pos = Position(*pos)
+        if mask <= 0 or self.is_acked(pos):
+            return False
+        old = self._batch.get(pos, 0)
+        if old | mask == old:
+            return False
+        self._batch[pos] = old | mask
         return True
 
     def reset(self, mark_delete: Position) -> None:
@@ -114,6 +141,7 @@ class Cursor:
         self._md = Position(*mark_delete)
         self._starts.clear()
         self._ends.clear()
+        self._batch.clear()
 
     def _add_range(self, start: Position, end: Position) -> None:
         """Insert ``[start, end]`` (not overlapping an existing range), merging with touching neighbours."""
@@ -151,12 +179,14 @@ class Cursor:
             individually_deleted=tuple((s.ledger_id, s.entry_id, e.ledger_id, e.entry_id) for s, e in ranges),
             properties=dict(properties or {}),
             last_active_ms=last_active_ms,
+            batch_acked=tuple((p.ledger_id, p.entry_id, m) for p, m in sorted(self.batch_acked.items())),
         )
 
     @classmethod
     def from_info(cls, info: CursorInfo, next_position: NextPosition = _plus_one) -> Cursor:
         ranges = [(Position(a, b), Position(c, d)) for a, b, c, d in info.individually_deleted]
-        return cls(Position(*info.mark_delete), ranges, next_position)
+        batches = {Position(a, b): m for a, b, m in info.batch_acked}
+        return cls(Position(*info.mark_delete), ranges, next_position, batches)
 
     def to_json(self) -> dict[str, Any]:
         return self.to_info().to_json()
@@ -263,6 +293,13 @@ class ManagedCursor:
 
     def ack_cumulative(self, pos: Position) -> bool:
         changed = self.cursor.ack_cumulative(pos)
+        if changed:
+            self._changed()
+        return changed
+
+    def ack_batch(self, pos: Position, mask: int) -> bool:
+        """Batch-index acks: messages ``mask`` of the batch at ``pos`` acknowledged, persisted with the cursor."""
+        changed = self.cursor.ack_batch(pos, mask)
         if changed:
             self._changed()
         return changed

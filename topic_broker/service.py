@@ -70,6 +70,7 @@ from .subscription import (
     ReadReplay,
     Subscription,
     SubType,
+    cumulative_batch_index,
 )
 
 log = logging.getLogger(__name__)
@@ -321,6 +322,8 @@ class SubscriptionRuntime:
         self._next_key = itertools.count()
         self._by_key: dict[int, Consumer] = {}
         core.read_position = start
+        if cursor is not None:
+            core.restore_batch_acks(cursor.cursor.batch_acked.items())
         self.mark_delete: Position = cursor.mark_delete if cursor else self._before(start)
         self._delay_timer: asyncio.TimerHandle | None = None
         self._delay_timer_at = 0  # Unix ms the timer is set for
@@ -337,6 +340,7 @@ class SubscriptionRuntime:
         if cursor is not None and cursor.moved and not self.consumers:
             cursor.moved = False  # moved in ZooKeeper while idle: start over from where it stands now
             self.core.reset(self.topic.ml.next_position(cursor.mark_delete))
+            self.core.restore_batch_acks(cursor.cursor.batch_acked.items())
         cmds = self.core.add_consumer(key, c.name, priority, sub_type=sub_type, hash_ranges=ranges)
         self.consumers[key] = c
         self._by_key[key] = c
@@ -514,7 +518,15 @@ class SubscriptionRuntime:
                 return
             mid = ack.message_id[0]
             pos = _position(mid)
-            out = self.core.ack_cumulative(pos, mid.batch_index if mid.HasField("batch_index") else -1)
+            batch_index = mid.batch_index if mid.HasField("batch_index") else -1
+            if any(mid.ack_set):
+                batch_index = cumulative_batch_index(mid.ack_set)
+                if batch_index < 0:  # nothing of this batch acked: up to the entry before it
+                    pos = pos.previous()
+            out = self.core.ack_cumulative(pos, batch_index)
+            if self.cursor is not None:
+                for p, mask in out.batches:
+                    self.cursor.ack_batch(Position(*p), mask)
             if out.mark_delete is not None:
                 md = Position(*out.mark_delete)
                 if self.cursor is not None:
@@ -532,6 +544,8 @@ class SubscriptionRuntime:
             ]
             out = self.core.ack_individual(items)
             if self.cursor is not None:
+                for p, mask in out.batches:
+                    self.cursor.ack_batch(Position(*p), mask)
                 for p in out.acked:
                     self.cursor.ack_individual(Position(*p))
         self.execute(out.commands)

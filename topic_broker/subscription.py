@@ -115,6 +115,18 @@ def acked_mask(ack_set: Sequence[int], num_messages: int) -> int:
     return ~unacked & ((1 << num_messages) - 1)
 
 
+def cumulative_batch_index(ack_set: Sequence[int]) -> int:
+    """The batch index a cumulative ack with ``ack_set`` stops at (the C++ client with batch-index acks sends
+    the unacked messages, all those after it, instead of a batch index): the message before the first unacked
+    one; -1 when the first message is unacked (nothing of that batch acknowledged)."""
+    unacked = 0
+    for k, word in enumerate(ack_set):
+        unacked |= (word & 0xFFFF_FFFF_FFFF_FFFF) << (64 * k)
+    if not unacked:
+        raise ValueError("an ack set without unacked messages acknowledges the whole entry")
+    return (unacked & -unacked).bit_length() - 2
+
+
 def unacked_set(num_messages: int, acked: int) -> tuple[int, ...]:
     """The ack set of a batch of ``num_messages`` whose messages in the bit mask ``acked`` are acknowledged: a
     bit set for each message still unacknowledged, as signed 64-bit words (protobuf ``int64``)."""
@@ -178,11 +190,13 @@ Command = Read | ReadReplay | Deliver | ActiveConsumerChanged
 @dataclass(slots=True)
 class AckOutcome:
     """``acked``: entries now fully acked (for the cursor's individual acks); ``mark_delete``: a cumulative
-    ack's new mark-delete position (the entry before a partially acked batch); ``commands``: dispatch
-    that the freed permits/keys allow."""
+    ack's new mark-delete position (the entry before a partially acked batch); ``batches``: partly acked
+    batches whose acked messages grew, (entry, mask of all its acked messages), for the cursor to persist;
+    ``commands``: dispatch that the freed permits/keys allow."""
 
     acked: list[Position] = field(default_factory=list)
     mark_delete: Position | None = None
+    batches: list[tuple[Position, int]] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
 
 
@@ -446,6 +460,7 @@ class Subscription:
                     done = self._batch_acks.get(pos, 0) | acked_mask(ack_set, n)
                     self._batch_acks[pos] = done
                     if info is None or done.bit_count() < info.num_messages:
+                        out.batches.append((pos, done))
                         continue
             elif batch_index >= 0:
                 info = self._info.get(pos)
@@ -456,6 +471,7 @@ class Subscription:
                     done = self._batch_acks.get(pos, 0) | (1 << batch_index)
                     self._batch_acks[pos] = done
                     if done.bit_count() < info.num_messages:
+                        out.batches.append((pos, done))
                         continue
             self._ack_entry(pos)
             out.acked.append(pos)
@@ -478,10 +494,18 @@ class Subscription:
                 out.acked.append(position)
             out.mark_delete = position
         else:
-            self._batch_acks[position] = self._batch_acks.get(position, 0) | ((1 << (batch_index + 1)) - 1)
+            done = self._batch_acks.get(position, 0) | ((1 << (batch_index + 1)) - 1)
+            self._batch_acks[position] = done
+            out.batches.append((position, done))
             out.mark_delete = (position[0], position[1] - 1)
         out.commands = self._dispatch()
         return out
+
+    def restore_batch_acks(self, acked: Iterable[tuple[Position, int]]) -> None:
+        """Adopt the partly acknowledged batches a durable cursor stored (entry -> mask of acked messages), so
+        that their redelivery after a restart or a topic move carries the ack set of the others only."""
+        for pos, mask in acked:
+            self._batch_acks[pos] = self._batch_acks.get(pos, 0) | mask
 
     def _ack_entry(self, pos: Position) -> None:
         self._batch_acks.pop(pos, None)

@@ -146,20 +146,27 @@ class ManagedLedgerInfo:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CursorInfo:
     """A durable subscription: everything up to ``mark_delete`` is acknowledged, plus the closed ranges
-    ``(l1, e1, l2, e2)`` of ``individually_deleted`` after it."""
+    ``(l1, e1, l2, e2)`` of ``individually_deleted`` after it, plus the messages of partly acknowledged batches
+    (batch-index acks, Pulsar's ``batchDeletedIndexes``): ``(ledger, entry, mask)``, bit ``i`` of ``mask`` set
+    when message ``i`` of that entry's batch is acknowledged. Stored only when there are some (a cursor stored
+    without them loads with none)."""
 
     mark_delete: tuple[int, int]
     individually_deleted: tuple[tuple[int, int, int, int], ...] = ()
     properties: Mapping[str, int] = field(default_factory=dict)
     last_active_ms: int = 0
+    batch_acked: tuple[tuple[int, int, int], ...] = ()
 
     def to_json(self) -> JsonDict:
-        return {
+        d: JsonDict = {
             "mark_delete": list(self.mark_delete),
             "individually_deleted": [list(r) for r in self.individually_deleted],
             "properties": dict(self.properties),
             "last_active_ms": self.last_active_ms,
         }
+        if self.batch_acked:
+            d["batch_acked"] = [list(b) for b in self.batch_acked]
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CursorInfo:
@@ -168,11 +175,22 @@ class CursorInfo:
             if not (isinstance(r, list) and len(r) == 4 and all(isinstance(v, int) for v in r)):
                 raise MetadataFormatError(f"individually_deleted range must be [l1, e1, l2, e2], got {r!r}")
             ranges.append((r[0], r[1], r[2], r[3]))
+        batches = []
+        for b in _field(d, "batch_acked", list, []):
+            if not (
+                isinstance(b, list)
+                and len(b) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in b)
+                and b[2] > 0
+            ):
+                raise MetadataFormatError(f"batch_acked item must be [ledger, entry, mask > 0], got {b!r}")
+            batches.append((b[0], b[1], b[2]))
         return cls(
             mark_delete=_pos(_field(d, "mark_delete", list), "mark_delete"),
             individually_deleted=tuple(ranges),
             properties={str(k): int(v) for k, v in _field(d, "properties", dict, {}).items()},
             last_active_ms=_field(d, "last_active_ms", int, 0),
+            batch_acked=tuple(batches),
         )
 
 

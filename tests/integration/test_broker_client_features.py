@@ -102,6 +102,17 @@ def test_a_refused_topic_name_fails_at_once_not_after_the_operation_timeout(
         c.close()
 
 
+def _send_one_batch_of_ten(c: Any, t: str, consumer: Any) -> list[Any]:
+    """Messages b"0" .. b"9" sent to ``t`` in one batch; what ``consumer`` receives of them."""
+    producer = c.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=50)
+    for i in range(10):
+        producer.send_async(f"{i}".encode(), None)
+    producer.flush()
+    got = drain(consumer, 10)
+    assert len({(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got}) == 1  # one batch
+    return got
+
+
 def test_batch_index_acks_survive_a_reconnect_and_a_negative_ack(c: Any) -> None:
     """With ``batch_index_ack_enabled`` the messages of a batch acked one by one are not delivered again, whether
     the batch comes back to a new consumer or after a negative ack of the others."""
@@ -117,12 +128,7 @@ def test_batch_index_acks_survive_a_reconnect_and_a_negative_ack(c: Any) -> None
         )
 
     consumer = subscribe()
-    producer = c.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=50)
-    for i in range(10):
-        producer.send_async(f"{i}".encode(), None)
-    producer.flush()
-    got = drain(consumer, 10)
-    assert len({(m.message_id().ledger_id(), m.message_id().entry_id()) for m in got}) == 1  # one batch
+    got = _send_one_batch_of_ten(c, t, consumer)
     for m in got[:5]:
         consumer.acknowledge(m)
     time.sleep(0.5)  # acks are grouped by the client
@@ -337,5 +343,40 @@ def test_a_reader_at_latest_inclusive_reads_the_last_message(broker: BrokerProce
             r.read_next(500)
         exclusive = c.create_reader(t, pulsar.MessageId.latest)
         assert not exclusive.has_message_available()
+    finally:
+        c.close()
+
+
+def test_batch_index_acks_survive_a_broker_restart(broker: BrokerProcess) -> None:
+    """The acked messages of a partly acked batch are stored with the cursor: after the broker restarts, the
+    batch comes back with only its unacked messages (a cumulative ack inside a batch too)."""
+    t = topic_name()
+
+    def subscribe(cl: Any, sub: str) -> Any:
+        kind = pulsar.ConsumerType.Shared if sub == "shared" else pulsar.ConsumerType.Exclusive
+        return cl.subscribe(t, sub, consumer_type=kind, batch_index_ack_enabled=True)
+
+    c = client(broker)
+    try:
+        shared, exclusive = subscribe(c, "shared"), subscribe(c, "exclusive")
+        for m in _send_one_batch_of_ten(c, t, shared):
+            if int(m.data()) % 3 == 0:
+                shared.acknowledge(m)  # 0, 3, 6, 9
+        exclusive.acknowledge_cumulative(drain(exclusive, 10)[3])  # 0..3
+        time.sleep(2.5)  # the client groups acks; the broker stores its cursors at most once a second
+    finally:
+        c.close()
+    broker.stop()
+    broker.start()
+    c = client(broker)
+    try:
+        shared = subscribe(c, "shared")
+        assert sorted(int(m.data()) for m in drain(shared, 6)) == [1, 2, 4, 5, 7, 8]
+        with pytest.raises(pulsar.Timeout):
+            shared.receive(timeout_millis=1000)
+        exclusive = subscribe(c, "exclusive")
+        assert [int(m.data()) for m in drain(exclusive, 6)] == [4, 5, 6, 7, 8, 9]
+        with pytest.raises(pulsar.Timeout):
+            exclusive.receive(timeout_millis=1000)
     finally:
         c.close()

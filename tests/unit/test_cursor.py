@@ -15,6 +15,8 @@ from topic_broker.managed_ledger import (
     ledgers_to_trim,
     should_rollover,
 )
+from topic_broker.subscription import cumulative_batch_index, unacked_set
+from zk import MetadataFormatError
 from zk.managed_ledgers import CursorInfo, LedgerInfo, ManagedLedgerInfo
 
 P = Position
@@ -78,6 +80,37 @@ def test_json_round_trip_keeps_state() -> None:
     assert d.mark_delete == c.mark_delete and d.individually_deleted == c.individually_deleted
     info = CursorInfo.from_json(body)
     assert CursorInfo.from_json(info.to_json()) == info
+
+
+def test_batch_acks_are_stored_until_their_entry_is_acked_and_old_cursors_load_without_them() -> None:
+    c = Cursor(P(2, 4))
+    assert c.ack_batch(P(2, 6), 0b101) and c.ack_batch(P(2, 8), 0b1)
+    assert not c.ack_batch(P(2, 6), 0b1)  # nothing new
+    assert c.ack_batch(P(2, 6), 0b10)
+    assert not c.ack_batch(P(2, 3), 0b1)  # before the mark-delete: already acked whole
+    assert not c.is_acked(P(2, 6))
+    body = json.loads(json.dumps(c.to_json()))
+    assert body["batch_acked"] == [[2, 6, 0b111], [2, 8, 0b1]]
+    d = Cursor.from_json(body)
+    assert d.batch_acked == {P(2, 6): 0b111, P(2, 8): 0b1}
+    d.ack_individual(P(2, 8))  # the whole entry acked: its batch mask goes
+    d.ack_cumulative(P(2, 6))
+    assert d.batch_acked == {} and "batch_acked" not in d.to_json()
+    old = {"mark_delete": [2, 4], "individually_deleted": [], "properties": {}, "last_active_ms": 0}
+    assert Cursor.from_json(old).batch_acked == {}  # stored before batch acks were
+    c.reset(P(2, 4))
+    assert c.batch_acked == {}
+    for bad in ([[2, 6]], [[2, 6, 0]], [[2, 6, "7"]], [[2, 6, True]]):
+        with pytest.raises(MetadataFormatError, match="batch_acked"):
+            CursorInfo.from_json({**old, "batch_acked": bad})
+
+
+def test_a_cumulative_ack_set_stops_before_the_first_unacked_message() -> None:
+    assert cumulative_batch_index(unacked_set(10, 0b1111)) == 3
+    assert cumulative_batch_index(unacked_set(10, 0)) == -1
+    assert cumulative_batch_index(unacked_set(130, (1 << 100) - 1)) == 99  # in the second word
+    with pytest.raises(ValueError, match="whole entry"):
+        cumulative_batch_index([0, 0])
 
 
 def test_stored_ranges_are_capped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
