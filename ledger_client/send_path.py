@@ -75,6 +75,10 @@ def _resolve(waiter: _Waiter, entry_id: int, error: E.LedgerError | None) -> Non
         log.exception("append callback for entry %d failed", entry_id)
 
 
+#: Sweeps of add timeouts skipped in a row because the event loop was blocked (see ``_sweep_timeouts``).
+_STALLS_FORGIVEN = 3
+
+
 class _Routes:
     """A writer's connections to its ensemble, for sending a batch of consecutive entries' frames with one
     write per connection (each connection gets the frames of the entries whose write set holds it)."""
@@ -404,11 +408,20 @@ class WriterSendPath:
         period = max(0.05, timeout / 4)
         pipe = self._pipe
         assert pipe is not None
+        stalls = 0
         while True:
+            slept_at = self._loop.time()
             await asyncio.sleep(period)
             if pipe.error is not None:
                 return
             now = self._loop.time()
+            if now - slept_at > 2 * period and stalls < _STALLS_FORGIVEN:
+                # The loop itself was blocked (a long callback, a gather over millions of futures): the
+                # bookies' acks may be waiting unread in the sockets, so the stall is not theirs. Look again
+                # after a period of a running loop; a loop blocked round after round still sweeps.
+                stalls += 1
+                continue
+            stalls = 0
             if self._congested:
                 self._fail_congested(now, timeout)
             expired = [eid for eid, item in self._inflight.items() if now - item[2] > timeout]

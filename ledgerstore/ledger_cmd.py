@@ -245,7 +245,10 @@ async def _write_entries(args: argparse.Namespace, lh: Any, payloads: list[bytes
             fut = await lh.append_future(data)
             fut.add_done_callback(lambda _f: bar.update(1))
             futs.append(fut)
-        await asyncio.gather(*futs)
+        # In order, one at a time: a settled future is awaited without a trip through the loop, where
+        # asyncio.gather over two million of them blocked the loop for 31 s in one go
+        for fut in futs:
+            await fut
     return time.perf_counter() - t0
 
 

@@ -135,6 +135,33 @@ def test_kill9_bookie_while_appending_changes_ensemble_and_loses_nothing(bookies
     asyncio.run(go())
 
 
+def test_a_blocked_event_loop_is_not_taken_for_timed_out_bookies(bookies) -> None:
+    """The application blocks the client's loop for longer than add_timeout_s twice in a row (here time.sleep;
+    in life a gather over millions of futures, which took 31 s in ``ledger write -n 2000000``) while adds are in
+    flight. The bookies acked in time, their acks wait unread in the sockets: the timeout sweep that runs
+    right after a stall must not count it against them (with only three bookies, that ledger would fail with
+    NOT_ENOUGH_BOOKIES)."""
+    import time
+
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies, add_timeout_s=1.0)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        futs = []
+        for round_ in range(2):
+            futs += [await lh.append_future(payload(100 * round_ + i)) for i in range(100)]
+            time.sleep(1.3)  # blocks the loop: the sweep's timer falls due meanwhile
+            await asyncio.sleep(0)
+        assert await asyncio.wait_for(asyncio.gather(*futs), 10) == list(range(200))
+        await lh.close()
+        md = await bk.ledger_metadata(lh.ledger_id)
+        assert len(md.ensembles) == 1 and md.last_entry_id == 199
+        await bk.close()
+
+    asyncio.run(go())
+
+
 def test_a_bookie_that_stops_reading_throttles_then_is_replaced(bookies) -> None:
     """SIGSTOP one bookie of a 3/3/2 ledger: its two peers still ack every entry, so nothing times out, but the
     client's unsent bytes toward the stopped bookie would grow without limit. They stop at the connection's
