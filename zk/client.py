@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import copy
 import json
@@ -281,6 +282,9 @@ class MetadataStore(CompareAndSetUpdate):
             raise MetadataConnectionError(
                 f"could not connect to ZooKeeper at {connect_string} within {timeout_s:g}s ({type(e).__name__}: {e})"
             ) from None
+        # kazoo joins its callback threads at interpreter exit: one stuck retrying a watch's read while ZooKeeper
+        # is away would keep a stopped process alive for ever (the threads are daemons; close() still stops them)
+        atexit.unregister(client.handler.stop)
         store = cls(
             client,
             root,

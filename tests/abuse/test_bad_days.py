@@ -3,7 +3,10 @@ bookie (its admin HTTP answers 503 with the reason meanwhile), and back."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +116,37 @@ def test_acknowledged_messages_survive_failed_appends_and_their_resends_with_ded
         assert not lost, f"{len(lost)} acknowledged messages not in the topic, first {lost[:5]}"
     finally:
         brokers.stop_all()
+
+
+_STUCK_WATCH = """
+import sys, threading, time
+from zk import MetadataStore
+store = MetadataStore.connect(sys.argv[1], sys.argv[2])
+kazoo = store._client
+path = sys.argv[2] + "/stuck-watch"
+kazoo.ensure_path(path)
+entered = threading.Event()
+
+def watch(data, _stat):
+    if data == b"block":  # as a watch whose read retries while ZooKeeper is away
+        entered.set()
+        time.sleep(3600)
+
+kazoo.DataWatch(path, watch)
+kazoo.set(path, b"block")
+assert entered.wait(10), "the watch did not run"
+print("exiting", flush=True)
+"""
+
+
+def test_a_process_exits_although_a_zookeeper_watch_callback_is_stuck(zk_server, zk_root: str) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", _STUCK_WATCH, zk_server.connect_string, zk_root],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    assert proc.returncode == 0 and "exiting" in proc.stdout, proc.stderr[-2000:]
+    assert time.monotonic() - t0 < 30
