@@ -197,6 +197,24 @@ def test_a_partly_acked_batch_is_redelivered_with_the_ack_set_of_what_is_left() 
     assert sub.ack_individual([((1, 0), -1, [0, 0])]).acked == [(1, 0)]
 
 
+def test_partly_acked_batches_are_reported_for_the_cursor_and_restored_from_it() -> None:
+    """What the cursor must store (``AckOutcome.batches``) and what a subscription opened on a stored cursor
+    starts from (``restore_batch_acks``): the first delivery already carries the ack set of what is left."""
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(2, batch=5)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    assert sub.ack_individual([((1, 0), -1, list(unacked_set(5, 0b11)))]).batches == [((1, 0), 0b11)]
+    assert sub.ack_individual([((1, 0), 4, None)]).batches == [((1, 0), 0b10011)]
+    assert sub.ack_cumulative((1, 1), 2).batches == [((1, 1), 0b111)]
+    assert sub.ack_individual([((1, 0), -1, [0])]).batches == []  # the whole entry: nothing partial
+    restored = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    restored.restore_batch_acks([((1, 0), 0b101)])
+    restored.add_consumer(1, "a")
+    first = [c for c in run(restored, log, restored.flow(1, 100)) if isinstance(c, Deliver)]
+    assert [(d.entry.position, d.ack_set) for d in first] == [((1, 0), unacked_set(5, 0b101)), ((1, 1), None)]
+
+
 def test_ack_sets_are_signed_64_bit_words() -> None:
     assert unacked_set(3, 0) == (0b111,)
     assert unacked_set(64, 0) == (-1,)
