@@ -220,6 +220,12 @@ class Session:
     async def _guard(self, coro: Coroutine[Any, Any, None], what: str) -> None:
         try:
             await coro
+        except zk.MetadataConnectionError as e:
+            # ZooKeeper unreachable (an outage, not a bug): one line; closing the connection makes the client
+            # reconnect and retry, as Pulsar's clients do on ServiceNotReady
+            log.warning("connection %s: %s: ZooKeeper unavailable (%s); closing it", self.peer, what, e)
+            self.conn.close(f"ZooKeeper unavailable in {what}")
+            self.flush()
         except Exception:
             log.exception("connection %s: %s failed", self.peer, what)
             self.conn.close(f"internal error in {what}")  # the client reconnects and retries

@@ -143,6 +143,10 @@ def test_produce_and_consume_give_up_when_the_brokers_zookeeper_is_down(tmp_path
                 assert r.returncode == cli.EXIT_UNAVAILABLE, (verb, r.stdout, r.stderr)
                 assert "no answer within 5s" in _one_line_error(r)
                 assert time.monotonic() - t0 < 30  # it hung for good before
+            # the broker says so in one line per request, without a traceback
+            log = broker.log_path.read_text(errors="replace") if broker.log_path else ""
+            assert "ZooKeeper unavailable" in log, broker.log_tail(40)
+            assert "Traceback" not in log, broker.log_tail(40)
         finally:
             if broker is not None:
                 broker.kill9()
