@@ -15,9 +15,12 @@ per row than the payload).
 Planning (driver): list the selected ledgers, read each one's metadata and, for a ledger not CLOSED, its last add
 confirmed from the bookies with a non-fencing open (``recovery=False``), so a live writer keeps writing. A
 CLOSED ledger is read to ``last_entry_id``, any other to that LAC. Each ledger is cut into entry ranges of
-``entriesPerPartition``; one Spark partition per range.
+``entriesPerPartition``; one Spark partition per range, except that small ranges (small ledgers) are packed
+together, in ledger order, into partitions of up to ``PACK_ENTRIES_MAX`` entries and ``PACK_RANGES_MAX`` ranges:
+a Spark task costs far more than reading a few entries, so a thousand small ledgers are a few tens of tasks, not
+a thousand.
 
-Reading (executors): each partition connects its own client (the async client on a private event loop in the
+Reading (executors): each range connects its own client (the async client on a private event loop in the
 reading thread, uvloop where installed), opens the ledger without fencing, reads its range with ``read_batches``
 (batched range reads from the bookies of its write sets, trying the next replica when one fails, following
 ensemble changes; payloads as lists, no object per entry), yields
@@ -104,6 +107,56 @@ class LedgerRange(InputPartition):  # type: ignore[misc]
     state: str
     ctime_ms: int
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LedgerRanges(InputPartition):  # type: ignore[misc]
+    """One partition of several short ranges (small ledgers), read one after the other."""
+
+    ranges: tuple[LedgerRange, ...]
+
+
+#: Small ranges are packed into partitions of at most this many entries and ranges (see the module docstring):
+#: small enough that a scan of a few medium ledgers keeps its parallelism, large enough that a task's own cost
+#: (tens of ms in Spark, a few ms per ledger opened) is spread over many entries.
+PACK_ENTRIES_MAX = 10_000
+PACK_RANGES_MAX = 64
+
+
+def pack_ranges(
+    ranges: list[LedgerRange],
+    entries_per_partition: int,
+    pack_entries: int = PACK_ENTRIES_MAX,
+    pack_ranges_max: int = PACK_RANGES_MAX,
+) -> list[LedgerRange | LedgerRanges]:
+    """Spark's partitions for planned ranges: a range of ``min(entries_per_partition, pack_entries)`` entries or
+    more is a partition by itself; shorter ones are packed, in the given order, into partitions of at most that
+    many entries and ``pack_ranges_max`` ranges (a pack of one stays a ``LedgerRange``). Pure."""
+    limit = min(entries_per_partition, pack_entries)
+    out: list[LedgerRange | LedgerRanges] = []
+    pack: list[LedgerRange] = []
+    size = 0
+
+    def close_pack() -> None:
+        nonlocal size
+        if len(pack) == 1:
+            out.append(pack[0])
+        elif pack:
+            out.append(LedgerRanges(tuple(pack)))
+        pack.clear()
+        size = 0
+
+    for r in ranges:
+        n = r.last_entry_id - r.first_entry_id + 1
+        if n >= limit:
+            out.append(r)
+            continue
+        if size + n > limit or len(pack) == pack_ranges_max:
+            close_pack()
+        pack.append(r)
+        size += n
+    close_pack()
+    return out
 
 
 def _client(opts: LedgerOptions) -> Any:
@@ -335,10 +388,14 @@ class LedgerReader(DataSourceReader):  # type: ignore[misc]
         self.opts = opts
         self.schema = schema
 
-    def partitions(self) -> list[LedgerRange]:
-        return plan_partitions(self.opts)
+    def partitions(self) -> list[LedgerRange | LedgerRanges]:
+        return pack_ranges(plan_partitions(self.opts), self.opts.entries_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, LedgerRanges):
+            return itertools.chain.from_iterable(
+                read_range(self.opts, r, self.schema) for r in partition.ranges
+            )
         if not isinstance(partition, LedgerRange):  # Spark hands us InputPartition(None) for an empty plan
             return iter(())
         return read_range(self.opts, partition, self.schema)

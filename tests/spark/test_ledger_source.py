@@ -275,8 +275,10 @@ def test_wrong_password_fails_at_plan_time_naming_the_option(
 def test_a_ledger_deleted_under_a_query_fails_or_is_skipped_by_fail_on_data_loss(
     bookies: Any, client: BookKeeper
 ) -> None:
-    """Planned, then deleted before its partition is read (the source's reader driven directly, as Spark would)."""
-    from spark.ledger_source import LEDGER_SCHEMA, LedgerDataLossError, LedgerDataSource
+    """Planned, then deleted before its partition is read (the source's reader driven directly, as Spark would).
+    The two small ledgers are packed into one partition: the lost one is skipped or fails the task, and the
+    other one in the same pack is read either way."""
+    from spark.ledger_source import LEDGER_SCHEMA, LedgerDataLossError, LedgerDataSource, LedgerRanges
 
     bookies.start_many(3)
     keep = client.create_ledger(3, 2, 2, password=PW)
@@ -288,12 +290,12 @@ def test_a_ledger_deleted_under_a_query_fails_or_is_skipped_by_fail_on_data_loss
     base = {"zk": bookies.zk, "zkRoot": bookies.root, "password": PW.decode(), "ledgers": "all"}
     strict = LedgerDataSource(dict(base)).reader(LEDGER_SCHEMA)
     lenient = LedgerDataSource({**base, "failOnDataLoss": "false"}).reader(LEDGER_SCHEMA)
-    parts = strict.partitions()
-    assert sorted(p.ledger_id for p in parts) == [keep.ledger_id, gone.ledger_id]
+    (pack,) = strict.partitions()
+    assert isinstance(pack, LedgerRanges)
+    assert [r.ledger_id for r in pack.ranges] == sorted([keep.ledger_id, gone.ledger_id])
     client.delete_ledger(gone.ledger_id)
-    for p in parts:
-        rows = sum(b.num_rows for b in lenient.read(p))
-        assert rows == (5 if p.ledger_id == keep.ledger_id else 0)
-    lost = next(p for p in parts if p.ledger_id == gone.ledger_id)
+    batches = list(lenient.read(pack))
+    assert sum(b.num_rows for b in batches) == 5
+    assert {lid for b in batches for lid in b.column("ledger_id").to_pylist()} == {keep.ledger_id}
     with pytest.raises(LedgerDataLossError, match=f"ledger {gone.ledger_id} was deleted"):
-        list(strict.read(lost))
+        list(strict.read(pack))

@@ -80,3 +80,28 @@ def test_replicas_per_bookie_matches_the_write_sets(e: int, qw: int) -> None:
             assert dict(got) == expected, (e, qw, last, starts)
             assert sum(got.values()) == qw * (last + 1)
     assert list(itertools.islice(iter(replicas_per_bookie([(0, ["a"])], 1, 3).items()), 1)) == [("a", 4)]
+
+
+def test_small_ranges_are_packed_in_order_and_large_ones_stand_alone() -> None:
+    from spark.ledger_source import LedgerRange, LedgerRanges, pack_ranges
+
+    def r(lid: int, first: int, last: int) -> LedgerRange:
+        return LedgerRange(lid, first, last, "CLOSED", 0)
+
+    big = [r(1, 0, 99), r(1, 100, 199)]
+    small = [r(lid, 0, 9) for lid in range(2, 10)]  # eight ledgers of 10 entries
+    tail = r(10, 0, 49)
+    parts = pack_ranges([*big, *small, tail], entries_per_partition=100, pack_entries=35, pack_ranges_max=3)
+    # at least the limit (min(100, 35) entries): alone
+    assert [p for p in parts if isinstance(p, LedgerRange)] == [*big, tail]
+    # the small ones in order, at most 3 ranges and 35 entries a pack
+    packs = [p for p in parts if isinstance(p, LedgerRanges)]
+    assert [[x.ledger_id for x in p.ranges] for p in packs] == [[2, 3, 4], [5, 6, 7], [8, 9]]
+    # every range planned is in exactly one partition
+    flat = [x for p in parts for x in (p.ranges if isinstance(p, LedgerRanges) else (p,))]
+    assert sorted(flat, key=lambda x: (x.ledger_id, x.first_entry_id)) == [*big, *small, tail]
+    # a pack of one stays a plain range; nothing planned, nothing to read
+    assert pack_ranges([r(3, 0, 0)], 100) == [r(3, 0, 0)]
+    assert pack_ranges([], 100) == []
+    # the entries limit: 4 ranges of 10 under a limit of 25 entries make packs of 2
+    assert [len(p.ranges) for p in pack_ranges(small[:4], 25) if isinstance(p, LedgerRanges)] == [2, 2]
