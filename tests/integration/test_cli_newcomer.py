@@ -12,7 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +85,24 @@ def test_a_password_ledger_read_without_one_and_a_wrong_root_say_what_to_check(
         assert f"{empty} under {wrong} at {bookies.zk}: is that the cluster" in r.stdout
 
 
+def _subscription_stats(b: BrokerProcess, topic: str, sub: str) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{b.http_port}/admin/v2/persistent/public/default/{topic}/stats"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            stats: dict[str, Any] = json.loads(r.read())
+    except OSError:
+        return {}
+    return dict(stats.get("subscriptions", {}).get(sub, {}))
+
+
+def _consumers(b: BrokerProcess, topic: str, sub: str) -> int:
+    return len(_subscription_stats(b, topic, sub).get("consumers", []))
+
+
+def _backlog(b: BrokerProcess, topic: str, sub: str) -> int:
+    return int(_subscription_stats(b, topic, sub).get("msgBacklog", 0))
+
+
 def test_topic_consume_into_a_closed_pipe_or_interrupted_ends_quietly(cluster: Brokers) -> None:
     b = cluster.start()
     url = ["--service-url", b.service_url]
@@ -108,7 +128,15 @@ def test_topic_consume_into_a_closed_pipe_or_interrupted_ends_quietly(cluster: B
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(5)  # subscribed, consumed the backlog and waiting
+    # subscribed, consumed the backlog and waiting (the broker shows its consumer); a fixed sleep sent the
+    # interrupt before the subscription when the machine was loaded
+    deadline = time.monotonic() + 60
+    while not _consumers(b, "piped", "other") or _backlog(b, "piped", "other"):
+        assert time.monotonic() < deadline and waiting.poll() is None, (
+            "consume never subscribed and caught up"
+        )
+        time.sleep(0.2)
+    time.sleep(0.5)
     waiting.send_signal(signal.SIGINT)
     try:
         rc = waiting.wait(15)

@@ -83,6 +83,8 @@ class StandaloneCluster:
                     return
             except OSError:
                 pass
+            except ValueError:  # an HTML page, not the JSON state: the master's UI not fully up yet
+                pass
             time.sleep(0.5)
         raise TimeoutError(
             f"no live worker registered with {self.url} in {timeout_s} s; see {self.tmp}/*.log"
