@@ -127,6 +127,9 @@ def test_topic_consume_into_a_closed_pipe_or_interrupted_ends_quietly(cluster: B
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a suite started in the background by a non-interactive shell ignores SIGINT, and
+        # a child keeps an ignored SIGINT ignored (Python does not install its handler then)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # subscribed, consumed the backlog and waiting (the broker shows its consumer); a fixed sleep sent the
     # interrupt before the subscription when the machine was loaded
