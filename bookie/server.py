@@ -51,6 +51,7 @@ from .auth import TokenError, TokenVerifier
 from .core import ENTRY_HEAD, AddRow, BookieCore
 from .metrics import CONTENT_TYPE_LATEST, RateMeter, ServerMetrics
 from .server_gate import LOG_REFUSALS_EVERY_S as _LOG_REFUSALS_EVERY_S
+from .server_gate import ConnectionGate
 
 log = logging.getLogger("ledgerstore.bookie.server")
 
@@ -599,19 +600,21 @@ class BookieServer:
         self._last_auth_log = 0.0
         self._auth_unlogged = 0
         self.connections: set[BookieConnection] = set()
-        self.per_peer: dict[str, int] = {}
+        self.gate = ConnectionGate(
+            f"bookie={core.bookie_id}",
+            self.limits.connections_max,
+            self.limits.connections_per_peer_max,
+            flags=("--connections-max", "--connections-per-peer-max"),
+        )
         self.malformed = 0
         self.overloaded = 0
         self.backpressure_pauses = 0
         self.slow_closed = 0
         self.idle_closed = 0
-        self.refused_connections = 0
         self.write_stalls = 0
         self.budget_pauses = 0
         self.held_bytes = 0  # bytes held for peers (the in-flight byte budget's use)
         self.budget_waiting: set[BookieConnection] = set()
-        self._last_refusal_log = 0.0
-        self._refusals_unlogged = 0
         self.adds_received = 0
         self.add_rate = RateMeter(time.monotonic, lambda: self.adds_received)
         self.metrics = ServerMetrics()
@@ -624,37 +627,17 @@ class BookieServer:
         )
         self._server: asyncio.AbstractServer | None = None
 
+    @property
+    def refused_connections(self) -> int:
+        """Connections closed on arrival: ``connections_max`` or ``connections_per_peer_max`` reached."""
+        return self.gate.refused
+
     def admit(self, conn: BookieConnection) -> str:
         """Take a new connection in, or say why not (the caller closes it)."""
-        limits = self.limits
-        host = conn.peer_host
-        why = ""
-        if len(self.connections) >= limits.connections_max:
-            why = f"{len(self.connections)} connections open (--connections-max {limits.connections_max})"
-        elif self.per_peer.get(host, 0) >= limits.connections_per_peer_max:
-            why = (
-                f"{self.per_peer[host]} connections from {host} "
-                f"(--connections-per-peer-max {limits.connections_per_peer_max})"
-            )
-        if why:
-            self.refused_connections += 1
-            now = time.monotonic()
-            if now - self._last_refusal_log >= _LOG_REFUSALS_EVERY_S:
-                log.warning(
-                    "bookie=%s refusing connection from %s: %s (%d more refused since the last such line)",
-                    self.core.bookie_id,
-                    conn.peer,
-                    why,
-                    self._refusals_unlogged,
-                )
-                self._last_refusal_log = now
-                self._refusals_unlogged = 0
-            else:
-                self._refusals_unlogged += 1
-            return why
-        self.connections.add(conn)
-        self.per_peer[host] = self.per_peer.get(host, 0) + 1
-        return ""
+        why = self.gate.refusal(conn.peer_host)
+        if not why:
+            self.connections.add(conn)
+        return why
 
     def note_auth_refusal(self, peer: str, why: str) -> None:
         """Count a refusal and log it, at most one line per ``_LOG_REFUSALS_EVERY_S`` (a stranger retrying in
@@ -677,11 +660,7 @@ class BookieServer:
     def release(self, conn: BookieConnection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
-            left = self.per_peer.get(conn.peer_host, 1) - 1
-            if left > 0:
-                self.per_peer[conn.peer_host] = left
-            else:
-                self.per_peer.pop(conn.peer_host, None)
+            self.gate.release(conn.peer_host)
         self.budget_waiting.discard(conn)
 
     def wake_budget_waiters(self) -> None:

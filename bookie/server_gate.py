@@ -20,12 +20,16 @@ LOG_REFUSALS_EVERY_S = (
 
 class ConnectionGate:
     """Counts a listener's connections, in all and per peer host, and refuses one more beyond either cap with a
-    log line (at most one per ``LOG_REFUSALS_EVERY_S``) headed by ``name``; ``refused`` counts refusals."""
+    log line (at most one per ``LOG_REFUSALS_EVERY_S``) headed by ``name``; ``refused`` counts refusals.
+    ``flags``: the command-line options that set the two caps, named in the reasons instead of "at most"."""
 
-    def __init__(self, name: str, connections_max: int, per_peer_max: int) -> None:
+    def __init__(
+        self, name: str, connections_max: int, per_peer_max: int, flags: tuple[str, str] | None = None
+    ) -> None:
         self.name = name
         self.connections_max = connections_max
         self.per_peer_max = per_peer_max
+        self.flags = flags
         self.open = 0
         self.per_peer: dict[str, int] = {}
         self.refused = 0
@@ -33,15 +37,25 @@ class ConnectionGate:
         self._unlogged = 0
 
     def admit(self, host: str) -> bool:
+        return not self.refusal(host)
+
+    def refusal(self, host: str) -> str:
+        """Take a connection from ``host`` in (""), or count, log and return why not (the caller closes it)."""
         why = ""
         if self.open >= self.connections_max:
-            why = f"{self.open} connections open (at most {self.connections_max})"
+            cap = f"{self.flags[0]} " if self.flags else "at most "
+            why = f"{self.open} connections open ({cap}{self.connections_max})"
         elif self.per_peer.get(host, 0) >= self.per_peer_max:
-            why = f"{self.per_peer[host]} connections from {host} (at most {self.per_peer_max} from one address)"
+            cap = (
+                f"{self.flags[1]} {self.per_peer_max}"
+                if self.flags
+                else f"at most {self.per_peer_max} from one address"
+            )
+            why = f"{self.per_peer[host]} connections from {host} ({cap})"
         if not why:
             self.open += 1
             self.per_peer[host] = self.per_peer.get(host, 0) + 1
-            return True
+            return ""
         self.refused += 1
         now = time.monotonic()
         if now - self._last_log >= LOG_REFUSALS_EVERY_S:
@@ -56,7 +70,7 @@ class ConnectionGate:
             self._unlogged = 0
         else:
             self._unlogged += 1
-        return False
+        return why
 
     def release(self, host: str) -> None:
         self.open -= 1
