@@ -384,8 +384,10 @@ async def _wait_repaired(
     marks = UnderReplicationManager(store)
     bk = await BookKeeper.connect(c.zk, config=ClientConfig(zk_root=c.root))
     t_mark: float | None = None
+    t_poll = t_kill  # when the last poll began: a mark found by this poll was made after it
     try:
         while time.perf_counter() - t_kill < timeout_s:
+            started = time.perf_counter()
             n_marks = len(await asyncio.to_thread(marks.list))
             naming = 0
             for lid in ledger_ids:
@@ -393,8 +395,11 @@ async def _wait_repaired(
                 naming += any(victim in ens.bookies for ens in md.ensembles)
             now = time.perf_counter()
             if t_mark is None and (n_marks or naming < len(ledger_ids)):
-                t_mark = now
-                progress.say(f"first mark after {now - t_kill:.1f} s")
+                # A small copy can begin and end between two polls: then this poll sees it done already, and
+                # the mark came after the previous poll began (its time, not this one's, bounds the copy).
+                t_mark = now if n_marks or naming else t_poll
+                progress.say(f"first mark after {t_mark - t_kill:.1f} s")
+            t_poll = started
             if t_mark is not None:
                 if n_marks == 0 and naming == 0:
                     return t_mark, now

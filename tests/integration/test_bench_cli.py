@@ -101,7 +101,7 @@ def test_bench_rereplication_reports_the_rate_and_the_writers_latency(tmp_path: 
         text=True,
         timeout=240,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-1000:]  # with --json the error is on stdout
     assert (
         "kill -9" in out.stderr and "repaired" in out.stderr
     )  # progress on stderr, the JSON alone on stdout
