@@ -107,6 +107,11 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except zk.MetadataNotFoundError as e:
         return _error(404, str(e))
     except (zk.MetadataError, ManagedLedgerError) as e:
+        if isinstance(e, zk.MetadataConnectionError) or isinstance(e.__cause__, zk.MetadataConnectionError):
+            # ZooKeeper away: unavailable (retry later) with the reason, one line, as the bookie's admin HTTP
+            reason = str(e) if "ZooKeeper" in str(e) else f"ZooKeeper: {e}"
+            log.warning("admin %s %s: 503: %s", request.method, request.path, reason)
+            return _error(503, reason)
         log.warning("admin %s %s failed: %s", request.method, request.path, e)
         return _error(500, str(e))
     except Exception as e:

@@ -1,4 +1,4 @@
-"""Helpers of the abuse tier: a bookie process's RSS, its admin HTTP and metrics."""
+"""Helpers of the abuse tier: a bookie process's RSS, its (or a broker's) admin HTTP and metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ledgerstore.cluster import BookieProcess
+from ledgerstore.cluster import BookieProcess, BrokerProcess
 from tests.metrics_testing import parse
 
 
@@ -19,7 +19,9 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def http(bp: BookieProcess, method: str, path: str, timeout_s: float = 30.0) -> tuple[int, Any]:
+def http(
+    bp: BookieProcess | BrokerProcess, method: str, path: str, timeout_s: float = 30.0
+) -> tuple[int, Any]:
     req = urllib.request.Request(f"http://127.0.0.1:{bp.http_port}{path}", method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
