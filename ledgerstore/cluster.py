@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledgerstore.cli import CommandError, emit
+from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, emit
 
 
 def free_port() -> int:
@@ -449,6 +449,24 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     return 0
 
 
+def _zk_unreachable(st: dict[str, Any], state_dir: Path, timeout_s: float = 3.0) -> str | None:
+    """Why the cluster's ZooKeeper does not answer a session within ``timeout_s`` (and, for the one `cluster up`
+    started, how to start it again), or None if it answers: the processes beside it may be up and still unable
+    to do anything."""
+    from zk import MetadataConnectionError, MetadataError, MetadataStore, launcher
+
+    if not st.get("zk_external") and not launcher.status(state_dir).running:
+        port = st["zk"].rpartition(":")[2]
+        return f"not running (start it: `ledgerstore zk start --state-dir {state_dir} --port {port}`)"
+    try:
+        with MetadataStore.connect(st["zk"], "/", timeout_s=timeout_s, session_timeout_s=timeout_s):
+            return None
+    except MetadataConnectionError:
+        return f"no session within {timeout_s:g}s"
+    except MetadataError:
+        return None  # it answered (and refused something): reachable
+
+
 def _status(args: argparse.Namespace, state_dir: Path) -> int:
     st = _read_state(state_dir)
     if not st:
@@ -468,10 +486,12 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
         broker_rows.append({**b, "alive": _pid_alive(b["pid"]), "admin": health_ok(b["http_port"])})
     ar = st.get("autorecovery")
     ar_row = {**ar, "alive": _pid_alive(ar["pid"])} if ar else None
+    zk_problem = _zk_unreachable(st, state_dir)
     emit(
         args,
         lambda: (
-            f"ZooKeeper {st['zk']}\n"
+            f"ZooKeeper {st['zk']}"
+            + (f" UNREACHABLE: {zk_problem}\n" if zk_problem else "\n")
             + "\n".join(
                 f"  bookie {r['id']:<22} pid {r['pid']:<7} {'up' if r['alive'] else 'DOWN'}"
                 + (" read-only" if r["health"] and r["health"].get("readonly") else "")
@@ -490,8 +510,17 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
                 else ""
             )
         ),
-        {"zk": st["zk"], "bookies": rows, "brokers": broker_rows, "autorecovery": ar_row},
+        {
+            "zk": st["zk"],
+            "zk_reachable": zk_problem is None,
+            **({"zk_error": zk_problem} if zk_problem else {}),
+            "bookies": rows,
+            "brokers": broker_rows,
+            "autorecovery": ar_row,
+        },
     )
+    if zk_problem:
+        return EXIT_UNAVAILABLE
     return 0 if all(r["alive"] for r in [*rows, *broker_rows, *([ar_row] if ar_row else [])]) else 1
 
 
