@@ -63,6 +63,7 @@ from .names import InvalidTopicName, TopicName
 from .subscription import (
     ActiveConsumerChanged,
     Command,
+    ConsumerAssignError,
     ConsumerBusyError,
     Deliver,
     DispatchEntry,
@@ -312,6 +313,8 @@ class Consumer:
     name: str
     sub: SubscriptionRuntime
     sub_key: int = -1
+    #: the consumer's properties (SUBSCRIBE ``metadata``), shown in stats as Pulsar's ``metadata``
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 class SubscriptionRuntime:
@@ -339,7 +342,13 @@ class SubscriptionRuntime:
         return self.cursor is not None
 
     def add_consumer(
-        self, c: Consumer, sub_type: SubType, priority: int, ranges: list[tuple[int, int]]
+        self,
+        c: Consumer,
+        sub_type: SubType,
+        priority: int,
+        ranges: list[tuple[int, int]],
+        sticky: bool = False,
+        out_of_order: bool = False,
     ) -> None:
         key = next(self._next_key)
         cursor = self.cursor
@@ -347,7 +356,15 @@ class SubscriptionRuntime:
             cursor.moved = False  # moved in ZooKeeper while idle: start over from where it stands now
             self.core.reset(self.topic.ml.next_position(cursor.mark_delete))
             self.core.restore_batch_acks(cursor.cursor.batch_acked.items())
-        cmds = self.core.add_consumer(key, c.name, priority, sub_type=sub_type, hash_ranges=ranges)
+        cmds = self.core.add_consumer(
+            key,
+            c.name,
+            priority,
+            sub_type=sub_type,
+            hash_ranges=ranges,
+            sticky=sticky,
+            out_of_order=out_of_order,
+        )
         self.consumers[key] = c
         self._by_key[key] = c
         c.sub_key = key
@@ -576,7 +593,7 @@ class SubscriptionRuntime:
     def stats(self) -> dict[str, Any]:
         c = self.cursor
         return {
-            "type": self.core.sub_type.name,
+            "type": pb.CommandSubscribe.SubType.Name(self.core.sub_type),  # Pulsar's names: Key_Shared
             "durable": self.durable,
             "msgBacklog": c.backlog_messages() if c else 0,  # messages: a batch entry counts its messages
             "msgBacklogEntries": c.backlog() if c else 0,
@@ -593,6 +610,7 @@ class SubscriptionRuntime:
                     "consumerName": c.name,
                     "availablePermits": self.core.permits(k),
                     "unackedMessages": self.core.unacked_messages(k),
+                    "metadata": dict(c.metadata),
                 }
                 for k, c in self.consumers.items()
             ],
@@ -1520,17 +1538,27 @@ class BrokerService:
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, str(e)))
             return
         ranges: list[tuple[int, int]] = []
-        if cmd.HasField("keySharedMeta") and cmd.keySharedMeta.keySharedMode == pb.STICKY:
-            ranges = [(rg.start, rg.end) for rg in cmd.keySharedMeta.hashRanges]
-        c = Consumer(s, cmd.consumer_id, cmd.consumer_name, sub)
+        ksm = cmd.keySharedMeta if cmd.HasField("keySharedMeta") else None
+        sticky = ksm is not None and ksm.keySharedMode == pb.STICKY
+        if ksm is not None and sticky:
+            ranges = [(rg.start, rg.end) for rg in ksm.hashRanges]
+        c = Consumer(
+            s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}
+        )
         s.consumers[cmd.consumer_id] = c
         try:
             sub.add_consumer(
-                c, SubType(cmd.subType), cmd.priority_level if cmd.HasField("priority_level") else 0, ranges
+                c,
+                SubType(cmd.subType),
+                cmd.priority_level if cmd.HasField("priority_level") else 0,
+                ranges,
+                sticky=sticky,
+                out_of_order=ksm is not None and ksm.allowOutOfOrderDelivery,
             )
         except ConsumerBusyError as e:
             s.consumers.pop(cmd.consumer_id, None)
-            s.send(wire.error(cmd.request_id, pb.ConsumerBusy, str(e)))
+            code = pb.ConsumerAssignError if isinstance(e, ConsumerAssignError) else pb.ConsumerBusy
+            s.send(wire.error(cmd.request_id, code, str(e)))
             return
         s.send(wire.success(cmd.request_id))
 
@@ -1734,7 +1762,7 @@ class BrokerService:
                 consumerName=c.name,
                 availablePermits=c.sub.core.permits(key),
                 unackedMessages=c.sub.core.unacked_messages(key),
-                type=c.sub.core.sub_type.name,
+                type=pb.CommandSubscribe.SubType.Name(c.sub.core.sub_type),
                 msgBacklog=c.sub.cursor.backlog_messages() if c.sub.cursor else 0,
             )
         )

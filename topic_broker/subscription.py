@@ -30,6 +30,9 @@ Rules (Pulsar's, as the official client expects them):
   partition key, else the empty key) maps to one consumer through a hash ring (auto split) or the consumer's
   declared hash ranges (sticky); a key stays with the consumer that holds unacked messages of it, so a key is
   never on two consumers at once, and an entry never overtakes an earlier entry of its key waiting for replay.
+  A consumer of another Key_Shared mode (sticky / auto split) or out-of-order setting than the attached ones is
+  refused (ConsumerBusy); sticky ranges that are empty, outside [0, 65535] or overlap another consumer's are
+  refused with ConsumerAssignError, which the client does not retry.
 - Every dispatched entry is pending on its consumer until acked. A lost consumer's pending entries, and those
   named by a redelivery request, go to the replay set with their redelivery count raised by one.
 - Acks are subscription-wide (a reconnected client acks with a new consumer id). A batch entry is acked when
@@ -98,6 +101,10 @@ class SubType(enum.IntEnum):
 
 class ConsumerBusyError(Exception):
     """The subscription refuses this consumer (Pulsar's ConsumerBusy)."""
+
+
+class ConsumerAssignError(ConsumerBusyError):
+    """Key_Shared sticky hash ranges the subscription cannot give this consumer (Pulsar's ConsumerAssignError)."""
 
 
 def key_hash(key: bytes) -> int:
@@ -212,6 +219,9 @@ class _Consumer:
     pending: dict[Position, int] = field(default_factory=dict)
     #: declared Key_Shared sticky ranges (inclusive), empty for auto split
     hash_ranges: tuple[tuple[int, int], ...] = ()
+    #: Key_Shared mode sticky (else auto split) and allowOutOfOrderDelivery, as the consumer declared them
+    sticky: bool = False
+    out_of_order: bool = False
 
 
 @dataclass(slots=True)
@@ -298,7 +308,12 @@ class Subscription:
         *,
         sub_type: SubType | None = None,
         hash_ranges: Sequence[tuple[int, int]] = (),
+        sticky: bool | None = None,
+        out_of_order: bool = False,
     ) -> list[Command]:
+        """Attach a consumer; ``sticky`` (default: whether ``hash_ranges`` are given) and ``out_of_order`` are its
+        Key_Shared mode and allowOutOfOrderDelivery."""
+        sticky = bool(hash_ranges) if sticky is None else sticky
         if consumer_id in self._consumers:
             raise ConsumerBusyError(f"consumer id {consumer_id} already attached")
         if sub_type is not None and sub_type != self.sub_type:
@@ -309,15 +324,27 @@ class Subscription:
             self.sub_type = sub_type
         if self.sub_type == SubType.EXCLUSIVE and self._consumers:
             raise ConsumerBusyError("Exclusive consumer is already connected")
+        if self.sub_type == SubType.KEY_SHARED:
+            self._check_key_shared_mode(sticky, out_of_order, hash_ranges)
         for start, end in hash_ranges:
             if not 0 <= start <= end < HASH_RANGE_SIZE:
-                raise ConsumerBusyError(f"hash range [{start}, {end}] outside [0, {HASH_RANGE_SIZE})")
+                raise ConsumerAssignError(f"hash range [{start}, {end}] outside [0, {HASH_RANGE_SIZE})")
             for other in self._consumers.values():
                 for s2, e2 in other.hash_ranges:
                     if start <= e2 and s2 <= end:
-                        raise ConsumerBusyError(f"hash range [{start}, {end}] overlaps consumer {other.name}")
+                        raise ConsumerAssignError(
+                            f"hash range [{start}, {end}] overlaps consumer {other.name}"
+                        )
         self._seq += 1
-        c = _Consumer(consumer_id, name, priority, self._seq, hash_ranges=tuple(hash_ranges))
+        c = _Consumer(
+            consumer_id,
+            name,
+            priority,
+            self._seq,
+            hash_ranges=tuple(hash_ranges),
+            sticky=sticky,
+            out_of_order=out_of_order,
+        )
         self._consumers[consumer_id] = c
         self._rr.append(consumer_id)
         cmds: list[Command] = []
@@ -326,6 +353,28 @@ class Subscription:
         if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
             cmds += self._elect(announce_to=consumer_id)
         return cmds + self._dispatch()
+
+    def _check_key_shared_mode(
+        self, sticky: bool, out_of_order: bool, hash_ranges: Sequence[tuple[int, int]]
+    ) -> None:
+        """As Pulsar: every consumer of a Key_Shared subscription has the mode and out-of-order setting of those
+        attached (ConsumerBusy), and a sticky consumer declares ranges (ConsumerAssignError)."""
+        other = next(iter(self._consumers.values()), None)
+        if other is not None and other.sticky != sticky:
+            modes = ["STICKY" if m else "AUTO_SPLIT" for m in (other.sticky, sticky)]
+            raise ConsumerBusyError(
+                f"Subscription is of different type. Active subscription key_shared mode of '{modes[0]}' is "
+                f"different than the connecting consumer's key_shared mode '{modes[1]}'."
+            )
+        if other is not None and other.out_of_order != out_of_order:
+            raise ConsumerBusyError(
+                "Subscription is of different type. Active subscription "
+                + ("allows" if other.out_of_order else "does not allow")
+                + " out of order delivery while the connecting consumer "
+                + ("does not allow it." if other.out_of_order else "allows it.")
+            )
+        if sticky and not hash_ranges:
+            raise ConsumerAssignError("Ranges for KeyShared policy must not be empty.")
 
     def remove_consumer(self, consumer_id: int) -> list[Command]:
         c = self._consumers.pop(consumer_id, None)

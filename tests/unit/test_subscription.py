@@ -7,6 +7,7 @@ import pytest
 from topic_broker.subscription import (
     ActiveConsumerChanged,
     Command,
+    ConsumerAssignError,
     ConsumerBusyError,
     Deliver,
     DispatchEntry,
@@ -321,6 +322,27 @@ def test_key_shared_sticky_ranges() -> None:
     if h < 65535:
         sub.add_consumer(2, "b", hash_ranges=[(h + 1, 65535)])
     assert sub.consumer_for_key(b"k") == 1
+
+
+def test_key_shared_modes_do_not_mix_and_bad_sticky_ranges_are_assign_errors() -> None:
+    """As Pulsar: another Key_Shared mode or out-of-order setting than the attached consumers' is ConsumerBusy;
+    empty, out-of-range or overlapping sticky ranges are ConsumerAssignError (which the client does not retry)."""
+    auto = Subscription(SubType.KEY_SHARED)
+    auto.add_consumer(1, "a")
+    for refused in ({"hash_ranges": [(0, 10)]}, {"out_of_order": True}):
+        with pytest.raises(ConsumerBusyError) as e:
+            auto.add_consumer(2, "b", **refused)  # type: ignore[arg-type]
+        assert not isinstance(e.value, ConsumerAssignError)
+    auto.add_consumer(2, "b")
+    sticky = Subscription(SubType.KEY_SHARED)
+    sticky.add_consumer(1, "a", hash_ranges=[(0, 99)])
+    with pytest.raises(ConsumerBusyError, match="AUTO_SPLIT"):
+        sticky.add_consumer(2, "b")
+    for ranges in ([], [(50, 150)], [(100, 65536)], [(7, 3)]):
+        with pytest.raises(ConsumerAssignError):
+            sticky.add_consumer(2, "b", hash_ranges=ranges, sticky=True)
+    sticky.add_consumer(2, "b", hash_ranges=[(100, 65535)])
+    assert sticky.consumer_for_key(b"k") in (1, 2)
 
 
 def test_reset_drops_reads_in_flight_and_pending() -> None:
