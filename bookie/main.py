@@ -77,6 +77,7 @@ GC_STOP_TIMEOUT_S = 10.0  # a ledger deletion under way at shutdown gets this lo
 REGISTER_RETRY_S = 30.0  # how long registration retries while ZooKeeper is unreachable
 COMPANION_START_TIMEOUT_S = 30.0  # a companion not started by then is given up (the bookie serves on)
 COMPANION_STOP_TIMEOUT_S = 5.0  # each companion's stop at shutdown gets this long
+DISK_FULL_LOG_EVERY_S = 60.0  # a checkpoint that keeps finding the disk full says so at most this often
 
 
 class Companion(Protocol):
@@ -184,6 +185,7 @@ class Bookie:
         self.restart_when_space = False  # the failure came from a full disk: restart once there is room again
         self.restart_requested = False
         self.stop_requested = asyncio.Event()
+        self._disk_full_logged_at = -DISK_FULL_LOG_EVERY_S  # monotonic time of the last such checkpoint line
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -612,8 +614,23 @@ class Bookie:
             mark = self.journal.mark
             await asyncio.to_thread(self.storage.flush)
         except Exception as e:
-            self.fail(f"storage flush failed: {e!r}", disk_full=_no_space(e))
-            raise
+            if not _no_space(e):
+                self.fail(f"storage flush failed: {e!r}")
+                raise
+            # a full disk: the first time fails the bookie (one ERROR line, read-only until there is room, then
+            # it restarts itself); after that, one warning line a minute, not a traceback every checkpoint
+            if not self.failed:
+                self.fail(f"storage flush failed: {e!r}", disk_full=True)
+            elif time.monotonic() - self._disk_full_logged_at >= DISK_FULL_LOG_EVERY_S:
+                log.warning(
+                    "bookie=%s checkpoint skipped: the disk is still full (%s); read-only meanwhile",
+                    self.config.id,
+                    e,
+                )
+            else:
+                return
+            self._disk_full_logged_at = time.monotonic()
+            return
         await asyncio.to_thread(self.journal.checkpoint, mark)
 
     # ------------------------------------------------------------------------------------------ failing

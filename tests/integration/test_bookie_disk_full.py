@@ -11,12 +11,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from bookie import protocol as p
+from ledgerstore.cluster import BookieProcess
 from tests.integration.rawbookie import RawBookie, build
 
 
@@ -178,6 +179,27 @@ def _health_any(bp) -> dict:
         return {}
 
 
+def fill_until_a_flush_fails(
+    bp: BookieProcess, filler: Path, write8: Callable[[int], list[p.Status]]
+) -> tuple[int, str]:
+    """Write 8 entries (``write8(first)``), fill the disk, give a checkpoint 3 s to fail the bookie on its flush
+    (the journal may have room left); again until one does. Returns (entries written, ``/health``'s reason),
+    with the disk left full."""
+    failed = ""
+    written = 0
+    for _ in range(20):
+        assert write8(written) == [p.Status.OK] * 8
+        written += 8
+        _fill(filler, None)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not (failed := _health_any(bp).get("reason", "")):
+            time.sleep(0.1)
+        if failed:
+            break
+        filler.unlink()
+    return written, failed
+
+
 def test_a_storage_flush_on_a_full_disk_fails_the_bookie_until_space_returns_then_it_restarts_itself(
     bookies, small_fs: Path
 ) -> None:
@@ -209,18 +231,9 @@ def test_a_storage_flush_on_a_full_disk_fails_the_bookie_until_space_returns_the
         raw.close()
 
     filler = small_fs / "filler"
-    failed = ""
-    written = 0
-    for _ in range(20):  # until a checkpoint's flush finds the disk full (the journal may have room left)
-        assert asyncio.run(write(written, 8, 32 * 1024)) == [p.Status.OK] * 8
-        written += 8
-        _fill(filler, None)
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and not (failed := _health_any(bp).get("reason", "")):
-            time.sleep(0.1)
-        if failed:
-            break
-        filler.unlink()
+    written, failed = fill_until_a_flush_fails(
+        bp, filler, lambda first: asyncio.run(write(first, 8, 32 * 1024))
+    )
     assert "No space left on device" in failed, failed
     assert _health_any(bp)["readonly"]
     filler.unlink()

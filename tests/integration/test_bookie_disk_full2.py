@@ -1,0 +1,45 @@
+"""A bookie whose disk stays full: one line about it, not a traceback every checkpoint; reads are served and adds
+refused with READONLY meanwhile, and it comes back once there is room."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from bookie import protocol as p
+from tests.integration.rawbookie import RawBookie, build
+from tests.integration.test_bookie_disk_full import _health_any, _wait, fill_until_a_flush_fails, small_fs  # noqa: F401
+
+
+def test_a_disk_that_stays_full_is_one_log_line_and_the_bookie_serves_reads(bookies, small_fs: Path) -> None:  # noqa: F811
+    bp = bookies.start("--checkpoint-interval-s", "0.3", data_dir=small_fs / "bookie")
+
+    async def write(first: int, n: int) -> list[p.Status]:
+        raw = await RawBookie.open(bp.id)
+        out = [await raw.add(4, e, size=32 * 1024) for e in range(first, first + n)]
+        raw.close()
+        return out
+
+    async def read_back(n: int) -> None:
+        raw = await RawBookie.open(bp.id)
+        for e in range(n):
+            r = await raw.read(4, e)
+            assert r.status == p.Status.OK and r.entry == build(4, e, 32 * 1024), e
+        raw.close()
+
+    filler = small_fs / "filler"
+    written, failed = fill_until_a_flush_fails(bp, filler, lambda first: asyncio.run(write(first, 8)))
+    assert "No space left on device" in failed, failed
+    time.sleep(5)  # some 15 checkpoints on the full disk
+    assert asyncio.run(write(written, 2)) == [p.Status.READONLY] * 2
+    asyncio.run(read_back(written))
+    log = bp.log_tail(400)
+    assert "Traceback" not in log and "periodic task checkpoint failed" not in log, log[-3000:]
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "FAILED" in errors[0], log[-3000:]  # once, not once per checkpoint
+    assert sum("No space left on device" in line for line in log.splitlines()) <= 2, log[-3000:]
+    filler.unlink()
+    _wait(lambda: _health_any(bp).get("status") == "ok", 30.0)
+    asyncio.run(read_back(written))
+    assert asyncio.run(write(written, 2)) == [p.Status.OK] * 2
