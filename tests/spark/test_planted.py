@@ -1,0 +1,92 @@
+"""Checks that fail on bugs a reviewer planted in the Spark sources and the existing tests let through (see the
+planted-bug audit in ``docs/architecture.md`` §11): the ledger reader's byte cap per Arrow batch, the topic
+stream's AvailableNow target under a writer that keeps appending."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ledger_client.client import EntryBatch
+from spark.ledger_source import _Payloads
+from tests.spark.test_topic_source import PW, Broker
+
+
+async def _runs(runs: list[tuple[int, list[bytes]]]) -> AsyncIterator[EntryBatch]:
+    for first, payloads in runs:
+        yield EntryBatch(5, first, payloads)
+
+
+def _take_all(runs: list[tuple[int, list[bytes]]], max_rows: int, max_bytes: int) -> list[list[bytes]]:
+    async def go() -> list[list[bytes]]:
+        p = _Payloads(_runs(runs), runs[0][0] if runs else 0)
+        out = []
+        while batch := await p.take(max_rows, max_bytes):
+            out.append(batch)
+        return out
+
+    return asyncio.run(go())
+
+
+def test_a_batch_ends_with_the_entry_that_reaches_the_byte_cap_so_a_huge_entry_is_never_dropped() -> None:
+    """The byte cap closes a batch after the entry that reaches it: an entry larger than the cap is a batch of
+    its own (a batch of none would end the range's read there and lose the rest of it silently)."""
+    small = [bytes([i]) * 40 for i in range(6)]
+    # 40 + 40 + 40 reaches 100 at the third entry: batches of three, carried over between runs
+    got = _take_all([(10, small[:4]), (14, small[4:])], max_rows=100, max_bytes=100)
+    assert got == [small[:3], small[3:6]]
+    huge = [b"a" * 250, b"b" * 10, b"c" * 300, b"d" * 300]
+    got = _take_all([(0, huge)], max_rows=100, max_bytes=100)
+    assert got == [[huge[0]], [huge[1], huge[2]], [huge[3]]]
+    # the row cap still holds beside it, and every entry comes out once, in order
+    got = _take_all([(3, small), (9, huge)], max_rows=4, max_bytes=10**6)
+    assert [len(b) for b in got] == [4, 4, 2] and sum(got, []) == small + huge
+
+
+# --- the topic stream's AvailableNow target (driver side, live bookies and ZooKeeper, no Spark session) -----------
+
+
+def test_available_now_reads_to_the_positions_seen_when_it_started_while_the_writer_appends_on(
+    bookies: Any,
+) -> None:
+    """``Trigger.AvailableNow`` stops at the latest positions of when the query started: entries appended
+    meanwhile are the next run's (a query chasing a busy topic would never end)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from spark._topic_offsets import positions_from_json
+    from spark.topic_source import TOPIC_SCHEMA, TopicDataSource
+
+    bookies.start_many(3)
+    broker = Broker(bookies)
+    topic = "persistent://public/default/target"
+    options = {
+        "zk": bookies.zk,
+        "zkRoot": bookies.root,
+        "password": PW,
+        "topic": topic,
+        "startingOffsets": "earliest",
+        "subscriptionName": "spark-target",
+    }
+    src = TopicDataSource(options).streamReader(TOPIC_SCHEMA)
+    try:
+        before = broker.write(topic, 10, "a", batch_every=0)  # 7 entries a ledger: A closed, B open with 3
+        start = src.initialOffset()
+        src.prepareForTriggerAvailableNow()
+        after = broker.write(topic, 10, "b", batch_every=0)  # fills B, rolls over to C
+        b_ledger = before[-1].pos[0]
+        assert after[-1].pos[0] > b_ledger
+        # all at once, and in batches of 4 entries: never past the last entry written before the start
+        end = positions_from_json(src.latestOffset(start, ReadAllAvailable()))[topic]
+        assert (b_ledger, 2) <= end <= (b_ledger, 3), end  # B's LAC may lag its last add by one entry
+        pos, steps = start, 0
+        while True:
+            nxt = src.latestOffset(pos, ReadMaxRows(4))
+            if nxt == pos:
+                break
+            pos, steps = nxt, steps + 1
+            assert steps < 10
+        assert positions_from_json(pos)[topic] == end and steps == 3
+    finally:
+        src.stop()
+        broker.close()
