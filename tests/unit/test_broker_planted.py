@@ -1,0 +1,24 @@
+"""Broker logic that planted single-line bugs got past the other tests: each test here fails with such a bug.
+
+The audit that found them is described in docs/architecture.md §11 (the topic broker's planted-bug audit)."""
+
+from __future__ import annotations
+
+from topic_broker.cursor import Cursor
+from topic_broker.managed_ledger import Position
+
+P = Position
+
+
+def test_every_entry_of_an_ack_range_is_acked_its_last_one_and_a_lone_entry_included() -> None:
+    """The dispatcher leaves out of every read what ``is_acked`` says is acknowledged (a reconnected consumer or
+    a new owner reads from the mark-delete on): an entry at the end of an ack range, or acked alone, that it
+    missed would be delivered again."""
+    c = Cursor(P(1, -1))
+    for e in (2, 3, 4, 7):
+        c.ack_individual(P(1, e))
+    assert c.individually_deleted == [(P(1, 2), P(1, 4)), (P(1, 7), P(1, 7))]
+    restored = Cursor.from_info(c.to_info())
+    for cursor in (c, restored):
+        assert [e for e in range(10) if cursor.is_acked(P(1, e))] == [2, 3, 4, 7]
+    assert not c.ack_individual(P(1, 4)) and not c.ack_individual(P(1, 7)), "acked already"
