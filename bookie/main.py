@@ -715,6 +715,15 @@ class Bookie:
                 log.exception("bookie=%s periodic task %s failed", self.config.id, fn.__name__)
 
     # ------------------------------------------------------------------------------------------ stop
+    async def abandon_start(self) -> None:
+        """Release what a start that failed before serving opened (storage, the ZooKeeper session), quietly:
+        nothing was registered or served, and the journal is left as it is, to be replayed next time."""
+        if self.storage is not None:
+            with contextlib.suppress(Exception):
+                self.storage.close()
+        if self.store is not None:
+            await _bounded(self.store.close, ZK_STOP_TIMEOUT_S, "closing the ZooKeeper session")
+
     async def stop(self) -> None:
         cfg = self.config
         log.info("bookie=%s shutting down", cfg.id)
@@ -747,6 +756,31 @@ class Bookie:
         if self.store is not None:
             await _bounded(self.store.close, ZK_STOP_TIMEOUT_S, "closing the ZooKeeper session")
         log.info("bookie=%s stopped", cfg.id)
+
+
+def _no_room_to_start(cfg: BookieConfig) -> str:
+    """Why a start that met a full disk (opening storage, replaying the journal into it) gives up: the
+    directories, their free space, and what the journal still holds (nothing acknowledged is lost)."""
+
+    def free(d: Path) -> str:
+        try:
+            du = shutil.disk_usage(d)
+        except OSError as e:
+            return f"{d} ({e.strerror})"
+        return f"{d} ({du.free / 2**20:.1f} MiB free of {du.total / 2**20:.1f} MiB)"
+
+    try:
+        journal_mib = sum(f.stat().st_size for f in cfg.journal_dir.iterdir() if f.is_file()) / 2**20
+    except OSError:
+        journal_mib = 0.0
+    dirs = free(cfg.ledger_dir)
+    if cfg.journal_dir_override is not None:
+        dirs += f" and journal {free(cfg.journal_dir)}"
+    return (
+        f"no space left on device to open its storage and replay its journal ({journal_mib:.1f} MiB) in "
+        f"{dirs}: free space there (or move the data directory to a larger disk) and start it again; the "
+        "journal still holds every acknowledged entry"
+    )
 
 
 async def _bounded(fn: Callable[[], object], timeout_s: float, what: str) -> None:
@@ -973,6 +1007,12 @@ async def run_until_signalled(
         log.error("bookie=%s refusing to start: cookie mismatch: %s", config.id, e)
         await bookie.stop()
         return EXIT_COOKIE_MISMATCH
+    except Exception as e:
+        if not _no_space(e):
+            raise
+        log.error("bookie=%s refusing to start: %s", config.id, _no_room_to_start(config))
+        await bookie.abandon_start()
+        return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, bookie.stop_requested.set)

@@ -1,5 +1,6 @@
 """A bookie whose disk stays full: one line about it, not a traceback every checkpoint; reads are served and adds
-refused with READONLY meanwhile, and it comes back once there is room."""
+refused with READONLY meanwhile, and it comes back once there is room. Restarted on a full disk, it refuses to
+start in one line that names the directory and its free space."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from pathlib import Path
 
 from bookie import protocol as p
 from tests.integration.rawbookie import RawBookie, build
-from tests.integration.test_bookie_disk_full import _health_any, _wait, fill_until_a_flush_fails, small_fs  # noqa: F401
+from tests.integration.test_bookie_disk_full import (
+    _fill,
+    _health_any,
+    _wait,
+    fill_until_a_flush_fails,
+    small_fs,  # noqa: F401 (a fixture)
+)
 
 
 def test_a_disk_that_stays_full_is_one_log_line_and_the_bookie_serves_reads(bookies, small_fs: Path) -> None:  # noqa: F811
@@ -43,3 +50,44 @@ def test_a_disk_that_stays_full_is_one_log_line_and_the_bookie_serves_reads(book
     _wait(lambda: _health_any(bp).get("status") == "ok", 30.0)
     asyncio.run(read_back(written))
     assert asyncio.run(write(written, 2)) == [p.Status.OK] * 2
+
+
+def test_a_restart_on_a_full_disk_refuses_in_one_line_and_the_next_one_replays_everything(
+    bookies,
+    small_fs: Path,  # noqa: F811
+) -> None:
+    """Killed with acknowledged entries only in its journal, restarted on a disk with no room left: the bookie
+    cannot open its storage nor replay the journal into it, and says so (the directory, its free space) instead
+    of a bare RocksDB error; with room again, it starts and every entry reads back."""
+    bp = bookies.start("--checkpoint-interval-s", "3600", data_dir=small_fs / "bookie")
+
+    async def write(n: int) -> list[p.Status]:
+        raw = await RawBookie.open(bp.id)
+        out = [await raw.add(5, e, size=32 * 1024) for e in range(n)]
+        raw.close()
+        return out
+
+    assert asyncio.run(write(200)) == [p.Status.OK] * 200
+    bp.kill9()
+    filler = small_fs / "filler"
+    _fill(filler, None)
+    bp.start(wait=False)
+    assert bp.wait_exit(60) == 1
+    log = bp.log_tail(400)
+    assert "Traceback" not in log, log[-3000:]
+    refusal = [line for line in log.splitlines() if "refusing to start" in line]
+    assert len(refusal) == 1, log[-3000:]
+    assert "no space left on device to open its storage and replay its journal" in refusal[0]
+    assert f"in {small_fs / 'bookie' / 'ledgers'} (0.0 MiB free of 48.0 MiB)" in refusal[0], refusal[0]
+    assert "ledgerstore: IO error" not in log, log[-3000:]
+    filler.unlink()
+    bp.start()
+
+    async def read_back() -> None:
+        raw = await RawBookie.open(bp.id)
+        for e in range(200):
+            r = await raw.read(5, e)
+            assert r.status == p.Status.OK and r.entry == build(5, e, 32 * 1024), e
+        raw.close()
+
+    asyncio.run(read_back())
