@@ -11,11 +11,24 @@ from typing import Any
 import pytest
 
 from tests.broker_testing import Brokers
-from tests.integration.test_broker_pulsar_client import _meta, _wait, client, drain, topic_name
+from tests.integration.test_broker_pulsar_client import (
+    _connect,
+    _meta,
+    _owner,
+    _raw,
+    _wait,
+    client,
+    drain,
+    topic_name,
+)
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
 from topic_broker.names import TopicName
 from zk.managed_ledgers import BrokerMetadataStore
 
 pulsar = pytest.importorskip("pulsar")
+
+T = pb.BaseCommand
 
 
 def _unload(broker: Any, t: str) -> None:
@@ -86,5 +99,54 @@ def test_dedup_remembers_a_producer_whose_last_message_is_in_an_older_ledger(clu
         assert got == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2", b"a3"]
         with pytest.raises(pulsar.Timeout):
             consumer.receive(timeout_millis=500)
+    finally:
+        c.close()
+
+
+def test_a_broker_that_does_not_own_a_topic_refuses_its_producers_and_consumers(cluster: Brokers) -> None:
+    """A client that reaches a broker other than the owner (a stale lookup, or no lookup) is refused with
+    ServiceNotReady: that broker must not open the topic, which would fence the owner's ledger and serve a
+    topic that ZooKeeper says another broker owns."""
+    a, b = cluster.start(), cluster.start()
+    c = client(a)
+    try:
+        t = topic_name()
+        p = c.create_producer(t, batching_enabled=False)
+        p.send(b"x")
+        owner = _owner(cluster, t)
+        other = b if owner == a.service_url else a
+        full = f"persistent://public/default/{t}"
+        s = _raw(other)
+        try:
+            _connect(s)
+            s.sendall(
+                wire.encode_command(
+                    T(
+                        type=T.PRODUCER,
+                        producer=pb.CommandProducer(topic=full, producer_id=1, request_id=1),
+                    )
+                )
+                + wire.encode_command(
+                    T(
+                        type=T.SUBSCRIBE,
+                        subscribe=pb.CommandSubscribe(
+                            topic=full, subscription="s", subType=0, consumer_id=2, request_id=2
+                        ),
+                    )
+                )
+            )
+            dec = wire.FrameDecoder()
+            frames: list[Any] = []
+            while len(frames) < 2:
+                frames += dec.feed(s.recv(65536))
+        finally:
+            s.close()
+        assert [(f.command.type, f.command.error.error) for f in frames] == [
+            (T.ERROR, pb.ServiceNotReady)
+        ] * 2
+        p.send(b"y")  # the owner was not fenced
+        assert _owner(cluster, t) == owner
+        reader = c.create_reader(t, pulsar.MessageId.earliest)
+        assert [reader.read_next(10_000).data() for _ in range(2)] == [b"x", b"y"]
     finally:
         c.close()
