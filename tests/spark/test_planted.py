@@ -8,6 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
+from ledger_client import ClientConfig
 from ledger_client.client import EntryBatch
 from spark.ledger_source import _Payloads
 from tests.spark.test_topic_source import PW, Broker
@@ -90,3 +93,41 @@ def test_available_now_reads_to_the_positions_seen_when_it_started_while_the_wri
     finally:
         src.stop()
         broker.close()
+
+
+def test_entries_missing_from_a_ledger_that_still_exists_fail_the_range_even_with_fail_on_data_loss_false(
+    bookies: Any,
+) -> None:
+    """failOnDataLoss=false skips a ledger deleted under the query, never one that is still there: entries no
+    bookie serves fail the read instead of ending the range early (rows missing with no error)."""
+    from bookie.storage import RocksLedgerStorage, run_key
+    from ledger_client import NoSuchEntryError, NoSuchLedgerError
+    from ledger_client.sync import BookKeeper as SyncBookKeeper
+    from spark.ledger_source import LEDGER_SCHEMA, LedgerRange, read_range
+    from spark.options import parse_ledger_options
+
+    procs = bookies.start_many(2)
+    bk = SyncBookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+    try:
+        lh = bk.create_ledger(2, 2, 2, password=b"pw")
+        lh.append_many([b"x%d" % i for i in range(130)])
+        lh.close()
+    finally:
+        bk.close()
+    for bp in procs:  # both replicas lose the run of entries 64..127 (stored as one RocksDB value)
+        bp.stop()
+        s = RocksLedgerStorage(bp.data_dir / "ledgers")
+        try:
+            s._db.delete(run_key(lh.ledger_id, 64))
+            s.flush()
+        finally:
+            s.close()
+        bp.start()
+    opts = parse_ledger_options(
+        {"zk": bookies.zk, "zkRoot": bookies.root, "password": "pw", "failOnDataLoss": "false"}
+    )
+    rows = 0
+    with pytest.raises((NoSuchEntryError, NoSuchLedgerError)):
+        for batch in read_range(opts, LedgerRange(lh.ledger_id, 0, 129, "CLOSED", 0), LEDGER_SCHEMA):
+            rows += batch.num_rows
+    assert rows <= 64
