@@ -34,7 +34,8 @@ Rules (Pulsar's, as the official client expects them):
   refused (ConsumerBusy); sticky ranges that are empty, outside [0, 65535] or overlap another consumer's are
   refused with ConsumerAssignError, which the client does not retry.
 - Every dispatched entry is pending on its consumer until acked. A lost consumer's pending entries, and those
-  named by a redelivery request, go to the replay set with their redelivery count raised by one.
+  named by a redelivery request, go to the replay set with their redelivery count raised by one (on Shared and
+  Key_Shared; Pulsar counts no redeliveries on Exclusive and Failover, whose count stays 0).
 - Acks are subscription-wide (a reconnected client acks with a new consumer id). A batch entry is acked when
   every message of it is (batch indices, or an empty ack set), or by a cumulative ack at or past it. The
   messages of a batch acked so far (batch-index acks) are remembered while the subscription lives: a batch
@@ -611,7 +612,9 @@ class Subscription:
             c.unacked_messages -= n
             del self._owner[pos]
             self._unpin_key(pos)
-            if bump:
+            if bump and self.sub_type in (SubType.SHARED, SubType.KEY_SHARED):
+                # Pulsar counts redeliveries on Shared and Key_Shared only (an Exclusive or Failover dispatcher
+                # has no redelivery tracker): there the count stays 0, and a dead-letter policy never fires
                 self._redeliveries[pos] = self._redeliveries.get(pos, 0) + 1
             self._add_replay(pos)
 

@@ -76,6 +76,16 @@ def fails_within(seconds: float, error: type, attempt: Callable[[], Any]) -> Non
     assert time.monotonic() - started < seconds
 
 
+def nack_counts(consumer: Any, times: int) -> list[int]:
+    """The redelivery counts of ``times`` receives, each negatively acknowledged."""
+    out = []
+    for _ in range(times):
+        m = consumer.receive(timeout_millis=10_000)
+        out.append(m.redelivery_count())
+        consumer.negative_acknowledge(m)
+    return out
+
+
 def receive_all(consumer: Any, idle_ms: int = 1500) -> list[Any]:
     """Every message until none comes for ``idle_ms``."""
     out = []
@@ -208,6 +218,31 @@ def test_cumulative_ack_on_shared_is_refused_by_the_client_and_the_subscription_
     shared.close()  # the client sends the grouped acks before it closes
     again = c.subscribe(t, "sh", consumer_type=pulsar.ConsumerType.Shared)
     assert [m.data() for m in receive_all(again)] == [b"x2", b"x3", b"x4"]
+
+
+@pytest.mark.parametrize("kind", ["Exclusive", "Failover"])
+def test_exclusive_and_failover_count_no_redeliveries_so_a_dead_letter_policy_never_fires(
+    c: Any, kind: str
+) -> None:
+    """Pulsar's Exclusive and Failover dispatchers have no redelivery tracker: a message comes back with count 0
+    however often it is negatively acknowledged, and the client never sends it to the dead-letter topic."""
+    t = topic_name()
+    consumer = c.subscribe(
+        t,
+        "s",
+        consumer_type=getattr(pulsar.ConsumerType, kind),
+        negative_ack_redelivery_delay_ms=100,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1),
+    )
+    dead = c.subscribe(f"{t}-s-DLQ", "d", initial_position=pulsar.InitialPosition.Earliest)
+    c.create_producer(t).send(b"poison")
+    assert nack_counts(consumer, 3) == [0, 0, 0]
+    with pytest.raises(pulsar.Timeout):
+        dead.receive(timeout_millis=1000)
+    consumer.close()  # the one unacknowledged message comes back to the next consumer, still with count 0
+    again = c.subscribe(t, "s", consumer_type=getattr(pulsar.ConsumerType, kind))
+    m = again.receive(timeout_millis=10_000)
+    assert (m.data(), m.redelivery_count()) == (b"poison", 0)
 
 
 def test_key_based_batches_on_key_shared_keep_each_key_on_one_consumer_in_order(c: Any) -> None:

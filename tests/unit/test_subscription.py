@@ -121,18 +121,21 @@ def test_consumer_loss_redelivers_to_others_with_count() -> None:
     assert out == [(2, (1, i), 1) for i in range(4)]
 
 
-def test_redeliver_named_positions_bumps_count_each_time() -> None:
-    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+@pytest.mark.parametrize("sub_type", list(SubType))
+def test_redeliver_named_positions_bumps_count_each_time_on_shared_and_key_shared(sub_type: SubType) -> None:
+    """As Pulsar, whose Exclusive and Failover dispatchers have no redelivery tracker: their count stays 0."""
+    sub = Subscription(sub_type, read_position=(1, 0))
     log = FakeLog(3)
     sub.add_consumer(1, "a")
     run(sub, log, sub.flow(1, 100))
+    counted = sub_type in (SubType.SHARED, SubType.KEY_SHARED)
     for expected in (1, 2, 3):
         out = delivered(run(sub, log, sub.redeliver(1, [(1, 1)])))
-        assert out == [(1, (1, 1), expected)]
+        assert out == [(1, (1, 1), expected if counted else 0)]
 
 
 def test_redeliver_all_resends_in_order_before_new_entries() -> None:
-    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
     log = FakeLog(3)
     sub.add_consumer(1, "a")
     run(sub, log, sub.flow(1, 100))
@@ -249,7 +252,7 @@ def test_failover_picks_by_priority_then_name_and_announces() -> None:
     cmds = sub.remove_consumer(2)
     assert ActiveConsumerChanged(1, True) in cmds
     out = delivered(run(sub, log, cmds))
-    assert out == [(1, (1, i), 1) for i in range(4)]
+    assert out == [(1, (1, i), 0) for i in range(4)]  # Pulsar counts no redeliveries on Failover
 
 
 def test_failover_partition_index_selects_consumer() -> None:
