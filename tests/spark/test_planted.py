@@ -55,7 +55,7 @@ def test_available_now_reads_to_the_positions_seen_when_it_started_while_the_wri
 ) -> None:
     """``Trigger.AvailableNow`` stops at the latest positions of when the query started: entries appended
     meanwhile are the next run's (a query chasing a busy topic would never end)."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
 
     from spark._topic_offsets import positions_from_json
     from spark.topic_source import TOPIC_SCHEMA, TopicDataSource
@@ -70,6 +70,7 @@ def test_available_now_reads_to_the_positions_seen_when_it_started_while_the_wri
         "topic": topic,
         "startingOffsets": "earliest",
         "subscriptionName": "spark-target",
+        "maxEntriesPerTrigger": 4,
     }
     src = TopicDataSource(options).streamReader(TOPIC_SCHEMA)
     try:
@@ -79,12 +80,12 @@ def test_available_now_reads_to_the_positions_seen_when_it_started_while_the_wri
         after = broker.write(topic, 10, "b", batch_every=0)  # fills B, rolls over to C
         b_ledger = before[-1].pos[0]
         assert after[-1].pos[0] > b_ledger
-        # all at once, and in batches of 4 entries: never past the last entry written before the start
+        # all at once, and in micro-batches of maxEntriesPerTrigger: never past the last entry written before the start
         end = positions_from_json(src.latestOffset(start, ReadAllAvailable()))[topic]
         assert (b_ledger, 2) <= end <= (b_ledger, 3), end  # B's LAC may lag its last add by one entry
         pos, steps = start, 0
         while True:
-            nxt = src.latestOffset(pos, ReadMaxRows(4))
+            nxt = src.latestOffset(pos, src.getDefaultReadLimit())
             if nxt == pos:
                 break
             pos, steps = nxt, steps + 1
