@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
+from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers
+from tests.integration.test_broker_admin import T as ADMIN_TOPICS
+from tests.integration.test_broker_admin import call, ok
 from tests.integration.test_broker_pulsar_client import (
     _connect,
     _meta,
@@ -148,5 +151,22 @@ def test_a_broker_that_does_not_own_a_topic_refuses_its_producers_and_consumers(
         assert _owner(cluster, t) == owner
         reader = c.create_reader(t, pulsar.MessageId.earliest)
         assert [reader.read_next(10_000).data() for _ in range(2)] == [b"x", b"y"]
+    finally:
+        c.close()
+
+
+def test_a_topic_with_only_consumers_attached_is_not_deleted_without_force(broker: BrokerProcess) -> None:
+    """DELETE of a topic is refused (412) while any client is attached, a consumer as much as a producer."""
+    c = client(broker)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        p = c.create_producer(t)
+        p.send(b"kept")
+        p.close()
+        status, body, _ = call(broker, "DELETE", f"{ADMIN_TOPICS}/{t}")
+        assert status == 412, (status, body)
+        assert consumer.receive(timeout_millis=10_000).data() == b"kept"
+        assert f"persistent://public/default/{t}" in ok(broker, "GET", ADMIN_TOPICS)
     finally:
         c.close()
