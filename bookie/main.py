@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from zk.errors import MetadataConnectionError
+from zk.errors import MetadataConnectionError, MetadataError, MetadataNotFoundError
 
 from . import auth, server_gate
 from . import server as srv
@@ -68,6 +68,7 @@ def _gauge(read: Callable[[], dict[str, int]], key: str) -> float:
 
 
 EXIT_COOKIE_MISMATCH = 3
+EXIT_NO_CLUSTER = 4  # no cluster under --zk-root (the CLI's "not found")
 EXIT_RESTART = (
     -1
 )  # run_until_signalled's answer when the bookie should run itself anew (never an exit status)
@@ -127,6 +128,7 @@ class BookieConfig:
     inflight_bytes_max_mb: int = srv.DEFAULT_INFLIGHT_BYTES_MAX // 2**20
     gc_deletions_max: int = DEFAULT_GC_DELETIONS_MAX
     journal_dir_override: Path | None = None  # put the journal on its own device (BookKeeper's advice)
+    init_cluster: bool = False  # create the cluster's instance id under zk_root if missing (a new cluster)
     write_buffer_mb: int = 64  # RocksDB memtable size (up to 8 of them): acked entries held before a flush
     storage_write_rate_mb: int = 0  # pace RocksDB flush/compaction writes (MiB/s; 0 = unpaced)
     storage_flush_threads: int = 1  # memtable flushes RocksDB runs at once
@@ -160,6 +162,10 @@ class BookieConfig:
 
 class CookieRefusal(RuntimeError):
     """The data directories do not belong to this bookie id / cluster (see the message)."""
+
+
+class NoClusterRefusal(RuntimeError):
+    """No cluster under the bookie's ZooKeeper root and no --init-cluster (see the message)."""
 
 
 class Bookie:
@@ -390,7 +396,10 @@ class Bookie:
         from zk import cookies
 
         cfg = self.config
-        self.instance_id = cookies.instance_id(self.store, create=True)
+        try:
+            self.instance_id = cookies.instance_id(self.store, create=cfg.init_cluster)
+        except MetadataNotFoundError:
+            raise NoClusterRefusal(self._no_cluster()) from None
         expected = cookies.Cookie(
             bookie_id=cfg.id,
             journal_dir=str(cfg.journal_dir.resolve()),
@@ -408,6 +417,24 @@ class Bookie:
             cookies.write_local_cookie(cfg.journal_dir, expected)
             cookies.write_local_cookie(cfg.ledger_dir, expected)
             log.info("bookie=%s new cookie written (instance %s)", cfg.id, self.instance_id)
+
+    def _no_cluster(self) -> str:
+        """Why a root without an instance id is refused, with the roots that do hold a cluster (a mistyped
+        --zk-root is the usual cause); the root znode the connection created is removed again if empty."""
+        from zk import MetadataStore, layout
+
+        cfg = self.config
+        with contextlib.suppress(MetadataError):
+            self.store.delete("", missing_ok=True)  # refused while anything is in it (another process's)
+        found: list[str] = []
+        with contextlib.suppress(MetadataError), MetadataStore.connect(cfg.zk, "/", timeout_s=5) as top:
+            found = [f"/{c}" for c in sorted(top.children("")) if top.exists(f"{c}/{layout.INSTANCEID}")]
+        there = f"clusters there: {', '.join(found)}" if found else "no cluster there at all"
+        return (
+            f"no cluster under --zk-root {cfg.zk_root} in ZooKeeper {cfg.zk} (no {cfg.zk_root}/"
+            f"{layout.INSTANCEID}; {there}): check --zk-root, or start the first bookie of a new cluster with "
+            "--init-cluster (`ledgerstore cluster up` does)"
+        )
 
     # ------------------------------------------------------------------------------------------ running
     def info(self) -> dict[str, Any]:
@@ -827,6 +854,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         journal_prealloc_mb=getattr(args, "journal_prealloc_mb", 2.0),
         journal_direct_io=not getattr(args, "no_journal_direct_io", False),
         fsync=not args.no_fsync,
+        init_cluster=getattr(args, "init_cluster", False),
         disk_usage_threshold=args.disk_usage_threshold,
         disk_usage_lwm=args.disk_usage_lwm,
         gc_interval_s=args.gc_interval_s,
@@ -1007,6 +1035,10 @@ async def run_until_signalled(
         log.error("bookie=%s refusing to start: cookie mismatch: %s", config.id, e)
         await bookie.stop()
         return EXIT_COOKIE_MISMATCH
+    except NoClusterRefusal as e:
+        log.error("bookie=%s refusing to start: %s", config.id, e)
+        await bookie.abandon_start()
+        return EXIT_NO_CLUSTER
     except Exception as e:
         if not _no_space(e):
             raise

@@ -435,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-port", type=int, default=8000, help="admin HTTP: /health, /metrics, /api/v1/..."
     )
     serve.add_argument("--bookie-id", default=None, help="defaults to <advertised host>:<port>")
+    serve.add_argument(
+        "--init-cluster",
+        action="store_true",
+        help="create the cluster's metadata (its instance id) under --zk-root if it is not there: a new "
+        "cluster (`cluster up` does); without it a bookie refuses to start on a root that holds no cluster, "
+        "as a mistyped --zk-root would",
+    )
     serve.add_argument("--advertised-address", default="127.0.0.1", help="the host clients connect to")
     serve.add_argument(
         "--listen-address", default=None, help="bind address (default: the advertised address)"

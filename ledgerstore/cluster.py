@@ -140,6 +140,9 @@ class BookieProcess(ServiceProcess):
     #: run AutoRecovery inside the bookie (``bookie serve``'s default). Off here unless asked: tests and
     #: benchmarks decide themselves what re-replicates; ``cluster up`` asks for it.
     autorecovery: bool = False
+    #: ``--init-cluster``: create the cluster's metadata under ``zk_root`` if missing (``cluster up``, tests and
+    #: benchmarks start bookies on fresh roots). False: the bookie refuses a root that holds no cluster.
+    init_cluster: bool = True
 
     @property
     def id(self) -> str:
@@ -163,6 +166,7 @@ class BookieProcess(ServiceProcess):
             "--http-port",
             str(self.http_port),
             *([] if self.autorecovery else ["--no-autorecovery"]),
+            *(["--init-cluster"] if self.init_cluster else []),
             *self.extra_args,
         ]
         if self.bookie_id:

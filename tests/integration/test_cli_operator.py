@@ -1,5 +1,6 @@
 """The operator's bad day with the cluster commands, against real ZooKeeper and bookie processes: pieces of a
-`cluster up` cluster stopped under it get one clear line and the right exit status."""
+`cluster up` cluster stopped under it, or a bookie pointed at a mistyped --zk-root, get one clear line and the right
+exit status."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import sys
 from pathlib import Path
 
 from ledgerstore import cli
-from ledgerstore.cluster import free_port
+from ledgerstore.cluster import BookieProcess, free_port
+from tests.conftest import BookieFactory
 from tests.integration.test_cluster_cli import _ports
-from zk import launcher
+from zk import MetadataStore, cookies, launcher
 
 
 def _ls(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -53,3 +55,37 @@ def test_cluster_status_says_once_that_zookeeper_is_unreachable_and_exits_unavai
     finally:
         d = _ls("cluster", "down", "--state-dir", str(state))
         assert d.returncode == 0, d.stdout + d.stderr
+
+
+def test_a_bookie_refuses_a_zk_root_that_holds_no_cluster_unless_told_to_create_one(
+    bookies: BookieFactory, zk_store: MetadataStore, tmp_path: Path
+) -> None:
+    bookies.start()  # a cluster under bookies.root (BookieProcess gives --init-cluster, as cluster up)
+    typo = bookies.root + "-typo"
+    bp = BookieProcess(
+        zk=bookies.zk,
+        zk_root=typo,
+        data_dir=tmp_path / "lonely",
+        port=free_port(),
+        http_port=free_port(),
+        init_cluster=False,
+    )
+    bp.start(wait=False)
+    assert bp.wait_exit(60) == cli.EXIT_NOT_FOUND
+    log = bp.log_tail(100)
+    assert "Traceback" not in log, log
+    refusal = [line for line in log.splitlines() if "refusing to start" in line]
+    assert len(refusal) == 1, log
+    assert f"no cluster under --zk-root {typo} in ZooKeeper {bookies.zk}" in refusal[0], refusal[0]
+    assert bookies.root in refusal[0] and "--init-cluster" in refusal[0], refusal[0]
+    with MetadataStore.connect(bookies.zk, "/") as top:  # nothing left behind under the mistyped root
+        assert not top.exists(typo.lstrip("/")), top.children(typo.lstrip("/"))
+    bp.init_cluster = True  # told to: a new cluster there, with its own instance id
+    bp.start()
+    try:
+        with MetadataStore.connect(bookies.zk, typo) as other:
+            assert cookies.instance_id(other, create=False) != cookies.instance_id(zk_store, create=False)
+    finally:
+        bp.stop()
+        with MetadataStore.connect(bookies.zk, "/") as top:
+            top.delete(typo.lstrip("/"), recursive=True, missing_ok=True)
