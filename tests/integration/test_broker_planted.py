@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ledger_client import BookKeeper, ClientConfig
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers
 from tests.integration.test_broker_admin import T as ADMIN_TOPICS
@@ -24,8 +25,11 @@ from tests.integration.test_broker_pulsar_client import (
     drain,
     topic_name,
 )
+from tests.integration.test_managed_ledger import ML, SMALL, payload, run
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
+from topic_broker.cursor import InitialPosition, ManagedCursor
+from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFencedError
 from topic_broker.names import TopicName
 from zk.managed_ledgers import BrokerMetadataStore
 
@@ -170,3 +174,38 @@ def test_a_topic_with_only_consumers_attached_is_not_deleted_without_force(broke
         assert f"persistent://public/default/{t}" in ok(broker, "GET", ADMIN_TOPICS)
     finally:
         c.close()
+
+
+def test_a_fenced_owner_writes_no_cursor_and_the_new_owner_keeps_serving(bookies: Any) -> None:
+    """Once fenced, the old owner's cursor flush (a delayed one still pending, say) raises and writes nothing:
+    had it written the znode the new owner had just read, the new owner's next flush would conflict and fence
+    the new owner too."""
+
+    async def body(bk: BookKeeper, store: BrokerMetadataStore) -> None:
+        cfg = ManagedLedgerConfig(**SMALL)
+        old = await ManagedLedger.open(bk, store, ML, cfg)
+        positions = [await old.append(payload(i)) for i in range(4)]
+        old_cursor = await ManagedCursor.open(old, "sub", InitialPosition.EARLIEST, flush_interval_s=60)
+        bk2 = await BookKeeper.connect(
+            bk.store.connect_string, config=ClientConfig(zk_root=bk.config.zk_root)
+        )
+        try:
+            new = await ManagedLedger.open(bk2, BrokerMetadataStore(bk2.store), ML, cfg)
+            new_cursor = await ManagedCursor.open(new, "sub")
+            with pytest.raises(ManagedLedgerFencedError):
+                await old.append(payload(99))
+            assert old.fenced
+            old_cursor.ack_individual(positions[1])
+            with pytest.raises(ManagedLedgerFencedError):
+                await old_cursor.flush()
+            new_cursor.ack_cumulative(positions[3])
+            await new_cursor.flush()
+            assert not new.fenced
+            stored = await store.get_cursor(ML, "sub")
+            assert stored is not None and tuple(stored.value.mark_delete) == tuple(positions[3])
+            await old.close()
+            await new.close()
+        finally:
+            await bk2.close()
+
+    run(bookies, body)
