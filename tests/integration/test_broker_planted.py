@@ -209,3 +209,21 @@ def test_a_fenced_owner_writes_no_cursor_and_the_new_owner_keeps_serving(bookies
             await bk2.close()
 
     run(bookies, body)
+
+
+def test_unsubscribe_is_refused_while_another_consumer_uses_the_subscription(broker: BrokerProcess) -> None:
+    """UNSUBSCRIBE by one of two Shared consumers is refused (ConsumerBusy): the subscription, its cursor and
+    its backlog stay for the other one."""
+    c = client(broker)
+    try:
+        t = topic_name()
+        first = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
+        second = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
+        with pytest.raises(pulsar.ConsumerBusy):
+            first.unsubscribe()
+        first.close()
+        c.create_producer(t).send(b"still subscribed")
+        assert second.receive(timeout_millis=10_000).data() == b"still subscribed"
+        assert "s" in ok(broker, "GET", f"{ADMIN_TOPICS}/{t}/subscriptions")
+    finally:
+        c.close()

@@ -4,8 +4,10 @@ The audit that found them is described in docs/architecture.md §11 (the topic b
 
 from __future__ import annotations
 
+from tests.unit.test_subscription import FakeLog, delivered, run
 from topic_broker.cursor import Cursor
 from topic_broker.managed_ledger import Position
+from topic_broker.subscription import ActiveConsumerChanged, Subscription, SubType
 
 P = Position
 
@@ -22,3 +24,19 @@ def test_every_entry_of_an_ack_range_is_acked_its_last_one_and_a_lone_entry_incl
     for cursor in (c, restored):
         assert [e for e in range(10) if cursor.is_acked(P(1, e))] == [2, 3, 4, 7]
     assert not c.ack_individual(P(1, 4)) and not c.ack_individual(P(1, 7)), "acked already"
+
+
+def test_a_failover_switch_hands_the_old_active_consumers_unacked_entries_to_the_new_one_in_order() -> None:
+    """A consumer that sorts first joins a Failover subscription: it becomes active and gets, first and in
+    order, what the previous active consumer (still attached) had not acknowledged, as Pulsar rewinds the
+    cursor on a switch."""
+    sub = Subscription(SubType.FAILOVER, read_position=(1, 0))
+    log = FakeLog(4)
+    sub.add_consumer(1, "b")
+    assert [p for _, p, _ in delivered(run(sub, log, sub.flow(1, 2)))] == [(1, 0), (1, 1)]
+    cmds = sub.add_consumer(2, "a")
+    assert ActiveConsumerChanged(2, True) in cmds and sub.active_consumer == 2
+    run(sub, log, cmds)
+    assert sub.pending(1) == []
+    out = delivered(run(sub, log, sub.flow(2, 10)))
+    assert out == [(2, (1, i), 0) for i in range(4)]
