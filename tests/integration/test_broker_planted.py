@@ -227,3 +227,55 @@ def test_unsubscribe_is_refused_while_another_consumer_uses_the_subscription(bro
         assert "s" in ok(broker, "GET", f"{ADMIN_TOPICS}/{t}/subscriptions")
     finally:
         c.close()
+
+
+def test_a_negative_ack_redelivers_that_message_only(broker: BrokerProcess) -> None:
+    """On Shared, the client names the messages to redeliver: the others it holds unacknowledged stay with it
+    and are not delivered a second time."""
+    c = client(broker)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(
+            t, "s", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=100
+        )
+        p = c.create_producer(t, batching_enabled=False)
+        for i in range(2):
+            p.send(f"{i}".encode())
+        first, second = drain(consumer, 2)
+        consumer.negative_acknowledge(first)
+        again = consumer.receive(10_000)
+        assert (again.data(), again.redelivery_count()) == (b"0", 1)
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=1_000)
+        consumer.acknowledge(again)
+        consumer.acknowledge(second)
+    finally:
+        c.close()
+
+
+def test_a_new_owner_after_a_crash_takes_dedup_state_from_the_tail_ledger(cluster: Brokers) -> None:
+    """The owner dies (kill -9) before it records its producers' last sequence ids: the next owner reads them
+    from the entries of the last ledger, which the crash left open (recovered on open), not an older one."""
+    broker = cluster.start("--max-entries-per-ledger", "3", "--min-rollover-time-s", "0")
+    c = client(broker)
+    t = topic_name()
+    try:
+        a = c.create_producer(t, producer_name="a", batching_enabled=False)
+        for i in range(5):  # 0, 1, 2 in the first ledger (recorded at the rollover), 3 and 4 in the next
+            a.send(f"a{i}".encode(), sequence_id=i)
+    finally:
+        c.close()
+    broker.kill9()
+    broker.start()
+    c = client(broker)
+    try:
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        a = c.create_producer(t, producer_name="a", batching_enabled=False)
+        assert a.last_sequence_id() == 4
+        a.send(b"a4", sequence_id=4)  # a resend of what is stored: dropped
+        a.send(b"a5", sequence_id=5)
+        assert [m.data() for m in drain(consumer, 6)] == [f"a{i}".encode() for i in range(6)]
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=500)
+    finally:
+        c.close()
