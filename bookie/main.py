@@ -164,8 +164,16 @@ class CookieRefusal(RuntimeError):
     """The data directories do not belong to this bookie id / cluster (see the message)."""
 
 
-class NoClusterRefusal(RuntimeError):
+class StartRefusal(RuntimeError):
+    """The bookie will not start, for the reason in the message (one line), with ``exit_status``."""
+
+    exit_status = 1
+
+
+class NoClusterRefusal(StartRefusal):
     """No cluster under the bookie's ZooKeeper root and no --init-cluster (see the message)."""
+
+    exit_status = EXIT_NO_CLUSTER
 
 
 class Bookie:
@@ -215,16 +223,27 @@ class Bookie:
             call = functools.partial(guarded, fn)
             return loop.call_soon(call) if delay_s <= 0 else loop.call_later(delay_s, call)
 
-        self.storage = RocksLedgerStorage(
-            cfg.ledger_dir,
-            write_buffer_mb=cfg.write_buffer_mb,
-            write_rate_mb=cfg.storage_write_rate_mb,
-            flush_threads=cfg.storage_flush_threads,
-            blob_files=cfg.storage_blob_files,
-            direct_io=cfg.storage_flush_io != "page-cache",
-            cache_mb=cfg.storage_cache_mb,
-            blob_gc=BlobGarbagePolicy(cfg.storage_blob_gc_ratio, cfg.storage_blob_gc_min_mb * 1024 * 1024),
-        )
+        try:
+            self.storage = RocksLedgerStorage(
+                cfg.ledger_dir,
+                write_buffer_mb=cfg.write_buffer_mb,
+                write_rate_mb=cfg.storage_write_rate_mb,
+                flush_threads=cfg.storage_flush_threads,
+                blob_files=cfg.storage_blob_files,
+                direct_io=cfg.storage_flush_io != "page-cache",
+                cache_mb=cfg.storage_cache_mb,
+                blob_gc=BlobGarbagePolicy(
+                    cfg.storage_blob_gc_ratio, cfg.storage_blob_gc_min_mb * 1024 * 1024
+                ),
+            )
+        except Exception as e:
+            if "lock file" not in str(e):
+                raise
+            raise StartRefusal(  # RocksDB's own LOCK: another process has these directories open
+                f"its data directory {cfg.data_dir} is in use by another process (RocksDB's lock on "
+                f"{cfg.ledger_dir / 'LOCK'} is held): is this bookie running already? Stop that one first, or "
+                "give this one its own --data-dir"
+            ) from None
         self.journal = Journal(
             cfg.journal_dir,
             max_wait_ms=cfg.journal_max_wait_ms,
@@ -411,6 +430,15 @@ class Bookie:
         try:
             verdict = cookies.verify_cookies(zk_cookie.value if zk_cookie else None, local, expected)
         except cookies.CookieMismatchError as e:
+            from zk import BookieRegistry
+
+            with contextlib.suppress(MetadataError):
+                if cfg.id in BookieRegistry(self.store).all():  # the usual cause then: a second bookie
+                    raise CookieRefusal(
+                        f"bookie {cfg.id} is running already (registered in ZooKeeper: another process has this "
+                        "id, or one stopped less than its ZooKeeper session ago), and the data directories are "
+                        "not its: a second bookie needs its own --port or --bookie-id"
+                    ) from None
             raise CookieRefusal(str(e)) from None
         if verdict == cookies.CookieVerdict.NEW:
             cookies.write_zk_cookie(self.store, expected)
@@ -1035,10 +1063,10 @@ async def run_until_signalled(
         log.error("bookie=%s refusing to start: cookie mismatch: %s", config.id, e)
         await bookie.stop()
         return EXIT_COOKIE_MISMATCH
-    except NoClusterRefusal as e:
+    except StartRefusal as e:
         log.error("bookie=%s refusing to start: %s", config.id, e)
         await bookie.abandon_start()
-        return EXIT_NO_CLUSTER
+        return e.exit_status
     except Exception as e:
         if not _no_space(e):
             raise

@@ -238,6 +238,9 @@ def verify_cookies(zk: Cookie | None, locals: Sequence[Cookie | None], expected:
     if zk is None:
         if not present:
             return CookieVerdict.NEW
+        for d, c in present:  # another bookie's directories in this cluster (a second bookie on them)
+            if c.instance_id == expected.instance_id and c.bookie_id != bid:
+                _compare(c, expected, f"the cookie in {d}")
         raise CookieMismatchError(
             f"bookie {bid}: found a local cookie in {[d for d, _ in present]} but no cookie in ZooKeeper "
             f"(cookies/{bid}). Either this bookie points at a different ZooKeeper than the one that registered "

@@ -89,3 +89,39 @@ def test_a_bookie_refuses_a_zk_root_that_holds_no_cluster_unless_told_to_create_
         bp.stop()
         with MetadataStore.connect(bookies.zk, "/") as top:
             top.delete(typo.lstrip("/"), recursive=True, missing_ok=True)
+
+
+def test_a_second_bookie_on_the_same_port_or_directory_says_which_and_the_first_serves_on(
+    bookies: BookieFactory, tmp_path: Path
+) -> None:
+    first = bookies.start()
+
+    def second(data_dir: Path, port: int) -> str:
+        bp = BookieProcess(
+            zk=bookies.zk,
+            zk_root=bookies.root,
+            data_dir=data_dir,
+            port=port,
+            http_port=free_port(),
+            log_path=tmp_path / f"second-{port}-{data_dir.name}.log",
+        )
+        bp.start(wait=False)
+        status = bp.wait_exit(60)
+        log = bp.log_tail(100)
+        assert "Traceback" not in log, log
+        refusal = [line for line in log.splitlines() if "refusing to start" in line]
+        assert len(refusal) == 1, log
+        return f"{status} {refusal[0]}"
+
+    # the same id (port), another directory
+    line = second(tmp_path / "elsewhere", first.port)
+    assert line.startswith("3 ") and f"bookie {first.id} is running already" in line, line
+    # the same directory and id: RocksDB's lock says another process has it
+    line = second(first.data_dir, first.port)
+    assert (
+        line.startswith("1 ") and f"its data directory {first.data_dir} is in use by another process" in line
+    )
+    # the same directory, another id: its cookie names the bookie it belongs to
+    line = second(first.data_dir, free_port())
+    assert line.startswith("3 ") and f"belongs to bookie {first.id}" in line, line
+    assert first.healthy()
