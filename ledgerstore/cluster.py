@@ -253,8 +253,20 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     if st and all(_pid_alive(b["pid"]) for b in st.get("bookies", [])) and st.get("bookies"):
         emit(args, f"cluster already running from {state_dir}: ZooKeeper {st['zk']}", st)  # idempotent
         return 0
-    if st and any(_pid_alive(b["pid"]) for b in st.get("bookies", [])):
-        raise CommandError(f"a partial cluster is running from {state_dir}; `ledgerstore cluster down` first")
+    if st:
+        up = [
+            f"{kind} {p['id']}"
+            for kind in ("bookie", "broker")
+            for p in st.get(kind + "s", [])
+            if _pid_alive(p["pid"])
+        ]
+        if st.get("autorecovery") and _pid_alive(st["autorecovery"]["pid"]):
+            up.append("autorecovery")
+        if up:  # its own processes hold ports a new start needs: not "ports in use, pick others"
+            raise CommandError(
+                f"a partial cluster is running from {state_dir} (still up: {', '.join(up)}): "
+                f"`ledgerstore cluster down --state-dir {state_dir}` first, then `cluster up` again"
+            )
     bookie_http = getattr(args, "bookie_http_port", 8000)
     _check_ports_free(
         [(args.base_port + i, f"bookie-{i}'s port (--base-port)") for i in range(args.bookies)]

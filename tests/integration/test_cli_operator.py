@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 from ledgerstore import cli
-from ledgerstore.cluster import BookieProcess, free_port
+from ledgerstore.cluster import BookieProcess, _pid_alive, free_port
 from tests.conftest import BookieFactory
 from tests.integration.test_cluster_cli import _ports
+from tests.zk_testing import wait_for
 from zk import MetadataStore, cookies, launcher
 
 
@@ -125,3 +126,29 @@ def test_a_second_bookie_on_the_same_port_or_directory_says_which_and_the_first_
     line = second(first.data_dir, free_port())
     assert line.startswith("3 ") and f"belongs to bookie {first.id}" in line, line
     assert first.healthy()
+
+
+def test_cluster_up_over_a_cluster_whose_bookies_died_names_what_is_still_up(tmp_path: Path) -> None:
+    """Every bookie gone, the broker still running: `cluster up` again says that the cluster is partly up and
+    how to start it over, not that its own broker's ports are 'in use, pick free ones'."""
+    state = tmp_path / "cluster"
+    up = [*_ports(state, free_port()), "--brokers", "1"]
+    up += ["--broker-port", str(free_port()), "--broker-http-port", str(free_port())]
+    r = _ls("cluster", "up", *up)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        st = json.loads((state / "cluster.json").read_text())
+        for b in st["bookies"]:
+            os.kill(b["pid"], signal.SIGKILL)
+        assert wait_for(lambda: not any(_pid_alive(b["pid"]) for b in st["bookies"]), timeout_s=30)
+        again = _ls("cluster", "up", *up)
+        assert again.returncode == cli.EXIT_ERROR, again.stdout + again.stderr
+        assert "ports in use" not in again.stderr and len(again.stderr.strip().splitlines()) == 1, (
+            again.stderr
+        )
+        broker = st["brokers"][0]["id"]
+        assert f"a partial cluster is running from {state} (still up: broker {broker})" in again.stderr
+        assert f"`ledgerstore cluster down --state-dir {state}` first" in again.stderr
+    finally:
+        d = _ls("cluster", "down", "--state-dir", str(state))
+        assert d.returncode == 0, d.stdout + d.stderr
