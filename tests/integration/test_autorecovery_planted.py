@@ -16,6 +16,7 @@ from zk.underreplication import UnderReplicationManager
 
 PW = b"pw"
 RATE = 10 * 2**20  # bytes/s: far above what the test copies, so the worker never waits
+LEDGERS = 10
 
 
 def test_a_repair_in_place_takes_every_byte_it_copies_from_the_throttle(bookies) -> None:
@@ -73,7 +74,7 @@ def test_two_bookies_of_one_ensemble_lost_together_get_two_different_replacement
     """Each replacement of a ledger's lost bookies is chosen against the ensemble with the earlier ones already
     in it: two lost bookies of one ensemble never get the same replacement (whose swap the metadata refuses,
     leaving the ledger under-replicated). With one bookie left to each of them, a collision is a coin flip
-    per ledger; six ledgers."""
+    per ledger; ten ledgers. The copies to the replacements take every byte from the rereplication throttle."""
     procs = bookies.start_many(5)
     by_id = {bp.id: bp for bp in procs}
     cfg = ClientConfig(zk_root=bookies.root)
@@ -93,9 +94,9 @@ def test_two_bookies_of_one_ensemble_lost_together_get_two_different_replacement
                         await lh.append(b"entry-%d" % i)
                     out.append(lh.ledger_id)
                 await lh.close()
-                if len(out) == 6:
+                if len(out) == LEDGERS:
                     break
-            assert pair is not None and len(out) == 6
+            assert pair is not None and len(out) == LEDGERS
             return out, pair
         finally:
             await bk.close()
@@ -104,14 +105,16 @@ def test_two_bookies_of_one_ensemble_lost_together_get_two_different_replacement
     for b in lost:
         by_id[b].stop()
 
-    async def recover() -> list[tuple[str, str]]:
+    metrics = Metrics()
+
+    async def recover() -> tuple[list[tuple[str, str]], float]:
         bk = await BookKeeper.connect(bookies.zk, config=cfg)
         try:
             manager = UnderReplicationManager(bk.store)
             config = AutoRecoveryConfig(
-                zk=bookies.zk, zk_root=bookies.root, passwords=(PW,), throttle_bytes_per_s=0
+                zk=bookies.zk, zk_root=bookies.root, passwords=(PW,), throttle_bytes_per_s=RATE
             )
-            worker = ReplicationWorker(bk, manager, config, Metrics(), "planted")
+            worker = ReplicationWorker(bk, manager, config, metrics, "planted", clock=lambda: 0.0)
             for _ in range(300):  # until their registrations are gone
                 if not set(lost) & set(await _meta(bk.registry.all)):
                     break
@@ -121,8 +124,13 @@ def test_two_bookies_of_one_ensemble_lost_together_get_two_different_replacement
                 await _meta(lambda lid=lid: manager.mark(lid, list(lost)))
                 o = await worker.process(lid)
                 out.append((o.status, o.why))
-            return out
+            return out, worker._bucket.tokens
         finally:
             await bk.close()
 
-    assert asyncio.run(recover()) == [("replicated", "")] * 6
+    outcomes, tokens = asyncio.run(recover())
+    assert outcomes == [("replicated", "")] * LEDGERS
+    assert (
+        metrics.rereplicated_entries_total == LEDGERS * 2 * 20
+        and RATE - tokens == metrics.rereplicated_bytes_total
+    )
