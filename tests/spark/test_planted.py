@@ -134,3 +134,37 @@ def test_entries_missing_from_a_ledger_that_still_exists_fail_the_range_even_wit
         for batch in read_range(opts, LedgerRange(lh.ledger_id, 0, 129, "CLOSED", 0), LEDGER_SCHEMA):
             rows += batch.num_rows
     assert rows <= 64
+
+
+def test_a_batch_messages_id_carries_its_index_and_the_batchs_size(bookies: Any) -> None:
+    """``__messageId`` of a message in a batch entry holds ``batch_index`` and ``batch_size`` (what Pulsar's
+    clients serialise, and need to acknowledge or seek to it); a message of its own entry holds neither."""
+    from spark.topic_source import TOPIC_SCHEMA, TopicDataSource
+    from topic_broker import pulsar_api_pb2 as pb
+
+    bookies.start_many(3)
+    broker = Broker(bookies)
+    try:
+        topic = "persistent://public/default/ids"
+        msgs = broker.write(topic, 6, "m")  # every third entry a batch of three messages
+        broker.close_topic(topic)
+    finally:
+        broker.close()
+    reader = TopicDataSource(
+        {"zk": bookies.zk, "zkRoot": bookies.root, "password": PW, "topic": topic}
+    ).reader(TOPIC_SCHEMA)
+    got = []
+    for part in reader.partitions():
+        for batch in reader.read(part):
+            for raw in batch.column("__messageId").to_pylist():
+                mid = pb.MessageIdData.FromString(raw)
+                got.append(
+                    (
+                        mid.ledgerId,
+                        mid.entryId,
+                        mid.batch_index if mid.HasField("batch_index") else -1,
+                        mid.batch_size if mid.HasField("batch_size") else 0,
+                    )
+                )
+    want = [(*m.pos, 3 if m.pos[2] >= 0 else 0) for m in msgs]
+    assert sorted(got) == sorted(want) and len(want) == 6 + 2 * 2
