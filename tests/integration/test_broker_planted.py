@@ -29,7 +29,12 @@ from tests.integration.test_managed_ledger import ML, SMALL, payload, run
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 from topic_broker.cursor import InitialPosition, ManagedCursor
-from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFencedError
+from topic_broker.managed_ledger import (
+    ManagedLedger,
+    ManagedLedgerConfig,
+    ManagedLedgerFencedError,
+    Position,
+)
 from topic_broker.names import TopicName
 from zk.managed_ledgers import BrokerMetadataStore
 
@@ -279,3 +284,20 @@ def test_a_new_owner_after_a_crash_takes_dedup_state_from_the_tail_ledger(cluste
             consumer.receive(timeout_millis=500)
     finally:
         c.close()
+
+
+def test_reopening_keeps_the_data_of_ledgers_that_hold_a_single_entry(bookies: Any) -> None:
+    """Opening drops (and deletes) only the empty ledgers of the list: a ledger holding one entry, as a topic
+    that got one message before each unload has, keeps its data."""
+
+    async def body(bk: BookKeeper, store: BrokerMetadataStore) -> None:
+        cfg = ManagedLedgerConfig(**SMALL)
+        for i in range(3):
+            ml = await ManagedLedger.open(bk, store, ML, cfg)
+            await ml.append(payload(i))
+            await ml.close()
+        ml = await ManagedLedger.open(bk, store, ML, cfg)
+        assert [d for _, d in await ml.read_entries(Position(0, 0), 10)] == [payload(i) for i in range(3)]
+        await ml.close()
+
+    run(bookies, body)

@@ -7,7 +7,14 @@ from __future__ import annotations
 from tests.unit.test_subscription import FakeLog, delivered, run
 from topic_broker.cursor import Cursor
 from topic_broker.managed_ledger import Position
-from topic_broker.subscription import ActiveConsumerChanged, Subscription, SubType
+from topic_broker.subscription import (
+    HASH_RANGE_SIZE,
+    ActiveConsumerChanged,
+    Deliver,
+    Subscription,
+    SubType,
+    key_hash,
+)
 
 P = Position
 
@@ -40,3 +47,31 @@ def test_a_failover_switch_hands_the_old_active_consumers_unacked_entries_to_the
     assert sub.pending(1) == []
     out = delivered(run(sub, log, sub.flow(2, 10)))
     assert out == [(2, (1, i), 0) for i in range(4)]
+
+
+def _key(lower_half: bool) -> bytes:
+    """A key whose Key_Shared hash falls in the lower (or upper) half of the hash space."""
+    return next(
+        k for i in range(1000) if (key_hash(k := f"k{i}".encode()) < HASH_RANGE_SIZE // 2) == lower_half
+    )
+
+
+def test_a_key_shared_entry_read_while_its_key_waits_for_replay_does_not_overtake_it() -> None:
+    """Consumer 1 (key x) has no permits, so x's redelivery waits; consumer 2's permits start a read, and
+    consumer 1's permits arrive while it is in flight. The x entry that read brings must queue behind the
+    redelivery, not go first: Key_Shared keeps each key's order."""
+    x, y = _key(True), _key(False)
+    sub = Subscription(SubType.KEY_SHARED, read_position=(1, 0))
+    log = FakeLog(3, keys=[x, y, x])
+    sub.add_consumer(1, "a", hash_ranges=[(0, HASH_RANGE_SIZE // 2 - 1)])
+    sub.add_consumer(2, "b", hash_ranges=[(HASH_RANGE_SIZE // 2, HASH_RANGE_SIZE - 1)])
+    assert delivered(run(sub, log, sub.flow(1, 1))) == [(1, (1, 0), 0)]
+    assert sub.redeliver(1, [(1, 0)]) == []  # consumer 1 has no permits left: (1, 0) waits
+    read = sub.flow(2, 10)  # a read of what follows, not executed yet
+    assert sub.flow(1, 10) == []  # arrives while the read is in flight
+    out = [c for c in run(sub, log, read) if isinstance(c, Deliver)]
+    assert [(d.consumer_id, d.entry.position, d.redelivery_count) for d in out if d.consumer_id == 1] == [
+        (1, (1, 0), 1),
+        (1, (1, 2), 0),
+    ]
+    assert [d.entry.position for d in out if d.consumer_id == 2] == [(1, 1)]
