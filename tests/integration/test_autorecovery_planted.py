@@ -134,3 +134,48 @@ def test_two_bookies_of_one_ensemble_lost_together_get_two_different_replacement
         metrics.rereplicated_entries_total == LEDGERS * 2 * 20
         and RATE - tokens == metrics.rereplicated_bytes_total
     )
+
+
+def test_a_copy_that_fails_keeps_the_mark_and_the_next_pass_completes(bookies) -> None:
+    """The mark of a ledger is cleared only after its copy and metadata update: a copy that fails (here: no
+    bookie to take the lost one's place) leaves it for the next pass, which completes once a bookie joins."""
+    procs = bookies.start_many(3)
+    cfg = ClientConfig(zk_root=bookies.root)
+
+    async def write() -> tuple[int, str]:
+        bk = await BookKeeper.connect(bookies.zk, config=cfg)
+        try:
+            lh = await bk.create_ledger(3, 3, 2, password=PW)
+            for i in range(20):
+                await lh.append(b"entry-%d" % i)
+            await lh.close()
+            return lh.ledger_id, lh.metadata.ensembles[0].bookies[0]
+        finally:
+            await bk.close()
+
+    lid, lost = asyncio.run(write())
+    next(bp for bp in procs if bp.id == lost).stop()
+
+    async def attempt(mark: bool) -> tuple[str, bool, tuple[str, ...]]:
+        bk = await BookKeeper.connect(bookies.zk, config=cfg)
+        try:
+            manager = UnderReplicationManager(bk.store)
+            for _ in range(300):  # until its registration is gone
+                if lost not in await _meta(bk.registry.all):
+                    break
+                await asyncio.sleep(0.1)
+            if mark:
+                await _meta(lambda: manager.mark(lid, [lost]))
+            config = AutoRecoveryConfig(zk=bookies.zk, zk_root=bookies.root, passwords=(PW,))
+            o = await ReplicationWorker(bk, manager, config, Metrics(), "planted").process(lid)
+            kept = await _meta(lambda: manager.get(lid)) is not None
+            md = await bk.ledger_metadata(lid)
+            return o.status, kept, md.ensembles[0].bookies
+        finally:
+            await bk.close()
+
+    status, kept, ensemble = asyncio.run(attempt(mark=True))
+    assert (status, kept) == ("failed", True) and lost in ensemble
+    bookies.start()
+    status, kept, ensemble = asyncio.run(attempt(mark=False))
+    assert (status, kept) == ("replicated", False) and lost not in ensemble
