@@ -5,6 +5,7 @@ tests/integration/conftest.py imports the fixtures; a test module imports ``Brok
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,3 +65,23 @@ def cluster(bookies: Any, tmp_path: Path) -> Iterator[Brokers]:
 def broker(cluster: Brokers) -> BrokerProcess:
     """One broker on 3 bookies."""
     return cluster.start()
+
+
+@contextlib.contextmanager
+def module_cluster(zk_server: Any, tmp: Path) -> Iterator[Brokers]:
+    """3 bookies on their own metadata root and one broker started, for a module's tests to share (broker
+    tests are slow); everything is stopped on exit."""
+    from tests.conftest import BookieFactory
+    from tests.zk_testing import unique_root
+
+    bookies = BookieFactory(zk_server.connect_string, unique_root(), tmp)
+    b = Brokers(bookies, tmp)
+    try:
+        bookies.start_many(3)
+        b.start()
+        yield b
+    finally:
+        try:
+            b.stop_all()
+        finally:
+            bookies.stop_all()

@@ -43,11 +43,12 @@ from zk.managed_ledgers import (
     BrokerMetadataStore,
     NamespacePolicies,
     OwnershipInfo,
+    SchemaHistory,
     SchemaInfo,
 )
 
 from . import pulsar_api_pb2 as pb
-from . import wire
+from . import schema_compat, wire
 from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
@@ -625,13 +626,24 @@ def schema_conflict(stored_types: Sequence[int], declared: int) -> str | None:
     """Why a producer or consumer declaring a schema of type ``declared`` is refused on a topic whose schemas
     have ``stored_types`` (oldest first), or None. As Pulsar: a schema of another type than the topic's latest
     is incompatible (``IncompatibleSchema``); bytes (no schema) goes with anything. Definitions of the same
-    type are not compared (no Avro compatibility check)."""
+    type are compared by :func:`schema_evolution_refused`."""
     if declared == SCHEMA_NONE or not stored_types or stored_types[-1] in (SCHEMA_NONE, declared):
         return None
     return (
         f"incompatible schema: the topic's schema is {_schema_type_name(stored_types[-1])}, "
         f"not {_schema_type_name(declared)}"
     )
+
+
+def schema_evolution_refused(history: SchemaHistory, declared: int, data: bytes, strategy: str) -> str | None:
+    """Why a new AVRO or JSON definition ``data`` is refused on a topic with ``history`` under ``strategy``
+    (:func:`schema_compat.incompatibility` against the stored definitions of that type), or None. Other types
+    carry no definition to compare."""
+    if declared not in (pb.Schema.Avro, pb.Schema.Json):
+        return None
+    stored = [v.data for v in history.versions if v.type == declared]
+    why = schema_compat.incompatibility(strategy, data, stored)
+    return None if why is None else f"incompatible schema: {why}"
 
 
 def _schema_type_name(t: int) -> str:
@@ -1510,12 +1522,18 @@ class BrokerService:
         s.send(wire.success(cmd.request_id))
 
     async def _schema_refused(self, topic: Topic, schema: pb.Schema) -> str | None:
-        """Why ``schema`` does not go with the topic's stored schemas (:func:`schema_conflict`), or None."""
+        """Why ``schema`` does not go with the topic's stored schemas (:func:`schema_conflict`, then for AVRO
+        and JSON :func:`schema_compat.incompatibility` under the namespace's strategy), or None."""
         if schema.type == SCHEMA_NONE:
             return None
         assert self.meta is not None
         history = await self.meta.get_schemas(topic.name.base.ml_name)
-        return schema_conflict([v.type for v in history.versions], int(schema.type))
+        refused = schema_conflict([v.type for v in history.versions], int(schema.type))
+        if refused is not None or history.version_of(_schema_info(schema)) is not None:
+            return refused
+        policies = await self.meta.get_policies(topic.name.tenant, topic.name.namespace)
+        strategy = policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
+        return schema_evolution_refused(history, int(schema.type), bytes(schema.schema_data), strategy)
 
     async def on_subscribe(self, s: Session, r: Request) -> None:
         cmd: pb.CommandSubscribe = r.body  # type: ignore[assignment]

@@ -285,6 +285,8 @@ class NamespacePolicies:
     # Pulsar's namespace ``auth_policies``: role (a token's subject) -> the actions granted ("produce",
     # "consume"); written by ``grant-permission``/``revoke-permission``. Absent in older znodes: nobody
     permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Pulsar's ``schema_compatibility_strategy``: UNDEFINED means the broker's default (FULL)
+    schema_compatibility_strategy: str = "UNDEFINED"
 
     @property
     def retention_time_s(self) -> float:
@@ -301,6 +303,7 @@ class NamespacePolicies:
             "deduplication_enabled": self.deduplication_enabled,
             "backlog_quota": self.backlog_quota.to_json(),
             "permissions": {role: list(actions) for role, actions in sorted(self.permissions.items())},
+            "schema_compatibility_strategy": self.schema_compatibility_strategy,
         }
 
     @classmethod
@@ -311,6 +314,7 @@ class NamespacePolicies:
             deduplication_enabled=_field(d, "deduplication_enabled", bool, False),
             backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
             permissions=_permissions(_field(d, "permissions", dict, {})),
+            schema_compatibility_strategy=_field(d, "schema_compatibility_strategy", str, "UNDEFINED"),
         )
 
 

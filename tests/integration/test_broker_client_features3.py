@@ -17,28 +17,16 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import Brokers
-from tests.conftest import BookieFactory
+from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_pulsar_client import client, drain, topic_name
-from tests.zk_testing import unique_root
 
 pulsar = pytest.importorskip("pulsar")
 
 
 @pytest.fixture(scope="module")
 def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
-    tmp = tmp_path_factory.mktemp("features3")
-    bookies = BookieFactory(zk_server.connect_string, unique_root(), tmp)
-    b = Brokers(bookies, tmp)
-    try:
-        bookies.start_many(3)
-        b.start()
+    with module_cluster(zk_server, tmp_path_factory.mktemp("features3")) as b:
         yield b
-    finally:
-        try:
-            b.stop_all()
-        finally:
-            bookies.stop_all()
 
 
 @pytest.fixture(scope="module")

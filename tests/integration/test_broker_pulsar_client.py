@@ -624,9 +624,14 @@ def test_declared_schemas_are_stored_in_zookeeper_and_survive_a_restart(broker: 
     class Reading(Record):
         sensor = String()
 
-    class ReadingWithValue(Record):
-        sensor = String()
-        value = Float()
+    def evolved() -> type[Record]:
+        class Reading(Record):  # the same record name, a new field with "default": null (FULL compatible)
+            sensor = String()
+            value = Float(required_default=True)
+
+        return Reading
+
+    ReadingWithValue = evolved()
 
     t = f"persistent://public/default/{topic_name()}"
     c = client(broker)

@@ -1,0 +1,183 @@
+"""Schemas as users of the official ``pulsar-client`` declare them (``pulsar.schema``): Avro and JSON records,
+strings, the versions the client is told, and Pulsar's compatibility check of a new AVRO or JSON definition
+(FULL by default: a new field needs a default). One broker on 3 bookies is shared by the module; every test
+uses its own topics."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import module_cluster
+from tests.integration import test_broker_client_features3 as features3
+from tests.integration.test_broker_pulsar_client import _connect, _raw, drain, topic_name
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+
+pulsar = pytest.importorskip("pulsar")
+pytest.importorskip("fastavro")  # what the client's AvroSchema needs (the pulsar extra installs it)
+T = pb.BaseCommand
+
+from pulsar.schema import AvroSchema, Float, Integer, JsonSchema, Record, String, StringSchema  # noqa: E402
+
+c = features3.c  # a client of the module's broker (fixture)
+
+
+@pytest.fixture(scope="module")
+def bp(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with module_cluster(zk_server, tmp_path_factory.mktemp("schemas")) as brokers:
+        yield brokers.procs[0]
+
+
+def refusal(bp: BrokerProcess, topic: str, schema: Any) -> str:
+    """The error a PRODUCER declaring ``schema`` (a ``pulsar.schema`` schema) gets on ``topic``, read from the
+    wire (the client only logs it); "" if the producer is accepted."""
+    info = schema.schema_info()
+    s = _raw(bp)
+    try:
+        _connect(s)
+        declared = pb.Schema(name=info.name(), schema_data=info.schema().encode(), type=pb.Schema.Avro)
+        if isinstance(schema, JsonSchema):
+            declared.type = pb.Schema.Json
+        cmd = pb.CommandProducer(topic=topic, producer_id=1, request_id=1, schema=declared)
+        s.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+        dec = wire.FrameDecoder()
+        frames: list[Any] = []
+        while not frames:
+            frames = dec.feed(s.recv(65536))
+        if frames[0].command.type == T.PRODUCER_SUCCESS:
+            return ""
+        assert frames[0].command.type == T.ERROR
+        err = frames[0].command.error
+        assert err.error == pb.IncompatibleSchema
+        return str(err.message)
+    finally:
+        s.close()
+
+
+def admin(bp: BrokerProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{bp.http_port}{path}", data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw.decode(errors="replace")
+
+
+def versions(msgs: list[Any]) -> list[int]:
+    """Each message's schema version, as the client gives it: the broker's 8 version bytes, as a str."""
+    out = []
+    for m in msgs:
+        v = m.schema_version()
+        raw = v.encode("latin-1") if isinstance(v, str) else bytes(v)
+        out.append(int.from_bytes(raw, "big") if raw else -1)
+    return out
+
+
+# The record classes: the Python client names an Avro record after its class, and a record of another name is
+# not the same record (Avro's rule), so each evolution is a class of the same name made in a function.
+
+
+class Reading(Record):
+    sensor = String()
+    count = Integer(required=True)
+
+
+def reading_v2(with_default: bool) -> type[Record]:
+    class Reading(Record):
+        sensor = String()
+        count = Integer(required=True)
+        value = Float(required_default=True) if with_default else Float()
+
+    return Reading
+
+
+def reading_without_count() -> type[Record]:
+    class Reading(Record):
+        sensor = String()
+
+    return Reading
+
+
+# -- round trips ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [AvroSchema, JsonSchema])
+def test_record_round_trip(c: Any, kind: Any) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    consumer = c.subscribe(t, "s", schema=kind(Reading), initial_position=pulsar.InitialPosition.Earliest)
+    producer = c.create_producer(t, schema=kind(Reading))
+    for i in range(5):
+        producer.send(Reading(sensor=f"s{i}", count=i))
+    got = drain(consumer, 5)
+    assert [(m.value().sensor, m.value().count) for m in got] == [(f"s{i}", i) for i in range(5)]
+    assert versions(got) == [0] * 5
+    # a second consumer declaring the same schema is accepted and reads the same values
+    again = c.subscribe(t, "s2", schema=kind(Reading), initial_position=pulsar.InitialPosition.Earliest)
+    assert [m.value().count for m in drain(again, 5)] == list(range(5))
+
+
+def test_string_schema_and_a_record_schema_on_it_is_refused(bp: BrokerProcess, c: Any) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    c.create_producer(t, schema=StringSchema()).send("hello")
+    consumer = c.subscribe(t, "s", schema=StringSchema(), initial_position=pulsar.InitialPosition.Earliest)
+    assert consumer.receive(timeout_millis=10_000).value() == "hello"
+    with pytest.raises(pulsar.IncompatibleSchema):
+        c.create_producer(t, schema=AvroSchema(Reading))
+    assert "the topic's schema is STRING, not AVRO" in refusal(bp, t, AvroSchema(Reading))
+
+
+# -- evolution ------------------------------------------------------------------------------------------------
+
+
+def test_avro_field_with_a_default_is_a_new_version_read_by_old_and_new_consumers(c: Any) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    v2 = reading_v2(with_default=True)
+    old = c.subscribe(t, "old", schema=AvroSchema(Reading), initial_position=pulsar.InitialPosition.Earliest)
+    c.create_producer(t, schema=AvroSchema(Reading)).send(Reading(sensor="a", count=1))
+    p2 = c.create_producer(t, schema=AvroSchema(v2))
+    p2.send(v2(sensor="b", count=2, value=2.5))
+    # the old consumer gets each message's writer schema by its version and reads the new one without 'value'
+    got = drain(old, 2)
+    assert versions(got) == [0, 1]
+    assert [(m.value().sensor, m.value().count) for m in got] == [("a", 1), ("b", 2)]
+    new = c.subscribe(t, "new", schema=AvroSchema(v2), initial_position=pulsar.InitialPosition.Earliest)
+    got = drain(new, 2)
+    assert [(m.value().sensor, m.value().value) for m in got] == [("a", None), ("b", 2.5)]
+    # the first definition again is version 0 again, not a third version
+    c.create_producer(t, schema=AvroSchema(Reading)).send(Reading(sensor="c", count=3))
+    assert versions(drain(old, 1)) == [0]
+
+
+@pytest.mark.parametrize("kind", [AvroSchema, JsonSchema])
+def test_a_field_without_a_default_is_refused_naming_the_field(bp: BrokerProcess, c: Any, kind: Any) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    c.create_producer(t, schema=kind(Reading)).send(Reading(sensor="a", count=1))
+    with pytest.raises(pulsar.IncompatibleSchema):
+        c.create_producer(t, schema=kind(reading_v2(with_default=False)))
+    why = refusal(bp, t, kind(reading_v2(with_default=False)))
+    assert "FULL" in why and "field 'value'" in why and "no default" in why, why
+    # removing a field that has no default: old consumers could not read the new data (FORWARD half of FULL)
+    with pytest.raises(pulsar.IncompatibleSchema):
+        c.create_producer(t, schema=kind(reading_without_count()))
+    why = refusal(bp, t, kind(reading_without_count()))
+    assert "FULL" in why and "field 'count'" in why, why
+    # a consumer with an incompatible definition is refused too
+    with pytest.raises(pulsar.IncompatibleSchema):
+        c.subscribe(t, "s", schema=kind(reading_v2(with_default=False)))
+    # the producer with the stored definition still goes, and one with a default field is version 1
+    c.create_producer(t, schema=kind(Reading)).send(Reading(sensor="b", count=2))
+    assert refusal(bp, t, kind(reading_v2(with_default=True))) == ""
