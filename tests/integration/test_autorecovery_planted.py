@@ -19,23 +19,33 @@ RATE = 10 * 2**20  # bytes/s: far above what the test copies, so the worker neve
 LEDGERS = 10
 
 
+async def _write_ledger(bookies, entries: int, repeat: int = 1) -> tuple[int, str]:
+    """A closed E3/Qw3/Qa2 ledger of ``entries`` entries; returns its id and its ensemble's first bookie."""
+    bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+    try:
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        for i in range(entries):
+            await lh.append(b"entry-%d-" % i * repeat)
+        await lh.close()
+        return lh.ledger_id, lh.metadata.ensembles[0].bookies[0]
+    finally:
+        await bk.close()
+
+
+async def _unregistered(bk: BookKeeper, gone: set[str]) -> None:
+    """Until none of ``gone`` is registered (a stopped bookie's znode goes with its session)."""
+    for _ in range(300):
+        if not gone & set(await _meta(bk.registry.all)):
+            return
+        await asyncio.sleep(0.1)
+
+
 def test_a_repair_in_place_takes_every_byte_it_copies_from_the_throttle(bookies) -> None:
     procs = bookies.start_many(3)
     by_id = {bp.id: bp for bp in procs}
     cfg = ClientConfig(zk_root=bookies.root)
 
-    async def write() -> tuple[int, str]:
-        bk = await BookKeeper.connect(bookies.zk, config=cfg)
-        try:
-            lh = await bk.create_ledger(3, 3, 2, password=PW)
-            for i in range(130):
-                await lh.append(b"entry-%d-" % i * 20)
-            await lh.close()
-            return lh.ledger_id, lh.metadata.ensembles[0].bookies[0]
-        finally:
-            await bk.close()
-
-    lid, victim = asyncio.run(write())
+    lid, victim = asyncio.run(_write_ledger(bookies, 130, repeat=20))
     bp = by_id[victim]
     bp.stop()  # the bookie loses entries 64..127 (the runs stored in that block of ids), is repaired in place
     s = RocksLedgerStorage(bp.data_dir / "ledgers")
@@ -115,10 +125,7 @@ def test_two_bookies_of_one_ensemble_lost_together_get_two_different_replacement
                 zk=bookies.zk, zk_root=bookies.root, passwords=(PW,), throttle_bytes_per_s=RATE
             )
             worker = ReplicationWorker(bk, manager, config, metrics, "planted", clock=lambda: 0.0)
-            for _ in range(300):  # until their registrations are gone
-                if not set(lost) & set(await _meta(bk.registry.all)):
-                    break
-                await asyncio.sleep(0.1)
+            await _unregistered(bk, set(lost))
             out = []
             for lid in ledgers:
                 await _meta(lambda lid=lid: manager.mark(lid, list(lost)))
@@ -142,28 +149,14 @@ def test_a_copy_that_fails_keeps_the_mark_and_the_next_pass_completes(bookies) -
     procs = bookies.start_many(3)
     cfg = ClientConfig(zk_root=bookies.root)
 
-    async def write() -> tuple[int, str]:
-        bk = await BookKeeper.connect(bookies.zk, config=cfg)
-        try:
-            lh = await bk.create_ledger(3, 3, 2, password=PW)
-            for i in range(20):
-                await lh.append(b"entry-%d" % i)
-            await lh.close()
-            return lh.ledger_id, lh.metadata.ensembles[0].bookies[0]
-        finally:
-            await bk.close()
-
-    lid, lost = asyncio.run(write())
+    lid, lost = asyncio.run(_write_ledger(bookies, 20))
     next(bp for bp in procs if bp.id == lost).stop()
 
     async def attempt(mark: bool) -> tuple[str, bool, tuple[str, ...]]:
         bk = await BookKeeper.connect(bookies.zk, config=cfg)
         try:
             manager = UnderReplicationManager(bk.store)
-            for _ in range(300):  # until its registration is gone
-                if lost not in await _meta(bk.registry.all):
-                    break
-                await asyncio.sleep(0.1)
+            await _unregistered(bk, {lost})
             if mark:
                 await _meta(lambda: manager.mark(lid, [lost]))
             config = AutoRecoveryConfig(zk=bookies.zk, zk_root=bookies.root, passwords=(PW,))
