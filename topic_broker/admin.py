@@ -4,8 +4,10 @@
 Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the Pulsar clients work:
 
 - ``/admin/v2/clusters``, ``/admin/v2/tenants[/{t}]``, ``/admin/v2/namespaces/{t}[/{ns}]`` with the namespace
-  policies users set (``retention``, ``deduplication``, ``backlogQuota``), stored in ZooKeeper
-  (``namespaces/<t>/<ns>``, docs/broker.md).
+  policies users set (``retention``, ``deduplication``, ``backlogQuota``, ``schemaCompatibilityStrategy``),
+  stored in ZooKeeper (``namespaces/<t>/<ns>``, docs/broker.md).
+- ``/admin/v2/schemas/{t}/{ns}/{topic}/…``: a topic's schemas (``schema[/{version}]``, ``schemas``, upload,
+  ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
   ``skip_all``), ``lastMessageId``, ``examinemessage``, a message by id, ``unload``.
@@ -53,13 +55,17 @@ from zk.managed_ledgers import (
     CursorInfo,
     ManagedLedgerInfo,
     NamespacePolicies,
+    SchemaHistory,
+    SchemaInfo,
 )
 
-from . import wire
+from . import pulsar_api_pb2 as pb
+from . import schema_compat, wire
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import InvalidTopicName, TopicName
+from .service import schema_conflict, schema_evolution_refused
 
 if TYPE_CHECKING:
     from .service import BrokerService, SubscriptionRuntime, Topic
@@ -174,6 +180,7 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         },
         "replication_clusters": [CLUSTER_NAME],
         "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
+        "schema_compatibility_strategy": p.schema_compatibility_strategy,
     }
 
 
@@ -183,6 +190,40 @@ def _retention_json(p: NamespacePolicies) -> dict[str, int]:
 
 def _quota_json(q: BacklogQuota) -> dict[str, Any]:
     return {"limitSize": q.limit_size, "limitTime": q.limit_time, "policy": q.policy}
+
+
+#: Pulsar's ``SchemaType`` names of the protocol's schema types (the admin REST speaks these).
+_SCHEMA_TYPES: dict[int, str] = {
+    number: {
+        "None": "BYTES",
+        "Bool": "BOOLEAN",
+        "KeyValue": "KEY_VALUE",
+        "LocalDate": "LOCAL_DATE",
+        "LocalTime": "LOCAL_TIME",
+        "LocalDateTime": "LOCAL_DATE_TIME",
+        "ProtobufNative": "PROTOBUF_NATIVE",
+        "AutoConsume": "AUTO_CONSUME",
+    }.get(name, name.upper())
+    for name, number in pb.Schema.Type.items()
+}
+
+
+def _schema_type_number(name: Any) -> int:
+    for number, n in _SCHEMA_TYPES.items():
+        if isinstance(name, str) and n == name.upper():
+            return number
+    raise AdminError(400, f"unknown schema type {name!r}: one of {', '.join(sorted(_SCHEMA_TYPES.values()))}")
+
+
+def _schema_json(version: int, info: SchemaInfo) -> dict[str, Any]:
+    """Pulsar's ``GetSchemaResponse``: the definition as text (no timestamps are kept: 0)."""
+    return {
+        "version": version,
+        "type": _SCHEMA_TYPES.get(info.type, str(info.type)),
+        "timestamp": 0,
+        "data": info.data.decode("utf-8", errors="replace"),
+        "properties": dict(info.properties),
+    }
 
 
 #: The actions a namespace permission can grant (Pulsar's AuthAction names we enforce).
@@ -487,6 +528,88 @@ class AdminApp:
     async def dedup_delete(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
         return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=False))
+
+    async def schema_strategy_get(self, request: web.Request) -> web.Response:
+        _t, _n, p = await self._policies(request)
+        return _json(p.schema_compatibility_strategy)
+
+    async def schema_strategy_set(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        body = await _body_json(request)
+        try:
+            strategy = schema_compat.check_strategy(body if isinstance(body, str) else "")
+        except ValueError as e:
+            raise AdminError(400, f"expected a strategy as a JSON string: {e}") from e
+        return await self._set_policies(
+            tenant, ns, dataclasses.replace(p, schema_compatibility_strategy=strategy)
+        )
+
+    # -- /admin/v2/schemas/{tenant}/{namespace}/{topic}/… (a partitioned topic's partitions share its record)
+
+    async def _schemas(self, request: web.Request) -> tuple[TopicName, SchemaHistory]:
+        name = self._topic_name(request).base
+        return name, await self.meta.get_schemas(name.ml_name)
+
+    async def schema_get(self, request: web.Request) -> web.Response:
+        _name, history = await self._schemas(request)
+        if "version" in request.match_info:
+            try:
+                version = int(request.match_info["version"])
+            except ValueError:
+                raise AdminError(400, f"version {request.match_info['version']!r} is not a number") from None
+        else:
+            version = len(history.versions) - 1
+        if not 0 <= version < len(history.versions):
+            raise AdminError(404, "Schema not found")
+        return _json(_schema_json(version, history.versions[version]))
+
+    async def schemas_all(self, request: web.Request) -> web.Response:
+        _name, history = await self._schemas(request)
+        return _json({"getSchemaResponses": [_schema_json(v, i) for v, i in enumerate(history.versions)]})
+
+    async def _posted_schema(self, request: web.Request) -> tuple[TopicName, SchemaInfo, str | None, str]:
+        """The schema in a ``PostSchemaPayload`` body, and why the topic refuses it (or None) under the
+        strategy (the last value)."""
+        body = await _body_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("schema", ""), str):
+            raise AdminError(400, 'expected {"type": "AVRO", "schema": "<definition>", "properties": {}}')
+        props = body.get("properties") or {}
+        if not isinstance(props, dict) or not all(isinstance(v, str) for v in props.values()):
+            raise AdminError(400, "properties must map names to strings")
+        info = SchemaInfo(
+            type=_schema_type_number(body.get("type")),
+            data=str(body.get("schema", "")).encode(),
+            properties={str(k): v for k, v in props.items()},
+        )
+        if info.type in (pb.Schema.Avro, pb.Schema.Json):
+            try:
+                schema_compat.parse_definition(info.data)
+            except schema_compat.SchemaDefinitionError as e:
+                raise AdminError(400, f"invalid schema: {e}") from e
+        name, history = await self._schemas(request)
+        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        strategy = policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
+        refused = schema_conflict([v.type for v in history.versions], info.type)
+        if refused is None and history.version_of(info) is None:
+            refused = schema_evolution_refused(history, info.type, info.data, strategy)
+        shown = schema_compat.DEFAULT_STRATEGY if strategy == "UNDEFINED" else strategy
+        return name, info, refused, shown
+
+    async def schema_post(self, request: web.Request) -> web.Response:
+        name, info, refused, _strategy = await self._posted_schema(request)
+        if refused is not None:
+            raise AdminError(409, refused)
+        version = await self.meta.add_schema(name.ml_name, info)
+        return _json({"version": {"version": version}})
+
+    async def schema_compatibility(self, request: web.Request) -> web.Response:
+        _name, _info, refused, strategy = await self._posted_schema(request)
+        return _json({"isCompatibility": refused is None, "schemaCompatibilityStrategy": strategy})
+
+    async def schema_delete(self, request: web.Request) -> web.Response:
+        name, history = await self._schemas(request)
+        await self.meta.delete_schemas(name.ml_name)
+        return _json({"version": len(history.versions)})
 
     async def permissions_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
@@ -1222,6 +1345,16 @@ class AdminApp:
         r.add_get(ns + "/deduplication", self.dedup_get)
         r.add_post(ns + "/deduplication", self.dedup_set)
         r.add_delete(ns + "/deduplication", self.dedup_delete)
+        r.add_get(ns + "/schemaCompatibilityStrategy", self.schema_strategy_get)
+        r.add_put(ns + "/schemaCompatibilityStrategy", self.schema_strategy_set)
+        r.add_post(ns + "/schemaCompatibilityStrategy", self.schema_strategy_set)
+        sch = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
+        r.add_get(sch + "/schema", self.schema_get)
+        r.add_get(sch + "/schema/{version}", self.schema_get)
+        r.add_post(sch + "/schema", self.schema_post)
+        r.add_delete(sch + "/schema", self.schema_delete)
+        r.add_get(sch + "/schemas", self.schemas_all)
+        r.add_post(sch + "/compatibility", self.schema_compatibility)
         r.add_get(ns + "/permissions", self.permissions_get)
         r.add_post(ns + "/permissions/{role}", self.permission_grant)
         r.add_delete(ns + "/permissions/{role}", self.permission_revoke)

@@ -181,3 +181,65 @@ def test_a_field_without_a_default_is_refused_naming_the_field(bp: BrokerProcess
     # the producer with the stored definition still goes, and one with a default field is version 1
     c.create_producer(t, schema=kind(Reading)).send(Reading(sensor="b", count=2))
     assert refusal(bp, t, kind(reading_v2(with_default=True))) == ""
+
+
+# -- admin REST -----------------------------------------------------------------------------------------------
+
+
+def test_admin_schema_routes(bp: BrokerProcess, c: Any) -> None:
+    local = topic_name()
+    t = f"persistent://public/default/{local}"
+    base = f"/admin/v2/schemas/public/default/{local}"
+    assert admin(bp, "GET", base + "/schema")[0] == 404
+    c.create_producer(t, schema=AvroSchema(Reading)).send(Reading(sensor="a", count=1))
+    c.create_producer(t, schema=AvroSchema(reading_v2(with_default=True)))
+    status, latest = admin(bp, "GET", base + "/schema")
+    assert status == 200 and latest["version"] == 1 and latest["type"] == "AVRO"
+    assert [f["name"] for f in json.loads(latest["data"])["fields"]] == ["sensor", "count", "value"]
+    status, first = admin(bp, "GET", base + "/schema/0")
+    assert status == 200 and first["version"] == 0 and "value" not in first["data"]
+    assert admin(bp, "GET", base + "/schema/2")[0] == 404
+    status, every = admin(bp, "GET", base + "/schemas")
+    assert [s["version"] for s in every["getSchemaResponses"]] == [0, 1]
+    # a definition the FULL strategy refuses: the compatibility probe says so, an upload gets 409 naming it
+    bad = {
+        "type": "AVRO",
+        "schema": AvroSchema(reading_without_count()).schema_info().schema(),
+        "properties": {},
+    }
+    assert admin(bp, "POST", base + "/compatibility", bad) == (
+        200,
+        {"isCompatibility": False, "schemaCompatibilityStrategy": "FULL"},
+    )
+    status, err = admin(bp, "POST", base + "/schema", bad)
+    assert status == 409 and "field 'count'" in json.dumps(err), err
+    assert admin(bp, "POST", base + "/schema", {**bad, "type": "STRINGS"})[0] == 400
+    good = {"type": "AVRO", "schema": latest["data"].replace('"value"', '"level"'), "properties": {"k": "v"}}
+    assert json.loads(good["schema"])["fields"][2]["default"] is None
+    assert admin(bp, "POST", base + "/compatibility", good)[1]["isCompatibility"] is True
+    assert admin(bp, "POST", base + "/schema", good) == (200, {"version": {"version": 2}})
+    assert admin(bp, "GET", base + "/schema")[1]["properties"] == {"k": "v"}
+    # deleting the record: the topic takes any schema again, numbered from 0
+    assert admin(bp, "DELETE", base + "/schema") == (200, {"version": 3})
+    assert admin(bp, "GET", base + "/schema")[0] == 404
+    c.create_producer(t, schema=AvroSchema(reading_without_count()))
+    assert admin(bp, "GET", base + "/schema")[1]["version"] == 0
+
+
+def test_a_namespace_strategy_changes_what_is_compatible(bp: BrokerProcess, c: Any) -> None:
+    ns = f"schemas-{topic_name()}"
+    assert admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")[0] in (200, 204)
+    path = f"/admin/v2/namespaces/public/{ns}/schemaCompatibilityStrategy"
+    assert admin(bp, "GET", path) == (200, "UNDEFINED")
+    assert admin(bp, "PUT", path, "LAX")[0] == 400
+    assert admin(bp, "PUT", path, "BACKWARD")[0] == 204
+    assert admin(bp, "GET", path) == (200, "BACKWARD")
+    t = f"persistent://public/{ns}/{topic_name()}"
+    c.create_producer(t, schema=JsonSchema(Reading)).send(Reading(sensor="a", count=1))
+    # BACKWARD: removing a field is fine (the new definition ignores it in old data), adding one without a
+    # default is not (the new definition could not read old data)
+    c.create_producer(t, schema=JsonSchema(reading_without_count()))
+    why = refusal(bp, t, JsonSchema(reading_v2(with_default=False)))
+    assert "BACKWARD" in why and "field 'count'" in why, why  # the latest version has no 'count'
+    assert admin(bp, "PUT", path, "ALWAYS_COMPATIBLE")[0] == 204
+    c.create_producer(t, schema=JsonSchema(reading_v2(with_default=False)))
