@@ -982,6 +982,7 @@ class BrokerService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._session_lost = False
+        self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
 
     # -- authentication and authorization ---------------------------------------------------------------------
 
@@ -1057,8 +1058,18 @@ class BrokerService:
             self._ticker.cancel()
         for s in list(self.sessions):
             s.transport.close()
+        zk_away = self.meta is not None and not self._zk_connected
+        if zk_away:  # each metadata write of a clean stop would wait out its timeout, one after the other
+            log.warning(
+                "broker=%s stopping with ZooKeeper unreachable: its %d topics are left as after a crash (the "
+                "next owner recovers their ledgers; acks not yet flushed are delivered again)",
+                self.config.id,
+                len(self.topics),
+            )
         for name in list(self.topics):
             fut = self.topics.pop(name)
+            if zk_away:
+                continue
             if fut.done() and not fut.exception():
                 topic = fut.result()
                 topic.unloaded = True
@@ -1067,7 +1078,7 @@ class BrokerService:
                 if self.meta is not None:
                     with contextlib.suppress(Exception):
                         await self.meta.release_ownership(topic.name.ml_name, self.config.id)
-        if self.meta is not None:
+        if self.meta is not None and not zk_away:
             with contextlib.suppress(Exception):
                 await self.meta.unregister_broker(self.config.id)
         if self.bk is not None:
@@ -1088,6 +1099,7 @@ class BrokerService:
 
     def _on_session_state(self, state: str) -> None:
         log.warning("broker=%s ZooKeeper session %s", self.config.id, state)
+        self._zk_connected = state == "CONNECTED"
         if state == "LOST":
             self._session_lost = True
             for fut in list(self.topics.values()):
