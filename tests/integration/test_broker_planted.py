@@ -107,10 +107,14 @@ def test_dedup_remembers_a_producer_whose_last_message_is_in_an_older_ledger(clu
         assert a.last_sequence_id() == 2
         a.send(b"a2", sequence_id=2)  # a resend of what is stored: dropped
         a.send(b"a3", sequence_id=3)
-        got = [m.data() for m in drain(consumer, 7)]
+        # the subscription (holding the ledgers) had its unacknowledged messages redelivered at the unload: a
+        # reader shows what is stored
+        reader = c.create_reader(t, pulsar.MessageId.earliest)
+        got = [reader.read_next(10_000).data() for _ in range(7)]
         assert got == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2", b"a3"]
         with pytest.raises(pulsar.Timeout):
-            consumer.receive(timeout_millis=500)
+            reader.read_next(500)
+        consumer.close()
     finally:
         c.close()
 
@@ -265,6 +269,8 @@ def test_a_new_owner_after_a_crash_takes_dedup_state_from_the_tail_ledger(cluste
     c = client(broker)
     t = topic_name()
     try:
+        # the subscription holds the ledgers (retention lets a topic without one go)
+        c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
         a = c.create_producer(t, producer_name="a", batching_enabled=False)
         for i in range(5):  # 0, 1, 2 in the first ledger (recorded at the rollover), 3 and 4 in the next
             a.send(f"a{i}".encode(), sequence_id=i)
@@ -274,7 +280,7 @@ def test_a_new_owner_after_a_crash_takes_dedup_state_from_the_tail_ledger(cluste
     broker.start()
     c = client(broker)
     try:
-        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        consumer = c.subscribe(t, "s")
         a = c.create_producer(t, producer_name="a", batching_enabled=False)
         assert a.last_sequence_id() == 4
         a.send(b"a4", sequence_id=4)  # a resend of what is stored: dropped
@@ -301,3 +307,64 @@ def test_reopening_keeps_the_data_of_ledgers_that_hold_a_single_entry(bookies: A
         await ml.close()
 
     run(bookies, body)
+
+
+def _frames_until(s: Any, dec: Any, wanted: int) -> list[Any]:
+    """Frames read from the raw connection ``s`` until one of command type ``wanted`` arrives (included)."""
+    frames: list[Any] = []
+    while not any(f.command.type == wanted for f in frames):
+        data = s.recv(65536)
+        assert data, "connection closed"
+        frames += dec.feed(data)
+    return frames
+
+
+def test_a_cumulative_ack_whose_ack_set_leaves_a_batch_unacked_stops_before_that_batch(
+    broker: BrokerProcess,
+) -> None:
+    """A cumulative ack names a batch entry with an ack set (its unacknowledged messages) in which every
+    message is still unacknowledged: it acknowledges up to the entry before, and the whole batch is delivered
+    to the subscription's next consumer."""
+    c = client(broker)
+    try:
+        t = topic_name()
+        full = f"persistent://public/default/{t}"
+        s = _raw(broker)
+        try:
+            _connect(s)
+            dec = wire.FrameDecoder()
+            sub = pb.CommandSubscribe(
+                topic=full,
+                subscription="s",
+                subType=pb.CommandSubscribe.Exclusive,
+                consumer_id=1,
+                request_id=1,
+                initialPosition=pb.CommandSubscribe.Earliest,
+            )
+            s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=sub)))
+            _frames_until(s, dec, T.SUCCESS)
+            p = c.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=60_000)
+            for i in range(4):
+                p.send_async(f"{i}".encode(), None)
+            p.flush()  # one batch entry of 4 messages
+            flow = pb.CommandFlow(consumer_id=1, messagePermits=100)
+            s.sendall(wire.encode_command(T(type=T.FLOW, flow=flow)))
+            mid = next(
+                f.command.message.message_id
+                for f in _frames_until(s, dec, T.MESSAGE)
+                if f.command.type == T.MESSAGE
+            )
+            ack = pb.CommandAck(
+                consumer_id=1,
+                ack_type=pb.CommandAck.Cumulative,
+                message_id=[pb.MessageIdData(ledgerId=mid.ledgerId, entryId=mid.entryId, ack_set=[0b1111])],
+                request_id=2,
+            )
+            s.sendall(wire.encode_command(T(type=T.ACK, ack=ack)))
+            _frames_until(s, dec, T.ACK_RESPONSE)
+        finally:
+            s.close()
+        consumer = c.subscribe(t, "s")
+        assert [m.data() for m in drain(consumer, 4)] == [f"{i}".encode() for i in range(4)]
+    finally:
+        c.close()
