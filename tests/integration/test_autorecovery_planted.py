@@ -172,3 +172,39 @@ def test_a_copy_that_fails_keeps_the_mark_and_the_next_pass_completes(bookies) -
     bookies.start()
     status, kept, ensemble = asyncio.run(attempt(mark=False))
     assert (status, kept) == ("replicated", False) and lost not in ensemble
+
+
+def test_the_check_marks_a_live_bookie_that_lost_a_whole_ledger(bookies) -> None:
+    """The auditor's check reads entries a live bookie should hold: one that answers it has no such ledger at all
+    (NO_LEDGER: the ledger's every entry and its key gone) is marked as lacking them, as one answering
+    NO_ENTRY is."""
+    from autorecovery.auditor import Auditor, read_all_metadata
+    from bookie.storage import RocksLedgerStorage
+
+    procs = bookies.start_many(3)
+    lid, victim = asyncio.run(_write_ledger(bookies, 20))
+    bp = next(bp for bp in procs if bp.id == victim)
+    bp.stop()
+    s = RocksLedgerStorage(bp.data_dir / "ledgers")
+    try:
+        s.delete_ledger(lid)
+        s.flush()
+    finally:
+        s.close()
+    bp.start()
+
+    async def check() -> tuple[dict[int, set[str]], tuple[str, ...] | None]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            manager = UnderReplicationManager(bk.store)
+            config = AutoRecoveryConfig(zk=bookies.zk, zk_root=bookies.root, passwords=(PW,))
+            auditor = Auditor(bk, manager, config, Metrics(), "planted")
+            ledgers = await _meta(lambda: read_all_metadata(bk))
+            found = await auditor.check(ledgers, set(await _meta(bk.registry.all)))
+            mark = await _meta(lambda: manager.get(lid))
+            return found, None if mark is None else mark.value.missing
+        finally:
+            await bk.close()
+
+    found, missing = asyncio.run(check())
+    assert found == {lid: {victim}} and missing is not None and victim in missing
