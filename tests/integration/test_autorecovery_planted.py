@@ -208,3 +208,37 @@ def test_the_check_marks_a_live_bookie_that_lost_a_whole_ledger(bookies) -> None
 
     found, missing = asyncio.run(check())
     assert found == {lid: {victim}} and missing is not None and victim in missing
+
+
+def test_a_mark_that_changes_during_the_copy_is_kept_for_another_pass(bookies) -> None:
+    """The worker clears the mark at the version it read: when the auditor adds to it during the copy (another
+    bookie found lacking entries), the mark stays, naming that bookie, for another pass."""
+    procs = bookies.start_many(4)
+    lid, lost = asyncio.run(_write_ledger(bookies, 20))
+    next(bp for bp in procs if bp.id == lost).stop()
+
+    async def run() -> tuple[str, tuple[str, ...] | None, str]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            manager = UnderReplicationManager(bk.store)
+            await _unregistered(bk, {lost})
+            await _meta(lambda: manager.mark(lid, [lost]))
+            md = await bk.ledger_metadata(lid)
+            other = next(b for b in md.ensembles[0].bookies if b != lost)
+            config = AutoRecoveryConfig(zk=bookies.zk, zk_root=bookies.root, passwords=(PW,))
+            worker = ReplicationWorker(bk, manager, config, Metrics(), "planted")
+            throttle = worker._throttle
+
+            async def auditor_marks_meanwhile(nbytes: int) -> None:
+                await _meta(lambda: manager.mark(lid, [other]))
+                await throttle(nbytes)
+
+            worker._throttle = auditor_marks_meanwhile  # type: ignore[method-assign]
+            o = await worker.process(lid)
+            mark = await _meta(lambda: manager.get(lid))
+            return o.status, None if mark is None else mark.value.missing, other
+        finally:
+            await bk.close()
+
+    status, missing, other = asyncio.run(run())
+    assert status == "replicated" and missing is not None and other in missing
