@@ -57,6 +57,7 @@ from zk.managed_ledgers import (
     NamespacePolicies,
     SchemaHistory,
     SchemaInfo,
+    SchemaRefusedError,
 )
 
 from . import pulsar_api_pb2 as pb
@@ -65,7 +66,7 @@ from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import InvalidTopicName, TopicName
-from .service import schema_conflict, schema_evolution_refused
+from .service import schema_refusal
 
 if TYPE_CHECKING:
     from .service import BrokerService, SubscriptionRuntime, Topic
@@ -567,9 +568,8 @@ class AdminApp:
         _name, history = await self._schemas(request)
         return _json({"getSchemaResponses": [_schema_json(v, i) for v, i in enumerate(history.versions)]})
 
-    async def _posted_schema(self, request: web.Request) -> tuple[TopicName, SchemaInfo, str | None, str]:
-        """The schema in a ``PostSchemaPayload`` body, and why the topic refuses it (or None) under the
-        strategy (the last value)."""
+    async def _posted_schema(self, request: web.Request) -> tuple[TopicName, SchemaInfo, str]:
+        """The topic, the schema in a ``PostSchemaPayload`` body, and the namespace's strategy."""
         body = await _body_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("schema", ""), str):
             raise AdminError(400, 'expected {"type": "AVRO", "schema": "<definition>", "properties": {}}')
@@ -586,25 +586,25 @@ class AdminApp:
                 schema_compat.parse_definition(info.data)
             except schema_compat.SchemaDefinitionError as e:
                 raise AdminError(400, f"invalid schema: {e}") from e
-        name, history = await self._schemas(request)
+        name = self._topic_name(request).base
         policies = await self.meta.get_policies(name.tenant, name.namespace)
-        strategy = policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
-        refused = schema_conflict([v.type for v in history.versions], info.type)
-        if refused is None and history.version_of(info) is None:
-            refused = schema_evolution_refused(history, info.type, info.data, strategy)
-        shown = schema_compat.DEFAULT_STRATEGY if strategy == "UNDEFINED" else strategy
-        return name, info, refused, shown
+        return name, info, policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
 
     async def schema_post(self, request: web.Request) -> web.Response:
-        name, info, refused, _strategy = await self._posted_schema(request)
-        if refused is not None:
-            raise AdminError(409, refused)
-        version = await self.meta.add_schema(name.ml_name, info)
+        name, info, strategy = await self._posted_schema(request)
+        try:
+            version = await self.meta.add_schema(
+                name.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
+            )
+        except SchemaRefusedError as e:
+            raise AdminError(409, str(e)) from e
         return _json({"version": {"version": version}})
 
     async def schema_compatibility(self, request: web.Request) -> web.Response:
-        _name, _info, refused, strategy = await self._posted_schema(request)
-        return _json({"isCompatibility": refused is None, "schemaCompatibilityStrategy": strategy})
+        name, info, strategy = await self._posted_schema(request)
+        refused = schema_refusal(await self.meta.get_schemas(name.ml_name), info, strategy)
+        shown = schema_compat.DEFAULT_STRATEGY if strategy == "UNDEFINED" else strategy
+        return _json({"isCompatibility": refused is None, "schemaCompatibilityStrategy": shown})
 
     async def schema_delete(self, request: web.Request) -> web.Response:
         name, history = await self._schemas(request)

@@ -45,6 +45,7 @@ from zk.managed_ledgers import (
     OwnershipInfo,
     SchemaHistory,
     SchemaInfo,
+    SchemaRefusedError,
 )
 
 from . import pulsar_api_pb2 as pb
@@ -633,6 +634,19 @@ def schema_conflict(stored_types: Sequence[int], declared: int) -> str | None:
         f"incompatible schema: the topic's schema is {_schema_type_name(stored_types[-1])}, "
         f"not {_schema_type_name(declared)}"
     )
+
+
+def schema_refusal(history: SchemaHistory, schema: SchemaInfo, strategy: str) -> str | None:
+    """Why ``schema`` does not go with a topic whose stored schemas are ``history``, under ``strategy``: a type
+    other than the latest's (:func:`schema_conflict`) or an AVRO or JSON definition the strategy does not allow
+    (:func:`schema_evolution_refused`). None for bytes and for a schema stored already (its version is
+    reused, unchecked, as in Pulsar)."""
+    if schema.type == SCHEMA_NONE:
+        return None
+    refused = schema_conflict([v.type for v in history.versions], schema.type)
+    if refused is not None or history.version_of(schema) is not None:
+        return refused
+    return schema_evolution_refused(history, schema.type, schema.data, strategy)
 
 
 def schema_evolution_refused(history: SchemaHistory, declared: int, data: bytes, strategy: str) -> str | None:
@@ -1420,12 +1434,16 @@ class BrokerService:
         schema_version: bytes | None = None
         if cmd.HasField("schema") and (cmd.schema.type != SCHEMA_NONE or cmd.schema.schema_data):
             assert self.meta is not None  # bytes producers declare none; a declared schema is stored
+            info = _schema_info(cmd.schema)
             try:
-                refused = await self._schema_refused(topic, cmd.schema)
-                if refused is not None:
-                    s.send(wire.error(cmd.request_id, pb.IncompatibleSchema, refused))
-                    return
-                version = await self.meta.add_schema(topic.name.base.ml_name, _schema_info(cmd.schema))
+                strategy = await self._schema_strategy(topic.name)
+                # checked inside the compare-and-set, against the history the new version is appended to
+                version = await self.meta.add_schema(
+                    topic.name.base.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
+                )
+            except SchemaRefusedError as e:
+                s.send(wire.error(cmd.request_id, pb.IncompatibleSchema, str(e)))
+                return
             except zk.MetadataError as e:
                 s.send(wire.error(cmd.request_id, pb.MetadataError, f"schema not stored: {e}"))
                 return
@@ -1534,18 +1552,19 @@ class BrokerService:
         s.send(wire.success(cmd.request_id))
 
     async def _schema_refused(self, topic: Topic, schema: pb.Schema) -> str | None:
-        """Why ``schema`` does not go with the topic's stored schemas (:func:`schema_conflict`, then for AVRO
-        and JSON :func:`schema_compat.incompatibility` under the namespace's strategy), or None."""
+        """Why a consumer's ``schema`` does not go with the topic's stored schemas (:func:`schema_refusal`
+        under the namespace's strategy), or None."""
         if schema.type == SCHEMA_NONE:
             return None
         assert self.meta is not None
         history = await self.meta.get_schemas(topic.name.base.ml_name)
-        refused = schema_conflict([v.type for v in history.versions], int(schema.type))
-        if refused is not None or history.version_of(_schema_info(schema)) is not None:
-            return refused
-        policies = await self.meta.get_policies(topic.name.tenant, topic.name.namespace)
-        strategy = policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
-        return schema_evolution_refused(history, int(schema.type), bytes(schema.schema_data), strategy)
+        return schema_refusal(history, _schema_info(schema), await self._schema_strategy(topic.name))
+
+    async def _schema_strategy(self, name: TopicName) -> str:
+        """The namespace's ``schema_compatibility_strategy`` (UNDEFINED without policies)."""
+        assert self.meta is not None
+        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        return policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
 
     async def on_subscribe(self, s: Session, r: Request) -> None:
         cmd: pb.CommandSubscribe = r.body  # type: ignore[assignment]

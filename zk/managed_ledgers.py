@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -369,6 +369,10 @@ class SchemaInfo:
         )
 
 
+class SchemaRefusedError(Exception):
+    """A schema the topic's stored schemas do not take (``add_schema``'s ``refuse``); the message says why."""
+
+
 @dataclass(frozen=True, slots=True)
 class SchemaHistory:
     versions: tuple[SchemaInfo, ...] = ()
@@ -538,12 +542,20 @@ class BrokerMetadataStore:
         v = await self.store.aget_optional(schema_path(ml_name))
         return SchemaHistory() if v is None else SchemaHistory.from_json(v.value)
 
-    async def add_schema(self, ml_name: str, schema: SchemaInfo) -> int:
+    async def add_schema(
+        self, ml_name: str, schema: SchemaInfo, refuse: Callable[[SchemaHistory], str | None] | None = None
+    ) -> int:
         """The version of ``schema`` for the topic: an existing one with the same definition, else a new one
-        appended (CAS, so concurrent producers on two brokers agree)."""
+        appended (CAS, so concurrent producers on two brokers agree). ``refuse`` (the history -> why not, or
+        None) runs inside the compare-and-set, on the history the schema would be stored in; a reason raises
+        :class:`SchemaRefusedError`, so two brokers cannot both append definitions checked against an older
+        history."""
 
         def add(cur: JsonDict) -> JsonDict:
             history = SchemaHistory.from_json(cur)
+            why = refuse(history) if refuse is not None else None
+            if why is not None:
+                raise SchemaRefusedError(why)
             if history.version_of(schema) is None:
                 history = SchemaHistory((*history.versions, schema))
             return {**cur, **history.to_json()}

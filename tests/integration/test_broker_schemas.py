@@ -5,6 +5,7 @@ uses its own topics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -19,6 +20,9 @@ from tests.integration import test_broker_client_features3 as features3
 from tests.integration.test_broker_pulsar_client import _connect, _raw, drain, topic_name
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
+from topic_broker.service import schema_refusal
+from zk import MetadataStore
+from zk.managed_ledgers import BrokerMetadataStore, SchemaInfo, SchemaRefusedError
 
 pulsar = pytest.importorskip("pulsar")
 pytest.importorskip("fastavro")  # what the client's AvroSchema needs (the pulsar extra installs it)
@@ -243,3 +247,43 @@ def test_a_namespace_strategy_changes_what_is_compatible(bp: BrokerProcess, c: A
     assert "BACKWARD" in why and "field 'count'" in why, why  # the latest version has no 'count'
     assert admin(bp, "PUT", path, "ALWAYS_COMPATIBLE")[0] == 204
     c.create_producer(t, schema=JsonSchema(reading_v2(with_default=False)))
+
+
+def test_two_brokers_appending_definitions_at_once_check_each_against_the_other(
+    zk_server: Any, zk_root: str
+) -> None:
+    """A and B are each FULL compatible with v0 but not with each other ('x' an int or a string): whichever
+    compare-and-set goes second sees the other's version and is refused, however the two interleave."""
+
+    def definition(x_type: str, default: Any) -> SchemaInfo:
+        fields = [{"name": "sensor", "type": "string"}, {"name": "x", "type": x_type, "default": default}]
+        data = json.dumps({"type": "record", "name": "Reading", "fields": fields[: 2 if x_type else 1]})
+        return SchemaInfo(type=pb.Schema.Avro, data=data.encode())
+
+    v0, a, b = definition("", None), definition("int", 0), definition("string", "")
+
+    async def run() -> list[Any]:
+        stores = [MetadataStore.connect(zk_server.connect_string, root=zk_root) for _ in range(2)]
+        try:
+            metas = [BrokerMetadataStore(st) for st in stores]
+            assert await metas[0].add_schema("public/default/persistent/race", v0) == 0
+
+            async def add(meta: BrokerMetadataStore, info: SchemaInfo) -> Any:
+                try:
+                    return await meta.add_schema(
+                        "public/default/persistent/race",
+                        info,
+                        refuse=lambda h: schema_refusal(h, info, "FULL"),
+                    )
+                except SchemaRefusedError as e:
+                    return e
+
+            return list(await asyncio.gather(add(metas[0], a), add(metas[1], b)))
+        finally:
+            for st in stores:
+                st.close()
+
+    results = asyncio.run(run())
+    assert sorted(type(r).__name__ for r in results) == ["SchemaRefusedError", "int"], results
+    assert [r for r in results if isinstance(r, int)] == [1]
+    assert "field 'x'" in str(next(r for r in results if isinstance(r, SchemaRefusedError)))

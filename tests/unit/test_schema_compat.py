@@ -163,3 +163,23 @@ def test_python_client_definitions() -> None:
     assert why is not None and "'value'" in why
     why = incompatibility("UNDEFINED", data(WithDefault), old)
     assert why is not None and "record WithDefault" in why  # another record name
+
+
+def test_schema_refusal_reuses_stored_versions_and_refuses_other_types() -> None:
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker.service import schema_refusal
+    from zk.managed_ledgers import SchemaHistory, SchemaInfo
+
+    v1 = SchemaInfo(type=pb.Schema.Json, data=enc(V1))
+    no_default = SchemaInfo(type=pb.Schema.Json, data=enc(record(SENSOR, VALUE_NO_DEFAULT)))
+    history = SchemaHistory((v1,))
+    assert schema_refusal(SchemaHistory(), no_default, "FULL") is None  # the first definition of a topic
+    assert schema_refusal(history, v1, "ALWAYS_INCOMPATIBLE") is None  # stored already: its version again
+    why = schema_refusal(history, no_default, "UNDEFINED")
+    assert why is not None and why.startswith("incompatible schema: FULL") and "'value'" in why
+    assert schema_refusal(history, no_default, "FORWARD") is None
+    why = schema_refusal(history, SchemaInfo(type=pb.Schema.Avro, data=enc(V1)), "ALWAYS_COMPATIBLE")
+    assert why is not None and "is JSON, not AVRO" in why
+    assert (
+        schema_refusal(history, SchemaInfo(type=0), "FULL") is None
+    )  # bytes (Schema.Type None) goes anywhere
