@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -217,11 +218,11 @@ def _schema_type_number(name: Any) -> int:
 
 
 def _schema_json(version: int, info: SchemaInfo) -> dict[str, Any]:
-    """Pulsar's ``GetSchemaResponse``: the definition as text (no timestamps are kept: 0)."""
+    """Pulsar's ``GetSchemaResponse``: the definition as text, the time the version was stored."""
     return {
         "version": version,
         "type": _SCHEMA_TYPES.get(info.type, str(info.type)),
-        "timestamp": 0,
+        "timestamp": info.timestamp_ms,
         "data": info.data.decode("utf-8", errors="replace"),
         "properties": dict(info.properties),
     }
@@ -580,6 +581,7 @@ class AdminApp:
             type=_schema_type_number(body.get("type")),
             data=str(body.get("schema", "")).encode(),
             properties={str(k): v for k, v in props.items()},
+            timestamp_ms=int(time.time() * 1000),
         )
         if info.type in (pb.Schema.Avro, pb.Schema.Json):
             try:

@@ -673,6 +673,7 @@ def _schema_info(schema: pb.Schema) -> SchemaInfo:
         name=schema.name,
         data=bytes(schema.schema_data),
         properties={kv.key: kv.value for kv in schema.properties},
+        timestamp_ms=int(time.time() * 1000),
     )
 
 

@@ -338,6 +338,8 @@ class SchemaInfo:
     name: str = ""
     data: bytes = b""
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: when the version was stored (ms since the epoch; 0 in records written before it was kept)
+    timestamp_ms: int = 0
 
     def to_json(self) -> JsonDict:
         return {
@@ -345,6 +347,7 @@ class SchemaInfo:
             "name": self.name,
             "data": base64.b64encode(self.data).decode("ascii"),
             "properties": dict(self.properties),
+            "timestamp_ms": self.timestamp_ms,
         }
 
     @classmethod
@@ -358,10 +361,12 @@ class SchemaInfo:
             name=_field(d, "name", str, ""),
             data=data,
             properties={str(k): str(v) for k, v in _field(d, "properties", dict, {}).items()},
+            timestamp_ms=_field(d, "timestamp_ms", int, 0),
         )
 
     def same_definition(self, other: SchemaInfo) -> bool:
-        """Pulsar reuses a version for the same type and definition (the name is the topic's, not part of it)."""
+        """Pulsar reuses a version for the same type and definition (the name is the topic's, not part of it;
+        the timestamp is the version's)."""
         return (self.type, self.data, dict(self.properties)) == (
             other.type,
             other.data,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -199,6 +200,7 @@ def test_admin_schema_routes(bp: BrokerProcess, c: Any) -> None:
     c.create_producer(t, schema=AvroSchema(reading_v2(with_default=True)))
     status, latest = admin(bp, "GET", base + "/schema")
     assert status == 200 and latest["version"] == 1 and latest["type"] == "AVRO"
+    assert abs(latest["timestamp"] / 1000 - time.time()) < 120
     assert [f["name"] for f in json.loads(latest["data"])["fields"]] == ["sensor", "count", "value"]
     status, first = admin(bp, "GET", base + "/schema/0")
     assert status == 200 and first["version"] == 0 and "value" not in first["data"]
