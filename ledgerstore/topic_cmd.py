@@ -9,9 +9,12 @@ produce and consume use the official ``pulsar-client`` on ``--service-url`` (``$
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -193,9 +196,42 @@ def _client(args: argparse.Namespace) -> Any:
     # says what failed. (A Python logger here made the process abort at exit now and then.)
     if getattr(args, "verbose", False):
         logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Info)
-    else:
-        logger = pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    else:  # its warnings into a file of its own: a connect given up on says what the broker last answered
+        log_file = tempfile.NamedTemporaryFile(prefix="ledgerstore-pulsar-", suffix=".log")  # noqa: SIM115
+        args.pulsar_log = log_file  # deleted with the process
+        logger = pulsar.FileLogger(pulsar.LoggerLevel.Warn, log_file.name)
     return pulsar.Client(args.service_url, operation_timeout_seconds=30, logger=logger)
+
+
+def _broker_said(args: argparse.Namespace) -> str:
+    """The last error the broker answered (from the client's log file), as ``; the broker answered: ...``."""
+    log_file = getattr(args, "pulsar_log", None)
+    if log_file is None:
+        return ""
+    try:
+        with open(log_file.name, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_file.name) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        head, sep, said = line.partition("Received error response from server: ")
+        if sep:
+            return "; the broker answered: " + said.split(" -- req_id:")[0].strip()
+    return ""
+
+
+def _exit_now(status: int, log_file: Any) -> None:
+    """End the process with ``status`` before the interpreter and pulsar-client's C++ objects are torn down: a
+    client thread still inside a call it was not let go of would abort the process ('terminate called without
+    an active exception', status 134)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if log_file is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(log_file.name)
+    os._exit(status)
 
 
 def _close(client: Any) -> None:
@@ -219,11 +255,14 @@ def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[],
     t.start()
     t.join(args.timeout_s)
     if t.is_alive():
+        said = _broker_said(args)
         client.close()
         t.join(5)
+        if t.is_alive():  # the error line is printed first (atexit handlers run after the command returns)
+            atexit.register(_exit_now, EXIT_UNAVAILABLE, getattr(args, "pulsar_log", None))
         raise CommandError(
-            f"{what}: no answer within {args.timeout_s:g}s (are the broker at {args.service_url} and its "
-            "ZooKeeper up?)",
+            f"{what}: no answer within {args.timeout_s:g}s"
+            + (said or f" (are the broker at {args.service_url} and its ZooKeeper up?)"),
             EXIT_UNAVAILABLE,
         )
     if "error" in box:

@@ -11,8 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ledgerstore import cli
 from ledgerstore.cluster import BookieProcess, _pid_alive, free_port
+from tests.broker_testing import start_broker
 from tests.conftest import BookieFactory
 from tests.integration.test_cluster_cli import _ports
 from tests.zk_testing import wait_for
@@ -152,3 +155,24 @@ def test_cluster_up_over_a_cluster_whose_bookies_died_names_what_is_still_up(tmp
     finally:
         d = _ls("cluster", "down", "--state-dir", str(state))
         assert d.returncode == 0, d.stdout + d.stderr
+
+
+def test_topic_produce_to_a_broker_without_bookies_says_what_the_broker_answered(
+    bookies: BookieFactory, tmp_path: Path
+) -> None:
+    """A broker started before any bookie answers each producer 'cannot create a ledger: NOT_ENOUGH_BOOKIES'
+    (retryable) and the client retries: the command gives up after --timeout-s with that answer, once, and exit
+    status 5; it said only 'no answer' and then aborted in pulsar-client's teardown (status 134)."""
+    pytest.importorskip("pulsar")
+    broker = start_broker(bookies, tmp_path, 4)
+    try:
+        broker.wait_ready(60)
+        url = ["--service-url", broker.service_url, "--timeout-s", "5"]
+        for verb in (["produce", "t"], ["consume", "t", "-s", "s"]):
+            r = _ls("topic", *verb, *url)
+            assert r.returncode == cli.EXIT_UNAVAILABLE, (verb, r.returncode, r.stdout, r.stderr)
+            assert "terminate called" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert "no answer within 5s; the broker answered: " in r.stderr, r.stderr
+            assert "NOT_ENOUGH_BOOKIES" in r.stderr, r.stderr
+    finally:
+        broker.kill9()
