@@ -242,3 +242,34 @@ def test_a_mark_that_changes_during_the_copy_is_kept_for_another_pass(bookies) -
 
     status, missing, other = asyncio.run(run())
     assert status == "replicated" and missing is not None and other in missing
+
+
+def test_an_audit_marks_again_a_ledger_whose_mark_went_while_it_still_names_a_lost_bookie(bookies) -> None:
+    """The auditor keeps every lost bookie that ledgers still name: an audit (periodic, or requested) marks again
+    a ledger whose mark went (cleared by hand, or by a worker that failed to say so) while it still names one."""
+    from autorecovery.auditor import Auditor
+
+    procs = bookies.start_many(4)
+    lid, lost = asyncio.run(_write_ledger(bookies, 20))
+    next(bp for bp in procs if bp.id == lost).stop()
+
+    async def run() -> tuple[bool, bool, bool]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            manager = UnderReplicationManager(bk.store)
+            await _unregistered(bk, {lost})
+            config = AutoRecoveryConfig(zk=bookies.zk, zk_root=bookies.root, passwords=(PW,))
+            auditor = Auditor(bk, manager, config, Metrics(), "planted")
+            await auditor.step()  # elected; the lost bookie's ledgers marked at once (no delay)
+            marked = await _meta(lambda: manager.get(lid)) is not None
+            await _meta(lambda: manager.clear(lid))
+            await auditor.step()  # no audit due: nothing marked
+            quiet = await _meta(lambda: manager.get(lid)) is None
+            await _meta(manager.request_audit)
+            await auditor.step()
+            again = await _meta(lambda: manager.get(lid)) is not None
+            return marked, quiet, again
+        finally:
+            await bk.close()
+
+    assert asyncio.run(run()) == (True, True, True)
