@@ -298,6 +298,12 @@ def _produce(args: argparse.Namespace) -> int:
     except CommandError:
         raise
     except Exception as e:
+        if type(e).__name__ == "Timeout":  # pulsar.Timeout: the send's, the producer was created
+            raise CommandError(
+                f"produce to {full}: {len(ids)} messages acknowledged, then none within {args.timeout_s:g}s: the "
+                "broker could not store it (are the cluster's bookies up? `ledgerstore ledger bookies`)",
+                EXIT_UNAVAILABLE,
+            ) from e
         raise CommandError(f"produce to {full} failed: {e}") from e
     finally:
         _close(client)

@@ -176,3 +176,24 @@ def test_topic_produce_to_a_broker_without_bookies_says_what_the_broker_answered
             assert "NOT_ENOUGH_BOOKIES" in r.stderr, r.stderr
     finally:
         broker.kill9()
+
+
+def test_topic_produce_whose_bookies_died_says_the_broker_could_not_store_it(
+    bookies: BookieFactory, tmp_path: Path
+) -> None:
+    pytest.importorskip("pulsar")
+    (bp,) = bookies.start_many(1)
+    broker = start_broker(
+        bookies, tmp_path, 4, "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1"
+    )
+    try:
+        broker.wait_ready(60)
+        url = ["--service-url", broker.service_url, "--timeout-s", "5"]
+        assert _ls("topic", "produce", "t", *url).returncode == 0
+        bp.kill9()
+        r = _ls("topic", "produce", "t", *url)
+        assert r.returncode == cli.EXIT_UNAVAILABLE, (r.returncode, r.stdout, r.stderr)
+        assert "terminate called" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "then none within 5s: the broker could not store it" in r.stderr, r.stderr
+    finally:
+        broker.kill9()
