@@ -97,6 +97,8 @@ DEFAULT_DEDUP_ENABLED = True
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
 SCHEMA_NONE = 0
+#: ``Schema.Type.AutoConsume`` of newer protocol files (not in ours): a consumer taking whatever the topic has
+SCHEMA_AUTO_CONSUME = 21
 #: The actions a namespace permission grants (Pulsar's AuthAction names we enforce).
 PRODUCE = "produce"
 CONSUME = "consume"
@@ -1554,12 +1556,26 @@ class BrokerService:
 
     async def _schema_refused(self, topic: Topic, schema: pb.Schema) -> str | None:
         """Why a consumer's ``schema`` does not go with the topic's stored schemas (:func:`schema_refusal`
-        under the namespace's strategy), or None."""
-        if schema.type == SCHEMA_NONE:
+        under the namespace's strategy), or None. As Pulsar (``addSchemaIfIdleOrCheckCompatible``): on a topic
+        without schemas, producers, consumers or messages, the consumer's schema is stored as version 0, so
+        that producers that come later must go with it. AUTO_CONSUME (a consumer taking whatever the topic
+        has) is neither checked nor stored."""
+        if schema.type in (SCHEMA_NONE, SCHEMA_AUTO_CONSUME):
             return None
         assert self.meta is not None
         history = await self.meta.get_schemas(topic.name.base.ml_name)
-        return schema_refusal(history, _schema_info(schema), await self._schema_strategy(topic.name))
+        info = _schema_info(schema)
+        strategy = await self._schema_strategy(topic.name)
+        idle = not topic.producers and not any(sub.consumers for sub in topic.subscriptions.values())
+        if history.versions or not idle or topic.ml.view().total_entries() > 0:
+            return schema_refusal(history, info, strategy)
+        try:
+            await self.meta.add_schema(
+                topic.name.base.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
+            )
+        except SchemaRefusedError as e:
+            return str(e)
+        return None
 
     async def _schema_strategy(self, name: TopicName) -> str:
         """The namespace's ``schema_compatibility_strategy`` (UNDEFINED without policies)."""

@@ -41,15 +41,23 @@ def bp(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bro
 
 
 def refusal(bp: BrokerProcess, topic: str, schema: Any) -> str:
-    """The error a PRODUCER declaring ``schema`` (a ``pulsar.schema`` schema) gets on ``topic``, read from the
-    wire (the client only logs it); "" if the producer is accepted."""
+    """The error a PRODUCER declaring ``schema`` (a ``pulsar.schema`` record schema) gets on ``topic``, read
+    from the wire (the client only logs it); "" if the producer is accepted."""
     info = schema.schema_info()
+    kind = pb.Schema.Json if isinstance(schema, JsonSchema) else pb.Schema.Avro
+    return _raw_producer(
+        bp, topic, pb.Schema(name=info.name(), schema_data=info.schema().encode(), type=kind)
+    )
+
+
+def refusal_of_string(bp: BrokerProcess, topic: str) -> str:
+    return _raw_producer(bp, topic, pb.Schema(name="String", schema_data=b"", type=pb.Schema.String))
+
+
+def _raw_producer(bp: BrokerProcess, topic: str, declared: pb.Schema) -> str:
     s = _raw(bp)
     try:
         _connect(s)
-        declared = pb.Schema(name=info.name(), schema_data=info.schema().encode(), type=pb.Schema.Avro)
-        if isinstance(schema, JsonSchema):
-            declared.type = pb.Schema.Json
         cmd = pb.CommandProducer(topic=topic, producer_id=1, request_id=1, schema=declared)
         s.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
         dec = wire.FrameDecoder()
@@ -289,3 +297,25 @@ def test_two_brokers_appending_definitions_at_once_check_each_against_the_other(
     assert sorted(type(r).__name__ for r in results) == ["SchemaRefusedError", "int"], results
     assert [r for r in results if isinstance(r, int)] == [1]
     assert "field 'x'" in str(next(r for r in results if isinstance(r, SchemaRefusedError)))
+
+
+def test_a_consumer_first_on_an_idle_topic_stores_its_schema(bp: BrokerProcess, c: Any) -> None:
+    """As Pulsar: the consumer's schema becomes version 0 of a topic without schemas, producers or data, and
+    producers then have to go with it; on a topic that has bytes messages already it is not stored."""
+    local = topic_name()
+    t = f"persistent://public/default/{local}"
+    consumer = c.subscribe(
+        t, "s", schema=AvroSchema(Reading), initial_position=pulsar.InitialPosition.Earliest
+    )
+    status, stored = admin(bp, "GET", f"/admin/v2/schemas/public/default/{local}/schema")
+    assert status == 200 and stored["version"] == 0 and stored["type"] == "AVRO"
+    assert "the topic's schema is AVRO, not STRING" in refusal_of_string(bp, t)
+    why = refusal(bp, t, AvroSchema(reading_v2(with_default=False)))
+    assert "field 'value'" in why, why
+    c.create_producer(t, schema=AvroSchema(Reading)).send(Reading(sensor="a", count=1))
+    assert versions([consumer.receive(timeout_millis=10_000)]) == [0]
+
+    bytes_topic = topic_name()
+    c.create_producer(f"persistent://public/default/{bytes_topic}").send(b"raw")
+    c.subscribe(f"persistent://public/default/{bytes_topic}", "s", schema=StringSchema())
+    assert admin(bp, "GET", f"/admin/v2/schemas/public/default/{bytes_topic}/schema")[0] == 404
