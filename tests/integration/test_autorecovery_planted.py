@@ -9,9 +9,11 @@ import asyncio
 from autorecovery.config import AutoRecoveryConfig
 from autorecovery.metrics import Metrics
 from autorecovery.worker import ReplicationWorker
+from bookie import protocol as p
 from bookie.storage import RocksLedgerStorage, run_key
 from ledger_client import BookKeeper, ClientConfig
 from ledger_client.client import _meta
+from tests.integration.rawbookie import RawBookie
 from zk.underreplication import UnderReplicationManager
 
 PW = b"pw"
@@ -30,6 +32,15 @@ async def _write_ledger(bookies, entries: int, repeat: int = 1) -> tuple[int, st
         return lh.ledger_id, lh.metadata.ensembles[0].bookies[0]
     finally:
         await bk.close()
+
+
+async def _plain_add(bookie: str, lid: int, eid: int) -> p.Status:
+    """A writer's add (not a recovery add) of entry ``eid`` of ``lid`` straight to ``bookie``."""
+    raw = await RawBookie.open(bookie)
+    try:
+        return await raw.add(lid, eid, key=p.master_key(PW))
+    finally:
+        raw.close()
 
 
 async def _unregistered(bk: BookKeeper, gone: set[str]) -> None:
@@ -145,7 +156,8 @@ def test_two_bookies_of_one_ensemble_lost_together_get_two_different_replacement
 
 def test_a_copy_that_fails_keeps_the_mark_and_the_next_pass_completes(bookies) -> None:
     """The mark of a ledger is cleared only after its copy and metadata update: a copy that fails (here: no
-    bookie to take the lost one's place) leaves it for the next pass, which completes once a bookie joins."""
+    bookie to take the lost one's place) leaves it for the next pass, which completes once a bookie joins; the
+    closed ledger's replacement is fenced for it."""
     procs = bookies.start_many(3)
     cfg = ClientConfig(zk_root=bookies.root)
 
@@ -170,8 +182,13 @@ def test_a_copy_that_fails_keeps_the_mark_and_the_next_pass_completes(bookies) -
     status, kept, ensemble = asyncio.run(attempt(mark=True))
     assert (status, kept) == ("failed", True) and lost in ensemble
     bookies.start()
+    before_ensemble = ensemble
     status, kept, ensemble = asyncio.run(attempt(mark=False))
     assert (status, kept) == ("replicated", False) and lost not in ensemble
+    # the replacement was fenced for the ledger before the swap: an add there (a writer that missed the close) is
+    # refused, as on the bookies that were in the ensemble when it closed
+    (target,) = set(ensemble) - set(before_ensemble)
+    assert asyncio.run(_plain_add(target, lid, 20)) == p.Status.FENCED
 
 
 def test_the_check_marks_a_live_bookie_that_lost_a_whole_ledger(bookies) -> None:
