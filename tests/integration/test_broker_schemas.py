@@ -319,3 +319,22 @@ def test_a_consumer_first_on_an_idle_topic_stores_its_schema(bp: BrokerProcess, 
     c.create_producer(f"persistent://public/default/{bytes_topic}").send(b"raw")
     c.subscribe(f"persistent://public/default/{bytes_topic}", "s", schema=StringSchema())
     assert admin(bp, "GET", f"/admin/v2/schemas/public/default/{bytes_topic}/schema")[0] == 404
+
+
+def test_a_partitioned_topic_shares_one_schema_record(bp: BrokerProcess, c: Any) -> None:
+    local = topic_name()
+    t = f"persistent://public/default/{local}"
+    assert admin(bp, "PUT", f"/admin/v2/persistent/public/default/{local}/partitions", 3)[0] in (200, 204)
+    consumer = c.subscribe(
+        t, "s", schema=JsonSchema(Reading), initial_position=pulsar.InitialPosition.Earliest
+    )
+    producer = c.create_producer(t, schema=JsonSchema(Reading))
+    for i in range(6):
+        producer.send(Reading(sensor=f"s{i}", count=i), partition_key=str(i))
+    got = drain(consumer, 6)
+    assert sorted(m.value().count for m in got) == list(range(6)) and set(versions(got)) == {0}
+    # every partition answers the partitioned topic's record, and refuses what it refuses
+    status, stored = admin(bp, "GET", f"/admin/v2/schemas/public/default/{local}-partition-2/schema")
+    assert status == 200 and stored["version"] == 0 and stored["type"] == "JSON"
+    why = refusal(bp, f"{t}-partition-1", JsonSchema(reading_v2(with_default=False)))
+    assert "field 'value'" in why, why
