@@ -107,6 +107,7 @@ class BookieRegistry:
 
     def _ensure_ephemeral(self, path: str, info: JsonDict) -> None:
         deadline = time.monotonic() + self._wait_limit()
+        said = False
         while True:
             try:
                 self._store.create(path, info, ephemeral=True)
@@ -116,6 +117,17 @@ class BookieRegistry:
             st = self._store.stat(path)
             if st is None:
                 continue
+            if st.ephemeral_owner != self._store.session_id and not said:
+                said = (
+                    True  # once: a restart right after a crash waits here up to a session timeout, silently
+                )
+                log.warning(
+                    "%s is registered by another ZooKeeper session (0x%x): waiting up to %.0fs for it to go (a "
+                    "crashed bookie's registration goes when its session times out)",
+                    self._store.abs_path(path),
+                    st.ephemeral_owner,
+                    max(0.0, deadline - time.monotonic()),
+                )
             if st.ephemeral_owner == self._store.session_id:
                 try:
                     current = self._store.get(path)

@@ -197,3 +197,14 @@ def test_topic_produce_whose_bookies_died_says_the_broker_could_not_store_it(
         assert "then none within 5s: the broker could not store it" in r.stderr, r.stderr
     finally:
         broker.kill9()
+
+
+def test_a_bookie_restarted_right_after_a_crash_says_it_waits_for_its_old_registration(
+    bookies: BookieFactory,
+) -> None:
+    bp = bookies.start()
+    bp.kill9()
+    bp.start(timeout_s=60)  # registered once the crashed process's session has expired
+    log = bp.log_tail(200)
+    assert f"bookies/available/{bp.id} is registered by another ZooKeeper session" in log, log
+    assert "waiting up to" in log and "Traceback" not in log, log
