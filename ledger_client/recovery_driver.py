@@ -61,7 +61,9 @@ async def recover(lh: LedgerHandle) -> None:
             return
         except E.LedgerRecoveryError as e:
             last_error = e
-            log.warning("ledger=%d recovery attempt %d failed: %s", lh.ledger_id, attempt + 1, e)
+            # the caller reports the last attempt's error: the ones before it, retried, are not news (with no
+            # bookie up, a broker closing a topic's ledger every tick logged five lines each time)
+            log.debug("ledger=%d recovery attempt %d failed: %s", lh.ledger_id, attempt + 1, e)
             lh._versioned = await read_metadata(lh.bk.ledgers, lh.ledger_id)
     assert last_error is not None
     raise last_error

@@ -4,6 +4,8 @@ answers 503; a SIGTERM stops it promptly)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,3 +106,27 @@ def test_a_broker_stopped_while_zookeeper_is_away_stops_promptly_and_loses_nothi
                 bp.kill9()
             for b in bookies.procs:
                 b.kill9()
+
+
+def test_a_broker_whose_bookies_are_gone_logs_one_line_per_failed_close_not_one_per_recovery_attempt(
+    bookies, tmp_path: Path
+) -> None:
+    (bp,) = bookies.start_many(1)
+    broker = start_broker(
+        bookies, tmp_path, 4, "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1"
+    )
+    try:
+        broker.wait_ready(60)
+        assert http(broker, "PUT", "/admin/v2/persistent/public/default/t")[0] == 204
+        assert http(broker, "GET", "/admin/v2/persistent/public/default/t/internalStats")[0] == 200  # loaded
+        bp.kill9()
+        produce = [sys.executable, "-m", "ledgerstore.cli", "topic", "produce", "t", "--timeout-s", "5"]
+        subprocess.run([*produce, "--service-url", broker.service_url], capture_output=True, timeout=120)
+        log = broker.log_path
+        assert log is not None
+        assert wait_for(lambda: "closing it by recovery" in log.read_text(errors="replace"), timeout_s=60)
+        time.sleep(10)  # another close or two
+        text = log.read_text(errors="replace")
+        assert "recovery attempt" not in text and "Traceback" not in text, text[-3000:]
+    finally:
+        broker.kill9()
