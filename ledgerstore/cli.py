@@ -439,8 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--init-cluster",
         action="store_true",
         help="create the cluster's metadata (its instance id) under --zk-root if it is not there: a new "
-        "cluster (`cluster up` does); without it a bookie refuses to start on a root that holds no cluster, "
-        "as a mistyped --zk-root would",
+        "cluster beside others in the same ZooKeeper (`cluster up` does); without it a bookie refuses a root "
+        "that holds no cluster while other roots there do (a mistyped --zk-root); on a ZooKeeper with no "
+        "cluster at all the first bookies create one anyway",
     )
     serve.add_argument("--advertised-address", default="127.0.0.1", help="the host clients connect to")
     serve.add_argument(

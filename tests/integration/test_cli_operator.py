@@ -18,7 +18,7 @@ from ledgerstore.cluster import BookieProcess, _pid_alive, free_port
 from tests.broker_testing import start_broker
 from tests.conftest import BookieFactory
 from tests.integration.test_cluster_cli import _ports
-from tests.zk_testing import wait_for
+from tests.zk_testing import make_test_server, wait_for
 from zk import MetadataStore, cookies, launcher
 
 
@@ -93,6 +93,39 @@ def test_a_bookie_refuses_a_zk_root_that_holds_no_cluster_unless_told_to_create_
         bp.stop()
         with MetadataStore.connect(bookies.zk, "/") as top:
             top.delete(typo.lstrip("/"), recursive=True, missing_ok=True)
+
+
+def test_the_first_bookies_of_a_new_deployment_create_its_cluster_without_being_told(tmp_path: Path) -> None:
+    """A ZooKeeper that holds no cluster at all (a new deployment: `docker run ... bookie serve --zk ...` as the
+    image's comment shows) is no mistyped root: its first bookies create the cluster, and two started at once
+    agree on it (one of them finds the other's instance id, not a cluster elsewhere to refuse for)."""
+    zk = make_test_server()
+    zk.start()
+    procs = [
+        BookieProcess(
+            zk=zk.connect_string,
+            zk_root="/ledgerstore",
+            data_dir=tmp_path / f"b{i}",
+            port=free_port(),
+            http_port=free_port(),
+            init_cluster=False,
+        )
+        for i in range(2)
+    ]
+    try:
+        for bp in procs:
+            bp.start(wait=False)
+        for bp in procs:
+            bp.wait_healthy(60)
+        with MetadataStore.connect(zk.connect_string, "/ledgerstore") as store:
+            iid = cookies.instance_id(store, create=False)
+            for bp in procs:
+                cookie = cookies.read_zk_cookie(store, bp.id)
+                assert cookie is not None and cookie.value.instance_id == iid, (cookie, bp.log_tail(20))
+    finally:
+        for bp in procs:
+            bp.stop()
+        zk.stop()
 
 
 def test_a_second_bookie_on_the_same_port_or_directory_says_which_and_the_first_serves_on(
