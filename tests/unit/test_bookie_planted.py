@@ -3,8 +3,12 @@ client's planted-bug audit"): each test here fails with one of those bugs in ``b
 
 from __future__ import annotations
 
+import asyncio
+
 from bookie import protocol as p
 from bookie.entryformat import DigestType, EntryCodec
+from ledger_client.bookie_conn import BookieConnection
+from ledger_client.read_conn import ReadConnection
 from tests.unit.test_bookie_core import KEY, Rig
 
 
@@ -49,3 +53,50 @@ def test_the_explicit_lac_never_goes_back_and_survives_a_restart() -> None:
         resp = _read_lac(rig, 1)
         assert (resp.status, resp.lac, resp.explicit_lac) == (p.Status.OK, 4, 4)
         assert codec.verify_lac(resp.lac_blob) == 4
+
+
+def test_a_late_range_reply_after_a_timeout_reaches_no_other_request() -> None:
+    """The reader forgets a READ_RANGE that timed out and may send the next batch on the same connection: the
+    late reply to the first must not be taken for the second's (each reply goes by its request id only)."""
+
+    async def go() -> None:
+        conn = ReadConnection("127.0.0.1:1")
+        got: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
+
+        def request(rid: int, first: int) -> None:
+            req = p.ReadRangeRequest(
+                request_id=rid, ledger_id=7, first_entry_id=first, last_entry_id=first + 9, master_key=KEY
+            )
+            conn.send_read_range(
+                req, lambda resp, exc: got[rid].append((resp.request_id, resp.first_entry_id))
+            )
+
+        request(1, 0)
+        request(2, 10)
+        conn.forget(1)  # timed out
+        for rid, first in ((1, 0), (2, 10)):
+            conn.data_received(p.encode_read_range_response(rid, p.Status.OK, 7, first, [b"x" * 20]))
+        assert got == {1: [], 2: [(2, 10)]}
+
+    asyncio.run(go())
+
+
+def test_a_late_reply_after_a_timeout_reaches_no_other_request_of_the_connection() -> None:
+    """The same for a bookie connection's other requests (a LAC read that timed out, then another): the late
+    reply is dropped, and the pending request gets its own."""
+
+    async def go() -> None:
+        conn = BookieConnection("127.0.0.1:1")
+        got: dict[int, list[int]] = {1: [], 2: []}
+        for rid in (1, 2):
+            req = p.ReadEntryRequest(request_id=rid, ledger_id=7, entry_id=rid, master_key=KEY)
+            conn.send_frame(rid, p.encode(req), lambda resp, exc, rid=rid: got[rid].append(resp.entry_id))
+        conn.forget(1)  # timed out
+        for rid in (1, 2):
+            resp = p.ReadEntryResponse(
+                request_id=rid, status=p.Status.OK, ledger_id=7, entry_id=rid, lac=0, entry=b"x"
+            )
+            conn.data_received(p.encode(resp))
+        assert got == {1: [], 2: [2]}
+
+    asyncio.run(go())
