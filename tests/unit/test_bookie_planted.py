@@ -100,3 +100,24 @@ def test_a_late_reply_after_a_timeout_reaches_no_other_request_of_the_connection
         assert got == {1: [], 2: [2]}
 
     asyncio.run(go())
+
+
+def test_a_restart_replays_the_last_entry_and_lac_so_reads_of_the_last_entry_and_ranges_reach_them() -> None:
+    """The journal replay is the only record of entries added since the last checkpoint: it must advance the
+    ledger's last entry id and LAC as the adds did (a range read stops at the last entry id the bookie knows, and
+    a recovery asks for the last entry)."""
+    r = Rig()
+    for e in range(5):
+        r.add(1, e, lac=e - 1)
+    r.settle()
+    r2 = r.restart()
+    r2.read(1, p.LAST_ENTRY)
+    resp = r2.replies[-1]
+    assert isinstance(resp, p.ReadEntryResponse)
+    assert (resp.status, resp.entry_id, resp.lac) == (p.Status.OK, 4, 3)
+    req = p.ReadRangeRequest(request_id=99, ledger_id=1, first_entry_id=0, last_entry_id=10, master_key=KEY)
+    r2.core.handle(req, r2.reply)
+    rng = r2.replies[-1]
+    assert isinstance(rng, p.ReadRangeResponse) and rng.status == p.Status.OK
+    codec = EntryCodec(1, DigestType.CRC32C)
+    assert [codec.verify(e)[0].entry_id for e in rng.entries] == [0, 1, 2, 3, 4]
