@@ -7,9 +7,11 @@ import asyncio
 
 from bookie import protocol as p
 from bookie.entryformat import DigestType, EntryCodec
+from bookie.gc import LedgerCollector
 from ledger_client.bookie_conn import BookieConnection
 from ledger_client.read_conn import ReadConnection
 from tests.unit.test_bookie_core import KEY, Rig
+from tests.unit.test_gc_batches import Info, Metadata
 
 
 def _read_lac(r: Rig, ledger: int) -> p.ReadLacResponse:
@@ -121,3 +123,25 @@ def test_a_restart_replays_the_last_entry_and_lac_so_reads_of_the_last_entry_and
     assert isinstance(rng, p.ReadRangeResponse) and rng.status == p.Status.OK
     codec = EntryCodec(1, DigestType.CRC32C)
     assert [codec.verify(e)[0].entry_id for e in rng.entries] == [0, 1, 2, 3, 4]
+
+
+def test_gc_keeps_a_ledger_a_short_listing_left_out_whose_znode_exists() -> None:
+    """A ledger listing may come back short (a ZooKeeper child listing is not a snapshot of the znodes): a ledger
+    it leaves out is deleted only once its own znode is confirmed gone."""
+
+    class ShortListing(Metadata):
+        def list_ids(self) -> list[int]:
+            return [lid for lid in super().list_ids() if lid != 2]
+
+    local = {lid: Info() for lid in (1, 2, 3)}
+    deleted: list[int] = []
+
+    def delete(ids: list[int]) -> None:
+        deleted.extend(ids)
+        for lid in ids:
+            del local[lid]
+
+    c = LedgerCollector(ShortListing({1, 2}), lambda: local, delete)
+    result = asyncio.run(c.run_pass())
+    assert deleted == [3] and sorted(local) == [1, 2]
+    assert result.kept == (2,) and c.stats.listed_short == 1
