@@ -72,7 +72,7 @@ def _mutate(frame: bytes, ops: list[tuple[str, int, int, int]]) -> bytes:
             # a length field that says more, or less, than follows (or something absurd)
             (n,) = struct.unpack_from(">I", buf)
             n = [n + count, max(0, n - count), byte << 24, 0][count % 4]
-            struct.pack_into(">I", buf, 0, n)
+            struct.pack_into(">I", buf, 0, n & 0xFFFFFFFF)  # (a length near 2**32, plus count, wraps)
     return bytes(buf)
 
 
