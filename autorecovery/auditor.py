@@ -142,9 +142,16 @@ class Auditor:
         if first:
             ledgers = await _meta(functools.partial(read_all_metadata, self.bk))
         referenced = set().union(*(bookies_in(md) for md in ledgers.values())) if ledgers else set()
+        was_missing = set(self.tracker.missing_since)
         back = self.tracker.observe(registered, referenced, now)
         for b in sorted(back):
             log.info("auditor: bookie %s is back before its loss delay ran out: nothing marked", b)
+        for b in sorted(set(self.tracker.missing_since) - was_missing):
+            log.info(
+                "auditor: bookie %s is gone: its ledgers are marked under-replicated in %g s unless it comes back",
+                b,
+                self.tracker.delay_s,
+            )
         due = self.tracker.due(now)
         if due:
             if ledgers is None:

@@ -19,6 +19,7 @@ from ledger_client.quorum import write_set
 from ledgerstore.cluster import free_port
 from tests.integration.test_rereplication import _raw_read
 from tests.metrics_testing import scrape
+from tests.zk_testing import wait_for
 from zk import MetadataStore
 from zk.underreplication import UnderReplicationManager
 
@@ -292,10 +293,15 @@ def test_a_bookie_back_within_the_delay_costs_no_copy(bookies, tmp_path) -> None
         ledgers = asyncio.run(_write_ledgers(bookies, 4, open_every=100))
         victim = _victim_closed(bookies, ledgers)
         before = asyncio.run(_names(bookies, victim))
-        killed = time.monotonic()
         by_id[victim].kill9()
-        by_id[victim].start()  # registers as soon as its old session has expired
-        time.sleep(max(0.0, killed + delay_s + 2 - time.monotonic()))  # past the delay, counted from the loss
+        # The auditor sees it gone first: a restarted bookie registers as soon as its old session has expired,
+        # and a loss and return between two of the auditor's looks would leave it nothing to say.
+        assert wait_for(lambda: f"bookie {victim} is gone" in ar.log.read_text(), timeout_s=60)
+        gone = time.monotonic()  # the auditor's delay counts from no later than this
+        by_id[victim].start()
+        time.sleep(
+            max(0.0, gone + delay_s + 2 - time.monotonic())
+        )  # past the delay: marked, were it not back
         assert not _marks(bookies)
         assert ar.metrics()["rereplicated_entries_total"] == 0
         assert asyncio.run(_names(bookies, victim)) == before
