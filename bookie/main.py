@@ -418,9 +418,8 @@ class Bookie:
         try:
             self.instance_id = cookies.instance_id(self.store, create=cfg.init_cluster)
         except MetadataNotFoundError:
-            own = "/" + cfg.zk_root.strip(
-                "/"
-            )  # (another bookie of this new cluster may have just created it)
+            # (another bookie of this new cluster may have just created it under our own root)
+            own = "/" + cfg.zk_root.strip("/")
             clusters = [root for root in self._cluster_roots() if root != own]
             if clusters:  # a cluster elsewhere in this ZooKeeper: --zk-root is most likely mistyped
                 raise NoClusterRefusal(self._no_cluster(clusters)) from None

@@ -589,8 +589,7 @@ class AdminApp:
             except schema_compat.SchemaDefinitionError as e:
                 raise AdminError(400, f"invalid schema: {e}") from e
         name = self._topic_name(request).base
-        policies = await self.meta.get_policies(name.tenant, name.namespace)
-        return name, info, policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
+        return name, info, await self.service.schema_strategy(name)
 
     async def schema_post(self, request: web.Request) -> web.Response:
         name, info, strategy = await self._posted_schema(request)

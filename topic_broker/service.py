@@ -1439,7 +1439,7 @@ class BrokerService:
             assert self.meta is not None  # bytes producers declare none; a declared schema is stored
             info = _schema_info(cmd.schema)
             try:
-                strategy = await self._schema_strategy(topic.name)
+                strategy = await self.schema_strategy(topic.name)
                 # checked inside the compare-and-set, against the history the new version is appended to
                 version = await self.meta.add_schema(
                     topic.name.base.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
@@ -1565,7 +1565,7 @@ class BrokerService:
         assert self.meta is not None
         history = await self.meta.get_schemas(topic.name.base.ml_name)
         info = _schema_info(schema)
-        strategy = await self._schema_strategy(topic.name)
+        strategy = await self.schema_strategy(topic.name)
         idle = not topic.producers and not any(sub.consumers for sub in topic.subscriptions.values())
         if history.versions or not idle or topic.ml.view().total_entries() > 0:
             return schema_refusal(history, info, strategy)
@@ -1577,7 +1577,7 @@ class BrokerService:
             return str(e)
         return None
 
-    async def _schema_strategy(self, name: TopicName) -> str:
+    async def schema_strategy(self, name: TopicName) -> str:
         """The namespace's ``schema_compatibility_strategy`` (UNDEFINED without policies)."""
         assert self.meta is not None
         policies = await self.meta.get_policies(name.tenant, name.namespace)
