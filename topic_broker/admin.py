@@ -569,8 +569,8 @@ class AdminApp:
         _name, history = await self._schemas(request)
         return _json({"getSchemaResponses": [_schema_json(v, i) for v, i in enumerate(history.versions)]})
 
-    async def _posted_schema(self, request: web.Request) -> tuple[TopicName, SchemaInfo, str]:
-        """The topic, the schema in a ``PostSchemaPayload`` body, and the namespace's strategy."""
+    async def _posted_schema(self, request: web.Request) -> tuple[TopicName, SchemaInfo]:
+        """The topic and the schema in a ``PostSchemaPayload`` body."""
         body = await _body_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("schema", ""), str):
             raise AdminError(400, 'expected {"type": "AVRO", "schema": "<definition>", "properties": {}}')
@@ -588,21 +588,19 @@ class AdminApp:
                 schema_compat.parse_definition(info.data)
             except schema_compat.SchemaDefinitionError as e:
                 raise AdminError(400, f"invalid schema: {e}") from e
-        name = self._topic_name(request).base
-        return name, info, await self.service.schema_strategy(name)
+        return self._topic_name(request).base, info
 
     async def schema_post(self, request: web.Request) -> web.Response:
-        name, info, strategy = await self._posted_schema(request)
+        name, info = await self._posted_schema(request)
         try:
-            version = await self.meta.add_schema(
-                name.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
-            )
+            version = await self.service.add_checked_schema(name, info)
         except SchemaRefusedError as e:
             raise AdminError(409, str(e)) from e
         return _json({"version": {"version": version}})
 
     async def schema_compatibility(self, request: web.Request) -> web.Response:
-        name, info, strategy = await self._posted_schema(request)
+        name, info = await self._posted_schema(request)
+        strategy = await self.service.schema_strategy(name)
         refused = schema_refusal(await self.meta.get_schemas(name.ml_name), info, strategy)
         shown = schema_compat.DEFAULT_STRATEGY if strategy == "UNDEFINED" else strategy
         return _json({"isCompatibility": refused is None, "schemaCompatibilityStrategy": shown})

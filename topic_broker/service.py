@@ -1437,13 +1437,8 @@ class BrokerService:
         schema_version: bytes | None = None
         if cmd.HasField("schema") and (cmd.schema.type != SCHEMA_NONE or cmd.schema.schema_data):
             assert self.meta is not None  # bytes producers declare none; a declared schema is stored
-            info = _schema_info(cmd.schema)
             try:
-                strategy = await self.schema_strategy(topic.name)
-                # checked inside the compare-and-set, against the history the new version is appended to
-                version = await self.meta.add_schema(
-                    topic.name.base.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
-                )
+                version = await self.add_checked_schema(topic.name, _schema_info(cmd.schema))
             except SchemaRefusedError as e:
                 s.send(wire.error(cmd.request_id, pb.IncompatibleSchema, str(e)))
                 return
@@ -1565,17 +1560,24 @@ class BrokerService:
         assert self.meta is not None
         history = await self.meta.get_schemas(topic.name.base.ml_name)
         info = _schema_info(schema)
-        strategy = await self.schema_strategy(topic.name)
         idle = not topic.producers and not any(sub.consumers for sub in topic.subscriptions.values())
         if history.versions or not idle or topic.ml.view().total_entries() > 0:
-            return schema_refusal(history, info, strategy)
+            return schema_refusal(history, info, await self.schema_strategy(topic.name))
         try:
-            await self.meta.add_schema(
-                topic.name.base.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
-            )
+            await self.add_checked_schema(topic.name, info)
         except SchemaRefusedError as e:
             return str(e)
         return None
+
+    async def add_checked_schema(self, name: TopicName, info: SchemaInfo) -> int:
+        """Store ``info`` as a version of the schemas of ``name`` (its base topic's record) and return the version;
+        it is checked (:func:`schema_refusal` under the namespace's strategy) inside the compare-and-set that
+        appends it, against the history it is appended to. :class:`SchemaRefusedError` says why not."""
+        assert self.meta is not None
+        strategy = await self.schema_strategy(name)
+        return await self.meta.add_schema(
+            name.base.ml_name, info, refuse=lambda h: schema_refusal(h, info, strategy)
+        )
 
     async def schema_strategy(self, name: TopicName) -> str:
         """The namespace's ``schema_compatibility_strategy`` (UNDEFINED without policies)."""

@@ -118,9 +118,8 @@ class BookieRegistry:
             if st is None:
                 continue
             if st.ephemeral_owner != self._store.session_id and not said:
-                said = (
-                    True  # once: a restart right after a crash waits here up to a session timeout, silently
-                )
+                # said once: a restart right after a crash waits here up to a session timeout
+                said = True
                 log.warning(
                     "%s is registered by another ZooKeeper session (0x%x): waiting up to %.0fs for it to go (a "
                     "crashed bookie's registration goes when its session times out)",
