@@ -160,14 +160,19 @@ class BookieConfig:
         return self.data_dir / "ledgers"
 
 
-class CookieRefusal(RuntimeError):
-    """The data directories do not belong to this bookie id / cluster (see the message)."""
-
-
 class StartRefusal(RuntimeError):
     """The bookie will not start, for the reason in the message (one line), with ``exit_status``."""
 
     exit_status = 1
+
+
+class CookieRefusal(StartRefusal):
+    """The data directories do not belong to this bookie id / cluster (see the message)."""
+
+    exit_status = EXIT_COOKIE_MISMATCH
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"cookie mismatch: {message}")
 
 
 class NoClusterRefusal(StartRefusal):
@@ -435,8 +440,8 @@ class Bookie:
             instance_id=self.instance_id,
         )
         zk_cookie = cookies.read_zk_cookie(self.store, cfg.id)
-        local = [cookies.read_local_cookie(cfg.journal_dir), cookies.read_local_cookie(cfg.ledger_dir)]
-        try:
+        try:  # (a damaged local cookie is a mismatch too)
+            local = [cookies.read_local_cookie(cfg.journal_dir), cookies.read_local_cookie(cfg.ledger_dir)]
             verdict = cookies.verify_cookies(zk_cookie.value if zk_cookie else None, local, expected)
         except cookies.CookieMismatchError as e:
             from zk import BookieRegistry
@@ -1075,10 +1080,6 @@ async def run_until_signalled(
     bookie = Bookie(config, settings)
     try:
         await bookie.start()
-    except CookieRefusal as e:
-        log.error("bookie=%s refusing to start: cookie mismatch: %s", config.id, e)
-        await bookie.stop()
-        return EXIT_COOKIE_MISMATCH
     except StartRefusal as e:
         log.error("bookie=%s refusing to start: %s", config.id, e)
         await bookie.abandon_start()
