@@ -28,7 +28,8 @@ always open. Namespace permissions: ``/admin/v2/namespaces/{t}/{ns}/permissions[
 ``grant-permission``, ``permissions``, ``revoke-permission``).
 
 Errors are Pulsar's: a JSON body ``{"reason": "…"}`` with 400 (bad body), 404 (no such topic, subscription,
-namespace), 409 (already exists, not empty), 412 (invalid name, active clients without ``force``), 500.
+namespace), 409 (already exists, not empty), 412 (invalid name, active clients without ``force``), 500. A call
+on one topic whose tenant or namespace does not exist is 404 "Namespace not found" before anything is written.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import InvalidTopicName, TopicName
-from .service import schema_refusal
+from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
 
 if TYPE_CHECKING:
     from .service import BrokerService, SubscriptionRuntime, Topic
@@ -110,6 +111,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(e.status, e.reason)
     except InvalidTopicName as e:
         return _error(412, str(e))
+    except NamespaceNotFoundError:  # a topic call raced the namespace's deletion
+        return _error(404, NAMESPACE_NOT_FOUND)
     except web.HTTPException:
         raise
     except zk.MetadataNotFoundError as e:
@@ -288,6 +291,17 @@ class AdminApp:
     def _topic_name(self, request: web.Request) -> TopicName:
         mi = request.match_info
         return TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
+
+    async def check_namespace(self, request: web.Request) -> None:
+        """A call on one topic (a route naming ``{topic}``: the topic's calls, its schemas, the HTTP lookup)
+        is refused with Pulsar's 404 "Namespace not found" when the topic's tenant or namespace does not exist,
+        before anything is read or written for the topic; a bad name is 412 first."""
+        if "topic" not in request.match_info:
+            return
+        name = self._topic_name(request)
+        _ = self.meta  # 503 while the broker starts
+        if not await self.service.namespace_exists(name):
+            raise AdminError(404, NAMESPACE_NOT_FOUND)
 
     async def _redirect_if_not_owner(self, request: web.Request, name: TopicName) -> None:
         owner = await self.meta.get_owner(name.ml_name)
@@ -1427,9 +1441,18 @@ def _auth_middleware(service: BrokerService) -> Any:
     return auth
 
 
+def _namespace_middleware(admin: AdminApp) -> Any:
+    @web.middleware
+    async def namespace_exists(request: web.Request, handler: Handler) -> web.StreamResponse:
+        await admin.check_namespace(request)
+        return await handler(request)
+
+    return namespace_exists
+
+
 def build_app(service: BrokerService) -> tuple[web.Application, AdminApp]:
-    app = web.Application(middlewares=[_errors, _auth_middleware(service)])
     admin = AdminApp(service)
+    app = web.Application(middlewares=[_errors, _auth_middleware(service), _namespace_middleware(admin)])
     admin.routes(app)
     return app, admin
 

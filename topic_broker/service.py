@@ -171,6 +171,20 @@ class NotOwnerError(Exception):
         self.owner = owner
 
 
+#: Pulsar's text for a topic whose tenant or namespace does not exist (its broker's ``RestException`` 404, which
+#: LOOKUP and PARTITIONED_METADATA answer as ``TopicNotFound``); the client raises ``TopicNotFound`` at once.
+NAMESPACE_NOT_FOUND = "Namespace not found"
+
+
+class NamespaceNotFoundError(Exception):
+    """A topic of a tenant or namespace that was never created (or was deleted): refused, as Pulsar does, so
+    that a typo in a name does not quietly create a topic nobody reads."""
+
+    def __init__(self, name: TopicName) -> None:
+        super().__init__(f"{NAMESPACE_NOT_FOUND}: {name.namespace_name} (topic {name})")
+        self.name = name
+
+
 # ------------------------------------------------------------------------------------------------------------
 # per connection
 
@@ -1044,6 +1058,15 @@ class BrokerService:
         self.metrics.authz_refusals += 1
         return f"{s.conn.principal or 'an anonymous client'} is not authorized to {' or '.join(actions)} on {name}"
 
+    async def namespace_exists(self, name: TopicName) -> bool:
+        """Does the topic's tenant/namespace exist (its policies znode, created through the admin)? A topic this
+        broker serves needs no read: its namespace cannot be deleted while the topic exists."""
+        fut = self.topics.get(str(name))
+        if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+            return True
+        assert self.meta is not None
+        return await self.meta.get_policies(name.tenant, name.namespace) is not None
+
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -1056,6 +1079,8 @@ class BrokerService:
                 auth_token=self.config.bookie_auth_token,
             ),
         )
+        # a mistyped --zk-root is refused (NoClusterError) before anything is written under it
+        await asyncio.to_thread(zk.cookies.existing_instance_id, self.bk.store)
         self.meta = BrokerMetadataStore(self.bk.store)
         await self.meta.ensure_default_namespace()
         await self._register()
@@ -1230,10 +1255,13 @@ class BrokerService:
 
     async def _open_topic(self, name: TopicName) -> Topic:
         assert self.meta is not None and self.bk is not None
+        # before anything is written (ownership, the managed ledger, a ledger on the bookies)
+        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        if policies is None:
+            raise NamespaceNotFoundError(name)
         owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         if owner.broker_id != self.config.id:
             raise NotOwnerError(owner)
-        policies = await self.meta.get_policies(name.tenant, name.namespace) or NamespacePolicies()
         dedup = self.config.dedup_enabled or policies.deduplication_enabled
         ml_config = dataclasses.replace(
             self.config.ml_config(),
@@ -1363,6 +1391,14 @@ class BrokerService:
         except InvalidTopicName as e:
             s.send(wire.partitioned_metadata_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
             return
+        if not await self.namespace_exists(name):
+            log.info("broker=%s partitioned metadata of %s: namespace not found", self.config.id, name)
+            s.send(
+                wire.partitioned_metadata_response(
+                    cmd.request_id, error_code=pb.TopicNotFound, message=NAMESPACE_NOT_FOUND
+                )
+            )
+            return
         refused = await self._authorized(s, name, EITHER)
         if refused is not None:
             s.send(
@@ -1381,6 +1417,12 @@ class BrokerService:
             name = TopicName.parse(cmd.topic)
         except InvalidTopicName as e:
             s.send(wire.lookup_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
+            return
+        if not await self.namespace_exists(name):
+            log.info("broker=%s lookup of %s: namespace not found", self.config.id, name)
+            s.send(
+                wire.lookup_response(cmd.request_id, error_code=pb.TopicNotFound, message=NAMESPACE_NOT_FOUND)
+            )
             return
         refused = await self._authorized(s, name, EITHER)
         if refused is not None:
@@ -1409,6 +1451,9 @@ class BrokerService:
             return await self.get_topic(name)
         except InvalidTopicName as e:
             s.send(wire.error(request_id, BAD_NAME, str(e)))
+        except NamespaceNotFoundError as e:
+            log.info("broker=%s %s", self.config.id, e)
+            s.send(wire.error(request_id, pb.TopicNotFound, NAMESPACE_NOT_FOUND))
         except NotOwnerError as e:
             s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} is served by {e.owner.service_url}"))
         except (ManagedLedgerError, zk.MetadataError) as e:

@@ -1,0 +1,312 @@
+"""Topics of tenants and namespaces that do not exist are refused, as Pulsar refuses them: the official
+``pulsar-client`` (binary and HTTP lookup) raises ``TopicNotFound`` at once, not a ``Timeout`` after its retries,
+and nothing is written for the topic (no znode, no ledger). Once the namespace is created through the admin the
+same calls work. The admin's calls on one topic answer 404 with Pulsar's "Namespace not found"; the namespace's
+topic lists 404 "Namespace does not exist"; a namespace that still has topics cannot be deleted (409).
+
+Real processes: ZooKeeper, 3 bookies, one broker (shared by the module's tests).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import Brokers, module_cluster
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+
+pulsar = pytest.importorskip("pulsar")
+
+#: The client's operation timeout: a refusal must come long before it.
+OPERATION_TIMEOUT_S = 20
+FAST_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
+    with module_cluster(zk_server, tmp_path_factory.mktemp("namespaces")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def zk(brokers: Brokers) -> Iterator[Any]:
+    """A plain ZooKeeper client, to see what the broker wrote."""
+    k = KazooClient(hosts=brokers.bookies.zk)
+    k.start(30)
+    yield k
+    k.stop()
+    k.close()
+
+
+@pytest.fixture(scope="module")
+def bp(brokers: Brokers) -> BrokerProcess:
+    return brokers.procs[0]
+
+
+def admin(bp: BrokerProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{bp.http_port}{path}", data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    return status, (json.loads(text) if text else None)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def znodes_naming(zk: Any, root: str, word: str) -> list[str]:
+    """Every znode under ``root`` whose path holds ``word``."""
+    found: list[str] = []
+
+    def walk(path: str) -> None:
+        for child in zk.get_children(path):
+            p = f"{path}/{child}"
+            if word in child:
+                found.append(p)
+            walk(p)
+
+    walk(root)
+    return found
+
+
+def ledger_count(zk: Any, root: str) -> int:
+    """Ledgers in the metadata (a ledger on the bookies is created there first)."""
+    n = 0
+
+    def walk(path: str) -> None:
+        nonlocal n
+        for child in zk.get_children(path):
+            if child.startswith("L"):
+                n += 1
+            elif child.isdigit():
+                walk(f"{path}/{child}")
+
+    if zk.exists(f"{root}/ledgers"):
+        walk(f"{root}/ledgers")
+    return n
+
+
+def refused_fast(call: Callable[[], Any], error: type[Exception] | None = None) -> float:
+    """``call()`` raises ``error`` (``pulsar.TopicNotFound``) well before the operation timeout; the seconds it
+    took."""
+    t0 = time.monotonic()
+    with pytest.raises(error or pulsar.TopicNotFound):
+        call()
+    took = time.monotonic() - t0
+    assert took < FAST_S, f"refused after {took:.1f}s (the client retried instead of failing)"
+    return took
+
+
+def each_client_call(c: Any, topic: str) -> list[tuple[str, Callable[[], Any]]]:
+    return [
+        ("producer", lambda: c.create_producer(topic)),
+        ("consumer", lambda: c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)),
+        ("reader", lambda: c.create_reader(topic, pulsar.MessageId.earliest)),
+        ("partitions", lambda: c.get_topic_partitions(topic)),
+    ]
+
+
+@pytest.mark.parametrize("url_kind", ["pulsar", "http"])
+@pytest.mark.parametrize("missing", ["tenant", "namespace"])
+def test_clients_of_a_missing_tenant_or_namespace_fail_at_once_and_nothing_is_created(
+    bp: BrokerProcess, brokers: Brokers, zk: Any, missing: str, url_kind: str
+) -> None:
+    tenant = unique("tn") if missing == "tenant" else "public"
+    ns = unique("ns")
+    topic = f"persistent://{tenant}/{ns}/{unique('t')}"
+    word = tenant if missing == "tenant" else ns
+    root = brokers.bookies.root
+    ledgers_before = ledger_count(zk, root)
+    url = bp.service_url if url_kind == "pulsar" else f"http://127.0.0.1:{bp.http_port}"
+    # The binary protocol answers TopicNotFound; over HTTP the broker answers 404 "Namespace not found", which
+    # the C++-based client (as for every HTTP error status, with Pulsar's broker too) reports as ConnectError.
+    error = pulsar.TopicNotFound if url_kind == "pulsar" else pulsar.ConnectError
+    c = pulsar.Client(url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        for what, call in each_client_call(c, topic):
+            took = refused_fast(call, error)
+            print(f"{url_kind} {missing} {what}: {error.__name__} after {took:.2f}s")
+        # the short form names the same topic
+        refused_fast(lambda: c.create_producer(f"{tenant}/{ns}/short"), error)
+    finally:
+        c.close()
+    assert znodes_naming(zk, root, word) == []
+    assert ledger_count(zk, root) == ledgers_before
+    if url_kind == "pulsar":  # the broker says why (the client logs the reason at warn level)
+        log = bp.log_path.read_text()
+        assert f"of {topic}: namespace not found" in log
+
+    # created through the admin (a tenant first when it is new), the same calls work
+    if missing == "tenant":
+        assert admin(bp, "PUT", f"/admin/v2/tenants/{tenant}", {"allowedClusters": ["ledgerstore"]})[0] == 204
+    assert admin(bp, "PUT", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    c = pulsar.Client(url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        reader = c.create_reader(topic, pulsar.MessageId.earliest)
+        producer = c.create_producer(topic)
+        producer.send(b"hello")
+        assert consumer.receive(10_000).data() == b"hello"
+        assert reader.read_next(10_000).data() == b"hello"
+        assert c.get_topic_partitions(topic) == [topic]
+    finally:
+        c.close()
+    assert admin(bp, "GET", f"/admin/v2/persistent/{tenant}/{ns}")[1] == [topic]
+
+
+def test_each_command_naming_a_topic_of_a_missing_namespace_answers_topic_not_found(
+    bp: BrokerProcess, brokers: Brokers, zk: Any
+) -> None:
+    """What the broker sends, command by command (the client stops at the first, PARTITIONED_METADATA):
+    Pulsar's ``TopicNotFound`` "Namespace not found" in each answer's own form, and the connection goes on."""
+    T = pb.BaseCommand
+    ns = unique("ns")
+    topic = f"persistent://public/{ns}/t"
+    sub = pb.CommandSubscribe(topic=topic, subscription="s", subType=pb.CommandSubscribe.Exclusive)
+    sub.consumer_id, sub.request_id = 1, 4
+    commands = [
+        T(
+            type=T.PARTITIONED_METADATA,
+            partitionMetadata=pb.CommandPartitionedTopicMetadata(topic=topic, request_id=1),
+        ),
+        T(type=T.LOOKUP, lookupTopic=pb.CommandLookupTopic(topic=topic, request_id=2)),
+        T(type=T.PRODUCER, producer=pb.CommandProducer(topic=topic, producer_id=1, request_id=3)),
+        T(type=T.SUBSCRIBE, subscribe=sub),
+        T(type=T.PING, ping=pb.CommandPing()),
+    ]
+    s = socket.create_connection(("127.0.0.1", bp.port), timeout=10)
+    try:
+        connect = pb.CommandConnect(client_version="t", protocol_version=20)
+        s.sendall(wire.encode_command(T(type=T.CONNECT, connect=connect)))
+        dec = wire.FrameDecoder()
+        frames = dec.feed(s.recv(65536))
+        assert frames[0].command.type == T.CONNECTED
+        s.sendall(b"".join(wire.encode_command(c) for c in commands))
+        got: list[Any] = []
+        while len([c for c in got if c.type != T.PONG]) < 4 or not any(c.type == T.PONG for c in got):
+            data = s.recv(65536)
+            assert data, "the broker closed the connection"
+            got += [f.command for f in dec.feed(data)]
+    finally:
+        s.close()
+    one = {c.type: c for c in got}
+    pm = one[T.PARTITIONED_METADATA_RESPONSE].partitionMetadataResponse
+    assert (pm.request_id, pm.response, pm.error, pm.message) == (
+        1,
+        pb.CommandPartitionedTopicMetadataResponse.Failed,
+        pb.TopicNotFound,
+        "Namespace not found",
+    )
+    lk = one[T.LOOKUP_RESPONSE].lookupTopicResponse
+    assert (lk.request_id, lk.response, lk.error, lk.message) == (
+        2,
+        pb.CommandLookupTopicResponse.Failed,
+        pb.TopicNotFound,
+        "Namespace not found",
+    )
+    errors = {c.error.request_id: (c.error.error, c.error.message) for c in got if c.type == T.ERROR}
+    assert errors == {
+        3: (pb.TopicNotFound, "Namespace not found"),
+        4: (pb.TopicNotFound, "Namespace not found"),
+    }
+    log = bp.log_path.read_text()
+    assert log.count(f"{topic}: namespace not found") >= 2
+    assert log.count(f"Namespace not found: public/{ns} (topic {topic})") == 2  # PRODUCER and SUBSCRIBE
+    assert znodes_naming(zk, brokers.bookies.root, ns) == []
+
+
+def test_the_admin_refuses_topic_calls_in_a_missing_namespace_with_404(
+    bp: BrokerProcess, zk: Any, brokers: Brokers
+) -> None:
+    ns = unique("ns")
+    t = f"/admin/v2/persistent/public/{ns}/t"
+    not_found = {"reason": "Namespace not found"}
+    schema = {"type": "STRING", "schema": "", "properties": {}}
+    # method, path (after the topic's), body
+    calls: list[tuple[str, str, Any]] = [
+        (method, t + suffix, None)
+        for method, _, suffix in (
+            line.strip().partition(" ")
+            for line in """PUT
+            GET /partitions
+            DELETE
+            DELETE /partitions
+            GET /stats
+            GET /partitioned-stats
+            GET /internalStats
+            GET /lastMessageId
+            GET /subscriptions
+            PUT /subscription/s
+            DELETE /subscription/s
+            POST /subscription/s/skip_all
+            POST /subscription/s/resetcursor/0
+            PUT /unload
+            GET /examinemessage
+            GET /ledger/1/entry/0""".splitlines()
+        )
+    ]
+    calls += [("PUT", t + "/partitions", 3), ("POST", t + "/partitions", 4)]
+    calls += [("POST", f"/admin/v2/schemas/public/{ns}/t/schema", schema)]
+    calls += [("GET", f"/admin/v2/schemas/public/{ns}/t/schema", None)]
+    calls += [("GET", f"/lookup/v2/topic/persistent/public/{ns}/t", None)]
+    for method, path, body in calls:
+        assert admin(bp, method, path, body) == (404, not_found), (method, path)
+    # the namespace's lists: Pulsar's other 404
+    for path in (f"/admin/v2/persistent/public/{ns}", f"/admin/v2/persistent/public/{ns}/partitioned"):
+        assert admin(bp, "GET", path) == (404, {"reason": "Namespace does not exist"}), path
+    # a bad name is still a bad name (412), whatever its namespace
+    assert admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/%01")[0] == 412
+    assert znodes_naming(zk, brokers.bookies.root, ns) == []
+
+    # created, the same calls reach the topic
+    assert admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")[0] == 204
+    assert admin(bp, "PUT", t) == (204, None)
+    assert admin(bp, "GET", t + "/stats")[0] == 200
+    assert admin(bp, "GET", f"/lookup/v2/topic/persistent/public/{ns}/t")[0] == 200
+
+
+def test_a_namespace_with_topics_cannot_be_deleted_and_an_empty_one_can(bp: BrokerProcess) -> None:
+    tenant, ns = unique("tn"), unique("ns")
+    assert admin(bp, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
+    assert admin(bp, "PUT", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    base = f"/admin/v2/persistent/{tenant}/{ns}"
+    c = pulsar.Client(bp.service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        c.create_producer(f"persistent://{tenant}/{ns}/plain").send(b"x")
+    finally:
+        c.close()
+    assert admin(bp, "PUT", f"{base}/parted/partitions", 2)[0] == 204
+    # topics (a plain one with a message, a partitioned one): 409, as Pulsar; so is the tenant's deletion
+    assert admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}") == (
+        409,
+        {"reason": "Cannot delete non empty namespace"},
+    )
+    assert admin(bp, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 409
+    assert admin(bp, "DELETE", f"{base}/plain?force=true")[0] == 204
+    assert admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 409  # the partitioned one is left
+    assert admin(bp, "DELETE", f"{base}/parted/partitions?force=true")[0] == 204
+    assert admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    assert admin(bp, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 204
+    # gone: its topics are refused again
+    c = pulsar.Client(bp.service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        refused_fast(lambda: c.create_producer(f"persistent://{tenant}/{ns}/plain"))
+    finally:
+        c.close()
