@@ -724,9 +724,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_spark_command(sub, _common)
 
     # topic (pulsar-admin's everyday verbs; ledgerstore/topic_cmd.py) ---------------------------
-    from ledgerstore.topic_cmd import add_topic_commands
+    from ledgerstore.topic_cmd import add_namespace_commands, add_topic_commands
 
     add_topic_commands(sub, _common)
+    add_namespace_commands(sub, _common)
 
     # broker --------------------------------------------------------------------------------------
     brp = sub.add_parser("broker", help="run a topic broker (Apache Pulsar's binary protocol)")

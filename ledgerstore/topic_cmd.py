@@ -1,4 +1,7 @@
-"""``ledgerstore topic …``: pulsar-admin's everyday verbs against a broker.
+"""``ledgerstore topic …``, ``tenant …`` and ``namespace …``: pulsar-admin's everyday verbs against a broker.
+
+A topic's tenant and namespace must exist before the topic, as in Pulsar (``public/default`` always does):
+``ledgerstore tenant create acme``, then ``ledgerstore namespace create acme/orders``.
 
 Admin verbs (create, list, delete, stats, internal-stats) call the broker's REST (``--url``, default
 ``$LEDGERSTORE_BROKER_HTTP`` or ``http://127.0.0.1:8080``) and follow its redirects to a topic's owner;
@@ -23,7 +26,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import quote, urljoin
 
-from ledgerstore.cli import EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, emit, exit_status_for_http
+from ledgerstore.cli import (
+    EXIT_NOT_FOUND,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CommandError,
+    emit,
+    exit_status_for_http,
+)
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
@@ -81,6 +91,25 @@ def topic_path(name: str) -> tuple[str, str]:
     return "/admin/v2/persistent/" + "/".join(quote(p, safe="") for p in parts), str(t)
 
 
+def namespace_path(namespace: str) -> str:
+    """The REST path of ``TENANT/NAMESPACE`` (checked as Pulsar names them)."""
+    from topic_broker.names import InvalidTopicName, TopicName
+
+    if namespace.count("/") != 1:
+        raise CommandError(f"a namespace is TENANT/NAMESPACE, got {namespace!r}", EXIT_USAGE)
+    try:
+        t = TopicName.parse(f"{namespace}/t")
+    except InvalidTopicName as e:
+        raise CommandError(str(e).replace(" in topic name", " in", 1), EXIT_USAGE) from None
+    return f"/admin/v2/namespaces/{quote(t.tenant, safe='')}/{quote(t.namespace, safe='')}"
+
+
+def tenant_path(tenant: str) -> str:
+    """The REST path of a tenant (checked as Pulsar names it)."""
+    namespace_path(f"{tenant}/ns")
+    return f"/admin/v2/tenants/{quote(tenant, safe='')}"
+
+
 # -- verbs ------------------------------------------------------------------------------------------------------
 
 
@@ -101,10 +130,40 @@ def _create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _create_or_delete(kind: str, method: str) -> Callable[[argparse.Namespace], int]:
+    """The verb that creates (``PUT``) or deletes (``DELETE``) a ``tenant`` or a ``namespace``."""
+
+    def run(args: argparse.Namespace) -> int:
+        name = getattr(args, kind)
+        path = tenant_path(name) if kind == "tenant" else namespace_path(name)
+        tenant_body = {"adminRoles": [], "allowedClusters": ["ledgerstore"]}
+        rest(args.url, method, path, tenant_body if (kind, method) == ("tenant", "PUT") else None)
+        done = "created" if method == "PUT" else "deleted"
+        emit(args, f"{done} {kind} {name}", {kind: name, done: True})
+        return 0
+
+    return run
+
+
+def _tenant_list(args: argparse.Namespace) -> int:
+    tenants: list[str] = rest(args.url, "GET", "/admin/v2/tenants")
+    emit(args, lambda: "\n".join(tenants) or "no tenants", {"tenants": tenants})
+    return 0
+
+
+def _namespace_list(args: argparse.Namespace) -> int:
+    namespaces: list[str] = rest(args.url, "GET", f"/admin/v2/namespaces/{quote(args.tenant, safe='')}")
+    emit(
+        args,
+        lambda: "\n".join(namespaces) or f"no namespaces in {args.tenant}",
+        {"tenant": args.tenant, "namespaces": namespaces},
+    )
+    return 0
+
+
 def _list(args: argparse.Namespace) -> int:
     ns = args.namespace
-    if ns.count("/") != 1:
-        raise CommandError(f"a namespace is TENANT/NAMESPACE, got {ns!r}")
+    namespace_path(ns)
     tenant, name = ns.split("/")
     base = f"/admin/v2/persistent/{quote(tenant, safe='')}/{quote(name, safe='')}"
     topics: list[str] = rest(args.url, "GET", base)
@@ -270,6 +329,19 @@ def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[],
     return box["value"]  # type: ignore[no-any-return]
 
 
+def _client_failure(what: str, full: str, e: Exception) -> CommandError:
+    """The command's error for pulsar-client's exception ``e``; TopicNotFound is the broker's answer for a topic
+    whose tenant or namespace does not exist."""
+    if type(e).__name__ == "TopicNotFound":
+        ns = full.removeprefix("persistent://").rsplit("/", 1)[0]
+        return CommandError(
+            f"{what} {full}: the broker answered TopicNotFound: the namespace {ns} does not exist (create it "
+            f"first: `ledgerstore namespace create {ns}`, after `ledgerstore tenant create` for a new tenant)",
+            EXIT_NOT_FOUND,
+        )
+    return CommandError(f"{what} {full} failed: {e}")
+
+
 def _produce(args: argparse.Namespace) -> int:
     _path, full = topic_path(args.name)
     client = _client(args)
@@ -304,7 +376,7 @@ def _produce(args: argparse.Namespace) -> int:
                 "broker could not store it (are the cluster's bookies up? `ledgerstore ledger bookies`)",
                 EXIT_UNAVAILABLE,
             ) from e
-        raise CommandError(f"produce to {full} failed: {e}") from e
+        raise _client_failure("produce to", full, e) from e
     finally:
         _close(client)
     emit(
@@ -373,7 +445,7 @@ def _consume(args: argparse.Namespace) -> int:
     except (CommandError, BrokenPipeError):
         raise
     except Exception as e:
-        raise CommandError(f"consume from {full} failed: {e}") from e
+        raise _client_failure("consume from", full, e) from e
     finally:
         _close(client)
     if args.json:
@@ -392,6 +464,68 @@ def _consume(args: argparse.Namespace) -> int:
 # -- wiring -----------------------------------------------------------------------------------------------------
 
 
+def _admin_verb(
+    parent: Any,
+    common: Callable[[argparse.ArgumentParser], None],
+    name: str,
+    help_text: str,
+    fn: Callable[[argparse.Namespace], int],
+) -> argparse.ArgumentParser:
+    """A verb calling the broker's admin REST (``--url``)."""
+    p: argparse.ArgumentParser = parent.add_parser(name, help=help_text)
+    common(p)
+    p.add_argument(
+        "--url",
+        default=os.environ.get("LEDGERSTORE_BROKER_HTTP", DEFAULT_ADMIN_URL),
+        help="broker admin URL (any broker; calls follow redirects to the owner) "
+        f"(default: {DEFAULT_ADMIN_URL}; env LEDGERSTORE_BROKER_HTTP)",
+    )
+    p.set_defaults(func=fn)
+    return p
+
+
+def add_namespace_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``ledgerstore tenant create|list|delete`` and ``ledgerstore namespace create|list|delete`` (pulsar-admin's
+    ``tenants`` and ``namespaces``): a topic's tenant and namespace must exist before it."""
+    tp = sub.add_parser(
+        "tenant", help="create, list and delete tenants (a namespace's tenant must exist first)"
+    )
+    ts = tp.add_subparsers(dest="action", required=True)
+    p = _admin_verb(ts, common, "create", "create a tenant", _create_or_delete("tenant", "PUT"))
+    p.add_argument("tenant", help="tenant name (letters, digits, -=:._)")
+    _admin_verb(ts, common, "list", "the tenants", _tenant_list)
+    p = _admin_verb(
+        ts,
+        common,
+        "delete",
+        "delete a tenant (refused while it has namespaces)",
+        _create_or_delete("tenant", "DELETE"),
+    )
+    p.add_argument("tenant", help="tenant name")
+    np_ = sub.add_parser(
+        "namespace", help="create, list and delete namespaces (a topic's namespace must exist first)"
+    )
+    ns = np_.add_subparsers(dest="action", required=True)
+    p = _admin_verb(
+        ns,
+        common,
+        "create",
+        "create a namespace (its tenant must exist)",
+        _create_or_delete("namespace", "PUT"),
+    )
+    p.add_argument("namespace", help="TENANT/NAMESPACE")
+    p = _admin_verb(ns, common, "list", "the namespaces of a tenant", _namespace_list)
+    p.add_argument("tenant", nargs="?", default="public", help="tenant name (default: %(default)s)")
+    p = _admin_verb(
+        ns,
+        common,
+        "delete",
+        "delete a namespace (refused while it has topics)",
+        _create_or_delete("namespace", "DELETE"),
+    )
+    p.add_argument("namespace", help="TENANT/NAMESPACE")
+
+
 def add_topic_commands(
     sub: Any,
     common: Callable[[argparse.ArgumentParser], None],
@@ -402,21 +536,13 @@ def add_topic_commands(
     ts = tp.add_subparsers(dest="action", required=True)
 
     def verb(name: str, help_text: str, fn: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-        p = ts.add_parser(name, help=help_text)
-        common(p)
-        p.add_argument(
-            "--url",
-            default=os.environ.get("LEDGERSTORE_BROKER_HTTP", DEFAULT_ADMIN_URL),
-            help="broker admin URL (any broker; calls follow redirects to the owner) "
-            f"(default: {DEFAULT_ADMIN_URL}; env LEDGERSTORE_BROKER_HTTP)",
-        )
+        p = _admin_verb(ts, common, name, help_text, fn)
         p.add_argument(
             "--service-url",
             default=os.environ.get("LEDGERSTORE_BROKER_URL", DEFAULT_SERVICE_URL),
             help="Pulsar service URL for produce/consume (pulsar://… or http://…) "
             f"(default: {DEFAULT_SERVICE_URL}; env LEDGERSTORE_BROKER_URL)",
         )
-        p.set_defaults(func=fn)
         return p
 
     p = verb("create", "create a topic (partitioned with --partitions N)", _create)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -310,3 +312,45 @@ def test_a_namespace_with_topics_cannot_be_deleted_and_an_empty_one_can(bp: Brok
         refused_fast(lambda: c.create_producer(f"persistent://{tenant}/{ns}/plain"))
     finally:
         c.close()
+
+
+def test_the_cli_creates_lists_and_deletes_tenants_and_namespaces(bp: BrokerProcess) -> None:
+    """``ledgerstore tenant …`` and ``ledgerstore namespace …`` (pulsar-admin's ``tenants`` and ``namespaces``);
+    ``topic produce`` into a namespace that does not exist says so and how to create it (exit 4, not found)."""
+    web, svc = f"http://127.0.0.1:{bp.http_port}", bp.service_url
+
+    def cli(*args: str) -> tuple[int, Any]:
+        r = subprocess.run(
+            [sys.executable, "-m", "ledgerstore.cli", *args, "--url", web, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return r.returncode, json.loads(r.stdout) if r.stdout.strip() else r.stderr
+
+    tenant, ns = unique("cli"), unique("ns")
+    code, out = cli("topic", "produce", f"{tenant}/{ns}/t", "--service-url", svc, "-m", "x")
+    assert code == 4, out
+    why = out["error"]["message"]
+    assert "TopicNotFound" in why and f"ledgerstore namespace create {tenant}/{ns}" in why, why
+    assert cli("namespace", "create", f"{tenant}/{ns}")[0] == 4  # its tenant first
+    assert cli("tenant", "create", tenant) == (0, {"tenant": tenant, "created": True})
+    assert tenant in cli("tenant", "list")[1]["tenants"]
+    assert cli("namespace", "create", f"{tenant}/{ns}") == (
+        0,
+        {"namespace": f"{tenant}/{ns}", "created": True},
+    )
+    assert cli("namespace", "list", tenant)[1]["namespaces"] == [f"{tenant}/{ns}"]
+    assert cli("namespace", "create", "no-slash")[0] == 2
+    code, out = cli("topic", "produce", f"{tenant}/{ns}/t", "--service-url", svc, "-m", "x")
+    assert code == 0 and out["produced"] == 1, out
+    code, out = cli("namespace", "delete", f"{tenant}/{ns}")
+    assert code == 1 and "409 Cannot delete non empty namespace" in out["error"]["message"], out
+    assert cli("tenant", "delete", tenant)[0] == 1  # it has a namespace
+    assert cli("topic", "delete", f"{tenant}/{ns}/t")[0] == 0
+    assert cli("namespace", "delete", f"{tenant}/{ns}") == (
+        0,
+        {"namespace": f"{tenant}/{ns}", "deleted": True},
+    )
+    assert cli("tenant", "delete", tenant) == (0, {"tenant": tenant, "deleted": True})
+    assert tenant not in cli("tenant", "list")[1]["tenants"]
