@@ -28,7 +28,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ledger_client.client import BookKeeper, ClientConfig, LedgerHandle
@@ -220,6 +220,68 @@ _DRIVERS = {
 MODES = tuple(_DRIVERS)
 
 
+#: Counters of each bookie's ``/metrics`` that ``journal_meter`` reads (histograms by their sum and count).
+_JOURNAL_COUNTERS = (
+    "bookie_journal_syncs_total",
+    "bookie_journal_bytes_total",
+    "bookie_journal_fsync_seconds_sum",
+    "bookie_add_latency_seconds_sum",
+    "bookie_add_latency_seconds_count",
+)
+
+
+def _journal_counters(http_ports: list[int]) -> list[dict[str, float]]:
+    import urllib.request
+
+    from ledgerstore.bench_topic import metric_value
+
+    out = []
+    for port in http_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out.append({name: metric_value(text, name) for name in _JOURNAL_COUNTERS})
+    return out
+
+
+@contextlib.contextmanager
+def journal_meter(http_ports: list[int]) -> Iterator[dict[str, float]]:
+    """The bookies' group commit across a block, from their ``/metrics`` (averaged over the bookies):
+    ``journal_syncs_per_s``, ``journal_kib_per_sync`` (a batch's size), ``journal_sync_ms`` (a batch's write and
+    fdatasync on the journal's thread) and ``bookie_add_ms`` (an add's receive to its reply, per group of adds
+    read together, fsync and storage included). Left empty when the bookies cannot be asked."""
+    out: dict[str, float] = {}
+    if not http_ports:
+        yield out
+        return
+    try:
+        before = _journal_counters(http_ports)
+    except (OSError, ValueError):
+        yield out
+        return
+    t0 = time.perf_counter()
+    yield out
+    wall = time.perf_counter() - t0
+    try:
+        after = _journal_counters(http_ports)
+    except (OSError, ValueError):
+        return
+    syncs = bytes_ = sync_s = add_s = adds = 0.0
+    for b, a in zip(before, after, strict=True):
+        d = {k: a[k] - b[k] for k in _JOURNAL_COUNTERS}
+        syncs += d["bookie_journal_syncs_total"]
+        bytes_ += d["bookie_journal_bytes_total"]
+        sync_s += d["bookie_journal_fsync_seconds_sum"]
+        add_s += d["bookie_add_latency_seconds_sum"]
+        adds += d["bookie_add_latency_seconds_count"]
+    n = len(http_ports)
+    out["journal_syncs_per_s"] = round(syncs / n / wall, 1)
+    if syncs:
+        out["journal_kib_per_sync"] = round(bytes_ / syncs / 1024, 1)
+        out["journal_sync_ms"] = round(1000 * sync_s / syncs, 3)
+    if adds:
+        out["bookie_add_ms"] = round(1000 * add_s / adds, 3)
+
+
 def run_ledger_bench(
     args: argparse.Namespace,
     emit: Callable[[argparse.Namespace, str, dict[str, Any]], None],
@@ -233,6 +295,7 @@ def run_ledger_bench(
     if args.loop == "uvloop":
         install_uvloop()
     pids = {"client": os.getpid()}
+    http_ports: list[int] = []  # the bookies' admin ports (their journals' /metrics), when started here
     with contextlib.ExitStack() as stack:
         if args.use_cluster:
             import tempfile
@@ -246,11 +309,12 @@ def run_ledger_bench(
             )
             root = "/ledgerstore"
             pids |= {f"bookie{i + 1}": bp.proc.pid for i, bp in enumerate(procs)}
+            http_ports = [bp.http_port for bp in procs]
         # the machine's limits first, on a quiet disk (after the runs it is still writing back their data)
         limits = machine_limits(tmp)
         runs = []
         for i in range(args.runs):
-            with cpu_meter(pids, "entry") as cpu, disk_meter(tmp) as disk:
+            with cpu_meter(pids, "entry") as cpu, disk_meter(tmp) as disk, journal_meter(http_ports) as jnl:
                 r = asyncio.run(
                     ledger_run(
                         zk,
@@ -266,10 +330,15 @@ def run_ledger_bench(
                     )
                 )
                 cpu["units"] = r["acked"]
-            r |= cpu | disk
+            r |= cpu | disk | jnl
+            batch = (
+                f", journal {r['journal_kib_per_sync']:,.0f} KiB per sync"
+                if "journal_kib_per_sync" in r
+                else ""
+            )
             print(
                 f"  run {i + 1}/{args.runs}: {r['acked_entries_per_s']:,.0f} entries/s, p99 {r['p99_ms']} ms, "
-                f"CPU busy {r.get('cpu_busy_pct', '?')}%, disk busy {r.get('disk_busy_pct', '?')}%",
+                f"CPU busy {r.get('cpu_busy_pct', '?')}%, disk busy {r.get('disk_busy_pct', '?')}%{batch}",
                 file=sys.stderr,
                 flush=True,
             )
