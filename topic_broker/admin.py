@@ -53,6 +53,7 @@ from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from bookie.server_gate import HttpService, serve_http
 from zk import layout
 from zk.managed_ledgers import (
+    SCHEMAS,
     BacklogQuota,
     CursorInfo,
     ManagedLedgerInfo,
@@ -457,7 +458,19 @@ class AdminApp:
         if await self.meta.list_namespaces(tenant):
             raise AdminError(409, "The tenant still has namespaces")
         await self.store.adelete(f"{layout.NAMESPACES}/{tenant}", missing_ok=True)
+        await self._prune_empty([tenant])
         return _no_content()
+
+    async def _prune_empty(self, parts: list[str]) -> None:
+        """Remove the deleted namespace's (``[tenant, ns]``) or tenant's (``[tenant]``) directories that its
+        topics left under the broker's roots (managed ledgers, partitioned topics, ownership, schemas), where
+        empty: nothing is left of a deleted namespace. A directory something was written to since stays."""
+        suffixes = [["persistent"], []] if len(parts) == 2 else [[]]
+        for root in (layout.MANAGED_LEDGERS, layout.TOPICS, layout.OWNERSHIP, SCHEMAS):
+            for suffix in suffixes:
+                path = "/".join([root, *parts, *suffix])
+                with contextlib.suppress(zk.MetadataNotEmptyError):
+                    await self.store.adelete(path, missing_ok=True)
 
     # -- namespaces -------------------------------------------------------------------------------------------
 
@@ -502,6 +515,7 @@ class AdminApp:
         if await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns):
             raise AdminError(409, "Cannot delete non empty namespace")
         await self.store.adelete(layout.namespace_policies_path(tenant, ns), missing_ok=True)
+        await self._prune_empty([tenant, ns])
         return _no_content()
 
     async def namespace_topics(self, request: web.Request) -> web.Response:

@@ -284,7 +284,9 @@ def test_the_admin_refuses_topic_calls_in_a_missing_namespace_with_404(
     assert admin(bp, "GET", f"/lookup/v2/topic/persistent/public/{ns}/t")[0] == 200
 
 
-def test_a_namespace_with_topics_cannot_be_deleted_and_an_empty_one_can(bp: BrokerProcess) -> None:
+def test_a_namespace_with_topics_cannot_be_deleted_and_an_empty_one_can(
+    bp: BrokerProcess, brokers: Brokers, zk: Any
+) -> None:
     tenant, ns = unique("tn"), unique("ns")
     assert admin(bp, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
     assert admin(bp, "PUT", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
@@ -306,6 +308,7 @@ def test_a_namespace_with_topics_cannot_be_deleted_and_an_empty_one_can(bp: Brok
     assert admin(bp, "DELETE", f"{base}/parted/partitions?force=true")[0] == 204
     assert admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
     assert admin(bp, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 204
+    assert znodes_naming(zk, brokers.bookies.root, tenant) == []  # nothing of it is left
     # gone: its topics are refused again
     c = pulsar.Client(bp.service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
     try:
