@@ -20,7 +20,9 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   list) or ``topicsPattern`` (a regex matched against full names ``persistent://tenant/ns/<topic>``; the namespace
   is the pattern's ``persistent://tenant/ns/`` prefix, ``public/default`` for a bare regex). A partitioned topic
   (``topics/<ml>`` znode, N partitions) reads its N partitions ``<topic>-partition-<i>``, each its own managed
-  ledger; a topic is matched by its base name or a partition's name.
+  ledger; a topic is matched by its base name or a partition's name. A named topic that does not exist is an
+  error (saying so when its namespace does not exist either), and so is a pattern that matches nothing in a
+  namespace that does not exist (a typo would otherwise read nothing).
 * ``startingOffsets``: ``earliest`` (batch default), ``latest`` (streaming default) or JSON
   ``{"persistent://public/default/t-partition-0": [ledgerId, entryId], ...}``: per partition, the position of the
   first entry to read (inclusive); a value may also be ``"earliest"``/``"latest"``; partitions not named start at
@@ -246,9 +248,10 @@ class _Driver:
                 elif self.store.exists(layout.ml_info_path(tn.ml_name)):
                     out.append(PartitionRef(str(tn), tn.partition_index, tn.ml_name))
                 else:
-                    raise TopicOptionError(
-                        "topics" if len(opts.topics) > 1 else "topic", f"topic {full} does not exist"
-                    )
+                    why = f"topic {full} does not exist"
+                    if not self._namespace_exists(tn.tenant, tn.namespace):
+                        why += f" (nor does its namespace {tn.namespace_name}: a typo?)"
+                    raise TopicOptionError("topics" if len(opts.topics) > 1 else "topic", why)
             return out
         regex = re.compile(opts.pattern)
         tenant, ns = opts.pattern_namespace.split("/")
@@ -274,7 +277,16 @@ class _Driver:
             if local in seen or tn.base.local in partitioned or not regex.fullmatch(str(tn)):
                 continue
             out.append(PartitionRef(str(tn), tn.partition_index, tn.ml_name))
+        if not out and not self._namespace_exists(tenant, ns):
+            # a typo in the pattern's namespace would otherwise read nothing, quietly
+            raise TopicOptionError("topicsPattern", f"namespace {tenant}/{ns} does not exist")
         return out
+
+    def _namespace_exists(self, tenant: str, ns: str) -> bool:
+        """Does the namespace exist (its policies znode, created through the broker's admin, as in Pulsar)?"""
+        from zk import layout
+
+        return bool(self.store.exists(layout.namespace_policies_path(tenant, ns)))
 
     def _children(self, path: str) -> list[str]:
         from zk.errors import MetadataNotFoundError

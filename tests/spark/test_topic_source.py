@@ -104,6 +104,7 @@ class Broker:
             BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root, add_timeout_s=5.0))
         )
         self.store = BrokerMetadataStore(self.bk.store)
+        self.run(self.store.ensure_default_namespace())  # as a broker does at start
         self.cfg = ManagedLedgerConfig(
             ensemble_size=2,
             write_quorum=2,
@@ -300,6 +301,12 @@ def test_partitioned_topic_by_name_and_by_pattern(broker: Broker, bookies: Any, 
     assert by_pattern == rows(read(spark, bookies, topic="clicks"))
     both = read(spark, bookies, topicsPattern="public/default/(clicks|views)")
     assert both.count() == len(want) + len(other)
+    # a pattern or a name in a namespace that does not exist says so (a typo would otherwise read nothing)
+    with pytest.raises(Exception, match="namespace nosuch/ns does not exist"):
+        read(spark, bookies, topicsPattern="persistent://nosuch/ns/c.*").count()
+    with pytest.raises(Exception, match="nor does its namespace nosuch/ns"):
+        read(spark, bookies, topic="persistent://nosuch/ns/clicks").count()
+    assert read(spark, bookies, topicsPattern="public/default/nothing-matches.*").count() == 0
     one = read(
         spark,
         bookies,
