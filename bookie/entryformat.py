@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import sub as _sub
+from typing import Any, Literal, overload
 
 import crc32c as _crc32c
 
@@ -188,15 +189,30 @@ class EntryCodec:
             raise DigestMismatchError(f"digest mismatch for ledger {lid} entry {eid}")
         return EntryHeader(ledger_id=lid, entry_id=eid, lac=lac, length=length), bytes(payload)
 
+    @overload
     def verify_spans(
-        self, data: bytes, bounds: Sequence[int], entry_id: int, step: int = 1
-    ) -> tuple[list[bytes], str | None]:
+        self, data: bytes, bounds: Sequence[int], entry_id: int, step: int = 1, rows: Literal[False] = False
+    ) -> tuple[list[bytes], str | None]: ...
+
+    @overload
+    def verify_spans(
+        self, data: bytes, bounds: Sequence[int], entry_id: int, step: int, rows: bool
+    ) -> tuple[Any, str | None]: ...
+
+    def verify_spans(
+        self, data: bytes, bounds: Sequence[int], entry_id: int, step: int = 1, rows: bool = False
+    ) -> tuple[Any, str | None]:
         """Verify the entries ``data[bounds[2k]:bounds[2k + 1]]`` (a READ_RANGE reply left in its frame,
         ``protocol.decode_read_range``), expected to be entries ``entry_id``, ``entry_id + step``, ...: their
         payloads up to the first that fails, and why it failed (None when none did). The read path's hot loop,
         for CRC32C ledgers run column-wise: every header unpacked by one call (one ``struct`` for the lot when
         the entries are evenly spaced, as a reply of same-size entries is), the ids compared as whole tuples,
-        and the payload slices and both CRC32C calls of every entry done by ``map`` (no bytecode per entry)."""
+        and the payload slices and both CRC32C calls of every entry done by ``map`` (no bytecode per entry).
+
+        The payloads are a list of ``bytes``; with ``rows`` (needs numpy), those of evenly spaced entries (one
+        size: the usual reply) are instead one read-only 2-D uint8 array, a row per entry, viewing ``data``
+        where the payloads lie: no object and no copy per entry (the digests are computed over views), for a
+        consumer that gathers them into columns (the Spark ledger source)."""
         if self.digest_type is not DigestType.CRC32C:
             out: list[bytes] = []
             for k in range(0, len(bounds), 2):
@@ -232,8 +248,8 @@ class EntryCodec:
             p_starts: Sequence[int] = range(a0 + fixed, a0 + fixed + n * stride, stride)
             h_ends: Sequence[int] = range(a0 + HEADER_LEN, a0 + HEADER_LEN + n * stride, stride)
         else:
-            rows = list(map(_HEAD_CRC.unpack_from, itertools.repeat(data, n), starts))
-            lids, eids, digests = (tuple(c) for c in zip(*rows, strict=True)) if n else ((), (), ())
+            parsed = list(map(_HEAD_CRC.unpack_from, itertools.repeat(data, n), starts))
+            lids, eids, digests = (tuple(c) for c in zip(*parsed, strict=True)) if n else ((), (), ())
             p_starts = [a + fixed for a in starts]
             h_ends = [a + HEADER_LEN for a in starts]
         good = n
@@ -242,13 +258,24 @@ class EntryCodec:
             good = next(k for k in range(n) if lids[k] != self.ledger_id or eids[k] != want[k])
             why = f"entry {want[good]}: header names ledger {lids[good]} entry {eids[good]}"
         get = data.__getitem__
-        payloads = list(map(get, map(slice, p_starts[:good], ends[:good])))
+        as_rows = rows and even
+        cut: Callable[[slice], Any] = memoryview(data).__getitem__ if as_rows else get  # (a view: no copy)
+        payloads = list(map(cut, map(slice, p_starts[:good], ends[:good])))
         crc = _crc32c.crc32c
         crcs = list(map(crc, payloads, map(crc, map(get, map(slice, starts[:good], h_ends[:good])))))
         if crcs != list(digests[:good]):
             good = next(k for k in range(good) if crcs[k] != digests[k])
             why = f"digest mismatch for ledger {lids[good]} entry {eids[good]}"
             del payloads[good:]
+        if as_rows:
+            import numpy as np
+
+            # entry k is data[a0 + k * stride:][:size]; its payload follows the header and digest
+            flat = np.frombuffer(data, np.uint8, count=(n - 1) * stride + size, offset=a0)
+            block = np.lib.stride_tricks.as_strided(
+                flat, shape=(n, size), strides=(stride, 1), writeable=False
+            )
+            return block[:good, fixed:], why
         return payloads, why
 
     def build_lac(self, lac: int) -> bytes:

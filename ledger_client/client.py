@@ -104,11 +104,13 @@ class LedgerEntry:
 @dataclass(frozen=True, slots=True)
 class EntryBatch:
     """Consecutive entries of one ledger as a column: entry ``first_entry_id + k`` has payload ``payloads[k]``.
-    What ``LedgerHandle.read_batches`` yields (one object per run of entries, none per entry)."""
+    What ``LedgerHandle.read_batches`` yields (one object per run of entries, none per entry). ``payloads`` is a
+    list of ``bytes``; from ``read_batches(..., rows=True)`` a run of entries of one size is instead a read-only
+    2-D numpy uint8 array, a row per entry (``entries`` is for lists)."""
 
     ledger_id: int
     first_entry_id: int
-    payloads: list[bytes]
+    payloads: Any  # list[bytes], or rows (see above)
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -548,13 +550,15 @@ class LedgerHandle(WriterSendPath):
             for e in batch.entries():
                 yield e
 
-    async def read_batches(self, first: int, last: int) -> AsyncIterator[EntryBatch]:
+    async def read_batches(self, first: int, last: int, rows: bool = False) -> AsyncIterator[EntryBatch]:
         """Entries first..last (inclusive), in order, as batches of consecutive entries (the runs that are
         ready, each payload verified against its digest): ``read`` without an object per entry, for bulk
         consumers.
 
         Args:
             first, last: as for ``read``.
+            rows: hand out runs of entries of one size as 2-D arrays (``EntryBatch``) viewing the bookies'
+                replies: no object or copy per entry, for a consumer that builds columns (needs numpy).
 
         Yields:
             ``EntryBatch`` objects covering first..last without gaps.
@@ -567,7 +571,7 @@ class LedgerHandle(WriterSendPath):
                 f"entry {last} is beyond the last add confirmed ({self.last_add_confirmed})",
                 ledger_id=self.ledger_id,
             )
-        async for batch in self._read_chunks(first, last):
+        async for batch in self._read_chunks(first, last, rows=rows):
             yield batch
 
     async def read_unconfirmed(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
@@ -636,7 +640,7 @@ class LedgerHandle(WriterSendPath):
                 yield e
 
     async def _read_chunks(
-        self, first: int, last: int, stop_on_missing: bool = False
+        self, first: int, last: int, stop_on_missing: bool = False, rows: bool = False
     ) -> AsyncIterator[EntryBatch]:
         """Entries first..last in order, yielded as runs of consecutive entries that are ready (one resumption
         of this generator per run, not per entry)."""
@@ -648,7 +652,9 @@ class LedgerHandle(WriterSendPath):
         refreshed_at = -1
         while True:
             try:
-                async for chunk in self._read_batched(nxt, last, stop_on_missing, final=nxt == refreshed_at):
+                async for chunk in self._read_batched(
+                    nxt, last, stop_on_missing, final=nxt == refreshed_at, rows=rows
+                ):
                     n = len(chunk)  # (before the consumer holds the list)
                     yield EntryBatch(self.ledger_id, nxt, chunk)
                     nxt += n
@@ -661,20 +667,20 @@ class LedgerHandle(WriterSendPath):
                 nxt = refreshed_at = r.entry_id
 
     async def _read_batched(
-        self, first: int, last: int, stop_on_missing: bool, *, final: bool
-    ) -> AsyncIterator[list[bytes]]:
+        self, first: int, last: int, stop_on_missing: bool, *, final: bool, rows: bool = False
+    ) -> AsyncIterator[Any]:
         """The payloads of entries first..last from READ_RANGE batches (``ReadPlanner``), verified and in
         order, in runs of those ready. An entry no replica returned ends the read: silently
         (``stop_on_missing`` and every replica said it has none), with ``RefreshAndRetry`` (an open ledger,
         unless ``final``) or with the error."""
-        reader = BatchReader(self, first, last)
+        reader = BatchReader(self, first, last, rows)
         try:
             reader.start()
             take = reader.ready.take
             eid = first
             while eid <= last:
                 chunk = take(eid, last)
-                if chunk:
+                if len(chunk):
                     eid += len(chunk)
                     reader.more(eid)
                     yield chunk

@@ -41,12 +41,14 @@ class BatchReader:
     """The I/O of one batched sequential read: sends the ``ReadPlanner``'s batches as READ_RANGE requests (with a
     timeout each) on read connections, verifies every returned entry's digest where it lies in the received
     bytes (``EntryCodec.verify_spans``), and files their payloads in ``ready`` (a piece per answer) for the
-    consumer, which ``wake`` wakes."""
+    consumer, which ``wake`` wakes. With ``rows``, a reply's payloads of one size are filed as a 2-D array
+    viewing the reply (``verify_spans(rows=True)``)."""
 
-    def __init__(self, lh: LedgerHandle, first: int, last: int) -> None:
+    def __init__(self, lh: LedgerHandle, first: int, last: int, rows: bool = False) -> None:
         md = lh.metadata
         cfg = lh.bk.config
         self.lh = lh
+        self.rows = rows
         self.batch_entries = max(1, cfg.read_batch_entries)
         # the reply must fit a frame: its fixed part and a u32 length per entry, then at most max_bytes
         self.max_bytes = max(
@@ -140,7 +142,7 @@ class BatchReader:
             lh = self.lh
             count = b.count
             bounds = resp.bounds if len(resp.bounds) <= 2 * count else resp.bounds[: 2 * count]
-            payloads, bad = lh._codec.verify_spans(resp.data, bounds, b.first, b.step)
+            payloads, bad = lh._codec.verify_spans(resp.data, bounds, b.first, b.step, self.rows)
             n = len(payloads)
             self.ready.add(b.first, payloads)
             outcome: Outcome | None = None

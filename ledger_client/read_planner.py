@@ -25,6 +25,7 @@ import enum
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Outcome(enum.Enum):
@@ -204,24 +205,29 @@ class ReadyRuns:
     """Verified entries waiting for the reader, filed as the pieces the answers brought (no object per entry):
     piece ``first -> payloads`` holds entries ``first``, ``first + step``, ... (``step`` is the planner's). ``take``
     hands out the longest run of consecutive entries ready from a given id, interleaving the ``step`` pieces
-    of a stretch with one slice assignment each, and files what is left of a piece under its next entry id."""
+    of a stretch with one slice assignment each, and files what is left of a piece under its next entry id.
+
+    A piece is a list of payloads, or (``EntryCodec.verify_spans(rows=True)``) a 2-D array of one row per
+    entry; pieces of rows of one width are handed out as such an array (interleaved row-wise), any other mix as
+    a list."""
 
     __slots__ = ("step", "_pieces")
 
     def __init__(self, step: int) -> None:
         self.step = step
-        self._pieces: dict[int, list[bytes]] = {}
+        self._pieces: dict[int, Any] = {}
 
-    def add(self, first: int, payloads: list[bytes]) -> None:
-        if payloads:
+    def add(self, first: int, payloads: Any) -> None:
+        if len(payloads):
             self._pieces[first] = payloads
 
     def __len__(self) -> int:
         """How many entries are filed."""
         return sum(map(len, self._pieces.values()))
 
-    def take(self, nxt: int, last: int) -> list[bytes]:
-        """The payloads of entries ``nxt``, ``nxt + 1``, ... up to ``last`` or the first one not ready."""
+    def take(self, nxt: int, last: int) -> Any:
+        """The payloads of entries ``nxt``, ``nxt + 1``, ... up to ``last`` or the first one not ready (a list,
+        or rows: see the class)."""
         pieces = self._pieces
         step = self.step
         if step == 1:
@@ -231,7 +237,7 @@ class ReadyRuns:
             want = last - nxt + 1
             if len(piece) > want:
                 pieces[nxt + want] = piece[want:]
-                del piece[want:]
+                piece = piece[:want]
             return piece
         # entry nxt + j is entry j // step of the piece at nxt + j % step: ready while j // step < its length
         n = last - nxt + 1
@@ -239,12 +245,24 @@ class ReadyRuns:
             n = min(n, len(pieces.get(nxt + k, ())) * step + k)
         if n <= 0:
             return []
-        out: list[bytes] = [b""] * n
+        taken: list[Any] = []
         for k in range(min(step, n)):
             piece = pieces.pop(nxt + k)
             c = (n - k + step - 1) // step
             if len(piece) > c:
                 pieces[nxt + k + c * step] = piece[c:]
-                del piece[c:]
-            out[k::step] = piece
+                piece = piece[:c]
+            taken.append(piece)
+        if not any(isinstance(p, list) for p in taken) and len({p.shape[1] for p in taken}) == 1:
+            import numpy as np
+
+            rows = np.empty((n, taken[0].shape[1]), np.uint8)
+            for k, piece in enumerate(taken):
+                rows[k::step] = piece
+            return rows
+        out: list[bytes] = [b""] * n
+        for k, piece in enumerate(taken):
+            out[k::step] = (
+                piece if isinstance(piece, list) else list(map(bytes, piece))
+            )  # (rows of two widths)
         return out

@@ -23,9 +23,10 @@ a thousand.
 Reading (executors): each range connects its own client (the async client on a private event loop in the
 reading thread, uvloop where installed), opens the ledger without fencing, reads its range with ``read_batches``
 (batched range reads from the bookies of its write sets, trying the next replica when one fails, following
-ensemble changes; payloads as lists, no object per entry), yields
-Arrow record batches of at most ``maxRecordsPerBatch`` rows and ``BATCH_BYTES_MAX`` payload bytes (the metadata
-columns built once per partition, the data column from the payloads joined and their lengths' offsets, ids
+ensemble changes; ``rows=True``: the payloads of a reply of same-size entries as one 2-D array viewing the
+reply, no object per entry), yields Arrow record batches of at most ``maxRecordsPerBatch`` rows and
+``BATCH_BYTES_MAX`` payload bytes (the metadata columns built once per partition, the data column gathered
+from those rows by one vectorized copy with arithmetic offsets, or from payloads of mixed sizes joined, ids
 from the batch's first id), and closes the client.
 
 A ledger that disappears (deleted) under a query: with ``failOnDataLoss`` true the query fails with
@@ -242,38 +243,58 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def _chunk_sizes(chunk: Any) -> Iterator[int]:
+    """The payload sizes of a chunk of ``read_batches(..., rows=True)``: a list of payloads, or a 2-D array of one
+    row per entry."""
+    return map(len, chunk) if isinstance(chunk, list) else itertools.repeat(chunk.shape[1], len(chunk))
+
+
+def _chunk_bytes(chunk: Any) -> int:
+    return sum(map(len, chunk)) if isinstance(chunk, list) else int(chunk.size)
+
+
 class _Payloads:
-    """A range's payloads from the client's ``read_batches`` (a list per run of entries the bookies returned),
-    handed out in lists of at most ``max_rows`` entries and ``max_bytes`` (the entry that reaches it included):
-    lists are sliced and joined, never walked entry by entry."""
+    """A range's payloads from the client's ``read_batches(..., rows=True)`` (a chunk per run of entries the
+    bookies returned: a 2-D array of rows where the entries of a run have one size, else a list), handed out as
+    chunks of at most ``max_rows`` entries and ``max_bytes`` (the entry that reaches it included): chunks are
+    sliced, never walked entry by entry."""
 
     def __init__(self, batches: AsyncIterator[Any], first: int) -> None:
         self.batches = batches
         self.expected = first  # the id of the first entry not handed out
-        self.carry: list[bytes] = []  # read, not yet handed out
+        self.carry: list[Any] = []  # chunks read, not yet handed out
 
-    async def take(self, max_rows: int, max_bytes: int) -> list[bytes]:
+    async def take(self, max_rows: int, max_bytes: int) -> list[Any]:
         out, self.carry = self.carry, []
-        size = sum(map(len, out))
-        while len(out) < max_rows and size < max_bytes:
+        rows = sum(map(len, out))
+        size = sum(map(_chunk_bytes, out))
+        while rows < max_rows and size < max_bytes:
             try:
                 b = await anext(self.batches)
             except StopAsyncIteration:
                 break
-            due = self.expected + len(out)
+            due = self.expected + rows
             if b.first_entry_id != due:  # in order, no gaps
                 raise RuntimeError(f"read entry {b.first_entry_id} where {due} was due")
-            if out:
-                out += b.payloads
-            else:
-                out = b.payloads
-            size += sum(map(len, b.payloads))
-        n = min(len(out), max_rows)
+            out.append(b.payloads)
+            rows += len(b.payloads)
+            size += _chunk_bytes(b.payloads)
+        n = min(rows, max_rows)
         if size >= max_bytes:
-            n = min(n, bisect.bisect_left(list(itertools.accumulate(map(len, out))), max_bytes) + 1)
-        if n < len(out):
-            out, self.carry = out[:n], out[n:]
-        self.expected += len(out)
+            sizes = itertools.chain.from_iterable(map(_chunk_sizes, out))
+            n = min(n, bisect.bisect_left(list(itertools.accumulate(sizes)), max_bytes) + 1)
+        if n < rows:
+            kept: list[Any] = []
+            for i, chunk in enumerate(out):
+                if n <= len(chunk):
+                    if n:
+                        kept.append(chunk[:n])
+                    self.carry = [chunk[n:], *out[i + 1 :]]
+                    break
+                kept.append(chunk)
+                n -= len(chunk)
+            out = kept
+        self.expected += sum(map(len, out))
         return out
 
 
@@ -304,17 +325,29 @@ class _Columns:
             if f.name in constant
         }
 
-    def batch(self, first: int, data: list[bytes]) -> Any:
+    def batch(self, first: int, chunks: list[Any]) -> Any:
         pa, np = self.pa, self.np
-        n = len(data)
-        # The binary column from its buffers: the payloads joined (one copy each, no per-element conversion)
-        # and offsets from their lengths; cheaper per row than pa.array over the list.
-        lengths = np.fromiter(map(len, data), dtype=np.int32, count=n)
-        offsets = np.empty(n + 1, dtype=np.int32)
-        offsets[0] = 0
-        np.cumsum(lengths, out=offsets[1:])
-        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
-        cols: dict[str, Any] = {"data": pa.Array.from_buffers(pa.binary(), n, buffers)}
+        n = sum(map(len, chunks))
+        if not any(isinstance(c, list) for c in chunks) and len({c.shape[1] for c in chunks}) == 1:
+            # rows of one size (the usual case): the data column is the rows gathered into one buffer (a
+            # vectorized copy out of the bookies' replies), offsets and lengths arithmetic
+            width = chunks[0].shape[1]
+            rows = np.concatenate(chunks) if len(chunks) > 1 else np.ascontiguousarray(chunks[0])
+            lengths = np.full(n, width, dtype=np.int32)
+            offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+            body = pa.py_buffer(rows)
+        else:
+            # The binary column from its buffers: the payloads joined (one copy each, no per-element
+            # conversion) and offsets from their lengths; cheaper per row than pa.array over the list.
+            data = [p for c in chunks for p in (c if isinstance(c, list) else map(bytes, c))]
+            lengths = np.fromiter(map(len, data), dtype=np.int32, count=n)
+            offsets = np.empty(n + 1, dtype=np.int32)
+            offsets[0] = 0
+            np.cumsum(lengths, out=offsets[1:])
+            body = pa.py_buffer(b"".join(data))
+        cols: dict[str, Any] = {
+            "data": pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), body])
+        }
         if "length" in self.names:
             cols["length"] = pa.array(lengths)
         if "entry_id" in self.names:
@@ -347,7 +380,9 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
         if lh.last_add_confirmed < part.last_entry_id:
             # Planned from a LAC some bookies reported; the LAC never goes backwards, so ask again.
             run(lh.read_last_add_confirmed())
-        payloads = _Payloads(lh.read_batches(part.first_entry_id, part.last_entry_id), part.first_entry_id)
+        payloads = _Payloads(
+            lh.read_batches(part.first_entry_id, part.last_entry_id, rows=True), part.first_entry_id
+        )
         expected = part.first_entry_id
         while expected <= part.last_entry_id:
             try:
@@ -361,8 +396,9 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
                 return
             if not data:
                 break
-            yield columns.batch(expected, data)
-            expected += len(data)
+            batch = columns.batch(expected, data)
+            yield batch
+            expected += batch.num_rows
     finally:
         if bk is not None:
             with contextlib.suppress(Exception):

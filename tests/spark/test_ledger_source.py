@@ -85,7 +85,7 @@ def test_a_batchs_columns_hold_every_payload_its_length_and_id_in_order() -> Non
 
     part = LedgerRange(7, 0, 99, "CLOSED", 1_234, {"app": b"x"})
     data = [payload(7, i) for i in range(5)] + [b"", b"\x00" * 3, payload(7, 9, 3000)]
-    batch = _Columns(part, LEDGER_SCHEMA, 16).batch(10, data)
+    batch = _Columns(part, LEDGER_SCHEMA, 16).batch(10, [data])
     batch.validate(full=True)
     assert batch.column("data").to_pylist() == data
     assert batch.column("length").to_pylist() == [len(d) for d in data]
@@ -93,9 +93,74 @@ def test_a_batchs_columns_hold_every_payload_its_length_and_id_in_order() -> Non
     assert set(batch.column("ledger_id").to_pylist()) == {7}
     assert batch.column("custom_metadata").to_pylist()[-1] == [("app", b"x")]
     narrow = StructType([LEDGER_SCHEMA["entry_id"], LEDGER_SCHEMA["data"]])
-    small = _Columns(part, narrow, 16).batch(0, data[:2])
+    small = _Columns(part, narrow, 16).batch(0, [data[:2]])
     assert small.schema.names == ["entry_id", "data"]
     assert small.column("data").to_pylist() == data[:2]
+
+
+def _rows(payloads: list[bytes]) -> Any:
+    """Payloads of one size as ``read_batches(..., rows=True)`` hands them out: a read-only 2-D array viewing a
+    larger buffer (each row followed by bytes that are not its payload)."""
+    import numpy as np
+
+    width = len(payloads[0])
+    buf = np.frombuffer(b"".join(p + b"#gap" for p in payloads), np.uint8).reshape(len(payloads), width + 4)
+    return buf[:, :width]
+
+
+def test_a_batch_from_rows_and_lists_holds_every_payload_in_order() -> None:
+    """Chunks of rows (one size) gathered into the data column, and rows mixed with lists or with rows of
+    another width: the same columns as the payloads joined."""
+    from spark.ledger_source import LEDGER_SCHEMA, LedgerRange, _Columns
+
+    part = LedgerRange(7, 0, 99, "CLOSED", 1_234, {})
+    a = [bytes([i]) * 6 for i in range(5)]
+    b = [bytes([100 + i]) * 6 for i in range(3)]
+    c = [payload(7, i) for i in range(4)]
+    for chunks, want in [
+        ([_rows(a)], a),
+        ([_rows(a), _rows(b)], a + b),
+        ([_rows(a), c, _rows(b)], a + c + b),
+        ([_rows(a), _rows([b"z" * 9, b"y" * 9])], a + [b"z" * 9, b"y" * 9]),
+    ]:
+        batch = _Columns(part, LEDGER_SCHEMA, 16).batch(3, chunks)
+        batch.validate(full=True)
+        assert batch.column("data").to_pylist() == want
+        assert batch.column("length").to_pylist() == [len(d) for d in want]
+        assert batch.column("entry_id").to_pylist() == list(range(3, 3 + len(want)))
+
+
+def test_payloads_are_handed_out_in_batches_of_at_most_max_rows_and_max_bytes() -> None:
+    """``_Payloads.take`` cuts rows and lists alike at the row limit and after the entry that reaches the byte
+    limit, and hands out every entry once, in order."""
+    import asyncio
+
+    from ledger_client.client import EntryBatch
+    from spark.ledger_source import _Payloads
+
+    ids = list(range(20, 40))
+    pay = [i.to_bytes(2, "big") * 5 for i in ids]  # 10 bytes each
+
+    async def batches() -> Any:
+        yield EntryBatch(1, 20, _rows(pay[:7]))
+        yield EntryBatch(1, 27, pay[7:12])
+        yield EntryBatch(1, 32, _rows(pay[12:]))
+
+    async def take_all(max_rows: int, max_bytes: int) -> list[list[bytes]]:
+        src = _Payloads(batches(), 20)
+        out = []
+        while chunks := await src.take(max_rows, max_bytes):
+            out.append([bytes(p) for c in chunks for p in c])
+        return out
+
+    for max_rows, max_bytes, sizes in [
+        (8, 1000, [8, 8, 4]),
+        (100, 35, [4, 4, 4, 4, 4]),
+        (3, 25, [3] * 6 + [2]),
+    ]:
+        got = asyncio.run(take_all(max_rows, max_bytes))
+        assert [len(g) for g in got] == sizes
+        assert [p for g in got for p in g] == pay
 
 
 def test_closed_and_open_ledgers_read_exactly_what_was_written_and_the_writer_keeps_appending(

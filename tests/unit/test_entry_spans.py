@@ -36,6 +36,32 @@ def _one_by_one(codec: EntryCodec, entries: list[bytes], first: int, step: int) 
     return out, True
 
 
+def _damaged_reply(
+    codec: EntryCodec, sizes: list[int], same: bool, bad: int, what: str, first: int, step: int
+) -> tuple[list[bytes], bytes, list[int]]:
+    """Entries of ``sizes`` (all of the first size when ``same``) from ``first`` by ``step``, entry
+    ``bad % len`` damaged (its payload, digest, entry id or ledger id, or cut short; ``none``: left), and
+    their reply's frame and spans."""
+    if same:
+        sizes = [sizes[0]] * len(sizes)
+    entries = [codec.build(first + k * step, k, k, bytes([k]) * n) for k, n in enumerate(sizes)]
+    bad %= len(entries)
+    e = bytearray(entries[bad])
+    if what == "payload" and len(e) > 36:
+        e[-1] ^= 1
+    elif what == "digest":
+        e[32] ^= 0x80
+    elif what == "entry_id":
+        e[15] ^= 1
+    elif what == "ledger_id":
+        e[7] ^= 1
+    elif what == "truncate":
+        del e[30:]
+    entries[bad] = bytes(e)
+    frame, bounds = _reply(entries, first)
+    return entries, frame, bounds
+
+
 @pytest.mark.parametrize("digest", list(DigestType))
 @pytest.mark.parametrize("sizes", [[1024] * 7, [0, 5, 1024, 3], [100], []])
 @pytest.mark.parametrize("step", [1, 3])
@@ -61,23 +87,7 @@ def test_verify_spans_returns_every_payload_of_a_good_reply(digest, sizes, step)
 def test_verify_spans_stops_at_the_first_bad_entry_like_verify(sizes, same, bad, what, digest) -> None:
     codec = EntryCodec(LEDGER, digest)
     first, step = 5, 3
-    if same:
-        sizes = [sizes[0]] * len(sizes)
-    entries = [codec.build(first + k * step, k, k, bytes([k]) * n) for k, n in enumerate(sizes)]
-    bad %= len(entries)
-    e = bytearray(entries[bad])
-    if what == "payload" and len(e) > 36:
-        e[-1] ^= 1
-    elif what == "digest":
-        e[32] ^= 0x80
-    elif what == "entry_id":
-        e[15] ^= 1
-    elif what == "ledger_id":
-        e[7] ^= 1
-    elif what == "truncate":
-        del e[30:]
-    entries[bad] = bytes(e)
-    frame, bounds = _reply(entries, first)
+    entries, frame, bounds = _damaged_reply(codec, sizes, same, bad, what, first, step)
     payloads, why = codec.verify_spans(frame, bounds, first, step)
     want, ok = _one_by_one(codec, entries, first, step)
     assert payloads == want
@@ -90,3 +100,30 @@ def test_evenly_spaced_reply_decodes_to_the_same_spans_as_a_walk() -> None:
     entries[4] = entries[4][:-1] + b"xy"  # one longer entry: no longer evenly spaced
     frame2, bounds2 = _reply(entries)
     assert bounds2[:9] == bounds[:9] and bounds2[9] == bounds[9] + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 80), min_size=1, max_size=10),
+    st.booleans(),
+    st.integers(0, 9),
+    st.sampled_from(["none", "payload", "entry_id", "truncate"]),
+    st.sampled_from([1, 3]),
+)
+def test_verify_spans_rows_are_the_payloads_of_a_reply_of_one_size(sizes, same, bad, what, step) -> None:
+    """``rows=True``: a reply of same-size entries gives its payloads as a 2-D array viewing the reply (a row
+    each, up to the first bad entry, the same reason); any other reply gives the list of ``rows=False``."""
+    np = pytest.importorskip("numpy")
+    codec = EntryCodec(LEDGER, DigestType.CRC32C)
+    first = 7
+    entries, frame, bounds = _damaged_reply(codec, sizes, same, bad, what, first, step)
+    want, why = codec.verify_spans(frame, bounds, first, step)
+    got, why_rows = codec.verify_spans(frame, bounds, first, step, rows=True)
+    assert why_rows == why
+    if isinstance(got, list):
+        assert got == want
+        assert not (same and what == "none" and len(entries) > 1)  # a good reply of one size comes as rows
+    else:
+        assert got.dtype == np.uint8 and got.ndim == 2 and not got.flags.writeable
+        assert [bytes(r) for r in got] == want
+        assert got.base is not None  # a view of the reply, not a copy

@@ -227,3 +227,34 @@ def test_ready_runs_take_stops_at_the_first_entry_not_filed() -> None:
     one = ReadyRuns(1)
     one.add(0, [b"0", b"1", b"2"])
     assert one.take(0, 1) == [b"0", b"1"] and one.take(2, 9) == [b"2"] and one.take(3, 9) == []
+
+
+def test_ready_runs_hand_out_pieces_of_rows_as_rows() -> None:
+    """Pieces of rows (``verify_spans(rows=True)``) of one width come out as one array, interleaved as lists
+    are; a stretch with a list piece or rows of another width comes out as a list of the same payloads."""
+    np = pytest.importorskip("numpy")
+
+    def rows(ids: list[int], width: int = 4) -> object:
+        return np.array([list(i.to_bytes(width, "big")) for i in ids], dtype=np.uint8)
+
+    def payloads(out: object) -> list[bytes]:
+        return out if isinstance(out, list) else [bytes(r) for r in out]  # type: ignore[union-attr]
+
+    r = ReadyRuns(3)
+    r.add(10, rows([10, 13, 16]))
+    r.add(11, rows([11, 14]))
+    r.add(12, rows([12, 15]))
+    out = r.take(10, 99)
+    assert not isinstance(out, list) and out.shape == (7, 4)  # up to 16 (17 not filed)
+    assert payloads(out) == [i.to_bytes(4, "big") for i in range(10, 17)]
+    r.add(17, [(17).to_bytes(4, "big")])  # a list piece
+    r.add(18, rows([18], width=4))
+    out = r.take(17, 18)
+    assert isinstance(out, list) and out == [i.to_bytes(4, "big") for i in (17, 18)] and len(r) == 0
+    r.add(19, rows([19], width=4))
+    r.add(20, rows([20], width=8))
+    assert r.take(19, 20) == [(19).to_bytes(4, "big"), (20).to_bytes(8, "big")]
+    one = ReadyRuns(1)
+    one.add(0, rows([0, 1, 2]))
+    assert payloads(one.take(0, 1)) == [(0).to_bytes(4, "big"), (1).to_bytes(4, "big")]
+    assert payloads(one.take(2, 9)) == [(2).to_bytes(4, "big")] and one.take(3, 9) == []
