@@ -18,6 +18,7 @@ from aiohttp import web
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from bookie.server_gate import HttpService, serve_http
 from ledger_client.client import BookKeeper, ClientConfig, _meta
+from zk.cookies import NoClusterError, existing_instance_id
 from zk.underreplication import UnderReplicationManager
 
 from .auditor import Auditor
@@ -69,7 +70,8 @@ async def run_autorecovery(
     config: AutoRecoveryConfig, stop_event: asyncio.Event, metrics: Metrics | None = None
 ) -> Metrics:
     """Run until ``stop_event`` is set; returns the final metrics (``metrics``, counted on, when given). Its
-    ZooKeeper session (and with it the election znode and any worker lock) ends when it returns."""
+    ZooKeeper session (and with it the election znode and any worker lock) ends when it returns. Raises
+    :class:`zk.cookies.NoClusterError` for a root without a cluster while other roots hold one."""
     owner = config.owner or default_owner()
     bk = await BookKeeper.connect(
         config.zk,
@@ -79,6 +81,11 @@ async def run_autorecovery(
             auth_token=config.auth_token,
         ),
     )
+    try:  # a mistyped --zk-root is refused (NoClusterError) before anything is written under it
+        await asyncio.to_thread(existing_instance_id, bk.store)
+    except NoClusterError:
+        await bk.close()
+        raise
     metrics = Metrics() if metrics is None else metrics
     manager = UnderReplicationManager(bk.store)
     runner = None

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from zk.errors import MetadataConnectionError, MetadataError, MetadataNotFoundError
+from zk.errors import MetadataConnectionError, MetadataError
 
 from . import auth, server_gate
 from . import server as srv
@@ -421,18 +421,22 @@ class Bookie:
 
         cfg = self.config
         try:
-            self.instance_id = cookies.instance_id(self.store, create=cfg.init_cluster)
-        except MetadataNotFoundError:
-            # (another bookie of this new cluster may have just created it under our own root)
-            own = "/" + cfg.zk_root.strip("/")
-            clusters = [root for root in self._cluster_roots() if root != own]
-            if clusters:  # a cluster elsewhere in this ZooKeeper: --zk-root is most likely mistyped
-                raise NoClusterRefusal(self._no_cluster(clusters)) from None
-            # a ZooKeeper with no cluster at all: a new deployment, whose first bookie creates it
+            iid = (
+                cookies.instance_id(self.store)
+                if cfg.init_cluster
+                else cookies.existing_instance_id(self.store)
+            )
+        except cookies.NoClusterError as e:
+            raise NoClusterRefusal(
+                f"{e}: check --zk-root, or start the first bookie of another cluster in this ZooKeeper with "
+                "--init-cluster"
+            ) from None
+        if iid is None:  # a ZooKeeper with no cluster at all: a new deployment, whose first bookie creates it
             log.info(
                 "bookie=%s ZooKeeper %s holds no cluster: creating one under %s", cfg.id, cfg.zk, cfg.zk_root
             )
-            self.instance_id = cookies.instance_id(self.store, create=True)
+            iid = cookies.instance_id(self.store)
+        self.instance_id = iid
         expected = cookies.Cookie(
             bookie_id=cfg.id,
             journal_dir=str(cfg.journal_dir.resolve()),
@@ -459,31 +463,6 @@ class Bookie:
             cookies.write_local_cookie(cfg.journal_dir, expected)
             cookies.write_local_cookie(cfg.ledger_dir, expected)
             log.info("bookie=%s new cookie written (instance %s)", cfg.id, self.instance_id)
-
-    def _cluster_roots(self) -> list[str]:
-        """The top-level roots of this bookie's ZooKeeper that hold a cluster (an instance id)."""
-        from zk import MetadataStore, layout
-
-        with (
-            contextlib.suppress(MetadataError),
-            MetadataStore.connect(self.config.zk, "/", timeout_s=5) as top,
-        ):
-            return [f"/{c}" for c in sorted(top.children("")) if top.exists(f"{c}/{layout.INSTANCEID}")]
-        return []
-
-    def _no_cluster(self, clusters: list[str]) -> str:
-        """Why a root without an instance id is refused while ``clusters`` hold one (a mistyped --zk-root is the
-        usual cause); the root znode the connection created is removed again if empty."""
-        from zk import layout
-
-        cfg = self.config
-        with contextlib.suppress(MetadataError):
-            self.store.delete("", missing_ok=True)  # refused while anything is in it (another process's)
-        return (
-            f"no cluster under --zk-root {cfg.zk_root} in ZooKeeper {cfg.zk} (no {cfg.zk_root}/"
-            f"{layout.INSTANCEID}; clusters there: {', '.join(clusters)}): check --zk-root, or start the first "
-            "bookie of another cluster in this ZooKeeper with --init-cluster"
-        )
 
     # ------------------------------------------------------------------------------------------ running
     def info(self) -> dict[str, Any]:

@@ -260,6 +260,7 @@ def _serve(args: argparse.Namespace) -> int:
     from autorecovery import run_autorecovery
     from bookie.config_file import ConfigError, resolve
     from bookie.main import install_uvloop
+    from zk.cookies import NoClusterError
 
     if not args.verbose:
         logging.getLogger().setLevel(logging.INFO)
@@ -277,7 +278,12 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await run_autorecovery(config, stop)
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except NoClusterError as e:
+        raise CommandError(
+            f"autorecovery serve refusing to start: {e}: check --zk-root", EXIT_NOT_FOUND
+        ) from None
     return 0
 
 

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from ledger_client.client import BookKeeper, ClientConfig
 from ledger_client.errors import UnauthorizedError
 from ledgerstore.cli import (
+    EXIT_NOT_FOUND,
     PASSWORD_ENV,
     CommandError,
     add_password_arguments,
@@ -22,6 +23,7 @@ from ledgerstore.cli import (
     password_of,
     progress_disabled,
 )
+from zk.cookies import NoClusterError, existing_instance_id
 
 
 def add_ledger_commands(
@@ -100,7 +102,12 @@ def _run(
     async def go() -> int:
         bk = await BookKeeper.connect(args.zk, config=ClientConfig(zk_root=args.zk_root))
         try:
+            await asyncio.to_thread(
+                existing_instance_id, bk.store
+            )  # a mistyped --zk-root: said, not looked in
             return await fn(args, bk)
+        except NoClusterError as e:
+            raise CommandError(f"{e}: check --zk-root (or $LEDGERSTORE_ZK_ROOT)", EXIT_NOT_FOUND) from None
         except UnauthorizedError as e:
             if not e.message.startswith("wrong password") or password_of(args):
                 raise

@@ -17,6 +17,7 @@ from bookie.bk_http import add_config_routes
 from bookie.config_file import ConfigError, Effective
 from bookie.config_file import enable as enable_config_file
 from bookie.config_file import resolve as resolve_config
+from zk.cookies import NoClusterError
 
 from . import wire
 from .admin import AdminServer
@@ -82,7 +83,14 @@ async def serve(
     """Serve until ``stop`` is set (or SIGTERM/SIGINT when none is given); ``settings``: what ``broker serve``
     resolved from flags, environment and ``--config``, shown (redacted) by the admin API."""
     service = BrokerService(config)
-    await service.start()
+    try:
+        await service.start()
+    except NoClusterError as e:
+        from bookie.main import EXIT_NO_CLUSTER
+
+        log.error("broker=%s refusing to start: %s: check --zk-root", config.id, e)
+        await service.stop()
+        return EXIT_NO_CLUSTER
     server = BrokerServer(service)
     await server.start()
     admin = AdminServer(service)  # /admin/v2, /lookup/v2, /metrics, /health on the HTTP port

@@ -28,6 +28,7 @@ from zk import layout
 from zk.client import FORMAT_VERSION, JsonDict, MetadataStore, decode_body, encode_body
 from zk.errors import (
     CookieMismatchError,
+    MetadataError,
     MetadataExistsError,
     MetadataFormatError,
     MetadataNotFoundError,
@@ -110,6 +111,52 @@ def instance_id(store: MetadataStore, create: bool = True) -> str:
         with contextlib.suppress(MetadataExistsError):
             store.create(layout.INSTANCEID, {"instance_id": str(uuid.uuid4())})
     raise MetadataNotFoundError("instance id keeps disappearing", path=store.abs_path(layout.INSTANCEID))
+
+
+class NoClusterError(MetadataNotFoundError):
+    """No cluster (instance id) under a root while other roots of the same ZooKeeper hold one: a mistyped
+    --zk-root, most likely (the message names the roots that do)."""
+
+
+def cluster_roots(connect_string: str) -> list[str]:
+    """The top-level roots of the ZooKeeper at ``connect_string`` that hold a cluster (an instance id); none if
+    it cannot be read."""
+    with contextlib.suppress(MetadataError), MetadataStore.connect(connect_string, "/", timeout_s=5) as top:
+        return [f"/{c}" for c in sorted(top.children("")) if top.exists(f"{c}/{layout.INSTANCEID}")]
+    return []
+
+
+def existing_instance_id(store: MetadataStore) -> str | None:
+    """The instance id of the cluster under ``store``'s root, or None when there is none and no other root of its
+    ZooKeeper holds one either (a new deployment whose first bookies have not created it yet). Raises
+    :class:`NoClusterError`, naming the roots that hold one, when others do: ``store``'s root is then most likely a
+    mistyped --zk-root, and what the connection created there (znodes without a body) is removed again."""
+    try:
+        return instance_id(store, create=False)
+    except MetadataNotFoundError:
+        pass
+    # (another process of this new cluster may have just created it under our own root)
+    clusters = [root for root in cluster_roots(store.connect_string) if root != store.root]
+    if not clusters:
+        return None
+    if store.root != "/":
+        with contextlib.suppress(MetadataError):
+            _remove_bodiless(store, "")
+    raise NoClusterError(
+        f"no cluster under --zk-root {store.root} in ZooKeeper {store.connect_string} (no {store.root}/"
+        f"{layout.INSTANCEID}; clusters there: {', '.join(clusters)})"
+    )
+
+
+def _remove_bodiless(store: MetadataStore, path: str) -> None:
+    """Delete ``path`` and its descendants as long as none of them has a body: the directory znodes a connection
+    and its client created to look in. A znode with a body stays, and so do its ancestors, as does anything
+    another process adds meanwhile (the version and emptiness checks of the delete)."""
+    for child in store.children(path):
+        _remove_bodiless(store, f"{path}/{child}" if path else child)
+    st = store.stat(path)
+    if st is not None and st.data_length == 0 and st.num_children == 0:
+        store.delete(path, st.version)
 
 
 # --- ZooKeeper cookie -----------------------------------------------------------------------------------------

@@ -76,13 +76,16 @@ def test_a_password_ledger_read_without_one_and_a_wrong_root_say_what_to_check(
     r = _ls(bookies, "ledger", "read", str(lid), "--password", "wrong")
     assert r.returncode == cli.EXIT_UNAUTHORIZED and "none was given" not in _one_line_error(r)
 
+    # no cluster there, while the bookies' root holds one: not an empty answer, an error
     wrong = unique_root()
-    for verb, empty in (("list", "no ledgers"), ("bookies", "no bookie is registered")):
+    for verb in ("list", "bookies"):
         r = subprocess.run(
             [*LS, "ledger", verb, "--zk", bookies.zk, "--zk-root", wrong], capture_output=True, text=True
         )
-        assert r.returncode == 0, r.stderr
-        assert f"{empty} under {wrong} at {bookies.zk}: is that the cluster" in r.stdout
+        assert r.returncode == cli.EXIT_NOT_FOUND, r.stdout + r.stderr
+        line = _one_line_error(r)
+        assert f"no cluster under --zk-root {wrong} in ZooKeeper {bookies.zk}" in line, line
+        assert bookies.root in line and "check --zk-root" in line, line
 
 
 def _subscription_stats(b: BrokerProcess, topic: str, sub: str) -> dict[str, Any]:

@@ -197,6 +197,8 @@ def test_topic_produce_to_a_broker_without_bookies_says_what_the_broker_answered
     (retryable) and the client retries: the command gives up after --timeout-s with that answer, once, and exit
     status 5; it said only 'no answer' and then aborted in pulsar-client's teardown (status 134)."""
     pytest.importorskip("pulsar")
+    with MetadataStore.connect(bookies.zk, bookies.root) as store:  # a cluster whose bookies are all away (a
+        cookies.instance_id(store)  # root with none while others hold one is refused as a mistyped --zk-root)
     broker = start_broker(bookies, tmp_path, 4)
     try:
         broker.wait_ready(60)

@@ -4,11 +4,14 @@ the usual exit status, with nothing left behind."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from ledgerstore import cli
-from ledgerstore.cluster import BookieProcess, free_port
+from ledgerstore.cluster import AutoRecoveryProcess, BookieProcess, BrokerProcess, free_port
 from tests.conftest import BookieFactory
+from zk import MetadataStore
 
 
 def _refusal(bp: BookieProcess) -> str:
@@ -54,3 +57,50 @@ def test_a_bookie_whose_cookie_does_not_match_refuses_in_one_line_with_the_cooki
         line = _refusal(bp)
         assert f"refusing to start: cookie mismatch: {why}" in line, line
     assert first.healthy()
+
+
+def _nothing_under(zk: str, root: str) -> None:
+    with MetadataStore.connect(zk, "/") as top:  # not even the root znode the connection created
+        assert not top.exists(root.lstrip("/")), top.children(root.lstrip("/"))
+
+
+def test_a_broker_autorecovery_and_ledger_commands_refuse_a_zk_root_without_a_cluster_naming_the_roots_with_one(
+    bookies: BookieFactory, tmp_path: Path
+) -> None:
+    """A mistyped --zk-root beside a cluster in the same ZooKeeper: the broker served an empty cluster (its
+    producers waited out their timeout for bookies), AutoRecovery audited nothing, `ledger list` answered 'no
+    ledgers' and `ledger write` NOT_ENOUGH_BOOKIES, each writing its skeleton under the mistyped root. Like the
+    bookie, each now refuses with one line naming the roots that hold a cluster, exit status 4, and leaves
+    nothing behind."""
+    bookies.start()
+    typo = bookies.root + "-typo"
+    broker = BrokerProcess(
+        zk=bookies.zk, zk_root=typo, port=free_port(), http_port=free_port(), log_path=tmp_path / "broker.log"
+    ).start(wait=False)
+    recovery = AutoRecoveryProcess(
+        zk=bookies.zk, zk_root=typo, metrics_port=free_port(), log_path=tmp_path / "ar.log"
+    ).start(wait=False)
+    try:
+        for proc in (broker, recovery):
+            assert proc.wait_exit(60) == cli.EXIT_NOT_FOUND, proc.log_tail(50)
+            log = proc.log_tail(100)
+            assert "Traceback" not in log, log
+            lines = [line for line in log.splitlines() if "refusing to start" in line]
+            assert len(lines) == 1, log
+            assert f"no cluster under --zk-root {typo} in ZooKeeper {bookies.zk}" in lines[0], lines[0]
+            assert f"clusters there: {bookies.root}" in lines[0] and "check --zk-root" in lines[0], lines[0]
+    finally:
+        for proc in (broker, recovery):
+            proc.kill9()
+    _nothing_under(bookies.zk, typo)
+    for verb in (["list"], ["write", "-n", "1", "--password", "pw"], ["metadata", "1"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "ledgerstore.cli", "ledger", *verb, "--zk", bookies.zk, "--zk-root", typo],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == cli.EXIT_NOT_FOUND, (verb, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"no cluster under --zk-root {typo}" in r.stderr and bookies.root in r.stderr, r.stderr
+    _nothing_under(bookies.zk, typo)
