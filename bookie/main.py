@@ -55,6 +55,7 @@ from .config_file import ConfigError, Effective, resolve
 from .core import BookieCore, _is_enospc
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
 from .journal import Journal
+from .ratelog import RateLimitedLog
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
@@ -204,7 +205,7 @@ class Bookie:
         self.restart_when_space = False  # the failure came from a full disk: restart once there is room again
         self.restart_requested = False
         self.stop_requested = asyncio.Event()
-        self._disk_full_logged_at = -DISK_FULL_LOG_EVERY_S  # monotonic time of the last such checkpoint line
+        self._disk_full_log = RateLimitedLog(log, DISK_FULL_LOG_EVERY_S)  # a checkpoint's "still full" lines
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -676,15 +677,13 @@ class Bookie:
             # it restarts itself); after that, one warning line a minute, not a traceback every checkpoint
             if not self.failed:
                 self.fail(f"storage flush failed: {e!r}", disk_full=True)
-            elif time.monotonic() - self._disk_full_logged_at >= DISK_FULL_LOG_EVERY_S:
-                log.warning(
+                self._disk_full_log.said()
+            else:
+                self._disk_full_log.warning(
                     "bookie=%s checkpoint skipped: the disk is still full (%s); read-only meanwhile",
                     self.config.id,
                     e,
                 )
-            else:
-                return
-            self._disk_full_logged_at = time.monotonic()
             return
         await asyncio.to_thread(self.journal.checkpoint, mark)
 

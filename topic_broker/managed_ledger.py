@@ -908,12 +908,14 @@ class ManagedLedger:
             now_ms=int(self._clock() * 1000),
         )
 
-    async def tick(self) -> None:
-        """Periodic housekeeping (the broker calls it, e.g. every few seconds): roll an aged or full ledger,
-        flush cursors, trim by retention (idle topics included)."""
+    async def tick(self, *, rollover: bool = True) -> None:
+        """Periodic housekeeping (the broker calls it, e.g. every few seconds): roll an aged, full or failed
+        ledger (unless told not to: no new ledger could be created), flush cursors, trim by retention (idle
+        topics included)."""
         if self._state != _OPEN:
             return
-        await self.maybe_rollover()
+        if rollover:
+            await self.maybe_rollover()
         for c in list(self._cursors.values()):
             await c.maybe_flush()
         await self.trim_by_retention()

@@ -36,6 +36,7 @@ from urllib.parse import unquote
 
 import zk
 from bookie.auth import TokenError, TokenVerifier
+from bookie.ratelog import RateLimitedLog
 from ledger_client import BookKeeper, ClientConfig
 from zk.managed_ledgers import (
     BacklogQuota,
@@ -50,6 +51,7 @@ from zk.managed_ledgers import (
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
+from .bookie_supply import BookieSupply
 from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
@@ -93,6 +95,7 @@ DEFAULT_ENSEMBLE_SIZE = 3
 DEFAULT_WRITE_QUORUM = 2
 DEFAULT_ACK_QUORUM = 2
 DEFAULT_TICK_INTERVAL_S = 5.0
+TICK_FAILURE_LOG_EVERY_S = 60.0  # a topic whose housekeeping keeps failing says so at most this often
 DEFAULT_DEDUP_ENABLED = True
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
@@ -731,6 +734,7 @@ class Topic:
         self.quota_exceeded = False  # a producer policy's limit is exceeded: producers closed and refused
         self.msg_in = 0
         self.bytes_in = 0
+        self.tick_failures = RateLimitedLog(log, TICK_FAILURE_LOG_EVERY_S)  # its housekeeping's failure lines
 
     # -- producers ------------------------------------------------------------------------------------------
 
@@ -1014,6 +1018,7 @@ class BrokerService:
         self._ticker: asyncio.Task[None] | None = None
         self._session_lost = False
         self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
+        self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
 
     # -- authentication and authorization ---------------------------------------------------------------------
 
@@ -1084,6 +1089,7 @@ class BrokerService:
         self.meta = BrokerMetadataStore(self.bk.store)
         await self.meta.ensure_default_namespace()
         await self._register()
+        await self.bookie_supply.watch(self.bk.registry)
         self.bk.store.add_session_listener(self._session_listener)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
         log.info("broker=%s serving %s", self.config.id, self.config.service_url)
@@ -1098,6 +1104,7 @@ class BrokerService:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        self.bookie_supply.close()
         for s in list(self.sessions):
             s.transport.close()
         zk_away = self.meta is not None and not self._zk_connected
@@ -1159,6 +1166,7 @@ class BrokerService:
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
+            self.bookie_supply.remind()
             for s in list(self.sessions):
                 s.tick(now)
             if now < next_topic_tick:
@@ -1171,11 +1179,14 @@ class BrokerService:
             for topic in self.served_topics():
                 try:
                     await self.enforce_quota(topic)
-                    await topic.ml.tick()
+                    # without the bookies a new ledger needs, a rollover only fails again (cursors are flushed)
+                    await topic.ml.tick(rollover=not self.bookie_supply.short)
                 except ManagedLedgerFencedError as e:
                     self.topic_lost(topic, str(e))
                 except Exception as e:
-                    log.warning("topic=%s tick failed: %s", topic.name, e)
+                    topic.tick_failures.warning("topic=%s tick failed: %s", topic.name, e)
+                else:
+                    topic.tick_failures.reset()
 
     async def refresh_policies(self) -> None:
         """Read the policies of every namespace with a topic served here and apply them (changes made through
@@ -1242,6 +1253,8 @@ class BrokerService:
         key = str(name)
         fut = self.topics.get(key)
         if fut is None:
+            if self.bookie_supply.short:  # its new ledger could not be created: said at once, nothing written
+                raise ManagedLedgerError(self.bookie_supply.refusal())
             fut = asyncio.get_running_loop().create_future()
             self.topics[key] = fut
             try:

@@ -1,0 +1,92 @@
+"""Still more of an operator's bad days against real processes: a broker started before any bookie of a new
+deployment, whose bookies then come and go."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ledgerstore import cli
+from ledgerstore.cluster import BookieProcess, BrokerProcess, free_port
+from tests.zk_testing import make_test_server, wait_for
+
+
+def _produce(broker: BrokerProcess, timeout_s: float = 3) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ledgerstore.cli", "topic", "produce", "t", "-m", "x"]
+        + ["--service-url", broker.service_url, "--timeout-s", f"{timeout_s:g}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_broker_without_bookies_says_it_waits_once_refuses_producers_with_the_reason_and_says_when_they_come(
+    tmp_path: Path,
+) -> None:
+    """A broker on a new deployment's ZooKeeper (no cluster yet: it starts) with no bookie said nothing at all
+    while every producer waited out its timeout; once a topic's bookies had gone, it logged 'tick failed' and
+    'close failed ... closing it by recovery' for each topic on every tick. Now: one 'waiting for bookies' line
+    with how many it has and needs, producers told NOT_ENOUGH_BOOKIES and why, one line when a bookie comes, and
+    after the bookies go again one waiting line and no rollover attempted (it could only fail), so no line per
+    tick."""
+    pytest.importorskip("pulsar")
+    with make_test_server() as zk:
+        one = ["--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1", "--tick-interval-s", "1"]
+        broker = BrokerProcess(
+            zk=zk.connect_string,
+            port=free_port(),
+            http_port=free_port(),
+            extra_args=["--zk-session-timeout-s", "4", *one],
+            log_path=tmp_path / "broker.log",
+        )
+        bookie = BookieProcess(
+            zk=zk.connect_string,
+            data_dir=tmp_path / "bookie",
+            port=free_port(),
+            http_port=free_port(),
+            init_cluster=False,  # the first bookie of a new deployment creates its cluster anyway
+        )
+        log = broker.log_path
+        assert log is not None
+        try:
+            broker.start()
+            r = _produce(broker)  # (the client asks again and again meanwhile)
+            assert r.returncode == cli.EXIT_UNAVAILABLE, r.stdout + r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert "NOT_ENOUGH_BOOKIES: the broker has 0 writable bookies, a new ledger needs 1" in r.stderr
+            text = log.read_text(errors="replace")
+            waiting = [line for line in text.splitlines() if "waiting for bookies" in line]
+            assert len(waiting) == 1, text
+            assert "0 writable, a new ledger needs 1 (--ensemble-size)" in waiting[0], waiting
+            assert "Traceback" not in text and "tick failed" not in text, text
+
+            bookie.start(timeout_s=60)
+            assert wait_for(
+                lambda: "bookies: 1 writable now" in log.read_text(errors="replace"), timeout_s=30
+            )
+            assert _produce(broker, 30).returncode == 0
+
+            bookie.stop()  # unregistered at once
+            assert wait_for(lambda: log.read_text(errors="replace").count("waiting for bookies") == 2, 30)
+            r = _produce(broker)  # the topic's ledger is on the bookie that went: the append fails
+            assert r.returncode == cli.EXIT_UNAVAILABLE, r.stdout + r.stderr
+            assert wait_for(
+                lambda: "append failed" in log.read_text(errors="replace"), 90
+            )  # (its add timeout)
+            time.sleep(6)  # six ticks, each of which tried to replace the failed ledger
+            text = log.read_text(errors="replace")
+            assert text.count("waiting for bookies") == 2, text
+            assert "tick failed" not in text and "closing it by recovery" not in text, text
+            assert "Traceback" not in text, text
+
+            bookie.start(timeout_s=60)  # back: the failed ledger is closed and replaced, produce works again
+            assert wait_for(lambda: log.read_text(errors="replace").count("bookies: 1 writable now") == 2, 30)
+            assert _produce(broker, 30).returncode == 0
+        finally:
+            broker.kill9()
+            bookie.kill9()
