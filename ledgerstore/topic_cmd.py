@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urljoin
 
 from ledgerstore.cli import (
+    EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -312,7 +313,12 @@ def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[],
 
     t = threading.Thread(target=run, name=what, daemon=True)
     t.start()
-    t.join(args.timeout_s)
+    try:
+        t.join(args.timeout_s)
+    except KeyboardInterrupt:  # Ctrl-C before the answer: the interpreter's teardown after a client closed in
+        client.close()  # the middle of its call would abort the process, so it ends once the command returned
+        atexit.register(_exit_now, EXIT_INTERRUPTED, getattr(args, "pulsar_log", None))
+        raise
     if t.is_alive():
         said = _broker_said(args)
         client.close()

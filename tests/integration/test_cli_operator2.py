@@ -4,14 +4,19 @@ the usual exit status, with nothing left behind."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from ledgerstore import cli
 from ledgerstore.cluster import AutoRecoveryProcess, BookieProcess, BrokerProcess, free_port
+from tests.broker_testing import start_broker
 from tests.conftest import BookieFactory
-from zk import MetadataStore
+from zk import MetadataStore, cookies
 
 
 def _refusal(bp: BookieProcess) -> str:
@@ -104,3 +109,49 @@ def test_a_broker_autorecovery_and_ledger_commands_refuse_a_zk_root_without_a_cl
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
         assert f"no cluster under --zk-root {typo}" in r.stderr and bookies.root in r.stderr, r.stderr
     _nothing_under(bookies.zk, typo)
+
+
+def test_topic_consume_interrupted_while_it_subscribes_exits_130_at_once(
+    bookies: BookieFactory, tmp_path: Path
+) -> None:
+    """Ctrl-C while pulsar-client was still subscribing (here: a broker without bookies, whose answer the client
+    waits on) closed the client in the middle of the call, and the interpreter's teardown then aborted the process
+    ('terminate called without an active exception', status 134). It ends at once with status 130 instead,
+    whenever the interrupt comes."""
+    pytest.importorskip("pulsar")
+    with MetadataStore.connect(bookies.zk, bookies.root) as store:  # a cluster whose bookies are all away
+        cookies.instance_id(store)
+    broker = start_broker(bookies, tmp_path, 4)
+    try:
+        broker.wait_ready(60)
+        for after_s in (0.0, 0.5, 2.0):
+            p = subprocess.Popen(
+                [sys.executable, "-m", "ledgerstore.cli", "topic", "consume", "t", "-s", "s", "-v"]
+                + ["--service-url", broker.service_url, "--timeout-s", "60"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's process
+            )
+            assert p.stdout is not None
+            seen: list[str] = []
+            for line in p.stdout:  # the client's log (-v): the subscription is under way
+                seen.append(line)
+                if "Subscribing on Topic" in line:
+                    break
+            time.sleep(after_s)
+            p.send_signal(signal.SIGINT)
+            t0 = time.monotonic()
+            try:
+                rest, _ = p.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rest, _ = p.communicate()
+                raise AssertionError(f"still running 20 s after Ctrl-C: {''.join(seen) + rest}") from None
+            out = "".join(seen) + rest
+            assert p.returncode == cli.EXIT_INTERRUPTED, (after_s, p.returncode, out[-2000:])
+            assert time.monotonic() - t0 < 10 and "terminate called" not in out and "Traceback" not in out, (
+                out
+            )
+    finally:
+        broker.kill9()
