@@ -47,6 +47,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from zk.errors import MetadataConnectionError, MetadataError
+from zk.ratelog import RateLimitedLog
 
 from . import auth, server_gate
 from . import server as srv
@@ -55,7 +56,6 @@ from .config_file import ConfigError, Effective, resolve
 from .core import BookieCore, _is_enospc
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
 from .journal import Journal
-from .ratelog import RateLimitedLog
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bookie.ratelog import RateLimitedLog
+from zk.ratelog import RateLimitedLog
 
 __all__ = ["WAITING_LOG_EVERY_S", "BookieSupply"]
 

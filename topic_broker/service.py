@@ -36,7 +36,6 @@ from urllib.parse import unquote
 
 import zk
 from bookie.auth import TokenError, TokenVerifier
-from bookie.ratelog import RateLimitedLog
 from ledger_client import BookKeeper, ClientConfig
 from zk.managed_ledgers import (
     BacklogQuota,
@@ -48,6 +47,7 @@ from zk.managed_ledgers import (
     SchemaInfo,
     SchemaRefusedError,
 )
+from zk.ratelog import RateLimitedLog
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire

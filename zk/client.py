@@ -50,9 +50,15 @@ from zk.errors import (
     MetadataVersionError,
     translate,
 )
+from zk.ratelog import RepeatedLinesFilter
 from zk.versioned import Versioned
 
 log = logging.getLogger(__name__)
+
+#: kazoo's own log: while ZooKeeper is away its retries say 'Connection dropped: ...' about once a second, in every
+#: process; each kind of its lines comes at most once a minute (with how many were left out)
+KAZOO_LOG = logging.getLogger("zk.kazoo")
+KAZOO_LOG.addFilter(RepeatedLinesFilter(60.0))
 
 JsonDict = dict[str, Any]
 SessionState = Literal["CONNECTED", "SUSPENDED", "LOST"]
@@ -271,7 +277,7 @@ class MetadataStore(CompareAndSetUpdate):
             timeout=session_timeout_s,
             auth_data=[("digest", creds.credential)] if creds is not None else None,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
-            logger=logging.getLogger("zk.kazoo"),
+            logger=KAZOO_LOG,
         )
         try:
             client.start(timeout=timeout_s)

@@ -1,5 +1,5 @@
 """A broker's log about its bookies (topic_broker/bookie_supply.py) and the rate-limited log lines it shares with
-the bookie's disk-full checkpoints (bookie/ratelog.py), on a fake clock."""
+the bookie's disk-full checkpoints and the ZooKeeper client's retries (zk/ratelog.py), on a fake clock."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from bookie.ratelog import RateLimitedLog
 from topic_broker.bookie_supply import WAITING_LOG_EVERY_S, BookieSupply
+from zk.ratelog import RateLimitedLog, RepeatedLinesFilter
 
 
 class Clock:
@@ -73,3 +73,23 @@ def test_a_broker_short_of_bookies_says_so_once_then_once_a_minute_and_once_when
         assert len(_lines(caplog)) == 3
         supply.update(2)  # short again: said at once, not a minute after the last waiting line
         assert len(_lines(caplog)) == 4 and "waiting for bookies: 2 writable" in _lines(caplog)[-1]
+
+
+def test_repeated_lines_of_a_kind_pass_once_per_interval_saying_how_many_were_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """kazoo's 'Connection dropped: ...' at each retry (about one a second for as long as ZooKeeper is away)."""
+    clock = Clock()
+    logger = logging.getLogger("t.kazoo")
+    logger.addFilter(RepeatedLinesFilter(60, clock=clock))
+    with caplog.at_level(logging.INFO, "t.kazoo"):
+        for i in range(120):
+            logger.warning("Connection dropped: %s", f"refused {i}")
+            if i == 5:
+                logger.warning("Transition to CONNECTING")  # another kind: its own interval
+            clock.now += 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "Connection dropped: refused 0",
+        "Transition to CONNECTING",
+        "Connection dropped: refused 60 (59 more like it in the last 60 s not shown)",
+    ]
