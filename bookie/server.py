@@ -623,7 +623,9 @@ class BookieServer:
             "Add latency, receive to reply (fsync included), one observation per group of adds received together",
         )
         self.fsync_latency = self.metrics.histogram(
-            "bookie_journal_fsync_seconds", "Journal write+fsync latency"
+            "bookie_journal_fsync_seconds",
+            "Journal fdatasync latency per batch (not the write before it: a write that waited on the disk "
+            "shows in bookie_add_latency_seconds)",
         )
         self._server: asyncio.AbstractServer | None = None
 

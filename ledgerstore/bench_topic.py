@@ -242,26 +242,117 @@ def latency_trace(
     return out
 
 
-def fsync_tail(metrics_text: str, over_s: tuple[float, ...] = (0.1, 0.25)) -> list[float]:
-    """From a bookie's ``/metrics``: how many journal write+fsyncs so far took longer than each of ``over_s``
-    (``bookie_journal_fsync_seconds``; each bound must be one of its bucket bounds). Raises ValueError when
-    the histogram or a bucket is missing."""
+def fsync_tail(
+    metrics_text: str,
+    over_s: tuple[float, ...] = (0.1, 0.25),
+    histogram: str = "bookie_journal_fsync_seconds",
+) -> list[float]:
+    """From a bookie's ``/metrics``: how many observations of ``histogram`` so far were longer than each of
+    ``over_s`` (each bound must be one of its bucket bounds): by default the journal's fsyncs, with
+    ``bookie_add_latency_seconds`` its adds (receive to reply, the journal's write included). Raises
+    ValueError when the histogram or a bucket is missing."""
     import re
 
     buckets: dict[float, float] = {}
     count: float | None = None
+    bucket = re.compile(re.escape(histogram) + r'_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\} (\S+)')
     for line in metrics_text.splitlines():
-        m = re.match(r'bookie_journal_fsync_seconds_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\} (\S+)', line)
+        m = bucket.match(line)
         if m:
             buckets[float(m.group(1))] = float(m.group(2))
-        elif line.startswith("bookie_journal_fsync_seconds_count"):
+        elif line.startswith(histogram + "_count "):
             count = float(line.rsplit(" ", 1)[1])
     if count is None:
-        raise ValueError("no bookie_journal_fsync_seconds histogram in the metrics")
+        raise ValueError(f"no {histogram} histogram in the metrics")
     missing = [b for b in over_s if b not in buckets]
     if missing:
-        raise ValueError(f"no fsync bucket with the bound {missing[0]}")
+        raise ValueError(f"no {histogram} bucket with the bound {missing[0]}")
     return [count - buckets[b] for b in over_s]
+
+
+def disk_of(path: str) -> str | None:
+    """The name in ``/proc/diskstats`` of the block device holding ``path`` (a partition's own line), or
+    None when it has none (tmpfs, overlay) or the kernel does not say."""
+    st = os.stat(path)
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                p = line.split()
+                if len(p) > 3 and int(p[0]) == major and int(p[1]) == minor:
+                    return p[2]
+    except OSError:
+        return None
+    return None
+
+
+def diskstats(name: str, text: str) -> tuple[int, int]:
+    """From ``/proc/diskstats`` text: the device's writes and flushes completed so far (what a journal
+    waits for; reads of other work may still complete while they stall) and its requests in flight now.
+    ValueError for an unknown device."""
+    for line in text.splitlines():
+        p = line.split()
+        if len(p) >= 14 and p[2] == name:
+            done = int(p[7]) + (int(p[18]) if len(p) > 18 else 0)
+            return done, int(p[11])
+    raise ValueError(f"no device {name} in /proc/diskstats")
+
+
+def disk_stalls(samples: list[tuple[float, int, int]], min_s: float = 0.1) -> list[tuple[float, float]]:
+    """Where the device completed nothing while it held requests: ``samples`` are (time s, requests
+    completed so far, requests in flight) in time order; returns each (start, end) of at least ``min_s``
+    from a sample that saw requests in flight to the sample at which the next completion showed."""
+    out: list[tuple[float, float]] = []
+    start: float | None = None
+    for (_t0, done0, _f0), (t1, done1, flight1) in zip(samples, samples[1:], strict=False):
+        if done1 != done0:  # something completed since the previous sample: a stall (if any) ends here
+            if start is not None and t1 - start >= min_s:
+                out.append((start, t1))
+            start = None
+        elif start is None and flight1 > 0:
+            start = t1
+    last = samples[-1][0] if samples else 0.0
+    if start is not None and last - start >= min_s:
+        out.append((start, last))
+    return out
+
+
+class DiskWatch:
+    """A thread sampling ``/proc/diskstats`` for one device every ``every_s`` while in a ``with``; then
+    :meth:`stalls` says where it completed nothing with requests in flight. A device the kernel does not
+    list (tmpfs) gives no samples and no stalls."""
+
+    def __init__(self, name: str | None, every_s: float = 0.01) -> None:
+        import threading
+
+        self.name = name
+        self.every_s = every_s
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="disk-watch", daemon=True)
+
+    def _run(self) -> None:
+        assert self.name is not None
+        while not self._stop.wait(self.every_s):
+            try:
+                with open("/proc/diskstats") as f:
+                    done, flight = diskstats(self.name, f.read())
+            except (OSError, ValueError):
+                return
+            self.samples.append((time.time(), done, flight))
+
+    def __enter__(self) -> DiskWatch:
+        if self.name is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def stalls(self, min_s: float = 0.1) -> list[tuple[float, float]]:
+        return disk_stalls(self.samples, min_s)
 
 
 def metric_value(metrics_text: str, name: str) -> float:
@@ -273,14 +364,17 @@ def metric_value(metrics_text: str, name: str) -> float:
 
 
 def _fsync_tails(http_ports: list[int]) -> list[list[float]]:
-    """Per bookie: journal syncs over 100 ms and over 250 ms so far, and the bytes of entries it has read."""
+    """Per bookie: journal syncs over 100 ms and over 250 ms so far, the bytes of entries it has read, and
+    its adds over 100 ms (receive to reply: a journal write that waited on the disk shows there, not in the
+    fsyncs)."""
     import urllib.request
 
     out = []
     for port in http_ports:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             text = r.read().decode()
-        out.append([*fsync_tail(text), metric_value(text, "bookie_read_bytes_total")])
+        adds = fsync_tail(text, (0.1,), "bookie_add_latency_seconds")
+        out.append([*fsync_tail(text), metric_value(text, "bookie_read_bytes_total"), *adds])
     return out
 
 
@@ -380,7 +474,7 @@ def _phase(
         procs.append(pp)
     time.sleep(2)  # the producers connect before the clock starts
     busy0, total0 = machine_ticks()
-    with cpu_meter(pids, "msg") as cpu:
+    with cpu_meter(pids, "msg") as cpu, DiskWatch(disk_of(".")) as disk:
         go.set()
         results = [out.get(timeout=600) for _ in procs]
         cpu["units"] = args.messages
@@ -399,6 +493,14 @@ def _phase(
         "machine_busy_pct": round(100 * (busy1 - busy0) / max(1.0, total1 - total0), 1),
         "cpu_us_per_msg_producers": round(1e6 * sum(r[5] for r in produced) / max(1, acked), 2),
     }
+    if disk.name is not None:  # the data directory's disk completing nothing while asked: every journal waits
+        start = min(r[3] for r in produced)
+        stalls = disk.stalls(0.1)
+        row["disk_stalls_over_100ms"] = len(stalls)
+        if stalls:
+            a, b = max(stalls, key=lambda s: s[1] - s[0])
+            row["disk_stall_max_ms"] = round((b - a) * 1000, 1)
+            row["disk_stall_at_s"] = round(a - start, 2)
     if consume:
         lat = sorted(x for r in results if r[0] == "consumed" for x in r[2])
         row["received"] = sum(r[1] for r in results if r[0] == "consumed")
@@ -494,6 +596,7 @@ def run(args: argparse.Namespace) -> int:
                 row["bookie_read_mb"] = round(
                     sum(a[2] - b[2] for a, b in zip(after, before, strict=True)) / 1e6, 1
                 )
+                row["adds_over_100ms"] = [int(a[3] - b[3]) for a, b in zip(after, before, strict=True)]
             if admin_url:  # what the broker stored, counted by the broker: the producers' figure checked
                 stored = _stored_messages(admin_url, topic)
                 if stored != row["acked"]:

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from ledgerstore.bench_topic import fsync_tail, latency_trace, log_events, metric_value
+from ledgerstore.bench_topic import (
+    DiskWatch,
+    disk_of,
+    disk_stalls,
+    diskstats,
+    fsync_tail,
+    latency_trace,
+    log_events,
+    metric_value,
+)
 
 
 def test_the_trace_names_the_stalled_window_and_the_longest_gap() -> None:
@@ -56,7 +65,7 @@ def test_log_events_keeps_the_run_s_warnings_and_storage_events(tmp_path: Path) 
     assert log_events([broker], start, start + 10, limit=0) == []
 
 
-FSYNC_METRICS = """# HELP bookie_journal_fsync_seconds Journal write+fsync latency
+FSYNC_METRICS = """# HELP bookie_journal_fsync_seconds Journal fdatasync latency per batch
 # TYPE bookie_journal_fsync_seconds histogram
 bookie_journal_fsync_seconds_bucket{le="0.05"} 327.0
 bookie_journal_fsync_seconds_bucket{le="0.1"} 328.0
@@ -70,7 +79,7 @@ bookie_add_latency_seconds_bucket{le="0.1"} 1.0
 def test_fsync_tail_counts_the_syncs_over_each_bound() -> None:
     assert fsync_tail(FSYNC_METRICS) == [6.0, 4.0]
     assert fsync_tail(FSYNC_METRICS, (0.05,)) == [7.0]
-    with pytest.raises(ValueError, match="no fsync bucket with the bound 0.5"):
+    with pytest.raises(ValueError, match="no bookie_journal_fsync_seconds bucket with the bound 0.5"):
         fsync_tail(FSYNC_METRICS, (0.5,))
     with pytest.raises(ValueError, match="no bookie_journal_fsync_seconds histogram"):
         fsync_tail("bookie_add_latency_seconds_count 3.0\n")
@@ -82,3 +91,64 @@ def test_metric_value_reads_one_unlabelled_sample() -> None:
     assert metric_value(text, "bookie_reads_total") == 7.0
     with pytest.raises(ValueError, match="no bookie_adds_total"):
         metric_value(text, "bookie_adds_total")
+
+
+def test_fsync_tail_reads_the_adds_histogram_too() -> None:
+    # the adds' latency includes the journal's write, which the fsync histogram leaves out
+    text = (
+        FSYNC_METRICS
+        + 'bookie_add_latency_seconds_bucket{le="+Inf"} 9.0\nbookie_add_latency_seconds_count 9.0\n'
+    )
+    assert fsync_tail(text, (0.1,), "bookie_add_latency_seconds") == [8.0]
+    with pytest.raises(ValueError, match="no bookie_add_latency_seconds bucket with the bound 0.25"):
+        fsync_tail(text, (0.25,), "bookie_add_latency_seconds")
+    with pytest.raises(ValueError, match="no bookie_add_latency_seconds histogram"):
+        fsync_tail(FSYNC_METRICS.replace("bookie_add", "other"), (0.1,), "bookie_add_latency_seconds")
+
+
+DISKSTATS = (
+    " 253       0 vda 9 0 72 3 100 5 800 40 2 50 60 7 0 0 0 11 3\n"
+    " 253       1 vda1 4 0 32 1 30 1 240 9 0 8 10\n"
+)
+
+
+def test_diskstats_counts_writes_completed_and_requests_in_flight() -> None:
+    # writes 100 + flushes 11 completed (not the reads or discards); 2 in flight
+    assert diskstats("vda", DISKSTATS) == (111, 2)
+    assert diskstats("vda1", DISKSTATS) == (30, 0)  # an older kernel's line: no flush field
+    with pytest.raises(ValueError, match="no device sdz"):
+        diskstats("sdz", DISKSTATS)
+
+
+def test_disk_stalls_are_spans_with_requests_in_flight_and_nothing_completed() -> None:
+    samples = [
+        (0.00, 10, 0),
+        (0.05, 10, 0),  # idle: nothing asked, no stall
+        (0.10, 12, 1),
+        (0.15, 12, 3),  # asked, nothing completes from here ...
+        (0.20, 12, 3),
+        (0.30, 12, 2),
+        (0.35, 13, 0),  # ... to here: 200 ms
+        (0.40, 13, 1),
+        (0.45, 13, 1),  # 50 ms: under the bound
+        (0.50, 20, 0),
+        (0.60, 20, 4),
+        (0.75, 20, 4),  # still stalled when the watch ended: 150 ms so far
+    ]
+    assert disk_stalls(samples, 0.1) == [(0.15, 0.35), (0.60, 0.75)]
+    assert disk_stalls(samples, 0.05) == [(0.15, 0.35), (0.40, 0.50), (0.60, 0.75)]
+    assert disk_stalls([], 0.1) == []
+
+
+def test_disk_watch_samples_the_disk_of_a_path(tmp_path: Path) -> None:
+    name = disk_of(str(tmp_path))
+    with DiskWatch(name, every_s=0.005) as watch:
+        time.sleep(0.1)
+    if name is None:  # tmpfs or a device the kernel does not list: nothing sampled
+        assert watch.samples == []
+    else:
+        assert len(watch.samples) >= 5
+        assert all(
+            a[0] < b[0] and a[1] <= b[1] for a, b in zip(watch.samples, watch.samples[1:], strict=False)
+        )
+    assert DiskWatch(None).__enter__().samples == []
