@@ -299,6 +299,15 @@ def _close(client: Any) -> None:
         client.close()
 
 
+def _let_go(args: argparse.Namespace, client: Any, status: int) -> None:
+    """Give up a call of ``client`` still under way: close the client, and end the process with ``status`` as soon
+    as the command has returned and printed its line (atexit), before the interpreter's teardown, which aborts
+    after a client closed in the middle of a call. (Closing does not always end the call: waiting for it made a
+    command given --timeout-s 3 take 10 s.)"""
+    client.close()
+    atexit.register(_exit_now, status, getattr(args, "pulsar_log", None))
+
+
 def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[], T]) -> T:
     """``call()`` (pulsar-client's create_producer or subscribe), given up after ``--timeout-s``: while a broker cannot
     answer a lookup (its ZooKeeper down) it drops the connection and the client retries for ever, past its
@@ -315,16 +324,12 @@ def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[],
     t.start()
     try:
         t.join(args.timeout_s)
-    except KeyboardInterrupt:  # Ctrl-C before the answer: the interpreter's teardown after a client closed in
-        client.close()  # the middle of its call would abort the process, so it ends once the command returned
-        atexit.register(_exit_now, EXIT_INTERRUPTED, getattr(args, "pulsar_log", None))
+    except KeyboardInterrupt:  # Ctrl-C before the answer
+        _let_go(args, client, EXIT_INTERRUPTED)
         raise
     if t.is_alive():
         said = _broker_said(args)
-        client.close()
-        t.join(5)
-        if t.is_alive():  # the error line is printed first (atexit handlers run after the command returns)
-            atexit.register(_exit_now, EXIT_UNAVAILABLE, getattr(args, "pulsar_log", None))
+        _let_go(args, client, EXIT_UNAVAILABLE)
         raise CommandError(
             f"{what}: no answer within {args.timeout_s:g}s"
             + (said or f" (are the broker at {args.service_url} and its ZooKeeper up?)"),

@@ -111,7 +111,7 @@ def test_a_broker_autorecovery_and_ledger_commands_refuse_a_zk_root_without_a_cl
     _nothing_under(bookies.zk, typo)
 
 
-def test_topic_consume_interrupted_while_it_subscribes_exits_130_at_once(
+def test_topic_consume_interrupted_while_it_subscribes_exits_130_at_once_and_a_timeout_ends_on_time(
     bookies: BookieFactory, tmp_path: Path
 ) -> None:
     """Ctrl-C while pulsar-client was still subscribing (here: a broker without bookies, whose answer the client
@@ -153,5 +153,17 @@ def test_topic_consume_interrupted_while_it_subscribes_exits_130_at_once(
             assert time.monotonic() - t0 < 10 and "terminate called" not in out and "Traceback" not in out, (
                 out
             )
+        # and a call given up after --timeout-s ends then, not some 5 s later still waiting for the closed client
+        t0 = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, "-m", "ledgerstore.cli", "topic", "produce", "t"]
+            + ["--service-url", broker.service_url, "--timeout-s", "8"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - t0
+        assert r.returncode == cli.EXIT_UNAVAILABLE and "no answer within 8s" in r.stderr, r.stderr
+        assert took < 8 + 4, took  # (the interpreter's and pulsar-client's start included)
     finally:
         broker.kill9()
