@@ -534,6 +534,12 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if "p99_ms" in runs[0]:
         row["runs_p99_ms"] = [r.get("p99_ms") for r in runs]
         row["runs_max_gap_ms"] = [r.get("max_gap_ms") for r in runs]
+        row["runs_gap_at_s"] = [r.get("gap_at_s") for r in runs]
+    if any(
+        "disk_stalls_over_100ms" in r for r in runs
+    ):  # each run's, beside its gap (a median of offsets says nothing)
+        row["runs_disk_stall_max_ms"] = [r.get("disk_stall_max_ms", 0.0) for r in runs]
+        row["runs_disk_stall_at_s"] = [r.get("disk_stall_at_s") for r in runs]
     return row
 
 

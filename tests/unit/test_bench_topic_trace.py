@@ -152,3 +152,34 @@ def test_disk_watch_samples_the_disk_of_a_path(tmp_path: Path) -> None:
             a[0] < b[0] and a[1] <= b[1] for a, b in zip(watch.samples, watch.samples[1:], strict=False)
         )
     assert DiskWatch(None).__enter__().samples == []
+
+
+def test_medians_keep_each_run_s_gap_and_disk_stall() -> None:
+    from ledgerstore.bench_topic import _medians
+
+    runs = [
+        {
+            "msg_per_s": 10,
+            "p99_ms": 300.0,
+            "max_gap_ms": 266.7,
+            "gap_at_s": 3.69,
+            "disk_stalls_over_100ms": 2,
+        },
+        {
+            "msg_per_s": 12,
+            "p99_ms": 170.0,
+            "max_gap_ms": 109.2,
+            "gap_at_s": 9.67,
+            "disk_stalls_over_100ms": 0,
+        },
+        {"msg_per_s": 11, "p99_ms": 631.4, "max_gap_ms": 571.9, "gap_at_s": 1.4, "disk_stalls_over_100ms": 1},
+    ]
+    runs[0].update(disk_stall_max_ms=262.5, disk_stall_at_s=3.7)
+    runs[2].update(disk_stall_max_ms=559.2, disk_stall_at_s=1.41)
+    row = _medians(runs)
+    assert row["p99_ms"] == 300.0
+    assert row["runs_max_gap_ms"] == [266.7, 109.2, 571.9]
+    assert row["runs_gap_at_s"] == [3.69, 9.67, 1.4]
+    assert row["runs_disk_stall_max_ms"] == [262.5, 0.0, 559.2]
+    assert row["runs_disk_stall_at_s"] == [3.7, None, 1.41]
+    assert "runs_disk_stall_max_ms" not in _medians([{"msg_per_s": 1, "p99_ms": 2.0}])
