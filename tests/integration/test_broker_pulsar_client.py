@@ -98,6 +98,61 @@ def test_second_exclusive_consumer_is_refused_shared_splits(broker: BrokerProces
         c.close()
 
 
+def test_shared_consumer_that_stops_receiving_leaves_the_other_supplied_and_gets_more_when_it_resumes(
+    broker: BrokerProcess,
+) -> None:
+    """Shared round robin with one consumer out of permits: its queue (10) fills and stays full while it does not
+    receive, and every other message goes to the consumer that receives, at once; when the first one receives
+    again, its FLOWs bring it new messages. A dispatcher that waited for the stalled consumer's permits, or
+    never read again once one consumer had none, would stop the other one too (the bench's end-to-end stops
+    were searched for this)."""
+    c = client(broker)
+    try:
+        t = topic_name()
+        slow = c.subscribe(t, "sh", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=10)
+        fast = c.subscribe(t, "sh", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=10)
+        p = c.create_producer(t, batching_enabled=False)
+        lateness: list[float] = []
+        fast_got: list[int] = []
+        for i in range(200):
+            p.send(f"{i}".encode())
+            m = fast.receive(timeout_millis=5_000) if i >= 20 else None  # the slow one's queue fills first
+            if m is not None:
+                lateness.append(time.time() * 1000 - m.publish_timestamp())
+                fast_got.append(int(m.data()))
+                fast.acknowledge(m)
+        while True:
+            try:
+                m = fast.receive(timeout_millis=500)
+            except pulsar.Timeout:
+                break
+            fast_got.append(int(m.data()))
+            fast.acknowledge(m)
+        assert 180 <= len(fast_got) <= 190  # the slow one holds what its 10 permits took, no more
+        assert max(lateness) < 2_000, f"a message waited {max(lateness):.0f} ms for the receiving consumer"
+        held = drain(slow, 200 - len(fast_got))
+        for m in held:
+            slow.acknowledge(m)
+        assert sorted(fast_got + [int(m.data()) for m in held]) == list(range(200))
+        # resumed: it asked for more (FLOW at half its queue) and gets its share of new messages
+        for i in range(200, 260):
+            p.send(f"{i}".encode())
+        got: dict[str, list[int]] = {"slow": [], "fast": []}
+        deadline = time.monotonic() + 20
+        while len(got["slow"]) + len(got["fast"]) < 60 and time.monotonic() < deadline:
+            for name, s in (("slow", slow), ("fast", fast)):
+                try:
+                    m = s.receive(timeout_millis=100)
+                except pulsar.Timeout:
+                    continue
+                got[name].append(int(m.data()))
+                s.acknowledge(m)
+        assert sorted(got["slow"] + got["fast"]) == list(range(200, 260))
+        assert got["slow"], "the consumer that resumed got none of the new messages"
+    finally:
+        c.close()
+
+
 def test_failover_and_key_shared(broker: BrokerProcess) -> None:
     c = client(broker)
     try:
