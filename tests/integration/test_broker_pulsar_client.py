@@ -44,6 +44,14 @@ def drain(consumer, n: int, timeout_ms: int = 10_000) -> list:
     return [consumer.receive(timeout_millis=timeout_ms) for _ in range(n)]
 
 
+def receive_or_none(consumer, timeout_ms: int) -> Any:
+    """The next message, or None when none came within ``timeout_ms``."""
+    try:
+        return consumer.receive(timeout_millis=timeout_ms)
+    except pulsar.Timeout:
+        return None
+
+
 # -- round trips --------------------------------------------------------------------------------------------
 
 
@@ -121,11 +129,7 @@ def test_shared_consumer_that_stops_receiving_leaves_the_other_supplied_and_gets
                 lateness.append(time.time() * 1000 - m.publish_timestamp())
                 fast_got.append(int(m.data()))
                 fast.acknowledge(m)
-        while True:
-            try:
-                m = fast.receive(timeout_millis=500)
-            except pulsar.Timeout:
-                break
+        while (m := receive_or_none(fast, 500)) is not None:
             fast_got.append(int(m.data()))
             fast.acknowledge(m)
         assert 180 <= len(fast_got) <= 190  # the slow one holds what its 10 permits took, no more
@@ -141,12 +145,9 @@ def test_shared_consumer_that_stops_receiving_leaves_the_other_supplied_and_gets
         deadline = time.monotonic() + 20
         while len(got["slow"]) + len(got["fast"]) < 60 and time.monotonic() < deadline:
             for name, s in (("slow", slow), ("fast", fast)):
-                try:
-                    m = s.receive(timeout_millis=100)
-                except pulsar.Timeout:
-                    continue
-                got[name].append(int(m.data()))
-                s.acknowledge(m)
+                if (m := receive_or_none(s, 100)) is not None:
+                    got[name].append(int(m.data()))
+                    s.acknowledge(m)
         assert sorted(got["slow"] + got["fast"]) == list(range(200, 260))
         assert got["slow"], "the consumer that resumed got none of the new messages"
     finally:
