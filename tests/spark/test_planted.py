@@ -25,8 +25,8 @@ def _take_all(runs: list[tuple[int, list[bytes]]], max_rows: int, max_bytes: int
     async def go() -> list[list[bytes]]:
         p = _Payloads(_runs(runs), runs[0][0] if runs else 0)
         out = []
-        while batch := await p.take(max_rows, max_bytes):
-            out.append(batch)
+        while chunks := await p.take(max_rows, max_bytes):  # (a batch's payloads, in chunks as read)
+            out.append([payload for chunk in chunks for payload in chunk])
         return out
 
     return asyncio.run(go())
