@@ -28,9 +28,10 @@ from ledger_client import errors as E
 from ledger_client.client import BookKeeper, _meta
 from zk import layout
 from zk.ledger_metadata import LedgerMetadata
+from zk.ratelog import RateLimitedLog
 from zk.underreplication import AUDIT_REQUEST, UnderReplicationManager
 
-from .config import AutoRecoveryConfig
+from .config import FAILURE_LOG_EVERY_S, AutoRecoveryConfig
 from .metrics import Metrics
 from .passwords import PasswordBook
 from .policy import LostBookieTracker, bookies_in, entries_to_check, ledgers_to_mark
@@ -100,13 +101,18 @@ class Auditor:
                 cancels.append(await _meta(functools.partial(watch, kick)))
             req = await _meta(functools.partial(self.bk.store.get_optional, AUDIT_REQUEST))
             self._last_request = None if req is None else req.value.get("requested_ms")
+            failing = RateLimitedLog(
+                log, FAILURE_LOG_EVERY_S
+            )  # (ZooKeeper away: a line a minute, not per pass)
             while not stop.is_set():
                 wake.clear()
                 timeout = self.config.poll_interval_s
                 try:
                     timeout = await self.step()
                 except (E.LedgerError, OSError, ValueError) as e:
-                    log.warning("auditor %s: %s", self.owner, e)
+                    failing.warning("auditor %s: %s", self.owner, e)
+                else:
+                    failing.reset()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(_first(wake, stop), max(0.05, timeout))
         finally:

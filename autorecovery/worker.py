@@ -33,9 +33,10 @@ from ledger_client.rereplication import lost_fragments, swapped
 from ledger_client.rereplicator import _fence, _read_verified, _write, copy_fragment
 from zk import racks as zk_racks
 from zk.ledger_metadata import LedgerMetadata
+from zk.ratelog import RateLimitedLog
 from zk.underreplication import UnderReplicationManager
 
-from .config import AutoRecoveryConfig
+from .config import FAILURE_LOG_EVERY_S, AutoRecoveryConfig
 from .metrics import Metrics
 from .passwords import PasswordBook
 from .policy import Action, Decision, TokenBucket, decide
@@ -84,12 +85,15 @@ class ReplicationWorker:
     # --- the loop ---------------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        failing = RateLimitedLog(log, FAILURE_LOG_EVERY_S)  # (ZooKeeper away: a line a minute, not per pass)
         while not stop.is_set():
             try:
                 worked = await self.run_once()
             except (E.LedgerError, OSError) as e:
-                log.warning("replication worker %s: %s", self.owner, e)
+                failing.warning("replication worker %s: %s", self.owner, e)
                 worked = 0
+            else:
+                failing.reset()
             if not worked:
                 try:
                     await asyncio.wait_for(stop.wait(), self.config.poll_interval_s)

@@ -1019,6 +1019,7 @@ class BrokerService:
         self._session_lost = False
         self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
+        self._policies_failing = RateLimitedLog(log, TICK_FAILURE_LOG_EVERY_S)  # (ZooKeeper away)
 
     # -- authentication and authorization ---------------------------------------------------------------------
 
@@ -1175,7 +1176,9 @@ class BrokerService:
             try:
                 await self.refresh_policies()
             except zk.MetadataError as e:
-                log.warning("namespace policies not refreshed: %s", e)
+                self._policies_failing.warning("namespace policies not refreshed: %s", e)
+            else:
+                self._policies_failing.reset()
             for topic in self.served_topics():
                 try:
                     await self.enforce_quota(topic)

@@ -1,5 +1,5 @@
 """Still more of an operator's bad days against real processes: a broker started before any bookie of a new
-deployment, whose bookies then come and go."""
+deployment, whose bookies then come and go; ZooKeeper away for a while."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import pytest
 
 from ledgerstore import cli
 from ledgerstore.cluster import BookieProcess, BrokerProcess, free_port
-from tests.zk_testing import make_test_server, wait_for
+from tests.broker_testing import start_broker
+from tests.conftest import BookieFactory
+from tests.zk_testing import make_test_server, unique_root, wait_for
 
 
 def _produce(broker: BrokerProcess, timeout_s: float = 3) -> subprocess.CompletedProcess[str]:
@@ -90,3 +92,49 @@ def test_a_broker_without_bookies_says_it_waits_once_refuses_producers_with_the_
         finally:
             broker.kill9()
             bookie.kill9()
+
+
+def test_zookeeper_away_for_a_while_gets_a_line_or_two_from_each_process_not_one_per_retry(
+    tmp_path: Path,
+) -> None:
+    """ZooKeeper gone for half a minute under a bookie (with its AutoRecovery) and a broker: each process logged
+    kazoo's 'Connection dropped: ...' about once a second, and AutoRecovery's auditor and worker a warning per
+    failed pass. Each kind of line now comes at most once a minute, and everything works again once it is back."""
+    pytest.importorskip("pulsar")
+    with make_test_server() as zk:
+        bookies = BookieFactory(zk.connect_string, unique_root(), tmp_path)
+        broker = None
+        try:
+            (bp,) = bookies.start_many(1, autorecovery=True)
+            one = [
+                "--ensemble-size",
+                "1",
+                "--write-quorum",
+                "1",
+                "--ack-quorum",
+                "1",
+                "--tick-interval-s",
+                "1",
+            ]
+            broker = start_broker(bookies, tmp_path, 4, *one)
+            broker.wait_ready(60)
+            assert _produce(broker, 30).returncode == 0
+            zk.kill()
+            time.sleep(30)
+            assert broker.log_path is not None
+            logs = {"broker": broker.log_path.read_text(errors="replace"), "bookie": bp.log_tail(100_000)}
+            for who, text in logs.items():
+                assert text.count("Connection dropped") <= 2, (who, text[-5000:])
+                assert "Traceback" not in text, (who, text[-5000:])
+            for kind in (
+                "WARNING autorecovery.auditor: auditor ",
+                "WARNING autorecovery.worker: replication worker ",
+            ):
+                assert logs["bookie"].count(kind) <= 1, (kind, logs["bookie"][-5000:])
+            assert logs["broker"].count("namespace policies not refreshed") <= 1, logs["broker"][-5000:]
+            zk.start()
+            assert wait_for(lambda: _produce(broker, 10).returncode == 0, timeout_s=90, interval_s=1)
+        finally:
+            if broker is not None:
+                broker.kill9()
+            bookies.stop_all()
