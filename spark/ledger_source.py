@@ -289,7 +289,7 @@ class _Payloads:
                 if n <= len(chunk):
                     if n:
                         kept.append(chunk[:n])
-                    self.carry = [chunk[n:], *out[i + 1 :]]
+                    self.carry = [c for c in (chunk[n:], *out[i + 1 :]) if len(c)]
                     break
                 kept.append(chunk)
                 n -= len(chunk)

@@ -155,6 +155,8 @@ def test_payloads_are_handed_out_in_batches_of_at_most_max_rows_and_max_bytes() 
 
     for max_rows, max_bytes, sizes in [
         (8, 1000, [8, 8, 4]),
+        (7, 1000, [7, 7, 6]),  # cuts at the chunks' ends
+        (12, 1000, [12, 8]),
         (100, 35, [4, 4, 4, 4, 4]),
         (3, 25, [3] * 6 + [2]),
     ]:
