@@ -254,9 +254,28 @@ async def _write_entries(args: argparse.Namespace, lh: Any, payloads: list[bytes
             futs.append(fut)
         # In order, one at a time: a settled future is awaited without a trip through the loop, where
         # asyncio.gather over two million of them blocked the loop for 31 s in one go
-        for fut in futs:
-            await fut
+        try:
+            for fut in futs:
+                await fut
+        except BaseException:
+            _retrieve_all(futs)
+            raise
     return time.perf_counter() - t0
+
+
+def _retrieve_all(futs: list[asyncio.Future[int]]) -> None:
+    """The command reports the first failed entry; the entries after it failed the same way, and their errors are
+    taken here, not logged with a traceback each ('Future exception was never retrieved') as the loop closes."""
+
+    def retrieve(f: asyncio.Future[int]) -> None:
+        if not f.cancelled():
+            f.exception()
+
+    for f in futs:
+        if f.done():
+            retrieve(f)
+        else:
+            f.add_done_callback(retrieve)
 
 
 async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:

@@ -167,3 +167,27 @@ def test_topic_consume_interrupted_while_it_subscribes_exits_130_at_once_and_a_t
         assert took < 8 + 4, took  # (the interpreter's and pulsar-client's start included)
     finally:
         broker.kill9()
+
+
+def test_ledger_writes_that_a_hung_bookie_fails_end_in_one_line_not_a_traceback_per_entry(
+    bookies: BookieFactory,
+) -> None:
+    """A bookie that stops answering (SIGSTOP: a hung disk or process) under `ledger simpletest`, with no bookie to
+    replace it: the command said NOT_ENOUGH_BOOKIES in one line, then asyncio logged 'Future exception was never
+    retrieved' with a traceback for every other entry in flight as the loop closed."""
+    procs = bookies.start_many(3)
+    procs[0].pause()
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "ledgerstore.cli", "ledger", "simpletest", "-n", "20"]
+            + ["--zk", bookies.zk, "--zk-root", bookies.root],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        procs[0].resume()
+    assert r.returncode == cli.EXIT_UNAVAILABLE, r.stdout + r.stderr
+    assert "never retrieved" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ledgerstore: ")]
+    assert len(errors) == 1 and "NOT_ENOUGH_BOOKIES" in errors[0], r.stderr[-3000:]
