@@ -7,6 +7,7 @@ health, SIGTERM, kill -9, SIGSTOP/SIGCONT, restart on the same directories.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -483,6 +485,17 @@ def _zk_unreachable(st: dict[str, Any], state_dir: Path, timeout_s: float = 3.0)
         return None  # it answered (and refused something): reachable
 
 
+def _bookie_health(alive: bool, health: dict[str, Any] | None) -> str:
+    """What ``cluster status`` adds to a bookie's line from its /health answer."""
+    if not alive:
+        return ""
+    if health is None:  # a hung process (SIGSTOP, a stuck disk) is alive and says nothing
+        return " NOT ANSWERING (/health)"
+    if health.get("status") == "failed":
+        return f" FAILED: {health.get('reason', '?')}"
+    return " read-only" if health.get("readonly") else ""
+
+
 def _status(args: argparse.Namespace, state_dir: Path) -> int:
     st = _read_state(state_dir)
     if not st:
@@ -491,11 +504,15 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
     rows = []
     for b in st["bookies"]:
         alive = _pid_alive(b["pid"])
+        health = None
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{b['http_port']}/health", timeout=1) as r:
                 health = json.loads(r.read())
-        except OSError:
-            health = None
+        except urllib.error.HTTPError as e:  # 503: a failed bookie says why
+            with contextlib.suppress(OSError, ValueError):
+                health = json.loads(e.read())
+        except (OSError, ValueError):
+            pass
         rows.append({**b, "alive": alive, "health": health})
     broker_rows = []
     for b in st.get("brokers", []):
@@ -510,7 +527,7 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
             + (f" UNREACHABLE: {zk_problem}\n" if zk_problem else "\n")
             + "\n".join(
                 f"  bookie {r['id']:<22} pid {r['pid']:<7} {'up' if r['alive'] else 'DOWN'}"
-                + (" read-only" if r["health"] and r["health"].get("readonly") else "")
+                + _bookie_health(r["alive"], r["health"])
                 for r in rows
             )
             + "".join(

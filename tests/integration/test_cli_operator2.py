@@ -4,6 +4,8 @@ the usual exit status, with nothing left behind."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from ledgerstore import cli
 from ledgerstore.cluster import AutoRecoveryProcess, BookieProcess, BrokerProcess, free_port
 from tests.broker_testing import start_broker
 from tests.conftest import BookieFactory
+from tests.integration.test_cluster_cli import _ports
 from zk import MetadataStore, cookies
 
 
@@ -191,3 +194,39 @@ def test_ledger_writes_that_a_hung_bookie_fails_end_in_one_line_not_a_traceback_
     assert "never retrieved" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("ledgerstore: ")]
     assert len(errors) == 1 and "NOT_ENOUGH_BOOKIES" in errors[0], r.stderr[-3000:]
+
+
+def test_cluster_status_names_a_bookie_that_is_running_but_not_answering(tmp_path: Path) -> None:
+    """A hung bookie (SIGSTOP) was listed 'up' like the others: its process exists. `cluster status` now adds
+    that its /health does not answer."""
+    state = tmp_path / "cluster"
+    r = subprocess.run(
+        [sys.executable, "-m", "ledgerstore.cli", "cluster", "up", *_ports(state, free_port())],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        pid = json.loads((state / "cluster.json").read_text())["bookies"][0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            s = subprocess.run(
+                [sys.executable, "-m", "ledgerstore.cli", "cluster", "status", "--state-dir", str(state)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        lines = s.stdout.splitlines()
+        assert "NOT ANSWERING" in lines[1] and str(pid) in lines[1], s.stdout
+        assert "NOT ANSWERING" not in lines[2], s.stdout
+    finally:
+        d = subprocess.run(
+            [sys.executable, "-m", "ledgerstore.cli", "cluster", "down", "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert d.returncode == 0, d.stdout + d.stderr
