@@ -22,6 +22,12 @@ from tests.integration.test_cluster_cli import _ports
 from zk import MetadataStore, cookies
 
 
+def _ls(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ledgerstore.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def _refusal(bp: BookieProcess) -> str:
     """The one line a bookie that refused to start logged, after checking that it logged nothing more about it
     (no traceback, no 'shutting down' of a bookie that never ran)."""
@@ -102,12 +108,7 @@ def test_a_broker_autorecovery_and_ledger_commands_refuse_a_zk_root_without_a_cl
             proc.kill9()
     _nothing_under(bookies.zk, typo)
     for verb in (["list"], ["write", "-n", "1", "--password", "pw"], ["metadata", "1"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "ledgerstore.cli", "ledger", *verb, "--zk", bookies.zk, "--zk-root", typo],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = _ls("ledger", *verb, "--zk", bookies.zk, "--zk-root", typo, timeout=60)
         assert r.returncode == cli.EXIT_NOT_FOUND, (verb, r.stdout, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
         assert f"no cluster under --zk-root {typo}" in r.stderr and bookies.root in r.stderr, r.stderr
@@ -158,13 +159,7 @@ def test_topic_consume_interrupted_while_it_subscribes_exits_130_at_once_and_a_t
             )
         # and a call given up after --timeout-s ends then, not some 5 s later still waiting for the closed client
         t0 = time.monotonic()
-        r = subprocess.run(
-            [sys.executable, "-m", "ledgerstore.cli", "topic", "produce", "t"]
-            + ["--service-url", broker.service_url, "--timeout-s", "8"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        r = _ls("topic", "produce", "t", "--service-url", broker.service_url, "--timeout-s", "8", timeout=60)
         took = time.monotonic() - t0
         assert r.returncode == cli.EXIT_UNAVAILABLE and "no answer within 8s" in r.stderr, r.stderr
         assert took < 8 + 4, took  # (the interpreter's and pulsar-client's start included)
@@ -181,12 +176,8 @@ def test_ledger_writes_that_a_hung_bookie_fails_end_in_one_line_not_a_traceback_
     procs = bookies.start_many(3)
     procs[0].pause()
     try:
-        r = subprocess.run(
-            [sys.executable, "-m", "ledgerstore.cli", "ledger", "simpletest", "-n", "20"]
-            + ["--zk", bookies.zk, "--zk-root", bookies.root],
-            capture_output=True,
-            text=True,
-            timeout=180,
+        r = _ls(
+            "ledger", "simpletest", "-n", "20", "--zk", bookies.zk, "--zk-root", bookies.root, timeout=180
         )
     finally:
         procs[0].resume()
@@ -200,33 +191,18 @@ def test_cluster_status_names_a_bookie_that_is_running_but_not_answering(tmp_pat
     """A hung bookie (SIGSTOP) was listed 'up' like the others: its process exists. `cluster status` now adds
     that its /health does not answer."""
     state = tmp_path / "cluster"
-    r = subprocess.run(
-        [sys.executable, "-m", "ledgerstore.cli", "cluster", "up", *_ports(state, free_port())],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    r = _ls("cluster", "up", *_ports(state, free_port()), timeout=180)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         pid = json.loads((state / "cluster.json").read_text())["bookies"][0]["pid"]
         os.kill(pid, signal.SIGSTOP)
         try:
-            s = subprocess.run(
-                [sys.executable, "-m", "ledgerstore.cli", "cluster", "status", "--state-dir", str(state)],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            s = _ls("cluster", "status", "--state-dir", str(state), timeout=60)
         finally:
             os.kill(pid, signal.SIGCONT)
         lines = s.stdout.splitlines()
         assert "NOT ANSWERING" in lines[1] and str(pid) in lines[1], s.stdout
         assert "NOT ANSWERING" not in lines[2], s.stdout
     finally:
-        d = subprocess.run(
-            [sys.executable, "-m", "ledgerstore.cli", "cluster", "down", "--state-dir", str(state)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        d = _ls("cluster", "down", "--state-dir", str(state), timeout=120)
         assert d.returncode == 0, d.stdout + d.stderr
