@@ -206,3 +206,22 @@ def test_cluster_status_names_a_bookie_that_is_running_but_not_answering(tmp_pat
     finally:
         d = _ls("cluster", "down", "--state-dir", str(state), timeout=120)
         assert d.returncode == 0, d.stdout + d.stderr
+
+
+def test_ctrl_c_while_the_command_is_still_starting_ends_it_without_a_traceback() -> None:
+    """Ctrl-C in the first tenths of a second, while the command imports its modules, printed Python's
+    KeyboardInterrupt traceback; it ends quietly now (by SIGINT, or 130 once the command runs)."""
+    command = Path(sys.executable).with_name("ledgerstore")  # the console script an operator types
+    for after_s in (0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3):
+        p = subprocess.Popen(
+            [str(command), "ledger", "list", "--zk", "127.0.0.1:1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        time.sleep(after_s)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode in (cli.EXIT_INTERRUPTED, -signal.SIGINT), (after_s, p.returncode, err)
+        assert "Traceback" not in err, (after_s, err)
