@@ -16,13 +16,14 @@ import atexit
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import quote, urljoin
 
@@ -299,11 +300,29 @@ def _close(client: Any) -> None:
         client.close()
 
 
+@contextlib.contextmanager
+def _ctrl_c_between_calls() -> Iterator[Callable[[], None]]:
+    """Ctrl-C that came while pulsar-client's C++ code was inside a call (send_async waiting for room in its
+    queue) crashed the process now and then (SIGSEGV in that call). Meanwhile Ctrl-C only takes note; the function
+    this yields raises KeyboardInterrupt between two calls if it came."""
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+
+    def interrupted() -> None:
+        if came:
+            raise KeyboardInterrupt
+
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _let_go(args: argparse.Namespace, client: Any, status: int) -> None:
-    """Give up a call of ``client`` still under way: close the client, and end the process with ``status`` as soon
-    as the command has returned and printed its line (atexit), before the interpreter's teardown, which aborts
-    after a client closed in the middle of a call. (Closing does not always end the call: waiting for it made a
-    command given --timeout-s 3 take 10 s.)"""
+    """Give up a call of ``client`` still under way (or Ctrl-C): close the client, and end the process with
+    ``status`` as soon as the command has returned and printed its line (atexit), before the interpreter's
+    teardown, which aborts (or crashes, with send_async callbacks pending) after a client closed in the middle of
+    its work. (Closing does not always end the call: waiting for it made --timeout-s 3 take 10 s.)"""
     client.close()
     atexit.register(_exit_now, status, getattr(args, "pulsar_log", None))
 
@@ -368,16 +387,22 @@ def _produce(args: argparse.Namespace) -> int:
         )
         t0 = time.perf_counter()
         messages = args.messages or ["hello"]
-        for _ in range(args.num):
-            for m in messages:
-                kw: dict[str, Any] = {"partition_key": args.key} if args.key else {}
-                if args.batching:
-                    producer.send_async(m.encode(), lambda res, mid: ids.append(str(mid)), **kw)
-                else:
-                    ids.append(str(producer.send(m.encode(), **kw)))
-        producer.flush()
+        with _ctrl_c_between_calls() as interrupted:
+            for _ in range(args.num):
+                for m in messages:
+                    interrupted()
+                    kw: dict[str, Any] = {"partition_key": args.key} if args.key else {}
+                    if args.batching:
+                        producer.send_async(m.encode(), lambda res, mid: ids.append(str(mid)), **kw)
+                    else:
+                        ids.append(str(producer.send(m.encode(), **kw)))
+            producer.flush()
+            interrupted()
         dt = time.perf_counter() - t0
         producer.close()
+    except KeyboardInterrupt:  # the client's threads may still call back into Python (send_async)
+        _let_go(args, client, EXIT_INTERRUPTED)
+        raise
     except CommandError:
         raise
     except Exception as e:
@@ -453,6 +478,9 @@ def _consume(args: argparse.Namespace) -> int:
             consumer.acknowledge(msg)
             got.append(row)
         consumer.close()
+    except KeyboardInterrupt:
+        _let_go(args, client, EXIT_INTERRUPTED)
+        raise
     except (CommandError, BrokenPipeError):
         raise
     except Exception as e:
