@@ -323,7 +323,7 @@ def _let_go(args: argparse.Namespace, client: Any, status: int) -> None:
     ``status`` as soon as the command has returned and printed its line (atexit), before the interpreter's
     teardown, which aborts (or crashes, with send_async callbacks pending) after a client closed in the middle of
     its work. (Closing does not always end the call: waiting for it made --timeout-s 3 take 10 s.)"""
-    client.close()
+    _close(client)  # (a second Ctrl-C path may find it closed already)
     atexit.register(_exit_now, status, getattr(args, "pulsar_log", None))
 
 
