@@ -51,6 +51,7 @@ from prometheus_client.core import Metric
 import zk
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from bookie.server_gate import HttpService, serve_http
+from ledger_client import errors as LE
 from zk import layout
 from zk.managed_ledgers import (
     SCHEMAS,
@@ -65,6 +66,7 @@ from zk.managed_ledgers import (
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
+from .bookie_supply import BookiesShortError
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
@@ -124,6 +126,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             reason = str(e) if "ZooKeeper" in str(e) else f"ZooKeeper: {e}"
             log.warning("admin %s %s: 503: %s", request.method, request.path, reason)
             return _error(503, reason)
+        if isinstance(e, BookiesShortError) or isinstance(e.__cause__, LE.NotEnoughBookiesError):
+            # too few writable bookies for a new ledger: as passing as ZooKeeper away, answered the same way
+            log.warning("admin %s %s: 503: %s", request.method, request.path, e)
+            return _error(503, str(e))
         log.warning("admin %s %s failed: %s", request.method, request.path, e)
         return _error(500, str(e))
     except Exception as e:

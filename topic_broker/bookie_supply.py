@@ -17,12 +17,20 @@ from typing import Any
 
 from zk.ratelog import RateLimitedLog
 
-__all__ = ["WAITING_LOG_EVERY_S", "BookieSupply"]
+from .managed_ledger import ManagedLedgerError
+
+__all__ = ["WAITING_LOG_EVERY_S", "BookieSupply", "BookiesShortError"]
 
 log = logging.getLogger(__name__)
 
 #: While a broker has too few writable bookies, it says so at most this often.
 WAITING_LOG_EVERY_S = 60.0
+
+
+class BookiesShortError(ManagedLedgerError):
+    """A topic not opened because the broker has fewer writable bookies than a new ledger needs (passing)."""
+
+    code = "NOT_ENOUGH_BOOKIES"
 
 
 class BookieSupply:

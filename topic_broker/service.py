@@ -51,7 +51,7 @@ from zk.ratelog import RateLimitedLog
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
-from .bookie_supply import BookieSupply
+from .bookie_supply import BookiesShortError, BookieSupply
 from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
@@ -1257,7 +1257,7 @@ class BrokerService:
         fut = self.topics.get(key)
         if fut is None:
             if self.bookie_supply.short:  # its new ledger could not be created: said at once, nothing written
-                raise ManagedLedgerError(self.bookie_supply.refusal())
+                raise BookiesShortError(self.bookie_supply.refusal())
             fut = asyncio.get_running_loop().create_future()
             self.topics[key] = fut
             try:

@@ -12,6 +12,7 @@ import pytest
 
 from ledgerstore import cli
 from ledgerstore.cluster import BookieProcess, BrokerProcess, free_port
+from tests.abuse.helpers import http
 from tests.broker_testing import start_broker
 from tests.conftest import BookieFactory
 from tests.zk_testing import make_test_server, unique_root, wait_for
@@ -138,3 +139,38 @@ def test_zookeeper_away_for_a_while_gets_a_line_or_two_from_each_process_not_one
             if broker is not None:
                 broker.kill9()
             bookies.stop_all()
+
+
+def test_the_brokers_admin_http_answers_503_with_the_reason_while_it_has_too_few_bookies(
+    tmp_path: Path,
+) -> None:
+    """A topic's admin calls on a broker with fewer writable bookies than --ensemble-size answered 500 (an
+    internal error) although the cause is as passing as ZooKeeper away, which is answered 503; now 503 with
+    the NOT_ENOUGH_BOOKIES reason, one warning line each, and the calls that need no ledger still work."""
+    with make_test_server() as zk:
+        broker = BrokerProcess(
+            zk=zk.connect_string,
+            port=free_port(),
+            http_port=free_port(),
+            extra_args=["--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1"],
+            log_path=tmp_path / "broker.log",
+        )
+        try:
+            broker.start()
+            assert http(broker, "GET", "/admin/v2/persistent/public/default")[0] == 200
+            assert http(broker, "PUT", "/admin/v2/persistent/public/default/t1")[0] == 204  # metadata only
+            for method, path in (
+                ("GET", "/admin/v2/persistent/public/default/t1/stats"),
+                ("GET", "/admin/v2/persistent/public/default/t1/internalStats"),
+                ("PUT", "/admin/v2/persistent/public/default/t1/subscription/s1"),
+            ):
+                status, body = http(broker, method, path)
+                assert status == 503, (method, path, status, body)
+                assert "NOT_ENOUGH_BOOKIES: the broker has 0 writable bookies" in body["reason"], (path, body)
+            text = broker.log_path.read_text(errors="replace") if broker.log_path else ""
+            assert "Traceback" not in text, text
+            assert (
+                "admin GET /admin/v2/persistent/public/default/t1/stats: 503: NOT_ENOUGH_BOOKIES" in text
+            ), text
+        finally:
+            broker.kill9()
