@@ -359,13 +359,30 @@ def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[],
     return box["value"]  # type: ignore[no-any-return]
 
 
-def _client_failure(what: str, full: str, e: Exception) -> CommandError:
+def _namespace_missing(service_url: str, path: str) -> bool:
+    """Through an http:// service URL pulsar-client reports every error status of the broker's HTTP lookup,
+    its 404 "Namespace not found" too, as ConnectError: is that what the lookup of the topic (REST ``path``)
+    answers?"""
+    if not service_url.startswith(("http://", "https://")):
+        return False
+    lookup = "/lookup/v2/topic/persistent/" + path.removeprefix("/admin/v2/persistent/")
+    try:
+        rest(service_url, "GET", lookup, timeout_s=10)
+    except CommandError as e:
+        return e.kind == "HTTP_404" and "Namespace not found" in str(e)
+    return False
+
+
+def _client_failure(what: str, full: str, e: Exception, args: argparse.Namespace, path: str) -> CommandError:
     """The command's error for pulsar-client's exception ``e``; TopicNotFound is the broker's answer for a topic
-    whose tenant or namespace does not exist."""
-    if type(e).__name__ == "TopicNotFound":
+    whose tenant or namespace does not exist (ConnectError through an http:// service URL)."""
+    if type(e).__name__ == "TopicNotFound" or (
+        type(e).__name__ == "ConnectError" and _namespace_missing(args.service_url, path)
+    ):
         ns = full.removeprefix("persistent://").rsplit("/", 1)[0]
+        answer = "TopicNotFound" if type(e).__name__ == "TopicNotFound" else '404 "Namespace not found"'
         return CommandError(
-            f"{what} {full}: the broker answered TopicNotFound: the namespace {ns} does not exist (create it "
+            f"{what} {full}: the broker answered {answer}: the namespace {ns} does not exist (create it "
             f"first: `ledgerstore namespace create {ns}`, after `ledgerstore tenant create` for a new tenant)",
             EXIT_NOT_FOUND,
         )
@@ -373,7 +390,7 @@ def _client_failure(what: str, full: str, e: Exception) -> CommandError:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    _path, full = topic_path(args.name)
+    path, full = topic_path(args.name)
     client = _client(args)
     ids: list[str] = []
     try:
@@ -412,7 +429,7 @@ def _produce(args: argparse.Namespace) -> int:
                 "broker could not store it (are the cluster's bookies up? `ledgerstore ledger bookies`)",
                 EXIT_UNAVAILABLE,
             ) from e
-        raise _client_failure("produce to", full, e) from e
+        raise _client_failure("produce to", full, e, args, path) from e
     finally:
         _close(client)
     emit(
@@ -429,7 +446,7 @@ def _produce(args: argparse.Namespace) -> int:
 def _consume(args: argparse.Namespace) -> int:
     import pulsar
 
-    _path, full = topic_path(args.name)
+    path, full = topic_path(args.name)
     client = _client(args)
     types = {
         "exclusive": pulsar.ConsumerType.Exclusive,
@@ -484,7 +501,7 @@ def _consume(args: argparse.Namespace) -> int:
     except (CommandError, BrokenPipeError):
         raise
     except Exception as e:
-        raise _client_failure("consume from", full, e) from e
+        raise _client_failure("consume from", full, e, args, path) from e
     finally:
         _close(client)
     if args.json:

@@ -357,3 +357,25 @@ def test_the_cli_creates_lists_and_deletes_tenants_and_namespaces(bp: BrokerProc
     )
     assert cli("tenant", "delete", tenant) == (0, {"tenant": tenant, "deleted": True})
     assert tenant not in cli("tenant", "list")[1]["tenants"]
+
+
+def test_topic_produce_and_consume_through_an_http_service_url_name_a_missing_namespace(
+    bp: BrokerProcess,
+) -> None:
+    """Through an http:// service URL pulsar-client reports the broker's 404 "Namespace not found" as
+    ConnectError (as with Pulsar's broker), so ``topic produce``/``consume`` said only 'failed: ConnectError'
+    (exit 1), as for a broker that is down; they say that the namespace does not exist and how to create it
+    (exit 4), as through a pulsar:// URL."""
+    web = f"http://127.0.0.1:{bp.http_port}"
+    tenant, ns = unique("cli"), unique("ns")
+    for verb, extra in (("produce", ["-m", "x"]), ("consume", ["-s", "sub", "-n", "1"])):
+        r = subprocess.run(
+            [sys.executable, "-m", "ledgerstore.cli", "topic", verb, f"{tenant}/{ns}/t"]
+            + ["--service-url", web, "--url", web, "--timeout-s", "20", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 4, (verb, r.stdout, r.stderr)
+        assert f"the namespace {tenant}/{ns} does not exist" in r.stderr, (verb, r.stderr)
+        assert f"ledgerstore namespace create {tenant}/{ns}" in r.stderr, (verb, r.stderr)
