@@ -118,12 +118,21 @@ class NoClusterError(MetadataNotFoundError):
     --zk-root, most likely (the message names the roots that do)."""
 
 
-def cluster_roots(connect_string: str) -> list[str]:
-    """The top-level roots of the ZooKeeper at ``connect_string`` that hold a cluster (an instance id); none if
-    it cannot be read."""
+def cluster_roots(connect_string: str, near: str = "/") -> list[str]:
+    """The roots of the ZooKeeper at ``connect_string`` that hold a cluster (an instance id): the top-level ones
+    and, for a nested root ``near`` (``/ledgerstore/prod``), the children of each of its ancestors (its siblings
+    ``/ledgerstore/…``); none if it cannot be read."""
+    parents = [""]
+    steps = [s for s in near.split("/") if s]
+    parents += ["/".join(steps[:i]) for i in range(1, len(steps))]
+    found: list[str] = []
     with contextlib.suppress(MetadataError), MetadataStore.connect(connect_string, "/", timeout_s=5) as top:
-        return [f"/{c}" for c in sorted(top.children("")) if top.exists(f"{c}/{layout.INSTANCEID}")]
-    return []
+        for parent, children in top.children_many(parents).items():
+            for c in children or ():
+                path = f"{parent}/{c}" if parent else c
+                if top.exists(f"{path}/{layout.INSTANCEID}"):
+                    found.append(f"/{path}")
+    return found
 
 
 def existing_instance_id(store: MetadataStore) -> str | None:
@@ -136,7 +145,7 @@ def existing_instance_id(store: MetadataStore) -> str | None:
     except MetadataNotFoundError:
         pass
     # (another process of this new cluster may have just created it under our own root)
-    clusters = [root for root in cluster_roots(store.connect_string) if root != store.root]
+    clusters = [root for root in cluster_roots(store.connect_string, store.root) if root != store.root]
     if not clusters:
         return None
     if store.root != "/":

@@ -10,9 +10,11 @@ from zk.client import MetadataStore
 from zk.cookies import (
     Cookie,
     CookieVerdict,
+    NoClusterError,
     delete_local_cookie,
     delete_zk_cookie,
     ensure_cookies,
+    existing_instance_id,
     instance_id,
     read_local_cookie,
     read_zk_cookie,
@@ -123,3 +125,19 @@ def test_a_new_cookie_ends_the_ids_decommission_mark(zk_store: MetadataStore) ->
     # an update is no new bookie
     write_zk_cookie(zk_store, Cookie(BID, "/j", ("/l", "/l2"), "inst"), version=0)
     assert manager.decommissioning() == {BID}
+
+
+def test_a_mistyped_nested_zk_root_beside_a_cluster_is_refused_naming_it(zk_connect: ZkTarget) -> None:
+    """Clusters under nested roots (``/ledgerstore/prod``): a --zk-root mistyped in its last step
+    (``/ledgerstore/prdo``) was taken for a new deployment, only the top-level roots being looked at, so a
+    broker, AutoRecovery or ledger command ran against an empty cluster there; it is refused like a mistyped
+    top-level root, naming the sibling that holds a cluster, and the typo's znodes are removed again."""
+    zk, root = zk_connect
+    with MetadataStore.connect(zk, f"{root}/prod") as prod:
+        instance_id(prod)
+    with MetadataStore.connect(zk, f"{root}/prdo") as typo, pytest.raises(NoClusterError) as refused:
+        existing_instance_id(typo)
+    assert f"no cluster under --zk-root {root}/prdo" in str(refused.value), refused.value
+    assert f"{root}/prod" in str(refused.value).split("clusters there:")[1], refused.value
+    with MetadataStore.connect(zk, root) as top:
+        assert top.children("") == ["prod"]
