@@ -334,7 +334,7 @@ class _Columns:
             width = chunks[0].shape[1]
             rows = np.concatenate(chunks) if len(chunks) > 1 else np.ascontiguousarray(chunks[0])
             lengths = np.full(n, width, dtype=np.int32)
-            offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+            offsets = np.arange(n + 1, dtype=np.int32) * np.int32(width)  # (width 0: empty entries)
             body = pa.py_buffer(rows)
         else:
             # The binary column from its buffers: the payloads joined (one copy each, no per-element

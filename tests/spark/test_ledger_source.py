@@ -366,3 +366,22 @@ def test_a_ledger_deleted_under_a_query_fails_or_is_skipped_by_fail_on_data_loss
     assert {lid for b in batches for lid in b.column("ledger_id").to_pylist()} == {keep.ledger_id}
     with pytest.raises(LedgerDataLossError, match=f"ledger {gone.ledger_id} was deleted"):
         list(strict.read(pack))
+
+
+def test_a_ledger_of_empty_entries_reads_as_rows_of_empty_data(
+    bookies: Any, client: BookKeeper, spark: Any
+) -> None:
+    """A ledger whose entries are all empty (a reply of same-size entries of zero bytes: rows of width 0) failed
+    the scan with ZeroDivisionError since 34aa168 (the offsets of rows are arithmetic, with the width as step);
+    it reads as rows of empty data, and so does a run of empty entries between others."""
+    bookies.start_many(3)
+    empty = client.create_ledger(3, 3, 2, password=PW)
+    empty.append_many([b""] * 300)
+    empty.close()
+    mixed_data = [b""] * 100 + [b"x" * 10] * 100 + [b""] * 100
+    mixed = client.create_ledger(3, 3, 2, password=PW)
+    mixed.append_many(mixed_data)
+    mixed.close()
+    got = summary(reader(spark, bookies, ledgers="all", maxRecordsPerBatch=64))
+    assert got[empty.ledger_id] == expected([b""] * 300)
+    assert got[mixed.ledger_id] == expected(mixed_data)
