@@ -121,17 +121,30 @@ class NoClusterError(MetadataNotFoundError):
 def cluster_roots(connect_string: str, near: str = "/") -> list[str]:
     """The roots of the ZooKeeper at ``connect_string`` that hold a cluster (an instance id): the top-level ones
     and, for a nested root ``near`` (``/ledgerstore/prod``), the children of each of its ancestors (its siblings
-    ``/ledgerstore/…``); none if it cannot be read."""
-    parents = [""]
+    ``/ledgerstore/…``) and of every top-level znode that is no cluster (``/ledgerstore/prod`` for a mistyped
+    ``/ledgerstroe/prod``); none if it cannot be read."""
     steps = [s for s in near.split("/") if s]
-    parents += ["/".join(steps[:i]) for i in range(1, len(steps))]
     found: list[str] = []
-    with contextlib.suppress(MetadataError), MetadataStore.connect(connect_string, "/", timeout_s=5) as top:
+
+    def look(top: MetadataStore, parents: list[str]) -> list[str]:
+        """The children of ``parents`` that hold no cluster (those that do go to ``found``)."""
+        others: list[str] = []
         for parent, children in top.children_many(parents).items():
             for c in children or ():
                 path = f"{parent}/{c}" if parent else c
+                if f"/{path}" in found:
+                    continue
                 if top.exists(f"{path}/{layout.INSTANCEID}"):
                     found.append(f"/{path}")
+                elif not parent and c != "zookeeper":
+                    others.append(path)
+        return others
+
+    with contextlib.suppress(MetadataError), MetadataStore.connect(connect_string, "/", timeout_s=5) as top:
+        tops = look(top, [""])
+        if len(steps) > 1:
+            look(top, ["/".join(steps[:i]) for i in range(1, len(steps))])
+            look(top, tops)
     return found
 
 

@@ -141,3 +141,9 @@ def test_a_mistyped_nested_zk_root_beside_a_cluster_is_refused_naming_it(zk_conn
     assert f"{root}/prod" in str(refused.value).split("clusters there:")[1], refused.value
     with MetadataStore.connect(zk, root) as top:
         assert top.children("") == ["prod"]
+    # a typo in an earlier step (/ledgerstroe/prod): the cluster is a grandchild of another top-level znode
+    with MetadataStore.connect(zk, f"{root}x/prod") as typo, pytest.raises(NoClusterError) as refused:
+        existing_instance_id(typo)
+    assert f"{root}/prod" in str(refused.value).split("clusters there:")[1], refused.value
+    with MetadataStore.connect(zk, "/") as top:
+        top.delete(f"{root}x".lstrip("/"), missing_ok=True)  # (the typo's own root znode went already)
