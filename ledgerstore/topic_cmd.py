@@ -93,22 +93,34 @@ def topic_path(name: str) -> tuple[str, str]:
     return "/admin/v2/persistent/" + "/".join(quote(p, safe="") for p in parts), str(t)
 
 
-def namespace_path(namespace: str) -> str:
-    """The REST path of ``TENANT/NAMESPACE`` (checked as Pulsar names them)."""
+def _checked(tenant: str, namespace: str, what: str = "") -> None:
+    """``tenant`` and ``namespace`` checked as Pulsar names them; a usage error naming the segment and ``what``
+    (the name typed, when more than the segment)."""
     from topic_broker.names import InvalidTopicName, TopicName
 
+    try:
+        TopicName.parse(f"{tenant}/{namespace}/t")
+    except (
+        InvalidTopicName
+    ) as e:  # (its text names the made-up topic: only the part about the segment is kept)
+        why = str(e).split(" in topic name", 1)[0]
+        raise CommandError(f"{why} in {what}" if what else why, EXIT_USAGE) from None
+
+
+def namespace_path(namespace: str) -> str:
+    """The REST path of ``TENANT/NAMESPACE`` (checked as Pulsar names them)."""
     if namespace.count("/") != 1:
         raise CommandError(f"a namespace is TENANT/NAMESPACE, got {namespace!r}", EXIT_USAGE)
-    try:
-        t = TopicName.parse(f"{namespace}/t")
-    except InvalidTopicName as e:
-        raise CommandError(str(e).replace(" in topic name", " in", 1), EXIT_USAGE) from None
-    return f"/admin/v2/namespaces/{quote(t.tenant, safe='')}/{quote(t.namespace, safe='')}"
+    tenant, name = namespace.split("/")
+    _checked(tenant, name, f"namespace {namespace!r}")
+    return f"/admin/v2/namespaces/{quote(tenant, safe='')}/{quote(name, safe='')}"
 
 
 def tenant_path(tenant: str) -> str:
     """The REST path of a tenant (checked as Pulsar names it)."""
-    namespace_path(f"{tenant}/ns")
+    if "/" in tenant:
+        raise CommandError(f"a tenant name has no '/', got {tenant!r}", EXIT_USAGE)
+    _checked(tenant, "ns")
     return f"/admin/v2/tenants/{quote(tenant, safe='')}"
 
 

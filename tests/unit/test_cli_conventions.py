@@ -151,3 +151,19 @@ def test_progress_bars_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(sys, "stderr", Tty(True))
     assert not cli.progress_disabled(argparse.Namespace(json=False))
     assert cli.progress_disabled(argparse.Namespace(json=True))
+
+
+def test_a_bad_tenant_or_namespace_name_is_refused_in_its_own_words() -> None:
+    """`tenant create a/b` said "a namespace is TENANT/NAMESPACE, got 'a/b/ns'" and `tenant create 'a b'` "invalid
+    tenant 'a b' in 'a b/ns/t'": names the user never typed (the check went through a made-up topic name)."""
+    for args, want in (
+        (("tenant", "create", "a/b"), "a tenant name has no '/', got 'a/b'"),
+        (("tenant", "delete", "a b"), "invalid tenant 'a b'"),
+        (("namespace", "create", "acme/x y"), "invalid namespace 'x y' in namespace 'acme/x y'"),
+        (("namespace", "create", "a/b/c"), "a namespace is TENANT/NAMESPACE, got 'a/b/c'"),
+    ):
+        r = _run(*args, "--url", "http://127.0.0.1:9")
+        assert r.returncode == cli.EXIT_USAGE, (args, r.stderr)
+        line = r.stderr.splitlines()[0]
+        assert want in line, (args, line)
+        assert "/ns'" not in line and "/t'" not in line, (args, line)
