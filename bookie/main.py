@@ -432,9 +432,9 @@ class Bookie:
                 f"{e}: check --zk-root, or start the first bookie of another cluster in this ZooKeeper with "
                 "--init-cluster"
             ) from None
-        if iid is None:  # a ZooKeeper with no cluster at all: a new deployment, whose first bookie creates it
+        if iid is None:  # a new deployment (no cluster under this root, nor one it looks mistyped from)
             log.info(
-                "bookie=%s ZooKeeper %s holds no cluster: creating one under %s", cfg.id, cfg.zk, cfg.zk_root
+                "bookie=%s no cluster under %s in ZooKeeper %s yet: creating one", cfg.id, cfg.zk_root, cfg.zk
             )
             iid = cookies.instance_id(self.store)
         self.instance_id = iid

@@ -438,10 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--init-cluster",
         action="store_true",
-        help="create the cluster's metadata (its instance id) under --zk-root if it is not there: a new "
-        "cluster beside others in the same ZooKeeper (`cluster up` does); without it a bookie refuses a root "
-        "that holds no cluster while other roots there do (a mistyped --zk-root); on a ZooKeeper with no "
-        "cluster at all the first bookies create one anyway",
+        help="create the cluster's metadata (its instance id) under --zk-root if it is not there, even when the "
+        "root looks like a typo of another cluster's (`cluster up` does); without it a bookie refuses a root "
+        "that holds no cluster but is a typo away from, above or below one that does (a mistyped --zk-root); "
+        "under any other new root the first bookies create the cluster anyway",
     )
     serve.add_argument("--advertised-address", default="127.0.0.1", help="the host clients connect to")
     serve.add_argument(

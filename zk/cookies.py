@@ -18,6 +18,7 @@ import contextlib
 import enum
 import json
 import os
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -114,8 +115,42 @@ def instance_id(store: MetadataStore, create: bool = True) -> str:
 
 
 class NoClusterError(MetadataNotFoundError):
-    """No cluster (instance id) under a root while other roots of the same ZooKeeper hold one: a mistyped
-    --zk-root, most likely (the message names the roots that do)."""
+    """No cluster (instance id) under a root while a root of the same ZooKeeper that looks like it (a typo away,
+    or above or below it) holds one: a mistyped --zk-root, most likely (the message names the roots that do)."""
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """The number of single-character edits (insert, delete, replace, swap of two neighbours) from ``a`` to
+    ``b``; any number above ``limit`` is returned as ``limit + 1``."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        if min(cur) > limit:
+            return limit + 1
+        prev2, prev = prev, cur
+    return min(prev[-1], limit + 1)
+
+
+def looks_mistyped(root: str, cluster_root: str) -> bool:
+    """Whether ``root`` looks like a mistyped ``cluster_root``: the same but for case, one to two characters
+    (``/ledgerstor``, ``/ledgerstore/prdo``), or above or below it (``/ledgerstore`` for ``/ledgerstore/prod``).
+    Roots that differ only in their numbers (``/test-1``, ``/test-2``) or by more (one root per test run, per
+    team) are separate clusters, which may share a ZooKeeper."""
+    a, b = root.rstrip("/") or "/", cluster_root.rstrip("/") or "/"
+    if a == b or "/" in (a, b):
+        return False
+    if a.lower() == b.lower() or a.startswith(b + "/") or b.startswith(a + "/"):
+        return True
+    if re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b):
+        return False
+    return _edits(a, b, 2) <= 2
 
 
 def cluster_roots(connect_string: str, near: str = "/") -> list[str]:
@@ -149,16 +184,19 @@ def cluster_roots(connect_string: str, near: str = "/") -> list[str]:
 
 
 def existing_instance_id(store: MetadataStore) -> str | None:
-    """The instance id of the cluster under ``store``'s root, or None when there is none and no other root of its
-    ZooKeeper holds one either (a new deployment whose first bookies have not created it yet). Raises
-    :class:`NoClusterError`, naming the roots that hold one, when others do: ``store``'s root is then most likely a
-    mistyped --zk-root, and what the connection created there (znodes without a body) is removed again."""
+    """The instance id of the cluster under ``store``'s root, or None when there is none and no root of its
+    ZooKeeper that ``store``'s root looks like a typo of (``looks_mistyped``) holds one (a new deployment, or
+    another cluster beside those there, whose first bookies have not created it yet). Raises
+    :class:`NoClusterError`, naming those roots, when one does: ``store``'s root is then most likely a mistyped
+    --zk-root, and what the connection created there (znodes without a body) is removed again."""
     try:
         return instance_id(store, create=False)
     except MetadataNotFoundError:
         pass
     # (another process of this new cluster may have just created it under our own root)
-    clusters = [root for root in cluster_roots(store.connect_string, store.root) if root != store.root]
+    clusters = [
+        root for root in cluster_roots(store.connect_string, store.root) if looks_mistyped(store.root, root)
+    ]
     if not clusters:
         return None
     if store.root != "/":

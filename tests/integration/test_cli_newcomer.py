@@ -77,7 +77,7 @@ def test_a_password_ledger_read_without_one_and_a_wrong_root_say_what_to_check(
     assert r.returncode == cli.EXIT_UNAUTHORIZED and "none was given" not in _one_line_error(r)
 
     # no cluster there, while the bookies' root holds one: not an empty answer, an error
-    wrong = unique_root()
+    wrong = bookies.root + "x"  # a typo of its root (looks_mistyped)
     for verb in ("list", "bookies"):
         r = subprocess.run(
             [*LS, "ledger", verb, "--zk", bookies.zk, "--zk-root", wrong], capture_output=True, text=True

@@ -65,7 +65,7 @@ def test_a_bookie_refuses_a_zk_root_that_holds_no_cluster_unless_told_to_create_
     bookies: BookieFactory, zk_store: MetadataStore, tmp_path: Path
 ) -> None:
     bookies.start()  # a cluster under bookies.root (BookieProcess gives --init-cluster, as cluster up)
-    typo = bookies.root + "-typo"
+    typo = bookies.root + "x"  # a typo (looks_mistyped), not another cluster
     bp = BookieProcess(
         zk=bookies.zk,
         zk_root=typo,

@@ -87,7 +87,7 @@ def test_a_broker_autorecovery_and_ledger_commands_refuse_a_zk_root_without_a_cl
     bookie, each now refuses with one line naming the roots that hold a cluster, exit status 4, and leaves
     nothing behind."""
     bookies.start()
-    typo = bookies.root + "-typo"
+    typo = bookies.root + "x"  # a typo (looks_mistyped), not another cluster
     broker = BrokerProcess(
         zk=bookies.zk, zk_root=typo, port=free_port(), http_port=free_port(), log_path=tmp_path / "broker.log"
     ).start(wait=False)

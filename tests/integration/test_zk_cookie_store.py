@@ -147,3 +147,17 @@ def test_a_mistyped_nested_zk_root_beside_a_cluster_is_refused_naming_it(zk_conn
     assert f"{root}/prod" in str(refused.value).split("clusters there:")[1], refused.value
     with MetadataStore.connect(zk, "/") as top:
         top.delete(f"{root}x".lstrip("/"), missing_ok=True)  # (the typo's own root znode went already)
+
+
+def test_another_cluster_beside_one_is_no_typo_and_starts(zk_connect: ZkTarget) -> None:
+    """One ZooKeeper serving several clusters (a root per team, per test run): a root that is no typo of a
+    cluster's (``looks_mistyped``) is a new deployment's, whose first bookies create it, not a refusal; a
+    broker or a ledger command started there first sees no cluster yet and says so, as on an empty ZooKeeper."""
+    zk, root = zk_connect
+    with MetadataStore.connect(zk, f"{root}/team-1") as one:
+        instance_id(one)
+    for other in (f"{root}/team-2", f"{root}/payments"):
+        with MetadataStore.connect(zk, other) as store:
+            assert existing_instance_id(store) is None
+    with MetadataStore.connect(zk, f"{root}/team-l") as typo, pytest.raises(NoClusterError):
+        existing_instance_id(typo)
