@@ -318,6 +318,9 @@ def _ctrl_c_between_calls() -> Iterator[Callable[[], None]]:
     queue) crashed the process now and then (SIGSEGV in that call). Meanwhile Ctrl-C only takes note; the function
     this yields raises KeyboardInterrupt between two calls if it came."""
     came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # (signals reach the main thread only)
+        yield lambda: None
+        return
     previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
 
     def interrupted() -> None:
