@@ -27,6 +27,7 @@ from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers, module_cluster
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
+from zk.acl import resolve_auth
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -43,8 +44,14 @@ def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def zk(brokers: Brokers) -> Iterator[Any]:
-    """A plain ZooKeeper client, to see what the broker wrote."""
-    k = KazooClient(hosts=brokers.bookies.zk)
+    """A plain ZooKeeper client, to see what the broker wrote: with the credentials its processes were given
+    (``LEDGERSTORE_ZK_AUTH[_FILE]`` in this process's environment, as a session's other fixtures may set), which
+    the znodes' ACLs then require."""
+    auth = resolve_auth()
+    k = KazooClient(
+        hosts=brokers.bookies.zk,
+        auth_data=None if auth is None else [("digest", f"{auth.user}:{auth.password}")],
+    )
     k.start(30)
     yield k
     k.stop()
