@@ -164,7 +164,14 @@ def cluster_roots(connect_string: str, near: str = "/") -> list[str]:
     def look(top: MetadataStore, parents: list[str]) -> list[str]:
         """The children of ``parents`` that hold no cluster (those that do go to ``found``)."""
         others: list[str] = []
-        for parent, children in top.children_many(parents).items():
+        try:
+            listed = top.children_many(parents)
+        except MetadataError:  # one of them unreadable (another cluster's ACL): the others one by one
+            listed = {}
+            for parent in parents:
+                with contextlib.suppress(MetadataError):
+                    listed[parent] = top.children(parent)
+        for parent, children in listed.items():
             for c in children or ():
                 path = f"{parent}/{c}" if parent else c
                 if f"/{path}" in found:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.zk_testing import ZkTarget
+from tests.zk_testing import TEST_ZK_AUTH, ZkTarget
 from zk.client import MetadataStore
 from zk.cookies import (
     Cookie,
@@ -161,3 +161,27 @@ def test_another_cluster_beside_one_is_no_typo_and_starts(zk_connect: ZkTarget) 
             assert existing_instance_id(store) is None
     with MetadataStore.connect(zk, f"{root}/team-l") as typo, pytest.raises(NoClusterError):
         existing_instance_id(typo)
+
+
+def test_a_mistyped_nested_root_is_refused_beside_a_tree_it_cannot_read(zk_connect: ZkTarget) -> None:
+    """A ZooKeeper holding another deployment's secured tree (digest ACLs of other credentials): the look for a
+    cluster a root is a typo of listed the top-level znodes' children in one batch, which that tree's NoAuth
+    failed as a whole, so ``/ledgerstroe/prod`` beside ``/ledgerstore/prod`` was taken for a new cluster; the
+    readable ones are still looked at."""
+    zk, root = zk_connect
+    with MetadataStore.connect(zk, f"{root}/prod", auth=False) as prod:
+        instance_id(prod)
+    secured = f"{root}-secured"
+    with MetadataStore.connect(zk, secured, auth=TEST_ZK_AUTH) as s:
+        s.create("x", {"v": 1})
+    try:
+        with (
+            MetadataStore.connect(zk, f"{root}x/prod", auth=False) as typo,
+            pytest.raises(NoClusterError) as refused,
+        ):
+            existing_instance_id(typo)
+        assert f"{root}/prod" in str(refused.value).split("clusters there:")[1], refused.value
+    finally:
+        with MetadataStore.connect(zk, "/", auth=TEST_ZK_AUTH) as top:
+            for path in (secured, f"{root}x"):
+                top.delete(path.lstrip("/"), recursive=True, missing_ok=True)
