@@ -93,18 +93,15 @@ def topic_path(name: str) -> tuple[str, str]:
     return "/admin/v2/persistent/" + "/".join(quote(p, safe="") for p in parts), str(t)
 
 
-def _checked(tenant: str, namespace: str, what: str = "") -> None:
-    """``tenant`` and ``namespace`` checked as Pulsar names them; a usage error naming the segment and ``what``
-    (the name typed, when more than the segment)."""
-    from topic_broker.names import InvalidTopicName, TopicName
+def _checked(segments: dict[str, str], what: str = "") -> None:
+    """Each of ``segments`` (``{"tenant": …, "namespace": …}``) checked as Pulsar names them; a usage error naming
+    the first bad one and ``what`` (the name typed, when more than the segment)."""
+    from topic_broker.names import valid_segment
 
-    try:
-        TopicName.parse(f"{tenant}/{namespace}/t")
-    except (
-        InvalidTopicName
-    ) as e:  # (its text names the made-up topic: only the part about the segment is kept)
-        why = str(e).split(" in topic name", 1)[0]
-        raise CommandError(f"{why} in {what}" if what else why, EXIT_USAGE) from None
+    for kind, value in segments.items():
+        if not valid_segment(value):
+            why = f"invalid {kind} {value!r}"
+            raise CommandError(f"{why} in {what}" if what else why, EXIT_USAGE)
 
 
 def namespace_path(namespace: str) -> str:
@@ -112,7 +109,7 @@ def namespace_path(namespace: str) -> str:
     if namespace.count("/") != 1:
         raise CommandError(f"a namespace is TENANT/NAMESPACE, got {namespace!r}", EXIT_USAGE)
     tenant, name = namespace.split("/")
-    _checked(tenant, name, f"namespace {namespace!r}")
+    _checked({"tenant": tenant, "namespace": name}, f"namespace {namespace!r}")
     return f"/admin/v2/namespaces/{quote(tenant, safe='')}/{quote(name, safe='')}"
 
 
@@ -120,7 +117,7 @@ def tenant_path(tenant: str) -> str:
     """The REST path of a tenant (checked as Pulsar names it)."""
     if "/" in tenant:
         raise CommandError(f"a tenant name has no '/', got {tenant!r}", EXIT_USAGE)
-    _checked(tenant, "ns")
+    _checked({"tenant": tenant})
     return f"/admin/v2/tenants/{quote(tenant, safe='')}"
 
 

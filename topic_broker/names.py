@@ -21,6 +21,7 @@ __all__ = [
     "PERSISTENT",
     "InvalidTopicName",
     "TopicName",
+    "valid_segment",
 ]
 
 PERSISTENT = "persistent"
@@ -42,8 +43,13 @@ class InvalidTopicName(ValueError):
     retriable = False
 
 
+def valid_segment(value: str) -> bool:
+    """Whether ``value`` is a tenant or namespace name as Pulsar allows them."""
+    return bool(value) and _SEGMENT_RE.match(value) is not None and value not in (".", "..")
+
+
 def _check_segment(value: str, what: str, full: str) -> str:
-    if not value or not _SEGMENT_RE.match(value) or value in (".", ".."):
+    if not valid_segment(value):
         raise InvalidTopicName(f"invalid {what} {value!r} in topic name {full!r}")
     return value
 
