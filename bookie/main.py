@@ -337,6 +337,7 @@ class Bookie:
             gc=self.gc_now,
             failure=lambda: self.failed,
             auth=AdminAuth(verifier=verifier, read=cfg.admin_read_auth),
+            starting=lambda: "" if self._registered_readonly is not None else "registering in ZooKeeper",
         )
         add_bookkeeper_routes(app, self)  # BookKeeper's route names (bookie/bk_http.py)
         # handler_cancellation: a GC request whose caller went away stops; shutdown_timeout: SIGTERM does not

@@ -746,9 +746,12 @@ def admin_app(
     gc: Callable[[Callable[[], bool]], Awaitable[dict[str, Any]]] | None = None,
     failure: Callable[[], str] = lambda: "",
     auth: AdminAuth | None = None,
+    starting: Callable[[], str] = lambda: "",
 ) -> web.Application:
     """``gc(caller_gone)`` runs a GC round; ``failure()`` says why the bookie failed ("" while it has not);
-    ``auth``: which requests need a token (none without a secret)."""
+    ``auth``: which requests need a token (none without a secret); ``starting()`` says what the bookie still does
+    before it is ready ("" once it is): ``/health`` answers 503 until then, so a caller waiting for a healthy
+    bookie does not find one that clients cannot see yet (not registered in ZooKeeper)."""
     core = server.core
     admin_auth = auth or AdminAuth()
 
@@ -776,6 +779,15 @@ def admin_app(
         failed = failure()
         if failed:
             body = {"status": "failed", "reason": failed, "readonly": True, "bookie_id": core.bookie_id}
+            return web.json_response(body, status=503)
+        pending = starting()
+        if pending:
+            body = {
+                "status": "starting",
+                "reason": pending,
+                "readonly": core.readonly,
+                "bookie_id": core.bookie_id,
+            }
             return web.json_response(body, status=503)
         return web.json_response({"status": "ok", "readonly": core.readonly, "bookie_id": core.bookie_id})
 

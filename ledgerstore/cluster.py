@@ -493,6 +493,8 @@ def _bookie_health(alive: bool, health: dict[str, Any] | None) -> str:
         return " NOT ANSWERING (/health)"
     if health.get("status") == "failed":
         return f" FAILED: {health.get('reason', '?')}"
+    if health.get("status") == "starting":
+        return f" STARTING: {health.get('reason', '?')}"
     return " read-only" if health.get("readonly") else ""
 
 
@@ -508,7 +510,7 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{b['http_port']}/health", timeout=1) as r:
                 health = json.loads(r.read())
-        except urllib.error.HTTPError as e:  # 503: a failed bookie says why
+        except urllib.error.HTTPError as e:  # 503: a failed or starting bookie says why
             with contextlib.suppress(OSError, ValueError):
                 health = json.loads(e.read())
         except (OSError, ValueError):

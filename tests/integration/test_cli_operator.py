@@ -239,7 +239,27 @@ def test_a_bookie_restarted_right_after_a_crash_says_it_waits_for_its_old_regist
 ) -> None:
     bp = bookies.start()
     bp.kill9()
-    bp.start(timeout_s=60)  # registered once the crashed process's session has expired
+    bp.start(wait=False)
+    # while it waits, /health says so (503 "starting"): whoever waits for a healthy bookie (the harness, `cluster
+    # up`, a container's health check) must not take it for one that clients can find
+    said = f"bookies/available/{bp.id} is registered by another ZooKeeper session"
+    assert wait_for(lambda: said in bp.log_tail(200), timeout_s=30), bp.log_tail(200)
+    answer = _health(bp.http_port)
+    assert answer[0] == 503 and answer[1]["status"] == "starting", answer
+    assert "registering" in answer[1]["reason"], answer
+    assert not bp.healthy()
+    bp.wait_healthy(60)  # registered once the crashed process's session has expired
     log = bp.log_tail(200)
-    assert f"bookies/available/{bp.id} is registered by another ZooKeeper session" in log, log
     assert "waiting up to" in log and "Traceback" not in log, log
+    assert _health(bp.http_port) == (200, {"status": "ok", "readonly": False, "bookie_id": bp.id})
+
+
+def _health(http_port: int) -> tuple[int, dict[str, object]]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
