@@ -12,7 +12,9 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
   ``skip_all``), ``lastMessageId``, ``examinemessage``, a message by id, ``unload``.
 - ``/lookup/v2/topic/{domain}/{t}/{ns}/{topic}``: the owner's URLs; any broker answers for any topic and takes
-  ownership when nobody holds it, as the binary LOOKUP does.
+  ownership when nobody holds it, as the binary LOOKUP does. A ``non-persistent`` topic (and its
+  ``/admin/v2/non-persistent/…/partitions``, 0) is answered with this broker's URLs, for the binary protocol to
+  refuse it with its reason (``AdminApp.lookup``).
 
 Where a topic lives: calls that need the topic itself (stats, cursors, delete) run on its owner. A broker that
 does not own the topic answers ``307 Temporary Redirect`` to the owner's web URL, as Pulsar does; when nobody
@@ -70,7 +72,7 @@ from .bookie_supply import BookiesShortError
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
-from .names import InvalidTopicName, TopicName
+from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName
 from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
 
 if TYPE_CHECKING:
@@ -303,8 +305,8 @@ class AdminApp:
         """A call on one topic (a route naming ``{topic}``: the topic's calls, its schemas, the HTTP lookup)
         is refused with Pulsar's 404 "Namespace not found" when the topic's tenant or namespace does not exist,
         before anything is read or written for the topic; a bad name is 412 first."""
-        if "topic" not in request.match_info:
-            return
+        if "topic" not in request.match_info or request.match_info.get("domain", PERSISTENT) != PERSISTENT:
+            return  # a non-persistent:// name is refused whatever its namespace (``lookup``)
         name = self._topic_name(request)
         _ = self.meta  # 503 while the broker starts
         if not await self.service.namespace_exists(name):
@@ -730,6 +732,9 @@ class AdminApp:
 
     async def partitions_get(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
+        if request.match_info.get("domain", PERSISTENT) != PERSISTENT:
+            # pulsar-client's first call on a non-persistent topic through an http:// URL (``lookup``)
+            return _json({"partitions": 0})
         return _json({"partitions": await self._partitions(name)})
 
     async def _partition_count_from(self, request: web.Request) -> int:
@@ -1283,18 +1288,26 @@ class AdminApp:
     # -- lookup -----------------------------------------------------------------------------------------------
 
     async def lookup(self, request: web.Request) -> web.Response:
+        """The owner's URLs. A ``non-persistent`` topic is answered with this broker's URLs, whatever its
+        namespace, and no ownership: pulsar-client (``http://`` service URL) then asks this broker over the binary
+        protocol, which refuses the name with NotAllowedError and says why, as through a ``pulsar://`` URL. An
+        error status here would reach the user as ConnectError, a broker that seems down (the C++ client maps
+        every HTTP error to it)."""
         mi = request.match_info
         domain = mi["domain"]
-        if domain != "persistent":
-            raise AdminError(412, f"only persistent topics are supported, not {domain}")
+        if domain not in (PERSISTENT, NON_PERSISTENT):
+            raise AdminError(412, f"unknown topic domain {domain!r}")
         name = TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
         if not await self.service.can(request.get(PRINCIPAL), name, ("produce", "consume")):
             raise AdminError(
                 403, f"{request.get(PRINCIPAL)} is not authorized to produce or consume on {name}"
             )
-        owner = await self.meta.get_owner(name.ml_name)
-        if owner is None:
-            owner = await self.meta.acquire_ownership(name.ml_name, self.service.ownership())
+        if domain == NON_PERSISTENT:
+            owner = self.service.ownership()
+        else:
+            owner = await self.meta.get_owner(name.ml_name)
+            if owner is None:
+                owner = await self.meta.acquire_ownership(name.ml_name, self.service.ownership())
         return _json(
             {
                 "brokerUrl": owner.service_url,
@@ -1402,6 +1415,10 @@ class AdminApp:
         r.add_put(t, self.topic_create)
         r.add_delete(t, self.topic_delete)
         r.add_get(t + "/partitions", self.partitions_get)
+        r.add_get(
+            f"/admin/v2/{{domain:{NON_PERSISTENT}}}/{{tenant}}/{{namespace}}/{{topic}}/partitions",
+            self.partitions_get,
+        )
         r.add_put(t + "/partitions", self.partitions_create)
         r.add_post(t + "/partitions", self.partitions_update)
         r.add_delete(t + "/partitions", self.partitions_delete)

@@ -386,3 +386,53 @@ def test_topic_produce_and_consume_through_an_http_service_url_name_a_missing_na
         assert r.returncode == 4, (verb, r.stdout, r.stderr)
         assert f"the namespace {tenant}/{ns} does not exist" in r.stderr, (verb, r.stderr)
         assert f"ledgerstore namespace create {tenant}/{ns}" in r.stderr, (verb, r.stderr)
+
+
+@pytest.mark.parametrize("url_kind", ["pulsar", "http"])
+def test_a_non_persistent_topic_is_refused_with_not_allowed_through_either_service_url_whatever_its_namespace(
+    bp: BrokerProcess, brokers: Brokers, zk: Any, url_kind: str
+) -> None:
+    """non-persistent:// topics are not served. Through a pulsar:// URL the broker refuses the name with
+    NotAllowedError at once, in any namespace. Through an http:// URL pulsar-client first asks
+    ``/admin/v2/non-persistent/…/partitions`` and the HTTP lookup, and reports any error status there as
+    ConnectError (a broker that seems down): the lookup answered 404 "Namespace not found" in a missing namespace
+    and 412 in an existing one, and the partitions call had no route (404). Both now answer (0 partitions, this
+    broker's URLs, nothing written) so that the client asks over the binary protocol, which refuses the name:
+    NotAllowedError at once there too."""
+    ns = unique("ns")
+    url = bp.service_url if url_kind == "pulsar" else f"http://127.0.0.1:{bp.http_port}"
+    c = pulsar.Client(url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        for namespace in (f"public/{ns}", "public/default"):
+            topic = f"non-persistent://{namespace}/{unique('np')}"
+            for what, call in each_client_call(c, topic):
+                if what == "partitions" and url_kind == "http":
+                    # answered from the HTTP partitions call alone (0: the topic itself), no broker refusal
+                    assert c.get_topic_partitions(topic) == [topic]
+                    continue
+                took = refused_fast(call, pulsar.NotAllowedError)
+                print(f"{url_kind} {namespace} {what}: NotAllowedError after {took:.2f}s")
+    finally:
+        c.close()
+    # the HTTP answers, whatever the namespace; nothing is owned or written for such a topic
+    for namespace in (f"public/{ns}", "public/default"):
+        status, body = admin(bp, "GET", f"/lookup/v2/topic/non-persistent/{namespace}/np")
+        assert (status, body["brokerUrl"], body["httpUrl"]) == (
+            200,
+            bp.service_url,
+            f"http://127.0.0.1:{bp.http_port}",
+        )
+        assert admin(bp, "GET", f"/admin/v2/non-persistent/{namespace}/np/partitions") == (
+            200,
+            {"partitions": 0},
+        )
+    assert znodes_naming(zk, brokers.bookies.root, ns) == []
+    assert not zk.exists(f"{brokers.bookies.root}/ownership/public/default/non-persistent")
+    # a bad name is still 412; a persistent topic of the missing namespace is still Pulsar's 404
+    assert admin(bp, "GET", "/lookup/v2/topic/non-persistent/public/default/%01")[0] == 412
+    assert admin(bp, "GET", f"/admin/v2/non-persistent/public/{ns}/%01/partitions")[0] == 412
+    assert admin(bp, "GET", f"/lookup/v2/topic/persistent/public/{ns}/t") == (
+        404,
+        {"reason": "Namespace not found"},
+    )
+    assert admin(bp, "GET", f"/lookup/v2/topic/other/public/{ns}/t")[0] == 412
