@@ -596,14 +596,17 @@ class AdminApp:
             except ValueError:
                 raise AdminError(400, f"version {request.match_info['version']!r} is not a number") from None
         else:
-            version = len(history.versions) - 1
-        if not 0 <= version < len(history.versions):
+            latest = history.latest()
+            version = -1 if latest is None else latest[0]
+        info = history.get(version)
+        if info is None:  # none such, a deletion marker, or deleted since
             raise AdminError(404, "Schema not found")
-        return _json(_schema_json(version, history.versions[version]))
+        return _json(_schema_json(version, info))
 
     async def schemas_all(self, request: web.Request) -> web.Response:
+        """The live versions (those after the latest delete), as Pulsar lists them."""
         _name, history = await self._schemas(request)
-        return _json({"getSchemaResponses": [_schema_json(v, i) for v, i in enumerate(history.versions)]})
+        return _json({"getSchemaResponses": [_schema_json(v, i) for v, i in history.live()]})
 
     async def _posted_schema(self, request: web.Request) -> tuple[TopicName, SchemaInfo]:
         """The topic and the schema in a ``PostSchemaPayload`` body."""
@@ -642,9 +645,10 @@ class AdminApp:
         return _json({"isCompatibility": refused is None, "schemaCompatibilityStrategy": shown})
 
     async def schema_delete(self, request: web.Request) -> web.Response:
-        name, history = await self._schemas(request)
-        await self.meta.delete_schemas(name.ml_name)
-        return _json({"version": len(history.versions)})
+        """Pulsar's (not forced) delete: a deletion marker stored as the next version, whose number is answered;
+        the versions after it go on counting (``mark_schemas_deleted``)."""
+        name = self._topic_name(request).base
+        return _json({"version": await self.meta.mark_schemas_deleted(name.ml_name, int(time.time() * 1000))})
 
     async def permissions_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)

@@ -662,7 +662,7 @@ def schema_refusal(history: SchemaHistory, schema: SchemaInfo, strategy: str) ->
     reused, unchecked, as in Pulsar)."""
     if schema.type == SCHEMA_NONE:
         return None
-    refused = schema_conflict([v.type for v in history.versions], schema.type)
+    refused = schema_conflict([v.type for _, v in history.live()], schema.type)
     if refused is not None or history.version_of(schema) is not None:
         return refused
     return schema_evolution_refused(history, schema.type, schema.data, strategy)
@@ -674,7 +674,7 @@ def schema_evolution_refused(history: SchemaHistory, declared: int, data: bytes,
     carry no definition to compare."""
     if declared not in (pb.Schema.Avro, pb.Schema.Json):
         return None
-    stored = [v.data for v in history.versions if v.type == declared]
+    stored = [v.data for _, v in history.live() if v.type == declared]
     why = schema_compat.incompatibility(strategy, data, stored)
     return None if why is None else f"incompatible schema: {why}"
 
@@ -1622,7 +1622,7 @@ class BrokerService:
         history = await self.meta.get_schemas(topic.name.base.ml_name)
         info = _schema_info(schema)
         idle = not topic.producers and not any(sub.consumers for sub in topic.subscriptions.values())
-        if history.versions or not idle or topic.ml.view().total_entries() > 0:
+        if history.latest() is not None or not idle or topic.ml.view().total_entries() > 0:
             return schema_refusal(history, info, await self.schema_strategy(topic.name))
         try:
             await self.add_checked_schema(topic.name, info)
@@ -1853,17 +1853,18 @@ class BrokerService:
                 wire.get_schema_response(cmd.request_id, error_code=pb.MetadataError, error_message=str(e))
             )
             return
-        version = len(history.versions) - 1
+        latest = history.latest()
+        version = -1 if latest is None else latest[0]
         if cmd.HasField("schema_version") and cmd.schema_version:
             version = int.from_bytes(cmd.schema_version[-8:], "big")
-        if not 0 <= version < len(history.versions):
+        info = history.get(version)
+        if info is None:  # none such, or the latest was deleted through the admin
             s.send(
                 wire.get_schema_response(
                     cmd.request_id, error_code=pb.TopicNotFound, error_message="Topic not found or no-schema"
                 )
             )
             return
-        info = history.versions[version]
         schema = pb.Schema(
             name=info.name or name.local,
             schema_data=info.data,

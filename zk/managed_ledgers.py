@@ -12,7 +12,8 @@ compatible within ``format_version`` 1) and raises :class:`MetadataFormatError` 
   (ephemeral, first creator wins).
 * :class:`NamespacePolicies` at ``namespaces/<tenant>/<ns>``; ``public/default`` is created with defaults.
 * :class:`SchemaHistory` at ``schemas/<ml>`` (the base topic's name for a partitioned topic): every schema
-  producers declared, oldest first; a schema's version is its index.
+  producers declared, oldest first; a schema's version is its index. The admin's delete appends a deletion
+  marker, after which versions go on counting, as in Pulsar.
 """
 
 from __future__ import annotations
@@ -340,15 +341,21 @@ class SchemaInfo:
     properties: Mapping[str, str] = field(default_factory=dict)
     #: when the version was stored (ms since the epoch; 0 in records written before it was kept)
     timestamp_ms: int = 0
+    #: a deletion marker (Pulsar's deleted version): the admin's DELETE of the topic's schema; the versions
+    #: before it stay readable by number, and the versions after it go on counting
+    deleted: bool = False
 
     def to_json(self) -> JsonDict:
-        return {
+        d: JsonDict = {
             "type": self.type,
             "name": self.name,
             "data": base64.b64encode(self.data).decode("ascii"),
             "properties": dict(self.properties),
             "timestamp_ms": self.timestamp_ms,
         }
+        if self.deleted:
+            d["deleted"] = True
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SchemaInfo:
@@ -362,6 +369,7 @@ class SchemaInfo:
             data=data,
             properties={str(k): str(v) for k, v in _field(d, "properties", dict, {}).items()},
             timestamp_ms=_field(d, "timestamp_ms", int, 0),
+            deleted=_field(d, "deleted", bool, False),
         )
 
     def same_definition(self, other: SchemaInfo) -> bool:
@@ -380,10 +388,39 @@ class SchemaRefusedError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SchemaHistory:
+    """Every version of a topic's schema, its number being its index, deletion markers included (as Pulsar's
+    schema storage: a delete is a version). The live versions are those after the last marker."""
+
     versions: tuple[SchemaInfo, ...] = ()
 
+    @property
+    def live_from(self) -> int:
+        """The number of the first live version (after the last deletion marker; 0 without one)."""
+        for i in range(len(self.versions) - 1, -1, -1):
+            if self.versions[i].deleted:
+                return i + 1
+        return 0
+
+    def live(self) -> list[tuple[int, SchemaInfo]]:
+        """The live versions (what checks, reuse and the list of versions see), with their numbers."""
+        start = self.live_from
+        return list(enumerate(self.versions))[start:]
+
+    def latest(self) -> tuple[int, SchemaInfo] | None:
+        """The latest version, None without one or after a delete."""
+        if not self.versions or self.versions[-1].deleted:
+            return None
+        return len(self.versions) - 1, self.versions[-1]
+
+    def get(self, version: int) -> SchemaInfo | None:
+        """Version ``version``, None if there is none such or it is a deletion marker."""
+        if not 0 <= version < len(self.versions) or self.versions[version].deleted:
+            return None
+        return self.versions[version]
+
     def version_of(self, schema: SchemaInfo) -> int | None:
-        for i, s in enumerate(self.versions):
+        """The live version with ``schema``'s definition (one from before a delete is not reused)."""
+        for i, s in self.live():
             if s.same_definition(schema):
                 return i
         return None
@@ -571,7 +608,29 @@ class BrokerMetadataStore:
         return version
 
     async def delete_schemas(self, ml_name: str) -> None:
+        """The whole record, as when the topic itself is deleted (its versions start at 0 again)."""
         await self.store.adelete(schema_path(ml_name), missing_ok=True)
+
+    async def mark_schemas_deleted(self, ml_name: str, timestamp_ms: int) -> int:
+        """The admin's DELETE of the topic's schema, as Pulsar's (not forced): a deletion marker appended as
+        the next version, unless there is no live schema (none yet, or deleted already). The marker's number
+        is returned, or the next version's when nothing was written."""
+        history = await self.get_schemas(ml_name)
+        if history.latest() is None:
+            return len(history.versions)
+        number = len(history.versions)
+
+        def mark(cur: JsonDict) -> JsonDict:
+            nonlocal number
+            h = SchemaHistory.from_json(cur)
+            number = len(h.versions)
+            if h.latest() is None:
+                return cur
+            marker = SchemaInfo(type=0, timestamp_ms=timestamp_ms, deleted=True)
+            return {**cur, **SchemaHistory((*h.versions, marker)).to_json()}
+
+        await self.store.aupdate(schema_path(ml_name), mark, default=SchemaHistory().to_json())
+        return number
 
     # namespaces
     async def get_policies(self, tenant: str, namespace: str) -> NamespacePolicies | None:

@@ -233,11 +233,71 @@ def test_admin_schema_routes(bp: BrokerProcess, c: Any) -> None:
     assert admin(bp, "POST", base + "/compatibility", good)[1]["isCompatibility"] is True
     assert admin(bp, "POST", base + "/schema", good) == (200, {"version": {"version": 2}})
     assert admin(bp, "GET", base + "/schema")[1]["properties"] == {"k": "v"}
-    # deleting the record: the topic takes any schema again, numbered from 0
+    # deleting the schema (a deletion marker, version 3): the topic takes any schema again, numbered on
     assert admin(bp, "DELETE", base + "/schema") == (200, {"version": 3})
     assert admin(bp, "GET", base + "/schema")[0] == 404
     c.create_producer(t, schema=AvroSchema(reading_without_count()))
-    assert admin(bp, "GET", base + "/schema")[1]["version"] == 0
+    assert admin(bp, "GET", base + "/schema")[1]["version"] == 4
+
+
+def test_a_deleted_schema_is_a_version_and_the_versions_go_on_counting(bp: BrokerProcess, c: Any) -> None:
+    """As in Pulsar, the admin's DELETE of a topic's schema stores a deletion marker as the next version: the
+    versions after it go on counting (messages written before the delete keep distinct version numbers, their
+    schemas still readable by number), the list and the checks see only the versions after it, and a definition
+    from before it is a new version again."""
+    local = topic_name()
+    t = f"persistent://public/default/{local}"
+    base = f"/admin/v2/schemas/public/default/{local}"
+    consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)  # bytes: any schema
+    p0 = c.create_producer(t, schema=AvroSchema(Reading))
+    p0.send(Reading(sensor="a", count=1))
+    v2 = reading_v2(with_default=True)
+    p1 = c.create_producer(t, schema=AvroSchema(v2))
+    p1.send(v2(sensor="b", count=2, value=0.5))
+    p0.close()
+    p1.close()
+    assert admin(bp, "DELETE", base + "/schema") == (200, {"version": 2})
+    assert admin(bp, "GET", base + "/schema")[0] == 404
+    assert admin(bp, "GET", base + "/schemas") == (200, {"getSchemaResponses": []})
+    assert admin(bp, "GET", base + "/schema/2")[0] == 404  # the marker is no schema
+    status, first = admin(bp, "GET", base + "/schema/0")  # what the first message was written with
+    assert status == 200 and first["version"] == 0 and json.loads(first["data"])["name"] == "Reading"
+    # a second delete with no live schema writes nothing
+    assert admin(bp, "DELETE", base + "/schema") == (200, {"version": 3})
+    # a definition FULL would have refused against version 1 is taken now, as version 3
+    v3 = reading_without_count()
+    p3 = c.create_producer(t, schema=AvroSchema(v3))
+    p3.send(v3(sensor="c"))
+    every = admin(bp, "GET", base + "/schemas")[1]["getSchemaResponses"]
+    assert [s["version"] for s in every] == [3]
+    # the definition of version 0 is not reused: a new version (an upload, FULL-checked against version 3 only)
+    old = {"type": "AVRO", "schema": first["data"], "properties": {}}
+    assert (
+        admin(bp, "POST", base + "/compatibility", old)[1]["isCompatibility"] is False
+    )  # 'count', no default
+    assert versions(drain(consumer, 3, 10_000)) == [0, 1, 3]
+    # the broker answers each version's GET_SCHEMA as the client asks it: by number, the marker being none
+    s = _raw(bp)
+    try:
+        _connect(s)
+        dec = wire.FrameDecoder()
+        for request_id, version in ((1, 0), (2, 2), (3, None)):
+            cmd = pb.CommandGetSchema(request_id=request_id, topic=t)
+            if version is not None:
+                cmd.schema_version = version.to_bytes(8, "big")
+            s.sendall(wire.encode_command(T(type=T.GET_SCHEMA, getSchema=cmd)))
+            frames: list[Any] = []
+            while not frames:
+                frames = dec.feed(s.recv(65536))
+            got = frames[0].command.getSchemaResponse
+            if version == 2:
+                assert got.error_code == pb.TopicNotFound, got
+            else:
+                assert int.from_bytes(got.schema_version, "big") == (version if version is not None else 3), (
+                    got
+                )
+    finally:
+        s.close()
 
 
 def test_a_namespace_strategy_changes_what_is_compatible(bp: BrokerProcess, c: Any) -> None:

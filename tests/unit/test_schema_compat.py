@@ -183,3 +183,24 @@ def test_schema_refusal_reuses_stored_versions_and_refuses_other_types() -> None
     assert (
         schema_refusal(history, SchemaInfo(type=0), "FULL") is None
     )  # bytes (Schema.Type None) goes anywhere
+
+
+def test_a_deletion_marker_ends_the_live_versions_and_numbering_goes_on() -> None:
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker.service import schema_refusal
+    from zk.managed_ledgers import SchemaHistory, SchemaInfo
+
+    v1 = SchemaInfo(type=pb.Schema.Json, data=enc(V1))
+    no_default = SchemaInfo(type=pb.Schema.Json, data=enc(record(SENSOR, VALUE_NO_DEFAULT)))
+    marker = SchemaInfo(type=0, deleted=True)
+    history = SchemaHistory((v1, marker))
+    assert SchemaHistory.from_json(history.to_json()) == history
+    assert "deleted" not in history.to_json()["versions"][0]  # records without markers are written as before
+    assert history.latest() is None and history.live() == [] and history.live_from == 2
+    assert history.get(0) == v1 and history.get(1) is None and history.get(2) is None
+    assert history.version_of(v1) is None  # from before the delete: not reused
+    assert schema_refusal(history, no_default, "FULL") is None  # checked against the live versions only
+    assert schema_refusal(history, SchemaInfo(type=pb.Schema.Avro, data=enc(V1)), "FULL") is None
+    after = SchemaHistory((*history.versions, no_default))
+    assert after.latest() == (2, no_default) and after.live() == [(2, no_default)]
+    assert after.version_of(no_default) == 2 and after.get(0) == v1
