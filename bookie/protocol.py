@@ -468,6 +468,109 @@ def encode_read_range_response(
     return b"".join(cells)
 
 
+#: a piece of a range read: a stored run's value, its entries' offsets, the positions of the entries asked for
+#: (``RocksLedgerStorage.range_runs``)
+RangePiece = tuple[bytes, Sequence[int], Sequence[int]]
+
+
+def encode_read_range_pieces(
+    request_id: int,
+    ledger_id: int,
+    first_entry_id: int,
+    pieces: Iterator[RangePiece],
+    max_bytes: int,
+    asked: int,
+) -> tuple[bytes | bytearray, int, int, bool]:
+    """An OK READ_RANGE response frame of the entries of ``pieces`` (at most ``asked``), at most ``max_bytes`` of
+    them (at least one) and as many as fit one frame: the frame ``encode_read_range_response`` builds of those
+    entries, as (frame, entries, their bytes, whether the frame limit cut them). Takes no piece past
+    ``max_bytes`` (a storage walk then reads no further). No entries: (b"", 0, 0, False), for a NO_ENTRY.
+
+    While every piece's entries have one size and lie evenly spaced in their run (a ledger of same-size
+    entries: runs of consecutive entries, or a striped bookie's residues read with a step), the frame is laid
+    out for them at the first piece and each piece is copied in as one strided block (numpy) as it comes, so a
+    run's value is let go at once: no per-entry ``bytes``, length or join. Otherwise (or without numpy) the
+    entries are cut out one by one and joined."""
+    np: Any
+    try:
+        import numpy as np
+    except ImportError:  # numpy is optional for a bookie: every reply is joined entry by entry
+        np = None
+    head = _HDR_FULL.size + _READ_RANGE_RESP.size
+    frame = bytearray()
+    rows: Any = None  # the frame's entries as rows of u32 length + entry, while they are of one size
+    width = 0
+    entries: list[bytes] | None = None  # once they are not: every entry cut out
+    n = size = 0
+    for value, offsets, picked in pieces:
+        m = len(picked)
+        if entries is None:
+            k0 = picked[0]
+            a = offsets[k0]
+            w = offsets[k0 + 1] - a
+            d = picked[1] - k0 if m > 1 else 1
+            span = (m - 1) * d + 2  # the offsets from the first picked entry's to the last one's end
+            if (
+                np is not None
+                and w > 0
+                and (rows is None or w == width)
+                and (type(picked) is range or picked == list(range(k0, k0 + m * d, d)))
+                and offsets[k0 : k0 + span] == list(range(a, a + span * w, w))
+            ):
+                if rows is None:
+                    width = w
+                    cap = max(1, min(asked, max_bytes // w))
+                    frame = bytearray(head + cap * (4 + w))
+                    rows = np.frombuffer(frame, np.uint8, offset=head).reshape(cap, 4 + w)
+                    rows[:, :4] = np.frombuffer(_U32.pack(w), np.uint8)
+                m = min(m, len(rows) - n)
+                rows[n : n + m, 4:] = np.ndarray((m, w), np.uint8, value, a, (d * w, 1))
+                n += m
+                size += m * w
+                if n == len(rows):
+                    break
+                continue
+            entries = _frame_entries(frame, head, width, n)
+            rows = None
+        for k in picked:
+            a, b = offsets[k], offsets[k + 1]
+            if n and size + b - a > max_bytes:
+                break
+            entries.append(value[a:b])
+            n += 1
+            size += b - a
+        else:
+            continue
+        break
+    if entries is None and 4 * n + size > READ_RANGE_REPLY_BYTES_MAX:  # (only a request past the limits)
+        entries = _frame_entries(frame, head, width, n)
+    rows = None  # (lets the frame be resized)
+    if entries is not None:
+        fit = read_range_entries_fitting(entries)
+        if fit < n:
+            del entries[fit:]
+            size = sum(map(len, entries))
+        if not entries:
+            return b"", 0, 0, False
+        joined = encode_read_range_response(request_id, Status.OK, ledger_id, first_entry_id, entries)
+        return joined, len(entries), size, fit < n
+    if not n:
+        return b"", 0, 0, False
+    del frame[head + n * (4 + width) :]
+    _HDR_FULL.pack_into(frame, 0, len(frame) - 4, PROTOCOL_VERSION, OpCode.READ_RANGE, 0, request_id)
+    _READ_RANGE_RESP.pack_into(frame, _HDR_FULL.size, Status.OK, ledger_id, first_entry_id, n)
+    return frame, n, size, False
+
+
+def _frame_entries(frame: bytearray, head: int, width: int, n: int) -> list[bytes]:
+    """The ``n`` entries of ``width`` bytes laid out in ``frame`` from ``head`` (each after its u32 length)."""
+    view = memoryview(frame)
+    try:
+        return [bytes(view[i : i + width]) for i in range(head + 4, head + n * (4 + width), 4 + width)]
+    finally:
+        view.release()
+
+
 def read_range_entries_fitting(entries: Sequence[bytes]) -> int:
     """How many of ``entries``, from the first, fit one READ_RANGE reply frame (at least one: an entry always
     fits, as its ADD_ENTRY frame did)."""

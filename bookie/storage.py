@@ -96,7 +96,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -317,6 +317,9 @@ _SLOTS_MAX = 4096
 
 # A decoded stored run: (first entry id, last entry id, value, offsets, slots), as ``decode_run`` gives them
 _Decoded = tuple[int, int, bytes, list[int], list[int] | None]
+#: a piece of a range read (``RocksLedgerStorage.range_runs``): a run's value, its entries' offsets, the positions
+#: of the entries asked for
+RangePiece = tuple[bytes, list[int], Sequence[int]]
 
 
 def _decode(first: int, value: bytes) -> _Decoded:
@@ -879,7 +882,24 @@ class RocksLedgerStorage:
 
     def get_range(self, ledger_id: int, first: int, last: int, max_bytes: int, step: int = 1) -> list[bytes]:
         """Entries ``first``, ``first + step``, ... up to ``last``, stopping at the first missing one, at most
-        ``max_bytes`` of them (at least one when there is one).
+        ``max_bytes`` of them (at least one when there is one): the pieces of ``range_runs`` cut out."""
+        out: list[bytes] = []
+        size = 0
+        for value, offsets, picked in self.range_runs(ledger_id, first, last, step):
+            for k in picked:
+                a, b = offsets[k], offsets[k + 1]
+                if out and size + b - a > max_bytes:
+                    return out
+                out.append(value[a:b])
+                size += b - a
+        return out
+
+    def range_runs(self, ledger_id: int, first: int, last: int, step: int = 1) -> Iterator[RangePiece]:
+        """The entries ``first``, ``first + step``, ... up to ``last``, stopping at the first missing one, as
+        they lie in the stored runs, one piece per run, lazily: ``(value, offsets, picked)``, the next entries
+        being ``value[offsets[k]:offsets[k + 1]]`` for ``k`` in ``picked`` (a ``range`` or a list). A reader
+        stops the walk by no longer asking (``get_range`` at its byte limit); the bookie's READ_RANGE builds
+        its reply from the pieces without cutting out each entry (``protocol.encode_read_range_pieces``).
 
         One iterator walks the ledger's runs in key order from the run holding ``first``: each run is fetched
         and decoded once, however many of the asked-for entries it holds (a bookie of a striped ledger, Qw < E,
@@ -895,8 +915,6 @@ class RocksLedgerStorage:
         digest mismatch there, and the reader turns to another replica), and a damaged run header fails
         ``run_offsets`` (lengths that do not add up): INTERNAL. An entry the walk does not find is looked up
         again with checksums (``_run_at``), so damage never passes for a missing entry."""
-        out: list[bytes] = []
-        size = 0
         e = first
         prefix = run_key(ledger_id, 0)[:_RUN_PREFIX_LEN]
         unpack_first = _RUN_FIRST.unpack_from
@@ -921,36 +939,24 @@ class RocksLedgerStorage:
                     run = self._run_at(ledger_id, e)
                     if run is None:
                         data = self._legacy_entry(ledger_id, e)
-                        if data is None or (out and size + len(data) > max_bytes):
-                            break
-                        out.append(data)
-                        size += len(data)
+                        if data is None:
+                            return
+                        yield data, [0, len(data)], range(1)
                         e += step
                         continue
                 rf, rl, value, offsets, slots = run
                 stop = min(last, rl)
+                picked: Sequence[int]
                 if slots is None:
-                    for k in range(e - rf, stop - rf + 1, step):
-                        a, b = offsets[k], offsets[k + 1]
-                        if out and size + b - a > max_bytes:
-                            return out
-                        out.append(value[a:b])
-                        size += b - a
-                    e += ((stop - e) // step + 1) * step
+                    picked = range(e - rf, stop - rf + 1, step)
                 else:
-                    for i in range(e - rf, stop - rf + 1, step):
-                        k = slots[i]
-                        if k < 0:
-                            break  # not in this run: the next turn looks for e elsewhere
-                        a, b = offsets[k], offsets[k + 1]
-                        if out and size + b - a > max_bytes:
-                            return out
-                        out.append(value[a:b])
-                        size += b - a
-                        e += step
+                    picked = slots[e - rf : stop - rf + 1 : step]
+                    if -1 in picked:  # not in this run from there: the next turn looks for it elsewhere
+                        picked = picked[: picked.index(-1)]
+                yield value, offsets, picked
+                e += len(picked) * step
         finally:
             del it
-        return out
 
     def runs(self, ledger_id: int, after: int = -1, limit: int = 64) -> list[tuple[int, bytes]]:
         """Up to ``limit`` of the ledger's stored runs whose first entry id is above ``after``, in key order, as
