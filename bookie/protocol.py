@@ -515,7 +515,7 @@ def encode_read_range_pieces(
                 and w > 0
                 and (rows is None or w == width)
                 and (type(picked) is range or picked == list(range(k0, k0 + m * d, d)))
-                and offsets[k0 : k0 + span] == list(range(a, a + span * w, w))
+                and (type(offsets) is range or offsets[k0 : k0 + span] == list(range(a, a + span * w, w)))
             ):
                 if rows is None:
                     width = w

@@ -249,7 +249,7 @@ def pack_block_run(eids: Sequence[int], entries: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def _offsets(value: bytes, head: int, n: int) -> list[int]:
+def _offsets(value: bytes, head: int, n: int) -> Sequence[int]:
     end = head + 4 * n
     if n == 0 or len(value) < end:
         raise ValueError(f"run value of {len(value)} bytes cannot hold {n} entry lengths")
@@ -258,22 +258,29 @@ def _offsets(value: bytes, head: int, n: int) -> list[int]:
         if len(_RUN_LENS) >= 2 * RUN_ENTRIES_MAX:
             _RUN_LENS.clear()
         lens = _RUN_LENS[n] = struct.Struct(f"<{n}I")
-    offsets = list(itertools.accumulate(lens.unpack_from(value, head), initial=end))
+    sizes = lens.unpack_from(value, head)
+    w = sizes[0]
+    offsets: Sequence[int]
+    if w and sizes.count(w) == n:  # entries of one size (the usual run): the offsets are arithmetic, a range
+        offsets = range(end, end + (n + 1) * w, w)
+    else:
+        offsets = list(itertools.accumulate(sizes, initial=end))
     if offsets[-1] != len(value):
         raise ValueError(f"run value of {len(value)} bytes, its entries' lengths add up to {offsets[-1]}")
     return offsets
 
 
-def run_offsets(value: bytes) -> list[int]:
+def run_offsets(value: bytes) -> Sequence[int]:
     """Where each entry of a packed run of consecutive entries (format 1) starts in ``value``, and where the
-    last one ends (count + 1 offsets). Raises ``ValueError`` on a value that is not a well-formed such run."""
+    last one ends (count + 1 offsets; a ``range`` when the entries are of one size). Raises ``ValueError`` on a
+    value that is not a well-formed such run."""
     if len(value) < _RUN_COUNT.size:
         raise ValueError("run value shorter than its count")
     (n,) = _RUN_COUNT.unpack_from(value)
     return _offsets(value, _RUN_COUNT.size, n)
 
 
-def decode_run(first: int, value: bytes) -> tuple[int, list[int], list[int] | None]:
+def decode_run(first: int, value: bytes) -> tuple[int, Sequence[int], list[int] | None]:
     """A stored run keyed by entry id ``first``, either format: (its last entry id, ``run_offsets``, slots).
     Slots is None for consecutive entries (entry ``e`` is the run's ``e - first``-th), else slot ``e - first``
     is entry ``e``'s position in the run, -1 where the run has no such entry. Raises ``ValueError`` on a value
@@ -316,10 +323,10 @@ _SLOTS: dict[int, list[int]] = {}  # a run's id bitmap from its first id -> its 
 _SLOTS_MAX = 4096
 
 # A decoded stored run: (first entry id, last entry id, value, offsets, slots), as ``decode_run`` gives them
-_Decoded = tuple[int, int, bytes, list[int], list[int] | None]
+_Decoded = tuple[int, int, bytes, Sequence[int], list[int] | None]
 #: a piece of a range read (``RocksLedgerStorage.range_runs``): a run's value, its entries' offsets, the positions
 #: of the entries asked for
-RangePiece = tuple[bytes, list[int], Sequence[int]]
+RangePiece = tuple[bytes, Sequence[int], Sequence[int]]
 
 
 def _decode(first: int, value: bytes) -> _Decoded:
