@@ -174,9 +174,7 @@ def _namespace_list(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     ns = args.namespace
-    namespace_path(ns)
-    tenant, name = ns.split("/")
-    base = f"/admin/v2/persistent/{quote(tenant, safe='')}/{quote(name, safe='')}"
+    base = "/admin/v2/persistent/" + namespace_path(ns).removeprefix("/admin/v2/namespaces/")
     topics: list[str] = rest(args.url, "GET", base)
     partitioned: list[str] = rest(args.url, "GET", f"{base}/partitioned")
     emit(
