@@ -28,10 +28,10 @@ from ledger_client import errors as E
 from ledger_client.client import BookKeeper, _meta
 from zk import layout
 from zk.ledger_metadata import LedgerMetadata
-from zk.ratelog import RateLimitedLog
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 from zk.underreplication import AUDIT_REQUEST, UnderReplicationManager
 
-from .config import FAILURE_LOG_EVERY_S, AutoRecoveryConfig
+from .config import AutoRecoveryConfig
 from .metrics import Metrics
 from .passwords import PasswordBook
 from .policy import LostBookieTracker, bookies_in, entries_to_check, ledgers_to_mark
@@ -101,9 +101,7 @@ class Auditor:
                 cancels.append(await _meta(functools.partial(watch, kick)))
             req = await _meta(functools.partial(self.bk.store.get_optional, AUDIT_REQUEST))
             self._last_request = None if req is None else req.value.get("requested_ms")
-            failing = RateLimitedLog(
-                log, FAILURE_LOG_EVERY_S
-            )  # (ZooKeeper away: a line a minute, not per pass)
+            failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away: a line a minute, not per pass)
             while not stop.is_set():
                 wake.clear()
                 timeout = self.config.poll_interval_s

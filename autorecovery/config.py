@@ -9,7 +9,6 @@ __all__ = [
     "DEFAULT_GRACE_PERIOD_S",
     "DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S",
     "DEFAULT_THROTTLE_BYTES_PER_S",
-    "FAILURE_LOG_EVERY_S",
     "AutoRecoveryConfig",
 ]
 
@@ -17,7 +16,6 @@ DEFAULT_LOST_BOOKIE_RECOVERY_DELAY_S = 0.0  # BookKeeper's lostBookieRecoveryDel
 DEFAULT_AUDIT_INTERVAL_S = 604_800.0  # BookKeeper's auditorPeriodicCheckInterval: a week
 DEFAULT_GRACE_PERIOD_S = 30.0  # BookKeeper's openLedgerRereplicationGracePeriod
 DEFAULT_THROTTLE_BYTES_PER_S = 50 * 1024 * 1024
-FAILURE_LOG_EVERY_S = 60.0  # an auditor or worker whose passes keep failing says so at most this often
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,10 +33,10 @@ from ledger_client.rereplication import lost_fragments, swapped
 from ledger_client.rereplicator import _fence, _read_verified, _write, copy_fragment
 from zk import racks as zk_racks
 from zk.ledger_metadata import LedgerMetadata
-from zk.ratelog import RateLimitedLog
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 from zk.underreplication import UnderReplicationManager
 
-from .config import FAILURE_LOG_EVERY_S, AutoRecoveryConfig
+from .config import AutoRecoveryConfig
 from .metrics import Metrics
 from .passwords import PasswordBook
 from .policy import Action, Decision, TokenBucket, decide
@@ -85,7 +85,7 @@ class ReplicationWorker:
     # --- the loop ---------------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        failing = RateLimitedLog(log, FAILURE_LOG_EVERY_S)  # (ZooKeeper away: a line a minute, not per pass)
+        failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away: a line a minute, not per pass)
         while not stop.is_set():
             try:
                 worked = await self.run_once()

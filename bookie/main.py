@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from zk.errors import MetadataConnectionError, MetadataError
-from zk.ratelog import RateLimitedLog
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
 from . import auth, server_gate
 from . import server as srv
@@ -79,7 +79,6 @@ GC_STOP_TIMEOUT_S = 10.0  # a ledger deletion under way at shutdown gets this lo
 REGISTER_RETRY_S = 30.0  # how long registration retries while ZooKeeper is unreachable
 COMPANION_START_TIMEOUT_S = 30.0  # a companion not started by then is given up (the bookie serves on)
 COMPANION_STOP_TIMEOUT_S = 5.0  # each companion's stop at shutdown gets this long
-DISK_FULL_LOG_EVERY_S = 60.0  # a checkpoint that keeps finding the disk full says so at most this often
 
 
 class Companion(Protocol):
@@ -205,7 +204,7 @@ class Bookie:
         self.restart_when_space = False  # the failure came from a full disk: restart once there is room again
         self.restart_requested = False
         self.stop_requested = asyncio.Event()
-        self._disk_full_log = RateLimitedLog(log, DISK_FULL_LOG_EVERY_S)  # a checkpoint's "still full" lines
+        self._disk_full_log = RateLimitedLog(log, LOG_EVERY_S)  # a checkpoint's "still full" lines
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:

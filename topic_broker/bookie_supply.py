@@ -15,16 +15,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zk.ratelog import RateLimitedLog
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
 from .managed_ledger import ManagedLedgerError
 
-__all__ = ["WAITING_LOG_EVERY_S", "BookieSupply", "BookiesShortError"]
+__all__ = ["BookieSupply", "BookiesShortError"]
 
 log = logging.getLogger(__name__)
 
 #: While a broker has too few writable bookies, it says so at most this often.
-WAITING_LOG_EVERY_S = 60.0
 
 
 class BookiesShortError(ManagedLedgerError):
@@ -40,7 +39,7 @@ class BookieSupply:
         self.broker_id = broker_id
         self.needed = needed
         self.writable: int | None = None  # unknown until the watch first answers
-        self._waiting_log = RateLimitedLog(log, WAITING_LOG_EVERY_S, clock=clock)
+        self._waiting_log = RateLimitedLog(log, LOG_EVERY_S, clock=clock)
         self._cancel: Callable[[], None] | None = None
 
     @property
@@ -71,7 +70,7 @@ class BookieSupply:
             )
 
     def remind(self) -> None:
-        """While short: the waiting line, at most once per ``WAITING_LOG_EVERY_S`` (the first at once)."""
+        """While short: the waiting line, at most once per ``LOG_EVERY_S`` (the first at once)."""
         if self.short:
             self._waiting_log.warning(
                 "broker=%s waiting for bookies: %d writable, a new ledger needs %d (--ensemble-size); "

@@ -47,7 +47,7 @@ from zk.managed_ledgers import (
     SchemaInfo,
     SchemaRefusedError,
 )
-from zk.ratelog import RateLimitedLog
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
@@ -95,7 +95,6 @@ DEFAULT_ENSEMBLE_SIZE = 3
 DEFAULT_WRITE_QUORUM = 2
 DEFAULT_ACK_QUORUM = 2
 DEFAULT_TICK_INTERVAL_S = 5.0
-TICK_FAILURE_LOG_EVERY_S = 60.0  # a topic whose housekeeping keeps failing says so at most this often
 DEFAULT_DEDUP_ENABLED = True
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
@@ -734,7 +733,7 @@ class Topic:
         self.quota_exceeded = False  # a producer policy's limit is exceeded: producers closed and refused
         self.msg_in = 0
         self.bytes_in = 0
-        self.tick_failures = RateLimitedLog(log, TICK_FAILURE_LOG_EVERY_S)  # its housekeeping's failure lines
+        self.tick_failures = RateLimitedLog(log, LOG_EVERY_S)  # its housekeeping's failure lines
 
     # -- producers ------------------------------------------------------------------------------------------
 
@@ -1019,7 +1018,7 @@ class BrokerService:
         self._session_lost = False
         self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
-        self._policies_failing = RateLimitedLog(log, TICK_FAILURE_LOG_EVERY_S)  # (ZooKeeper away)
+        self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
 
     # -- authentication and authorization ---------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ from zk.errors import (
     MetadataVersionError,
     translate,
 )
-from zk.ratelog import RepeatedLinesFilter
+from zk.ratelog import LOG_EVERY_S, RepeatedLinesFilter
 from zk.versioned import Versioned
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 #: kazoo's own log: while ZooKeeper is away its retries say 'Connection dropped: ...' about once a second, in every
 #: process; each kind of its lines comes at most once a minute (with how many were left out)
 KAZOO_LOG = logging.getLogger("zk.kazoo")
-KAZOO_LOG.addFilter(RepeatedLinesFilter(60.0))
+KAZOO_LOG.addFilter(RepeatedLinesFilter(LOG_EVERY_S))
 
 JsonDict = dict[str, Any]
 SessionState = Literal["CONNECTED", "SUSPENDED", "LOST"]

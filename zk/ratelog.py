@@ -8,7 +8,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Every", "RateLimitedLog", "RepeatedLinesFilter"]
+__all__ = ["LOG_EVERY_S", "Every", "RateLimitedLog", "RepeatedLinesFilter"]
+
+#: The interval of every such line in the project (a disk that stays full, housekeeping or passes that keep
+#: failing, a broker waiting for bookies, kazoo's retries while ZooKeeper is away): one a minute at most.
+LOG_EVERY_S = 60.0
 
 
 class Every:

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from topic_broker.bookie_supply import WAITING_LOG_EVERY_S, BookieSupply
-from zk.ratelog import RateLimitedLog, RepeatedLinesFilter
+from topic_broker.bookie_supply import BookieSupply
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog, RepeatedLinesFilter
 
 
 class Clock:
@@ -55,7 +55,7 @@ def test_a_broker_short_of_bookies_says_so_once_then_once_a_minute_and_once_when
         assert supply.short
         (waiting,) = _lines(caplog)
         assert "waiting for bookies: 0 writable, a new ledger needs 3 (--ensemble-size)" in waiting
-        for _ in range(int(WAITING_LOG_EVERY_S) - 1):  # the broker's tick, every second
+        for _ in range(int(LOG_EVERY_S) - 1):  # the broker's tick, every second
             clock.now += 1
             supply.remind()
             supply.update(1)  # one came, still short: no new line
@@ -81,7 +81,7 @@ def test_repeated_lines_of_a_kind_pass_once_per_interval_saying_how_many_were_le
     """kazoo's 'Connection dropped: ...' at each retry (about one a second for as long as ZooKeeper is away)."""
     clock = Clock()
     logger = logging.getLogger("t.kazoo")
-    logger.addFilter(RepeatedLinesFilter(60, clock=clock))
+    logger.addFilter(RepeatedLinesFilter(LOG_EVERY_S, clock=clock))
     with caplog.at_level(logging.INFO, "t.kazoo"):
         for i in range(120):
             logger.warning("Connection dropped: %s", f"refused {i}")
