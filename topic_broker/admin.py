@@ -230,12 +230,17 @@ def _schema_type_number(name: Any) -> int:
 
 
 def _schema_json(version: int, info: SchemaInfo) -> dict[str, Any]:
-    """Pulsar's ``GetSchemaResponse``: the definition as text, the time the version was stored."""
+    """Pulsar's ``GetSchemaResponse``: the definition as text (a KEY_VALUE's as Pulsar's admin shows it, JSON
+    of its key's and value's definitions), the time the version was stored."""
+    data = info.data.decode("utf-8", errors="replace")
+    if info.type == pb.Schema.KeyValue:
+        with contextlib.suppress(schema_compat.SchemaDefinitionError):  # not a KEY_VALUE's data: as it is
+            data = schema_compat.key_value_json(info.data, info.properties)
     return {
         "version": version,
         "type": _SCHEMA_TYPES.get(info.type, str(info.type)),
         "timestamp": info.timestamp_ms,
-        "data": info.data.decode("utf-8", errors="replace"),
+        "data": data,
         "properties": dict(info.properties),
     }
 
@@ -622,11 +627,13 @@ class AdminApp:
             properties={str(k): v for k, v in props.items()},
             timestamp_ms=int(time.time() * 1000),
         )
-        if info.type in (pb.Schema.Avro, pb.Schema.Json):
-            try:
+        try:
+            if info.type in (pb.Schema.Avro, pb.Schema.Json):
                 schema_compat.parse_definition(info.data)
-            except schema_compat.SchemaDefinitionError as e:
-                raise AdminError(400, f"invalid schema: {e}") from e
+            elif info.type == pb.Schema.KeyValue:  # Pulsar's admin form, stored as the clients declare it
+                info = dataclasses.replace(info, data=schema_compat.key_value_from_json(info.data))
+        except schema_compat.SchemaDefinitionError as e:
+            raise AdminError(400, f"invalid schema: {e}") from e
         return self._topic_name(request).base, info
 
     async def schema_post(self, request: web.Request) -> web.Response:

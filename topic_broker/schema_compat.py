@@ -108,6 +108,119 @@ def incompatibility(strategy: str, new: bytes, stored: Sequence[bytes]) -> str |
     return None
 
 
+# -- KEY_VALUE schemas -----------------------------------------------------------------------------------------
+# Pulsar's KeyValue schema (its Java and C++ clients' Schema.KeyValue): the data is the key's definition and the
+# value's, each after its length as a big-endian int32 (-1: none); the properties name each part's type
+# ("key.schema.type", "value.schema.type"; BYTES without) and the messages' encoding ("kv.encoding.type": INLINE,
+# the default, both parts in the payload laid out the same way; SEPARATED, the key base64 as the message key).
+
+#: The part types whose definition is a JSON document (the others, primitives, have none).
+STRUCT_TYPES = frozenset({"AVRO", "JSON", "PROTOBUF", "PROTOBUF_NATIVE"})
+KV_PARTS = ("key", "value")
+
+
+def split_key_value(data: bytes) -> tuple[bytes, bytes]:
+    """The key's and the value's definitions in a KEY_VALUE schema's ``data``, or SchemaDefinitionError."""
+    parts: list[bytes] = []
+    pos = 0
+    for part in KV_PARTS:
+        if len(data) < pos + 4:
+            raise SchemaDefinitionError(f"a KEY_VALUE schema's data ends before the {part}'s length")
+        n = int.from_bytes(data[pos : pos + 4], "big", signed=True)
+        pos += 4
+        if n < -1 or len(data) < pos + max(n, 0):
+            raise SchemaDefinitionError(f"a KEY_VALUE schema's {part} length {n} does not fit its data")
+        parts.append(bytes(data[pos : pos + max(n, 0)]))
+        pos += max(n, 0)
+    if pos != len(data):
+        raise SchemaDefinitionError(f"a KEY_VALUE schema's data has {len(data) - pos} bytes after the value")
+    return parts[0], parts[1]
+
+
+def join_key_value(key: bytes, value: bytes) -> bytes:
+    return len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value
+
+
+def key_value_types(properties: Mapping[str, str]) -> tuple[str, str]:
+    """The key's and the value's type names (Pulsar's SchemaType: "AVRO", "STRING", ...; BYTES when unsaid)."""
+    return (
+        properties.get("key.schema.type", "BYTES").upper(),
+        properties.get("value.schema.type", "BYTES").upper(),
+    )
+
+
+def key_value_json(data: bytes, properties: Mapping[str, str]) -> str:
+    """What Pulsar's admin shows as a KEY_VALUE schema's definition: ``{"key": ..., "value": ...}``, each part's
+    definition as JSON, or "" for a primitive part; SchemaDefinitionError when the data is not a KEY_VALUE's."""
+    shown: dict[str, Any] = {}
+    for part, kind, definition in zip(
+        KV_PARTS, key_value_types(properties), split_key_value(data), strict=True
+    ):
+        if kind not in STRUCT_TYPES:
+            shown[part] = ""
+            continue
+        try:
+            shown[part] = json.loads(definition.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SchemaDefinitionError(f"the {part}'s {kind} definition is not JSON: {e}") from e
+    return json.dumps(shown)
+
+
+def key_value_from_json(text: bytes) -> bytes:
+    """A KEY_VALUE definition as Pulsar's admin takes it (``{"key": ..., "value": ...}``, "" for a primitive
+    part) in the form the clients declare it (:func:`split_key_value`), or SchemaDefinitionError."""
+    try:
+        d = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SchemaDefinitionError(
+            f'a KEY_VALUE definition is JSON {{"key": ..., "value": ...}}: {e}'
+        ) from e
+    if not isinstance(d, dict) or set(d) != set(KV_PARTS):
+        raise SchemaDefinitionError('a KEY_VALUE definition is {"key": ..., "value": ...}')
+    key, value = (
+        b"" if d[p] in ("", None) else json.dumps(d[p], separators=(",", ":")).encode() for p in KV_PARTS
+    )
+    return join_key_value(key, value)
+
+
+def key_value_incompatibility(
+    strategy: str,
+    new: bytes,
+    new_properties: Mapping[str, str],
+    stored: Sequence[tuple[bytes, Mapping[str, str]]],
+) -> str | None:
+    """Why the KEY_VALUE definition ``new`` is refused on a topic whose KEY_VALUE definitions are ``stored``
+    (data and properties, oldest first), as Pulsar's KeyValue check does: each part's type must be the latest
+    version's, and an AVRO or JSON part is checked as :func:`incompatibility` checks a definition, under the
+    same strategy, against that part of the stored versions."""
+    if not stored:
+        return None
+    try:
+        parts = split_key_value(new)
+        stored_parts = [split_key_value(data) for data, _ in stored]
+    except SchemaDefinitionError as e:
+        return str(e)
+    types = key_value_types(new_properties)
+    latest_types = key_value_types(stored[-1][1])
+    for i, part in enumerate(KV_PARTS):
+        if types[i] != latest_types[i]:
+            return (
+                f"incompatible {part} schema: the topic's {part} schema is {latest_types[i]}, not {types[i]}"
+            )
+    for i, part in enumerate(KV_PARTS):
+        if types[i] not in ("AVRO", "JSON"):
+            continue
+        same_type = [
+            p[i]
+            for p, (_, props) in zip(stored_parts, stored, strict=True)
+            if key_value_types(props)[i] == types[i]
+        ]
+        why = incompatibility(strategy, parts[i], same_type)
+        if why is not None:
+            return f"the {part} schema: {why}"
+    return None
+
+
 def can_read(reader: Any, writer: Any) -> str | None:
     """Why data written with Avro definition ``writer`` cannot be read with ``reader`` (the first problem found,
     naming the field), or None if it can."""

@@ -664,17 +664,22 @@ def schema_refusal(history: SchemaHistory, schema: SchemaInfo, strategy: str) ->
     refused = schema_conflict([v.type for _, v in history.live()], schema.type)
     if refused is not None or history.version_of(schema) is not None:
         return refused
-    return schema_evolution_refused(history, schema.type, schema.data, strategy)
+    return schema_evolution_refused(history, schema, strategy)
 
 
-def schema_evolution_refused(history: SchemaHistory, declared: int, data: bytes, strategy: str) -> str | None:
-    """Why a new AVRO or JSON definition ``data`` is refused on a topic with ``history`` under ``strategy``
-    (:func:`schema_compat.incompatibility` against the stored definitions of that type), or None. Other types
-    carry no definition to compare."""
-    if declared not in (pb.Schema.Avro, pb.Schema.Json):
+def schema_evolution_refused(history: SchemaHistory, schema: SchemaInfo, strategy: str) -> str | None:
+    """Why a new AVRO or JSON definition is refused on a topic with ``history`` under ``strategy``
+    (:func:`schema_compat.incompatibility` against the stored definitions of that type), or a new KEY_VALUE
+    one (:func:`schema_compat.key_value_incompatibility`, its parts checked so), or None. Other types carry no
+    definition to compare."""
+    if schema.type == pb.Schema.KeyValue:
+        stored_kv = [(v.data, v.properties) for _, v in history.live() if v.type == pb.Schema.KeyValue]
+        why = schema_compat.key_value_incompatibility(strategy, schema.data, schema.properties, stored_kv)
+    elif schema.type in (pb.Schema.Avro, pb.Schema.Json):
+        stored = [v.data for _, v in history.live() if v.type == schema.type]
+        why = schema_compat.incompatibility(strategy, schema.data, stored)
+    else:
         return None
-    stored = [v.data for _, v in history.live() if v.type == declared]
-    why = schema_compat.incompatibility(strategy, data, stored)
     return None if why is None else f"incompatible schema: {why}"
 
 

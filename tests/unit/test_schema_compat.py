@@ -204,3 +204,40 @@ def test_a_deletion_marker_ends_the_live_versions_and_numbering_goes_on() -> Non
     after = SchemaHistory((*history.versions, no_default))
     assert after.latest() == (2, no_default) and after.live() == [(2, no_default)]
     assert after.version_of(no_default) == 2 and after.get(0) == v1
+
+
+def test_key_value_definitions_split_show_and_check_part_by_part() -> None:
+    from topic_broker import schema_compat as sc
+
+    key = b'{"type":"record","name":"K","fields":[{"name":"id","type":"int"}]}'
+    value = enc(V1)
+    data = sc.join_key_value(key, value)
+    assert data[:4] == len(key).to_bytes(4, "big") and sc.split_key_value(data) == (key, value)
+    assert sc.split_key_value(sc.join_key_value(b"", b"")) == (b"", b"")  # two primitives
+    assert sc.split_key_value(b"\xff\xff\xff\xff" + b"\x00\x00\x00\x00") == (b"", b"")  # -1: no key
+    for bad in (b"", b"\x00\x00\x00\x09abc", data + b"x", b"\xff\xff\xff\xfe\x00\x00\x00\x00"):
+        with pytest.raises(sc.SchemaDefinitionError):
+            sc.split_key_value(bad)
+    avro = {"key.schema.type": "AVRO", "value.schema.type": "AVRO", "kv.encoding.type": "SEPARATED"}
+    assert json.loads(sc.key_value_json(data, avro)) == {"key": json.loads(key), "value": json.loads(value)}
+    assert json.loads(sc.key_value_json(sc.join_key_value(b"", value), {"value.schema.type": "JSON"})) == {
+        "key": "",
+        "value": json.loads(value),
+    }  # no type said: BYTES, a primitive
+    assert sc.key_value_from_json(sc.key_value_json(data, avro).encode()) == sc.join_key_value(
+        key, json.dumps(json.loads(value), separators=(",", ":")).encode()
+    )
+    with pytest.raises(sc.SchemaDefinitionError):
+        sc.key_value_from_json(b'{"key": ""}')
+
+    stored = [(data, avro)]
+    assert sc.key_value_incompatibility("FULL", data, avro, []) is None
+    no_default = sc.join_key_value(key, enc(record(SENSOR, VALUE_NO_DEFAULT)))
+    why = sc.key_value_incompatibility("FULL", no_default, avro, stored)
+    assert why is not None and why.startswith("the value schema: FULL") and "'value'" in why
+    assert sc.key_value_incompatibility("FORWARD", no_default, avro, stored) is None
+    why = sc.key_value_incompatibility("ALWAYS_COMPATIBLE", data, {**avro, "key.schema.type": "JSON"}, stored)
+    assert why == "incompatible key schema: the topic's key schema is AVRO, not JSON"
+    strings = {"key.schema.type": "STRING", "value.schema.type": "STRING"}
+    empty = sc.join_key_value(b"", b"")
+    assert sc.key_value_incompatibility("FULL", empty, strings, [(empty, strings)]) is None
