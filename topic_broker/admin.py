@@ -313,9 +313,13 @@ class AdminApp:
         if "topic" not in request.match_info or request.match_info.get("domain", PERSISTENT) != PERSISTENT:
             return  # a non-persistent:// name is refused whatever its namespace (``lookup``)
         name = self._topic_name(request)
-        _ = self.meta  # 503 while the broker starts
-        if not await self.service.namespace_exists(name):
+        meta = self.meta  # 503 while the broker starts
+        if self.service.serves(name):
+            return
+        policies = await meta.get_policies(name.tenant, name.namespace)
+        if policies is None:
             raise AdminError(404, NAMESPACE_NOT_FOUND)
+        request[NAMESPACE_POLICIES] = policies  # for the call's own use (an open, a permission): one read
 
     async def _redirect_if_not_owner(self, request: web.Request, name: TopicName) -> None:
         owner = await self.meta.get_owner(name.ml_name)
@@ -348,7 +352,7 @@ class AdminApp:
                 )
             raise AdminError(404, f"Topic {name} not found")
         try:
-            return await self.service.get_topic(name)
+            return await self.service.get_topic(name, request.get(NAMESPACE_POLICIES))
         except NotOwnerError as e:  # lost a race for ownership
             url = e.owner.web_service_url.rstrip("/")
             raise web.HTTPTemporaryRedirect(url + request.raw_path) from e
@@ -1309,7 +1313,8 @@ class AdminApp:
         if domain not in (PERSISTENT, NON_PERSISTENT):
             raise AdminError(412, f"unknown topic domain {domain!r}")
         name = TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
-        if not await self.service.can(request.get(PRINCIPAL), name, ("produce", "consume")):
+        known = request.get(NAMESPACE_POLICIES)
+        if not await self.service.can(request.get(PRINCIPAL), name, ("produce", "consume"), known):
             raise AdminError(
                 403, f"{request.get(PRINCIPAL)} is not authorized to produce or consume on {name}"
             )
@@ -1454,6 +1459,7 @@ class AdminApp:
 OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/", "/admin/v2/brokers/health"})
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PRINCIPAL = "principal"  # request key: the subject of the request's token, when it carried a good one
+NAMESPACE_POLICIES = "namespace_policies"  # request key: the topic's namespace policies check_namespace read
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -1045,37 +1045,75 @@ class BrokerService:
     def is_superuser(self, role: str | None) -> bool:
         return role is not None and role in self.config.superuser_roles
 
-    async def can(self, role: str | None, name: TopicName, actions: tuple[str, ...]) -> bool:
+    def checks_permissions(self, role: str | None) -> bool:
+        """Are ``role``'s requests checked against the namespace's permissions (``--auth-required``, not a
+        superuser)?"""
+        return self.config.auth_required and not self.is_superuser(role)
+
+    async def can(
+        self,
+        role: str | None,
+        name: TopicName,
+        actions: tuple[str, ...],
+        known: NamespacePolicies | None = None,
+    ) -> bool:
         """May ``role`` do one of ``actions`` (``produce``, ``consume``) on the topic's namespace? Always yes
         without ``--auth-required``; superusers may do everything; otherwise the namespace's permissions
-        decide (Pulsar's ``grant-permission``)."""
-        if not self.config.auth_required or self.is_superuser(role):
+        decide (Pulsar's ``grant-permission``): ``known``, the namespace's policies the caller has just read,
+        else read here."""
+        if not self.checks_permissions(role):
             return True
         if role is None:
             return False
         assert self.meta is not None
-        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        policies = known if known is not None else await self.meta.get_policies(name.tenant, name.namespace)
         granted = policies.permissions.get(role, ()) if policies is not None else ()
         return any(a in granted for a in actions)
 
-    async def _authorized(self, s: Session, name: TopicName, actions: tuple[str, ...]) -> str | None:
+    async def _authorized(
+        self, s: Session, name: TopicName, actions: tuple[str, ...], known: NamespacePolicies | None = None
+    ) -> str | None:
         """None when the session's role may do one of ``actions`` on ``name``; else the refusal's text."""
         try:
-            if await self.can(s.conn.principal, name, actions):
+            if await self.can(s.conn.principal, name, actions, known):
                 return None
         except zk.MetadataError as e:
             return f"permissions of {name.namespace_name} cannot be read: {e}"
         self.metrics.authz_refusals += 1
         return f"{s.conn.principal or 'an anonymous client'} is not authorized to {' or '.join(actions)} on {name}"
 
+    def serves(self, name: TopicName) -> bool:
+        """Is the topic open here? (Its namespace exists then: it cannot be deleted while the topic exists.)"""
+        fut = self.topics.get(str(name))
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+
     async def namespace_exists(self, name: TopicName) -> bool:
         """Does the topic's tenant/namespace exist (its policies znode, created through the admin)? A topic this
-        broker serves needs no read: its namespace cannot be deleted while the topic exists."""
-        fut = self.topics.get(str(name))
-        if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+        broker serves needs no read."""
+        if self.serves(name):
             return True
         assert self.meta is not None
         return await self.meta.get_policies(name.tenant, name.namespace) is not None
+
+    async def _lookup_refusal(
+        self, s: Session, name: TopicName, what: str
+    ) -> tuple[pb.ServerError, str] | None:
+        """Why ``what`` (a PARTITIONED_METADATA or LOOKUP) of ``name`` is refused: (TopicNotFound, "Namespace not
+        found") when its namespace does not exist, (AuthorizationError, why) when the session's role may neither
+        produce nor consume there; None when it is not. The namespace's policies are read once for both (not at
+        all for a topic served here when permissions are not checked)."""
+        known: NamespacePolicies | None = None
+        if self.checks_permissions(s.conn.principal):
+            assert self.meta is not None
+            known = await self.meta.get_policies(name.tenant, name.namespace)
+            exists = known is not None
+        else:
+            exists = await self.namespace_exists(name)
+        if not exists:
+            log.info("broker=%s %s of %s: namespace not found", self.config.id, what, name)
+            return pb.TopicNotFound, NAMESPACE_NOT_FOUND
+        refused = await self._authorized(s, name, EITHER, known)
+        return None if refused is None else (pb.AuthorizationError, refused)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -1255,8 +1293,9 @@ class BrokerService:
 
     # -- topics ---------------------------------------------------------------------------------------------
 
-    async def get_topic(self, name: TopicName) -> Topic:
-        """The topic, opened if this broker owns it (or nobody does); NotOwnerError otherwise."""
+    async def get_topic(self, name: TopicName, known: NamespacePolicies | None = None) -> Topic:
+        """The topic, opened if this broker owns it (or nobody does); NotOwnerError otherwise. ``known``: its
+        namespace's policies when the caller has just read them (an open reads them otherwise)."""
         key = str(name)
         fut = self.topics.get(key)
         if fut is None:
@@ -1265,7 +1304,7 @@ class BrokerService:
             fut = asyncio.get_running_loop().create_future()
             self.topics[key] = fut
             try:
-                fut.set_result(await self._open_topic(name))
+                fut.set_result(await self._open_topic(name, known))
             except BaseException as e:
                 self.topics.pop(key, None)
                 fut.set_exception(e)
@@ -1273,10 +1312,10 @@ class BrokerService:
                 raise
         return await asyncio.shield(fut)
 
-    async def _open_topic(self, name: TopicName) -> Topic:
+    async def _open_topic(self, name: TopicName, known: NamespacePolicies | None = None) -> Topic:
         assert self.meta is not None and self.bk is not None
         # before anything is written (ownership, the managed ledger, a ledger on the bookies)
-        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        policies = known if known is not None else await self.meta.get_policies(name.tenant, name.namespace)
         if policies is None:
             raise NamespaceNotFoundError(name)
         owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
@@ -1411,21 +1450,10 @@ class BrokerService:
         except InvalidTopicName as e:
             s.send(wire.partitioned_metadata_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
             return
-        if not await self.namespace_exists(name):
-            log.info("broker=%s partitioned metadata of %s: namespace not found", self.config.id, name)
-            s.send(
-                wire.partitioned_metadata_response(
-                    cmd.request_id, error_code=pb.TopicNotFound, message=NAMESPACE_NOT_FOUND
-                )
-            )
-            return
-        refused = await self._authorized(s, name, EITHER)
-        if refused is not None:
-            s.send(
-                wire.partitioned_metadata_response(
-                    cmd.request_id, error_code=pb.AuthorizationError, message=refused
-                )
-            )
+        refusal = await self._lookup_refusal(s, name, "partitioned metadata")
+        if refusal is not None:
+            code, why = refusal
+            s.send(wire.partitioned_metadata_response(cmd.request_id, error_code=code, message=why))
             return
         assert self.meta is not None
         meta = await self.meta.get_partitions(name.base.ml_name) if not name.is_partition else None
@@ -1438,15 +1466,10 @@ class BrokerService:
         except InvalidTopicName as e:
             s.send(wire.lookup_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
             return
-        if not await self.namespace_exists(name):
-            log.info("broker=%s lookup of %s: namespace not found", self.config.id, name)
-            s.send(
-                wire.lookup_response(cmd.request_id, error_code=pb.TopicNotFound, message=NAMESPACE_NOT_FOUND)
-            )
-            return
-        refused = await self._authorized(s, name, EITHER)
-        if refused is not None:
-            s.send(wire.lookup_response(cmd.request_id, error_code=pb.AuthorizationError, message=refused))
+        refusal = await self._lookup_refusal(s, name, "lookup")
+        if refusal is not None:
+            code, why = refusal
+            s.send(wire.lookup_response(cmd.request_id, error_code=code, message=why))
             return
         assert self.meta is not None
         try:
@@ -1463,12 +1486,18 @@ class BrokerService:
     ) -> Topic | None:
         try:
             name = TopicName.parse(topic)
+            known: NamespacePolicies | None = None  # read once for the permission and the open
             if action is not None:
-                refused = await self._authorized(s, name, (action,))
+                if self.checks_permissions(s.conn.principal) and not self.serves(name):
+                    assert self.meta is not None
+                    known = await self.meta.get_policies(name.tenant, name.namespace)
+                    if known is None:
+                        raise NamespaceNotFoundError(name)
+                refused = await self._authorized(s, name, (action,), known)
                 if refused is not None:
                     s.send(wire.error(request_id, pb.AuthorizationError, refused))
                     return None
-            return await self.get_topic(name)
+            return await self.get_topic(name, known)
         except InvalidTopicName as e:
             s.send(wire.error(request_id, BAD_NAME, str(e)))
         except NamespaceNotFoundError as e:
