@@ -22,8 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ledgerstore.cli import DEFAULT_STATE_DIR, DEFAULT_ZK, DEFAULT_ZK_ROOT, progress_disabled
-from ledgerstore.topic_cmd import DEFAULT_ADMIN_URL
+from ledgerstore.cli import DEFAULT_STATE_DIR, DEFAULT_ZK, DEFAULT_ZK_ROOT, CommandError, progress_disabled
+from ledgerstore.topic_cmd import DEFAULT_ADMIN_URL, namespace_path, rest
 
 TOPIC_MESSAGES = 1000
 
@@ -80,6 +80,22 @@ def _admin_get(web_url: str, path: str) -> Any:
         return None
 
 
+#: the demo's namespace: with retention, so that the analysis at the end finds the messages the demo consumed
+#: (without it a consumed ledger is trimmed, as in Pulsar)
+DEMO_NAMESPACE = "public/demo"
+DEMO_RETENTION = {"retentionTimeInMinutes": 24 * 60, "retentionSizeInMB": 256}
+
+
+def _demo_namespace(web_url: str) -> None:
+    """Create ``DEMO_NAMESPACE`` if missing and give it ``DEMO_RETENTION`` (both idempotent)."""
+    try:
+        rest(web_url, "PUT", namespace_path(DEMO_NAMESPACE), {})
+    except CommandError as e:
+        if e.kind != "HTTP_409":  # 409: it exists already (an earlier demo)
+            raise
+    rest(web_url, "POST", namespace_path(DEMO_NAMESPACE) + "/retention", DEMO_RETENTION)
+
+
 def _topic_story(args: argparse.Namespace, broker: dict[str, Any]) -> dict[str, Any]:
     """Produce, consume half with a durable subscription, restart the broker, consume the rest."""
     import pulsar
@@ -87,7 +103,8 @@ def _topic_story(args: argparse.Namespace, broker: dict[str, Any]) -> dict[str, 
     from ledgerstore.cluster import restart_broker
 
     service_url, web_url = broker["service_url"], broker["web_service_url"]
-    topic = f"persistent://public/default/demo-{int(time.time())}"
+    _demo_namespace(web_url)
+    topic = f"persistent://{DEMO_NAMESPACE}/demo-{int(time.time())}"
     sub = "demo-subscription"
     quiet = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     n, half = TOPIC_MESSAGES, TOPIC_MESSAGES // 2
@@ -100,7 +117,13 @@ def _topic_story(args: argparse.Namespace, broker: dict[str, Any]) -> dict[str, 
         producer = client.create_producer(topic, batching_enabled=False)
         t0 = time.perf_counter()
         for i in range(n):
-            producer.send_async(f"demo message {i}".encode(), None)
+            # a key and an event time, so that the analysis at the end has keys and lags to show
+            producer.send_async(
+                f"demo message {i}".encode(),
+                None,
+                partition_key=f"sensor-{i % 5}",
+                event_timestamp=int(time.time() * 1000),
+            )
         producer.flush()
         pdt = time.perf_counter() - t0
         producer.close()
@@ -166,7 +189,7 @@ def _topic_story(args: argparse.Namespace, broker: dict[str, Any]) -> dict[str, 
 
 def _stats_path(topic: str) -> str:
     local = topic.rsplit("/", 1)[-1]
-    return f"/admin/v2/persistent/public/default/{local}/stats"
+    return f"/admin/v2/persistent/{DEMO_NAMESPACE}/{local}/stats"
 
 
 def _zk_from_state(args: argparse.Namespace) -> str:
