@@ -85,3 +85,23 @@ def module_cluster(zk_server: Any, tmp: Path) -> Iterator[Brokers]:
             b.stop_all()
         finally:
             bookies.stop_all()
+
+
+def topic_opening_commands(topic: str) -> list[Any]:
+    """What a client sends to open ``topic``, each command with its request id: PARTITIONED_METADATA 1, LOOKUP
+    2, PRODUCER 3 and SUBSCRIBE 4 (subscription "s"), to send on one connection, so that every answer is seen
+    (a client stops at the first refusal)."""
+    from topic_broker import pulsar_api_pb2 as pb
+
+    T = pb.BaseCommand
+    sub = pb.CommandSubscribe(topic=topic, subscription="s", subType=pb.CommandSubscribe.Exclusive)
+    sub.consumer_id, sub.request_id = 1, 4
+    return [
+        T(
+            type=T.PARTITIONED_METADATA,
+            partitionMetadata=pb.CommandPartitionedTopicMetadata(topic=topic, request_id=1),
+        ),
+        T(type=T.LOOKUP, lookupTopic=pb.CommandLookupTopic(topic=topic, request_id=2)),
+        T(type=T.PRODUCER, producer=pb.CommandProducer(topic=topic, producer_id=1, request_id=3)),
+        T(type=T.SUBSCRIBE, subscribe=sub),
+    ]

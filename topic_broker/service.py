@@ -1079,6 +1079,10 @@ class BrokerService:
                 return None
         except zk.MetadataError as e:
             return f"permissions of {name.namespace_name} cannot be read: {e}"
+        return self._refused(s, name, actions)
+
+    def _refused(self, s: Session, name: TopicName, actions: tuple[str, ...]) -> str:
+        """The text of the session's refusal to do ``actions`` on ``name`` (counted)."""
         self.metrics.authz_refusals += 1
         return f"{s.conn.principal or 'an anonymous client'} is not authorized to {' or '.join(actions)} on {name}"
 
@@ -1098,15 +1102,19 @@ class BrokerService:
     async def _lookup_refusal(
         self, s: Session, name: TopicName, what: str
     ) -> tuple[pb.ServerError, str] | None:
-        """Why ``what`` (a PARTITIONED_METADATA or LOOKUP) of ``name`` is refused: (TopicNotFound, "Namespace not
-        found") when its namespace does not exist, (AuthorizationError, why) when the session's role may neither
-        produce nor consume there; None when it is not. The namespace's policies are read once for both (not at
-        all for a topic served here when permissions are not checked)."""
+        """Why ``what`` (a PARTITIONED_METADATA or LOOKUP) of ``name`` is refused: (AuthorizationError, why) when
+        the session's role may neither produce nor consume there, (TopicNotFound, "Namespace not found") when its
+        namespace does not exist; None when it is not. As Pulsar, the role is authorized first: a namespace that
+        does not exist grants nothing, so a role whose permissions are checked is refused there as anywhere it
+        has no grant, and learns nothing of which namespaces exist. The namespace's policies are read once for
+        both (not at all for a topic served here when permissions are not checked)."""
         known: NamespacePolicies | None = None
         if self.checks_permissions(s.conn.principal):
             assert self.meta is not None
             known = await self.meta.get_policies(name.tenant, name.namespace)
-            exists = known is not None
+            if known is None:
+                return pb.AuthorizationError, self._refused(s, name, EITHER)
+            exists = True
         else:
             exists = await self.namespace_exists(name)
         if not exists:
@@ -1491,8 +1499,11 @@ class BrokerService:
                 if self.checks_permissions(s.conn.principal) and not self.serves(name):
                     assert self.meta is not None
                     known = await self.meta.get_policies(name.tenant, name.namespace)
-                    if known is None:
-                        raise NamespaceNotFoundError(name)
+                    if known is None:  # authorized first (``_lookup_refusal``): no grant in no namespace
+                        s.send(
+                            wire.error(request_id, pb.AuthorizationError, self._refused(s, name, (action,)))
+                        )
+                        return None
                 refused = await self._authorized(s, name, (action,), known)
                 if refused is not None:
                     s.send(wire.error(request_id, pb.AuthorizationError, refused))

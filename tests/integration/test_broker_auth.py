@@ -17,7 +17,7 @@ import pytest
 
 from bookie.auth import create_token, new_secret
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import start_broker
+from tests.broker_testing import start_broker, topic_opening_commands
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -267,3 +267,78 @@ def test_an_expiring_token_is_refreshed_through_auth_challenge_and_a_stale_one_e
     finally:
         c.close()
     assert "authentication refresh failed" in log_path.read_text()
+
+
+def _commands_answered(secure: SecureCluster, token: str, topic: str) -> dict[str, tuple[int, str]]:
+    """The broker's error code and text for each of PARTITIONED_METADATA, LOOKUP, PRODUCER and SUBSCRIBE of
+    ``topic`` sent on one connection authenticated with ``token`` (no client in between, which would stop at the
+    first refusal)."""
+    import socket
+
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+
+    T = pb.BaseCommand
+    commands = topic_opening_commands(topic)
+    s = socket.create_connection(("127.0.0.1", secure.broker.port), timeout=10)
+    got: list[Any] = []
+    try:
+        connect = pb.CommandConnect(
+            client_version="t", protocol_version=20, auth_method_name="token", auth_data=token.encode()
+        )
+        s.sendall(wire.encode_command(T(type=T.CONNECT, connect=connect)))
+        dec = wire.FrameDecoder()
+        frames = dec.feed(s.recv(65536))
+        assert frames[0].command.type == T.CONNECTED, frames[0].command
+        s.sendall(b"".join(wire.encode_command(c) for c in commands))
+        while len(got) < 4:
+            data = s.recv(65536)
+            assert data, "the broker closed the connection"
+            got += [f.command for f in dec.feed(data)]
+    finally:
+        s.close()
+    out: dict[str, tuple[int, str]] = {}
+    for c in got:
+        if c.type == T.PARTITIONED_METADATA_RESPONSE:
+            out["partitioned metadata"] = (
+                c.partitionMetadataResponse.error,
+                c.partitionMetadataResponse.message,
+            )
+        elif c.type == T.LOOKUP_RESPONSE:
+            out["lookup"] = (c.lookupTopicResponse.error, c.lookupTopicResponse.message)
+        elif c.type == T.ERROR:
+            out[{3: "producer", 4: "subscribe"}[c.error.request_id]] = (c.error.error, c.error.message)
+    return out
+
+
+def test_a_role_without_permission_learns_nothing_of_which_namespaces_exist(secure: SecureCluster) -> None:
+    """As Pulsar, the role is authorized before the namespace is looked for: a role refused in an existing
+    namespace is refused in the same words in one that does not exist (it was told TopicNotFound "Namespace not
+    found" there, by the lookups since namespaces were enforced and by PRODUCER and SUBSCRIBE since 4248f36), so
+    it cannot probe for namespaces; a superuser is told the namespace is missing."""
+    from topic_broker import pulsar_api_pb2 as pb
+
+    ns = f"ns-{uuid.uuid4().hex[:8]}"
+    missing, existing = f"persistent://public/{ns}/t", _topic()
+    for topic in (missing, existing):
+        answers = _commands_answered(secure, secure.tokens["alice"], topic)
+        assert answers == {
+            what: (pb.AuthorizationError, f"alice is not authorized to {actions} on {topic}")
+            for what, actions in (
+                ("partitioned metadata", "produce or consume"),
+                ("lookup", "produce or consume"),
+                ("producer", "produce"),
+                ("subscribe", "consume"),
+            )
+        }, topic
+    alice = secure.client(secure.tokens["alice"])
+    try:  # the client raises what the first answer said
+        for call in (alice.create_producer, alice.subscribe):
+            with pytest.raises(pulsar.AuthorizationError):
+                call(missing, *(("s",) if call == alice.subscribe else ()))
+    finally:
+        alice.close()
+    answers = _commands_answered(secure, secure.tokens[SUPERUSER], missing)
+    assert answers == dict.fromkeys(
+        ("partitioned metadata", "lookup", "producer", "subscribe"), (pb.TopicNotFound, "Namespace not found")
+    )

@@ -24,7 +24,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import Brokers, module_cluster
+from tests.broker_testing import Brokers, module_cluster, topic_opening_commands
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 from zk.acl import resolve_auth
@@ -188,18 +188,7 @@ def test_each_command_naming_a_topic_of_a_missing_namespace_answers_topic_not_fo
     T = pb.BaseCommand
     ns = unique("ns")
     topic = f"persistent://public/{ns}/t"
-    sub = pb.CommandSubscribe(topic=topic, subscription="s", subType=pb.CommandSubscribe.Exclusive)
-    sub.consumer_id, sub.request_id = 1, 4
-    commands = [
-        T(
-            type=T.PARTITIONED_METADATA,
-            partitionMetadata=pb.CommandPartitionedTopicMetadata(topic=topic, request_id=1),
-        ),
-        T(type=T.LOOKUP, lookupTopic=pb.CommandLookupTopic(topic=topic, request_id=2)),
-        T(type=T.PRODUCER, producer=pb.CommandProducer(topic=topic, producer_id=1, request_id=3)),
-        T(type=T.SUBSCRIBE, subscribe=sub),
-        T(type=T.PING, ping=pb.CommandPing()),
-    ]
+    commands = [*topic_opening_commands(topic), T(type=T.PING, ping=pb.CommandPing())]
     s = socket.create_connection(("127.0.0.1", bp.port), timeout=10)
     try:
         connect = pb.CommandConnect(client_version="t", protocol_version=20)
