@@ -409,6 +409,27 @@ def test_a_partitioned_topic_shares_one_schema_record(bp: BrokerProcess, c: Any)
     assert "field 'value'" in why, why
 
 
+def test_deleting_a_partitioned_topic_deletes_its_schemas(bp: BrokerProcess, c: Any) -> None:
+    """As Pulsar (apache/pulsar#21574): the partitioned topic's record goes with its metadata, as a
+    non-partitioned topic's goes with it, so a topic of the same name made again starts without schemas. The
+    record was left: the new topic had the old one's versions and refused another type of schema."""
+    local = topic_name()
+    t = f"persistent://public/default/{local}"
+    partitions = f"/admin/v2/persistent/public/default/{local}/partitions"
+    schema = f"/admin/v2/schemas/public/default/{local}/schema"
+    assert admin(bp, "PUT", partitions, 2)[0] in (200, 204)
+    producer = c.create_producer(t, schema=JsonSchema(Reading))
+    producer.send(Reading(sensor="a", count=1), partition_key="1")
+    producer.close()
+    assert admin(bp, "GET", schema)[1]["type"] == "JSON"
+    assert admin(bp, "DELETE", partitions + "?force=true")[0] == 204
+    assert admin(bp, "GET", schema)[0] == 404
+    assert admin(bp, "PUT", partitions, 2)[0] in (200, 204)
+    assert refusal_of_string(bp, f"{t}-partition-0") == ""  # another type: the old record is gone
+    status, stored = admin(bp, "GET", schema)
+    assert status == 200 and (stored["version"], stored["type"]) == (0, "STRING")
+
+
 # -- KeyValue schemas -----------------------------------------------------------------------------------------
 # pulsar-client (Python) has no KeyValueSchema, and its SchemaInfo carries no properties, without which its C++
 # core refuses to send with a KEY_VALUE schema ("Not found kv.encoding.type by properties"): the producers here
