@@ -685,6 +685,26 @@ def build_parser() -> argparse.ArgumentParser:
             default=8000,
             help="the first bookie's admin HTTP port (/health, /metrics; the others follow)",
         )
+    one_piece = {
+        "stop": "stop one piece of the cluster (SIGTERM; --kill: SIGKILL, a crash)",
+        "start": "start a stopped piece again as `cluster up` started it; wait until it is ready",
+        "restart": "stop one piece, then start it again",
+    }
+    for name, text in one_piece.items():
+        a = cs.add_parser(name, help=text)
+        a.add_argument(
+            "target",
+            help="what `cluster status` lists: a bookie by id (127.0.0.1:3182) or index (bookie-1), a broker "
+            "(broker-0 or its service URL), autorecovery, zookeeper (if `cluster up` started it)",
+        )
+        if name != "start":
+            a.add_argument(
+                "--kill", action="store_true", help="SIGKILL (a crash, as kill -9) instead of SIGTERM"
+            )
+        a.add_argument(
+            "--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="the `cluster up` state to use"
+        )
+        _common(a)
     cp.set_defaults(func=_cmd_cluster)
 
     # ledger --------------------------------------------------------------------------------------

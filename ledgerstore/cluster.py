@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, emit
+from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, UsageError, emit
 
 
 def free_port() -> int:
@@ -62,6 +62,15 @@ class ServiceProcess:
 
     def command(self) -> list[str]:
         raise NotImplementedError
+
+    def start(self, wait: bool = True, timeout_s: float = 60.0) -> ServiceProcess:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        self._wait_until(self.ready, timeout_s, "ready")
 
     def _spawn(self, log_path: Path) -> None:
         self.log_path = log_path
@@ -187,6 +196,9 @@ class BookieProcess(ServiceProcess):
     def healthy(self) -> bool:
         return health_ok(self.http_port, self.id)
 
+    def ready(self) -> bool:
+        return self.healthy()
+
     def wait_healthy(self, timeout_s: float = 30.0) -> None:
         self._wait_until(self.healthy, timeout_s, "healthy")
 
@@ -212,9 +224,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def command(args: argparse.Namespace) -> int:
-    if args.docker and getattr(args, "zk_given", False):
+    if getattr(args, "docker", False) and getattr(args, "zk_given", False):
         raise CommandError("--zk does not apply with --docker: the compose project runs its own ZooKeeper", 2)
-    if args.docker:
+    if getattr(args, "docker", False):
         import ledgerstore.docker_cluster as docker_cluster
 
         return docker_cluster.command(args)
@@ -223,6 +235,8 @@ def command(args: argparse.Namespace) -> int:
         return _up(args, state_dir)
     if args.action == "down":
         return _down(args, state_dir)
+    if args.action in ("stop", "start", "restart"):
+        return _lifecycle(args, state_dir)
     return _status(args, state_dir)
 
 
@@ -267,6 +281,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         if up:  # its own processes hold ports a new start needs: not "ports in use, pick others"
             raise CommandError(
                 f"a partial cluster is running from {state_dir} (still up: {', '.join(up)}): "
+                f"`ledgerstore cluster start TARGET --state-dir {state_dir}` the stopped ones, or "
                 f"`ledgerstore cluster down --state-dir {state_dir}` first, then `cluster up` again"
             )
     bookie_http = getattr(args, "bookie_http_port", 8000)
@@ -300,81 +315,59 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     recovery_args = [a for pw in passwords for a in ("--autorecovery-password", pw)]
     if password_file is not None:
         recovery_args += ["--autorecovery-password-file", str(password_file)]
-    bookies = []
-    for i in range(args.bookies):
-        port = args.base_port + i
-        http_port = bookie_http + i
-        bp = BookieProcess(
-            zk=zk,
-            zk_root=args.zk_root,
-            data_dir=state_dir / f"bookie-{i}",
-            port=port,
-            http_port=http_port,
-            log_path=state_dir / f"bookie-{i}.log",
-            autorecovery=embedded,
-            extra_args=recovery_args if embedded else [],
-        )
-        bp.start(wait=False)
-        bookies.append(bp)
-    for bp in bookies:
-        bp.wait_healthy(60)
-    brokers = []
-    for i in range(getattr(args, "brokers", 0)):
-        br = BrokerProcess(
-            zk=zk,
-            zk_root=args.zk_root,
-            port=args.broker_port + i,
-            http_port=args.broker_http_port + i,
-            log_path=state_dir / f"broker-{i}.log",
-        )
-        br.start(wait=False)
-        brokers.append(br)
-    for br in brokers:
-        br.wait_ready(60)
-    recovery = None
-    if getattr(args, "autorecovery_process", False):  # a standalone one too, on request
-        recovery = AutoRecoveryProcess(
-            zk=zk,
-            zk_root=args.zk_root,
-            metrics_port=args.autorecovery_port,
-            passwords=passwords,
-            password_file=password_file,
-            log_path=state_dir / "autorecovery.log",
-        )
-        recovery.start(wait=True)
-    state = {
+    # each piece is a row of the state file first, and started from its row, as `cluster start` starts it again
+    state: dict[str, Any] = {
         "zk": zk,
         "zk_external": bool(getattr(args, "zk_given", False)),  # `down` leaves a ZooKeeper it did not start
         "zk_root": args.zk_root,
         "bookies": [
             {
-                "id": b.id,
-                "pid": b.proc.pid if b.proc else 0,
-                "http_port": b.http_port,
-                "data_dir": str(b.data_dir),
+                "id": f"127.0.0.1:{args.base_port + i}",
+                "pid": 0,
+                "port": args.base_port + i,
+                "http_port": bookie_http + i,
+                "data_dir": str(state_dir / f"bookie-{i}"),
+                "log": str(state_dir / f"bookie-{i}.log"),
+                "autorecovery": embedded,
+                "args": recovery_args if embedded else [],
             }
-            for b in bookies
+            for i in range(args.bookies)
         ],
-        "brokers": [_broker_row(br) for br in brokers],
-        "autorecovery": (
-            {"pid": recovery.proc.pid if recovery.proc else 0, "metrics_port": recovery.metrics_port}
-            if recovery
+        "brokers": [
+            _broker_row(args.broker_port + i, args.broker_http_port + i, state_dir / f"broker-{i}.log")
+            for i in range(getattr(args, "brokers", 0))
+        ],
+        "autorecovery": (  # a standalone one too, on request
+            {
+                "pid": 0,
+                "metrics_port": args.autorecovery_port,
+                "passwords": passwords,
+                "password_file": str(password_file) if password_file is not None else None,
+                "log": str(state_dir / "autorecovery.log"),
+            }
+            if getattr(args, "autorecovery_process", False)
             else None
         ),
     }
-    _state_file(state_dir).write_text(json.dumps(state, indent=2))
+    for kind in ("bookie", "broker"):  # the bookies first: a broker needs them
+        for proc in [_launch(state, kind, row) for row in state[kind + "s"]]:
+            proc.wait_ready(60)
+    recovery = state["autorecovery"] and _launch(state, "autorecovery", state["autorecovery"])
+    if recovery:
+        recovery.wait_ready(60)
+    _write_state(state_dir, state)
     emit(
         args,
         lambda: (
             f"cluster up: ZooKeeper {zk}, bookies "
-            + ", ".join(b.id for b in bookies)
+            + ", ".join(b["id"] for b in state["bookies"])
             + "".join(
-                f"\n  broker {br.id}: service URL {br.service_url}, admin http://127.0.0.1:{br.http_port}"
-                for br in brokers
+                f"\n  broker {br['id']}: service URL {br['service_url']}, admin {br['web_service_url']}"
+                for br in state["brokers"]
             )
             + ("\n  autorecovery: in every bookie (metrics on theirs)" if embedded else "")
             + (
-                f"\n  autorecovery process: http://127.0.0.1:{recovery.metrics_port}/metrics"
+                f"\n  autorecovery process: http://127.0.0.1:{state['autorecovery']['metrics_port']}/metrics"
                 if recovery
                 else ""
             )
@@ -385,15 +378,15 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     return 0
 
 
-def _broker_row(br: BrokerProcess) -> dict[str, Any]:
+def _broker_row(port: int, http_port: int, log: Path) -> dict[str, Any]:
     return {
-        "id": br.id,
-        "pid": br.proc.pid if br.proc else 0,
-        "port": br.port,
-        "http_port": br.http_port,
-        "service_url": br.service_url,
-        "web_service_url": f"http://127.0.0.1:{br.http_port}",
-        "log": str(br.log_path),
+        "id": f"127.0.0.1:{port}",
+        "pid": 0,
+        "port": port,
+        "http_port": http_port,
+        "service_url": f"pulsar://127.0.0.1:{port}",
+        "web_service_url": f"http://127.0.0.1:{http_port}",
+        "log": str(log),
     }
 
 
@@ -423,19 +416,10 @@ def restart_broker(state_dir: Path, index: int = 0) -> dict[str, Any]:
     st = _read_state(state_dir)
     if not st or len(st.get("brokers", [])) <= index:
         raise CommandError(f"no broker {index} in the cluster of {state_dir}")
-    row = st["brokers"][index]
-    _stop_pid(row["pid"])
-    br = BrokerProcess(
-        zk=st["zk"],
-        zk_root=st.get("zk_root", "/ledgerstore"),
-        port=row["port"],
-        http_port=row["http_port"],
-        log_path=Path(row["log"]),
-    )
-    br.start(wait=True)
-    st["brokers"][index] = _broker_row(br)
-    _state_file(state_dir).write_text(json.dumps(st, indent=2))
-    return dict(st["brokers"][index])
+    piece = _Piece(f"broker-{index}", "broker", st["brokers"][index])
+    _stop_piece(state_dir, piece, kill=False)
+    _start_piece(None, state_dir, st, piece)
+    return dict(piece.row)
 
 
 def _read_state(state_dir: Path) -> dict[str, Any] | None:
@@ -467,6 +451,220 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------------------
+# `ledgerstore cluster stop|start|restart TARGET`: one piece of a `cluster up` cluster
+
+
+@dataclass
+class _Piece:
+    """One process of the cluster as `cluster status` lists it: ``name`` (``bookie-1``, ``broker-0``,
+    ``autorecovery``, ``zookeeper``), its kind and its row of the state file (the one ``cluster up`` wrote)."""
+
+    name: str
+    kind: str
+    row: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        ident = self.row.get("id")
+        return f"{self.kind} {ident} ({self.name})" if ident else self.name
+
+    def names(self) -> list[str]:
+        """What picks it on the command line: its name, its id, a broker's service URL."""
+        return [self.name, *(str(self.row[k]) for k in ("id", "service_url") if self.row.get(k))]
+
+
+def _process_of(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServiceProcess:
+    """The process a state row describes: the same ports, id, data directory, flags and log file whenever it is
+    started (rows of state files older than these fields get the values `cluster up` gave then)."""
+    zk, zk_root = st["zk"], st.get("zk_root", "/ledgerstore")
+    if kind == "bookie":
+        data_dir = Path(row["data_dir"])
+        embedded = row.get("autorecovery", True)
+        return BookieProcess(
+            zk=zk,
+            zk_root=zk_root,
+            data_dir=data_dir,
+            port=row.get("port") or int(str(row["id"]).rpartition(":")[2]),
+            http_port=row["http_port"],
+            log_path=Path(row.get("log") or data_dir.parent / f"{data_dir.name}.log"),
+            autorecovery=embedded,
+            extra_args=list(row.get("args", ["--autorecovery-password", ""] if embedded else [])),
+        )
+    if kind == "broker":
+        return BrokerProcess(
+            zk=zk, zk_root=zk_root, port=row["port"], http_port=row["http_port"], log_path=Path(row["log"])
+        )
+    password_file = row.get("password_file")
+    return AutoRecoveryProcess(
+        zk=zk,
+        zk_root=zk_root,
+        metrics_port=row["metrics_port"],
+        passwords=list(row.get("passwords", [""])),
+        password_file=Path(password_file) if password_file else None,
+        log_path=Path(row["log"]) if row.get("log") else None,
+    )
+
+
+def _launch(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServiceProcess:
+    """Start the process ``row`` describes without waiting for it; its pid goes into ``row``."""
+    proc = _process_of(st, kind, row).start(wait=False)
+    assert proc.proc is not None
+    row["pid"] = proc.proc.pid
+    return proc
+
+
+def _write_state(state_dir: Path, st: dict[str, Any]) -> None:
+    """The state file, readable by its owner only (it holds AutoRecovery's ledger passwords)."""
+    f = _state_file(state_dir)
+    tmp = f.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(st, indent=2))
+    tmp.chmod(0o600)
+    os.replace(tmp, f)
+
+
+def _pieces(st: dict[str, Any]) -> list[_Piece]:
+    pieces = [_Piece(f"bookie-{i}", "bookie", row) for i, row in enumerate(st.get("bookies", []))]
+    pieces += [_Piece(f"broker-{i}", "broker", row) for i, row in enumerate(st.get("brokers", []))]
+    if st.get("autorecovery"):
+        pieces.append(_Piece("autorecovery", "autorecovery", st["autorecovery"]))
+    if not st.get("zk_external"):  # a ZooKeeper `cluster up` did not start is not its to stop
+        pieces.append(_Piece("zookeeper", "zookeeper", {"zk": st["zk"]}))
+    return pieces
+
+
+def _find_piece(st: dict[str, Any], target: str) -> _Piece:
+    pieces = _pieces(st)
+    for piece in pieces:
+        if target in piece.names():
+            return piece
+    valid = "; ".join(" or ".join(p.names()) for p in pieces)
+    raise UsageError(f"no {target!r} in this cluster; the targets are: {valid}")
+
+
+def _running(state_dir: Path, piece: _Piece) -> int | None:
+    """The piece's pid if it runs."""
+    if piece.kind == "zookeeper":
+        from zk import launcher
+
+        return launcher.status(state_dir).pid
+    pid = int(piece.row.get("pid") or 0)
+    return pid if pid and _pid_alive(pid) else None
+
+
+def _stop_piece(state_dir: Path, piece: _Piece, kill: bool) -> bool:
+    """SIGTERM (a clean stop; SIGKILL after 15 s) or, with ``kill``, SIGKILL (a crash); True if it ran."""
+    pid = _running(state_dir, piece)
+    if pid is None:
+        return False
+    if piece.kind == "zookeeper":
+        from zk import launcher
+
+        if not kill:
+            return launcher.cli_stop(state_dir)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # the JVM and whatever it forked
+    elif kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    else:
+        return _stop_pid(pid)
+    deadline = time.monotonic() + 10
+    while _running(state_dir, piece) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return True
+
+
+def _wait_bookie(args: argparse.Namespace | None, bp: ServiceProcess, timeout_s: float = 120.0) -> None:
+    """Wait until a bookie started again is healthy. After a crash its /health says 503 "starting" until
+    ZooKeeper expires the crashed process's session (its registration): say so, with a progress line on a
+    terminal, rather than wait in silence."""
+    from ledgerstore.cli import progress_disabled
+
+    assert isinstance(bp, BookieProcess)
+    show = args is not None and not progress_disabled(args)
+    said = False
+    t0 = time.monotonic()
+
+    def ready() -> bool:
+        nonlocal said
+        health = _health(bp.http_port)
+        starting = health is not None and health.get("status") == "starting"
+        if starting and args is not None and time.monotonic() - t0 > 1:  # not a moment of a normal start
+            if not said:
+                print(
+                    f"bookie {bp.id}: /health says starting ({health.get('reason', '?') if health else '?'}); "
+                    "after a crash it registers once ZooKeeper has expired the crashed process's session",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                said = True
+            if show:
+                print(
+                    f"\r  waiting for bookie {bp.id}: {time.monotonic() - t0:.0f}s", end="", file=sys.stderr
+                )
+        return (
+            starting is False
+            and health is not None
+            and health.get("bookie_id") == bp.id
+            and health.get("status") == "ok"
+        )
+
+    try:
+        bp._wait_until(ready, timeout_s, "healthy")
+    finally:
+        if show and said:
+            print(file=sys.stderr)
+
+
+def _start_piece(args: argparse.Namespace | None, state_dir: Path, st: dict[str, Any], piece: _Piece) -> None:
+    """Start a stopped piece as `cluster up` started it, wait until it is ready, record its new pid."""
+    if piece.kind == "zookeeper":
+        from zk import launcher
+
+        launcher.cli_start(state_dir, int(st["zk"].rpartition(":")[2]))
+        return
+    proc = _launch(st, piece.kind, piece.row)
+    try:
+        if piece.kind == "bookie":
+            _wait_bookie(args, proc)
+        else:
+            proc.wait_ready(60)
+    except (RuntimeError, TimeoutError) as e:
+        raise CommandError(f"{piece.label} did not come back: {e}") from e
+    finally:
+        _write_state(state_dir, st)  # its pid, even if it is not ready (so `status` and `down` find it)
+
+
+def _lifecycle(args: argparse.Namespace, state_dir: Path) -> int:
+    """``cluster stop|start|restart TARGET [--kill]``."""
+    st = _read_state(state_dir)
+    if not st:
+        raise CommandError(f"no cluster in {state_dir} (`ledgerstore cluster up` starts one)")
+    piece = _find_piece(st, args.target)
+    kill = getattr(args, "kill", False)
+    data: dict[str, Any] = {"target": piece.name, "kind": piece.kind, "action": args.action}
+    if args.action == "start":
+        pid = _running(state_dir, piece)
+        if pid is not None:
+            emit(
+                args, f"{piece.label} is running already (pid {pid})", {**data, "pid": pid, "started": False}
+            )
+            return 0
+    else:
+        data["was_running"] = _stop_piece(state_dir, piece, kill)
+        how = "killed (SIGKILL)" if kill else "stopped"
+        if args.action == "stop":
+            said = how if data["was_running"] else "was not running"
+            emit(args, f"{piece.label} {said}", data)
+            return 0
+    _start_piece(args, state_dir, st, piece)
+    pid = _running(state_dir, piece)
+    said = "started" if args.action == "start" else ("killed and " if kill else "stopped and ") + "started"
+    emit(args, f"{piece.label} {said} (pid {pid})", {**data, "pid": pid, "started": True})
+    return 0
+
+
 def _zk_unreachable(st: dict[str, Any], state_dir: Path, timeout_s: float = 3.0) -> str | None:
     """Why the cluster's ZooKeeper does not answer a session within ``timeout_s`` (and, for the one `cluster up`
     started, how to start it again), or None if it answers: the processes beside it may be up and still unable
@@ -483,6 +681,20 @@ def _zk_unreachable(st: dict[str, Any], state_dir: Path, timeout_s: float = 3.0)
         return f"no session within {timeout_s:g}s"
     except MetadataError:
         return None  # it answered (and refused something): reachable
+
+
+def _health(http_port: int) -> dict[str, Any] | None:
+    """A bookie's /health answer (a 503 too: a failed or starting bookie says why), None if none came."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=1) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = None
+        with contextlib.suppress(OSError, ValueError):
+            body = json.loads(e.read())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _bookie_health(alive: bool, health: dict[str, Any] | None) -> str:
@@ -506,16 +718,7 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
     rows = []
     for b in st["bookies"]:
         alive = _pid_alive(b["pid"])
-        health = None
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{b['http_port']}/health", timeout=1) as r:
-                health = json.loads(r.read())
-        except urllib.error.HTTPError as e:  # 503: a failed or starting bookie says why
-            with contextlib.suppress(OSError, ValueError):
-                health = json.loads(e.read())
-        except (OSError, ValueError):
-            pass
-        rows.append({**b, "alive": alive, "health": health})
+        rows.append({**b, "alive": alive, "health": _health(b["http_port"])})
     broker_rows = []
     for b in st.get("brokers", []):
         broker_rows.append({**b, "alive": _pid_alive(b["pid"]), "admin": health_ok(b["http_port"])})
@@ -623,9 +826,6 @@ class BrokerProcess(ServiceProcess):
             return False
         return health_ok(self.http_port)
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        self._wait_until(self.ready, timeout_s, "ready")
-
     def restart(self, wait: bool = True) -> BrokerProcess:
         self.stop()
         return self.start(wait=wait)
@@ -670,6 +870,3 @@ class AutoRecoveryProcess(ServiceProcess):
 
     def ready(self) -> bool:
         return health_ok(self.metrics_port)
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        self._wait_until(self.ready, timeout_s, "ready")
