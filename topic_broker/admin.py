@@ -309,7 +309,9 @@ class AdminApp:
     async def check_namespace(self, request: web.Request) -> None:
         """A call on one topic (a route naming ``{topic}``: the topic's calls, its schemas, the HTTP lookup)
         is refused with Pulsar's 404 "Namespace not found" when the topic's tenant or namespace does not exist,
-        before anything is read or written for the topic; a bad name is 412 first."""
+        before anything is read or written for the topic; a bad name is 412 first. The HTTP lookup of a role whose
+        permissions are checked (``--auth-required``) is let through: it is refused as anywhere the role has no
+        grant (403), not told which namespaces exist."""
         if "topic" not in request.match_info or request.match_info.get("domain", PERSISTENT) != PERSISTENT:
             return  # a non-persistent:// name is refused whatever its namespace (``lookup``)
         name = self._topic_name(request)
@@ -318,6 +320,9 @@ class AdminApp:
             return
         policies = await meta.get_policies(name.tenant, name.namespace)
         if policies is None:
+            role = request.get(PRINCIPAL)
+            if request.path.startswith("/lookup/") and self.service.checks_permissions(role):
+                return  # authorized first, as by Pulsar's lookup and the binary one: ``lookup`` answers 403
             raise AdminError(404, NAMESPACE_NOT_FOUND)
         request[NAMESPACE_POLICIES] = policies  # for the call's own use (an open, a permission): one read
 

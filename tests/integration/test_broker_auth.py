@@ -314,14 +314,17 @@ def _commands_answered(secure: SecureCluster, token: str, topic: str) -> dict[st
 def test_a_role_without_permission_learns_nothing_of_which_namespaces_exist(secure: SecureCluster) -> None:
     """As Pulsar, the role is authorized before the namespace is looked for: a role refused in an existing
     namespace is refused in the same words in one that does not exist (it was told TopicNotFound "Namespace not
-    found" there, by the lookups since namespaces were enforced and by PRODUCER and SUBSCRIBE since 4248f36), so
-    it cannot probe for namespaces; a superuser is told the namespace is missing."""
+    found" there, by the lookups since namespaces were enforced and by PRODUCER and SUBSCRIBE since 4248f36; the
+    HTTP lookup 404), so it cannot probe for namespaces; a superuser is told the namespace is missing."""
     from topic_broker import pulsar_api_pb2 as pb
 
     ns = f"ns-{uuid.uuid4().hex[:8]}"
     missing, existing = f"persistent://public/{ns}/t", _topic()
+    alice = secure.tokens["alice"]
     for topic in (missing, existing):
-        answers = _commands_answered(secure, secure.tokens["alice"], topic)
+        status, why = secure.http("GET", "/lookup/v2/topic/" + topic.replace("://", "/"), None, alice)
+        assert (status, why) == (403, {"reason": f"alice is not authorized to produce or consume on {topic}"})
+        answers = _commands_answered(secure, alice, topic)
         assert answers == {
             what: (pb.AuthorizationError, f"alice is not authorized to {actions} on {topic}")
             for what, actions in (
@@ -331,13 +334,18 @@ def test_a_role_without_permission_learns_nothing_of_which_namespaces_exist(secu
                 ("subscribe", "consume"),
             )
         }, topic
-    alice = secure.client(secure.tokens["alice"])
+    client = secure.client(alice)
     try:  # the client raises what the first answer said
-        for call in (alice.create_producer, alice.subscribe):
+        for call in (client.create_producer, client.subscribe):
             with pytest.raises(pulsar.AuthorizationError):
-                call(missing, *(("s",) if call == alice.subscribe else ()))
+                call(missing, *(("s",) if call == client.subscribe else ()))
     finally:
-        alice.close()
+        client.close()
+    lookup = "/lookup/v2/topic/" + missing.replace("://", "/")
+    assert secure.http("GET", lookup, None, secure.tokens[SUPERUSER]) == (
+        404,
+        {"reason": "Namespace not found"},
+    )
     answers = _commands_answered(secure, secure.tokens[SUPERUSER], missing)
     assert answers == dict.fromkeys(
         ("partitioned metadata", "lookup", "producer", "subscribe"), (pb.TopicNotFound, "Namespace not found")
