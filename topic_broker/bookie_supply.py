@@ -23,8 +23,6 @@ __all__ = ["BookieSupply", "BookiesShortError"]
 
 log = logging.getLogger(__name__)
 
-#: While a broker has too few writable bookies, it says so at most this often.
-
 
 class BookiesShortError(ManagedLedgerError):
     """A topic not opened because the broker has fewer writable bookies than a new ledger needs (passing)."""
