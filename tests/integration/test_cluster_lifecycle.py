@@ -81,7 +81,15 @@ def test_a_killed_bookie_is_started_again_while_a_ledger_is_written_then_down_st
     )
     assert json.loads((cluster / "cluster.json").read_text()) == st
 
-    async def write() -> tuple[int, int, list[list[str]]]:
+    def crash_and_start() -> list[subprocess.CompletedProcess[str]]:
+        """kill -9, status, start at once: the crashed process's session has not expired when it starts"""
+        return [
+            _ls("cluster", "stop", "bookie-1", "--kill", *at),
+            _ls("cluster", "status", "--json", *at),
+            _ls("cluster", "start", "bookie-1", *at),
+        ]
+
+    async def write() -> tuple[int, list[list[str]], list[subprocess.CompletedProcess[str]]]:
         bk = await BookKeeper.connect(st["zk"], config=ClientConfig(zk_root=st["zk_root"]))
         try:
             lh = await bk.create_ledger(2, 2, 2, bookies=ids[:2])
@@ -89,33 +97,30 @@ def test_a_killed_bookie_is_started_again_while_a_ledger_is_written_then_down_st
             for _ in range(20):
                 await lh.append(b"entry-%d" % n)
                 n += 1
-            # crashed while the ledger is open and being written: the writes go on
-            kill = asyncio.create_task(asyncio.to_thread(_ls, "cluster", "stop", "bookie-1", "--kill", *at))
-            while not kill.done() or n < 60:
+            # crashed and started again while the ledger is open and being written: the writes go on
+            commands = asyncio.create_task(asyncio.to_thread(crash_and_start))
+            while not commands.done() or n < 60:
                 await lh.append(b"entry-%d" % n)
                 n += 1
-            killed = await kill
-            assert killed.returncode == 0, killed.stdout + killed.stderr
-            assert f"bookie {ids[1]} (bookie-1) killed (SIGKILL)" in killed.stdout
             await lh.close()
             md = await bk.ledger_metadata(lh.ledger_id)
             reader = await bk.open_ledger(lh.ledger_id, recovery=False)
             got = [e.data async for e in reader.read(0, n - 1)]
             assert got == [b"entry-%d" % i for i in range(n)]
-            return lh.ledger_id, n, [list(e.bookies) for e in md.ensembles]
+            return n, [list(e.bookies) for e in md.ensembles], await commands
         finally:
             await bk.close()
 
-    _, n, ensembles = asyncio.run(write())
+    n, ensembles, (killed, down, r) = asyncio.run(write())
     assert n >= 60
     assert ensembles[0] == ids[:2] and ensembles[-1] == [ids[0], ids[2]], ensembles  # an ensemble change
     assert not _alive(victim["pid"])
-    code, status = _status(cluster)
-    assert code == 1
-    assert [b["alive"] for b in status["bookies"]] == [True, False, True]  # type: ignore[attr-defined]
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert killed.stdout.strip() == f"bookie {ids[1]} (bookie-1) killed (SIGKILL)", killed.stdout
+    assert down.returncode == 1, down.stdout + down.stderr
+    assert [b["alive"] for b in json.loads(down.stdout)["bookies"]] == [True, False, True]
 
-    # started again right after the crash: ready once its crashed predecessor's session has expired
-    r = _ls("cluster", "start", "bookie-1", *at)
+    # started right after the crash: ready once its crashed predecessor's session has expired, which it says
     assert r.returncode == 0, r.stdout + r.stderr
     new_pid = json.loads((cluster / "cluster.json").read_text())["bookies"][1]["pid"]
     assert new_pid != victim["pid"] and _alive(new_pid)
@@ -192,5 +197,17 @@ def test_the_broker_restarted_and_a_producer_reconnects_stopped_pieces_show_down
     assert {k: v for k, v in now["brokers"][0].items() if k != "pid"} == {
         k: v for k, v in broker.items() if k != "pid"
     }
+    code, status = _status(cluster)
+    assert code == 0, status
+
+    # the ZooKeeper `cluster up` started is a piece too: stopped, status says it is unreachable (exit 5)
+    r = _ls("cluster", "stop", "zookeeper", *at)
+    assert (r.returncode, r.stdout.strip()) == (0, "zookeeper stopped"), r.stdout + r.stderr
+    r = _ls("cluster", "stop", "zookeeper", *at)
+    assert (r.returncode, r.stdout.strip()) == (0, "zookeeper was not running"), r.stdout + r.stderr
+    code, status = _status(cluster)
+    assert code == 5 and "not running" in str(status["zk_error"]), status
+    r = _ls("cluster", "start", "zookeeper", *at)
+    assert r.returncode == 0, r.stdout + r.stderr
     code, status = _status(cluster)
     assert code == 0, status
