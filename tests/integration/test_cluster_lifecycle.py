@@ -113,7 +113,10 @@ def test_a_killed_bookie_is_started_again_while_a_ledger_is_written_then_down_st
 
     n, ensembles, (killed, down, r) = asyncio.run(write())
     assert n >= 60
-    assert ensembles[0] == ids[:2] and ensembles[-1] == [ids[0], ids[2]], ensembles  # an ensemble change
+    # an ensemble change; the sealed first ensemble may have been re-replicated off the killed bookie too (the
+    # AutoRecovery process does so once the bookie is gone for its session timeout, as the start waits)
+    assert len(ensembles) >= 2 and ensembles[-1] == [ids[0], ids[2]], ensembles
+    assert ensembles[0] in (ids[:2], [ids[0], ids[2]]), ensembles
     assert not _alive(victim["pid"])
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert killed.stdout.strip() == f"bookie {ids[1]} (bookie-1) killed (SIGKILL)", killed.stdout
