@@ -603,12 +603,7 @@ def _wait_bookie(args: argparse.Namespace | None, bp: ServiceProcess, timeout_s:
                 print(
                     f"\r  waiting for bookie {bp.id}: {time.monotonic() - t0:.0f}s", end="", file=sys.stderr
                 )
-        return (
-            starting is False
-            and health is not None
-            and health.get("bookie_id") == bp.id
-            and health.get("status") == "ok"
-        )
+        return health is not None and health.get("bookie_id") == bp.id and health.get("status") == "ok"
 
     try:
         bp._wait_until(ready, timeout_s, "healthy")
