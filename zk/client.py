@@ -237,6 +237,8 @@ class MetadataStore(CompareAndSetUpdate):
         self._connect_string = connect_string
         self._owns_client = owns_client
         self._closed = False
+        #: the topmost znode of the root's path that connect() created (the root or an ancestor); None: all there
+        self._created_root: str | None = None
         self._listeners: list[SessionListener] = []
         self._listeners_lock = threading.Lock()
         self._events: queue.SimpleQueue[SessionState | None] = queue.SimpleQueue()
@@ -301,12 +303,49 @@ class MetadataStore(CompareAndSetUpdate):
             auth=creds,
         )
         try:
-            store.ensure("")
+            store._created_root = store._make_root()
             store._check_access()
         except BaseException:
             store.close()
             raise
         return store
+
+    def _make_root(self) -> str | None:
+        """Create the root and its missing ancestors (empty bodies); the topmost one this created, None if the
+        root was there (in which case this costs one exists call, as an ensure would)."""
+        if self._root == "/" or self.stat("") is not None:
+            return None
+        steps = self._root[1:].split("/")
+        created = None
+        for i in range(1, len(steps) + 1):  # (the root itself is missing: one of these is the first)
+            path = "/" + "/".join(steps[:i])
+            if self._wait(self._client.exists_async(path), path) is None:
+                created = path
+                break
+        self.ensure("")
+        return created
+
+    def remove_created_root(self) -> bool:
+        """Delete again what :meth:`connect` created of the root's path, from the root up to the topmost znode it
+        created, each only while it has no body and no children (a znode another process has written or added
+        to meanwhile stays, and so do its ancestors): a command that fails on a mistyped --zk-root leaves
+        ZooKeeper as it found it. A root that was there stays. Whether all of it went."""
+        if self._created_root is None:
+            return False
+        path = self._root
+        while True:
+            st = self._wait(self._client.exists_async(path), path)
+            if st is not None:
+                if st.dataLength != 0 or st.numChildren != 0:
+                    return False
+                try:
+                    self._wait(self._client.delete_async(path, st.version), path)
+                except (MetadataNotFoundError, MetadataVersionError, MetadataNotEmptyError):
+                    return False
+            if path == self._created_root:
+                self._created_root = None
+                return True
+            path = path.rpartition("/")[0]
 
     def close(self) -> None:
         """Close the session (its ephemeral znodes disappear at once). Idempotent."""

@@ -195,7 +195,8 @@ def existing_instance_id(store: MetadataStore) -> str | None:
     ZooKeeper that ``store``'s root looks like a typo of (``looks_mistyped``) holds one (a new deployment, or
     another cluster beside those there, whose first bookies have not created it yet). Raises
     :class:`NoClusterError`, naming those roots, when one does: ``store``'s root is then most likely a mistyped
-    --zk-root, and what the connection created there (znodes without a body) is removed again."""
+    --zk-root, and what the connection and its client created there (znodes without a body: the root and those
+    of its ancestors that were missing too, ``/ledgerstroe`` of ``/ledgerstroe/prod``) is removed again."""
     try:
         return instance_id(store, create=False)
     except MetadataNotFoundError:
@@ -208,7 +209,9 @@ def existing_instance_id(store: MetadataStore) -> str | None:
         return None
     if store.root != "/":
         with contextlib.suppress(MetadataError):
-            _remove_bodiless(store, "")
+            for child in store.children(""):
+                _remove_bodiless(store, child)
+            store.remove_created_root()
     raise NoClusterError(
         f"no cluster under --zk-root {store.root} in ZooKeeper {store.connect_string} (no {store.root}/"
         f"{layout.INSTANCEID}; clusters there: {', '.join(clusters)})"

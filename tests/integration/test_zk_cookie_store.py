@@ -1,5 +1,7 @@
 """Cookies and the cluster instance id against a real ZooKeeper."""
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -145,8 +147,41 @@ def test_a_mistyped_nested_zk_root_beside_a_cluster_is_refused_naming_it(zk_conn
     with MetadataStore.connect(zk, f"{root}x/prod") as typo, pytest.raises(NoClusterError) as refused:
         existing_instance_id(typo)
     assert f"{root}/prod" in str(refused.value).split("clusters there:")[1], refused.value
+    with MetadataStore.connect(zk, "/") as top:  # its parent, which the connection made too, went with it
+        leftover = top.exists(f"{root}x".lstrip("/"))
+        top.delete(f"{root}x".lstrip("/"), recursive=True, missing_ok=True)
+    assert not leftover, f"{root}x left behind"
+
+
+def test_a_command_refused_on_a_mistyped_nested_root_leaves_zookeeper_as_it_found_it(
+    zk_connect: ZkTarget,
+) -> None:
+    """`ledger list --zk-root /ledgerstroe/prod` (a real command, a real ZooKeeper): the connection makes the
+    root and its missing ancestors; refused, the command removes all it made, and none of what was there before
+    (an empty znode above, the cluster beside)."""
+    zk, root = zk_connect
+    with MetadataStore.connect(zk, f"{root}/prod") as prod:
+        instance_id(prod)
     with MetadataStore.connect(zk, "/") as top:
-        top.delete(f"{root}x".lstrip("/"), missing_ok=True)  # (the typo's own root znode went already)
+        top.create(f"{root}y".lstrip("/"), {})  # an empty znode someone made: found, so kept
+    try:
+        for typo in (f"{root}x/prod", f"{root}y/prod", f"{root}/prod/ledgers-x/x"):
+            r = subprocess.run(
+                [sys.executable, "-m", "ledgerstore.cli", "ledger", "list", "--zk", zk, "--zk-root", typo],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert r.returncode == 4 and f"no cluster under --zk-root {typo}" in r.stderr, r.stderr
+        with MetadataStore.connect(zk, "/") as top:
+            assert not top.exists(f"{root}x".lstrip("/"))
+            assert top.exists(f"{root}y".lstrip("/")) and top.children(f"{root}y".lstrip("/")) == []
+            assert "ledgers-x" not in top.children(f"{root}/prod".lstrip("/"))
+            assert top.exists(f"{root}/prod/INSTANCEID".lstrip("/"))
+    finally:
+        with MetadataStore.connect(zk, "/") as top:
+            for path in (f"{root}x", f"{root}y"):
+                top.delete(path.lstrip("/"), recursive=True, missing_ok=True)
 
 
 def test_another_cluster_beside_one_is_no_typo_and_starts(zk_connect: ZkTarget) -> None:
