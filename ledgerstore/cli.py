@@ -386,6 +386,29 @@ def _finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+_STATE_DIR_OF_A_CLUSTER = (
+    "the `cluster up` state to use: its cluster.json names the cluster's ZooKeeper and root (--zk and --zk-root, "
+    "if given, must be those)"
+)
+
+
+def _state_zk_options(p: argparse.ArgumentParser) -> None:
+    """--zk and --zk-root of a `cluster` command that acts on the cluster its --state-dir records: a check only
+    (ledgerstore.cluster refuses values other than the recorded ones, rather than ignore them)."""
+    p.add_argument(
+        "--zk",
+        default=os.environ.get("LEDGERSTORE_ZK", DEFAULT_ZK),
+        metavar="HOST:PORT",
+        help="the ZooKeeper is the one --state-dir's cluster.json records; given, it must be that one (a check)",
+    )
+    p.add_argument(
+        "--zk-root",
+        default=os.environ.get("LEDGERSTORE_ZK_ROOT", DEFAULT_ZK_ROOT),
+        metavar="PATH",
+        help="the root is the one --state-dir's cluster.json records; given, it must be that one (a check)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="ledgerstore",
@@ -630,9 +653,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "what is running, where"),
     ):
         a = cs.add_parser(name, help=text)
+        if name != "up":
+            _state_zk_options(a)
         _common(a)
         a.add_argument(
-            "--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="data directories, logs, pids"
+            "--state-dir",
+            type=Path,
+            default=Path(DEFAULT_STATE_DIR),
+            help="data directories, logs, pids" if name == "up" else _STATE_DIR_OF_A_CLUSTER,
         )
         a.add_argument("--bookies", type=int, default=3, help="bookie processes (ports from --base-port)")
         a.add_argument("--brokers", type=int, default=1, help="topic brokers (ports 6650.., HTTP 8080..)")
@@ -702,8 +730,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "--kill", action="store_true", help="SIGKILL (a crash, as kill -9) instead of SIGTERM"
             )
         a.add_argument(
-            "--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help="the `cluster up` state to use"
+            "--state-dir", type=Path, default=Path(DEFAULT_STATE_DIR), help=_STATE_DIR_OF_A_CLUSTER
         )
+        _state_zk_options(a)
         _common(a)
     cp.set_defaults(func=_cmd_cluster)
 
@@ -903,6 +932,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(hint)
         args = build_parser().parse_args(normalise_argv(raw))
         args.zk_given = any(t == "--zk" or t.startswith("--zk=") for t in before_dashes)
+        args.zk_root_given = any(t == "--zk-root" or t.startswith("--zk-root=") for t in before_dashes)
         status = _run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
         return status

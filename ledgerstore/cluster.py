@@ -240,6 +240,26 @@ def command(args: argparse.Namespace) -> int:
     return _status(args, state_dir)
 
 
+def _check_recorded_zk(args: argparse.Namespace, st: dict[str, Any], state_dir: Path) -> None:
+    """A command on the cluster a state file records (status, down, stop, start, restart) uses its ZooKeeper and
+    root; --zk or --zk-root given on the command line must name those (a check, as they are for scripts that
+    pass them to every command), and any other value is refused rather than ignored."""
+    recorded = {"--zk": st.get("zk"), "--zk-root": st.get("zk_root", "/ledgerstore")}
+    given = {
+        "--zk": args.zk if getattr(args, "zk_given", False) else None,
+        "--zk-root": args.zk_root.rstrip("/") or "/" if getattr(args, "zk_root_given", False) else None,
+    }
+    wrong = [
+        f"{flag} {given[flag]}" for flag in given if given[flag] is not None and given[flag] != recorded[flag]
+    ]
+    if wrong:
+        raise UsageError(
+            f"{' and '.join(wrong)}: `cluster {args.action}` acts on the cluster {state_dir}/cluster.json records "
+            f"(ZooKeeper {recorded['--zk']}, root {recorded['--zk-root']}); leave them out, or give the "
+            "--state-dir of the cluster you mean"
+        )
+
+
 def _check_ports_free(ports: list[tuple[int, str]]) -> None:
     """Refuse to start when a port the cluster needs is taken (another cluster, another program): the process
     given it would fail to bind, and a health check could be answered by whoever holds the port."""
@@ -434,6 +454,8 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     from zk import launcher
 
     st = _read_state(state_dir) or {"bookies": []}
+    if "zk" in st:
+        _check_recorded_zk(args, st, state_dir)
     if st.get("autorecovery"):  # first: bookies stopping one by one must not look lost to it
         _stop_pid(st["autorecovery"]["pid"])
     brokers_stopped = sum(_stop_pid(b["pid"]) for b in st.get("brokers", []))  # before the bookies
@@ -636,6 +658,7 @@ def _lifecycle(args: argparse.Namespace, state_dir: Path) -> int:
     st = _read_state(state_dir)
     if not st:
         raise CommandError(f"no cluster in {state_dir} (`ledgerstore cluster up` starts one)")
+    _check_recorded_zk(args, st, state_dir)
     piece = _find_piece(st, args.target)
     kill = getattr(args, "kill", False)
     data: dict[str, Any] = {"target": piece.name, "kind": piece.kind, "action": args.action}
@@ -710,6 +733,7 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
     if not st:
         emit(args, f"no cluster in {state_dir}", {"running": False})
         return 1
+    _check_recorded_zk(args, st, state_dir)
     rows = []
     for b in st["bookies"]:
         alive = _pid_alive(b["pid"])
