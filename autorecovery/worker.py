@@ -78,6 +78,7 @@ class ReplicationWorker:
         self._clock = clock
         self._bucket = TokenBucket(config.throttle_bytes_per_s, clock())
         self._passwords = PasswordBook(config.passwords)
+        self._said_no_password: set[int] = set()  # ledgers whose missing password was logged (once each)
 
     async def _zk(self, fn: Callable[..., object], *args: object) -> object:
         return await _meta(functools.partial(fn, *args))
@@ -87,13 +88,9 @@ class ReplicationWorker:
     async def run(self, stop: asyncio.Event) -> None:
         failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away: a line a minute, not per pass)
         while not stop.is_set():
-            try:
+            worked = 0
+            with failing.catching((E.LedgerError, OSError), "replication worker %s", self.owner):
                 worked = await self.run_once()
-            except (E.LedgerError, OSError) as e:
-                failing.warning("replication worker %s: %s", self.owner, e)
-                worked = 0
-            else:
-                failing.reset()
             if not worked:
                 try:
                     await asyncio.wait_for(stop.wait(), self.config.poll_interval_s)
@@ -164,6 +161,14 @@ class ReplicationWorker:
             assert md is not None
             password = await self._passwords.of(md)
             if password is None:
+                if ledger_id not in self._said_no_password:
+                    self._said_no_password.add(ledger_id)
+                    log.warning(
+                        "ledger=%d stays marked: none of the %d configured passwords is its (give it with "
+                        "--password, in a bookie --autorecovery-password)",
+                        ledger_id,
+                        len(self.config.passwords),
+                    )
                 return Outcome(ledger_id, "failed", why="none of the configured passwords is the ledger's")
             if d.action is Action.RECOVER:
                 if recovered:
