@@ -3,7 +3,7 @@
 A topic's tenant and namespace must exist before the topic, as in Pulsar (``public/default`` always does):
 ``ledgerstore tenant create acme``, then ``ledgerstore namespace create acme/orders``.
 
-Admin verbs (create, list, delete, stats, internal-stats) call the broker's REST (``--url``, default
+Admin verbs (create, list, delete, stats, internal-stats, compact, compaction-status) call the broker's REST (``--url``, default
 ``$LEDGERSTORE_BROKER_HTTP`` or ``http://127.0.0.1:8080``) and follow its redirects to a topic's owner;
 produce and consume use the official ``pulsar-client`` on ``--service-url`` (``$LEDGERSTORE_BROKER_URL`` or
 ``pulsar://127.0.0.1:6650``).
@@ -252,6 +252,49 @@ def _internal_stats(args: argparse.Namespace) -> int:
         return "\n".join(lines)
 
     emit(args, human, all_stats[full] if not n else all_stats)
+    return 0
+
+
+def _partition_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(REST path, full name) of the topic, or of each of its partitions."""
+    path, _full = topic_path(args.name)
+    n = _partitions(args, path)
+    return [topic_path(f"{args.name}-partition-{i}") for i in range(n)] if n else [topic_path(args.name)]
+
+
+def _compaction_status(args: argparse.Namespace) -> int:
+    """pulsar-admin's ``topics compaction-status [--wait-complete]``: each (partition's) last compaction."""
+    targets = _partition_paths(args)
+    deadline = time.monotonic() + args.timeout_s
+    statuses: dict[str, Any] = {}
+    for path, full in targets:
+        while True:
+            st = rest(args.url, "GET", f"{path}/compaction")
+            if not args.wait or st.get("status") != "RUNNING":
+                break
+            if time.monotonic() > deadline:
+                raise CommandError(f"{full}: compaction still running after {args.timeout_s:g} s")
+            time.sleep(0.2)
+        statuses[full] = st
+
+    def human() -> str:
+        return "\n".join(
+            f"{f}: {st.get('status')}" + (f" ({st['lastError']})" if st.get("lastError") else "")
+            for f, st in statuses.items()
+        )
+
+    emit(args, human, statuses)
+    return 1 if any(st.get("status") == "ERROR" for st in statuses.values()) else 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    """pulsar-admin's ``topics compact``: start compacting the topic (each partition); ``--wait`` for the end."""
+    targets = _partition_paths(args)
+    for path, _full in targets:
+        rest(args.url, "PUT", f"{path}/compaction")
+    if args.wait:
+        return _compaction_status(args)
+    emit(args, "\n".join(f"compaction of {f} started" for _, f in targets), {f: True for _, f in targets})
     return 0
 
 
@@ -653,3 +696,16 @@ def add_topic_commands(
     p.add_argument("name", help="topic name")
     p = verb("internal-stats", "ledgers and cursors of a topic (each partition's)", _internal_stats)
     p.add_argument("name", help="topic name")
+    for name, help_text, fn, wait_help in (
+        ("compact", "compact a topic: keep the latest message per key", _compact, "wait until it ends"),
+        (
+            "compaction-status",
+            "the last compaction of a topic (on its owner)",
+            _compaction_status,
+            "wait while it runs",
+        ),
+    ):
+        p = verb(name, help_text, fn)
+        p.add_argument("name", help="topic name")
+        p.add_argument("--wait", "-w", action="store_true", help=wait_help)
+        p.add_argument("--timeout-s", type=float, default=300.0, help="give up waiting after this long")

@@ -10,7 +10,8 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
   ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
-  ``skip_all``), ``lastMessageId``, ``examinemessage``, a message by id, ``unload``.
+  ``skip_all``), ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``compaction`` (``PUT``
+  starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``).
 - ``/lookup/v2/topic/{domain}/{t}/{ns}/{topic}``: the owner's URLs; any broker answers for any topic and takes
   ownership when nobody holds it, as the binary LOOKUP does. A ``non-persistent`` topic (and its
   ``/admin/v2/non-persistent/…/partitions``, 0) is answered with this broker's URLs, for the binary protocol to
@@ -69,6 +70,7 @@ from zk.managed_ledgers import (
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
 from .bookie_supply import BookiesShortError
+from .compaction import CompactionRunningError
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
@@ -1055,6 +1057,7 @@ class AdminApp:
             "ledgers": ledgers,
             "cursors": cursors,
             "properties": dict(ml.properties),
+            "compactedLedger": topic.compaction.ledger_stats(),
         }
         return _json(out)
 
@@ -1080,6 +1083,22 @@ class AdminApp:
             return _no_content()
         await self.service.unload(name)
         return _no_content()
+
+    async def compaction_trigger(self, request: web.Request) -> web.Response:
+        """Start compacting the topic (``pulsar-admin topics compact``); 409 while a compaction runs."""
+        topic = await self._owned_topic(request, self._topic_name(request))
+        try:
+            topic.compaction.trigger()
+        except CompactionRunningError as e:
+            raise AdminError(409, str(e)) from e
+        return _no_content()
+
+    async def compaction_status(self, request: web.Request) -> web.Response:
+        """The last compaction's status on this owner (``pulsar-admin topics compaction-status``): NOT_RUN,
+        RUNNING, SUCCESS or ERROR with its reason."""
+        topic = await self._owned_topic(request, self._topic_name(request))
+        c = topic.compaction
+        return _json({"status": c.status.value, "lastError": c.last_error})
 
     async def _message_response(self, topic: Topic, pos: Position, batch_index: int) -> web.Response:
         try:
@@ -1451,6 +1470,8 @@ class AdminApp:
         r.add_get(t + "/internalStats", self.internal_stats)
         r.add_get(t + "/lastMessageId", self.last_message_id)
         r.add_put(t + "/unload", self.unload)
+        r.add_put(t + "/compaction", self.compaction_trigger)
+        r.add_get(t + "/compaction", self.compaction_status)
         r.add_get(t + "/examinemessage", self.examine_message)
         r.add_get(t + "/ledger/{ledger}/entry/{entry}", self.message_by_id)
         r.add_get(t + "/subscriptions", self.subscriptions)

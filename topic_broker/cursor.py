@@ -311,6 +311,16 @@ class ManagedCursor:
         self._dirty = True
         await self.flush()
 
+    async def mark_delete_with(self, position: Position, properties: Mapping[str, int]) -> None:
+        """Pulsar's ``markDelete(position, properties)``, saved now (a compare-and-set, as every save): everything
+        up to ``position`` acknowledged, the cursor's properties replaced. The compactor records its compacted
+        ledger so."""
+        self.cursor.reset(Position(*position))
+        self.properties = dict(properties)
+        self.read_position = self.ml.next_position(self.cursor.mark_delete)
+        self._dirty = True
+        await self.flush()
+
     async def read_entries(self, max_entries: int) -> list[tuple[Position, bytes]]:
         """The next entries from ``read_position`` on that are not acknowledged yet; advances ``read_position``."""
         if self.read_position <= self.mark_delete:

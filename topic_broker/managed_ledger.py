@@ -967,7 +967,15 @@ class ManagedLedger:
 # --- helpers -----------------------------------------------------------------------------------------------------
 
 
-async def _create_ledger(bk: BookKeeper, config: ManagedLedgerConfig, name: str) -> LedgerHandle:
+async def _create_ledger(
+    bk: BookKeeper,
+    config: ManagedLedgerConfig,
+    name: str,
+    component: bytes = COMPONENT,
+    extra: Mapping[str, bytes] | None = None,
+) -> LedgerHandle:
+    """A ledger of the managed ledger ``name`` (or, with another ``component``, one that belongs to it: its
+    compacted ledger), with ``extra`` custom metadata."""
     try:
         return await bk.create_ledger(
             config.ensemble_size,
@@ -976,8 +984,9 @@ async def _create_ledger(bk: BookKeeper, config: ManagedLedgerConfig, name: str)
             password=config.password,
             custom_metadata={
                 "application": APPLICATION,
-                "component": COMPONENT,
+                "component": component,
                 "managed-ledger": name.encode(),
+                **(extra or {}),
             },
         )
     except LE.LedgerError as e:

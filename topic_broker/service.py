@@ -37,6 +37,7 @@ from urllib.parse import unquote
 import zk
 from bookie.auth import TokenError, TokenVerifier
 from ledger_client import BookKeeper, ClientConfig
+from ledger_client import errors as LE
 from zk.managed_ledgers import (
     BacklogQuota,
     BrokerInfo,
@@ -52,6 +53,7 @@ from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
 from .bookie_supply import BookiesShortError, BookieSupply
+from .compaction import COMPACTION_SUBSCRIPTION, TopicCompaction, compacted_out_mask, last_kept_index
 from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
@@ -356,6 +358,9 @@ class SubscriptionRuntime:
         self.mark_delete: Position = cursor.mark_delete if cursor else self._before(start)
         self._delay_timer: asyncio.TimerHandle | None = None
         self._delay_timer_at = 0  # Unix ms the timer is set for
+        #: a consumer subscribed with read_compacted: reads up to the compaction horizon come from the
+        #: compacted ledger (``_read_compacted``)
+        self.read_compacted = False
 
     @property
     def durable(self) -> bool:
@@ -475,6 +480,9 @@ class SubscriptionRuntime:
                     self.topic.key, self.name, entry.num_messages, len(entry.data) if entry.data else 0
                 )
             elif isinstance(cmd, Read):
+                if self._compacted_before(cmd.start):
+                    self.topic.service.spawn(self._read_compacted(cmd))
+                    continue
                 # At the tail the entries are in the cache: dispatched now, not by a task per read
                 cached = self.topic.ml.read_cached(Position(*cmd.start), cmd.max_entries)
                 if cached is None:
@@ -534,15 +542,59 @@ class SubscriptionRuntime:
         entries = [_dispatch_entry(p, d) for p, d in got if not self._acked(p)]
         self.execute(self.core.on_read(cmd.epoch, entries, nxt, at_end=False, now_ms=time.time() * 1000))
 
+    def _compacted_before(self, start: tuple[int, int]) -> bool:
+        horizon = self.topic.compaction.horizon if self.read_compacted else None
+        return horizon is not None and Position(*start) <= horizon
+
+    def _compacted_entry(self, pos: Position, data: bytes) -> DispatchEntry:
+        """A compacted-ledger entry to dispatch: the messages of a batch that compaction left out count as
+        acknowledged, so its ack set leaves them out."""
+        mask = compacted_out_mask(data)
+        if mask:
+            self.core.restore_batch_acks([(pos, mask)])
+        return _dispatch_entry(pos, data)
+
+    async def _read_compacted(self, cmd: Read) -> None:
+        """A read at or before the compaction horizon: the compacted ledger's entries from ``cmd.start`` on
+        (with their original positions), then, once it is read to its end, the topic after the horizon."""
+        ml = self.topic.ml
+        view = self.topic.compaction.view
+        if view is None or Position(*cmd.start) > view.horizon:
+            await self._read(cmd)
+            return
+        try:
+            start = Position(*cmd.start)
+            first = 0 if start.ledger_id < 0 else await view.find(start)
+            got = await view.read(first, cmd.max_entries)
+        except (LE.LedgerError, wire.EntryFormatError) as e:
+            log.warning("topic=%s sub=%s compacted read failed: %s", self.topic.name, self.name, e)
+            self.core.on_read_failed(cmd.epoch)
+            await asyncio.sleep(1.0)
+            self.execute(self.core.resume())
+            return
+        if got and first + len(got) < view.entries:
+            last = got[-1][0]
+            nxt = Position(last.ledger_id, last.entry_id + 1)
+        else:
+            nxt = ml.next_position(view.horizon)
+        entries = [self._compacted_entry(p, d) for p, d in got if not self._acked(p)]
+        self.execute(self.core.on_read(cmd.epoch, entries, nxt, at_end=False, now_ms=time.time() * 1000))
+
     async def _read_replay(self, cmd: ReadReplay) -> None:
         ml = self.topic.ml
         out: list[DispatchEntry] = []
         try:
             for pos in cmd.positions:
+                if self._compacted_before(pos):
+                    view = self.topic.compaction.view
+                    data = await view.read_at(Position(*pos)) if view is not None else None
+                    if data is not None:
+                        out.append(self._compacted_entry(Position(*pos), data))
+                    continue
                 got = await ml.read_entries(Position(*pos), 1)
                 if got and got[0][0] == pos:
                     out.append(_dispatch_entry(got[0][0], got[0][1]))
-        except ManagedLedgerError as e:
+        except (ManagedLedgerError, LE.LedgerError, wire.EntryFormatError) as e:
             log.warning("topic=%s sub=%s replay read failed: %s", self.topic.name, self.name, e)
             self.core.on_read_failed(cmd.epoch)
             await asyncio.sleep(1.0)
@@ -700,6 +752,23 @@ def _schema_info(schema: pb.Schema) -> SchemaInfo:
     )
 
 
+#: the start of a compacted reader at the earliest message (``Topic.earliest``)
+EARLIEST_COMPACTED = Position(-1, 0)
+
+
+def read_compacted_refusal(cmd: pb.CommandSubscribe) -> str | None:
+    """Why a SUBSCRIBE is refused for compaction's sake (Pulsar's NotAllowed), or None: read_compacted only
+    on an Exclusive or Failover subscription or a reader, and the compactor's subscription is its own."""
+    if cmd.subscription == COMPACTION_SUBSCRIPTION:
+        return f"Subscription name {COMPACTION_SUBSCRIPTION} is reserved for topic compaction"
+    if cmd.read_compacted and cmd.subType not in (
+        pb.CommandSubscribe.Exclusive,
+        pb.CommandSubscribe.Failover,
+    ):
+        return "readCompacted only allowed on failover or exclusive subscriptions"
+    return None
+
+
 def _position(mid: pb.MessageIdData) -> Position:
     """A client's message id as a signed position (the earliest id (−1, −1) arrives as uint64 2**64 − 1)."""
     return Position(wire.signed64(mid.ledgerId), wire.signed64(mid.entryId))
@@ -739,6 +808,7 @@ class Topic:
         self.msg_in = 0
         self.bytes_in = 0
         self.tick_failures = RateLimitedLog(log, LOG_EVERY_S)  # its housekeeping's failure lines
+        self.compaction = TopicCompaction(ml, ml.bk)  # its compacted view and compactor
 
     # -- producers ------------------------------------------------------------------------------------------
 
@@ -897,6 +967,7 @@ class Topic:
         target = start.previous()
         await ml.refresh_cursors()
         names = {*ml.cursors, *(await self.service.stored_cursor_names(self))}
+        names.discard(COMPACTION_SUBSCRIPTION)  # its mark-delete is the compaction horizon: never moved so
         for name in sorted(names):
             rt = self.subscriptions.get(name)
             if rt is not None and rt.cursor is not None:
@@ -956,11 +1027,19 @@ class Topic:
             if mid.ledger_id == INT64_MAX or mid.entry_id == INT64_MAX:
                 return self.ml.next_position(self.ml.last_confirmed_position())
             if mid.ledger_id < 0 or mid.entry_id < 0:
-                return self.ml.first_position()
+                return self.earliest(s.read_compacted)
             return mid
         if s.initialPosition == pb.CommandSubscribe.Earliest:
-            return self.ml.first_position()
+            return self.earliest(s.read_compacted)
         return self.ml.next_position(self.ml.last_confirmed_position())
+
+    def earliest(self, read_compacted: bool) -> Position:
+        """Where a reader or seek to the earliest message starts: the first stored entry, or for a compacted
+        reader of a compacted topic the compacted ledger's first entry, which may be older (retention may have
+        trimmed the ledgers before the horizon): ``EARLIEST_COMPACTED``, before every position."""
+        if read_compacted and self.compaction.horizon is not None:
+            return EARLIEST_COMPACTED
+        return self.ml.first_position()
 
     # -- stats ----------------------------------------------------------------------------------------------
 
@@ -995,6 +1074,7 @@ class Topic:
                 for n, s in self.subscriptions.items()
             },
             "properties": dict(self.ml.properties),
+            "compactedLedger": self.compaction.ledger_stats(),
         }
 
 
@@ -1343,6 +1423,13 @@ class BrokerService:
             raise
         topic = Topic(self, name, ml, dedup)
         topic.quota = quota
+        try:
+            await topic.compaction.load()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await ml.close()
+            await self.meta.release_ownership(name.ml_name, self.config.id)
+            raise
         await topic.scan_tail()
         log.info("broker=%s now serves topic=%s", self.config.id, name)
         return topic
@@ -1389,6 +1476,8 @@ class BrokerService:
 
     async def _close_topic(self, topic: Topic) -> None:
         with contextlib.suppress(Exception):
+            await topic.compaction.close()
+        with contextlib.suppress(Exception):
             await topic.ml.close()
         if self.meta is not None and not self._session_lost:
             with contextlib.suppress(Exception):
@@ -1411,6 +1500,7 @@ class BrokerService:
             with contextlib.suppress(ManagedLedgerError, zk.MetadataError):
                 await c.close()
         try:
+            await topic.compaction.delete()
             await topic.ml.delete()
             if not topic.name.is_partition and self.meta is not None:
                 await self.meta.delete_schemas(topic.name.ml_name)  # a partitioned topic's are its own
@@ -1701,6 +1791,10 @@ class BrokerService:
         if not cmd.subscription:  # as Pulsar (a NamingException): not a znode name to fail on later
             s.send(wire.error(cmd.request_id, pb.InvalidTopicName, "Empty subscription name"))
             return
+        refusal = read_compacted_refusal(cmd)
+        if refusal is not None:
+            s.send(wire.error(cmd.request_id, pb.NotAllowedError, refusal))
+            return
         try:
             refused = await self._schema_refused(topic, cmd.schema) if cmd.HasField("schema") else None
             if refused is not None:
@@ -1719,6 +1813,10 @@ class BrokerService:
             s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}
         )
         s.consumers[cmd.consumer_id] = c
+        if cmd.read_compacted and not sub.consumers:
+            sub.read_compacted = True
+        elif not sub.consumers:
+            sub.read_compacted = False
         try:
             sub.add_consumer(
                 c,
@@ -1807,7 +1905,7 @@ class BrokerService:
         elif cmd.HasField("message_id"):
             mid = _position(cmd.message_id)
             if mid.ledger_id < 0 or mid.entry_id < 0:
-                pos = ml.first_position()
+                pos = sub.topic.earliest(sub.read_compacted)
             elif mid.ledger_id == INT64_MAX:
                 pos = ml.next_position(ml.last_confirmed_position())
             else:
@@ -1833,7 +1931,21 @@ class BrokerService:
         topic = c.sub.topic
         last = topic.ml.last_confirmed_position()
         batch_index = -1
-        if last.entry_id >= 0:
+        view = topic.compaction.view if c.sub.read_compacted else None
+        if view is not None and last <= view.horizon:
+            # nothing after the horizon: a compacted reader's last message is the compacted ledger's (the
+            # topic's may be compacted away, and it would wait for it)
+            try:
+                kept = await view.last()
+            except (LE.LedgerError, wire.EntryFormatError) as e:
+                s.send(wire.error(cmd.request_id, pb.PersistenceError, str(e)))
+                return
+            last, batch_index = (
+                (Position(view.horizon.ledger_id, -1), -1)
+                if kept is None
+                else (kept[0], last_kept_index(kept[1]))
+            )
+        elif last.entry_id >= 0:
             if topic.last_entry_messages is None:
                 try:
                     md, _ = wire.parse_entry(await topic.ml.read_entry(last), verify_checksum=False)

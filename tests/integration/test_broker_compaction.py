@@ -4,6 +4,8 @@ the module (broker tests are slow); every test uses its own topics and every wai
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,28 +13,29 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import Brokers, module_cluster
-from tests.integration.test_broker_pulsar_client import client, topic_name
+from tests.broker_testing import module_cluster
+from tests.integration.test_broker_admin import ledgerstore
+from tests.integration.test_broker_client_features3 import admin
+from tests.integration.test_broker_pulsar_client import _connect, _raw, client, topic_name
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
 
 pulsar = pytest.importorskip("pulsar")
+T = pb.BaseCommand
 
 
 @pytest.fixture(scope="module")
-def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
-    with module_cluster(zk_server, tmp_path_factory.mktemp("compaction")) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def bp(brokers: Brokers) -> BrokerProcess:
-    return brokers.procs[0]
+def bp(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """The module's broker (3 bookies behind it), restarted by one test."""
+    with module_cluster(zk_server, tmp_path_factory.mktemp("compaction")) as brokers:
+        yield brokers.procs[0]
 
 
 @pytest.fixture
 def c(bp: BrokerProcess) -> Iterator[Any]:
-    cl = client(bp)
-    yield cl
-    cl.close()
+    """A pulsar-client on the module's broker, closed after the test."""
+    with contextlib.closing(client(bp)) as cl:
+        yield cl
 
 
 def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -69,3 +72,209 @@ def test_table_view_reads_the_latest_value_per_key_and_follows_updates(c: Any) -
         assert view.get("b") == b"2"
     finally:
         view.close()
+
+
+def topic_path(t: str) -> str:
+    return f"/admin/v2/persistent/public/default/{t}"
+
+
+def compact(bp: BrokerProcess, t: str) -> None:
+    """Trigger a compaction through the admin REST and wait for its SUCCESS."""
+    assert admin(bp, "GET", topic_path(t) + "/compaction")["status"] in ("NOT_RUN", "SUCCESS")
+    admin(bp, "PUT", topic_path(t) + "/compaction")
+    status: dict[str, Any] = {}
+
+    def done() -> bool:
+        status.update(admin(bp, "GET", topic_path(t) + "/compaction"))
+        return status["status"] != "RUNNING"
+
+    wait_for("the compaction", done)
+    assert status == {"status": "SUCCESS", "lastError": ""}
+
+
+def read_compacted(c: Any, t: str) -> list[tuple[str, bytes, str]]:
+    """(key, value, message id) of everything a compacted reader from the earliest message reads."""
+    r = c.create_reader(t, pulsar.MessageId.earliest, is_read_compacted=True)
+    try:
+        out = []
+        while r.has_message_available():
+            m = r.read_next(timeout_millis=10_000)
+            out.append((m.partition_key(), m.data(), str(m.message_id())))
+        return out
+    finally:
+        r.close()
+
+
+def test_compaction_keeps_the_latest_message_per_key_with_its_original_id(c: Any, bp: BrokerProcess) -> None:
+    t = topic_name()
+    p = c.create_producer(t, batching_enabled=False)
+    send_all(p, [("a", b"1"), ("b", b"1"), ("a", b"2"), (None, b"keyless"), ("c", b"1"), ("c", b"")])
+    bp_ = c.create_producer(
+        t, batching_enabled=True, batching_max_messages=3, batching_max_publish_delay_ms=60_000
+    )
+    for key, value in [("d", b"1"), ("e", b"1"), ("d", b"2")]:  # one batch entry
+        bp_.send_async(value, None, partition_key=key)
+    bp_.flush()
+    whole = read_compacted(c, t)  # not compacted yet: the whole topic
+    assert [(k, v) for k, v, _ in whole] == [
+        ("a", b"1"), ("b", b"1"), ("a", b"2"), ("", b"keyless"), ("c", b"1"), ("c", b""),
+        ("d", b"1"), ("e", b"1"), ("d", b"2"),
+    ]  # fmt: skip
+    ids = {(k, v): mid for k, v, mid in whole}
+    stats = admin(bp, "GET", topic_path(t) + "/internalStats")
+    assert stats["compactedLedger"]["ledgerId"] == -1
+    compact(bp, t)
+    expected = [("b", b"1"), ("a", b"2"), ("", b"keyless"), ("e", b"1"), ("d", b"2")]
+    got = read_compacted(c, t)
+    assert [(k, v) for k, v, _ in got] == expected
+    assert [mid for _, _, mid in got] == [ids[kv] for kv in expected]  # the original ids, batch indexes too
+    first = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]
+    assert first["ledgerId"] >= 0 and first["entries"] == 4  # b, a, keyless, the batch
+    # a reader without read_compacted still reads everything; later messages follow the compacted view
+    plain = c.create_reader(t, pulsar.MessageId.earliest)
+    assert len([plain.read_next(10_000) for _ in range(9)]) == 9
+    plain.close()
+    send_all(p, [("f", b"1"), ("a", b"3"), ("b", b"")])
+    got = read_compacted(c, t)
+    assert [(k, v) for k, v, _ in got] == [*expected, ("f", b"1"), ("a", b"3"), ("b", b"")]
+    # a second compaction: the previous compacted view plus what came after it, its ledger replaced
+    compact(bp, t)
+    got = read_compacted(c, t)
+    assert [(k, v) for k, v, _ in got] == [
+        ("", b"keyless"),
+        ("e", b"1"),
+        ("d", b"2"),
+        ("f", b"1"),
+        ("a", b"3"),
+    ]
+    second = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]
+    assert second["ledgerId"] not in (-1, first["ledgerId"])
+    subs = admin(bp, "GET", topic_path(t) + "/subscriptions")
+    assert "__compaction" in subs
+
+
+def test_compacted_consumer_acks_seeks_and_shared_is_refused(c: Any, bp: BrokerProcess) -> None:
+    t = topic_name()
+    p = c.create_producer(t, batching_enabled=False)
+    send_all(p, [("k", b"1"), ("k", b"2"), ("j", b"1"), ("k", b"3")])
+    compact(bp, t)
+    send_all(p, [("j", b"2")])
+    cons = c.subscribe(t, "s", is_read_compacted=True, initial_position=pulsar.InitialPosition.Earliest)
+    got = [cons.receive(10_000) for _ in range(3)]
+    assert [(m.partition_key(), m.data()) for m in got] == [("j", b"1"), ("k", b"3"), ("j", b"2")]
+    cons.acknowledge(got[0])
+    cons.seek(pulsar.MessageId.earliest)  # back to the compacted start
+    again = [cons.receive(10_000) for _ in range(3)]
+    assert [m.data() for m in again] == [b"1", b"3", b"2"]
+    cons.acknowledge_cumulative(again[-1])
+    cons.close()
+    cons = c.subscribe(t, "s", is_read_compacted=True)
+    with pytest.raises(pulsar.Timeout):
+        cons.receive(1000)  # all acknowledged
+    cons.close()
+    for sub_type in (pulsar.ConsumerType.Shared, pulsar.ConsumerType.KeyShared):
+        with pytest.raises(pulsar.InvalidConfiguration):  # the client refuses it before the broker would
+            c.subscribe(t, "shared", consumer_type=sub_type, is_read_compacted=True)
+    s = _raw(bp)
+    try:
+        _connect(s)
+        sub = pb.CommandSubscribe(
+            topic=f"persistent://public/default/{t}",
+            subscription="shared",
+            subType=pb.CommandSubscribe.Shared,
+            consumer_id=1,
+            request_id=7,
+            read_compacted=True,
+        )
+        s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=sub)))
+        frames = wire.FrameDecoder().feed(s.recv(65536))
+        assert frames[0].command.type == T.ERROR
+        assert frames[0].command.error.error == pb.NotAllowedError
+        assert "failover or exclusive" in frames[0].command.error.message
+    finally:
+        s.close()
+
+
+def test_table_view_after_compaction_and_a_broker_restart(c: Any, bp: BrokerProcess) -> None:
+    t = topic_name()
+    p = c.create_producer(t, batching_enabled=False)
+    send_all(p, [("a", b"1"), ("b", b"1"), ("a", b"2"), ("b", b""), ("c", b"1")])
+    compact(bp, t)
+    send_all(p, [("c", b"2")])
+    view = c.create_table_view(t)
+    try:
+        assert table(view) == {"a": b"2", "c": b"2"}
+        send_all(p, [("d", b"1")])
+        wait_for("a later update", lambda: table(view) == {"a": b"2", "c": b"2", "d": b"1"})
+    finally:
+        view.close()
+    before = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]
+    p.close()
+    bp.restart()  # the next owner reads the compacted view back from the __compaction cursor
+    c2 = client(bp)
+    try:
+        assert [(k, v) for k, v, _ in read_compacted(c2, t)] == [
+            ("a", b"2"),
+            ("c", b"1"),
+            ("c", b"2"),
+            ("d", b"1"),
+        ]
+        assert admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"] == before
+        view = c2.create_table_view(t)
+        assert table(view) == {"a": b"2", "c": b"2", "d": b"1"}
+        view.close()
+    finally:
+        c2.close()
+
+
+def test_cli_compacts_each_partition_and_reports_its_status(c: Any, bp: BrokerProcess) -> None:
+    t = topic_name()
+    admin(bp, "PUT", topic_path(t) + "/partitions", 2)
+    p = c.create_producer(t, batching_enabled=False)
+    send_all(p, [(k, v) for v in (b"1", b"2") for k in ("a", "b", "c", "d")])
+    urls = ["--url", f"http://127.0.0.1:{bp.http_port}"]
+    r = ledgerstore("topic", "compaction-status", t, *urls, "--json")
+    assert r.returncode == 0, r.stderr
+    assert {s["status"] for s in json.loads(r.stdout).values()} == {"NOT_RUN"}
+    r = ledgerstore("topic", "compact", t, "--wait", *urls, "--json")
+    assert r.returncode == 0, r.stderr
+    statuses = json.loads(r.stdout)
+    assert sorted(statuses) == [f"persistent://public/default/{t}-partition-{i}" for i in range(2)]
+    assert {s["status"] for s in statuses.values()} == {"SUCCESS"}
+    view = c.create_table_view(t)
+    try:
+        assert table(view) == {"a": b"2", "b": b"2", "c": b"2", "d": b"2"}
+    finally:
+        view.close()
+    r = ledgerstore("topic", "compaction-status", t, *urls)
+    assert r.returncode == 0 and r.stdout.count(": SUCCESS") == 2
+
+
+def test_retention_trims_only_what_the_compacted_ledger_covers(c: Any, bp: BrokerProcess) -> None:
+    t = topic_name()
+    p = c.create_producer(t, batching_enabled=False)
+
+    def ledgers() -> list[int]:
+        return [li["ledgerId"] for li in admin(bp, "GET", topic_path(t) + "/internalStats")["ledgers"]]
+
+    send_all(p, [("a", b"1"), ("b", b"1"), ("a", b"2")])
+    compact(bp, t)
+    first = ledgers()[0]
+    for key in (
+        "c",
+        "d",
+    ):  # each unload closes the current ledger: three ledgers, the first before the horizon
+        admin(bp, "PUT", topic_path(t) + "/unload")
+        send_all(p, [(key, b"1")])
+    second = ledgers()[1]
+    # no subscription but __compaction: the ledger before the horizon goes, the one after it stays (same pass)
+    wait_for("retention to trim the compacted ledger's part", lambda: first not in ledgers(), 60)
+    assert second in ledgers()
+    plain = c.create_reader(t, pulsar.MessageId.earliest)
+    assert plain.read_next(10_000).partition_key() == "c"  # the topic itself starts after the trimmed ledger
+    plain.close()
+    compacted = [("b", b"1"), ("a", b"2"), ("c", b"1"), ("d", b"1")]
+    assert [(k, v) for k, v, _ in read_compacted(c, t)] == compacted
+    compact(bp, t)  # the horizon moves past the second ledger: it may go now
+    wait_for("retention to trim the second ledger", lambda: second not in ledgers(), 60)
+    assert [(k, v) for k, v, _ in read_compacted(c, t)] == compacted

@@ -1,0 +1,465 @@
+"""Topic compaction: Pulsar's two-phase compactor, its compacted ledger and the view readers get of it.
+
+A compaction writes, into a new ledger (the *compacted ledger*), the latest message of every key up to the
+*horizon* (the topic's last entry when the compaction started), and records ``{compacted ledger id, horizon}``
+where Pulsar does: in the ``__compaction`` subscription's cursor (``managed-ledgers/<ml>/cursors/__compaction``
+in ZooKeeper), whose mark-delete is the horizon and whose property ``CompactedTopicLedger`` is the ledger id,
+saved with the cursor's compare-and-set. That cursor is an ordinary durable cursor of the topic, so retention
+keeps every ledger after the horizon (what the next compaction reads), and may trim the ones before it (the
+compacted ledger holds what a compacted reader needs of them).
+
+The two phases (pure rules :class:`PhaseOne`, :func:`phase_two_entry`), both over the *compacted view* as it
+stands (the previous compacted ledger, then the topic's entries after the previous horizon, up to the new one):
+
+1. the latest message id of each key: a message with a key and a payload sets it; one with an empty payload (a
+   tombstone) removes the key; messages without a key play no part. A batch is unpacked: each of its messages
+   counts on its own (its id is the entry's position and its index in the batch).
+2. the entries that hold one of those latest messages are appended to the new ledger, in order, each with its
+   original position: a message without a key is kept; a batch keeps its entry (and so the ids of the messages
+   it keeps) with the messages it drops marked ``compacted_out`` and emptied; an entry that keeps nothing is
+   left out. An entry that cannot be parsed is kept whole.
+
+Then the cursor is saved (a conflict means another owner: the topic is fenced and the new ledger deleted), the
+topic's view switches to the new ledger, and the previous compacted ledger is deleted, only after the new one is
+recorded. A new owner (after a restart or a move) reads the cursor and serves the same view.
+
+Compacted-ledger entry (ours; Pulsar's holds a RawMessage): ``[ledger id u64][entry id u64][stored entry]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ledger_client import BookKeeper, LedgerHandle
+from ledger_client import errors as LE
+
+from . import pulsar_api_pb2 as pb
+from . import wire
+from .cursor import InitialPosition, ManagedCursor
+from .managed_ledger import ManagedLedger, ManagedLedgerError, Position, _create_ledger
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "COMPACTED_TOPIC_LEDGER_PROPERTY",
+    "COMPACTION_SUBSCRIPTION",
+    "CompactedView",
+    "CompactionStatus",
+    "PhaseOne",
+    "TopicCompaction",
+    "compacted_out_mask",
+    "last_kept_index",
+    "decode_compacted",
+    "encode_compacted",
+    "phase_two_entry",
+]
+
+COMPACTION_SUBSCRIPTION = "__compaction"
+COMPACTED_TOPIC_LEDGER_PROPERTY = "CompactedTopicLedger"
+COMPONENT = b"compacted-ledger"
+_ID = struct.Struct(">qq")
+_READ_CHUNK = 500
+_POSITION_CACHE = 1024
+
+_Visit = Callable[[Position, bytes], Awaitable[None]]
+
+
+class CompactionStatus(enum.Enum):
+    """Pulsar's ``LongRunningProcessStatus.Status``, as ``GET …/compaction`` answers it."""
+
+    NOT_RUN = "NOT_RUN"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    ERROR = "ERROR"
+
+
+class CompactionRunningError(Exception):
+    """A compaction of the topic is under way already (``PUT …/compaction`` answers 409)."""
+
+
+# --- pure rules --------------------------------------------------------------------------------------------------
+
+
+def encode_compacted(pos: Position, data: bytes | bytearray | memoryview) -> bytes:
+    return _ID.pack(pos.ledger_id, pos.entry_id) + bytes(data)
+
+
+def decode_compacted(raw: bytes) -> tuple[Position, bytes]:
+    if len(raw) < _ID.size:
+        raise wire.EntryFormatError(f"compacted-ledger entry of {len(raw)} bytes is shorter than its id")
+    lid, eid = _ID.unpack_from(raw, 0)
+    return Position(lid, eid), raw[_ID.size :]
+
+
+def _key(meta: pb.MessageMetadata | pb.SingleMessageMetadata) -> str | None:
+    if meta.HasField("partition_key") and not meta.null_partition_key:
+        return meta.partition_key
+    return None
+
+
+def _messages(data: bytes) -> tuple[pb.MessageMetadata, list[tuple[pb.SingleMessageMetadata | None, bytes]]]:
+    """The entry's metadata and messages; raises ``wire.EntryFormatError`` (also for an encrypted batch, whose
+    messages cannot be told apart)."""
+    md, payload = wire.parse_entry(data, verify_checksum=False)
+    if md.HasField("num_messages_in_batch") and md.encryption_keys:
+        raise wire.EntryFormatError("an encrypted batch")
+    return md, list(wire.iter_batch(md, payload))
+
+
+class PhaseOne:
+    """Phase one: the latest ``(position, batch index)`` of every key (batch index −1: not a batch)."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, tuple[Position, int]] = {}
+        self.entries = 0
+
+    def add(self, pos: Position, data: bytes) -> None:
+        self.entries += 1
+        try:
+            md, messages = _messages(data)
+        except wire.EntryFormatError:
+            return  # kept whole by phase two; its keys are unknown
+        batch = md.HasField("num_messages_in_batch")
+        for index, (single, payload) in enumerate(messages):
+            meta = single if single is not None else md
+            if single is not None and single.compacted_out:
+                continue
+            key = _key(meta)
+            if key is None:
+                continue
+            if payload and not meta.null_value:
+                self.latest[key] = (pos, index if batch else -1)
+            else:
+                self.latest.pop(key, None)
+
+
+def phase_two_entry(latest: dict[str, tuple[Position, int]], pos: Position, data: bytes) -> bytes | None:
+    """Phase two: what of the entry at ``pos`` goes into the compacted ledger (the stored entry, rewritten for a
+    batch that drops some of its messages), or None."""
+    try:
+        md, messages = _messages(data)
+    except wire.EntryFormatError:
+        return data
+    if not md.HasField("num_messages_in_batch"):
+        key = _key(md)
+        return data if key is None or latest.get(key) == (pos, -1) else None
+    keep = []
+    for index, (single, _payload) in enumerate(messages):
+        assert single is not None
+        key = _key(single)
+        keep.append(not single.compacted_out and (key is None or latest.get(key) == (pos, index)))
+    if not any(keep):
+        return None
+    if all(keep):
+        return data
+    parts = []
+    for kept, (single, payload) in zip(keep, messages, strict=True):
+        assert single is not None
+        if not kept:
+            single.compacted_out = True
+            single.payload_size = 0
+            payload = b""
+        meta = single.SerializeToString()
+        parts += [struct.pack(">I", len(meta)), meta, payload]
+    md.compression = pb.NONE
+    md.ClearField("uncompressed_size")
+    return wire.make_entry(md, b"".join(parts))
+
+
+def compacted_out_mask(data: bytes) -> int:
+    """Bit ``i`` set for message ``i`` of a batch entry marked ``compacted_out`` (0: none, or not a batch): the
+    dispatcher leaves them out of the message's ack set, so clients that do not read the flag skip them too."""
+    try:
+        md, messages = _messages(data)
+    except wire.EntryFormatError:
+        return 0
+    if not md.HasField("num_messages_in_batch"):
+        return 0
+    mask = 0
+    for index, (single, _payload) in enumerate(messages):
+        if single is not None and single.compacted_out:
+            mask |= 1 << index
+    return mask
+
+
+# --- the compacted ledger as readers see it ----------------------------------------------------------------------
+
+
+class CompactedView:
+    """An open compacted ledger and its horizon. Entries are found by original position with a binary search
+    over the ledger (positions increase along it), the positions it read kept in a small cache."""
+
+    def __init__(self, handle: LedgerHandle, horizon: Position) -> None:
+        self.handle = handle
+        self.ledger_id = handle.ledger_id
+        self.horizon = horizon
+        self.entries = handle.last_add_confirmed + 1
+        self._positions: OrderedDict[int, Position] = OrderedDict()
+
+    async def _position_of(self, eid: int) -> Position:
+        pos = self._positions.get(eid)
+        if pos is None:
+            entry = await self.handle.read_entry(eid)
+            pos = decode_compacted(entry.data)[0]
+            self._positions[eid] = pos
+            while len(self._positions) > _POSITION_CACHE:
+                self._positions.popitem(last=False)
+        return pos
+
+    async def find(self, start: Position) -> int:
+        """The first entry id whose original position is at or after ``start`` (``entries`` when none is)."""
+        lo, hi = 0, self.entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if await self._position_of(mid) < start:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    async def read(self, first: int, max_entries: int) -> list[tuple[Position, bytes]]:
+        """Up to ``max_entries`` entries from entry id ``first``: (original position, stored entry)."""
+        last = min(self.entries - 1, first + max_entries - 1)
+        out: list[tuple[Position, bytes]] = []
+        if first > last:
+            return out
+        async for e in self.handle.read(first, last):
+            pos, data = decode_compacted(e.data)
+            self._positions[e.entry_id] = pos
+            out.append((pos, data))
+        while len(self._positions) > _POSITION_CACHE:
+            self._positions.popitem(last=False)
+        return out
+
+    async def read_at(self, pos: Position) -> bytes | None:
+        """The entry kept at original position ``pos``, or None (compacted away)."""
+        eid = await self.find(pos)
+        if eid >= self.entries:
+            return None
+        got = await self.read(eid, 1)
+        return got[0][1] if got and got[0][0] == pos else None
+
+    async def last(self) -> tuple[Position, bytes] | None:
+        if self.entries == 0:
+            return None
+        return (await self.read(self.entries - 1, 1))[0]
+
+    async def close(self) -> None:
+        with contextlib.suppress(LE.LedgerError):
+            await self.handle.close()
+
+
+# --- a topic's compaction ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    compacted_entries: int = 0
+    removed_entries: int = 0
+    last_duration_s: float = 0.0
+
+
+class TopicCompaction:
+    """A topic's compacted view (None until a compaction recorded one) and the compactor that replaces it."""
+
+    def __init__(self, ml: ManagedLedger, bk: BookKeeper) -> None:
+        self.ml = ml
+        self.bk = bk
+        self.view: CompactedView | None = None
+        self.status = CompactionStatus.NOT_RUN
+        self.last_error = ""
+        self.stats = _Stats()
+        self._cursor: ManagedCursor | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def horizon(self) -> Position | None:
+        return None if self.view is None else self.view.horizon
+
+    def ledger_stats(self) -> dict[str, object]:
+        """Pulsar's ``compactedLedger`` of the internal stats (−1 without one)."""
+        v = self.view
+        if v is None:
+            return {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False}
+        return {"ledgerId": v.ledger_id, "entries": v.entries, "size": v.handle.length, "offloaded": False}
+
+    async def load(self) -> None:
+        """At open: the ``__compaction`` cursor as stored (attached, so that retention keeps what it needs) and
+        the compacted ledger it records."""
+        stored = await self.ml.store.get_cursor(self.ml.name, COMPACTION_SUBSCRIPTION)
+        if stored is None:
+            return
+        self._cursor = await ManagedCursor.open(self.ml, COMPACTION_SUBSCRIPTION)
+        lid = self._cursor.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
+        if lid is not None:
+            self.view = await self._open_view(lid, self._cursor.mark_delete)
+
+    async def _open_view(self, ledger_id: int, horizon: Position) -> CompactedView:
+        try:
+            handle = await self.bk.open_ledger(ledger_id, self.ml.config.password, recovery=False)
+        except LE.LedgerError as e:
+            raise ManagedLedgerError(
+                f"cannot open compacted ledger {ledger_id}: {e}", ml_name=self.ml.name
+            ) from e
+        return CompactedView(handle, horizon)
+
+    def trigger(self) -> None:
+        """Start a compaction in the background; :class:`CompactionRunningError` when one runs already."""
+        if self._task is not None and not self._task.done():
+            raise CompactionRunningError(f"Compaction already in progress for {self.ml.name}")
+        self.status = CompactionStatus.RUNNING
+        self.last_error = ""
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def wait(self) -> None:
+        """Until the compaction under way (if any) ends."""
+        task = self._task
+        if task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(task)
+
+    async def _run(self) -> None:
+        try:
+            await self.compact()
+        except Exception as e:
+            self.status = CompactionStatus.ERROR
+            self.last_error = str(e) or type(e).__name__
+            log.warning("ml=%s compaction failed: %s", self.ml.name, self.last_error)
+        else:
+            self.status = CompactionStatus.SUCCESS
+
+    async def _walk(self, old: CompactedView | None, horizon: Position, visit: _Visit) -> None:
+        if old is not None:
+            eid = 0
+            while eid < old.entries:
+                chunk = await old.read(eid, _READ_CHUNK)
+                for pos, data in chunk:
+                    await visit(pos, data)
+                eid += len(chunk)
+            start = self.ml.next_position(old.horizon)
+        else:
+            start = self.ml.first_position()
+        while start <= horizon:
+            got = await self.ml.read_entries(start, _READ_CHUNK)
+            got = [(p, d) for p, d in got if p <= horizon]
+            if not got:
+                break
+            for pos, data in got:
+                await visit(pos, data)
+            start = self.ml.next_position(got[-1][0])
+
+    async def compact(self) -> None:
+        """Run both phases and record the result (module docstring). Nothing to do when nothing was added
+        after the previous horizon."""
+        started = time.monotonic()
+        ml = self.ml
+        horizon = ml.last_confirmed_position()
+        old = self.view
+        if horizon.entry_id < 0 or (old is not None and horizon <= old.horizon):
+            return
+        if self._cursor is None:
+            self._cursor = await ManagedCursor.open(ml, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        one = PhaseOne()
+
+        async def first(pos: Position, data: bytes) -> None:
+            one.add(pos, data)
+
+        await self._walk(old, horizon, first)
+        lh = await _create_ledger(
+            self.bk, ml.config, ml.name, COMPONENT, {"compacted-to": str(horizon).encode()}
+        )
+        kept = 0
+        pending: list[bytes] = []
+
+        async def second(pos: Position, data: bytes) -> None:
+            nonlocal kept
+            out = phase_two_entry(one.latest, pos, data)
+            if out is not None:
+                pending.append(encode_compacted(pos, out))
+                kept += 1
+                if len(pending) >= _READ_CHUNK:
+                    await lh.append_many(list(pending))
+                    pending.clear()
+
+        try:
+            await self._walk(old, horizon, second)
+            if pending:
+                await lh.append_many(pending)
+            await lh.close()
+            await self._cursor.mark_delete_with(horizon, {COMPACTED_TOPIC_LEDGER_PROPERTY: lh.ledger_id})
+        except BaseException:
+            await self._delete_quietly(lh.ledger_id, lh)
+            raise
+        try:
+            view = await self._open_view(lh.ledger_id, horizon)
+        except ManagedLedgerError:
+            self.view = None  # recorded: the next open (or compaction) opens it
+            raise
+        self.view = view
+        self.stats = _Stats(kept, one.entries - kept, time.monotonic() - started)
+        log.info(
+            "ml=%s compacted %d entries into %d in ledger %d up to %s",
+            ml.name,
+            one.entries,
+            kept,
+            lh.ledger_id,
+            horizon,
+        )
+        if old is not None:
+            await old.close()
+            await self._delete_quietly(old.ledger_id)
+        if self._closed:
+            await view.close()
+
+    async def _delete_quietly(self, ledger_id: int, lh: LedgerHandle | None = None) -> None:
+        if lh is not None:
+            with contextlib.suppress(LE.LedgerError):
+                await lh.close()
+        try:
+            await self.bk.delete_ledger(ledger_id)
+        except LE.NoSuchLedgerError:
+            pass
+        except LE.LedgerError as e:
+            log.warning("ml=%s compacted ledger %d not deleted: %s", self.ml.name, ledger_id, e)
+
+    async def close(self) -> None:
+        """The topic closes: a compaction under way is cancelled (its ledger deleted), the view's handle closed."""
+        self._closed = True
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+        if self.view is not None:
+            await self.view.close()
+
+    async def delete(self) -> None:
+        """The topic is deleted: its compacted ledger goes too."""
+        await self.close()
+        if self.view is not None:
+            await self._delete_quietly(self.view.ledger_id)
+            self.view = None
+
+
+def last_kept_index(data: bytes) -> int:
+    """The batch index of the last message a compacted-ledger entry keeps (−1: not a batch)."""
+    try:
+        md, messages = _messages(data)
+    except wire.EntryFormatError:
+        return -1
+    if not md.HasField("num_messages_in_batch"):
+        return -1
+    mask = compacted_out_mask(data)
+    for index in range(len(messages) - 1, -1, -1):
+        if not mask >> index & 1:
+            return index
+    return -1
