@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import module_cluster
+from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_admin import ledgerstore
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_pulsar_client import _connect, _raw, client, topic_name
@@ -25,16 +25,16 @@ T = pb.BaseCommand
 
 
 @pytest.fixture(scope="module")
-def bp(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """The module's broker (3 bookies behind it), restarted by one test."""
-    with module_cluster(zk_server, tmp_path_factory.mktemp("compaction")) as brokers:
-        yield brokers.procs[0]
+def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
+    """3 bookies and a broker for the module; one test starts a second broker and restarts the first."""
+    with module_cluster(zk_server, tmp_path_factory.mktemp("compaction")) as b:
+        yield b
 
 
 @pytest.fixture
-def c(bp: BrokerProcess) -> Iterator[Any]:
-    """A pulsar-client on the module's broker, closed after the test."""
-    with contextlib.closing(client(bp)) as cl:
+def c(brokers: Brokers) -> Iterator[Any]:
+    """A pulsar-client on the module's (first) broker, closed after the test."""
+    with contextlib.closing(client(brokers.procs[0])) as cl:
         yield cl
 
 
@@ -105,7 +105,8 @@ def read_compacted(c: Any, t: str) -> list[tuple[str, bytes, str]]:
         r.close()
 
 
-def test_compaction_keeps_the_latest_message_per_key_with_its_original_id(c: Any, bp: BrokerProcess) -> None:
+def test_compaction_keeps_the_latest_message_per_key_with_its_original_id(c: Any, brokers: Brokers) -> None:
+    bp = brokers.procs[0]
     t = topic_name()
     p = c.create_producer(t, batching_enabled=False)
     send_all(p, [("a", b"1"), ("b", b"1"), ("a", b"2"), (None, b"keyless"), ("c", b"1"), ("c", b"")])
@@ -153,7 +154,8 @@ def test_compaction_keeps_the_latest_message_per_key_with_its_original_id(c: Any
     assert "__compaction" in subs
 
 
-def test_compacted_consumer_acks_seeks_and_shared_is_refused(c: Any, bp: BrokerProcess) -> None:
+def test_compacted_consumer_acks_seeks_and_shared_is_refused(c: Any, brokers: Brokers) -> None:
+    bp = brokers.procs[0]
     t = topic_name()
     p = c.create_producer(t, batching_enabled=False)
     send_all(p, [("k", b"1"), ("k", b"2"), ("j", b"1"), ("k", b"3")])
@@ -195,7 +197,8 @@ def test_compacted_consumer_acks_seeks_and_shared_is_refused(c: Any, bp: BrokerP
         s.close()
 
 
-def test_table_view_after_compaction_and_a_broker_restart(c: Any, bp: BrokerProcess) -> None:
+def test_table_view_after_compaction_a_move_and_a_broker_restart(c: Any, brokers: Brokers) -> None:
+    bp = brokers.procs[0]
     t = topic_name()
     p = c.create_producer(t, batching_enabled=False)
     send_all(p, [("a", b"1"), ("b", b"1"), ("a", b"2"), ("b", b""), ("c", b"1")])
@@ -210,32 +213,36 @@ def test_table_view_after_compaction_and_a_broker_restart(c: Any, bp: BrokerProc
         view.close()
     before = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]
     p.close()
-    bp.restart()  # the next owner reads the compacted view back from the __compaction cursor
-    c2 = client(bp)
+
+    def served_by(owner: BrokerProcess) -> None:
+        """The owner serves the compacted view the __compaction cursor records, TableView included."""
+        with contextlib.closing(client(owner)) as cl:
+            got = read_compacted(cl, t)
+            assert [(k, v) for k, v, _ in got] == [("a", b"2"), ("c", b"1"), ("c", b"2"), ("d", b"1")]
+            assert admin(owner, "GET", topic_path(t) + "/internalStats")["compactedLedger"] == before
+            tv = cl.create_table_view(t)
+            assert table(tv) == {"a": b"2", "c": b"2", "d": b"1"}
+            tv.close()
+
+    other = brokers.start()  # the topic moves: unloaded here, taken by the other broker's lookup
     try:
-        assert [(k, v) for k, v, _ in read_compacted(c2, t)] == [
-            ("a", b"2"),
-            ("c", b"1"),
-            ("c", b"2"),
-            ("d", b"1"),
-        ]
-        assert admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"] == before
-        view = c2.create_table_view(t)
-        assert table(view) == {"a": b"2", "c": b"2", "d": b"1"}
-        view.close()
+        admin(bp, "PUT", topic_path(t) + "/unload")
+        served_by(other)
+        admin(other, "PUT", topic_path(t) + "/unload")
     finally:
-        c2.close()
+        other.stop()
+        brokers.procs.remove(other)
+    bp.restart()  # and back after a restart
+    served_by(bp)
 
 
-def test_cli_compacts_each_partition_and_reports_its_status(c: Any, bp: BrokerProcess) -> None:
+def test_cli_compacts_each_partition_and_reports_its_status(c: Any, brokers: Brokers) -> None:
+    bp = brokers.procs[0]
     t = topic_name()
     admin(bp, "PUT", topic_path(t) + "/partitions", 2)
     p = c.create_producer(t, batching_enabled=False)
     send_all(p, [(k, v) for v in (b"1", b"2") for k in ("a", "b", "c", "d")])
     urls = ["--url", f"http://127.0.0.1:{bp.http_port}"]
-    r = ledgerstore("topic", "compaction-status", t, *urls, "--json")
-    assert r.returncode == 0, r.stderr
-    assert {s["status"] for s in json.loads(r.stdout).values()} == {"NOT_RUN"}
     r = ledgerstore("topic", "compact", t, "--wait", *urls, "--json")
     assert r.returncode == 0, r.stderr
     statuses = json.loads(r.stdout)
@@ -250,7 +257,8 @@ def test_cli_compacts_each_partition_and_reports_its_status(c: Any, bp: BrokerPr
     assert r.returncode == 0 and r.stdout.count(": SUCCESS") == 2
 
 
-def test_retention_trims_only_what_the_compacted_ledger_covers(c: Any, bp: BrokerProcess) -> None:
+def test_retention_trims_only_what_the_compacted_ledger_covers(c: Any, brokers: Brokers) -> None:
+    bp = brokers.procs[0]
     t = topic_name()
     p = c.create_producer(t, batching_enabled=False)
 
