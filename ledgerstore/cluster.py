@@ -498,11 +498,12 @@ class _Piece:
 
 def _process_of(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServiceProcess:
     """The process a state row describes: the same ports, id, data directory, flags and log file whenever it is
-    started (rows of state files older than these fields get the values `cluster up` gave then)."""
+    started (a bookie row older than its port and log fields gets them from its id and data directory; rows
+    without the flags are refused first, :func:`_check_startable`)."""
     zk, zk_root = st["zk"], st.get("zk_root", "/ledgerstore")
     if kind == "bookie":
         data_dir = Path(row["data_dir"])
-        embedded = row.get("autorecovery", True)
+        embedded = row["autorecovery"]
         return BookieProcess(
             zk=zk,
             zk_root=zk_root,
@@ -511,7 +512,7 @@ def _process_of(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServicePr
             http_port=row["http_port"],
             log_path=Path(row.get("log") or data_dir.parent / f"{data_dir.name}.log"),
             autorecovery=embedded,
-            extra_args=list(row.get("args", ["--autorecovery-password", ""] if embedded else [])),
+            extra_args=list(row["args"]),
         )
     if kind == "broker":
         return BrokerProcess(
@@ -522,7 +523,7 @@ def _process_of(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServicePr
         zk=zk,
         zk_root=zk_root,
         metrics_port=row["metrics_port"],
-        passwords=list(row.get("passwords", [""])),
+        passwords=list(row["passwords"]),
         password_file=Path(password_file) if password_file else None,
         log_path=Path(row["log"]) if row.get("log") else None,
     )
@@ -562,6 +563,27 @@ def _find_piece(st: dict[str, Any], target: str) -> _Piece:
             return piece
     valid = "; ".join(" or ".join(p.names()) for p in pieces)
     raise UsageError(f"no {target!r} in this cluster; the targets are: {valid}")
+
+
+#: What a piece's row must hold to start it again as it was started: the fields `cluster up` records since
+#: 417b1bc, which it did not before (a bookie's port and log file follow from its id and data directory; a
+#: broker's row always had its ports and log).
+_STARTED_WITH = {"bookie": ("autorecovery", "args"), "autorecovery": ("passwords", "password_file")}
+
+
+def _check_startable(piece: _Piece, state_dir: Path) -> None:
+    """Refuse (before anything is stopped) to stop or start a piece that a state file written by an older
+    `cluster up` does not say how to start again (a bookie's AutoRecovery flags, the AutoRecovery process's
+    passwords), saying what to do instead."""
+    missing = [k for k in _STARTED_WITH.get(piece.kind, ()) if k not in piece.row]
+    if missing:
+        raise CommandError(
+            f"{piece.label}: {state_dir}/cluster.json was written by an older `cluster up`, which did not record "
+            f"the AutoRecovery flags it started it with, so it cannot be started again as it was: `ledgerstore "
+            f"cluster down --state-dir {state_dir}`, then `ledgerstore cluster up --state-dir {state_dir}` with the "
+            "options it was given then (the same ports: the data is kept); `cluster stop|start|restart` work on "
+            "the cluster.json that writes (`cluster status` and `down` work on this one)"
+        )
 
 
 def _running(state_dir: Path, piece: _Piece) -> int | None:
@@ -660,6 +682,7 @@ def _lifecycle(args: argparse.Namespace, state_dir: Path) -> int:
         raise CommandError(f"no cluster in {state_dir} (`ledgerstore cluster up` starts one)")
     _check_recorded_zk(args, st, state_dir)
     piece = _find_piece(st, args.target)
+    _check_startable(piece, state_dir)
     kill = getattr(args, "kill", False)
     data: dict[str, Any] = {"target": piece.name, "kind": piece.kind, "action": args.action}
     if args.action == "start":

@@ -62,21 +62,25 @@ def test_cluster_up_refuses_a_port_in_use_and_names_it_then_starts_on_free_ones(
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
-    """2 bookies and a standalone AutoRecovery process; `down` at the end unless the test did it."""
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, list[str]]:
+    """2 bookies and a standalone AutoRecovery process (its state directory and `cluster up` options); `down` at
+    the end unless the test did it."""
     state = tmp_path / "cluster"
     request.addfinalizer(
         lambda: (state / "cluster.json").exists() and _ls("cluster", "down", "--state-dir", str(state))
     )
-    ar = ("--autorecovery-process", "--autorecovery-port", str(free_port()))
-    r = _ls("cluster", "up", *_ports(state, free_port()), *ar)
+    options = [*_ports(state, free_port()), "--autorecovery-process", "--autorecovery-port", str(free_port())]
+    r = _ls("cluster", "up", *options)
     assert r.returncode == 0, r.stdout + r.stderr
-    return state
+    return state, options
 
 
-def test_zk_and_zk_root_other_than_the_recorded_ones_are_refused_not_ignored(cluster: Path) -> None:
+def test_zk_and_zk_root_other_than_the_recorded_ones_are_refused_not_ignored(
+    cluster: tuple[Path, list[str]],
+) -> None:
     """`cluster stop bookie-0 --zk OTHER` stopped the state file's bookie whatever --zk said: a --zk or --zk-root
     given to a command on a recorded cluster must name its own (a check for scripts that pass them everywhere)."""
+    cluster, _ = cluster
     st = json.loads((cluster / "cluster.json").read_text())
     at = ("--state-dir", str(cluster))
     pid = st["bookies"][0]["pid"]
@@ -98,3 +102,45 @@ def test_zk_and_zk_root_other_than_the_recorded_ones_are_refused_not_ignored(clu
     assert r.returncode == 0, r.stdout + r.stderr
     r = _ls("cluster", "stop", "bookie-0", "--zk", st["zk"], *at)
     assert r.returncode == 0 and not _alive(pid), r.stdout + r.stderr
+
+
+def test_a_state_file_of_an_older_cluster_up_is_listed_stopped_or_refused_saying_what_to_do(
+    cluster: tuple[Path, list[str]],
+) -> None:
+    """cluster.json as `cluster up` wrote it before it recorded how it started each piece (417b1bc): no bookie
+    port, log, AutoRecovery flags, no passwords of the AutoRecovery process. `status` and `down` work on it;
+    `stop|start|restart` of a piece it cannot start again as it was refuse before stopping anything, and say to
+    go down and up again with the same options, which keeps the data."""
+    cluster, options = cluster
+    f = cluster / "cluster.json"
+    st = json.loads(f.read_text())
+    old = {
+        **{k: st[k] for k in ("zk", "zk_external", "zk_root", "brokers")},
+        "bookies": [{k: b[k] for k in ("id", "pid", "http_port", "data_dir")} for b in st["bookies"]],
+        "autorecovery": {k: st["autorecovery"][k] for k in ("pid", "metrics_port")},
+    }
+    f.write_text(json.dumps(old))
+    at = ("--state-dir", str(cluster))
+    s = _ls("cluster", "status", "--json", *at)
+    assert s.returncode == 0, s.stdout + s.stderr
+    assert [b["alive"] for b in json.loads(s.stdout)["bookies"]] == [True, True]
+    for command in (
+        ("stop", "bookie-1"),
+        ("restart", "autorecovery", "--kill"),
+        ("start", st["bookies"][0]["id"]),
+    ):
+        r = _ls("cluster", *command, *at)
+        assert r.returncode == 1, (command, r.stdout, r.stderr)
+        assert "was written by an older `cluster up`" in r.stderr, r.stderr
+        assert f"`ledgerstore cluster down --state-dir {cluster}`, then `ledgerstore cluster up" in r.stderr
+    assert all(_alive(p["pid"]) for p in [*old["bookies"], old["autorecovery"]])
+    assert json.loads(f.read_text()) == old
+    d = _ls("cluster", "down", *at)
+    assert d.returncode == 0 and "2 bookies stopped, ZooKeeper stopped" in d.stdout, d.stdout + d.stderr
+    assert not any(_alive(p["pid"]) for p in [*old["bookies"], old["autorecovery"]])
+    # up again with the same options: the same bookies on their data, and now stop|start work
+    r = _ls("cluster", "up", *options)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _ls("cluster", "restart", "bookie-1", *at)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _ls("cluster", "status", *at).returncode == 0
