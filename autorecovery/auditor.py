@@ -105,12 +105,8 @@ class Auditor:
             while not stop.is_set():
                 wake.clear()
                 timeout = self.config.poll_interval_s
-                try:
+                with failing.catching((E.LedgerError, OSError, ValueError), "auditor %s", self.owner):
                     timeout = await self.step()
-                except (E.LedgerError, OSError, ValueError) as e:
-                    failing.warning("auditor %s: %s", self.owner, e)
-                else:
-                    failing.reset()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(_first(wake, stop), max(0.05, timeout))
         finally:

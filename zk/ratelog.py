@@ -3,9 +3,10 @@ first at once, then at most one per interval, instead of one per check, per refu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["LOG_EVERY_S", "Every", "RateLimitedLog", "RepeatedLinesFilter"]
@@ -60,6 +61,21 @@ class RateLimitedLog(Every):
 
     def warning(self, msg: str, *args: Any) -> bool:
         return self.log(logging.WARNING, msg, *args)
+
+    @contextlib.contextmanager
+    def catching(
+        self, errors: type[BaseException] | tuple[type[BaseException], ...], msg: str, *args: Any
+    ) -> Iterator[None]:
+        """One pass of a loop that keeps trying (ZooKeeper away, a housekeeping step failing): an error of
+        ``errors`` the body raises ends the body and is logged as a warning, ``msg: <error>``, at most once per
+        interval (the first at once); a body that ends without one resets the interval, so that the next failure
+        is said at once. Other exceptions pass through, as does anything the body catches itself."""
+        try:
+            yield
+        except errors as e:
+            self.warning(f"{msg}: %s", *args, e)
+        else:
+            self.reset()
 
 
 class RepeatedLinesFilter(logging.Filter):

@@ -38,6 +38,41 @@ def test_a_rate_limited_line_comes_at_once_then_once_per_interval_and_at_once_af
     assert [r.getMessage() for r in caplog.records] == ["a 1", "a 3", "c"]
 
 
+def test_a_loop_that_keeps_trying_logs_its_failures_once_per_interval_and_again_at_once_after_a_success(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RateLimitedLog.catching, the pass of AutoRecovery's auditor and replication worker loops: the failures
+    it catches are one line per interval, 'msg: <error>'; a pass without one resets it; others pass through."""
+    clock = Clock()
+    failing = RateLimitedLog(logging.getLogger("t"), 60, clock=clock)
+
+    def one_pass(outcome: BaseException | None) -> str:
+        result = "failed"
+        with failing.catching((OSError, ValueError), "worker %s", "w1"):
+            if outcome is not None:
+                raise outcome
+            result = "done"
+        return result
+
+    with caplog.at_level(logging.INFO, "t"):
+        assert one_pass(OSError("ZooKeeper away")) == "failed"
+        for _ in range(59):  # a pass a second, all failing
+            clock.now += 1
+            one_pass(ValueError("still away"))
+        clock.now += 1
+        one_pass(OSError("away a minute"))
+        assert one_pass(None) == "done"
+        clock.now += 1
+        one_pass(OSError("away again"))  # at once: the success in between ended the condition
+        with pytest.raises(KeyError):
+            one_pass(KeyError("a bug"))  # not one of the errors: not swallowed
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "worker w1: ZooKeeper away"),
+        (logging.WARNING, "worker w1: away a minute"),
+        (logging.WARNING, "worker w1: away again"),
+    ]
+
+
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "topic_broker.bookie_supply"]
 
