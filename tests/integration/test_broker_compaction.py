@@ -17,6 +17,7 @@ from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_admin import ledgerstore
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_pulsar_client import _connect, _raw, client, topic_name
+from tests.integration.test_broker_retention import unreadable
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 
@@ -150,6 +151,9 @@ def test_compaction_keeps_the_latest_message_per_key_with_its_original_id(c: Any
     ]
     second = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]
     assert second["ledgerId"] not in (-1, first["ledgerId"])
+    answers = unreadable(brokers.bookies, [first["ledgerId"], second["ledgerId"]])
+    assert answers[first["ledgerId"]] == "NoSuchLedger"  # the previous compacted ledger is deleted
+    assert answers[second["ledgerId"]].startswith("opened")
     subs = admin(bp, "GET", topic_path(t) + "/subscriptions")
     assert "__compaction" in subs
 
