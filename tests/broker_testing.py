@@ -68,9 +68,9 @@ def broker(cluster: Brokers) -> BrokerProcess:
 
 
 @contextlib.contextmanager
-def module_cluster(zk_server: Any, tmp: Path) -> Iterator[Brokers]:
-    """3 bookies on their own metadata root and one broker started, for a module's tests to share (broker
-    tests are slow); everything is stopped on exit."""
+def module_cluster(zk_server: Any, tmp: Path, *broker_args: str) -> Iterator[Brokers]:
+    """3 bookies on their own metadata root and one broker started (with ``broker_args``), for a module's tests
+    to share (broker tests are slow); everything is stopped on exit."""
     from tests.conftest import BookieFactory
     from tests.zk_testing import unique_root
 
@@ -78,7 +78,7 @@ def module_cluster(zk_server: Any, tmp: Path) -> Iterator[Brokers]:
     b = Brokers(bookies, tmp)
     try:
         bookies.start_many(3)
-        b.start()
+        b.start(*broker_args)
         yield b
     finally:
         try:
