@@ -911,7 +911,10 @@ class ManagedLedger:
     async def tick(self, *, rollover: bool = True) -> None:
         """Periodic housekeeping (the broker calls it, e.g. every few seconds): roll an aged, full or failed
         ledger (unless told not to: no new ledger could be created), flush cursors, trim by retention (idle
-        topics included)."""
+        topics included). A fenced instance raises ``ManagedLedgerFencedError``, however it was fenced (a cursor's
+        delayed flush finds the conflict with nobody to tell), so that its owner stops serving the topic."""
+        if self._state == _FENCED:
+            raise ManagedLedgerFencedError(f"fenced: {self._fence_reason}", ml_name=self.name)
         if self._state != _OPEN:
             return
         if rollover:
