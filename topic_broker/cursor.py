@@ -32,7 +32,9 @@ from topic_broker.managed_ledger import (
     ManagedLedgerFencedError,
     Position,
 )
+from zk.client import JsonDict
 from zk.managed_ledgers import CursorInfo
+from zk.versioned import Versioned
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +232,9 @@ class ManagedCursor:
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
         self._closed = False
+        #: writes since the last confirmed one whose outcome is unknown (ZooKeeper did not answer; it may have
+        #: applied them): a conflict with one of them is our own write, not another owner's
+        self._unconfirmed: list[JsonDict] = []
         #: consumers are attached (the broker sets it); an idle cursor adopts changes others store
         self.active = False
         #: the stored state was adopted by :meth:`refresh`: the dispatcher must restart from the mark-delete
@@ -386,14 +391,34 @@ class ManagedCursor:
             info = self.cursor.to_info(properties=self.properties, last_active_ms=int(time.time() * 1000))
             self._dirty = False
             try:
-                saved = await self.ml.store.save_cursor(self.ml.name, self.name, info, self._version)
-            except (zk.MetadataVersionError, zk.MetadataExistsError) as e:
-                raise self.ml.fence(f"cursor {self.name} written by another owner") from e
+                saved = await self._save(info)
             except BaseException:
                 self._dirty = True
                 raise
             self._version = saved.version
+            self._unconfirmed.clear()
             self._last_flush = time.monotonic()
+
+    async def _save(self, info: CursorInfo) -> Versioned[CursorInfo]:
+        """CAS the cursor at our version. A conflict is another owner's write (the managed ledger is fenced)
+        unless the stored cursor is one of our own writes whose reply was lost (ZooKeeper away, the request
+        applied when it came back): then its version is ours and the write is made once more on top of it."""
+        for _ in range(2):
+            try:
+                return await self.ml.store.save_cursor(self.ml.name, self.name, info, self._version)
+            except (zk.MetadataVersionError, zk.MetadataExistsError) as e:
+                stored = (
+                    await self.ml.store.get_cursor(self.ml.name, self.name) if self._unconfirmed else None
+                )
+                if stored is None or stored.value.to_json() not in self._unconfirmed:
+                    raise self.ml.fence(f"cursor {self.name} written by another owner") from e
+                log.info("ml=%s cursor=%s: a write whose reply was lost was applied", self.ml.name, self.name)
+                self._version = stored.version
+                self._unconfirmed.clear()
+            except zk.MetadataError:
+                self._unconfirmed = [*self._unconfirmed[-7:], info.to_json()]
+                raise
+        raise AssertionError("unreachable: the second conflict fences")
 
     async def close(self) -> None:
         """Flush and stop the delayed flush."""
