@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, UsageError, emit
+from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, UsageError, classify, emit
 
 
 def free_port() -> int:
@@ -326,6 +326,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         )
     )
     # --zk names a ZooKeeper to use; otherwise the cluster starts its own on --zk-port (and `down` stops it)
+    zk_was_running = launcher.status(state_dir).running
     zk = args.zk if getattr(args, "zk_given", False) else launcher.cli_start(state_dir, args.zk_port)
     # AutoRecovery runs in every bookie (an auditor candidate and a worker each), unless --no-autorecovery; the
     # passwords it may open ledgers with: the brokers' managed ledgers (empty) and the operator's
@@ -369,12 +370,33 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
             else None
         ),
     }
-    for kind in ("bookie", "broker"):  # the bookies first: a broker needs them
-        for proc in [_launch(state, kind, row) for row in state[kind + "s"]]:
-            proc.wait_ready(60)
-    recovery = state["autorecovery"] and _launch(state, "autorecovery", state["autorecovery"])
-    if recovery:
-        recovery.wait_ready(60)
+    started: list[ServiceProcess] = []
+    try:
+        for kind in ("bookie", "broker"):  # the bookies first: a broker needs them
+            group = []
+            for row in state[kind + "s"]:
+                group.append(_launch(state, kind, row))
+                started.append(group[-1])
+            for proc in group:
+                proc.wait_ready(60)
+        recovery = state["autorecovery"] and _launch(state, "autorecovery", state["autorecovery"])
+        if recovery:
+            started.append(recovery)
+            recovery.wait_ready(60)
+    except BaseException as e:
+        # a half-started cluster has no state file for `cluster down` to stop it by, and its processes hold the
+        # ports the next `cluster up` needs: stop what this one started (its logs stay)
+        _stop_pids([p.proc.pid for p in reversed(started) if p.proc is not None])
+        if not zk_was_running and not getattr(args, "zk_given", False):
+            launcher.cli_stop(state_dir)
+        if not isinstance(e, Exception):
+            raise
+        status, code, message = classify(e)
+        raise CommandError(
+            f"cluster up failed, and stopped what it had started (logs in {state_dir}): {message}",
+            status,
+            kind=code,
+        ) from e
     _write_state(state_dir, state)
     emit(
         args,
@@ -450,6 +472,15 @@ def _read_state(state_dir: Path) -> dict[str, Any] | None:
     return data
 
 
+def _no_cluster(state_dir: Path) -> str:
+    """What a command on a --state-dir without a cluster says (a cluster started with another --state-dir, most
+    likely, as the default one is the working directory's ``.ledgerstore``)."""
+    return (
+        f"no cluster in {state_dir} (no cluster.json; a cluster started with `cluster up --state-dir DIR` is "
+        "found with the same --state-dir DIR)"
+    )
+
+
 def _down(args: argparse.Namespace, state_dir: Path) -> int:
     from zk import launcher
 
@@ -465,9 +496,14 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     zk_said = "stopped" if zk_stopped else "not running"
     if st.get("zk_external"):
         zk_said = f"{st['zk']} left running (cluster up did not start it)"
+    human = f"cluster down: {brokers_stopped} brokers and {stopped} bookies stopped, ZooKeeper {zk_said}"
+    if "zk" not in st:  # no cluster.json: at most a ZooKeeper of `zk start` in this directory
+        human = f"{_no_cluster(state_dir)}: nothing to stop" + (
+            ", but its ZooKeeper: stopped" if zk_stopped else ""
+        )
     emit(
         args,
-        f"cluster down: {brokers_stopped} brokers and {stopped} bookies stopped, ZooKeeper {zk_said}",
+        human,
         {"brokers_stopped": brokers_stopped, "bookies_stopped": stopped, "zk_stopped": zk_stopped},
     )
     return 0
@@ -679,7 +715,7 @@ def _lifecycle(args: argparse.Namespace, state_dir: Path) -> int:
     """``cluster stop|start|restart TARGET [--kill]``."""
     st = _read_state(state_dir)
     if not st:
-        raise CommandError(f"no cluster in {state_dir} (`ledgerstore cluster up` starts one)")
+        raise CommandError(f"{_no_cluster(state_dir)}; `ledgerstore cluster up` starts one")
     _check_recorded_zk(args, st, state_dir)
     piece = _find_piece(st, args.target)
     _check_startable(piece, state_dir)
@@ -754,7 +790,7 @@ def _bookie_health(alive: bool, health: dict[str, Any] | None) -> str:
 def _status(args: argparse.Namespace, state_dir: Path) -> int:
     st = _read_state(state_dir)
     if not st:
-        emit(args, f"no cluster in {state_dir}", {"running": False})
+        emit(args, f"{_no_cluster(state_dir)}; `ledgerstore cluster up` starts one", {"running": False})
         return 1
     _check_recorded_zk(args, st, state_dir)
     rows = []

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ledgerstore.cluster import _pid_alive as _alive
-from ledgerstore.cluster import free_port
+from ledgerstore.cluster import free_port, health_ok
+from zk import launcher
 
 
 def _ls(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -59,6 +60,33 @@ def test_cluster_up_refuses_a_port_in_use_and_names_it_then_starts_on_free_ones(
     finally:
         d = _ls("cluster", "down", "--state-dir", str(state))
         assert d.returncode == 0, d.stdout + d.stderr
+
+
+def test_a_cluster_up_that_fails_half_way_stops_what_it_started(tmp_path: Path) -> None:
+    """Its bookies up, its AutoRecovery process failing (a password file that is not there): `cluster up` left
+    the bookies and ZooKeeper running without a cluster.json, so `cluster down` stopped none of them and the next
+    `cluster up` was told their ports were in use. It stops what it started and says so, with the cause; then
+    `cluster down` says there is no cluster there (it said '0 brokers and 0 bookies stopped', as if it had)."""
+    state = tmp_path / "cluster"
+    http = free_port()
+    missing = tmp_path / "passwords"
+    ar = ("--autorecovery-process", "--autorecovery-password-file", str(missing), "--autorecovery-port")
+    r = _ls("cluster", "up", *_ports(state, http), *ar, str(free_port()))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"cluster up failed, and stopped what it had started (logs in {state}): autorecovery" in r.stderr
+    assert f"--password-file: [Errno 2] No such file or directory: '{missing}'" in r.stderr, r.stderr
+    assert (state / "bookie-1.log").exists()  # its bookies did start: their logs stay
+    assert not (state / "cluster.json").exists()
+    assert not health_ok(http) and not health_ok(http + 1)
+    assert not launcher.status(state).running
+    # a directory without a cluster: status and down say so, and where a cluster is found
+    hint = f"no cluster in {state} (no cluster.json; a cluster started with `cluster up --state-dir DIR` is found"
+    s = _ls("cluster", "status", "--state-dir", str(state))
+    assert s.returncode == 1 and s.stdout.startswith(hint), s.stdout + s.stderr
+    d = _ls("cluster", "down", "--state-dir", str(state))
+    assert d.returncode == 0 and d.stdout.startswith(hint) and "nothing to stop" in d.stdout, (
+        d.stdout + d.stderr
+    )
 
 
 @pytest.fixture
