@@ -1913,14 +1913,17 @@ class BrokerService:
         else:
             s.send(wire.error(cmd.request_id, pb.NotAllowedError, "SEEK needs a message id or publish time"))
             return
+        # Like Pulsar: the consumers are closed first (they reconnect, and start over with fresh permits and an
+        # empty queue), then the cursor is reset, then the seek is answered. A client that has its consumer closed
+        # before the answer resubscribes at the position sought; one answered first would take its reconnection
+        # for an ordinary one, and a reader would resubscribe after the message it last read (the seek lost).
+        sub.disconnect_consumers()
         try:
             await sub.seek(pos)
         except (ManagedLedgerError, zk.MetadataError) as e:
             s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
             return
         s.send(wire.success(cmd.request_id))
-        # Like Pulsar: the consumers reconnect, and start over with fresh permits and an empty queue.
-        sub.disconnect_consumers()
 
     async def on_get_last_message_id(self, s: Session, r: Request) -> None:
         cmd: pb.CommandGetLastMessageId = r.body  # type: ignore[assignment]

@@ -334,6 +334,39 @@ def test_last_message_id_across_ledger_rollovers_and_on_an_empty_current_ledger(
     assert consumer.receive(10_000).data() == b"one more"
 
 
+def read_or_none(reader: Any) -> bytes | None:
+    try:
+        return reader.read_next(2000).data()  # type: ignore[no-any-return]
+    except pulsar.Timeout:
+        return None
+
+
+def test_seek_after_reading_repositions_readers_and_consumers(c: Any) -> None:
+    """A reader that already read (and prefetched) messages seeks: to a message id it goes on after that message,
+    to ``earliest`` from the first. A consumer seeks by id, then by time to the first message. The broker closes
+    the consumers before it answers the seek, as Pulsar does: a client answered first takes the reconnection for
+    an ordinary one, and a reader resubscribes after what it last read (its seek lost)."""
+    t = topic_name()
+    producer = c.create_producer(t, batching_enabled=False)
+    ids = [producer.send(b"%d" % i) for i in range(6)]
+    for target, expected in (
+        (ids[1], [b"2", b"3"]),
+        (ids[4], [b"5", None]),
+        (pulsar.MessageId.earliest, [b"0", b"1"]),
+    ):
+        reader = c.create_reader(t, pulsar.MessageId.earliest)
+        assert [read_or_none(reader) for _ in range(3)] == [b"0", b"1", b"2"]
+        reader.seek(target)
+        assert [read_or_none(reader) for _ in range(2)] == expected
+        reader.close()
+    consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+    assert [m.data() for m in drain(consumer, 3)] == [b"0", b"1", b"2"]
+    consumer.seek(ids[1])
+    assert [m.data() for m in drain(consumer, 2)] == [b"2", b"3"]
+    consumer.seek(0)
+    assert [m.data() for m in drain(consumer, 2)] == [b"0", b"1"]
+
+
 # -- chunks -------------------------------------------------------------------------------------------------
 
 
