@@ -130,3 +130,27 @@ def test_a_key_value_schema_after_a_schema_delete_is_checked_against_the_version
     for new in (other_type, evolved):
         assert schema_refusal(SchemaHistory((old,)), new, "FULL") is not None
         assert schema_refusal(SchemaHistory((old, marker)), new, "FULL") is None
+
+
+# ---- delayed delivery (topic_broker/subscription.py) ----
+
+
+@pytest.mark.parametrize("early_ms", [1, 999])
+def test_a_delayed_message_due_a_moment_after_its_read_is_held_until_it_is_due(early_ms: int) -> None:
+    """On Shared, a message read ``early_ms`` before its deliver_at time is held back, not delivered at once;
+    it goes at that time and not a millisecond before."""
+    from tests.unit.test_subscription import FakeLog, delivered, run
+    from topic_broker.subscription import Command, Read, Subscription, SubType
+
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(1)
+    log.entries[0].deliver_at = 10_000
+    sub.add_consumer(1, "a")
+    out: list[Command] = []
+    for c in sub.flow(1, 10):
+        assert isinstance(c, Read)
+        entries, nxt = log.read(c.start, c.max_entries)
+        out += sub.on_read(c.epoch, entries, nxt, now_ms=10_000 - early_ms)
+    assert delivered(run(sub, log, out)) == [] and sub.delayed_count == 1
+    assert delivered(run(sub, log, sub.release_delayed(9_999))) == []
+    assert [p for _, p, _ in delivered(run(sub, log, sub.release_delayed(10_000)))] == [(1, 0)]
