@@ -72,7 +72,11 @@ def rest(url: str, method: str, path: str, body: Any = None, timeout_s: float = 
                 f"{method} {path}: {e.code} {reason}", exit_status_for_http(e.code), kind=f"HTTP_{e.code}"
             ) from None
         except OSError as e:
-            raise CommandError(f"broker admin at {url} unreachable: {e}", EXIT_UNAVAILABLE) from None
+            raise CommandError(
+                f"broker admin at {url} unreachable ({getattr(e, 'reason', e)}): is the broker running? "
+                "(`ledgerstore cluster status`; --url URL or $LEDGERSTORE_BROKER_HTTP)",
+                EXIT_UNAVAILABLE,
+            ) from None
     raise CommandError(f"{method} {path}: too many redirects")
 
 

@@ -167,3 +167,20 @@ def test_a_bad_tenant_or_namespace_name_is_refused_in_its_own_words() -> None:
         line = r.stderr.splitlines()[0]
         assert want in line, (args, line)
         assert "/ns'" not in line and "/t'" not in line, (args, line)
+
+
+def test_a_broker_admin_that_does_not_answer_is_named_with_what_to_check() -> None:
+    """`topic list` with no broker on --url: the refused connection, and where to look and what to set, not
+    only "unreachable: <urlopen error [Errno 111] Connection refused>"."""
+    from ledgerstore.cluster import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    r = _run("topic", "list", "--url", url)
+    assert r.returncode == cli.EXIT_UNAVAILABLE, r.stderr
+    assert r.stderr.startswith(
+        f"ledgerstore: broker admin at {url} unreachable ([Errno 111] Connection refused): "
+    ), r.stderr
+    assert (
+        "is the broker running? (`ledgerstore cluster status`; --url URL or $LEDGERSTORE_BROKER_HTTP)"
+        in r.stderr
+    )
