@@ -1982,6 +1982,11 @@ class BrokerService:
             if refused is not None:
                 s.send(wire.error(cmd.request_id, pb.AuthorizationError, refused))
                 return
+        if cmd.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
+            # Pulsar answers the mode's topics only (a regex consumer's RegexSubscriptionMode.NonPersistentOnly),
+            # and this broker has no non-persistent topics
+            s.send(wire.get_topics_of_namespace_response(cmd.request_id, []))
+            return
         try:
             tenant, ns = cmd.namespace.split("/", 1)
             names = await self.bk.store.achildren(f"managed-ledgers/{tenant}/{ns}/persistent")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import threading
 import time
@@ -365,6 +366,26 @@ def test_seek_after_reading_repositions_readers_and_consumers(c: Any) -> None:
     assert [m.data() for m in drain(consumer, 2)] == [b"2", b"3"]
     consumer.seek(0)
     assert [m.data() for m in drain(consumer, 2)] == [b"0", b"1"]
+
+
+def test_regex_subscription_modes(c: Any) -> None:
+    """``regex_subscription_mode``: PersistentOnly and AllTopics find the matching topics, NonPersistentOnly none
+    (the broker answers GET_TOPICS_OF_NAMESPACE by its mode, as Pulsar; it has no non-persistent topics)."""
+    prefix = topic_name()
+    for suffix in ("a", "b"):
+        c.create_producer(f"{prefix}-{suffix}").send(suffix.encode())
+    pattern = re.compile(f"persistent://public/default/{prefix}-.*")
+    M = pulsar.RegexSubscriptionMode
+    got = {}
+    for mode in (M.PersistentOnly, M.NonPersistentOnly, M.AllTopics):
+        consumer = c.subscribe(
+            pattern,
+            f"s-{mode.name}",
+            regex_subscription_mode=mode,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        got[mode] = sorted(m.data() for m in receive_all(consumer, 1000))
+    assert got == {M.PersistentOnly: [b"a", b"b"], M.NonPersistentOnly: [], M.AllTopics: [b"a", b"b"]}
 
 
 # -- chunks -------------------------------------------------------------------------------------------------
