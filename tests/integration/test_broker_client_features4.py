@@ -388,6 +388,42 @@ def test_regex_subscription_modes(c: Any) -> None:
     assert got == {M.PersistentOnly: [b"a", b"b"], M.NonPersistentOnly: [], M.AllTopics: [b"a", b"b"]}
 
 
+def test_acks_by_id_reader_names_sequence_ids_and_shutdown(bp: BrokerProcess) -> None:
+    """Acknowledging and negatively acknowledging by ``MessageId``; a reader's ``reader_name`` is its consumer
+    name and ``subscription_role_prefix`` starts its subscription name; ``initial_sequence_id`` numbers the
+    producer's messages after it; ``replication_clusters`` and ``disable_replication`` are accepted (there is
+    no geo-replication); after ``client.shutdown()`` the producer raises ``AlreadyClosed``."""
+    c = client(bp)
+    t = f"persistent://public/default/{topic_name()}"
+    consumer = c.subscribe(
+        t, "s", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=100
+    )
+    producer = c.create_producer(t, initial_sequence_id=100, batching_enabled=False)
+    for i in range(3):
+        producer.send(b"%d" % i, replication_clusters=["elsewhere"], disable_replication=i == 0)
+    assert producer.last_sequence_id() == 103
+    first, second, third = drain(consumer, 3)
+    consumer.acknowledge(first.message_id())
+    consumer.negative_acknowledge(second.message_id())
+    again = consumer.receive(10_000)
+    assert (again.data(), again.redelivery_count()) == (b"1", 1)
+    consumer.acknowledge(again.message_id())
+    consumer.acknowledge(third.message_id())
+    wait_for(lambda: topic_stats(bp, t)["subscriptions"]["s"]["msgBacklog"] == 0, "the acks by id")
+    reader = c.create_reader(
+        t, pulsar.MessageId.earliest, reader_name="my-reader", subscription_role_prefix="pfx"
+    )
+    assert reader.read_next(10_000).data() == b"0"
+    names = {
+        k: [x["consumerName"] for x in v["consumers"]] for k, v in topic_stats(bp, t)["subscriptions"].items()
+    }
+    assert [v for k, v in names.items() if k.startswith("pfx-reader-")] == [["my-reader"]]
+    c.shutdown()
+    with pytest.raises(pulsar.AlreadyClosed):
+        producer.send(b"late")
+    c.close()
+
+
 # -- chunks -------------------------------------------------------------------------------------------------
 
 
