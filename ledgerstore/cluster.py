@@ -305,8 +305,17 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
                 f"`ledgerstore cluster down --state-dir {state_dir}` first, then `cluster up` again"
             )
     bookie_http = getattr(args, "bookie_http_port", 8000)
+    zk_was_running = launcher.status(
+        state_dir
+    ).running  # (this directory's, from a `zk start` or an earlier up)
+    starts_zk = not getattr(args, "zk_given", False) and not zk_was_running
     _check_ports_free(
-        [(args.base_port + i, f"bookie-{i}'s port (--base-port)") for i in range(args.bookies)]
+        (
+            [(args.zk_port, "ZooKeeper's port (--zk-port; or --zk HOST:PORT: one that runs)")]
+            if starts_zk
+            else []
+        )
+        + [(args.base_port + i, f"bookie-{i}'s port (--base-port)") for i in range(args.bookies)]
         + [
             (bookie_http + i, f"bookie-{i}'s admin HTTP port (--bookie-http-port)")
             for i in range(args.bookies)
@@ -326,7 +335,6 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         )
     )
     # --zk names a ZooKeeper to use; otherwise the cluster starts its own on --zk-port (and `down` stops it)
-    zk_was_running = launcher.status(state_dir).running
     zk = args.zk if getattr(args, "zk_given", False) else launcher.cli_start(state_dir, args.zk_port)
     # AutoRecovery runs in every bookie (an auditor candidate and a worker each), unless --no-autorecovery; the
     # passwords it may open ledgers with: the brokers' managed ledgers (empty) and the operator's
@@ -387,7 +395,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         # a half-started cluster has no state file for `cluster down` to stop it by, and its processes hold the
         # ports the next `cluster up` needs: stop what this one started (its logs stay)
         _stop_pids([p.proc.pid for p in reversed(started) if p.proc is not None])
-        if not zk_was_running and not getattr(args, "zk_given", False):
+        if starts_zk:
             launcher.cli_stop(state_dir)
         if not isinstance(e, Exception):
             raise

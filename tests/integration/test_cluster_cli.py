@@ -44,6 +44,13 @@ def test_cluster_up_refuses_a_port_in_use_and_names_it_then_starts_on_free_ones(
         assert r.returncode == 2, r.stdout + r.stderr
         assert f"{taken} (bookie-1's admin HTTP port (--bookie-http-port))" in r.stderr + r.stdout
         assert not (state / "cluster.json").exists()  # nothing was started
+        # ZooKeeper's: named with its option too (it said "already in use (another ZooKeeper?)", exit 1)
+        r = _ls("cluster", "up", *_ports(state, free_port()), "--zk-port", str(taken))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"{taken} (ZooKeeper's port (--zk-port; or --zk HOST:PORT: one that runs))" in r.stderr, (
+            r.stderr
+        )
+        assert not launcher.status(state).running
     http = free_port()
     r = _ls("cluster", "up", *_ports(state, http))
     try:
