@@ -119,8 +119,10 @@ def test_end_to_end_encryption_and_each_crypto_failure_action(bp: BrokerProcess,
 
     assert receive_all(keyless[A.FAIL], 1000) == []
     assert receive_all(keyless[A.DISCARD], 1000) == []
-    for undecoded in (receive_all(keyless[A.CONSUME]), receive_all(wrong)):
-        assert len(undecoded) == 4  # 3 single messages and the batch, whole
+    for undecoded in (
+        drain(keyless[A.CONSUME], 4),
+        drain(wrong, 4),
+    ):  # 3 single messages and the batch, whole
         assert all(m.encryption_context().is_decryption_failed() for m in undecoded)
         assert all(m.data() not in expected for m in undecoded)
         assert undecoded[3].encryption_context().batch_size() == 3
@@ -220,7 +222,8 @@ def test_redeliver_unacknowledged_messages_sends_back_what_was_not_acked(c: Any,
     first = drain(consumer, 6)
     consumer.acknowledge(first[1])
     consumer.redeliver_unacknowledged_messages()
-    again = receive_all(consumer)
+    again = drain(consumer, 5)
+    assert receive_all(consumer, 500) == []
     assert [m.data() for m in again] == [b"0", b"2", b"3", b"4", b"5"]
     counted = sub_type in ("Shared", "KeyShared")
     assert {m.redelivery_count() for m in again} == ({1} if counted else {0})
@@ -463,6 +466,57 @@ def test_a_consumer_gone_in_the_middle_of_a_chunked_message_leaves_it_whole_for_
     got = drain(consumer, 2)
     assert got[0].data() == big and got[1].data() == b"after"
     consumer.acknowledge_cumulative(got[1])
+
+
+def test_interleaved_chunked_messages_over_max_pending_chunked_message(bp: BrokerProcess, c: Any) -> None:
+    """Two producers' chunked messages interleaved on the topic (A0 B0 A1 B1, sent raw): a consumer with room
+    for both assembles both; one with ``max_pending_chunked_message=1`` drops the older, A, when B starts (the
+    client's own): with ``auto_ack_oldest_chunked_message_on_queue_full`` it acknowledges A's first chunk and A
+    is lost (its last chunk stays in the backlog, unassemblable); without, A's chunks stay unacknowledged and
+    ``redeliver_unacknowledged_messages`` brings A back whole."""
+    t = f"persistent://public/default/{topic_name()}"
+    roomy = c.subscribe(t, "roomy")
+    auto = c.subscribe(
+        t, "auto", max_pending_chunked_message=1, auto_ack_oldest_chunked_message_on_queue_full=True
+    )
+    keep = c.subscribe(t, "keep", max_pending_chunked_message=1)
+
+    s = _raw(bp)
+    _connect(s)
+    dec = wire.FrameDecoder()
+    names = {}
+    for pid in (1, 2):
+        cmd = pb.CommandProducer(topic=t, producer_id=pid, request_id=pid)
+        s.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+        names[pid] = _frames_until(s, dec, 1, T.PRODUCER_SUCCESS)[0].command.producer_success.producer_name
+    parts = {1: [b"aaaa", b"AAAA"], 2: [b"bbbb", b"BBBB"]}
+    for chunk_id, pid in ((0, 1), (0, 2), (1, 1), (1, 2)):
+        md = pb.MessageMetadata(producer_name=names[pid], sequence_id=0, publish_time=int(time.time() * 1000))
+        md.uuid, md.chunk_id, md.num_chunks_from_msg, md.total_chunk_msg_size = (
+            f"{names[pid]}-0",
+            chunk_id,
+            2,
+            8,
+        )
+        send = T(type=T.SEND, send=pb.CommandSend(producer_id=pid, sequence_id=0, is_chunk=True))
+        s.sendall(wire.encode_send(send, md, parts[pid][chunk_id]))
+        _frames_until(s, dec, 1, T.SEND_RECEIPT)
+    s.close()
+
+    assert [m.data() for m in drain(roomy, 2)] == [b"aaaaAAAA", b"bbbbBBBB"]
+    for consumer in (auto, keep):
+        got = drain(consumer, 1)
+        assert [m.data() for m in got] == [b"bbbbBBBB"]
+        consumer.acknowledge(got[0])
+    assert receive_all(auto, 500) == receive_all(keep, 500) == []
+    wait_for(
+        lambda: topic_stats(bp, t)["subscriptions"]["auto"]["msgBacklogEntries"] == 1, "A's first chunk acked"
+    )
+    wait_for(lambda: topic_stats(bp, t)["subscriptions"]["keep"]["msgBacklogEntries"] == 2, "B acked, A kept")
+    keep.redeliver_unacknowledged_messages()
+    assert [m.data() for m in drain(keep, 1)] == [b"aaaaAAAA"]
+    auto.redeliver_unacknowledged_messages()
+    assert receive_all(auto, 1000) == []
 
 
 def test_max_total_receiver_queue_size_across_partitions_delivers_everything(
