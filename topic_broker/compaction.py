@@ -44,7 +44,13 @@ from ledger_client import errors as LE
 from . import pulsar_api_pb2 as pb
 from . import wire
 from .cursor import InitialPosition, ManagedCursor
-from .managed_ledger import ManagedLedger, ManagedLedgerError, Position, _create_ledger
+from .managed_ledger import (
+    ManagedLedger,
+    ManagedLedgerError,
+    ManagedLedgerFencedError,
+    Position,
+    _create_ledger,
+)
 
 log = logging.getLogger(__name__)
 
@@ -395,10 +401,10 @@ class TopicCompaction:
             if pending:
                 await lh.append_many(pending)
             await lh.close()
-            await self._cursor.mark_delete_with(horizon, {COMPACTED_TOPIC_LEDGER_PROPERTY: lh.ledger_id})
         except BaseException:
             await self._delete_quietly(lh.ledger_id, lh)
             raise
+        await self._record(lh.ledger_id, horizon)
         try:
             view = await self._open_view(lh.ledger_id, horizon)
         except ManagedLedgerError:
@@ -419,6 +425,32 @@ class TopicCompaction:
             await self._delete_quietly(old.ledger_id)
         if self._closed:
             await view.close()
+
+    async def _record(self, ledger_id: int, horizon: Position) -> None:
+        """Save ``{ledger_id, horizon}`` in the ``__compaction`` cursor. On a conflict (another owner: the
+        managed ledger is fenced) the ledger is deleted. On any other failure (ZooKeeper did not answer, or the
+        topic closed while it waited) the save may have been applied, and the cursor holds the new state as
+        unsaved, to save it later: the previous record is saved again (our own lost write is taken over, as
+        :class:`ManagedCursor` does) and only once it is stored is the ledger deleted; while it is not, the
+        ledger is kept (left over, logged), never deleted while the stored cursor may name it."""
+        assert self._cursor is not None
+        cursor = self._cursor
+        previous = (cursor.mark_delete, dict(cursor.properties))
+        try:
+            await cursor.mark_delete_with(horizon, {COMPACTED_TOPIC_LEDGER_PROPERTY: ledger_id})
+        except ManagedLedgerFencedError:
+            await self._delete_quietly(ledger_id)
+            raise
+        except BaseException:
+            try:
+                await cursor.mark_delete_with(*previous)
+            except Exception as e:
+                log.warning(
+                    "ml=%s compacted ledger %d kept: the cursor may name it (%s)", self.ml.name, ledger_id, e
+                )
+            else:
+                await self._delete_quietly(ledger_id)
+            raise
 
     async def _delete_quietly(self, ledger_id: int, lh: LedgerHandle | None = None) -> None:
         if lh is not None:

@@ -1,0 +1,109 @@
+"""A compaction whose record (the ``__compaction`` cursor's save of its compacted ledger) fails, against real
+ZooKeeper and bookie processes: the compacted ledger the stored cursor names, or will name, must never be
+deleted, or the next owner of the topic cannot open it (``cannot open compacted ledger``) and cannot serve the
+topic at all.
+
+Found by reading: the compactor set the cursor's new state (horizon, ledger) in memory, its save failed
+(ZooKeeper away), the compactor deleted the new ledger, and the cursor, still holding that state as unsaved,
+saved it at the topic's next tick or close."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import zk
+from ledger_client import BookKeeper, ClientConfig
+from ledger_client import errors as LE
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+from topic_broker.compaction import COMPACTED_TOPIC_LEDGER_PROPERTY, COMPACTION_SUBSCRIPTION, TopicCompaction
+from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from zk import layout
+from zk.managed_ledgers import BrokerMetadataStore
+
+ML = "public/default/persistent/compaction-record"
+SMALL = dict(ensemble_size=2, write_quorum=2, ack_quorum=2, min_rollover_time_s=0.0)
+
+
+def keyed(key: str, value: bytes) -> bytes:
+    md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, partition_key=key)
+    return wire.make_entry(md, value)
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["refused", "reply-lost"])
+def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledger_its_cursor_names(
+    bookies, applied: bool
+) -> None:
+    bookies.start_many(2)
+
+    async def body() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            store = BrokerMetadataStore(bk.store)
+            config = ManagedLedgerConfig(**SMALL)
+            ml = await ManagedLedger.open(bk, store, ML, config)
+            for i in range(4):
+                await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
+            comp = TopicCompaction(ml, bk)
+            await comp.compact()
+            assert comp.view is not None
+            first = comp.view.ledger_id
+            for i in range(4, 8):
+                await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
+
+            # 1. the save that records the second compaction fails once: ZooKeeper applied nothing, or applied
+            # it and its reply was lost
+            cursor_path = layout.ml_cursor_path(ML, COMPACTION_SUBSCRIPTION)
+            real_set = bk.store.aset
+            created: list[int] = []
+            real_create = bk.create_ledger
+
+            async def remember(*args: Any, **kwargs: Any) -> Any:
+                lh = await real_create(*args, **kwargs)
+                created.append(lh.ledger_id)
+                return lh
+
+            async def away(path: str, value: Any, version: int) -> Any:
+                if path != cursor_path:
+                    return await real_set(path, value, version)
+                bk.store.aset = real_set  # type: ignore[method-assign]
+                if applied:
+                    await real_set(path, value, version)
+                raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
+
+            bk.store.aset = away  # type: ignore[method-assign]
+            bk.create_ledger = remember  # type: ignore[method-assign]
+            with pytest.raises(zk.MetadataConnectionError):
+                await comp.compact()
+            assert bk.store.aset == real_set
+            bk.create_ledger = real_create  # type: ignore[method-assign]
+            assert comp.view is not None and comp.view.ledger_id == first  # still the first compaction's view
+            assert len(created) == 1
+
+            # 2. the topic is closed (its cursors saved) and opened by a new owner, which opens the ledger the
+            # stored cursor names
+            await comp.close()
+            await ml.close()
+            stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
+            assert stored is not None
+            recorded = stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
+            handle = await bk.open_ledger(recorded, config.password, recovery=False)  # it exists
+            await handle.close()
+            ml2 = await ManagedLedger.open(bk, store, ML, config)
+            comp2 = TopicCompaction(ml2, bk)
+            await comp2.load()
+            assert comp2.view is not None and comp2.view.ledger_id == recorded
+            assert recorded == first  # the previous record saved again
+            with pytest.raises(LE.NoSuchLedgerError):  # and the failed compaction's ledger deleted
+                await bk.open_ledger(created[0], config.password, recovery=False)
+            await comp2.compact()  # and compacts again
+            assert comp2.view is not None and comp2.view.horizon == ml2.last_confirmed_position()
+            await comp2.close()
+            await ml2.close()
+        finally:
+            await bk.close()
+
+    asyncio.run(body())
