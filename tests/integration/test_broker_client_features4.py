@@ -277,6 +277,8 @@ def test_flush_while_the_owning_broker_goes_away_fires_every_callback(
             if i == 10:
                 doomed.stop()
         to_survivor.flush()
+        assert to_survivor.is_connected()  # to the survivor
+        wait_for(lambda: not to_nowhere.is_connected(), "the stranded producer's disconnection")
         with contextlib.suppress(pulsar.Timeout):
             to_nowhere.flush()  # the client's own: it raises Timeout or returns once the messages failed
         wait_for(lambda: len(survivor_cbs.results) == n and len(nowhere_cbs.results) == n, "every callback")
