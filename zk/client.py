@@ -325,6 +325,11 @@ class MetadataStore(CompareAndSetUpdate):
         self.ensure("")
         return created
 
+    @property
+    def created_root(self) -> str | None:
+        """The topmost znode of the root's path that :meth:`connect` created (None: the root was there)."""
+        return self._created_root
+
     def remove_created_root(self) -> bool:
         """Delete again what :meth:`connect` created of the root's path, from the root up to the topmost znode it
         created, each only while it has no body and no children (a znode another process has written or added

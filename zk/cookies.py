@@ -196,7 +196,8 @@ def existing_instance_id(store: MetadataStore) -> str | None:
     another cluster beside those there, whose first bookies have not created it yet). Raises
     :class:`NoClusterError`, naming those roots, when one does: ``store``'s root is then most likely a mistyped
     --zk-root, and what the connection and its client created there (znodes without a body: the root and those
-    of its ancestors that were missing too, ``/ledgerstroe`` of ``/ledgerstroe/prod``) is removed again."""
+    of its ancestors that were missing too, ``/ledgerstroe`` of ``/ledgerstroe/prod``) is removed again; under a
+    root that was there before, nothing is (its znodes, bodiless or not, may be another process's)."""
     try:
         return instance_id(store, create=False)
     except MetadataNotFoundError:
@@ -207,7 +208,8 @@ def existing_instance_id(store: MetadataStore) -> str | None:
     ]
     if not clusters:
         return None
-    if store.root != "/":
+    # (a root that was there is another process's, and so is all under it)
+    if store.root != "/" and store.created_root is not None:
         with contextlib.suppress(MetadataError):
             for child in store.children(""):
                 _remove_bodiless(store, child)

@@ -184,6 +184,33 @@ def test_a_command_refused_on_a_mistyped_nested_root_leaves_zookeeper_as_it_foun
                 top.delete(path.lstrip("/"), recursive=True, missing_ok=True)
 
 
+def test_a_command_refused_on_a_mistyped_root_that_was_there_deletes_nothing_under_it(
+    zk_connect: ZkTarget,
+) -> None:
+    """`ledger list --zk-root` a root that another process made (empty znodes below it, as a cluster being set up
+    or another tool has) and that looks like a typo of a cluster's: refused, and none of those znodes deleted,
+    since this command did not make them."""
+    zk, root = zk_connect
+    with MetadataStore.connect(zk, f"{root}/prod") as prod:
+        instance_id(prod)
+    typo = f"{root}/prd"
+    with MetadataStore.connect(zk, "/") as top:
+        top.ensure(f"{typo}/locks/lease".lstrip("/"))  # bodiless, as a directory znode
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "ledgerstore.cli", "ledger", "list", "--zk", zk, "--zk-root", typo],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 4 and f"no cluster under --zk-root {typo}" in r.stderr, r.stderr
+        with MetadataStore.connect(zk, "/") as top:
+            assert top.exists(f"{typo}/locks/lease".lstrip("/")), "another process's znode deleted"
+    finally:
+        with MetadataStore.connect(zk, "/") as top:
+            top.delete(typo.lstrip("/"), recursive=True, missing_ok=True)
+
+
 def test_another_cluster_beside_one_is_no_typo_and_starts(zk_connect: ZkTarget) -> None:
     """One ZooKeeper serving several clusters (a root per team, per test run): a root that is no typo of a
     cluster's (``looks_mistyped``) is a new deployment's, whose first bookies create it, not a refusal; a
