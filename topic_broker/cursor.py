@@ -34,9 +34,13 @@ from topic_broker.managed_ledger import (
 )
 from zk.client import JsonDict
 from zk.managed_ledgers import CursorInfo
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 from zk.versioned import Versioned
 
 log = logging.getLogger(__name__)
+#: the delayed saves that ZooKeeper failed (away: every cursor with acks fails every ~10 s): a line a minute for
+#: them all, no traceback; the next ack, tick or close saves again
+_saves_failing = RateLimitedLog(log, LOG_EVERY_S)
 
 __all__ = [
     "DEFAULT_FLUSH_INTERVAL_S",
@@ -352,8 +356,14 @@ class ManagedCursor:
             await self.flush()
         except (ManagedLedgerFencedError, ManagedLedgerClosedError):
             pass
+        except zk.MetadataError as e:
+            _saves_failing.warning(
+                "ml=%s cursor=%s not saved yet (acks kept, saved later): %s", self.ml.name, self.name, e
+            )
         except Exception:  # a task nobody awaits: log; the next ack, tick or close tries again
             log.exception("ml=%s cursor=%s flush failed", self.ml.name, self.name)
+        else:
+            _saves_failing.reset()
 
     # -- persistence --------------------------------------------------------------------------------------------
     async def refresh(self) -> None:
