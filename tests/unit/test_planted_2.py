@@ -154,3 +154,22 @@ def test_a_delayed_message_due_a_moment_after_its_read_is_held_until_it_is_due(e
     assert delivered(run(sub, log, out)) == [] and sub.delayed_count == 1
     assert delivered(run(sub, log, sub.release_delayed(9_999))) == []
     assert [p for _, p, _ in delivered(run(sub, log, sub.release_delayed(10_000)))] == [(1, 0)]
+
+
+# ---- batch-index acks (topic_broker/subscription.py) ----
+
+
+def test_an_ack_set_that_leaves_only_messages_acked_before_unacked_acks_the_entry() -> None:
+    """Ack sets of one batch from two consumers (the batch moved to another one between them): the second
+    names as unacked only the message the first acked, so with it every message of the batch is acked and the
+    entry is, not kept pending (and redelivered) with nothing left to ack."""
+    from tests.unit.test_subscription import FakeLog, run
+    from topic_broker.subscription import Subscription, SubType
+
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(1, batch=3)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    assert sub.ack_individual([((1, 0), -1, [0b110])]).acked == []  # message 0
+    assert sub.ack_individual([((1, 0), -1, [0b001])]).acked == [(1, 0)]  # messages 1 and 2
+    assert sub.pending(1) == []
