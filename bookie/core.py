@@ -33,7 +33,6 @@ import logging
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any, Protocol
 
 from . import protocol as p
@@ -87,12 +86,6 @@ def _bind(info: LedgerInfo, key: bytes) -> None:
 
 def _unbound(fenced_with: bytes) -> LedgerInfo:
     return LedgerInfo(master_key=UNBOUND_KEY, fenced=True, lac_blob=fenced_with)
-
-
-_ADD_RESP_FRAME = p.ADD_RESP_FRAME
-_ADD_RESP_LEN = p.ADD_RESP_FRAME_SIZE - 4
-_VERSION = p.PROTOCOL_VERSION
-_ADD = int(p.OpCode.ADD_ENTRY)
 
 
 class JournalAppend(Protocol):
@@ -461,14 +454,10 @@ class BookieCore:
             if exc is not None:
                 self._journal_failed(exc)
                 status = p.Status.READONLY if _is_enospc(exc) else p.Status.INTERNAL
-                resp = p.encode_add_response
-                reply(b"".join(map(resp, rids, repeat(status, n), lids, eids)), n)
+                reply(p.encode_add_responses(rids, status, lids, eids), n)
                 return
             self._store_group(lids, eids, entries, seen)
-            ok = p.Status.OK
-            frames = map(_ADD_RESP_FRAME.pack, repeat(_ADD_RESP_LEN, n), repeat(_VERSION, n), repeat(_ADD, n),
-                         repeat(0, n), rids, repeat(ok, n), lids, eids)  # fmt: skip
-            reply(b"".join(frames), n)
+            reply(p.encode_add_responses(rids, p.Status.OK, lids, eids), n)
 
         self.journal_append_entries(entries, done, new_keys)
 

@@ -49,7 +49,7 @@ from aiohttp import web
 from zk.errors import MetadataConnectionError, MetadataError
 from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
-from . import auth, server_gate
+from . import auth, malloc, server_gate
 from . import server as srv
 from .bk_http import add_bookkeeper_routes
 from .config_file import ConfigError, Effective, resolve
@@ -1139,6 +1139,7 @@ def serve(args: argparse.Namespace, companions: CompanionFactory | None = None) 
         log.error("bookie: %s", e)
         return 2
     install_uvloop()
+    malloc.tune()
     profile = os.environ.get("LEDGERSTORE_PROFILE")
     if not profile:
         rc = asyncio.run(run_until_signalled(config_from_args(args), settings, extra))

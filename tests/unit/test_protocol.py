@@ -408,3 +408,29 @@ def test_frames_of_any_size_cut_anywhere_come_out_whole_and_in_order(sizes, cuts
         if pos == len(stream):
             break
     assert got == frames
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 512])
+@pytest.mark.parametrize("one_ledger", [True, False])
+def test_encode_add_responses_is_each_response_joined(n: int, one_ledger: bool) -> None:
+    """The column-by-column encoding gives the bytes of encoding each response, at the fields' extremes too."""
+    rids = [(i * 0x9E3779B97F4A7C15) % 2**64 for i in range(n)]
+    lids = [2**64 - 1 if one_ledger else (i * 7919) % 2**64 for i in range(n)]
+    eids = [(-1 if i % 3 == 0 else 2**63 - 1 - i) for i in range(n)]
+    for status in (p.Status.OK, p.Status.FENCED):
+        want = b"".join(
+            p.encode_add_response(r, status, lid, e) for r, lid, e in zip(rids, lids, eids, strict=True)
+        )
+        assert p.encode_add_responses(rids, status, lids, eids) == want
+        # and a client's decoder reads them back
+        dec = p.FrameDecoder()
+        dec.feed(want)
+        got = dec.take_leading_add_responses()
+        assert [(row[4], row[5], row[6], row[7]) for row in got] == list(
+            zip(rids, [status] * n, lids, eids, strict=True)
+        )
+
+
+def test_encode_add_responses_refuses_columns_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match="3 request ids, 2 ledger ids"):
+        p.encode_add_responses([1, 2, 3], p.Status.OK, [1, 1], [1, 2, 3])
