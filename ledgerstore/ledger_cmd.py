@@ -13,7 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ledger_client.client import BookKeeper, ClientConfig
-from ledger_client.errors import UnauthorizedError
+from ledger_client.errors import NotEnoughBookiesError, UnauthorizedError
 from ledgerstore.cli import (
     EXIT_NOT_FOUND,
     PASSWORD_ENV,
@@ -113,6 +113,14 @@ def _run(
                 raise
             hint = f"{e.message}: none was given (--password, --password-file or ${PASSWORD_ENV})"
             raise UnauthorizedError(hint, ledger_id=e.ledger_id) from e
+        except NotEnoughBookiesError as e:
+            if not hasattr(args, "ensemble"):  # (a verb that makes no ledger)
+                raise
+            hint = (
+                f"{e.message}: start more bookies (`ledgerstore cluster status` lists them), or give the ledger "
+                f"fewer than -E {args.ensemble} (with -W and -A no larger)"
+            )
+            raise NotEnoughBookiesError(hint, ledger_id=e.ledger_id) from e
         finally:
             await bk.close()
 

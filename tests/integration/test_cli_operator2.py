@@ -187,6 +187,24 @@ def test_ledger_writes_that_a_hung_bookie_fails_end_in_one_line_not_a_traceback_
     assert len(errors) == 1 and "NOT_ENOUGH_BOOKIES" in errors[0], r.stderr[-3000:]
 
 
+def test_a_ledger_larger_than_the_bookies_there_is_refused_saying_what_to_change(
+    bookies: BookieFactory,
+) -> None:
+    """One bookie (a first `bookie serve` by hand) and `ledger simpletest`'s default ensemble of 3: it said only
+    'NOT_ENOUGH_BOOKIES: need 3 writable bookies, have 1'; now also what to do (more bookies, or -E)."""
+    bookies.start_many(1)
+    at = ("--zk", bookies.zk, "--zk-root", bookies.root)
+    r = _ls("ledger", "simpletest", "-n", "10", *at)
+    assert r.returncode == cli.EXIT_UNAVAILABLE, r.stdout + r.stderr
+    assert r.stderr.startswith("ledgerstore: NOT_ENOUGH_BOOKIES: need 3 writable bookies, have 1"), r.stderr
+    assert (
+        "start more bookies (`ledgerstore cluster status` lists them), or give the ledger fewer than -E 3"
+        in (r.stderr)
+    )
+    r = _ls("ledger", "simpletest", "-n", "10", "-E", "1", "-W", "1", "-A", "1", *at)
+    assert r.returncode == 0 and "simpletest OK" in r.stdout, r.stdout + r.stderr
+
+
 def test_cluster_status_names_a_bookie_that_is_running_but_not_answering(tmp_path: Path) -> None:
     """A hung bookie (SIGSTOP) was listed 'up' like the others: its process exists. `cluster status` now adds
     that its /health does not answer."""
