@@ -373,6 +373,23 @@ def test_seek_after_reading_repositions_readers_and_consumers(c: Any) -> None:
     assert [m.data() for m in drain(consumer, 2)] == [b"0", b"1"]
 
 
+def test_a_consumer_of_a_topic_list_seeks_by_time_and_to_earliest(c: Any) -> None:
+    a = topic_name()
+    b = f"{a}-b"
+    for t in (a, b):
+        producer = c.create_producer(t)
+        for i in range(3):
+            producer.send(f"{t}-{i}".encode())
+    everything = sorted(f"{t}-{i}".encode() for t in (a, b) for i in range(3))
+    consumer = c.subscribe([a, b], "s", initial_position=pulsar.InitialPosition.Earliest)
+    assert sorted(m.data() for m in drain(consumer, 6)) == everything
+    consumer.seek(0)
+    assert sorted(m.data() for m in drain(consumer, 6)) == everything
+    consumer.seek(pulsar.MessageId.earliest)
+    assert sorted(m.data() for m in drain(consumer, 6)) == everything
+    assert receive_all(consumer, 500) == []
+
+
 def test_regex_subscription_modes(c: Any) -> None:
     """``regex_subscription_mode``: PersistentOnly and AllTopics find the matching topics, NonPersistentOnly none
     (the broker answers GET_TOPICS_OF_NAMESPACE by its mode, as Pulsar; it has no non-persistent topics)."""
