@@ -130,6 +130,26 @@ class Cursor:
             self._batch = self.batch_acked
         return True
 
+    def ack_range(self, start: Position, end: Position) -> bool:
+        """Acknowledge every position from ``start`` to ``end``, both included, whether an entry is stored there
+        or not (the ids a compaction removed); True if that changed anything."""
+        start, end = Position(*start), Position(*end)
+        if end < start or end <= self._md:
+            return False
+        i = bisect.bisect_left(self._ends, start)  # the first range that ends at or after start
+        if i < len(self._starts) and self._starts[i] <= start and end <= self._ends[i]:
+            return False
+        j = i
+        while j < len(self._starts) and self._starts[j] <= end:  # the ranges it overlaps are merged into it
+            start, end = min(start, self._starts[j]), max(end, self._ends[j])
+            j += 1
+        del self._starts[i:j], self._ends[i:j]
+        for pos in [p for p in self._batch if start <= p <= end]:
+            del self._batch[pos]
+        self._add_range(start, end)
+        self._advance()
+        return True
+
     def ack_batch(self, pos: Position, mask: int) -> bool:
         """Some messages of the batch at ``pos`` acknowledged (bit ``i`` of ``mask``: message ``i``); the entry
         stays unacknowledged. True if that changed anything."""
@@ -302,6 +322,13 @@ class ManagedCursor:
 
     def ack_cumulative(self, pos: Position) -> bool:
         changed = self.cursor.ack_cumulative(pos)
+        if changed:
+            self._changed()
+        return changed
+
+    def ack_range(self, start: Position, end: Position) -> bool:
+        """Every position from ``start`` to ``end`` acknowledged (``Cursor.ack_range``)."""
+        changed = self.cursor.ack_range(start, end)
         if changed:
             self._changed()
         return changed

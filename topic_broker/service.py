@@ -572,13 +572,29 @@ class SubscriptionRuntime:
             await asyncio.sleep(1.0)
             self.execute(self.core.resume())
             return
-        if got and first + len(got) < view.entries:
+        end = not got or first + len(got) >= view.entries  # the compacted ledger read to its end
+        if not end:
             last = got[-1][0]
             nxt = Position(last.ledger_id, last.entry_id + 1)
         else:
             nxt = ml.next_position(view.horizon)
+        if self.cursor is not None:
+            self._ack_compacted_away(start, [p for p, _ in got], view.horizon if end else None)
         entries = [self._compacted_entry(p, d) for p, d in got if not self._acked(p)]
         self.execute(self.core.on_read(cmd.epoch, entries, nxt, at_end=False, now_ms=time.time() * 1000))
+
+    def _ack_compacted_away(self, start: Position, kept: list[Position], horizon: Position | None) -> None:
+        """The ids a compaction removed between ``start`` and the entries read from the compacted ledger (up to
+        the ``horizon`` when read to its end) count as acknowledged: never delivered, nobody acks them, and they
+        would hold the mark-delete (the backlog, what retention keeps) back for ever."""
+        assert self.cursor is not None
+        ml = self.topic.ml
+        gap = start
+        for pos in kept:
+            self.cursor.ack_range(gap, Position(pos.ledger_id, pos.entry_id - 1))
+            gap = ml.next_position(pos)
+        if horizon is not None:
+            self.cursor.ack_range(gap, horizon)
 
     async def _read_replay(self, cmd: ReadReplay) -> None:
         ml = self.topic.ml

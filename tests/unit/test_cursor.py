@@ -62,6 +62,22 @@ def test_mark_delete_crosses_ledger_boundary_with_ml_knowledge() -> None:
     assert c.mark_delete == P(5, 0)
 
 
+def test_a_range_ack_covers_positions_with_or_without_entries_and_merges_what_it_overlaps() -> None:
+    """What a compaction removed, acknowledged as ranges (``(9, -1)``: up to the end of the ledgers before 9)."""
+    c = Cursor(P(3, -1), next_position=VIEW.next_position)
+    c.ack_individual(P(5, 1))
+    c.ack_individual(P(9, 2))
+    c.ack_batch(P(9, 1), 0b01)
+    assert c.ack_range(P(3, 1), P(9, -1))  # over (5, 1) and ledger 5's end
+    assert c.individually_deleted == [(P(3, 1), P(9, -1)), (P(9, 2), P(9, 2))]
+    assert not c.ack_range(P(5, 0), P(5, 1))  # inside it: nothing changes
+    assert c.ack_range(P(9, 0), P(9, 1))  # touches both neighbours: one range, the batch's partial acks gone
+    assert c.individually_deleted == [(P(3, 1), P(9, 2))] and c.batch_acked == {}
+    assert c.ack_range(P(3, 0), P(3, 0))  # the gap after the mark-delete: it moves over everything
+    assert c.mark_delete == P(9, 2) and c.individually_deleted == []
+    assert not c.ack_range(P(3, 0), P(9, 2)) and not c.ack_range(P(9, 5), P(9, 4))
+
+
 def test_reset_moves_mark_delete_and_forgets_acks() -> None:
     c = Cursor(P(1, 5))
     c.ack_individual(P(1, 8))
