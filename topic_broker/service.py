@@ -606,6 +606,8 @@ class SubscriptionRuntime:
                     data = await view.read_at(Position(*pos)) if view is not None else None
                     if data is not None:
                         out.append(self._compacted_entry(Position(*pos), data))
+                    elif view is not None and self.cursor is not None:
+                        self.cursor.ack_individual(Position(*pos))  # compacted away since its delivery
                     continue
                 got = await ml.read_entries(Position(*pos), 1)
                 if got and got[0][0] == pos:
