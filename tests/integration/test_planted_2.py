@@ -134,3 +134,35 @@ def test_a_role_without_a_grant_cannot_list_a_namespaces_topics(secure: SecureCl
     assert refused[1].startswith("alice is not authorized to produce or consume"), refused
     secure.grant("alice", ["consume"])
     assert topic in _topics_of_namespace(secure, alice, "public/default")
+
+
+def test_deleting_a_namespace_whose_topic_had_a_schema_leaves_nothing_of_it_in_zookeeper(
+    cluster: Brokers,
+) -> None:
+    """A namespace's deletion removes the empty directories its topics left under every broker root, the
+    schemas' too (a topic with a schema leaves schemas/<tenant>/<namespace>/persistent once deleted): nothing
+    naming the tenant is left once it is deleted too."""
+    from tests.integration.test_broker_namespaces import admin, unique
+
+    broker = cluster.start()
+    tenant, ns = unique("tn"), unique("ns")
+    assert admin(broker, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
+    assert admin(broker, "PUT", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    with contextlib.closing(client(broker)) as c:
+        c.create_producer(f"persistent://{tenant}/{ns}/typed", schema=pulsar.schema.StringSchema()).send("x")
+    assert admin(broker, "GET", f"/admin/v2/schemas/{tenant}/{ns}/typed/schema")[0] == 200
+    assert admin(broker, "DELETE", f"/admin/v2/persistent/{tenant}/{ns}/typed?force=true")[0] == 204
+    assert admin(broker, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    assert admin(broker, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 204
+    left: list[str] = []
+    with MetadataStore.connect(cluster.bookies.zk, cluster.bookies.root) as store:
+
+        def walk(path: str) -> None:
+            for child in store.children(path):
+                p = f"{path}/{child}" if path else child
+                if tenant in child:
+                    left.append(p)
+                walk(p)
+
+        walk("")
+    assert left == []
