@@ -247,10 +247,16 @@ def _check_recorded_zk(args: argparse.Namespace, st: dict[str, Any], state_dir: 
     recorded = {"--zk": st.get("zk"), "--zk-root": st.get("zk_root", "/ledgerstore")}
     given = {
         "--zk": args.zk if getattr(args, "zk_given", False) else None,
-        "--zk-root": args.zk_root.rstrip("/") or "/" if getattr(args, "zk_root_given", False) else None,
+        "--zk-root": args.zk_root if getattr(args, "zk_root_given", False) else None,
     }
+
+    def norm(flag: str, value: str | None) -> str | None:  # (up records the root as typed: /r/ is /r)
+        return (value.rstrip("/") or "/") if flag == "--zk-root" and value else value
+
     wrong = [
-        f"{flag} {given[flag]}" for flag in given if given[flag] is not None and given[flag] != recorded[flag]
+        f"{flag} {value}"
+        for flag, value in given.items()
+        if value is not None and norm(flag, value) != norm(flag, recorded[flag])
     ]
     if wrong:
         raise UsageError(

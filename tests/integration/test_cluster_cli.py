@@ -179,3 +179,22 @@ def test_a_state_file_of_an_older_cluster_up_is_listed_stopped_or_refused_saying
     r = _ls("cluster", "restart", "bookie-1", *at)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _ls("cluster", "status", *at).returncode == 0
+
+
+def test_the_zk_root_a_cluster_was_started_with_is_accepted_as_given_then(tmp_path: Path) -> None:
+    """`cluster up --zk-root /r/` records the root as typed; `cluster status|down --zk-root /r/`, the same
+    string, was refused as another root (the check compared it, trailing slash dropped, with the record as is)."""
+    state = tmp_path / "cluster"
+    root = f"/ls-{tmp_path.name[-12:]}/"
+    up = _ls("cluster", "up", *_ports(state, free_port()), "--bookies", "1", "--zk-root", root)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        r = _ls("cluster", "status", "--zk-root", root, "--state-dir", str(state))
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = _ls("cluster", "status", "--zk-root", root.rstrip("/") + "x", "--state-dir", str(state))
+        assert r.returncode == 2, r.stdout + r.stderr  # another root is still refused
+    finally:
+        down = _ls("cluster", "down", "--zk-root", root, "--state-dir", str(state))
+        if down.returncode != 0:
+            _ls("cluster", "down", "--state-dir", str(state))  # (stop it all the same)
+    assert down.returncode == 0, down.stdout + down.stderr
