@@ -1,6 +1,6 @@
 """Tests for the bugs planted in the audit of 2026-11-28 against b6de126 that the tests of the time let through
-(docs/architecture.md §11, "The audit of the code since the earlier audits"): each fails with its bug planted
-and passes without it. Real ZooKeeper, bookie and broker processes, the official ``pulsar-client``."""
+(docs/architecture.md §11, "The planted-bug audit of the code since the earlier audits"): each fails with its
+bug planted and passes without it. Real ZooKeeper, bookie and broker processes, the official ``pulsar-client``."""
 
 from __future__ import annotations
 
