@@ -369,7 +369,9 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
             for i in range(args.bookies)
         ],
         "brokers": [
-            _broker_row(args.broker_port + i, args.broker_http_port + i, state_dir / f"broker-{i}.log")
+            _broker_row(
+                args.broker_port + i, args.broker_http_port + i, state_dir / f"broker-{i}.log", args.bookies
+            )
             for i in range(getattr(args, "brokers", 0))
         ],
         "autorecovery": (  # a standalone one too, on request
@@ -419,6 +421,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
             + ", ".join(b["id"] for b in state["bookies"])
             + "".join(
                 f"\n  broker {br['id']}: service URL {br['service_url']}, admin {br['web_service_url']}"
+                + (f" ({' '.join(br['args'])}: only --bookies {args.bookies})" if br["args"] else "")
                 for br in state["brokers"]
             )
             + ("\n  autorecovery: in every bookie (metrics on theirs)" if embedded else "")
@@ -434,7 +437,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     return 0
 
 
-def _broker_row(port: int, http_port: int, log: Path) -> dict[str, Any]:
+def _broker_row(port: int, http_port: int, log: Path, bookies: int) -> dict[str, Any]:
     return {
         "id": f"127.0.0.1:{port}",
         "pid": 0,
@@ -443,7 +446,19 @@ def _broker_row(port: int, http_port: int, log: Path) -> dict[str, Any]:
         "service_url": f"pulsar://127.0.0.1:{port}",
         "web_service_url": f"http://127.0.0.1:{http_port}",
         "log": str(log),
+        "args": _broker_quorum_args(bookies),
     }
+
+
+def _broker_quorum_args(bookies: int) -> list[str]:
+    """A broker's topics' ledgers on a cluster of fewer bookies than its default ensemble (3, with write and ack
+    quorums of 2) use all there are: with the defaults no topic could ever be opened (NOT_ENOUGH_BOOKIES)."""
+    from topic_broker.service import DEFAULT_ACK_QUORUM, DEFAULT_ENSEMBLE_SIZE, DEFAULT_WRITE_QUORUM
+
+    if not 0 < bookies < DEFAULT_ENSEMBLE_SIZE:
+        return []
+    e, w, a = bookies, min(bookies, DEFAULT_WRITE_QUORUM), min(bookies, DEFAULT_ACK_QUORUM)
+    return ["--ensemble-size", str(e), "--write-quorum", str(w), "--ack-quorum", str(a)]
 
 
 def _stop_pid(pid: int, timeout_s: float = 15.0) -> bool:
@@ -566,7 +581,12 @@ def _process_of(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServicePr
         )
     if kind == "broker":
         return BrokerProcess(
-            zk=zk, zk_root=zk_root, port=row["port"], http_port=row["http_port"], log_path=Path(row["log"])
+            zk=zk,
+            zk_root=zk_root,
+            port=row["port"],
+            http_port=row["http_port"],
+            log_path=Path(row["log"]),
+            extra_args=list(row.get("args", [])),  # (rows older than the field: started without any)
         )
     password_file = row.get("password_file")
     return AutoRecoveryProcess(

@@ -96,6 +96,27 @@ def test_a_cluster_up_that_fails_half_way_stops_what_it_started(tmp_path: Path) 
     )
 
 
+def test_a_cluster_of_fewer_bookies_than_a_brokers_default_ensemble_serves_topics(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`cluster up --bookies 1`: its broker asked for ensembles of 3 (its default), so every producer was told
+    NOT_ENOUGH_BOOKIES for ever, and no `cluster up` flag could change it. Its topics' ledgers now use the bookies
+    there are, after a restart of the broker too (its flags are in its row)."""
+    state = tmp_path / "cluster"
+    request.addfinalizer(lambda: _ls("cluster", "down", "--state-dir", str(state)))
+    broker, http = free_port(), free_port()
+    ports = ("--broker-port", str(broker), "--broker-http-port", str(http))
+    r = _ls("cluster", "up", *_ports(state, free_port()), "--bookies", "1", "--brokers", "1", *ports)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(--ensemble-size 1 --write-quorum 1 --ack-quorum 1: only --bookies 1)" in r.stdout, r.stdout
+    urls = ("--service-url", f"pulsar://127.0.0.1:{broker}", "--url", f"http://127.0.0.1:{http}")
+    p = _ls("topic", "produce", "t", "-m", "on one bookie", *urls, timeout=90)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert _ls("cluster", "restart", "broker-0", "--state-dir", str(state)).returncode == 0
+    c = _ls("topic", "consume", "t", "-s", "s", "-n", "1", *urls, timeout=90)
+    assert c.returncode == 0 and "on one bookie" in c.stdout, c.stdout + c.stderr
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, list[str]]:
     """2 bookies and a standalone AutoRecovery process (its state directory and `cluster up` options); `down` at
