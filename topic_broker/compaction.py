@@ -38,6 +38,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import zk
 from ledger_client import BookKeeper, LedgerHandle
 from ledger_client import errors as LE
 
@@ -475,11 +476,25 @@ class TopicCompaction:
             await self.view.close()
 
     async def delete(self) -> None:
-        """The topic is deleted: its compacted ledger goes too."""
+        """The topic is deleted: its compacted ledger goes too, the view's and the one the ``__compaction``
+        cursor names, if another (a compaction cancelled after recording its ledger, before serving it)."""
         await self.close()
-        if self.view is not None:
-            await self._delete_quietly(self.view.ledger_id)
-            self.view = None
+        ledgers = set() if self.view is None else {self.view.ledger_id}
+        self.view = None
+        try:
+            stored = await self.ml.store.get_cursor(self.ml.name, COMPACTION_SUBSCRIPTION)
+        except zk.MetadataError as e:
+            log.warning(
+                "ml=%s compaction cursor not read: its compacted ledger may stay: %s", self.ml.name, e
+            )
+        else:
+            recorded = (
+                None if stored is None else stored.value.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
+            )
+            if recorded is not None:
+                ledgers.add(recorded)
+        for ledger_id in sorted(ledgers):
+            await self._delete_quietly(ledger_id)
 
 
 def last_kept_index(data: bytes) -> int:

@@ -33,6 +33,18 @@ def keyed(key: str, value: bytes) -> bytes:
     return wire.make_entry(md, value)
 
 
+async def keyed_topic(
+    bk: BookKeeper,
+) -> tuple[BrokerMetadataStore, ManagedLedgerConfig, ManagedLedger, TopicCompaction]:
+    """The topic's managed ledger with 4 messages of 2 keys, and its compaction (not run yet)."""
+    store = BrokerMetadataStore(bk.store)
+    config = ManagedLedgerConfig(**SMALL)
+    ml = await ManagedLedger.open(bk, store, ML, config)
+    for i in range(4):
+        await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
+    return store, config, ml, TopicCompaction(ml, bk)
+
+
 @pytest.mark.parametrize("applied", [False, True], ids=["refused", "reply-lost"])
 def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledger_its_cursor_names(
     bookies, applied: bool
@@ -42,12 +54,7 @@ def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledg
     async def body() -> None:
         bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
         try:
-            store = BrokerMetadataStore(bk.store)
-            config = ManagedLedgerConfig(**SMALL)
-            ml = await ManagedLedger.open(bk, store, ML, config)
-            for i in range(4):
-                await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
-            comp = TopicCompaction(ml, bk)
+            store, config, ml, comp = await keyed_topic(bk)
             await comp.compact()
             assert comp.view is not None
             first = comp.view.ledger_id
@@ -103,6 +110,40 @@ def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledg
             assert comp2.view is not None and comp2.view.horizon == ml2.last_confirmed_position()
             await comp2.close()
             await ml2.close()
+        finally:
+            await bk.close()
+
+    asyncio.run(body())
+
+
+def test_a_topic_deleted_while_its_compaction_opens_the_ledger_it_recorded_leaves_no_ledger(bookies) -> None:
+    """The topic deleted (its compaction cancelled) after the compaction recorded its new ledger and while it
+    opened it: the new ledger went with the topic, as the previous one did."""
+    bookies.start_many(2)
+
+    async def body() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            store, config, ml, comp = await keyed_topic(bk)
+            real_open = bk.open_ledger
+            opening = asyncio.Event()
+
+            async def slow_open(*args: Any, **kwargs: Any) -> Any:
+                opening.set()
+                await asyncio.sleep(30)  # (the topic is deleted meanwhile)
+                return await real_open(*args, **kwargs)
+
+            bk.open_ledger = slow_open  # type: ignore[method-assign]
+            comp.trigger()
+            await asyncio.wait_for(opening.wait(), 30)
+            bk.open_ledger = real_open  # type: ignore[method-assign]
+            stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
+            assert stored is not None
+            recorded = stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
+            await comp.delete()
+            await ml.delete()
+            with pytest.raises(LE.NoSuchLedgerError):
+                await bk.open_ledger(recorded, config.password, recovery=False)
         finally:
             await bk.close()
 
