@@ -211,6 +211,8 @@ class _Driver:
         self._open_handles: dict[int, Any] = {}
         #: ledger id -> entries of ledgers seen closed (fixed for good): tells a trimmed ledger from a loss
         self.known_closed: dict[int, int] = {}
+        #: ledgers whose metadata took ``password`` (checked once each, when a snapshot first lists them)
+        self._password_ok: set[int] = set()
 
     @property
     def bk(self) -> Any:
@@ -311,19 +313,37 @@ class _Driver:
         for i, li in enumerate(info.ledgers):
             last = i == len(info.ledgers) - 1
             if li.entries > 0 or not last:
+                if li.ledger_id not in self._password_ok:
+                    try:
+                        self._check_password(part, li.ledger_id, self.bk.ledger_metadata(li.ledger_id))
+                    except NoSuchLedgerError:
+                        pass  # trimmed or deleted: the data-loss checks say so where it matters
                 slots.append(LedgerSlot(li.ledger_id, li.entries, li.size, True))
                 self.known_closed[li.ledger_id] = li.entries
                 continue
             try:
-                slots.append(self._open_slot(li.ledger_id))
+                slots.append(self._open_slot(part, li.ledger_id))
             except NoSuchLedgerError:
                 continue  # dropped by a new owner: it held nothing
         return Snapshot(tuple(slots))
 
-    def _open_slot(self, ledger_id: int) -> LedgerSlot:
+    def _check_password(self, part: PartitionRef, ledger_id: int, md: Any) -> None:
+        """A wrong ``password`` fails the plan naming the option (tasks would each fail on it, unnamed)."""
+        if ledger_id in self._password_ok:
+            return
+        if not md.check_password(self.opts.password):
+            raise TopicOptionError(
+                "password",
+                f"wrong password for ledger {ledger_id} of {part.name} (give the broker's managed-ledger "
+                "password: its --managed-ledger-password, empty by default)",
+            )
+        self._password_ok.add(ledger_id)
+
+    def _open_slot(self, part: PartitionRef, ledger_id: int) -> LedgerSlot:
         from ledger_client import NoSuchLedgerError
 
         md = self.bk.ledger_metadata(ledger_id)
+        self._check_password(part, ledger_id, md)
         if md.state.value == "CLOSED":
             self._drop_handle(ledger_id)
             self.known_closed[ledger_id] = md.last_entry_id + 1

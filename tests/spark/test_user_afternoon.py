@@ -1,0 +1,37 @@
+"""The ``topic`` source as a user meets it on an afternoon: a wrong ``password`` fails at plan time naming the
+option. One cluster (ZooKeeper, 3 bookies, one broker whose managed ledgers have the empty password, ledgers of
+20 entries) for the module, as in ``test_user_scenarios``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.spark import test_user_scenarios as users
+from tests.spark.test_user_scenarios import Cluster, produce
+
+pulsar = pytest.importorskip("pulsar")
+cluster = users.cluster  # the module's own cluster, built as that module builds it
+
+
+def test_a_wrong_password_fails_at_plan_time_naming_the_option(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """Closed ledgers and the open one alike: the batch read fails when it plans (before any task runs), and so
+    does a stream when it starts; each names option 'password' and the ledger."""
+    from pyspark.errors import StreamingQueryException
+
+    topic = "persistent://public/default/pw"
+    produce(cluster, topic, 30)  # ledgers of 20 entries: one closed, one open
+    time.sleep(1.5)
+    rows = cluster.read(spark, topic=topic).collect()
+    ledgers = sorted({r["__ledgerId"] for r in rows})
+    assert len(rows) == 30 and len(ledgers) == 2
+    named = f"option 'password': wrong password for ledger {ledgers[0]} of {topic}"  # the closed one
+    with pytest.raises(Exception, match=named):
+        cluster.read(spark, topic=topic, password="secret").collect()
+    with pytest.raises(StreamingQueryException, match=named):
+        cluster.available_now(spark, tmp_path, topic=topic, password="secret")
