@@ -20,6 +20,7 @@ from ledgerstore.cli import (
     EXIT_USAGE,
     CommandError,
     add_passwords_arguments,
+    cluster_store,
     emit,
     passwords_of,
     progress_disabled,
@@ -244,9 +245,7 @@ def bookie_companions(args: argparse.Namespace) -> list[Any]:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from zk import MetadataStore
-
-    return MetadataStore.connect(args.zk, root=args.zk_root)
+    return cluster_store(args)  # (a mistyped --zk-root refused)
 
 
 def _passwords(args: argparse.Namespace) -> tuple[bytes, ...]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ledgerstore.cli import CommandError, emit, password_of
+from ledgerstore.cli import CommandError, cluster_store, emit, password_of
 
 Common = Callable[[argparse.ArgumentParser], None]
 MARK = re.compile(r"Journal Id - (\d+)\(([0-9a-f]+\.jnl)\), Pos - (\d+)")
@@ -86,9 +86,7 @@ def _call(fn: Any, args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from zk import MetadataStore
-
-    return MetadataStore.connect(args.zk, root=args.zk_root)
+    return cluster_store(args)  # (a mistyped --zk-root refused)
 
 
 # ------------------------------------------------------------------------------------------------ cluster info

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ledgerstore.cli import CommandError, emit, password_of, progress_disabled
+from ledgerstore.cli import CommandError, cluster_store, emit, password_of, progress_disabled
 
 MIB = 1024 * 1024
 
@@ -42,9 +42,9 @@ def gc_line(bookie_id: str, result: dict[str, Any]) -> str:
 def registered_bookies(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The registrations (``info``) of the bookies ``--bookie-id`` names, or of every registered one;
     CommandError when one named is not registered or none is."""
-    from zk import BookieRegistry, MetadataStore
+    from zk import BookieRegistry
 
-    store = MetadataStore.connect(args.zk, root=args.zk_root)
+    store = cluster_store(args)
     try:
         bookies = BookieRegistry(store).all()
     finally:

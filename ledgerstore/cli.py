@@ -93,6 +93,27 @@ class UsageError(CommandError):
         super().__init__(message, EXIT_USAGE)
 
 
+def cluster_store(args: argparse.Namespace) -> Any:
+    """A ``MetadataStore`` under ``--zk-root`` for a command on the cluster there. A root that holds no cluster but
+    looks like a mistyped root of one that does (``zk.cookies.existing_instance_id``) is refused, exit 4, naming the
+    roots that do, and what the connection made there is removed again: the command would read an empty cluster
+    there and say all is well (`cluster info`, `autorecovery status`), or write where nothing reads it
+    (`autorecovery disable`)."""
+    from zk import MetadataStore
+    from zk.cookies import NoClusterError, existing_instance_id
+
+    store = MetadataStore.connect(args.zk, root=args.zk_root)
+    try:
+        existing_instance_id(store)
+    except NoClusterError as e:
+        store.close()
+        raise CommandError(f"{e}: check --zk-root (or $LEDGERSTORE_ZK_ROOT)", EXIT_NOT_FOUND) from None
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
 def exit_status_for_http(status: int) -> int:
     """The exit status for an HTTP error status of an admin API (the broker's /admin/v2, a bookie's /api)."""
     if status == 404:
@@ -847,9 +868,9 @@ def _cmd_bookie(args: argparse.Namespace) -> int:
 
 
 def _format_cookie(args: argparse.Namespace) -> int:
-    from zk import BookieRegistry, MetadataStore, cookies
+    from zk import BookieRegistry, cookies
 
-    store = MetadataStore.connect(args.zk, root=args.zk_root)
+    store = cluster_store(args)
     try:
         if (
             args.bookie_id in BookieRegistry(store).all()

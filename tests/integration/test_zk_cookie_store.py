@@ -165,18 +165,24 @@ def test_a_command_refused_on_a_mistyped_nested_root_leaves_zookeeper_as_it_foun
     with MetadataStore.connect(zk, "/") as top:
         top.create(f"{root}y".lstrip("/"), {})  # an empty znode someone made: found, so kept
     try:
-        for typo in (f"{root}x/prod", f"{root}y/prod", f"{root}/prod/ledgers-x/x"):
+        # and the commands that read or write the cluster's metadata directly (they said all was well there, and
+        # `autorecovery disable` wrote its switch where no auditor reads it)
+        verbs = (("ledger", "list"), ("cluster", "info"), ("autorecovery", "disable"), ("bookie", "racks"))
+        for typo, verb in zip(
+            (f"{root}x/prod", f"{root}y/prod", f"{root}/prod/ledgers-x/x", f"{root}/prdo"), verbs, strict=True
+        ):
             r = subprocess.run(
-                [sys.executable, "-m", "ledgerstore.cli", "ledger", "list", "--zk", zk, "--zk-root", typo],
+                [sys.executable, "-m", "ledgerstore.cli", *verb, "--zk", zk, "--zk-root", typo],
                 capture_output=True,
                 text=True,
                 timeout=60,
             )
-            assert r.returncode == 4 and f"no cluster under --zk-root {typo}" in r.stderr, r.stderr
+            assert r.returncode == 4 and f"no cluster under --zk-root {typo}" in r.stderr, (verb, r.stderr)
         with MetadataStore.connect(zk, "/") as top:
             assert not top.exists(f"{root}x".lstrip("/"))
             assert top.exists(f"{root}y".lstrip("/")) and top.children(f"{root}y".lstrip("/")) == []
             assert "ledgers-x" not in top.children(f"{root}/prod".lstrip("/"))
+            assert top.children(root.lstrip("/")) == ["prod"]
             assert top.exists(f"{root}/prod/INSTANCEID".lstrip("/"))
     finally:
         with MetadataStore.connect(zk, "/") as top:
