@@ -369,6 +369,12 @@ class TopicCompaction:
         after the previous horizon."""
         started = time.monotonic()
         ml = self.ml
+        cursor = self._cursor
+        recorded = None if cursor is None else cursor.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
+        if self.view is None and cursor is not None and recorded is not None:
+            # recorded, but not opened then (ZooKeeper away): it is the base, since retention may have trimmed
+            # what it covers
+            self.view = await self._open_view(recorded, cursor.mark_delete)
         horizon = ml.last_confirmed_position()
         old = self.view
         if horizon.entry_id < 0 or (old is not None and horizon <= old.horizon):

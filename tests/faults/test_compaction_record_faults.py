@@ -19,8 +19,13 @@ from ledger_client import BookKeeper, ClientConfig
 from ledger_client import errors as LE
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
-from topic_broker.compaction import COMPACTED_TOPIC_LEDGER_PROPERTY, COMPACTION_SUBSCRIPTION, TopicCompaction
-from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from topic_broker.compaction import (
+    COMPACTED_TOPIC_LEDGER_PROPERTY,
+    COMPACTION_SUBSCRIPTION,
+    TopicCompaction,
+    decode_compacted,
+)
+from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerError
 from zk import layout
 from zk.managed_ledgers import BrokerMetadataStore
 
@@ -144,6 +149,59 @@ def test_a_topic_deleted_while_its_compaction_opens_the_ledger_it_recorded_leave
             await ml.delete()
             with pytest.raises(LE.NoSuchLedgerError):
                 await bk.open_ledger(recorded, config.password, recovery=False)
+        finally:
+            await bk.close()
+
+    asyncio.run(body())
+
+
+def test_a_recorded_compacted_ledger_that_could_not_be_opened_is_the_base_of_the_next_compaction(
+    bookies,
+) -> None:
+    """ZooKeeper away just after the compaction recorded its ledger: opening it failed, the view stayed empty.
+    Retention may trim what the recorded ledger covers; the next compaction starts from that ledger (it used to
+    start from the topic's first entry, so the keys only the trimmed ledger held were lost)."""
+    bookies.start_many(2)
+
+    async def body() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            store = BrokerMetadataStore(bk.store)
+            config = ManagedLedgerConfig(**SMALL, max_entries_per_ledger=4, retention_time_s=0)
+            ml = await ManagedLedger.open(bk, store, ML, config)
+            for i in range(4):
+                await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
+            first_ledger = ml.first_position().ledger_id
+            await ml.append(keyed("k2", b"v4"))  # in the next ledger
+            assert ml.last_confirmed_position().ledger_id != first_ledger
+            comp = TopicCompaction(ml, bk)
+            real_open = bk.open_ledger
+
+            async def away(*args: Any, **kwargs: Any) -> Any:
+                raise LE.LedgerError("ZooKeeper did not answer within 10s")
+
+            bk.open_ledger = away  # type: ignore[method-assign]
+            with pytest.raises(ManagedLedgerError):
+                await comp.compact()
+            bk.open_ledger = real_open  # type: ignore[method-assign]
+            assert comp.view is None
+            await ml.trim_by_retention()
+            assert ml.first_position().ledger_id != first_ledger  # what the recorded ledger covers is trimmed
+            await ml.append(keyed("k3", b"v5"))
+            await comp.compact()
+            assert comp.view is not None
+            kept = [
+                decode_compacted(e.data)[1]
+                for e in [x async for x in comp.view.handle.read(0, comp.view.entries - 1)]
+            ]
+            assert [bytes(wire.parse_entry(d, verify_checksum=False)[1]) for d in kept] == [
+                b"v2",
+                b"v3",
+                b"v4",
+                b"v5",
+            ]
+            await comp.close()
+            await ml.close()
         finally:
             await bk.close()
 
