@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -25,7 +26,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
-from urllib.parse import quote, urljoin
+from urllib.parse import quote, urljoin, urlsplit
 
 from ledgerstore.cli import (
     EXIT_INTERRUPTED,
@@ -315,7 +316,33 @@ def _client(args: argparse.Namespace) -> Any:
         log_file = tempfile.NamedTemporaryFile(prefix="ledgerstore-pulsar-", suffix=".log")  # noqa: SIM115
         args.pulsar_log = log_file  # deleted with the process
         logger = pulsar.FileLogger(pulsar.LoggerLevel.Warn, log_file.name)
+    _check_listening(args.service_url)
     return pulsar.Client(args.service_url, operation_timeout_seconds=30, logger=logger)
+
+
+def _check_listening(service_url: str) -> None:
+    """A service URL of one host where nothing listens is said at once: pulsar-client retries the refused
+    connection until its operation timeout and then says only that no answer came."""
+    parts = urlsplit(service_url)
+    if "," in parts.netloc or not parts.hostname:
+        return  # several hosts: the client tries them all
+    try:
+        port = parts.port or {"pulsar": 6650, "pulsar+ssl": 6651, "http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return
+    if port is None:
+        return
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=5):
+            pass
+    except ConnectionRefusedError:
+        raise CommandError(
+            f"no broker at {service_url} (connection refused): is it running? (`ledgerstore cluster status`; "
+            "--service-url URL or $LEDGERSTORE_BROKER_URL)",
+            EXIT_UNAVAILABLE,
+        ) from None
+    except OSError:
+        return  # (a timeout, an unknown host: the client's own error says it)
 
 
 def _broker_said(args: argparse.Namespace) -> str:

@@ -184,3 +184,22 @@ def test_a_broker_admin_that_does_not_answer_is_named_with_what_to_check() -> No
         "is the broker running? (`ledgerstore cluster status`; --url URL or $LEDGERSTORE_BROKER_HTTP)"
         in r.stderr
     )
+
+
+def test_a_service_url_where_nothing_listens_is_said_at_once() -> None:
+    """`topic produce` and `topic consume` with no broker on --service-url waited out pulsar-client's 30 s
+    operation timeout, then said 'no answer within 30s'."""
+    import time
+
+    from ledgerstore.cluster import free_port
+
+    url = f"pulsar://127.0.0.1:{free_port()}"
+    for verb in (("produce", "t", "-m", "x"), ("consume", "t", "-s", "s", "-n", "1")):
+        t0 = time.monotonic()
+        r = _run("topic", *verb, "--service-url", url)
+        assert r.returncode == cli.EXIT_UNAVAILABLE, r.stderr
+        assert r.stderr.startswith(f"ledgerstore: no broker at {url} (connection refused): is it running?"), (
+            r.stderr
+        )
+        assert "--service-url URL or $LEDGERSTORE_BROKER_URL" in r.stderr
+        assert time.monotonic() - t0 < 25, verb
