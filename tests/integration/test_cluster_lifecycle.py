@@ -128,8 +128,12 @@ def test_a_killed_bookie_is_started_again_while_a_ledger_is_written_then_down_st
     new_pid = json.loads((cluster / "cluster.json").read_text())["bookies"][1]["pid"]
     assert new_pid != victim["pid"] and _alive(new_pid)
     assert r.stdout.strip() == f"bookie {ids[1]} (bookie-1) started (pid {new_pid})", r.stdout
-    assert "/health says starting" in r.stderr and "session" in r.stderr, r.stderr
-    assert "Traceback" not in (cluster / "bookie-1.log").read_text()  # the same log file, appended to
+    log_text = (cluster / "bookie-1.log").read_text()  # the same log file, appended to
+    if "is registered by another ZooKeeper session" in log_text:
+        # it waited for the crashed process's registration (not when that session expired before it started,
+        # which a loaded machine can make happen): the start said so
+        assert "/health says starting" in r.stderr and "session" in r.stderr, r.stderr
+    assert "Traceback" not in log_text
     code, status = _status(cluster)
     assert code == 0, status
     rows = status["bookies"]
