@@ -18,6 +18,7 @@ from spark.options import (
     LedgerOptionError,
     _bool,
     _int,
+    unknown_option,
 )
 from spark.options import parse_ledger_options as _parse_common
 
@@ -186,7 +187,7 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
     known = {k.lower(): k for k in KNOWN_OPTIONS}
     unknown = sorted(k for k in opts if k not in known)
     if unknown:
-        raise TopicOptionError(unknown[0], f"unknown option; known options: {', '.join(KNOWN_OPTIONS)}")
+        raise TopicOptionError(unknown[0], unknown_option(unknown[0], KNOWN_OPTIONS))
     try:
         common = _parse_common(
             {k: v for k, v in options.items() if str(k).lower() in ("zk", "zkroot", "password")}

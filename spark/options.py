@@ -16,6 +16,7 @@ message names the option.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -128,6 +129,14 @@ def parse_ledgers(text: str, option: str = "ledgers") -> LedgerSelection:
     return LedgerSelection(ids=tuple(dict.fromkeys(ids)), ranges=tuple(ranges))
 
 
+def unknown_option(name: str, known: tuple[str, ...]) -> str:
+    """The message for an unknown option ``name``: the known option it most likely misspells, and every one."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
+    hint = f"did you mean '{by_lower[close[0]]}'? " if close else ""
+    return f"unknown option; {hint}known options: {', '.join(known)}"
+
+
 def _int(opts: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
     raw = opts.get(name.lower())
     if raw is None:
@@ -160,7 +169,7 @@ def parse_ledger_options(options: Mapping[str, str]) -> LedgerOptions:
     # Spark adds "path" when load(path) is given; we take no path.
     unknown = sorted(k for k in opts if k not in known and k != "path")
     if unknown:
-        raise LedgerOptionError(unknown[0], f"unknown option; known options: {', '.join(KNOWN_OPTIONS)}")
+        raise LedgerOptionError(unknown[0], unknown_option(unknown[0], KNOWN_OPTIONS))
     if "path" in opts:
         raise LedgerOptionError(
             "path", "the ledger source takes no path; select ledgers with option 'ledgers'"
