@@ -23,6 +23,19 @@ from ledgerstore.cli import add_password_arguments, password_of
 
 DEFAULT_MASTER = "local[2]"
 _PY_ERROR = re.compile(r"^[\w.]*(Error|Exception): ")
+#: a source option a job passes -> the flag its user gives it with
+_FLAGS = {
+    "zk": "--zk",
+    "zkRoot": "--zk-root",
+    "ledgers": "--ledgers",
+    "password": "--password",
+    "topic": "--topics",
+    "topics": "--topics",
+    "topicsPattern": "--topics-pattern",
+    "entriesPerPartition": "--entries-per-partition",
+}
+_SOURCE_OPTION = re.compile(r"\b(?:ledger|topic) source option '([-\w]+)'")
+_SKIP_ADVICE = re.compile(r" \(failOnDataLoss is true; set option failOnDataLoss=false [^)]*\)")
 
 
 def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
@@ -81,13 +94,10 @@ def _session(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from ledgerstore.cli import CommandError, emit
+    from spark._topic_options import TopicOptionError, parse_topic_options
     from spark.jobs import JOBS, JobOptions
-    from spark.options import LedgerOptionError, parse_ledgers
+    from spark.options import LedgerOptionError, parse_ledger_options
 
-    try:
-        parse_ledgers(args.ledgers, option="--ledgers")
-    except LedgerOptionError as e:
-        raise CommandError(str(e)) from None
     opts = JobOptions(
         zk=args.zk,
         zk_root=args.zk_root,
@@ -98,16 +108,32 @@ def run(args: argparse.Namespace) -> int:
         topics=args.topics,
         topics_pattern=args.topics_pattern,
     )
+    try:  # a wrong flag fails here, before Spark starts (seconds, half a GiB)
+        parse_ledger_options(opts.source_options())
+        if args.job.startswith("topic-"):
+            parse_topic_options(opts.topic_source_options(), streaming=False)
+    except (LedgerOptionError, TopicOptionError) as e:
+        raise CommandError(_in_flags(str(e))) from None
     session = _session(args)
     try:
         result = JOBS[args.job].run(session, opts)
     except Exception as e:
-        raise CommandError(f"spark job {args.job} failed: {_one_line(e)}") from e
+        raise CommandError(f"spark job {args.job} failed: {_in_flags(_one_line(e))}") from e
     finally:
         session.stop()
     result.write(args.out)
     emit(args, lambda: result.render() + f"\nreport: {result.report}", result.to_json())
     return 0
+
+
+def _in_flags(line: str) -> str:
+    """A source's message in the command's words: its options named by the flags that set them, and no
+    advice to set ``failOnDataLoss``, which a job does not offer (a ledger is left out with ``--ledgers``)."""
+    line = _SOURCE_OPTION.sub(
+        lambda m: f"option {_FLAGS[m.group(1)]}" if m.group(1) in _FLAGS else m.group(0), line
+    )
+    advice = " (leave it out with --ledgers)" if "LedgerDataLossError" in line else ""
+    return _SKIP_ADVICE.sub(advice, line)
 
 
 def _one_line(e: BaseException) -> str:
