@@ -254,7 +254,8 @@ class _Driver:
                     if not self._namespace_exists(tn.tenant, tn.namespace):
                         why += f" (nor does its namespace {tn.namespace_name}: a typo?)"
                     raise TopicOptionError("topics" if len(opts.topics) > 1 else "topic", why)
-            return out
+            # each partition once, however often it is named ('orders,orders-partition-0': the base names it too)
+            return list({p.name: p for p in out}.values())
         regex = re.compile(opts.pattern)
         tenant, ns = opts.pattern_namespace.split("/")
         ml_dir = f"{layout.MANAGED_LEDGERS}/{tenant}/{ns}/persistent"

@@ -35,3 +35,17 @@ def test_a_wrong_password_fails_at_plan_time_naming_the_option(
         cluster.read(spark, topic=topic, password="secret").collect()
     with pytest.raises(StreamingQueryException, match=named):
         cluster.available_now(spark, tmp_path, topic=topic, password="secret")
+
+
+def test_a_partition_named_twice_is_read_once(cluster: Cluster, spark: Any) -> None:
+    """``topics`` naming a partitioned topic and one of its partitions (or one partition twice under two
+    spellings) reads each partition once: it read partition 1 twice, every one of its messages a duplicate row."""
+    base = "twice"
+    topic = f"persistent://public/default/{base}"
+    cluster.admin("PUT", f"/admin/v2/persistent/public/default/{base}/partitions", 2)
+    produce(cluster, topic, 40)
+    time.sleep(1.5)  # the explicit LAC
+    for topics in (f"{base},{base}-partition-1", f"{base}-partition-1,{topic}-partition-1,{base}"):
+        rows = cluster.read(spark, topics=topics).select("__messageId", "__partition").collect()
+        assert len(rows) == 40 and len({bytes(r["__messageId"]) for r in rows}) == 40, topics
+        assert {r["__partition"] for r in rows} == {0, 1}
