@@ -920,6 +920,51 @@ class TopicDataSource(DataSource):  # type: ignore[misc]
         return TopicReader(opts, schema)
 
     def streamReader(self, schema: StructType) -> TopicStreamReader:
-        opts = parse_topic_options(self.options, streaming=True)
-        _check_schema(schema)
+        try:
+            opts = parse_topic_options(self.options, streaming=True)
+            _check_schema(schema)
+        except TopicOptionError as e:
+            # PySpark's streaming runner stops the reader in a ``finally`` even when making it failed, and its
+            # UnboundLocalError ('reader') then takes the place of this error: fail at the query's first call
+            return _RefusedStreamReader(e)
         return TopicStreamReader(opts, schema)
+
+
+class _RefusedStreamReader(TopicStreamReader):
+    """A stream whose options were refused: every call the query makes raises that error (naming the option)."""
+
+    def __init__(self, error: TopicOptionError) -> None:  # no super().__init__: there are no options to use
+        self.error = error
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"error": self.error}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.error = state["error"]
+
+    def _refuse(self) -> TopicOptionError:
+        return TopicOptionError(self.error.option, str(self.error).split(": ", 1)[1])
+
+    def initialOffset(self) -> dict[str, Any]:
+        raise self._refuse()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        raise self._refuse()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        raise self._refuse()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        raise self._refuse()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TopicRange]:
+        raise self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        raise self._refuse()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        raise self._refuse()
+
+    def stop(self) -> None:
+        pass
