@@ -1,10 +1,11 @@
 """The ``topic`` source as a user meets it on an afternoon: a wrong ``password`` fails at plan time naming the
-option, and a partition named twice in ``topics`` is read once. One cluster (ZooKeeper, 3 bookies, one broker
+option, a partition named twice in ``topics`` is read once, and a compacted topic reads as before. One cluster (ZooKeeper, 3 bookies, one broker
 whose managed ledgers have the empty password, ledgers of 20 entries) for the module, as in
 ``test_user_scenarios``."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -50,3 +51,38 @@ def test_a_partition_named_twice_is_read_once(cluster: Cluster, spark: Any) -> N
         rows = cluster.read(spark, topics=topics).select("__messageId", "__partition").collect()
         assert len(rows) == 40 and len({bytes(r["__messageId"]) for r in rows}) == 40, topics
         assert {r["__partition"] for r in rows} == {0, 1}
+
+
+def test_a_compacted_topic_reads_its_ledgers_as_they_are(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """After ``topic compact``, the batch read and a stream resumed from its checkpoint read the topic's own
+    ledgers (every message, none from the compacted ledger) beside the ``__compaction`` cursor, which they leave
+    where the compactor put it."""
+    path = "/admin/v2/persistent/public/default/compacted"
+    topic = "persistent://public/default/compacted"
+    produce(
+        cluster, topic, 30, batching_enabled=True, batching_max_messages=4, batching_max_publish_delay_ms=20
+    )
+    time.sleep(1.5)  # the explicit LAC
+    assert cluster.available_now(spark, tmp_path, topic=topic) == 30
+    cluster.admin("PUT", path + "/compaction")
+    deadline = time.monotonic() + 60
+    while (status := json.loads(cluster.admin("GET", path + "/compaction"))["status"]) == "RUNNING":
+        assert time.monotonic() < deadline, "compaction still running"
+        time.sleep(0.3)
+    assert status == "SUCCESS"
+    before = json.loads(cluster.admin("GET", path + "/internalStats"))
+    compacted = before["compactedLedger"]["ledgerId"]
+    produce(cluster, topic, 10)
+    time.sleep(1.5)
+    assert cluster.available_now(spark, tmp_path, topic=topic) == 10
+    rows = cluster.read(spark, topic=topic).select("__messageId", "__ledgerId").collect()
+    assert len(rows) == 40 and len({bytes(r["__messageId"]) for r in rows}) == 40
+    assert compacted not in {r["__ledgerId"] for r in rows}
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 40
+    after = json.loads(cluster.admin("GET", path + "/internalStats"))
+    assert (
+        after["cursors"]["__compaction"]["markDeletePosition"]
+        == (before["cursors"]["__compaction"]["markDeletePosition"])
+    )
