@@ -1,7 +1,7 @@
 """The ``topic`` source as a user meets it on an afternoon: a wrong ``password`` fails at plan time naming the
-option, a partition named twice in ``topics`` is read once, and a compacted topic reads as before. One cluster (ZooKeeper, 3 bookies, one broker
-whose managed ledgers have the empty password, ledgers of 20 entries) for the module, as in
-``test_user_scenarios``."""
+option, a partition named twice in ``topics`` is read once, and a compacted topic reads as before. One cluster
+(ZooKeeper, 3 bookies, one broker whose managed ledgers have the empty password, ledgers of 20 entries) for the
+module, as in ``test_user_scenarios``."""
 
 from __future__ import annotations
 
