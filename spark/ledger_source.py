@@ -169,6 +169,19 @@ def _client(opts: LedgerOptions) -> Any:
     )
 
 
+def _check_cluster_root(bk: Any, opts: LedgerOptions) -> None:
+    """A ``zkRoot`` no bookie ever started under (no ``INSTANCEID``: a typo) fails naming the option; it read
+    no ledger there and gave an empty result."""
+    from zk import layout
+
+    if not bk._bk.store.exists(layout.INSTANCEID):
+        raise LedgerOptionError(
+            "zkRoot",
+            f"no ledgerstore cluster under {opts.zk_root} at {opts.zk} (no bookie ever started there: a typo? "
+            "give the root the bookies run with, their --zk-root)",
+        )
+
+
 def _data_loss(opts: LedgerOptions, ledger_id: int, what: str) -> None:
     """Raise for lost data, or log and return when the query skips it."""
     if opts.fail_on_data_loss:
@@ -182,6 +195,7 @@ def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
 
     bk = _client(opts)
     try:
+        _check_cluster_root(bk, opts)
         chosen, missing = opts.ledgers.select(bk.list_ledgers())
         for lid in missing:
             _data_loss(opts, lid, "does not exist")

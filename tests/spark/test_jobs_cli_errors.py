@@ -30,6 +30,19 @@ def ledgerstore(bookies: Any, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
 
 
+def small_ledger(bookies: Any) -> int:
+    """3 bookies started and a closed ledger of 5 entries (empty password) written to them: its id."""
+    bookies.start_many(3)
+    bk = BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+    try:
+        lh = bk.create_ledger(3, 2, 2, password=b"")
+        lh.append_many([b"x" * 10] * 5)
+        lh.close()
+        return int(lh.ledger_id)
+    finally:
+        bk.close()
+
+
 def test_a_wrong_flag_is_named_as_given_and_fails_before_spark_starts(bookies: Any) -> None:
     started = time.monotonic()
     for args, named in [
@@ -48,13 +61,8 @@ def test_a_wrong_flag_is_named_as_given_and_fails_before_spark_starts(bookies: A
 
 
 def test_a_missing_ledger_is_named_with_the_flag_that_leaves_it_out(bookies: Any, tmp_path: Any) -> None:
-    bookies.start_many(3)
-    bk = BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
-    lh = bk.create_ledger(3, 2, 2, password=b"")
-    lh.append_many([b"x" * 10] * 5)
-    lh.close()
-    bk.close()
-    r = ledgerstore(bookies, "ledger-health", "--ledgers", f"{lh.ledger_id},99999", "--out", str(tmp_path))
+    lid = small_ledger(bookies)
+    r = ledgerstore(bookies, "ledger-health", "--ledgers", f"{lid},99999", "--out", str(tmp_path))
     assert r.returncode != 0
     assert "ledger 99999 does not exist (leave it out with --ledgers)" in r.stderr, r.stderr[-2000:]
     assert "failOnDataLoss" not in r.stderr
