@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -473,3 +473,32 @@ class LedgerDataSource(DataSource):  # type: ignore[misc]
                 f"with their types; got {schema.simpleString()}",
             )
         return LedgerReader(opts, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        # Without it PySpark's streaming runner fails with its own UnboundLocalError ('reader'), which says
+        # nothing of why: a reader that refuses at the query's first call says it.
+        return _NoStreamReader()
+
+
+class _NoStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+    """``spark.readStream.format("ledger")``: the source reads ledgers in batches only."""
+
+    @staticmethod
+    def _refuse() -> LedgerOptionError:
+        return LedgerOptionError(
+            "readStream",
+            "the ledger source reads batches only (spark.read.format('ledger')); to stream a topic's messages use "
+            "spark.readStream.format('topic')",
+        )
+
+    def initialOffset(self) -> dict[str, Any]:
+        raise self._refuse()
+
+    def latestOffset(self, start: dict[Any, Any] | None = None, limit: Any = None) -> dict[Any, Any]:
+        raise self._refuse()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        raise self._refuse()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        raise self._refuse()
