@@ -78,6 +78,7 @@ HTTP_STOP_TIMEOUT_S = 2.0  # admin requests still running at shutdown get this l
 GC_STOP_TIMEOUT_S = 10.0  # a ledger deletion under way at shutdown gets this long before storage closes
 REGISTER_RETRY_S = 30.0  # how long registration retries while ZooKeeper is unreachable
 COMPANION_START_TIMEOUT_S = 30.0  # a companion not started by then is given up (the bookie serves on)
+RESTARTED_FOR_ROOM_ENV = "LEDGERSTORE_BOOKIE_RESTARTED_FOR_ROOM"  # set by _exec_self for the next run
 COMPANION_STOP_TIMEOUT_S = 5.0  # each companion's stop at shutdown gets this long
 
 
@@ -592,16 +593,7 @@ class Bookie:
         return du.free, du.total
 
     def _disk_usage(self) -> float:
-        """The fuller of the ledger disk and the journal disk (the same one unless --journal-dir says not)."""
-        worst = 0.0
-        for d in {self.config.data_dir, self.config.journal_dir}:
-            try:
-                du = shutil.disk_usage(d)
-            except OSError:
-                continue
-            if du.total:
-                worst = max(worst, 1.0 - du.free / du.total)
-        return worst
+        return _disk_usage(self.config)
 
     def _update_readonly(self, initial: bool = False) -> float:
         """Read-only at the disk usage threshold, writable again below the low-water mark; the usage seen."""
@@ -810,6 +802,37 @@ class Bookie:
         if self.store is not None:
             await _bounded(self.store.close, ZK_STOP_TIMEOUT_S, "closing the ZooKeeper session")
         log.info("bookie=%s stopped", cfg.id)
+
+
+def _disk_usage(cfg: BookieConfig) -> float:
+    """The fuller of the ledger disk and the journal disk (the same one unless --journal-dir says not)."""
+    worst = 0.0
+    for d in {cfg.data_dir, cfg.journal_dir}:
+        try:
+            du = shutil.disk_usage(d)
+        except OSError:
+            continue
+        if du.total:
+            worst = max(worst, 1.0 - du.free / du.total)
+    return worst
+
+
+async def _wait_for_room(cfg: BookieConfig) -> bool:
+    """Until the disks' usage is below the low-water mark (True), or SIGTERM/SIGINT (False)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while _disk_usage(cfg) >= cfg.disk_usage_lwm:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), cfg.disk_check_interval_s)
+            if stop.is_set():
+                return False
+        return True
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def _no_room_to_start(cfg: BookieConfig) -> str:
@@ -1055,19 +1078,32 @@ def add_limit_arguments(serve: argparse.ArgumentParser) -> None:
 async def run_until_signalled(
     config: BookieConfig, settings: Effective | None = None, companions: Sequence[Companion] = ()
 ) -> int:
-    bookie = Bookie(config, settings)
-    try:
-        await bookie.start()
-    except StartRefusal as e:
-        log.error("bookie=%s refusing to start: %s", config.id, e)
-        await bookie.abandon_start()
-        return e.exit_status
-    except Exception as e:
-        if not _no_space(e):
-            raise
-        log.error("bookie=%s refusing to start: %s", config.id, _no_room_to_start(config))
-        await bookie.abandon_start()
-        return 1
+    # run anew by itself once its full disk had room (``_exec_self``): a disk filled again before storage
+    # reopened is waited out, not an exit (an operator's start on a full disk is refused, below)
+    restarted_for_room = os.environ.pop(RESTARTED_FOR_ROOM_ENV, None) is not None
+    while True:
+        bookie = Bookie(config, settings)
+        try:
+            await bookie.start()
+            break
+        except StartRefusal as e:
+            log.error("bookie=%s refusing to start: %s", config.id, e)
+            await bookie.abandon_start()
+            return e.exit_status
+        except Exception as e:
+            if not _no_space(e):
+                raise
+            await bookie.abandon_start()
+            if not restarted_for_room:
+                log.error("bookie=%s refusing to start: %s", config.id, _no_room_to_start(config))
+                return 1
+            log.warning(
+                "bookie=%s the disk filled again before storage reopened (%s); starting again once it has room",
+                config.id,
+                _no_room_to_start(config),
+            )
+            if not await _wait_for_room(config):
+                return 0
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, bookie.stop_requested.set)
@@ -1113,7 +1149,9 @@ def _no_space(exc: BaseException) -> bool:
 
 
 def _exec_self() -> None:
-    """Replace this process with a fresh run of the same command line (same pid, same open stdout/stderr)."""
+    """Replace this process with a fresh run of the same command line (same pid, same open stdout/stderr),
+    told that it runs anew because its disk has room again."""
+    os.environ[RESTARTED_FOR_ROOM_ENV] = "1"
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

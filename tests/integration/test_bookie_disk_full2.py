@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 from bookie import protocol as p
 from tests.integration.rawbookie import RawBookie, build
@@ -52,6 +53,37 @@ def test_a_disk_that_stays_full_is_one_log_line_and_the_bookie_serves_reads(book
     assert asyncio.run(write(written, 2)) == [p.Status.OK] * 2
 
 
+def killed_with_journal_entries_on_a_full_disk(bookies, mnt: Path, ledger_id: int) -> tuple[Any, Path]:
+    """A bookie killed with 200 acknowledged entries of ``ledger_id`` only in its journal, the disk mounted at
+    ``mnt`` then filled (the bookie not started again); (the bookie, the filler file)."""
+    bp = bookies.start("--checkpoint-interval-s", "3600", data_dir=mnt / "bookie")
+
+    async def write(n: int) -> list[p.Status]:
+        raw = await RawBookie.open(bp.id)
+        out = [await raw.add(ledger_id, e, size=32 * 1024) for e in range(n)]
+        raw.close()
+        return out
+
+    assert asyncio.run(write(200)) == [p.Status.OK] * 200
+    bp.kill9()
+    filler = mnt / "filler"
+    _fill(filler, None)
+    return bp, filler
+
+
+def read_all_back(bp: Any, ledger_id: int) -> None:
+    """Every entry ``killed_with_journal_entries_on_a_full_disk`` wrote reads back."""
+
+    async def run() -> None:
+        raw = await RawBookie.open(bp.id)
+        for e in range(200):
+            r = await raw.read(ledger_id, e)
+            assert r.status == p.Status.OK and r.entry == build(ledger_id, e, 32 * 1024), e
+        raw.close()
+
+    asyncio.run(run())
+
+
 def test_a_restart_on_a_full_disk_refuses_in_one_line_and_the_next_one_replays_everything(
     bookies,
     small_fs: Path,  # noqa: F811
@@ -59,18 +91,7 @@ def test_a_restart_on_a_full_disk_refuses_in_one_line_and_the_next_one_replays_e
     """Killed with acknowledged entries only in its journal, restarted on a disk with no room left: the bookie
     cannot open its storage nor replay the journal into it, and says so (the directory, its free space) instead
     of a bare RocksDB error; with room again, it starts and every entry reads back."""
-    bp = bookies.start("--checkpoint-interval-s", "3600", data_dir=small_fs / "bookie")
-
-    async def write(n: int) -> list[p.Status]:
-        raw = await RawBookie.open(bp.id)
-        out = [await raw.add(5, e, size=32 * 1024) for e in range(n)]
-        raw.close()
-        return out
-
-    assert asyncio.run(write(200)) == [p.Status.OK] * 200
-    bp.kill9()
-    filler = small_fs / "filler"
-    _fill(filler, None)
+    bp, filler = killed_with_journal_entries_on_a_full_disk(bookies, small_fs, 5)
     bp.start(wait=False)
     assert bp.wait_exit(60) == 1
     log = bp.log_tail(400)
@@ -82,12 +103,4 @@ def test_a_restart_on_a_full_disk_refuses_in_one_line_and_the_next_one_replays_e
     assert "ledgerstore: IO error" not in log, log[-3000:]
     filler.unlink()
     bp.start()
-
-    async def read_back() -> None:
-        raw = await RawBookie.open(bp.id)
-        for e in range(200):
-            r = await raw.read(5, e)
-            assert r.status == p.Status.OK and r.entry == build(5, e, 32 * 1024), e
-        raw.close()
-
-    asyncio.run(read_back())
+    read_all_back(bp, 5)
