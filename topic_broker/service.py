@@ -525,15 +525,19 @@ class SubscriptionRuntime:
             out.append(DispatchEntry(p, n, b"", d, deliver_at))
         return out
 
+    async def _read_failed(self, epoch: int, what: str, e: Exception) -> None:
+        """A read for the dispatcher failed: logged, the dispatcher told, and reading resumed a second later."""
+        log.warning("topic=%s sub=%s %s failed: %s", self.topic.name, self.name, what, e)
+        self.core.on_read_failed(epoch)
+        await asyncio.sleep(1.0)
+        self.execute(self.core.resume())
+
     async def _read(self, cmd: Read) -> None:
         ml = self.topic.ml
         try:
             got = await ml.read_entries(Position(*cmd.start), cmd.max_entries)
         except ManagedLedgerError as e:
-            log.warning("topic=%s sub=%s read failed: %s", self.topic.name, self.name, e)
-            self.core.on_read_failed(cmd.epoch)
-            await asyncio.sleep(1.0)
-            self.execute(self.core.resume())
+            await self._read_failed(cmd.epoch, "read", e)
             return
         if not got:
             self.execute(self.core.on_read(cmd.epoch, [], cmd.start))
@@ -567,10 +571,7 @@ class SubscriptionRuntime:
             first = 0 if start.ledger_id < 0 else await view.find(start)
             got = await view.read(first, cmd.max_entries)
         except (LE.LedgerError, wire.EntryFormatError) as e:
-            log.warning("topic=%s sub=%s compacted read failed: %s", self.topic.name, self.name, e)
-            self.core.on_read_failed(cmd.epoch)
-            await asyncio.sleep(1.0)
-            self.execute(self.core.resume())
+            await self._read_failed(cmd.epoch, "compacted read", e)
             return
         end = not got or first + len(got) >= view.entries  # the compacted ledger read to its end
         if not end:
@@ -613,10 +614,7 @@ class SubscriptionRuntime:
                 if got and got[0][0] == pos:
                     out.append(_dispatch_entry(got[0][0], got[0][1]))
         except (ManagedLedgerError, LE.LedgerError, wire.EntryFormatError) as e:
-            log.warning("topic=%s sub=%s replay read failed: %s", self.topic.name, self.name, e)
-            self.core.on_read_failed(cmd.epoch)
-            await asyncio.sleep(1.0)
-            self.execute(self.core.resume())
+            await self._read_failed(cmd.epoch, "replay read", e)
             return
         self.execute(self.core.on_replay_read(cmd.epoch, out))
 
@@ -1321,12 +1319,8 @@ class BrokerService:
             if now < next_topic_tick:
                 continue
             next_topic_tick = now + self.config.tick_interval_s
-            try:
+            with self._policies_failing.catching(zk.MetadataError, "namespace policies not refreshed"):
                 await self.refresh_policies()
-            except zk.MetadataError as e:
-                self._policies_failing.warning("namespace policies not refreshed: %s", e)
-            else:
-                self._policies_failing.reset()
             for topic in self.served_topics():
                 try:
                     await self.enforce_quota(topic)
@@ -1831,10 +1825,8 @@ class BrokerService:
             s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}
         )
         s.consumers[cmd.consumer_id] = c
-        if cmd.read_compacted and not sub.consumers:
-            sub.read_compacted = True
-        elif not sub.consumers:
-            sub.read_compacted = False
+        if not sub.consumers:  # the first consumer's choice is the subscription's
+            sub.read_compacted = cmd.read_compacted
         try:
             sub.add_consumer(
                 c,
