@@ -511,8 +511,8 @@ def last_kept_index(data: bytes) -> int:
         return -1
     if not md.HasField("num_messages_in_batch"):
         return -1
-    mask = compacted_out_mask(data)
-    for index in range(len(messages) - 1, -1, -1):
-        if not mask >> index & 1:
+    for index in range(len(messages) - 1, -1, -1):  # (the messages parsed once: compacted_out_mask's rule)
+        single = messages[index][0]
+        if single is None or not single.compacted_out:
             return index
     return -1
