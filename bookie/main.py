@@ -78,8 +78,8 @@ HTTP_STOP_TIMEOUT_S = 2.0  # admin requests still running at shutdown get this l
 GC_STOP_TIMEOUT_S = 10.0  # a ledger deletion under way at shutdown gets this long before storage closes
 REGISTER_RETRY_S = 30.0  # how long registration retries while ZooKeeper is unreachable
 COMPANION_START_TIMEOUT_S = 30.0  # a companion not started by then is given up (the bookie serves on)
-RESTARTED_FOR_ROOM_ENV = "LEDGERSTORE_BOOKIE_RESTARTED_FOR_ROOM"  # set by _exec_self for the next run
 COMPANION_STOP_TIMEOUT_S = 5.0  # each companion's stop at shutdown gets this long
+RESTARTED_FOR_ROOM_ENV = "LEDGERSTORE_BOOKIE_RESTARTED_FOR_ROOM"  # set by _exec_self for the next run
 
 
 class Companion(Protocol):
@@ -262,7 +262,7 @@ class Bookie:
         )
         self.journal.on_error = self._on_journal_error
         # keep old journal segments to write over only while the disk has room to spare
-        self.journal.may_reuse = lambda: self._disk_usage() < cfg.disk_usage_lwm
+        self.journal.may_reuse = lambda: _disk_usage(self.config) < cfg.disk_usage_lwm
         self.core = BookieCore(
             self.storage,
             self.journal.append,
@@ -592,13 +592,10 @@ class Bookie:
             return 0, 0
         return du.free, du.total
 
-    def _disk_usage(self) -> float:
-        return _disk_usage(self.config)
-
     def _update_readonly(self, initial: bool = False) -> float:
         """Read-only at the disk usage threshold, writable again below the low-water mark; the usage seen."""
         assert self.core is not None
-        usage = self._disk_usage()
+        usage = _disk_usage(self.config)
         if not self.core.readonly and usage >= self.config.disk_usage_threshold:
             self._set_readonly(True, f"disk usage {usage:.1%} >= {self.config.disk_usage_threshold:.0%}")
         elif self.core.readonly and usage < self.config.disk_usage_lwm and not self.failed:
