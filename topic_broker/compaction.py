@@ -23,6 +23,10 @@ Then the cursor is saved (a conflict means another owner: the topic is fenced an
 topic's view switches to the new ledger, and the previous compacted ledger is deleted, only after the new one is
 recorded. A new owner (after a restart or a move) reads the cursor and serves the same view.
 
+Automatic compaction (Pulsar's compaction threshold): every ``--compaction-monitor-interval-s`` the owner of a
+topic compacts it when its backlog exceeds the threshold (:func:`compaction_threshold` says which one applies,
+:func:`compaction_backlog` what is compared, :func:`compaction_due` the decision).
+
 Compacted-ledger entry (ours; Pulsar's holds a RawMessage): ``[ledger id u64][entry id u64][stored entry]``.
 """
 
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 import zk
 from ledger_client import BookKeeper, LedgerHandle
 from ledger_client import errors as LE
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
 from . import pulsar_api_pb2 as pb
 from . import wire
@@ -63,6 +68,9 @@ __all__ = [
     "PhaseOne",
     "TopicCompaction",
     "compacted_out_mask",
+    "compaction_backlog",
+    "compaction_due",
+    "compaction_threshold",
     "last_kept_index",
     "decode_compacted",
     "encode_compacted",
@@ -93,6 +101,36 @@ class CompactionRunningError(Exception):
 
 
 # --- pure rules --------------------------------------------------------------------------------------------------
+
+
+def compaction_threshold(topic: int | None, namespace: int | None, broker: int) -> int:
+    """The threshold that applies to a topic (bytes; 0: no automatic compaction): its own if set, else its
+    namespace's if set, else the broker's default, in Pulsar's order (a topic's 0 turns it off whatever its
+    namespace says)."""
+    if topic is not None:
+        return topic
+    if namespace is not None:
+        return namespace
+    return broker
+
+
+def compaction_backlog(
+    compaction_backlog_bytes: int | None, slowest_backlog_bytes: int | None, total_bytes: int
+) -> int:
+    """What the threshold is compared with (Pulsar's estimate): the ``__compaction`` cursor's backlog when the
+    topic has that cursor (what the next compaction has to read), else, never compacted, the backlog of its
+    slowest durable subscription, or the whole topic when it has none (None: no such cursor)."""
+    if compaction_backlog_bytes is not None:
+        return compaction_backlog_bytes
+    if slowest_backlog_bytes is not None:
+        return slowest_backlog_bytes
+    return total_bytes
+
+
+def compaction_due(threshold: int, backlog_bytes: int, *, running: bool, serving: bool) -> bool:
+    """Whether the monitor starts a compaction now: the threshold is on (> 0) and exceeded, no compaction of the
+    topic runs, and the topic is still served here (not unloaded, not fenced)."""
+    return serving and not running and threshold > 0 and backlog_bytes > threshold
 
 
 def encode_compacted(pos: Position, data: bytes | bytearray | memoryview) -> bytes:
@@ -284,6 +322,7 @@ class TopicCompaction:
         self.status = CompactionStatus.NOT_RUN
         self.last_error = ""
         self.stats = _Stats()
+        self.failures = RateLimitedLog(log, LOG_EVERY_S)
         self._cursor: ManagedCursor | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -319,9 +358,18 @@ class TopicCompaction:
             ) from e
         return CompactedView(handle, horizon)
 
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def mark_delete(self) -> Position | None:
+        """The ``__compaction`` cursor's mark-delete (the last horizon recorded), None without that cursor."""
+        return None if self._cursor is None else self._cursor.mark_delete
+
     def trigger(self) -> None:
         """Start a compaction in the background; :class:`CompactionRunningError` when one runs already."""
-        if self._task is not None and not self._task.done():
+        if self.running:
             raise CompactionRunningError(f"Compaction already in progress for {self.ml.name}")
         self.status = CompactionStatus.RUNNING
         self.last_error = ""
@@ -340,9 +388,11 @@ class TopicCompaction:
         except Exception as e:
             self.status = CompactionStatus.ERROR
             self.last_error = str(e) or type(e).__name__
-            log.warning("ml=%s compaction failed: %s", self.ml.name, self.last_error)
+            # (rate-limited: the compaction monitor starts it again at each interval while it fails)
+            self.failures.warning("ml=%s compaction failed: %s", self.ml.name, self.last_error)
         else:
             self.status = CompactionStatus.SUCCESS
+            self.failures.reset()
 
     async def _walk(self, old: CompactedView | None, horizon: Position, visit: _Visit) -> None:
         if old is not None:

@@ -42,15 +42,24 @@ __all__ = [
     "PartitionedTopicMetadata",
     "SchemaHistory",
     "SchemaInfo",
+    "TopicPolicies",
     "schema_path",
+    "topic_policies_path",
 ]
 
 SCHEMAS = "schemas"
+TOPIC_POLICIES = "topic-policies"
 
 
 def schema_path(ml_name: str) -> str:
     """``schemas/<tenant>/<ns>/persistent/<local>``: the schemas of a topic (of its base name when partitioned)."""
     return f"{SCHEMAS}/{layout.check_ml_name(ml_name)}"
+
+
+def topic_policies_path(ml_name: str) -> str:
+    """``topic-policies/<tenant>/<ns>/persistent/<local>``: a topic's own policies (of its base name when
+    partitioned: they are every partition's), which take the place of its namespace's."""
+    return f"{TOPIC_POLICIES}/{layout.check_ml_name(ml_name)}"
 
 
 DEFAULT_TENANT = "public"
@@ -288,6 +297,9 @@ class NamespacePolicies:
     permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Pulsar's ``schema_compatibility_strategy``: UNDEFINED means the broker's default (FULL)
     schema_compatibility_strategy: str = "UNDEFINED"
+    # Pulsar's ``compaction_threshold``: the bytes of backlog past which the topic's owner compacts it (0: never);
+    # None: not set, the broker's ``--compaction-threshold-bytes``
+    compaction_threshold: int | None = None
 
     @property
     def retention_time_s(self) -> float:
@@ -305,6 +317,7 @@ class NamespacePolicies:
             "backlog_quota": self.backlog_quota.to_json(),
             "permissions": {role: list(actions) for role, actions in sorted(self.permissions.items())},
             "schema_compatibility_strategy": self.schema_compatibility_strategy,
+            "compaction_threshold": self.compaction_threshold,  # null kept: a removal merges over the old value
         }
 
     @classmethod
@@ -316,7 +329,37 @@ class NamespacePolicies:
             backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
             permissions=_permissions(_field(d, "permissions", dict, {})),
             schema_compatibility_strategy=_field(d, "schema_compatibility_strategy", str, "UNDEFINED"),
+            compaction_threshold=_optional_threshold(d),
         )
+
+
+def _optional_threshold(d: Mapping[str, Any]) -> int | None:
+    value = d.get("compaction_threshold")
+    if value is None:
+        return None
+    value = _field(d, "compaction_threshold", int)
+    if value < 0:
+        raise MetadataFormatError(f"field 'compaction_threshold' is negative ({value})")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicPolicies:
+    """A topic's own policies (Pulsar's topic-level ``TopicPolicies``): each set one takes the place of its
+    namespace's. ``compaction_threshold``: as the namespace's, None when not set on the topic."""
+
+    compaction_threshold: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.compaction_threshold is None
+
+    def to_json(self) -> JsonDict:
+        return {"compaction_threshold": self.compaction_threshold}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TopicPolicies:
+        return cls(compaction_threshold=_optional_threshold(d))
 
 
 def _permissions(d: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -643,6 +686,23 @@ class BrokerMetadataStore:
             lambda cur: {**cur, **policies.to_json()},
             default={},
         )
+
+    async def get_topic_policies(self, ml_name: str) -> TopicPolicies | None:
+        """The topic's own policies (``ml_name``: the base name of a partitioned topic), None if it has none."""
+        v = await self.store.aget_optional(topic_policies_path(ml_name))
+        return None if v is None else TopicPolicies.from_json(v.value)
+
+    async def set_topic_policies(self, ml_name: str, policies: TopicPolicies) -> None:
+        """Stored; removed when none is set any more."""
+        if policies.empty:
+            await self.delete_topic_policies(ml_name)
+            return
+        await self.store.aupdate(
+            topic_policies_path(ml_name), lambda cur: {**cur, **policies.to_json()}, default={}
+        )
+
+    async def delete_topic_policies(self, ml_name: str) -> None:
+        await self.store.adelete(topic_policies_path(ml_name), missing_ok=True)
 
     async def ensure_default_namespace(self) -> NamespacePolicies:
         """``public/default`` with default policies, created if absent; returns its policies."""

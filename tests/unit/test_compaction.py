@@ -1,5 +1,6 @@
 """The compactor's pure rules (topic_broker.compaction): phase one's latest id per key, phase two's entries, the
-compacted-ledger framing, and which SUBSCRIBEs compaction refuses."""
+compacted-ledger framing, which SUBSCRIBEs compaction refuses, and the compaction monitor's decision (which
+threshold applies, what backlog it is compared with, compact now or not)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from topic_broker import wire
 from topic_broker.compaction import (
     PhaseOne,
     compacted_out_mask,
+    compaction_backlog,
+    compaction_due,
+    compaction_threshold,
     decode_compacted,
     encode_compacted,
     last_kept_index,
@@ -19,6 +23,7 @@ from topic_broker.compaction import (
 )
 from topic_broker.managed_ledger import Position
 from topic_broker.service import read_compacted_refusal
+from zk.managed_ledgers import MetadataFormatError, NamespacePolicies, TopicPolicies
 
 
 def single(key: str | None, value: bytes) -> bytes:
@@ -115,3 +120,55 @@ def test_read_compacted_refusal(sub_type: int, read_compacted: bool, name: str, 
         read_compacted=read_compacted,
     )
     assert (read_compacted_refusal(cmd) is not None) is refused
+
+
+@pytest.mark.parametrize(
+    ("topic", "namespace", "broker", "expected"),
+    [
+        (None, None, 0, 0),  # nothing set: off
+        (None, None, 500, 500),  # the broker's default
+        (None, 100, 500, 100),  # the namespace's over the broker's
+        (None, 0, 500, 0),  # a namespace's 0 turns it off
+        (200, 100, 500, 200),  # the topic's over both
+        (0, 100, 500, 0),  # a topic's 0 turns it off under a namespace threshold
+        (300, None, 0, 300),
+    ],
+)
+def test_compaction_threshold_topic_then_namespace_then_broker(
+    topic: int | None, namespace: int | None, broker: int, expected: int
+) -> None:
+    assert compaction_threshold(topic, namespace, broker) == expected
+
+
+def test_compaction_backlog_is_the_compaction_cursors_else_the_slowest_else_the_whole_topic() -> None:
+    assert compaction_backlog(10, 700, 9000) == 10  # compacted before: what the next compaction reads
+    assert compaction_backlog(0, 700, 9000) == 0
+    assert compaction_backlog(None, 700, 9000) == 700  # never compacted: the slowest subscription's backlog
+    assert compaction_backlog(None, None, 9000) == 9000  # no durable subscription: the whole topic
+
+
+@pytest.mark.parametrize(
+    ("threshold", "backlog", "running", "serving", "due"),
+    [
+        (100, 101, False, True, True),
+        (100, 100, False, True, False),  # exceeded, not reached
+        (100, 5000, True, True, False),  # one runs already: never two at once
+        (100, 5000, False, False, False),  # unloaded or fenced: left alone
+        (0, 5000, False, True, False),  # off
+    ],
+)
+def test_compaction_due(threshold: int, backlog: int, running: bool, serving: bool, due: bool) -> None:
+    assert compaction_due(threshold, backlog, running=running, serving=serving) is due
+
+
+def test_compaction_thresholds_stored_unset_set_and_refused_negative() -> None:
+    assert NamespacePolicies.from_json({}).compaction_threshold is None  # znodes written before it
+    p = NamespacePolicies(compaction_threshold=1024)
+    assert NamespacePolicies.from_json(p.to_json()) == p
+    assert NamespacePolicies().to_json()["compaction_threshold"] is None  # a removal overwrites the old value
+    assert TopicPolicies.from_json(TopicPolicies(compaction_threshold=0).to_json()).compaction_threshold == 0
+    assert TopicPolicies().empty and not TopicPolicies(compaction_threshold=0).empty
+    with pytest.raises(MetadataFormatError, match="negative"):
+        TopicPolicies.from_json({"compaction_threshold": -1})
+    with pytest.raises(MetadataFormatError, match="wrong type"):
+        NamespacePolicies.from_json({"compaction_threshold": "1k"})
