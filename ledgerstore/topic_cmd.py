@@ -3,10 +3,11 @@
 A topic's tenant and namespace must exist before the topic, as in Pulsar (``public/default`` always does):
 ``ledgerstore tenant create acme``, then ``ledgerstore namespace create acme/orders``.
 
-Admin verbs (create, list, delete, stats, internal-stats, compact, compaction-status) call the broker's REST (``--url``, default
-``$LEDGERSTORE_BROKER_HTTP`` or ``http://127.0.0.1:8080``) and follow its redirects to a topic's owner;
-produce and consume use the official ``pulsar-client`` on ``--service-url`` (``$LEDGERSTORE_BROKER_URL`` or
-``pulsar://127.0.0.1:6650``).
+Admin verbs (create, list, delete, stats, internal-stats, compact, compaction-status, and the automatic
+compaction threshold of a namespace or a topic: set-|get-|remove-compaction-threshold) call the broker's REST
+(``--url``, default ``$LEDGERSTORE_BROKER_HTTP`` or ``http://127.0.0.1:8080``) and follow its redirects to a
+topic's owner; produce and consume use the official ``pulsar-client`` on ``--service-url``
+(``$LEDGERSTORE_BROKER_URL`` or ``pulsar://127.0.0.1:6650``).
 """
 
 from __future__ import annotations
@@ -301,6 +302,97 @@ def _compact(args: argparse.Namespace) -> int:
         return _compaction_status(args)
     emit(args, "\n".join(f"compaction of {f} started" for _, f in targets), {f: True for _, f in targets})
     return 0
+
+
+_SIZE_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """pulsar-admin's sizes: bytes, or a number with k, m, g or t (powers of 1024): ``10M`` is 10485760."""
+    t = text.strip().lower()
+    unit = _SIZE_UNITS.get(t[-1:], 1)
+    digits = t[:-1] if unit > 1 else t
+    try:
+        value = int(digits) * unit
+    except ValueError:
+        raise CommandError(
+            f"--threshold {text!r}: expected bytes, or a number with k, m, g or t (10M)", EXIT_USAGE
+        ) from None
+    if value < 0:
+        raise CommandError(f"--threshold {text!r}: must be 0 (off) or more bytes", EXIT_USAGE)
+    return value
+
+
+def _threshold_path(args: argparse.Namespace) -> tuple[str, str]:
+    """(REST path of the compaction threshold, what it belongs to) of ``args.namespace`` or ``args.name``."""
+    if getattr(args, "namespace", None) is not None:
+        return namespace_path(args.namespace) + "/compactionThreshold", f"namespace {args.namespace}"
+    path, full = topic_path(args.name)
+    return path + "/compactionThreshold", full
+
+
+def _threshold_set(args: argparse.Namespace) -> int:
+    path, what = _threshold_path(args)
+    threshold = parse_size(args.threshold)
+    rest(args.url, "POST", path, threshold)
+    emit(args, f"compaction threshold of {what}: {threshold} bytes", {"compactionThreshold": threshold})
+    return 0
+
+
+def _threshold_get(args: argparse.Namespace) -> int:
+    path, what = _threshold_path(args)
+    got = rest(args.url, "GET", path + ("?applied=true" if getattr(args, "applied", False) else ""))
+    shown = "not set" if got is None else f"{got} bytes" + (" (off)" if got == 0 else "")
+    emit(args, f"compaction threshold of {what}: {shown}", {"compactionThreshold": got})
+    return 0
+
+
+def _threshold_remove(args: argparse.Namespace) -> int:
+    path, what = _threshold_path(args)
+    rest(args.url, "DELETE", path)
+    emit(args, f"compaction threshold of {what} removed", {"compactionThreshold": None})
+    return 0
+
+
+def _add_threshold_verbs(
+    parent: Any,
+    common: Callable[[argparse.ArgumentParser], None],
+    verb: Callable[[Any, Callable[[argparse.ArgumentParser], None], str, str, Any], argparse.ArgumentParser],
+    target: str,
+) -> None:
+    """``set-|get-|remove-compaction-threshold`` of a namespace (``target`` "namespace") or a topic ("name")."""
+    for name, help_text, fn in (
+        (
+            "set-compaction-threshold",
+            "compact automatically once the backlog exceeds --threshold",
+            _threshold_set,
+        ),
+        ("get-compaction-threshold", "the automatic compaction threshold set", _threshold_get),
+        (
+            "remove-compaction-threshold",
+            "remove the threshold set (the one above applies)",
+            _threshold_remove,
+        ),
+    ):
+        p = verb(parent, common, name, help_text, fn)
+        if target == "namespace":
+            p.add_argument("namespace", help="TENANT/NAMESPACE")
+        else:
+            p.add_argument("name", help="topic name (a partitioned topic's is every partition's)")
+            p.set_defaults(namespace=None)
+        if fn is _threshold_set:
+            p.add_argument(
+                "--threshold",
+                "-t",
+                required=True,
+                help="bytes of backlog (10M, 1G: powers of 1024); 0 turns automatic compaction off",
+            )
+        if fn is _threshold_get and target != "namespace":
+            p.add_argument(
+                "--applied",
+                action="store_true",
+                help="the one that applies (topic, else namespace, else broker)",
+            )
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -664,6 +756,7 @@ def add_namespace_commands(sub: Any, common: Callable[[argparse.ArgumentParser],
         _create_or_delete("namespace", "DELETE"),
     )
     p.add_argument("namespace", help="TENANT/NAMESPACE")
+    _add_threshold_verbs(ns, common, _admin_verb, "namespace")
 
 
 def add_topic_commands(
@@ -740,3 +833,4 @@ def add_topic_commands(
         p.add_argument("name", help="topic name")
         p.add_argument("--wait", "-w", action="store_true", help=wait_help)
         p.add_argument("--timeout-s", type=float, default=300.0, help="give up waiting after this long")
+    _add_threshold_verbs(ts, common, _admin_verb, "name")

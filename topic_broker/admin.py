@@ -4,14 +4,16 @@
 Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the Pulsar clients work:
 
 - ``/admin/v2/clusters``, ``/admin/v2/tenants[/{t}]``, ``/admin/v2/namespaces/{t}[/{ns}]`` with the namespace
-  policies users set (``retention``, ``deduplication``, ``backlogQuota``, ``schemaCompatibilityStrategy``),
-  stored in ZooKeeper (``namespaces/<t>/<ns>``, docs/broker.md).
+  policies users set (``retention``, ``deduplication``, ``backlogQuota``, ``schemaCompatibilityStrategy``,
+  ``compactionThreshold``), stored in ZooKeeper (``namespaces/<t>/<ns>``, docs/broker.md).
 - ``/admin/v2/schemas/{t}/{ns}/{topic}/…``: a topic's schemas (``schema[/{version}]``, ``schemas``, upload,
   ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
   ``skip_all``), ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``compaction`` (``PUT``
-  starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``).
+  starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``),
+  ``compactionThreshold`` (the topic's own policy, ``topic-policies/<ml>``; a partitioned topic's is each of its
+  partitions').
 - ``/lookup/v2/topic/{domain}/{t}/{ns}/{topic}``: the owner's URLs; any broker answers for any topic and takes
   ownership when nobody holds it, as the binary LOOKUP does. A ``non-persistent`` topic (and its
   ``/admin/v2/non-persistent/…/partitions``, 0) is answered with this broker's URLs, for the binary protocol to
@@ -58,6 +60,7 @@ from ledger_client import errors as LE
 from zk import layout
 from zk.managed_ledgers import (
     SCHEMAS,
+    TOPIC_POLICIES,
     BacklogQuota,
     CursorInfo,
     ManagedLedgerInfo,
@@ -65,12 +68,13 @@ from zk.managed_ledgers import (
     SchemaHistory,
     SchemaInfo,
     SchemaRefusedError,
+    TopicPolicies,
 )
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
 from .bookie_supply import BookiesShortError
-from .compaction import CompactionRunningError
+from .compaction import CompactionRunningError, compaction_threshold
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
@@ -146,8 +150,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def _storage_size(topic: Topic) -> int:
-    ml = topic.ml
-    return ml.current_size + sum(li.size for li in ml.info.ledgers[:-1])
+    return topic.ml.total_size
 
 
 def _cursor_backlog(
@@ -197,7 +200,17 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         "replication_clusters": [CLUSTER_NAME],
         "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
         "schema_compatibility_strategy": p.schema_compatibility_strategy,
+        "compaction_threshold": p.compaction_threshold,
     }
+
+
+def _threshold_from(body: Any) -> int:
+    """A ``compactionThreshold`` body: bytes, a JSON integer of 0 (off) or more."""
+    if isinstance(body, bool) or not isinstance(body, int):
+        raise AdminError(400, f"expected the compaction threshold in bytes as a JSON integer, got {body!r}")
+    if body < 0:
+        raise AdminError(412, f"compactionThreshold must be 0 (off) or more bytes, got {body}")
+    return body
 
 
 def _retention_json(p: NamespacePolicies) -> dict[str, int]:
@@ -490,7 +503,7 @@ class AdminApp:
         topics left under the broker's roots (managed ledgers, partitioned topics, ownership, schemas), where
         empty: nothing is left of a deleted namespace. A directory something was written to since stays."""
         suffixes = [["persistent"], []] if len(parts) == 2 else [[]]
-        for root in (layout.MANAGED_LEDGERS, layout.TOPICS, layout.OWNERSHIP, SCHEMAS):
+        for root in (layout.MANAGED_LEDGERS, layout.TOPICS, layout.OWNERSHIP, SCHEMAS, TOPIC_POLICIES):
             for suffix in suffixes:
                 path = "/".join([root, *parts, *suffix])
                 with contextlib.suppress(zk.MetadataNotEmptyError):
@@ -582,6 +595,20 @@ class AdminApp:
     async def dedup_delete(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
         return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=False))
+
+    async def compaction_threshold_get(self, request: web.Request) -> web.Response:
+        """The namespace's ``compaction_threshold`` (bytes), ``null`` when not set (the broker's default)."""
+        _t, _n, p = await self._policies(request)
+        return _json(p.compaction_threshold)
+
+    async def compaction_threshold_set(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        threshold = _threshold_from(await _body_json(request))
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, compaction_threshold=threshold))
+
+    async def compaction_threshold_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, compaction_threshold=None))
 
     async def schema_strategy_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
@@ -726,6 +753,7 @@ class AdminApp:
                 t.ml.retention_time_s = p.retention_time_s
                 t.ml.retention_size_bytes = p.retention_size_bytes
                 t.quota = p.backlog_quota
+                t.namespace_compaction_threshold = p.compaction_threshold
 
     # -- topic lists and partitions --------------------------------------------------------------------------
 
@@ -843,6 +871,43 @@ class AdminApp:
     async def _delete_topic(self, topic: Topic) -> None:
         if not await self.service.delete_topic(topic.name):
             raise AdminError(409, f"{topic.name} stopped being served here while it was deleted; try again")
+
+    async def _policies_topic(self, request: web.Request) -> TopicName:
+        """A topic-level policy's topic: the base name of a partitioned topic (whose policies are every
+        partition's, as in Pulsar), else an existing topic's name; 404 when neither exists."""
+        name = self._topic_name(request)
+        if await self._partitions(name.base):
+            return name.base
+        if not await self._exists(name):
+            raise AdminError(404, f"Topic {name} not found")
+        return name.base
+
+    async def topic_compaction_threshold_get(self, request: web.Request) -> web.Response:
+        """The topic's own ``compactionThreshold`` (``null`` when not set); with ``applied=true`` the one that
+        applies (the topic's, else its namespace's, else the broker's)."""
+        name = await self._policies_topic(request)
+        own = await self.meta.get_topic_policies(name.ml_name)
+        value = None if own is None else own.compaction_threshold
+        if request.query.get("applied", "false").lower() == "true":
+            ns = request.get(NAMESPACE_POLICIES) or await self.meta.get_policies(name.tenant, name.namespace)
+            value = compaction_threshold(
+                value,
+                None if ns is None else ns.compaction_threshold,
+                self.service.config.compaction_threshold_bytes,
+            )
+        return _json(value)
+
+    async def topic_compaction_threshold_set(self, request: web.Request) -> web.Response:
+        name = await self._policies_topic(request)
+        threshold = _threshold_from(await _body_json(request))
+        await self.meta.set_topic_policies(name.ml_name, TopicPolicies(compaction_threshold=threshold))
+        return _no_content()
+
+    async def topic_compaction_threshold_delete(self, request: web.Request) -> web.Response:
+        name = await self._policies_topic(request)
+        own = await self.meta.get_topic_policies(name.ml_name) or TopicPolicies()
+        await self.meta.set_topic_policies(name.ml_name, dataclasses.replace(own, compaction_threshold=None))
+        return _no_content()
 
     async def _subscription_rows(self, topic: Topic) -> dict[str, dict[str, Any]]:
         """Every subscription of the topic: the live ones, and durable cursors from ZooKeeper."""
@@ -1447,6 +1512,9 @@ class AdminApp:
         r.add_get(ns + "/permissions", self.permissions_get)
         r.add_post(ns + "/permissions/{role}", self.permission_grant)
         r.add_delete(ns + "/permissions/{role}", self.permission_revoke)
+        r.add_get(ns + "/compactionThreshold", self.compaction_threshold_get)
+        r.add_post(ns + "/compactionThreshold", self.compaction_threshold_set)
+        r.add_delete(ns + "/compactionThreshold", self.compaction_threshold_delete)
         r.add_get(ns + "/backlogQuota", self.quota_get)
         r.add_get(ns + "/backlogQuotaMap", self.quota_map)
         r.add_post(ns + "/backlogQuota", self.quota_set)
@@ -1472,6 +1540,9 @@ class AdminApp:
         r.add_put(t + "/unload", self.unload)
         r.add_put(t + "/compaction", self.compaction_trigger)
         r.add_get(t + "/compaction", self.compaction_status)
+        r.add_get(t + "/compactionThreshold", self.topic_compaction_threshold_get)
+        r.add_post(t + "/compactionThreshold", self.topic_compaction_threshold_set)
+        r.add_delete(t + "/compactionThreshold", self.topic_compaction_threshold_delete)
         r.add_get(t + "/examinemessage", self.examine_message)
         r.add_get(t + "/ledger/{ledger}/entry/{entry}", self.message_by_id)
         r.add_get(t + "/subscriptions", self.subscriptions)

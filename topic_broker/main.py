@@ -24,6 +24,8 @@ from .admin import AdminServer
 from .server import BrokerServer
 from .service import (
     DEFAULT_ACK_QUORUM,
+    DEFAULT_COMPACTION_MONITOR_INTERVAL_S,
+    DEFAULT_COMPACTION_THRESHOLD_BYTES,
     DEFAULT_ENSEMBLE_SIZE,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -153,6 +155,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TICK_INTERVAL_S,
         help="how often topics roll idle ledgers, flush cursors, apply namespace policies and trim",
     )
+    p.add_argument(
+        "--compaction-threshold-bytes",
+        type=int,
+        default=DEFAULT_COMPACTION_THRESHOLD_BYTES,
+        help="compact a topic by itself once its backlog exceeds this many bytes, where neither the topic nor "
+        "its namespace sets a compaction threshold (0: only when asked)",
+    )
+    p.add_argument(
+        "--compaction-monitor-interval-s",
+        type=float,
+        default=DEFAULT_COMPACTION_MONITOR_INTERVAL_S,
+        help="how often the broker compares the backlog of each topic it serves with its compaction threshold",
+    )
     a = p.add_argument
     a(
         "--auth-secret-file",
@@ -221,6 +236,12 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
             f"--max-message-size {max_message_size}: must be 1..{DEFAULT_MAX_MESSAGE_SIZE} (a ledger entry is at "
             f"most {wire.LEDGER_ENTRY_MAX} bytes, and a stored message needs room for its headers)"
         )
+    threshold = int(getattr(args, "compaction_threshold_bytes", DEFAULT_COMPACTION_THRESHOLD_BYTES))
+    if threshold < 0:
+        raise ConfigError(f"--compaction-threshold-bytes {threshold}: must be 0 (off) or more")
+    interval = float(getattr(args, "compaction_monitor_interval_s", DEFAULT_COMPACTION_MONITOR_INTERVAL_S))
+    if not interval > 0:
+        raise ConfigError(f"--compaction-monitor-interval-s {interval}: must be more than 0")
     superusers = tuple(
         r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
     )
@@ -248,6 +269,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         dedup_enabled=not args.no_dedup,
         zk_session_timeout_s=args.zk_session_timeout_s,
         tick_interval_s=args.tick_interval_s,
+        compaction_threshold_bytes=threshold,
+        compaction_monitor_interval_s=interval,
     )
 
 

@@ -471,6 +471,11 @@ class ManagedLedger:
         """Bytes appended to the current ledger (sent; the closed ledgers' sizes are in :attr:`info`)."""
         return self._current_size
 
+    @property
+    def total_size(self) -> int:
+        """Bytes of every ledger (Pulsar's ``totalSize``): the closed ones as recorded, the current one as sent."""
+        return self._current_size + sum(li.size for li in self._info.value.ledgers[:-1])
+
     def _check_writable(self) -> None:
         if self._state == _FENCED:
             raise ManagedLedgerFencedError(f"fenced: {self._fence_reason}", ml_name=self.name)

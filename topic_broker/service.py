@@ -14,6 +14,9 @@ Decisions live in the pure cores (``connection.py`` for the protocol state, ``su
 - Dedup (namespace policy ``deduplication_enabled``, or the broker's default): by (producer name, highest
   sequence id); the last ids are kept in the managed ledger's properties (``dedup/<name>``, written with every
   ledger-list change) and a new owner rebuilds them from those plus the metadata of the tail ledger's entries.
+- Automatic compaction (``compaction_threshold``: the topic's own policy, else its namespace's, else
+  ``--compaction-threshold-bytes``): every ``--compaction-monitor-interval-s`` each topic served here (each
+  partition by itself) whose backlog exceeds it is compacted, unless a compaction of it runs already.
 
 The admin side (``admin.py``) uses :meth:`BrokerService.topic_names`, :meth:`topic_stats`,
 :meth:`internal_stats`, :meth:`subscriptions`, :meth:`get_topic` and :meth:`unload`.
@@ -47,13 +50,22 @@ from zk.managed_ledgers import (
     SchemaHistory,
     SchemaInfo,
     SchemaRefusedError,
+    TopicPolicies,
 )
 from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, wire
 from .bookie_supply import BookiesShortError, BookieSupply
-from .compaction import COMPACTION_SUBSCRIPTION, TopicCompaction, compacted_out_mask, last_kept_index
+from .compaction import (
+    COMPACTION_SUBSCRIPTION,
+    TopicCompaction,
+    compacted_out_mask,
+    compaction_backlog,
+    compaction_due,
+    compaction_threshold,
+    last_kept_index,
+)
 from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import (
@@ -98,6 +110,10 @@ DEFAULT_WRITE_QUORUM = 2
 DEFAULT_ACK_QUORUM = 2
 DEFAULT_TICK_INTERVAL_S = 5.0
 DEFAULT_DEDUP_ENABLED = True
+#: Pulsar's ``brokerServiceCompactionThresholdInBytes`` (0: no automatic compaction unless a policy asks) and
+#: ``brokerServiceCompactionMonitorIntervalInSeconds``
+DEFAULT_COMPACTION_THRESHOLD_BYTES = 0
+DEFAULT_COMPACTION_MONITOR_INTERVAL_S = 60.0
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
 SCHEMA_NONE = 0
@@ -134,6 +150,8 @@ class BrokerConfig:
     max_rollover_time_s: float = 4 * 3600.0
     dedup_enabled: bool = DEFAULT_DEDUP_ENABLED
     tick_interval_s: float = DEFAULT_TICK_INTERVAL_S
+    compaction_threshold_bytes: int = DEFAULT_COMPACTION_THRESHOLD_BYTES
+    compaction_monitor_interval_s: float = DEFAULT_COMPACTION_MONITOR_INTERVAL_S
     zk_session_timeout_s: float = 10.0
     # Authentication (docs/broker.md, "Authentication and authorization"): the HS256 secret tokens are checked
     # with (None: no authentication at all), whether a connection must carry one (and produce/consume then
@@ -825,6 +843,7 @@ class Topic:
         self.bytes_in = 0
         self.tick_failures = RateLimitedLog(log, LOG_EVERY_S)  # its housekeeping's failure lines
         self.compaction = TopicCompaction(ml, ml.bk)  # its compacted view and compactor
+        self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
 
     # -- producers ------------------------------------------------------------------------------------------
 
@@ -965,6 +984,18 @@ class Topic:
         if slowest is None:
             return 0
         return self.ml.estimate_bytes(slowest, self.ml.last_confirmed_position())
+
+    def compaction_backlog_bytes(self) -> int:
+        """What the compaction threshold is compared with (:func:`compaction_backlog`)."""
+        ml = self.ml
+        last = ml.last_confirmed_position()
+        mark = self.compaction.mark_delete
+        slowest = ml.slowest_mark_delete()
+        return compaction_backlog(
+            None if mark is None else ml.estimate_bytes(mark, last),
+            None if slowest is None else ml.estimate_bytes(slowest, last),
+            ml.total_size,
+        )
 
     async def evict_backlog(self, limit_bytes: int) -> None:
         """Move every cursor behind the point where the backlog fits ``limit_bytes`` up to it (the oldest
@@ -1116,10 +1147,12 @@ class BrokerService:
         self._producer_names = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._compaction_monitor: asyncio.Task[None] | None = None
         self._session_lost = False
         self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
+        self._compaction_check_failing = RateLimitedLog(log, LOG_EVERY_S)
 
     # -- authentication and authorization ---------------------------------------------------------------------
 
@@ -1239,6 +1272,7 @@ class BrokerService:
         await self.bookie_supply.watch(self.bk.registry)
         self.bk.store.add_session_listener(self._session_listener)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+        self._compaction_monitor = asyncio.get_running_loop().create_task(self._compaction_monitor_loop())
         log.info("broker=%s serving %s", self.config.id, self.config.service_url)
 
     async def _register(self) -> None:
@@ -1251,6 +1285,8 @@ class BrokerService:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+        if self._compaction_monitor is not None:
+            self._compaction_monitor.cancel()
         self.bookie_supply.close()
         for s in list(self.sessions):
             s.transport.close()
@@ -1333,6 +1369,41 @@ class BrokerService:
                 else:
                     topic.tick_failures.reset()
 
+    async def _compaction_monitor_loop(self) -> None:
+        """Every ``compaction_monitor_interval_s``: :meth:`check_compaction` (Pulsar's compaction monitor)."""
+        while True:
+            await asyncio.sleep(self.config.compaction_monitor_interval_s)
+            with self._compaction_check_failing.catching(Exception, "compaction thresholds not checked"):
+                await self.check_compaction()
+
+    async def check_compaction(self) -> None:
+        """Start a compaction of each topic served here whose backlog exceeds its compaction threshold
+        (:func:`compaction_due`); a partition is a topic of its own here, with its partitioned topic's policies."""
+        assert self.meta is not None
+        own: dict[str, TopicPolicies | None] = {}  # by base name: the partitions of one topic share them
+        for topic in self.served_topics():
+            base = topic.name.base.ml_name
+            if base not in own:
+                own[base] = await self.meta.get_topic_policies(base)
+            tp = own[base]
+            threshold = compaction_threshold(
+                None if tp is None else tp.compaction_threshold,
+                topic.namespace_compaction_threshold,
+                self.config.compaction_threshold_bytes,
+            )
+            if threshold <= 0:
+                continue
+            backlog = topic.compaction_backlog_bytes()
+            serving = not topic.unloaded and not topic.ml.closed
+            if compaction_due(threshold, backlog, running=topic.compaction.running, serving=serving):
+                log.info(
+                    "topic=%s backlog of %d bytes exceeds its compaction threshold of %d: compacting",
+                    topic.name,
+                    backlog,
+                    threshold,
+                )
+                topic.compaction.trigger()
+
     async def refresh_policies(self) -> None:
         """Read the policies of every namespace with a topic served here and apply them (changes made through
         any broker's admin REST, or directly in ZooKeeper, take effect within one tick)."""
@@ -1357,6 +1428,7 @@ class BrokerService:
         elif not dedup:
             topic.dedup_enabled = False
         topic.quota = p.backlog_quota
+        topic.namespace_compaction_threshold = p.compaction_threshold
 
     async def enforce_quota(self, topic: Topic) -> None:
         """The namespace's backlog quota (``limit_size`` bytes of the slowest durable subscription's backlog):
@@ -1435,6 +1507,7 @@ class BrokerService:
             raise
         topic = Topic(self, name, ml, dedup)
         topic.quota = quota
+        topic.namespace_compaction_threshold = policies.compaction_threshold
         try:
             await topic.compaction.load()
         except BaseException:
@@ -1516,6 +1589,7 @@ class BrokerService:
             await topic.ml.delete()
             if not topic.name.is_partition and self.meta is not None:
                 await self.meta.delete_schemas(topic.name.ml_name)  # a partitioned topic's are its own
+                await self.meta.delete_topic_policies(topic.name.ml_name)  # likewise
         finally:
             self.metrics.forget(topic.key)
             if self.meta is not None and not self._session_lost:

@@ -1,0 +1,50 @@
+"""``--compaction-threshold-bytes`` and ``--compaction-monitor-interval-s``: Pulsar's defaults (0, off; 60 s), a
+small interval settable (tests), and values that cannot work refused at start; the CLI's threshold sizes."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bookie.config_file import ConfigError
+from ledgerstore.cli import CommandError
+from ledgerstore.topic_cmd import parse_size
+from topic_broker.main import add_serve_arguments, config_from_args
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_serve_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_defaults_are_pulsars_and_flags_are_taken() -> None:
+    c = config_from_args(_args())
+    assert (c.compaction_threshold_bytes, c.compaction_monitor_interval_s) == (0, 60.0)
+    c = config_from_args(
+        _args("--compaction-threshold-bytes", "104857600", "--compaction-monitor-interval-s", "0.5")
+    )
+    assert (c.compaction_threshold_bytes, c.compaction_monitor_interval_s) == (104857600, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (("--compaction-threshold-bytes", "-1"), "--compaction-threshold-bytes"),
+        (("--compaction-monitor-interval-s", "0"), "--compaction-monitor-interval-s"),
+        (("--compaction-monitor-interval-s", "-5"), "--compaction-monitor-interval-s"),
+    ],
+)
+def test_values_that_cannot_work_are_refused(argv: tuple[str, ...], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        config_from_args(_args(*argv))
+
+
+def test_threshold_sizes_as_pulsar_admin_writes_them() -> None:
+    assert [parse_size(s) for s in ("0", "1500", "1k", "10M", "2g", "1T")] == [
+        0, 1500, 1024, 10 * 1024**2, 2 * 1024**3, 1024**4,
+    ]  # fmt: skip
+    for bad in ("-1", "-1k", "ten", "", "1.5M", "M"):
+        with pytest.raises(CommandError, match="--threshold"):
+            parse_size(bad)
