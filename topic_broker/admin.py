@@ -836,9 +836,10 @@ class AdminApp:
             name, "DELETE", "", params={"force": str(force).lower()}, request=request
         )
         self._check_partition_results(results, ok_404=True)
-        # the partitions' shared schemas go with the topic, as a non-partitioned topic's do (as in Pulsar); before
-        # its metadata, so that a call failing in between can be made again
+        # the partitions' shared schemas and policies go with the topic, as a non-partitioned topic's do (as in
+        # Pulsar); before its metadata, so that a call failing in between can be made again
         await self.meta.delete_schemas(name.ml_name)
+        await self.meta.delete_topic_policies(name.ml_name)
         await self.meta.delete_partitioned_topic(name.ml_name)
         return _no_content()
 

@@ -179,8 +179,14 @@ def test_threshold_routes_answer_and_refuse(bp: BrokerProcess, ns: str) -> None:
     assert cli.returncode == 2 and "0 (off) or more" in cli.stderr
     cli = ledgerstore("topic", "get-compaction-threshold", t, "--json", "--url", url)
     assert cli.returncode == 0 and json.loads(cli.stdout) == {"compactionThreshold": None}
-    # a deleted topic's policies go with it
+    # a deleted topic's policies go with it, a partitioned topic's too
     admin(bp, "POST", tpath(t) + "/compactionThreshold", 10)
     admin(bp, "DELETE", tpath(t))
     admin(bp, "PUT", tpath(t))
     assert admin(bp, "GET", tpath(t) + "/compactionThreshold") is None
+    pt = f"persistent://{ns}/parted"
+    admin(bp, "PUT", tpath(pt) + "/partitions", 2)
+    admin(bp, "POST", tpath(pt) + "/compactionThreshold", 10)
+    admin(bp, "DELETE", tpath(pt) + "/partitions")
+    admin(bp, "PUT", tpath(pt) + "/partitions", 2)
+    assert admin(bp, "GET", tpath(pt) + "/compactionThreshold") is None
