@@ -578,6 +578,13 @@ class ManagedLedger:
         """Recorded with the next change of the ledger list (rollover, close), e.g. ``dedup/<producer>``."""
         self._pending_properties[key] = value
 
+    async def save_properties(self) -> None:
+        """Write the properties set since the last change of the ledger list now, with the list as it stands
+        (a failure fences, as any write of the list does)."""
+        async with self._meta_lock:
+            if self._pending_properties and self._state == _OPEN:
+                await self._cas(self._info.value.ledgers)
+
     # -- rollover -----------------------------------------------------------------------------------------------
     async def maybe_rollover(self) -> bool:
         """Roll the current ledger if the rollover rule says so (an idle topic's ledger ages too)."""

@@ -934,12 +934,19 @@ class Topic:
 
     async def scan_tail(self) -> None:
         """A new owner: with dedup, the persisted last sequence ids, then the tail ledger's entries on top;
-        the tail ledger's message counts (it was recovered from the previous owner, whose counts are lost)."""
+        the tail ledger's message counts (it was recovered from the previous owner, whose counts are lost).
+
+        The sequence ids found in the tail ledger are stored at once (``dedup/<producer>``): the next owner
+        scans only the ledger before its own, and this owner's ledger may hold entries of other producers only,
+        so a producer that wrote to the previous owner alone would otherwise be forgotten after a second change
+        of owner (a restart or a crash of this one), and its resends stored again."""
+        stored: dict[str, int] = {}
         if self.dedup_enabled:
             for k, v in self.ml.properties.items():
                 if k.startswith("dedup/"):
                     with contextlib.suppress(ValueError):
-                        self.last_sequence[k[len("dedup/") :]] = int(v)
+                        stored[k[len("dedup/") :]] = int(v)
+            self.last_sequence.update(stored)
         ledgers = self.ml.view().ledgers
         tail = [(lid, n) for lid, n in ledgers[:-1] if n > 0]
         if not tail:
@@ -975,6 +982,11 @@ class Topic:
             pos = Position(lid, got[-1][0].entry_id + 1)
         if not known and len(counts) == n:
             self.ml.record_messages(lid, counts)
+        learnt = {name: seq for name, seq in self.last_sequence.items() if seq > stored.get(name, -1)}
+        for name, seq in learnt.items():
+            self.ml.set_property(f"dedup/{name}", str(seq))
+        if learnt:
+            await self.ml.save_properties()
 
     # -- backlog quota ----------------------------------------------------------------------------------------
 
