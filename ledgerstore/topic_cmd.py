@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote, urljoin, urlsplit
 
@@ -51,6 +51,14 @@ T = TypeVar("T")
 def rest(url: str, method: str, path: str, body: Any = None, timeout_s: float = 60.0) -> Any:
     """One admin call; follows 307/308 to the owner (keeping method and body); raises CommandError with the
     broker's ``reason`` on an error status."""
+    text = rest_raw(url, method, path, body, timeout_s)[0].decode()
+    return json.loads(text) if text else None
+
+
+def rest_raw(
+    url: str, method: str, path: str, body: Any = None, timeout_s: float = 60.0
+) -> tuple[bytes, Mapping[str, str]]:
+    """:func:`rest`'s call, answering the body's bytes and the headers (a message peeked)."""
     target = url.rstrip("/") + path
     data = None if body is None else json.dumps(body).encode()
     for _hop in range(5):
@@ -59,8 +67,7 @@ def rest(url: str, method: str, path: str, body: Any = None, timeout_s: float = 
             req.add_header("Content-Type", "application/json")
         try:
             with _OPENER.open(req, timeout=timeout_s) as r:
-                text = r.read().decode()
-                return json.loads(text) if text else None
+                return r.read(), r.headers
         except urllib.error.HTTPError as e:
             if e.code in (307, 308) and e.headers.get("Location"):
                 target = urljoin(target, e.headers["Location"])
@@ -301,6 +308,100 @@ def _compact(args: argparse.Namespace) -> int:
     if args.wait:
         return _compaction_status(args)
     emit(args, "\n".join(f"compaction of {f} started" for _, f in targets), {f: True for _, f in targets})
+    return 0
+
+
+def _subscription_path(args: argparse.Namespace) -> tuple[str, str]:
+    path, full = topic_path(args.name)
+    return f"{path}/subscription/{quote(args.subscription, safe='')}", full
+
+
+def peeked_messages(body: bytes, headers: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The messages of one peeked entry (a batch's frame split, as pulsar-admin does): id, publish time, producer,
+    key, properties and payload."""
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+
+    mid = headers.get("X-Pulsar-Message-ID", "")
+    common = {
+        "publishTime": int(headers.get("X-Pulsar-publish-time", "0") or 0),
+        "producerName": headers.get("X-Pulsar-producer-name", ""),
+        "sequenceId": int(headers.get("X-Pulsar-sequence-id", "0") or 0),
+    }
+    prefix = "x-pulsar-property-"
+    props = {k[len(prefix) :]: v for k, v in headers.items() if k.lower().startswith(prefix)}
+    batch = headers.get("X-Pulsar-num-batch-message")
+    if batch is None:
+        key = headers.get("X-Pulsar-partition-key")
+        return [{"messageId": mid, **common, "key": key, "properties": props, "payload": body}]
+    md = pb.MessageMetadata(producer_name="", sequence_id=0, publish_time=0, num_messages_in_batch=int(batch))
+    out = []
+    try:
+        for i, (single, payload) in enumerate(wire.iter_batch(md, body)):
+            assert single is not None
+            out.append(
+                {
+                    "messageId": f"{mid}:{i}",
+                    **common,
+                    "key": single.partition_key or None,
+                    "properties": {kv.key: kv.value for kv in single.properties},
+                    "payload": payload,
+                }
+            )
+    except wire.EntryFormatError as e:
+        raise CommandError(f"the batch at {mid} cannot be split: {e}") from None
+    return out
+
+
+def _text(payload: bytes) -> str:
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return "0x" + payload.hex()
+
+
+def _peek(args: argparse.Namespace) -> int:
+    """pulsar-admin's ``topics peek-messages -s SUB -n N``: the next N entries the subscription has not
+    acknowledged (a batch's messages each), without moving it."""
+    if args.count < 1:
+        raise CommandError(f"-n {args.count}: peek 1 or more messages", EXIT_USAGE)
+    path, full = _subscription_path(args)
+    messages: list[dict[str, Any]] = []
+    for n in range(1, args.count + 1):
+        try:
+            body, headers = rest_raw(args.url, "GET", f"{path}/position/{n}")
+        except CommandError as e:
+            if e.kind == "HTTP_404" and "Message not found" in str(e):
+                break  # the end of the backlog
+            raise
+        messages += peeked_messages(body, headers)
+
+    def human() -> str:
+        if not messages:
+            return f"{full}: nothing to peek for {args.subscription}"
+        return "\n".join(
+            f"{m['messageId']}  {m['publishTime']}"
+            + (f"  key={m['key']}" if m["key"] else "")
+            + (f"  {m['properties']}" if m["properties"] else "")
+            + f"  {_text(m['payload'])}"
+            for m in messages
+        )
+
+    emit(args, human, [{**m, "payload": _text(m["payload"])} for m in messages])
+    return 0
+
+
+def _skip(args: argparse.Namespace) -> int:
+    """pulsar-admin's ``topics skip -s SUB -n N`` (each partition of a partitioned topic)."""
+    if args.count < 1:
+        raise CommandError(f"-n {args.count}: skip 1 or more messages", EXIT_USAGE)
+    path, full = _subscription_path(args)
+    rest(args.url, "POST", f"{path}/skip/{args.count}")
+    emit(
+        args,
+        f"{args.subscription} of {full}: skipped up to {args.count} entries",
+        {"topic": full, "subscription": args.subscription, "skipped": args.count},
+    )
     return 0
 
 
@@ -834,3 +935,11 @@ def add_topic_commands(
         p.add_argument("--wait", "-w", action="store_true", help=wait_help)
         p.add_argument("--timeout-s", type=float, default=300.0, help="give up waiting after this long")
     _add_threshold_verbs(ts, common, _admin_verb, "name")
+    p = verb("peek", "the next messages a subscription has not acknowledged, left unacknowledged", _peek)
+    p.add_argument("name", help="topic name (a partition's: peek is refused on a partitioned topic)")
+    p.add_argument("-s", "--subscription", required=True, help="subscription name")
+    p.add_argument("-n", "--count", type=int, default=1, help="entries to peek (a batch is one)")
+    p = verb("skip", "acknowledge a subscription's next N messages unread", _skip)
+    p.add_argument("name", help="topic name (a partitioned topic's: each partition's subscription)")
+    p.add_argument("-s", "--subscription", required=True, help="subscription name")
+    p.add_argument("-n", "--count", type=int, required=True, help="entries to skip (a batch is one)")

@@ -10,7 +10,8 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
   ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
-  ``skip_all``), ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``compaction`` (``PUT``
+  ``skip_all``, ``skip``, peek at ``position/{n}``),
+  ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``compaction`` (``PUT``
   starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``),
   ``compactionThreshold`` (the topic's own policy, ``topic-policies/<ml>``; a partitioned topic's is each of its
   partitions').
@@ -72,7 +73,7 @@ from zk.managed_ledgers import (
 )
 
 from . import pulsar_api_pb2 as pb
-from . import schema_compat, wire
+from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
 from .compaction import CompactionRunningError, compaction_threshold
 from .cursor import InitialPosition, ManagedCursor
@@ -1166,30 +1167,38 @@ class AdminApp:
         c = topic.compaction
         return _json({"status": c.status.value, "lastError": c.last_error})
 
-    async def _message_response(self, topic: Topic, pos: Position, batch_index: int) -> web.Response:
+    async def _message_response(self, topic: Topic, pos: Position, batch_index: int | None) -> web.Response:
+        """The message at ``batch_index`` of the entry at ``pos`` (its payload as the body, its metadata in
+        ``X-Pulsar-*`` headers); ``None``: the whole entry, a batch's frame as it is (peek, as Pulsar answers)."""
         try:
             data = await topic.ml.read_entry(pos)
         except ManagedLedgerError as e:
             raise AdminError(404, f"Message not found at {pos}: {e}") from e
         try:
             md, payload = wire.parse_entry(data, verify_checksum=False)
-            messages = list(wire.iter_batch(md, payload))
+            messages: list[tuple[pb.SingleMessageMetadata | None, bytes]]
+            if batch_index is None:
+                messages = [(None, wire.uncompressed_payload(md, payload))]
+            else:
+                messages = list(wire.iter_batch(md, payload))
         except wire.EntryFormatError as e:
             raise AdminError(412, f"the entry at {pos} cannot be read as a message: {e}") from e
-        if not 0 <= batch_index < len(messages):
-            raise AdminError(
-                404, f"no message {batch_index} in the entry at {pos} ({len(messages)} messages)"
-            )
-        single, body = messages[batch_index]
+        index = 0 if batch_index is None else batch_index
+        if not 0 <= index < len(messages):
+            raise AdminError(404, f"no message {index} in the entry at {pos} ({len(messages)} messages)")
+        single, body = messages[index]
+        batched = md.HasField("num_messages_in_batch")
         headers = {
             "X-Pulsar-Message-ID": f"{pos.ledger_id}:{pos.entry_id}:{topic.name.partition_index}"
-            + (f":{batch_index}" if md.HasField("num_messages_in_batch") else ""),
+            + (f":{batch_index}" if batched and batch_index is not None else ""),
             "X-Pulsar-publish-time": str(md.publish_time),
             "X-Pulsar-producer-name": md.producer_name,
             "X-Pulsar-sequence-id": str(md.sequence_id),
         }
-        if md.HasField("num_messages_in_batch"):
+        if batched:
             headers["X-Pulsar-num-batch-message"] = str(md.num_messages_in_batch)
+            if batch_index is None:
+                headers["X-Pulsar-batch-size"] = str(len(body))
         props = single.properties if single is not None else md.properties
         key = (single.partition_key if single is not None else md.partition_key) or ""
         if key:
@@ -1393,6 +1402,56 @@ class AdminApp:
         await self._move_cursor(topic, sub, ml.next_position(ml.last_confirmed_position()), disconnect=False)
         return _no_content()
 
+    async def _subscription_cursor(
+        self, topic: Topic, sub: str
+    ) -> tuple[SubscriptionRuntime | None, ManagedCursor]:
+        try:
+            return await sub_ops.subscription_cursor(topic, sub)
+        except sub_ops.SubscriptionNotFoundError:
+            raise AdminError(404, "Subscription not found") from None
+        except sub_ops.NotDurableError:
+            raise AdminError(
+                405, f"{sub} is a reader's non-durable subscription: it has no stored position"
+            ) from None
+
+    @staticmethod
+    def _count_in_path(request: web.Request, key: str, what: str, least: int) -> int:
+        try:
+            n = int(request.match_info[key])
+        except ValueError:
+            n = least - 1
+        if n < least:
+            raise AdminError(412, f"{what} is an integer, {least} or more: got {request.match_info[key]!r}")
+        return n
+
+    async def peek(self, request: web.Request) -> web.Response:
+        """Pulsar's ``peek-messages``: the ``messagePosition``-th entry (1 = the first) after the subscription's
+        mark-delete that it has not acknowledged, without moving it; the body and headers of examinemessage, a
+        batch as its whole frame. 405 on a partitioned topic (peek a partition), as in Pulsar."""
+        name = self._topic_name(request)
+        n = self._count_in_path(request, "position", "messagePosition", 1)
+        if not name.is_partition and await self._partitions(name):
+            raise AdminError(405, "Peek messages on a partitioned topic is not allowed")
+        topic = await self._owned_topic(request, name)
+        _rt, mc = await self._subscription_cursor(topic, request.match_info["subscription"])
+        pos = sub_ops.nth_unacked(topic.ml.view(), mc.cursor, n)
+        if pos is None:
+            raise AdminError(404, "Message not found")
+        return await self._message_response(topic, pos, None)
+
+    async def skip(self, request: web.Request) -> web.Response:
+        """Pulsar's ``skip``: the subscription acknowledges its next ``numMessages`` unacknowledged entries (all of
+        them when there are fewer); its consumers go on after them. Each partition of a partitioned topic."""
+        name = self._topic_name(request)
+        n = self._count_in_path(request, "count", "numMessages", 0)
+        fanned = await self._fan_out_if_partitioned(request, name, "POST", f"/skip/{n}")
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        rt, mc = await self._subscription_cursor(topic, request.match_info["subscription"])
+        await sub_ops.advance(rt, mc, sub_ops.skip_target(topic.ml.view(), mc.cursor, n))
+        return _no_content()
+
     # -- lookup -----------------------------------------------------------------------------------------------
 
     async def lookup(self, request: web.Request) -> web.Response:
@@ -1553,6 +1612,8 @@ class AdminApp:
         r.add_post(s + "/resetcursor/{timestamp}", self.reset_cursor)
         r.add_post(s + "/resetcursor", self.reset_cursor_to_id)
         r.add_post(s + "/skip_all", self.skip_all)
+        r.add_post(s + "/skip/{count}", self.skip)
+        r.add_get(s + "/position/{position}", self.peek)
         r.add_get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", self.lookup)
 
 

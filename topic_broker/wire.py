@@ -91,6 +91,7 @@ __all__ = [
     "send_error",
     "send_receipt",
     "success",
+    "uncompressed_payload",
 ]
 
 CHECKSUM_MAGIC: Final = 0x0E01
@@ -938,6 +939,12 @@ def _uncompressed(
     raise EntryFormatError(
         f"{pb.CompressionType.Name(compression)} compressed payloads are not supported here"
     )
+
+
+def uncompressed_payload(metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview) -> bytes:
+    """An entry's payload inflated (ZLIB), a batch's whole frame: what Pulsar's admin answers for an entry (peek).
+    Other compressions raise :class:`EntryFormatError`."""
+    return bytes(_uncompressed(metadata, payload))
 
 
 def iter_batch(

@@ -1,0 +1,161 @@
+"""Moving a subscription by hand, as Pulsar users do with pulsar-admin: peek (``…/subscription/{s}/position/{n}``)
+and skip (``…/skip/{n}``), through the admin REST and ``ledgerstore topic peek|skip``, seen by the official
+``pulsar-client``. One broker on 3 bookies is shared by the module."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import module_cluster
+from tests.integration.test_broker_admin import call, ledgerstore, ok, web
+from tests.integration.test_broker_pulsar_client import client
+
+pulsar = pytest.importorskip("pulsar")
+
+T = "/admin/v2/persistent/public/default"
+
+
+@pytest.fixture(scope="module")
+def bp(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with module_cluster(zk_server, tmp_path_factory.mktemp("subadmin")) as b:
+        yield b.procs[0]
+
+
+@pytest.fixture
+def c(bp: BrokerProcess) -> Iterator[Any]:
+    with contextlib.closing(client(bp)) as pulsar_client:
+        yield pulsar_client
+
+
+def name() -> str:
+    return f"sa-{uuid.uuid4().hex[:8]}"
+
+
+def peek(bp: BrokerProcess, t: str, sub: str, n: int) -> tuple[int, bytes, Any]:
+    """(status, body bytes, headers) of ``GET …/subscription/{sub}/position/{n}``."""
+    req = urllib.request.Request(f"{web(bp)}{T}/{t}/subscription/{sub}/position/{n}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers
+
+
+def backlog(bp: BrokerProcess, t: str, sub: str) -> int:
+    return int(ok(bp, "GET", f"{T}/{t}/stats")["subscriptions"][sub]["msgBacklog"])
+
+
+def cli(bp: BrokerProcess, *args: str) -> Any:
+    r = ledgerstore("topic", *args, "--url", web(bp), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_peek_shows_the_unacknowledged_messages_and_moves_nothing(bp: BrokerProcess, c: Any) -> None:
+    t = name()
+    full = f"persistent://public/default/{t}"
+    ok(bp, "PUT", f"{T}/{t}")
+    ok(bp, "PUT", f"{T}/{t}/subscription/s", "earliest")
+    producer = c.create_producer(full, batching_enabled=False)
+    for i in range(10):
+        producer.send(f"m-{i}".encode(), properties={"i": str(i)}, partition_key=f"k{i}")
+
+    status, body, headers = peek(bp, t, "s", 1)
+    assert status == 200 and body == b"m-0"
+    assert headers["X-Pulsar-PROPERTY-i"] == "0" and headers["X-Pulsar-partition-key"] == "k0"
+    assert headers["X-Pulsar-Message-ID"].count(":") == 2 and int(headers["X-Pulsar-publish-time"]) > 0
+    assert peek(bp, t, "s", 3)[1] == b"m-2"
+    assert peek(bp, t, "s", 10)[1] == b"m-9"
+    status, body, _ = peek(bp, t, "s", 11)
+    assert status == 404 and json.loads(body)["reason"] == "Message not found"
+    assert backlog(bp, t, "s") == 10  # peeking acknowledged nothing
+
+    # a consumer acknowledges m-1 alone: peek leaves it out
+    consumer = c.subscribe(full, "s")
+    got = [consumer.receive(timeout_millis=15_000) for _ in range(2)]
+    assert [m.data() for m in got] == [b"m-0", b"m-1"]
+    consumer.acknowledge(got[1])
+    consumer.close()
+    assert backlog(bp, t, "s") == 9
+    assert peek(bp, t, "s", 2)[1] == b"m-2"
+    shown = cli(bp, "peek", t, "-s", "s", "-n", "3")
+    assert [m["payload"] for m in shown] == ["m-0", "m-2", "m-3"]
+    assert shown[1]["properties"] == {"i": "2"} and shown[1]["key"] == "k2"
+    assert len(cli(bp, "peek", t, "-s", "s", "-n", "50")) == 9  # stops at the end of the backlog
+
+    # a batch is one entry: its frame, which the CLI splits into its messages
+    batcher = c.create_producer(full, batching_enabled=True, batching_max_publish_delay_ms=60_000)
+    for i in range(3):
+        batcher.send_async(f"b-{i}".encode(), None)
+    batcher.flush()
+    status, body, headers = peek(bp, t, "s", 10)
+    assert status == 200 and headers["X-Pulsar-num-batch-message"] == "3"
+    assert [m["payload"] for m in cli(bp, "peek", t, "-s", "s", "-n", "10")[-3:]] == ["b-0", "b-1", "b-2"]
+
+    # refusals: no such subscription or topic, a position that is not one
+    assert peek(bp, t, "nobody", 1)[0] == 404
+    assert peek(bp, t + "-none", "s", 1)[0] == 404
+    assert peek(bp, t, "s", 0)[0] == 412
+    assert peek(bp, t, "s", "x")[0] == 412  # type: ignore[arg-type]
+
+
+def test_skip_moves_the_subscription_over_n_messages(bp: BrokerProcess, c: Any) -> None:
+    t = name()
+    full = f"persistent://public/default/{t}"
+    consumer = c.subscribe(full, "s")
+    producer = c.create_producer(full, batching_enabled=False)
+    for i in range(10):
+        producer.send(f"m-{i}".encode())
+    got = [consumer.receive(timeout_millis=15_000) for _ in range(3)]
+    consumer.acknowledge(got[2])  # m-2 acked alone: m-0, m-1 still in the backlog
+    consumer.close()
+    assert backlog(bp, t, "s") == 9
+
+    ok(bp, "POST", f"{T}/{t}/subscription/s/skip/1")  # m-0
+    assert backlog(bp, t, "s") == 8
+    assert cli(bp, "skip", t, "-s", "s", "-n", "2")["skipped"] == 2  # m-1, then m-3 (m-2 was acked)
+    assert backlog(bp, t, "s") == 6
+    consumer = c.subscribe(full, "s")
+    assert consumer.receive(timeout_millis=15_000).data() == b"m-4"  # where the subscription stands now
+    consumer.close()
+    ok(bp, "POST", f"{T}/{t}/subscription/s/skip/100")  # more than there are: all of them
+    assert backlog(bp, t, "s") == 0
+    producer.send(b"after")
+    consumer = c.subscribe(full, "s")
+    assert consumer.receive(timeout_millis=15_000).data() == b"after"
+    consumer.close()
+
+    assert call(bp, "POST", f"{T}/{t}/subscription/nobody/skip/1")[0] == 404
+    assert call(bp, "POST", f"{T}/{t}/subscription/s/skip/-1")[0] == 412
+    r = ledgerstore("topic", "skip", t, "-s", "nobody", "-n", "1", "--url", web(bp))
+    assert r.returncode != 0 and "Subscription not found" in r.stderr
+
+
+def test_partitioned_topic_skip_each_partition_peek_refused(bp: BrokerProcess, c: Any) -> None:
+    t = name()
+    full = f"persistent://public/default/{t}"
+    ok(bp, "PUT", f"{T}/{t}/partitions", 2)
+    ok(bp, "PUT", f"{T}/{t}/subscription/s", "earliest")
+    producer = c.create_producer(full, batching_enabled=False)
+    for i in range(10):
+        producer.send(f"m-{i}".encode(), partition_key=str(i))
+    status, body, _ = peek(bp, t, "s", 1)
+    assert status == 405 and "partitioned" in json.loads(body)["reason"]
+    assert peek(bp, f"{t}-partition-0", "s", 1)[0] == 200
+
+    def per_partition() -> list[int]:
+        return [backlog(bp, f"{t}-partition-{i}", "s") for i in range(2)]
+
+    before = per_partition()
+    assert sum(before) == 10
+    ok(bp, "POST", f"{T}/{t}/subscription/s/skip/1")
+    assert per_partition() == [n - 1 for n in before]

@@ -1,0 +1,54 @@
+"""The pure rules of peek and skip (topic_broker/sub_ops.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from topic_broker.cursor import Cursor
+from topic_broker.managed_ledger import LedgerView, Position
+from topic_broker.sub_ops import nth_unacked, skip_target
+
+P = Position
+# ledger 3: 3 entries, ledger 5: none, ledger 7: 2 entries, ledger 9 (current): 4 confirmed
+VIEW = LedgerView(((3, 3), (5, 0), (7, 2), (9, 4)))
+ORDER = [P(3, 0), P(3, 1), P(3, 2), P(7, 0), P(7, 1), P(9, 0), P(9, 1), P(9, 2), P(9, 3)]
+
+
+def cursor(md: Position, *acked: Position) -> Cursor:
+    c = Cursor(md, (), VIEW.next_position)
+    for p in acked:
+        c.ack_individual(p)
+    return c
+
+
+def test_nth_unacked_counts_entries_after_the_mark_delete_across_ledgers() -> None:
+    c = cursor(P(3, -1))
+    assert [nth_unacked(VIEW, c, n) for n in range(1, 10)] == ORDER
+    assert nth_unacked(VIEW, c, 10) is None
+    assert nth_unacked(VIEW, cursor(P(3, 2)), 1) == P(7, 0)  # the end of a ledger, an empty one skipped
+    assert nth_unacked(VIEW, cursor(P(9, 3)), 1) is None
+    # a mark-delete in a ledger retention removed: counting starts at the oldest stored entry
+    assert nth_unacked(VIEW, cursor(P(1, 40)), 1) == P(3, 0)
+    with pytest.raises(ValueError):
+        nth_unacked(VIEW, c, 0)
+
+
+def test_nth_unacked_leaves_out_individually_acknowledged_entries() -> None:
+    c = cursor(P(3, 0), P(3, 2), P(7, 0), P(9, 1))
+    unacked = [p for p in ORDER if p > P(3, 0) and p not in (P(3, 2), P(7, 0), P(9, 1))]
+    assert [nth_unacked(VIEW, c, n) for n in range(1, len(unacked) + 1)] == unacked
+    assert nth_unacked(VIEW, c, len(unacked) + 1) is None
+    # acks that reach the last entry leave nothing after them
+    assert nth_unacked(VIEW, cursor(P(9, 1), P(9, 3)), 2) is None
+
+
+def test_skip_target_moves_over_n_unacked_entries_or_to_the_end() -> None:
+    c = cursor(P(3, 0), P(3, 2), P(7, 0))
+    assert skip_target(VIEW, c, 0) == P(3, 0)
+    assert skip_target(VIEW, c, 1) == P(3, 1)
+    assert skip_target(VIEW, c, 2) == P(7, 1)  # over the acked (3, 2) and (7, 0)
+    assert skip_target(VIEW, c, 50) == P(9, 3)
+    empty = LedgerView(((4, 0),))
+    assert skip_target(empty, Cursor(P(4, -1)), 3) == P(4, -1)
+    with pytest.raises(ValueError):
+        skip_target(VIEW, c, -1)

@@ -1,0 +1,106 @@
+"""Moving a durable subscription by hand, as Pulsar's admin does: peek and skip.
+
+The rules are pure and take a :class:`LedgerView` (the positions of the stored entries) and a :class:`Cursor`
+(what the subscription acknowledged):
+
+- :func:`nth_unacked`: the n-th entry after the mark-delete that is not acknowledged yet (Pulsar's
+  ``getNthEntry`` with individually deleted entries excluded): what ``peek`` shows at position n.
+- :func:`skip_target`: the mark-delete after skipping n such entries (all of them when there are fewer).
+
+:func:`subscription_cursor` and :func:`advance` apply a new mark-delete on the topic's owner: to the live
+subscription's cursor and its dispatcher (entries before it are dropped from what its consumers hold
+pending, and never read again), or to the stored cursor of an idle one; saved before they return.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .cursor import Cursor, InitialPosition, ManagedCursor
+from .managed_ledger import LedgerView, Position
+
+if TYPE_CHECKING:
+    from .service import SubscriptionRuntime, Topic
+
+__all__ = [
+    "NotDurableError",
+    "SubscriptionNotFoundError",
+    "advance",
+    "nth_unacked",
+    "skip_target",
+    "subscription_cursor",
+]
+
+#: before every stored position: ``count_entries(_ORIGIN, p)`` is the number of entries at or before ``p``
+_ORIGIN = Position(-1, -1)
+
+
+class SubscriptionNotFoundError(Exception):
+    pass
+
+
+class NotDurableError(Exception):
+    """A reader's (non-durable) subscription: it has no stored position to move."""
+
+
+def _entries_upto(view: LedgerView, pos: Position) -> int:
+    return view.count_entries(_ORIGIN, pos)
+
+
+def nth_unacked(view: LedgerView, cursor: Cursor, n: int) -> Position | None:
+    """The ``n``-th (1 = the first) stored entry after the mark-delete that is not individually acknowledged;
+    None when there are fewer."""
+    if n < 1:
+        raise ValueError(f"n must be 1 or more, got {n}")
+    total = view.total_entries()
+    index = _entries_upto(view, cursor.mark_delete)  # the index of the first entry after the mark-delete
+    remaining = n
+    for start, end in cursor.individually_deleted:
+        gap = _entries_upto(view, start.previous()) - index  # unacknowledged entries before this range
+        if remaining <= gap:
+            return view.position_at(index + remaining - 1)
+        remaining -= max(gap, 0)
+        index = max(index, _entries_upto(view, end))
+    at = index + remaining - 1
+    return view.position_at(at) if at < total else None
+
+
+def skip_target(view: LedgerView, cursor: Cursor, n: int) -> Position:
+    """The mark-delete once ``n`` unacknowledged entries are skipped: the n-th of them, or the last stored entry
+    when there are fewer (then nothing is left). ``n`` 0 leaves it where it is."""
+    if n < 0:
+        raise ValueError(f"n must be 0 or more, got {n}")
+    if n == 0:
+        return cursor.mark_delete
+    found = nth_unacked(view, cursor, n)
+    return found if found is not None else max(cursor.mark_delete, view.last_position())
+
+
+async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRuntime | None, ManagedCursor]:
+    """The live subscription (None when it has no dispatcher here) and its durable cursor, as stored now.
+    Raises :class:`SubscriptionNotFoundError`, or :class:`NotDurableError` for a reader's subscription."""
+    rt = topic.subscriptions.get(sub)
+    if rt is not None:
+        if rt.cursor is None:
+            raise NotDurableError(sub)
+        return rt, rt.cursor
+    ml = topic.ml
+    if await ml.store.get_cursor(ml.name, sub) is None:
+        raise SubscriptionNotFoundError(sub)
+    attached = ml.cursors.get(sub)
+    if isinstance(attached, ManagedCursor):
+        await attached.refresh()  # another writer may have moved it since
+        return None, attached
+    return None, await ManagedCursor.open(ml, sub, InitialPosition.LATEST)
+
+
+async def advance(rt: SubscriptionRuntime | None, mc: ManagedCursor, mark_delete: Position) -> bool:
+    """Everything up to ``mark_delete`` acknowledged (acks after it kept) and saved; the dispatcher drops what its
+    consumers hold before it. False when the subscription was there already."""
+    if mark_delete <= mc.mark_delete:
+        return False
+    mc.ack_cumulative(mark_delete)
+    if rt is not None:
+        rt.execute(rt.core.ack_cumulative(mark_delete).commands)
+    await mc.flush()
+    return True
