@@ -405,6 +405,24 @@ def _skip(args: argparse.Namespace) -> int:
     return 0
 
 
+def _expire(args: argparse.Namespace) -> int:
+    """pulsar-admin's ``topics expire-messages -s SUB -t SECONDS`` and ``expire-messages-all-subscriptions``."""
+    if args.expire_time_s < 1:
+        raise CommandError(f"-t {args.expire_time_s}: expire messages 1 or more seconds old", EXIT_USAGE)
+    topic, full = topic_path(args.name)
+    if args.subscription is None:
+        path, who = f"{topic}/all_subscription", "every subscription"
+    else:
+        path, who = _subscription_path(args)[0], args.subscription
+    rest(args.url, "POST", f"{path}/expireMessages/{args.expire_time_s}")
+    emit(
+        args,
+        f"{who} of {full}: messages older than {args.expire_time_s} s acknowledged",
+        {"topic": full, "subscription": args.subscription, "expireTimeInSeconds": args.expire_time_s},
+    )
+    return 0
+
+
 _SIZE_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -943,3 +961,16 @@ def add_topic_commands(
     p.add_argument("name", help="topic name (a partitioned topic's: each partition's subscription)")
     p.add_argument("-s", "--subscription", required=True, help="subscription name")
     p.add_argument("-n", "--count", type=int, required=True, help="entries to skip (a batch is one)")
+    for name, help_text in (
+        ("expire-messages", "acknowledge a subscription's messages older than -t seconds"),
+        ("expire-messages-all-subscriptions", "acknowledge every subscription's messages older than -t"),
+    ):
+        p = verb(name, help_text, _expire)
+        p.add_argument("name", help="topic name (a partitioned topic's: each partition)")
+        if name == "expire-messages":
+            p.add_argument("-s", "--subscription", required=True, help="subscription name")
+        else:
+            p.set_defaults(subscription=None)
+        p.add_argument(
+            "-t", "--expire-time-s", type=int, required=True, help="messages published this many seconds ago"
+        )

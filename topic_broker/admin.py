@@ -10,7 +10,7 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
   ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
-  ``skip_all``, ``skip``, peek at ``position/{n}``),
+  ``skip_all``, ``skip``, peek at ``position/{n}``, ``expireMessages``, ``all_subscription/expireMessages``),
   ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``compaction`` (``PUT``
   starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``),
   ``compactionThreshold`` (the topic's own policy, ``topic-policies/<ml>``; a partitioned topic's is each of its
@@ -75,7 +75,7 @@ from zk.managed_ledgers import (
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
-from .compaction import CompactionRunningError, compaction_threshold
+from .compaction import COMPACTION_SUBSCRIPTION, CompactionRunningError, compaction_threshold
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
@@ -1452,6 +1452,47 @@ class AdminApp:
         await sub_ops.advance(rt, mc, sub_ops.skip_target(topic.ml.view(), mc.cursor, n))
         return _no_content()
 
+    async def _expire(self, topic: Topic, sub: str, ttl_s: int) -> None:
+        rt, mc = await self._subscription_cursor(topic, sub)
+        ml = topic.ml
+        now_ms = int(time.time() * 1000)
+        found = await sub_ops.last_expired(ml.view(), mc.mark_delete, ml.read_entry, now_ms, ttl_s)
+        if found is not None:
+            await sub_ops.advance(rt, mc, found)
+
+    async def expire_messages(self, request: web.Request) -> web.Response:
+        """Pulsar's ``expire-messages``: the subscription acknowledges every message up to the newest one
+        published more than ``expireTimeInSeconds`` ago (0 expires nothing, as in Pulsar). Each partition of a
+        partitioned topic."""
+        name = self._topic_name(request)
+        ttl = self._count_in_path(request, "seconds", "expireTimeInSeconds", 0)
+        fanned = await self._fan_out_if_partitioned(request, name, "POST", f"/expireMessages/{ttl}")
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        await self._expire(topic, request.match_info["subscription"], ttl)
+        return _no_content()
+
+    async def expire_messages_all(self, request: web.Request) -> web.Response:
+        """``expire-messages-all-subscriptions``: :meth:`expire_messages` for each durable subscription but the
+        compactor's."""
+        name = self._topic_name(request)
+        ttl = self._count_in_path(request, "seconds", "expireTimeInSeconds", 0)
+        if not name.is_partition and await self._partitions(name):
+            tail = f"/all_subscription/expireMessages/{ttl}"
+            self._check_partition_results(await self._each_partition(name, "POST", tail, request=request))
+            return _no_content()
+        topic = await self._owned_topic(request, name)
+        for sub in await self._durable_subscriptions(topic):
+            with contextlib.suppress(AdminError):  # deleted meanwhile
+                await self._expire(topic, sub, ttl)
+        return _no_content()
+
+    async def _durable_subscriptions(self, topic: Topic) -> list[str]:
+        live = {s for s, rt in topic.subscriptions.items() if rt.durable}
+        stored = set(await self.meta.list_cursors(topic.name.ml_name))
+        return sorted((live | stored) - {COMPACTION_SUBSCRIPTION})
+
     # -- lookup -----------------------------------------------------------------------------------------------
 
     async def lookup(self, request: web.Request) -> web.Response:
@@ -1614,6 +1655,8 @@ class AdminApp:
         r.add_post(s + "/skip_all", self.skip_all)
         r.add_post(s + "/skip/{count}", self.skip)
         r.add_get(s + "/position/{position}", self.peek)
+        r.add_post(s + "/expireMessages/{seconds}", self.expire_messages)
+        r.add_post(t + "/all_subscription/expireMessages/{seconds}", self.expire_messages_all)
         r.add_get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", self.lookup)
 
 

@@ -1,4 +1,4 @@
-"""Moving a durable subscription by hand, as Pulsar's admin does: peek and skip.
+"""Moving a durable subscription by hand, as Pulsar's admin does: peek, skip, expire-messages and message TTL.
 
 The rules are pure and take a :class:`LedgerView` (the positions of the stored entries) and a :class:`Cursor`
 (what the subscription acknowledged):
@@ -6,6 +6,8 @@ The rules are pure and take a :class:`LedgerView` (the positions of the stored e
 - :func:`nth_unacked`: the n-th entry after the mark-delete that is not acknowledged yet (Pulsar's
   ``getNthEntry`` with individually deleted entries excluded): what ``peek`` shows at position n.
 - :func:`skip_target`: the mark-delete after skipping n such entries (all of them when there are fewer).
+- :func:`entry_expired` and :func:`last_expired`: the newest entry after the mark-delete published more than a
+  TTL ago, found by a binary search over the publish times (Pulsar's expiry monitor, ``findNewestMatching``).
 
 :func:`subscription_cursor` and :func:`advance` apply a new mark-delete on the topic's owner: to the live
 subscription's cursor and its dispatcher (entries before it are dropped from what its consumers hold
@@ -14,8 +16,10 @@ pending, and never read again), or to the stored cursor of an idle one; saved be
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from . import wire
 from .cursor import Cursor, InitialPosition, ManagedCursor
 from .managed_ledger import LedgerView, Position
 
@@ -26,6 +30,8 @@ __all__ = [
     "NotDurableError",
     "SubscriptionNotFoundError",
     "advance",
+    "entry_expired",
+    "last_expired",
     "nth_unacked",
     "skip_target",
     "subscription_cursor",
@@ -74,6 +80,38 @@ def skip_target(view: LedgerView, cursor: Cursor, n: int) -> Position:
         return cursor.mark_delete
     found = nth_unacked(view, cursor, n)
     return found if found is not None else max(cursor.mark_delete, view.last_position())
+
+
+def entry_expired(entry: bytes, now_ms: int, ttl_s: int) -> bool:
+    """Pulsar's ``isEntryExpired``: a TTL of 0 expires nothing; else the entry expired when it was published more
+    than ``ttl_s`` seconds before ``now_ms``. An entry whose metadata cannot be read does not expire."""
+    if ttl_s == 0:
+        return False
+    try:
+        published = wire.entry_publish_time(entry)
+    except wire.EntryFormatError:
+        return False
+    return now_ms > published + ttl_s * 1000
+
+
+async def last_expired(
+    view: LedgerView,
+    mark_delete: Position,
+    read: Callable[[Position], Awaitable[bytes]],
+    now_ms: int,
+    ttl_s: int,
+) -> Position | None:
+    """The newest entry after ``mark_delete`` that expired (:func:`entry_expired`), by a binary search over the
+    entries (publish times grow along the log, as Pulsar assumes); None when the first one after it has not."""
+    lo = _entries_upto(view, mark_delete)
+    first, hi = lo, view.total_entries()
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if entry_expired(await read(view.position_at(mid)), now_ms, ttl_s):
+            lo = mid + 1
+        else:
+            hi = mid
+    return view.position_at(lo - 1) if lo > first else None
 
 
 async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRuntime | None, ManagedCursor]:

@@ -1,11 +1,13 @@
-"""Moving a subscription by hand, as Pulsar users do with pulsar-admin: peek (``…/subscription/{s}/position/{n}``)
-and skip (``…/skip/{n}``), through the admin REST and ``ledgerstore topic peek|skip``, seen by the official
-``pulsar-client``. One broker on 3 bookies is shared by the module."""
+"""Moving a subscription by hand, as Pulsar users do with pulsar-admin: peek (``…/subscription/{s}/position/{n}``),
+skip (``…/skip/{n}``), expire-messages (``…/expireMessages/{s}``, ``…/all_subscription/expireMessages/{s}``),
+through the admin REST and ``ledgerstore topic peek|skip|expire-messages[-all-subscriptions]``, seen by the
+official ``pulsar-client``. One broker on 3 bookies is shared by the module."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -140,7 +142,7 @@ def test_skip_moves_the_subscription_over_n_messages(bp: BrokerProcess, c: Any) 
     assert r.returncode != 0 and "Subscription not found" in r.stderr
 
 
-def test_partitioned_topic_skip_each_partition_peek_refused(bp: BrokerProcess, c: Any) -> None:
+def test_partitioned_topic_skip_and_expire_each_partition_peek_refused(bp: BrokerProcess, c: Any) -> None:
     t = name()
     full = f"persistent://public/default/{t}"
     ok(bp, "PUT", f"{T}/{t}/partitions", 2)
@@ -159,3 +161,41 @@ def test_partitioned_topic_skip_each_partition_peek_refused(bp: BrokerProcess, c
     assert sum(before) == 10
     ok(bp, "POST", f"{T}/{t}/subscription/s/skip/1")
     assert per_partition() == [n - 1 for n in before]
+    time.sleep(1.2)  # the messages are over a second old
+    ok(bp, "POST", f"{T}/{t}/all_subscription/expireMessages/1")
+    assert per_partition() == [0, 0]
+
+
+def test_expire_acknowledges_messages_older_than_the_given_time(bp: BrokerProcess, c: Any) -> None:
+    t = name()
+    full = f"persistent://public/default/{t}"
+    ok(bp, "PUT", f"{T}/{t}")
+    for sub in ("a", "b", "c"):
+        ok(bp, "PUT", f"{T}/{t}/subscription/{sub}", "earliest")
+    producer = c.create_producer(full, batching_enabled=False)
+    for i in range(5):
+        producer.send(f"old-{i}".encode())
+    time.sleep(3)
+    new_ms = time.time() * 1000
+    for i in range(3):
+        producer.send(f"new-{i}".encode())
+
+    def ttl() -> int:
+        """Seconds that the new messages are not as old as, with a second to spare, and the old ones are."""
+        return int(time.time() * 1000 - new_ms) // 1000 + 2
+
+    ok(bp, "POST", f"{T}/{t}/subscription/a/expireMessages/0")  # 0 expires nothing, as in Pulsar
+    assert backlog(bp, t, "a") == 8
+    ok(bp, "POST", f"{T}/{t}/subscription/a/expireMessages/3600")  # none is that old
+    assert backlog(bp, t, "a") == 8
+    ok(bp, "POST", f"{T}/{t}/subscription/a/expireMessages/{ttl()}")
+    assert backlog(bp, t, "a") == 3 and backlog(bp, t, "b") == 8
+    consumer = c.subscribe(full, "a")
+    assert consumer.receive(timeout_millis=15_000).data() == b"new-0"
+    consumer.close()
+    cli(bp, "expire-messages-all-subscriptions", t, "-t", str(ttl()))
+    assert [backlog(bp, t, s) for s in ("a", "b", "c")] == [3, 3, 3]
+    assert cli(bp, "expire-messages", t, "-s", "b", "-t", "3600")["expireTimeInSeconds"] == 3600
+    assert backlog(bp, t, "b") == 3
+    assert call(bp, "POST", f"{T}/{t}/subscription/nobody/expireMessages/1")[0] == 404
+    assert call(bp, "POST", f"{T}/{t}/subscription/a/expireMessages/-5")[0] == 412

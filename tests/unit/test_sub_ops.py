@@ -1,12 +1,16 @@
-"""The pure rules of peek and skip (topic_broker/sub_ops.py)."""
+"""The pure rules of peek, skip and message expiry (topic_broker/sub_ops.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
 from topic_broker.cursor import Cursor
 from topic_broker.managed_ledger import LedgerView, Position
-from topic_broker.sub_ops import nth_unacked, skip_target
+from topic_broker.sub_ops import entry_expired, last_expired, nth_unacked, skip_target
 
 P = Position
 # ledger 3: 3 entries, ledger 5: none, ledger 7: 2 entries, ledger 9 (current): 4 confirmed
@@ -52,3 +56,38 @@ def test_skip_target_moves_over_n_unacked_entries_or_to_the_end() -> None:
     assert skip_target(empty, Cursor(P(4, -1)), 3) == P(4, -1)
     with pytest.raises(ValueError):
         skip_target(VIEW, c, -1)
+
+
+def entry(publish_ms: int) -> bytes:
+    return wire.make_entry(
+        pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=publish_ms), b"x"
+    )
+
+
+def test_entry_expired_is_pulsars_rule() -> None:
+    now = 1_000_000
+    assert entry_expired(entry(now - 10_001), now, 10)
+    assert not entry_expired(entry(now - 10_000), now, 10)  # exactly the TTL old: not yet
+    assert not entry_expired(entry(0), now, 0)  # a TTL of 0 expires nothing
+    assert not entry_expired(b"not an entry", now, 10)
+
+
+def test_last_expired_finds_the_newest_expired_entry_after_the_mark_delete() -> None:
+    published = dict(zip(ORDER, [100, 200, 300, 400, 500, 600, 700, 800, 900], strict=True))
+    reads: list[Position] = []
+
+    async def read(p: Position) -> bytes:
+        reads.append(p)
+        return entry(published[p])
+
+    def run(md: Position, now_ms: int, ttl_s: int = 1) -> Position | None:
+        return asyncio.run(last_expired(VIEW, md, read, now_ms, ttl_s))
+
+    assert run(P(3, -1), 1_000 + 450) == P(7, 0)  # published at 400, the newest before 450
+    assert run(P(3, -1), 1_000 + 5_000) == P(9, 3)  # all of them
+    assert run(P(3, -1), 1_000 + 50) is None  # none yet
+    assert run(P(7, 1), 1_000 + 450) is None  # those expired are behind the mark-delete already
+    assert run(P(3, 0), 1_000 + 250) == P(3, 1)
+    reads.clear()
+    run(P(3, -1), 1_000 + 650)
+    assert len(reads) <= 4  # a binary search, not a scan
