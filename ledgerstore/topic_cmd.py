@@ -473,6 +473,44 @@ def _threshold_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ttl_path(args: argparse.Namespace) -> str:
+    return namespace_path(args.namespace) + "/messageTTL"
+
+
+def _ttl_set(args: argparse.Namespace) -> int:
+    if args.ttl < 0:
+        raise CommandError(f"--ttl {args.ttl}: seconds, 0 (no TTL) or more", EXIT_USAGE)
+    rest(args.url, "POST", _ttl_path(args), args.ttl)
+    emit(args, f"message TTL of {args.namespace}: {args.ttl} s", {"messageTTL": args.ttl})
+    return 0
+
+
+def _ttl_get(args: argparse.Namespace) -> int:
+    got = rest(args.url, "GET", _ttl_path(args))
+    shown = "not set" if got is None else f"{got} s" + (" (none)" if got == 0 else "")
+    emit(args, f"message TTL of {args.namespace}: {shown}", {"messageTTL": got})
+    return 0
+
+
+def _ttl_remove(args: argparse.Namespace) -> int:
+    rest(args.url, "DELETE", _ttl_path(args))
+    emit(args, f"message TTL of {args.namespace} removed", {"messageTTL": None})
+    return 0
+
+
+def _add_ttl_verbs(parent: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """pulsar-admin's ``namespaces set-|get-|remove-message-ttl``."""
+    for name, help_text, fn in (
+        ("set-message-ttl", "acknowledge every subscription's messages older than --ttl seconds", _ttl_set),
+        ("get-message-ttl", "the message TTL set", _ttl_get),
+        ("remove-message-ttl", "remove the message TTL (messages stay until acknowledged)", _ttl_remove),
+    ):
+        p = _admin_verb(parent, common, name, help_text, fn)
+        p.add_argument("namespace", help="TENANT/NAMESPACE")
+        if fn is _ttl_set:
+            p.add_argument("--ttl", type=int, required=True, help="seconds (0: no TTL)")
+
+
 def _add_threshold_verbs(
     parent: Any,
     common: Callable[[argparse.ArgumentParser], None],
@@ -876,6 +914,7 @@ def add_namespace_commands(sub: Any, common: Callable[[argparse.ArgumentParser],
     )
     p.add_argument("namespace", help="TENANT/NAMESPACE")
     _add_threshold_verbs(ns, common, _admin_verb, "namespace")
+    _add_ttl_verbs(ns, common)
 
 
 def add_topic_commands(

@@ -5,7 +5,7 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
 
 - ``/admin/v2/clusters``, ``/admin/v2/tenants[/{t}]``, ``/admin/v2/namespaces/{t}[/{ns}]`` with the namespace
   policies users set (``retention``, ``deduplication``, ``backlogQuota``, ``schemaCompatibilityStrategy``,
-  ``compactionThreshold``), stored in ZooKeeper (``namespaces/<t>/<ns>``, docs/broker.md).
+  ``compactionThreshold``, ``messageTTL``), stored in ZooKeeper (``namespaces/<t>/<ns>``, docs/broker.md).
 - ``/admin/v2/schemas/{t}/{ns}/{topic}/…``: a topic's schemas (``schema[/{version}]``, ``schemas``, upload,
   ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
@@ -75,7 +75,7 @@ from zk.managed_ledgers import (
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
-from .compaction import COMPACTION_SUBSCRIPTION, CompactionRunningError, compaction_threshold
+from .compaction import CompactionRunningError, compaction_threshold
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
@@ -202,6 +202,7 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
         "schema_compatibility_strategy": p.schema_compatibility_strategy,
         "compaction_threshold": p.compaction_threshold,
+        "message_ttl_in_seconds": p.message_ttl_in_seconds,
     }
 
 
@@ -610,6 +611,26 @@ class AdminApp:
     async def compaction_threshold_delete(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
         return await self._set_policies(tenant, ns, dataclasses.replace(p, compaction_threshold=None))
+
+    async def message_ttl_get(self, request: web.Request) -> web.Response:
+        """The namespace's ``message_ttl_in_seconds``, ``null`` when not set (no TTL)."""
+        _t, _n, p = await self._policies(request)
+        return _json(p.message_ttl_in_seconds)
+
+    async def message_ttl_set(self, request: web.Request) -> web.Response:
+        """Pulsar's ``set-message-ttl``: a JSON integer of seconds, 0 for none; applied by each topic owner's
+        expiry check (``--message-expiry-check-interval-s``)."""
+        tenant, ns, p = await self._policies(request)
+        body = await _body_json(request)
+        if isinstance(body, bool) or not isinstance(body, int):
+            raise AdminError(400, f"expected the message TTL in seconds as a JSON integer, got {body!r}")
+        if body < 0:
+            raise AdminError(412, f"Invalid value for message TTL: {body}")
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=body))
+
+    async def message_ttl_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=None))
 
     async def schema_strategy_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
@@ -1453,12 +1474,12 @@ class AdminApp:
         return _no_content()
 
     async def _expire(self, topic: Topic, sub: str, ttl_s: int) -> None:
-        rt, mc = await self._subscription_cursor(topic, sub)
-        ml = topic.ml
-        now_ms = int(time.time() * 1000)
-        found = await sub_ops.last_expired(ml.view(), mc.mark_delete, ml.read_entry, now_ms, ttl_s)
-        if found is not None:
-            await sub_ops.advance(rt, mc, found)
+        try:
+            await sub_ops.expire(topic, sub, ttl_s, int(time.time() * 1000))
+        except sub_ops.SubscriptionNotFoundError:
+            raise AdminError(404, "Subscription not found") from None
+        except sub_ops.NotDurableError:
+            raise AdminError(405, f"{sub} is a reader's non-durable subscription") from None
 
     async def expire_messages(self, request: web.Request) -> web.Response:
         """Pulsar's ``expire-messages``: the subscription acknowledges every message up to the newest one
@@ -1483,15 +1504,8 @@ class AdminApp:
             self._check_partition_results(await self._each_partition(name, "POST", tail, request=request))
             return _no_content()
         topic = await self._owned_topic(request, name)
-        for sub in await self._durable_subscriptions(topic):
-            with contextlib.suppress(AdminError):  # deleted meanwhile
-                await self._expire(topic, sub, ttl)
+        await sub_ops.expire_all(topic, ttl, int(time.time() * 1000))
         return _no_content()
-
-    async def _durable_subscriptions(self, topic: Topic) -> list[str]:
-        live = {s for s, rt in topic.subscriptions.items() if rt.durable}
-        stored = set(await self.meta.list_cursors(topic.name.ml_name))
-        return sorted((live | stored) - {COMPACTION_SUBSCRIPTION})
 
     # -- lookup -----------------------------------------------------------------------------------------------
 
@@ -1616,6 +1630,9 @@ class AdminApp:
         r.add_get(ns + "/compactionThreshold", self.compaction_threshold_get)
         r.add_post(ns + "/compactionThreshold", self.compaction_threshold_set)
         r.add_delete(ns + "/compactionThreshold", self.compaction_threshold_delete)
+        r.add_get(ns + "/messageTTL", self.message_ttl_get)
+        r.add_post(ns + "/messageTTL", self.message_ttl_set)
+        r.add_delete(ns + "/messageTTL", self.message_ttl_delete)
         r.add_get(ns + "/backlogQuota", self.quota_get)
         r.add_get(ns + "/backlogQuotaMap", self.quota_map)
         r.add_post(ns + "/backlogQuota", self.quota_set)

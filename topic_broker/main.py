@@ -29,6 +29,7 @@ from .service import (
     DEFAULT_ENSEMBLE_SIZE,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S,
     DEFAULT_PORT,
     DEFAULT_TICK_INTERVAL_S,
     DEFAULT_WRITE_QUORUM,
@@ -168,6 +169,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_COMPACTION_MONITOR_INTERVAL_S,
         help="how often the broker compares the backlog of each topic it serves with its compaction threshold",
     )
+    p.add_argument(
+        "--message-expiry-check-interval-s",
+        type=float,
+        default=DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S,
+        help="how often the broker applies the message TTL of its topics' namespaces (Pulsar's "
+        "messageExpiryCheckIntervalInMinutes: 5 min)",
+    )
     a = p.add_argument
     a(
         "--auth-secret-file",
@@ -242,6 +250,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     interval = float(getattr(args, "compaction_monitor_interval_s", DEFAULT_COMPACTION_MONITOR_INTERVAL_S))
     if not interval > 0:
         raise ConfigError(f"--compaction-monitor-interval-s {interval}: must be more than 0")
+    expiry = float(getattr(args, "message_expiry_check_interval_s", DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S))
+    if not expiry > 0:
+        raise ConfigError(f"--message-expiry-check-interval-s {expiry}: must be more than 0")
     superusers = tuple(
         r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
     )
@@ -271,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         tick_interval_s=args.tick_interval_s,
         compaction_threshold_bytes=threshold,
         compaction_monitor_interval_s=interval,
+        message_expiry_check_interval_s=expiry,
     )
 
 

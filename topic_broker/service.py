@@ -17,6 +17,9 @@ Decisions live in the pure cores (``connection.py`` for the protocol state, ``su
 - Automatic compaction (``compaction_threshold``: the topic's own policy, else its namespace's, else
   ``--compaction-threshold-bytes``): every ``--compaction-monitor-interval-s`` each topic served here (each
   partition by itself) whose backlog exceeds it is compacted, unless a compaction of it runs already.
+- Message TTL (namespace policy ``message_ttl_in_seconds``): every ``--message-expiry-check-interval-s`` each
+  durable subscription (but the compactor's) of the topics served here acknowledges the messages published
+  longer ago than the TTL (``sub_ops.expire_all``).
 
 The admin side (``admin.py``) uses :meth:`BrokerService.topic_names`, :meth:`topic_stats`,
 :meth:`internal_stats`, :meth:`subscriptions`, :meth:`get_topic` and :meth:`unload`.
@@ -55,7 +58,7 @@ from zk.managed_ledgers import (
 from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
 from . import pulsar_api_pb2 as pb
-from . import schema_compat, wire
+from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError, BookieSupply
 from .compaction import (
     COMPACTION_SUBSCRIPTION,
@@ -114,6 +117,8 @@ DEFAULT_DEDUP_ENABLED = True
 #: ``brokerServiceCompactionMonitorIntervalInSeconds``
 DEFAULT_COMPACTION_THRESHOLD_BYTES = 0
 DEFAULT_COMPACTION_MONITOR_INTERVAL_S = 60.0
+#: Pulsar's ``messageExpiryCheckIntervalInMinutes`` (5): how often an owner applies its namespaces' message TTL
+DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S = 300.0
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
 SCHEMA_NONE = 0
@@ -152,6 +157,7 @@ class BrokerConfig:
     tick_interval_s: float = DEFAULT_TICK_INTERVAL_S
     compaction_threshold_bytes: int = DEFAULT_COMPACTION_THRESHOLD_BYTES
     compaction_monitor_interval_s: float = DEFAULT_COMPACTION_MONITOR_INTERVAL_S
+    message_expiry_check_interval_s: float = DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S
     zk_session_timeout_s: float = 10.0
     # Authentication (docs/broker.md, "Authentication and authorization"): the HS256 secret tokens are checked
     # with (None: no authentication at all), whether a connection must carry one (and produce/consume then
@@ -1165,6 +1171,8 @@ class BrokerService:
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
         self._compaction_check_failing = RateLimitedLog(log, LOG_EVERY_S)
+        self._expiry_monitor: asyncio.Task[None] | None = None
+        self._expiry_check_failing = RateLimitedLog(log, LOG_EVERY_S)
 
     # -- authentication and authorization ---------------------------------------------------------------------
 
@@ -1285,6 +1293,7 @@ class BrokerService:
         self.bk.store.add_session_listener(self._session_listener)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
         self._compaction_monitor = asyncio.get_running_loop().create_task(self._compaction_monitor_loop())
+        self._expiry_monitor = asyncio.get_running_loop().create_task(self._message_expiry_loop())
         log.info("broker=%s serving %s", self.config.id, self.config.service_url)
 
     async def _register(self) -> None:
@@ -1299,6 +1308,8 @@ class BrokerService:
             self._ticker.cancel()
         if self._compaction_monitor is not None:
             self._compaction_monitor.cancel()
+        if self._expiry_monitor is not None:
+            self._expiry_monitor.cancel()
         self.bookie_supply.close()
         for s in list(self.sessions):
             s.transport.close()
@@ -1415,6 +1426,34 @@ class BrokerService:
                     threshold,
                 )
                 topic.compaction.trigger()
+
+    async def _message_expiry_loop(self) -> None:
+        """Every ``message_expiry_check_interval_s``: :meth:`check_message_expiry` (Pulsar's expiry monitor)."""
+        while True:
+            await asyncio.sleep(self.config.message_expiry_check_interval_s)
+            with self._expiry_check_failing.catching(Exception, "message TTLs not applied"):
+                await self.check_message_expiry()
+
+    async def check_message_expiry(self) -> None:
+        """Each topic served here whose namespace sets a message TTL (``message_ttl_in_seconds`` over 0): every
+        durable subscription but the compactor's acknowledges the messages published longer ago than that
+        (``sub_ops.expire_all``); the backlog shrinks, and retention then lets the ledgers go."""
+        assert self.meta is not None
+        ttls: dict[tuple[str, str], int] = {}
+        for topic in self.served_topics():
+            ns = (topic.name.tenant, topic.name.namespace)
+            if ns not in ttls:
+                p = await self.meta.get_policies(*ns)
+                ttls[ns] = (p.message_ttl_in_seconds or 0) if p is not None else 0
+            if ttls[ns] <= 0 or topic.unloaded or topic.ml.closed:
+                continue
+            try:
+                moved = await sub_ops.expire_all(topic, ttls[ns], int(time.time() * 1000))
+            except ManagedLedgerFencedError as e:
+                self.topic_lost(topic, str(e))
+                continue
+            if moved:
+                log.info("topic=%s message TTL %d s: subscriptions %s expired", topic.name, ttls[ns], moved)
 
     async def refresh_policies(self) -> None:
         """Read the policies of every namespace with a topic served here and apply them (changes made through

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from . import wire
+from .compaction import COMPACTION_SUBSCRIPTION
 from .cursor import Cursor, InitialPosition, ManagedCursor
 from .managed_ledger import LedgerView, Position
 
@@ -31,6 +32,8 @@ __all__ = [
     "SubscriptionNotFoundError",
     "advance",
     "entry_expired",
+    "expire",
+    "expire_all",
     "last_expired",
     "nth_unacked",
     "skip_target",
@@ -142,3 +145,27 @@ async def advance(rt: SubscriptionRuntime | None, mc: ManagedCursor, mark_delete
         rt.execute(rt.core.ack_cumulative(mark_delete).commands)
     await mc.flush()
     return True
+
+
+async def expire(topic: Topic, sub: str, ttl_s: int, now_ms: int) -> bool:
+    """Pulsar's ``expireMessages``: the subscription acknowledges everything up to the newest entry published
+    more than ``ttl_s`` seconds before ``now_ms``; True when it moved."""
+    rt, mc = await subscription_cursor(topic, sub)
+    ml = topic.ml
+    found = await last_expired(ml.view(), mc.mark_delete, ml.read_entry, now_ms, ttl_s)
+    return found is not None and await advance(rt, mc, found)
+
+
+async def expire_all(topic: Topic, ttl_s: int, now_ms: int) -> list[str]:
+    """:func:`expire` for each durable subscription of the topic but the compactor's (whose mark-delete records
+    the compacted ledger); the subscriptions that moved. One deleted meanwhile is passed over."""
+    live = {s for s, rt in topic.subscriptions.items() if rt.durable}
+    stored = set(await topic.ml.store.list_cursors(topic.ml.name))
+    moved = []
+    for sub in sorted((live | stored) - {COMPACTION_SUBSCRIPTION}):
+        try:
+            if await expire(topic, sub, ttl_s, now_ms):
+                moved.append(sub)
+        except SubscriptionNotFoundError:
+            continue
+    return moved

@@ -300,6 +300,9 @@ class NamespacePolicies:
     # Pulsar's ``compaction_threshold``: the bytes of backlog past which the topic's owner compacts it (0: never);
     # None: not set, the broker's ``--compaction-threshold-bytes``
     compaction_threshold: int | None = None
+    # Pulsar's ``message_ttl_in_seconds``: the owner's expiry check acknowledges, for every subscription, the
+    # messages published longer ago than this (0: never); None: not set
+    message_ttl_in_seconds: int | None = None
 
     @property
     def retention_time_s(self) -> float:
@@ -318,6 +321,7 @@ class NamespacePolicies:
             "permissions": {role: list(actions) for role, actions in sorted(self.permissions.items())},
             "schema_compatibility_strategy": self.schema_compatibility_strategy,
             "compaction_threshold": self.compaction_threshold,  # null kept: a removal merges over the old value
+            "message_ttl_in_seconds": self.message_ttl_in_seconds,
         }
 
     @classmethod
@@ -330,16 +334,18 @@ class NamespacePolicies:
             permissions=_permissions(_field(d, "permissions", dict, {})),
             schema_compatibility_strategy=_field(d, "schema_compatibility_strategy", str, "UNDEFINED"),
             compaction_threshold=_optional_threshold(d),
+            message_ttl_in_seconds=_optional_threshold(d, "message_ttl_in_seconds"),
         )
 
 
-def _optional_threshold(d: Mapping[str, Any]) -> int | None:
-    value = d.get("compaction_threshold")
+def _optional_threshold(d: Mapping[str, Any], key: str = "compaction_threshold") -> int | None:
+    """A field of 0 or more that may be absent or null (not set)."""
+    value = d.get(key)
     if value is None:
         return None
-    value = _field(d, "compaction_threshold", int)
+    value = _field(d, key, int)
     if value < 0:
-        raise MetadataFormatError(f"field 'compaction_threshold' is negative ({value})")
+        raise MetadataFormatError(f"field {key!r} is negative ({value})")
     return int(value)
 
 

@@ -1,7 +1,9 @@
 """Moving a subscription by hand, as Pulsar users do with pulsar-admin: peek (``…/subscription/{s}/position/{n}``),
 skip (``…/skip/{n}``), expire-messages (``…/expireMessages/{s}``, ``…/all_subscription/expireMessages/{s}``),
-through the admin REST and ``ledgerstore topic peek|skip|expire-messages[-all-subscriptions]``, seen by the
-official ``pulsar-client``. One broker on 3 bookies is shared by the module."""
+through the admin REST and ``ledgerstore topic peek|skip|expire-messages[-all-subscriptions]``, and the namespace
+message TTL (``…/namespaces/{t}/{ns}/messageTTL``, ``ledgerstore namespace set-message-ttl``) applied by the
+broker by itself, seen by the official ``pulsar-client``. One broker on 3 bookies (expiry check every 0.5 s) is
+shared by the module."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import module_cluster
 from tests.integration.test_broker_admin import call, ledgerstore, ok, web
+from tests.integration.test_broker_compaction import wait_for
 from tests.integration.test_broker_pulsar_client import client
 
 pulsar = pytest.importorskip("pulsar")
@@ -28,7 +31,9 @@ T = "/admin/v2/persistent/public/default"
 
 @pytest.fixture(scope="module")
 def bp(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with module_cluster(zk_server, tmp_path_factory.mktemp("subadmin")) as b:
+    with module_cluster(
+        zk_server, tmp_path_factory.mktemp("subadmin"), "--message-expiry-check-interval-s", "0.5"
+    ) as b:
         yield b.procs[0]
 
 
@@ -199,3 +204,48 @@ def test_expire_acknowledges_messages_older_than_the_given_time(bp: BrokerProces
     assert backlog(bp, t, "b") == 3
     assert call(bp, "POST", f"{T}/{t}/subscription/nobody/expireMessages/1")[0] == 404
     assert call(bp, "POST", f"{T}/{t}/subscription/a/expireMessages/-5")[0] == 412
+
+
+def test_namespace_message_ttl_expires_old_messages_by_itself(bp: BrokerProcess, c: Any) -> None:
+    ns, other = f"public/ttl-{uuid.uuid4().hex[:6]}", f"public/nottl-{uuid.uuid4().hex[:6]}"
+    N = "/admin/v2/namespaces/" + ns
+    for n in (ns, other):
+        ok(bp, "PUT", f"/admin/v2/namespaces/{n}")
+    assert ok(bp, "GET", f"{N}/messageTTL") is None
+    topics = {n: f"persistent://{n}/t" for n in (ns, other)}
+    consumers = {}
+    for n, full in topics.items():
+        path = "/admin/v2/persistent/" + full.removeprefix("persistent://")
+        ok(bp, "PUT", path)
+        ok(bp, "PUT", f"{path}/subscription/idle", "earliest")
+        consumers[n] = c.subscribe(full, "live", receiver_queue_size=1)
+        producer = c.create_producer(full, batching_enabled=False)
+        for i in range(5):
+            producer.send(f"m-{i}".encode())
+
+    def backlogs(n: str) -> list[int]:
+        st = ok(bp, "GET", "/admin/v2/persistent/" + topics[n].removeprefix("persistent://") + "/stats")
+        return [st["subscriptions"][s]["msgBacklog"] for s in ("idle", "live")]
+
+    assert backlogs(ns) == [5, 5]
+    r = ledgerstore(
+        "namespace", "set-message-ttl", ns, "--ttl", "1", "--url", web(bp), "--json"
+    )  # as pulsar-admin namespaces set-message-ttl
+    assert r.returncode == 0, r.stderr
+    assert ok(bp, "GET", f"{N}/messageTTL") == 1
+    assert ok(bp, "GET", N)["message_ttl_in_seconds"] == 1
+    wait_for("the TTL to expire both subscriptions' messages", lambda: backlogs(ns) == [0, 0])
+    assert backlogs(other) == [5, 5]  # no TTL there: the same checks left it alone
+    ok(bp, "DELETE", f"{N}/messageTTL")
+    assert ok(bp, "GET", f"{N}/messageTTL") is None
+    # the live consumer gets what was published after, with at most what it had prefetched before it
+    c.create_producer(topics[ns]).send(b"new")
+    got = [consumers[ns].receive(timeout_millis=15_000).data()]
+    while got[-1] != b"new":
+        got.append(consumers[ns].receive(timeout_millis=15_000).data())
+    assert len(got) <= 3, got
+    assert call(bp, "POST", f"{N}/messageTTL", -1)[0] == 412
+    assert call(bp, "POST", f"{N}/messageTTL", "10")[0] == 400
+    assert call(bp, "POST", "/admin/v2/namespaces/public/none/messageTTL", 10)[0] == 404
+    for consumer in consumers.values():
+        consumer.close()

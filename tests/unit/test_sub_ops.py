@@ -1,16 +1,22 @@
-"""The pure rules of peek, skip and message expiry (topic_broker/sub_ops.py)."""
+"""The pure rules of peek, skip and message expiry (topic_broker/sub_ops.py), the message TTL policy and flag."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import pytest
 
+from bookie.config_file import ConfigError
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 from topic_broker.cursor import Cursor
+from topic_broker.main import add_serve_arguments, config_from_args
 from topic_broker.managed_ledger import LedgerView, Position
+from topic_broker.service import BrokerConfig
 from topic_broker.sub_ops import entry_expired, last_expired, nth_unacked, skip_target
+from zk import MetadataFormatError
+from zk.managed_ledgers import NamespacePolicies
 
 P = Position
 # ledger 3: 3 entries, ledger 5: none, ledger 7: 2 entries, ledger 9 (current): 4 confirmed
@@ -91,3 +97,29 @@ def test_last_expired_finds_the_newest_expired_entry_after_the_mark_delete() -> 
     reads.clear()
     run(P(3, -1), 1_000 + 650)
     assert len(reads) <= 4  # a binary search, not a scan
+
+
+def test_message_ttl_policy_is_stored_as_pulsars_field() -> None:
+    assert NamespacePolicies().message_ttl_in_seconds is None
+    p = NamespacePolicies(message_ttl_in_seconds=3600)
+    assert p.to_json()["message_ttl_in_seconds"] == 3600
+    assert NamespacePolicies.from_json(p.to_json()) == p
+    # a removal is written as null (it replaces the old value); older znodes have no field at all
+    assert NamespacePolicies.from_json(NamespacePolicies().to_json()).message_ttl_in_seconds is None
+    assert NamespacePolicies.from_json({}).message_ttl_in_seconds is None
+    for bad in (-1, "60"):
+        with pytest.raises(MetadataFormatError, match="message_ttl_in_seconds"):
+            NamespacePolicies.from_json({"message_ttl_in_seconds": bad})
+
+
+def test_message_expiry_check_interval_flag() -> None:
+    def config(*argv: str) -> BrokerConfig:
+        p = argparse.ArgumentParser()
+        add_serve_arguments(p)
+        return config_from_args(p.parse_args(list(argv)))
+
+    assert config().message_expiry_check_interval_s == 300.0  # Pulsar's 5 minutes
+    assert config("--message-expiry-check-interval-s", "0.5").message_expiry_check_interval_s == 0.5
+    for bad in ("0", "-1"):
+        with pytest.raises(ConfigError, match="--message-expiry-check-interval-s"):
+            config("--message-expiry-check-interval-s", bad)
