@@ -391,6 +391,15 @@ def _peek(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate(args: argparse.Namespace) -> int:
+    """pulsar-admin's ``topics terminate``: no more messages, ever; prints the last message id."""
+    path, full = topic_path(args.name)
+    last = rest(args.url, "POST", f"{path}/terminate")
+    mid = f"{last['ledgerId']}:{last['entryId']}"
+    emit(args, f"{full} terminated; its last message id is {mid}", {"topic": full, "lastMessageId": last})
+    return 0
+
+
 def _skip(args: argparse.Namespace) -> int:
     """pulsar-admin's ``topics skip -s SUB -n N`` (each partition of a partitioned topic)."""
     if args.count < 1:
@@ -996,6 +1005,10 @@ def add_topic_commands(
     p.add_argument("name", help="topic name (a partition's: peek is refused on a partitioned topic)")
     p.add_argument("-s", "--subscription", required=True, help="subscription name")
     p.add_argument("-n", "--count", type=int, default=1, help="entries to peek (a batch is one)")
+    p = verb(
+        "terminate", "take no more messages on a topic, ever (its consumers read it to the end)", _terminate
+    )
+    p.add_argument("name", help="topic name (a partition's: a partitioned topic is refused)")
     p = verb("skip", "acknowledge a subscription's next N messages unread", _skip)
     p.add_argument("name", help="topic name (a partitioned topic's: each partition's subscription)")
     p.add_argument("-s", "--subscription", required=True, help="subscription name")

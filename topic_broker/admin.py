@@ -11,7 +11,7 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
   ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
   ``skip_all``, ``skip``, peek at ``position/{n}``, ``expireMessages``, ``all_subscription/expireMessages``),
-  ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``compaction`` (``PUT``
+  ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``terminate``, ``compaction`` (``PUT``
   starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``),
   ``compactionThreshold`` (the topic's own policy, ``topic-policies/<ml>``; a partitioned topic's is each of its
   partitions').
@@ -29,8 +29,9 @@ HTTP to this broker, which follows the redirects to each partition's owner.
 Authentication (with ``--auth-secret-file``): every call but ``GET``/``HEAD`` needs ``Authorization: Bearer
 <token>`` (401 without a good one; 403 when ``--superuser-roles`` is set and the token's subject is not one of
 them); reads need one too with ``--admin-read-auth``, and the HTTP lookup with ``--auth-required`` (which also
-checks the subject's produce or consume permission, as the binary LOOKUP does). ``/health`` and ``/metrics`` are
-always open. Namespace permissions: ``/admin/v2/namespaces/{t}/{ns}/permissions[/{role}]`` (Pulsar's
+checks the subject's produce or consume permission, as the binary LOOKUP does). Reads that answer messages'
+payloads (:data:`PAYLOAD_ROUTES`) always need a token, and the consume permission with ``--auth-required``.
+``/health`` and ``/metrics`` are always open. Namespace permissions: ``/admin/v2/namespaces/{t}/{ns}/permissions[/{role}]`` (Pulsar's
 ``grant-permission``, ``permissions``, ``revoke-permission``).
 
 Errors are Pulsar's: a JSON body ``{"reason": "…"}`` with 400 (bad body), 404 (no such topic, subscription,
@@ -77,7 +78,7 @@ from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
 from .compaction import CompactionRunningError, compaction_threshold
 from .cursor import InitialPosition, ManagedCursor
-from .managed_ledger import ManagedLedgerError, Position
+from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName
 from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
@@ -185,6 +186,15 @@ def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[st
     if batch_index >= 0:
         out["batchIndex"] = batch_index
     return out
+
+
+def _ml_state(ml: ManagedLedger) -> str:
+    """The ``state`` of internalStats, in Pulsar's words."""
+    if ml.fenced:
+        return "Fenced"
+    if ml.closed:
+        return "Closed"
+    return "LedgerOpened" if ml.terminated_position is None else "Terminated"
 
 
 def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
@@ -1141,7 +1151,7 @@ class AdminApp:
             "waitingCursorsCount": 0,
             "pendingAddEntriesCount": 0,
             "lastConfirmedEntry": str(ml.last_confirmed_position()),
-            "state": "Fenced" if ml.fenced else "Closed" if ml.closed else "LedgerOpened",
+            "state": _ml_state(ml),
             "ledgers": ledgers,
             "cursors": cursors,
             "properties": dict(ml.properties),
@@ -1180,6 +1190,18 @@ class AdminApp:
         except CompactionRunningError as e:
             raise AdminError(409, str(e)) from e
         return _no_content()
+
+    async def terminate(self, request: web.Request) -> web.Response:
+        """Pulsar's ``terminate``: the topic takes no more messages, on this owner or any later one (producers
+        are refused with TopicTerminatedError); answers the last message id, ``{"ledgerId", "entryId",
+        "partitionIndex"}`` (again, the same, when terminated already). 405 on a partitioned topic, as in Pulsar
+        (terminate each partition)."""
+        name = self._topic_name(request)
+        if not name.is_partition and await self._partitions(name):
+            raise AdminError(405, "Termination of a partitioned topic is not allowed")
+        topic = await self._owned_topic(request, name)
+        last = await topic.terminate()
+        return _json(_message_id(last, name.partition_index))
 
     async def compaction_status(self, request: web.Request) -> web.Response:
         """The last compaction's status on this owner (``pulsar-admin topics compaction-status``): NOT_RUN,
@@ -1656,6 +1678,7 @@ class AdminApp:
         r.add_get(t + "/internalStats", self.internal_stats)
         r.add_get(t + "/lastMessageId", self.last_message_id)
         r.add_put(t + "/unload", self.unload)
+        r.add_post(t + "/terminate", self.terminate)
         r.add_put(t + "/compaction", self.compaction_trigger)
         r.add_get(t + "/compaction", self.compaction_status)
         r.add_get(t + "/compactionThreshold", self.topic_compaction_threshold_get)
@@ -1680,6 +1703,11 @@ class AdminApp:
 #: Always served without a token (load balancers and Prometheus keep working).
 OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/", "/admin/v2/brokers/health"})
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Read-only routes that answer messages' payloads (examinemessage, a message by id, a subscription's peek):
+#: with authentication on they need a token whatever ``--admin-read-auth`` says, and with ``--auth-required``
+#: the subject's ``consume`` permission on the topic's namespace, as a consumer would (Pulsar's peek and
+#: examine need it too). A stranger must not read through HTTP what it may not subscribe to.
+PAYLOAD_ROUTES = ("/examinemessage", "/ledger/{ledger}/entry/{entry}", "/position/{position}")
 PRINCIPAL = "principal"  # request key: the subject of the request's token, when it carried a good one
 NAMESPACE_POLICIES = "namespace_policies"  # request key: the topic's namespace policies check_namespace read
 
@@ -1707,14 +1735,26 @@ def _auth_middleware(service: BrokerService) -> Any:
                 return _error(401, f"authentication failed: {e}")
         mutating = request.method not in _READ_METHODS
         lookup = request.path.startswith("/lookup/")
-        needed = mutating or cfg.admin_read_auth or (lookup and cfg.auth_required)
+        payload = _reads_payloads(request)
+        needed = mutating or payload or cfg.admin_read_auth or (lookup and cfg.auth_required)
         if needed and PRINCIPAL not in request:
             return _error(401, "authentication required: send Authorization: Bearer <token>")
         if mutating and cfg.superuser_roles and not service.is_superuser(request[PRINCIPAL]):
             return _error(403, f"{request[PRINCIPAL]} is not a superuser")
+        if payload:
+            mi = request.match_info
+            name = TopicName.parse(f"persistent://{mi['tenant']}/{mi['namespace']}/{mi['topic']}")
+            if not await service.can(request[PRINCIPAL], name, ("consume",)):
+                return _error(403, f"{request[PRINCIPAL]} is not authorized to consume from {name}")
         return await handler(request)
 
     return auth
+
+
+def _reads_payloads(request: web.Request) -> bool:
+    """Is this a call of :data:`PAYLOAD_ROUTES` (one that answers messages' payloads)?"""
+    route = request.match_info.route.resource
+    return route is not None and route.canonical.endswith(PAYLOAD_ROUTES) and "topic" in request.match_info
 
 
 def _namespace_middleware(admin: AdminApp) -> Any:

@@ -59,6 +59,7 @@ __all__ = [
     "LedgerView",
     "ManagedLedger",
     "ManagedLedgerClosedError",
+    "ManagedLedgerTerminatedError",
     "ManagedLedgerConfig",
     "ManagedLedgerError",
     "ManagedLedgerFencedError",
@@ -100,6 +101,13 @@ class ManagedLedgerFencedError(ManagedLedgerError):
 
 class ManagedLedgerClosedError(ManagedLedgerError):
     code = "ML_CLOSED"
+    retriable = False
+
+
+class ManagedLedgerTerminatedError(ManagedLedgerError):
+    """Terminated (:meth:`ManagedLedger.terminate`): nothing is appended any more, by any owner."""
+
+    code = "ML_TERMINATED"
     retriable = False
 
 
@@ -481,6 +489,34 @@ class ManagedLedger:
             raise ManagedLedgerFencedError(f"fenced: {self._fence_reason}", ml_name=self.name)
         if self._state == _CLOSED:
             raise ManagedLedgerClosedError("closed", ml_name=self.name)
+        if self._info.value.terminated_position is not None:
+            raise ManagedLedgerTerminatedError("terminated", ml_name=self.name)
+
+    @property
+    def terminated_position(self) -> Position | None:
+        """The last entry of a terminated managed ledger (stored, so every later owner knows it); else None."""
+        tp = self._info.value.terminated_position
+        return None if tp is None else Position(*tp)
+
+    async def terminate(self) -> Position:
+        """Pulsar's terminate: nothing is appended after the entries stored now. The current ledger is rolled
+        over first (so the appends sent before are durable and counted), then its last entry is recorded as the
+        ledger list's ``terminated_position``. Answers that position, again when terminated already."""
+        async with self._submit_lock:
+            done = self.terminated_position
+            if done is not None:
+                return done
+            self._check_writable()
+            await self._rollover_locked()
+            last = self.view().last_position()
+            async with self._meta_lock:
+                tp = (last.ledger_id, last.entry_id)
+                self._info = zk.Versioned(
+                    replace(self._info.value, terminated_position=tp), self._info.version
+                )
+                await self._cas(self._info.value.ledgers)
+        log.info("ml=%s terminated at %s", self.name, last)
+        return last
 
     def fence(self, reason: str) -> ManagedLedgerFencedError:
         if self._state == _OPEN:
@@ -587,8 +623,9 @@ class ManagedLedger:
 
     # -- rollover -----------------------------------------------------------------------------------------------
     async def maybe_rollover(self) -> bool:
-        """Roll the current ledger if the rollover rule says so (an idle topic's ledger ages too)."""
-        if self._state != _OPEN:
+        """Roll the current ledger if the rollover rule says so (an idle topic's ledger ages too); a terminated
+        one's is left as it is (it holds nothing)."""
+        if self._state != _OPEN or self._info.value.terminated_position is not None:
             return False
         async with self._submit_lock:
             age = self._clock() - self._current_created_s

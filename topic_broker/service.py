@@ -1054,6 +1054,17 @@ class Topic:
 
     # -- subscriptions --------------------------------------------------------------------------------------
 
+    async def terminate(self) -> Position:
+        """Pulsar's terminate: the managed ledger takes no more entries (``ManagedLedger.terminate``, stored for
+        every later owner) and the producers are closed: reopening, they are refused with TopicTerminatedError
+        (as their later sends are). Consumers read on to the last entry. Answers its position."""
+        last = await self.ml.terminate()
+        for p in list(self.producers.values()):
+            self.remove_producer(p)
+            p.session.producers.pop(p.producer_id, None)
+            p.session.send(wire.close_producer(p.producer_id, 0))
+        return last
+
     async def subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
         """The subscription ``s`` names, opened (its cursor restored or created) on first use. Opening is one
         at a time: two consumers subscribing a new subscription at once must not both create its cursor (the
@@ -1752,6 +1763,10 @@ class BrokerService:
         topic = await self._topic_for(s, cmd.topic, cmd.request_id, PRODUCE)
         if topic is None:
             return
+        if topic.ml.terminated_position is not None:
+            why = f"Topic {topic.name} was already terminated"
+            s.send(wire.error(cmd.request_id, pb.TopicTerminatedError, why))
+            return
         q = topic.quota
         if q.limit_size >= 0 and q.policy != "consumer_backlog_eviction":
             backlog = topic.backlog_bytes()
@@ -1853,6 +1868,10 @@ class BrokerService:
             s.producers.pop(p.producer_id, None)
             s.closed_by_quota[p.producer_id] = True
             s.send(wire.close_producer(p.producer_id, 0))
+            return
+        if p.topic.ml.terminated_position is not None:
+            why = f"Topic {p.topic.name} was already terminated"
+            s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.TopicTerminatedError, why))
             return
         frame = r.frame
         if not frame.checksum_ok:

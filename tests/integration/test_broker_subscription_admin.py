@@ -2,8 +2,9 @@
 skip (``…/skip/{n}``), expire-messages (``…/expireMessages/{s}``, ``…/all_subscription/expireMessages/{s}``),
 through the admin REST and ``ledgerstore topic peek|skip|expire-messages[-all-subscriptions]``, and the namespace
 message TTL (``…/namespaces/{t}/{ns}/messageTTL``, ``ledgerstore namespace set-message-ttl``) applied by the
-broker by itself, seen by the official ``pulsar-client``. One broker on 3 bookies (expiry check every 0.5 s) is
-shared by the module."""
+broker by itself, and terminate (``…/terminate``, ``ledgerstore topic terminate``), seen by the official
+``pulsar-client``. One broker on 3 bookies (expiry check every 0.5 s) is shared by the module; terminate, which
+moves its topic to another broker, has brokers of its own."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import module_cluster
+from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_admin import call, ledgerstore, ok, web
 from tests.integration.test_broker_compaction import wait_for
 from tests.integration.test_broker_pulsar_client import client
@@ -249,3 +250,45 @@ def test_namespace_message_ttl_expires_old_messages_by_itself(bp: BrokerProcess,
     assert call(bp, "POST", "/admin/v2/namespaces/public/none/messageTTL", 10)[0] == 404
     for consumer in consumers.values():
         consumer.close()
+
+
+def test_terminate_ends_the_topic_on_this_owner_and_the_next(cluster: Brokers) -> None:
+    a = cluster.start()
+    t = name()
+    full = f"persistent://public/default/{t}"
+    with contextlib.closing(client(a)) as pc:
+        consumer = pc.subscribe(full, "s")
+        producer = pc.create_producer(full, batching_enabled=False)
+        ids = [producer.send(f"m-{i}".encode()) for i in range(5)]
+        last = ok(a, "POST", f"{T}/{t}/terminate")
+        assert (last["ledgerId"], last["entryId"]) == (ids[-1].ledger_id(), ids[-1].entry_id())
+        assert last["partitionIndex"] == -1
+        with pytest.raises(pulsar.TopicTerminated):
+            producer.send(b"after")
+        with pytest.raises(pulsar.TopicTerminated):
+            pc.create_producer(full)
+        # consumers read on to the last message, and then there is nothing more
+        assert [consumer.receive(timeout_millis=15_000).data() for _ in range(5)] == [
+            f"m-{i}".encode() for i in range(5)
+        ]
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=1_000)
+        assert ok(a, "GET", f"{T}/{t}/internalStats")["state"] == "Terminated"
+        assert ok(a, "POST", f"{T}/{t}/terminate") == last  # again: the same answer
+    # a restart, and another broker: the topic stays terminated
+    b = cluster.start()
+    a.stop()
+    with contextlib.closing(client(b)) as pc:
+        with pytest.raises(pulsar.TopicTerminated):
+            pc.create_producer(full)
+        reader = pc.create_reader(full, pulsar.MessageId.earliest)
+        assert [reader.read_next(timeout_millis=15_000).data() for _ in range(5)][-1] == b"m-4"
+        assert not reader.has_message_available()
+        reader.close()
+    got = json.loads(ledgerstore("topic", "terminate", t, "--url", web(b), "--json").stdout)
+    assert got["lastMessageId"] == last
+    # refusals: a partitioned topic (terminate its partitions), a topic that does not exist
+    ok(b, "PUT", f"{T}/{t}-p/partitions", 2)
+    status, body, _ = call(b, "POST", f"{T}/{t}-p/terminate")
+    assert status == 405 and "partitioned" in body["reason"]
+    assert call(b, "POST", f"{T}/{t}-none/terminate")[0] == 404
