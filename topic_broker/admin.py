@@ -48,7 +48,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
 
 import aiohttp
@@ -95,6 +95,7 @@ CLUSTER_NAME = "ledgerstore"
 INT64_MAX = 2**63 - 1
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 
 class AdminError(Exception):
@@ -1445,11 +1446,11 @@ class AdminApp:
         await self._move_cursor(topic, sub, ml.next_position(ml.last_confirmed_position()), disconnect=False)
         return _no_content()
 
-    async def _subscription_cursor(
-        self, topic: Topic, sub: str
-    ) -> tuple[SubscriptionRuntime | None, ManagedCursor]:
+    @staticmethod
+    async def _on_subscription(sub: str, call: Awaitable[T]) -> T:
+        """``call`` (a ``sub_ops`` one on ``sub``), its refusals answered as Pulsar does."""
         try:
-            return await sub_ops.subscription_cursor(topic, sub)
+            return await call
         except sub_ops.SubscriptionNotFoundError:
             raise AdminError(404, "Subscription not found") from None
         except sub_ops.NotDurableError:
@@ -1476,7 +1477,8 @@ class AdminApp:
         if not name.is_partition and await self._partitions(name):
             raise AdminError(405, "Peek messages on a partitioned topic is not allowed")
         topic = await self._owned_topic(request, name)
-        _rt, mc = await self._subscription_cursor(topic, request.match_info["subscription"])
+        sub = request.match_info["subscription"]
+        _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
         pos = sub_ops.nth_unacked(topic.ml.view(), mc.cursor, n)
         if pos is None:
             raise AdminError(404, "Message not found")
@@ -1491,17 +1493,12 @@ class AdminApp:
         if fanned is not None:
             return fanned
         topic = await self._owned_topic(request, name)
-        rt, mc = await self._subscription_cursor(topic, request.match_info["subscription"])
-        await sub_ops.advance(rt, mc, sub_ops.skip_target(topic.ml.view(), mc.cursor, n))
+        sub = request.match_info["subscription"]
+        await self._on_subscription(sub, sub_ops.skip(topic, sub, n))
         return _no_content()
 
     async def _expire(self, topic: Topic, sub: str, ttl_s: int) -> None:
-        try:
-            await sub_ops.expire(topic, sub, ttl_s, int(time.time() * 1000))
-        except sub_ops.SubscriptionNotFoundError:
-            raise AdminError(404, "Subscription not found") from None
-        except sub_ops.NotDurableError:
-            raise AdminError(405, f"{sub} is a reader's non-durable subscription") from None
+        await self._on_subscription(sub, sub_ops.expire(topic, sub, ttl_s, int(time.time() * 1000)))
 
     async def expire_messages(self, request: web.Request) -> web.Response:
         """Pulsar's ``expire-messages``: the subscription acknowledges every message up to the newest one

@@ -9,9 +9,12 @@ The rules are pure and take a :class:`LedgerView` (the positions of the stored e
 - :func:`entry_expired` and :func:`last_expired`: the newest entry after the mark-delete published more than a
   TTL ago, found by a binary search over the publish times (Pulsar's expiry monitor, ``findNewestMatching``).
 
-:func:`subscription_cursor` and :func:`advance` apply a new mark-delete on the topic's owner: to the live
+:func:`skip` and :func:`expire` apply a new mark-delete on the topic's owner (:func:`advance`): to the live
 subscription's cursor and its dispatcher (entries before it are dropped from what its consumers hold
-pending, and never read again), or to the stored cursor of an idle one; saved before they return.
+pending, and never read again), or to the stored cursor of an idle one; saved before they return. They hold
+the topic's subscription-opening lock meanwhile, so that a consumer subscribing to the idle subscription at
+that moment opens its cursor from what they saved (not from the version before, whose next save would
+conflict and fence the topic).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "expire_all",
     "last_expired",
     "nth_unacked",
+    "skip",
     "skip_target",
     "subscription_cursor",
 ]
@@ -147,13 +151,35 @@ async def advance(rt: SubscriptionRuntime | None, mc: ManagedCursor, mark_delete
     return True
 
 
+async def _move(
+    topic: Topic, sub: str, target: Callable[[ManagedCursor], Awaitable[Position | None]]
+) -> bool:
+    """The subscription's mark-delete moved to ``target(cursor)`` (None: left alone), with no subscription
+    opening on the topic meanwhile; True when it moved."""
+    async with topic._opening_subscription:
+        rt, mc = await subscription_cursor(topic, sub)
+        found = await target(mc)
+        return found is not None and await advance(rt, mc, found)
+
+
+async def skip(topic: Topic, sub: str, n: int) -> bool:
+    """Pulsar's ``skipMessages``: the next ``n`` unacknowledged entries acknowledged (:func:`skip_target`)."""
+
+    async def target(mc: ManagedCursor) -> Position:
+        return skip_target(topic.ml.view(), mc.cursor, n)
+
+    return await _move(topic, sub, target)
+
+
 async def expire(topic: Topic, sub: str, ttl_s: int, now_ms: int) -> bool:
     """Pulsar's ``expireMessages``: the subscription acknowledges everything up to the newest entry published
     more than ``ttl_s`` seconds before ``now_ms``; True when it moved."""
-    rt, mc = await subscription_cursor(topic, sub)
     ml = topic.ml
-    found = await last_expired(ml.view(), mc.mark_delete, ml.read_entry, now_ms, ttl_s)
-    return found is not None and await advance(rt, mc, found)
+
+    async def target(mc: ManagedCursor) -> Position | None:
+        return await last_expired(ml.view(), mc.mark_delete, ml.read_entry, now_ms, ttl_s)
+
+    return await _move(topic, sub, target)
 
 
 async def expire_all(topic: Topic, ttl_s: int, now_ms: int) -> list[str]:
