@@ -350,3 +350,35 @@ def test_a_role_without_permission_learns_nothing_of_which_namespaces_exist(secu
     assert answers == dict.fromkeys(
         ("partitioned metadata", "lookup", "producer", "subscribe"), (pb.TopicNotFound, "Namespace not found")
     )
+
+
+def test_messages_over_http_need_the_consume_permission(secure: SecureCluster) -> None:
+    """examinemessage, a message by id and a subscription's peek answer payloads: they need a token and the
+    ``consume`` permission even where other admin reads are open (no --admin-read-auth), or a stranger reaching
+    the HTTP port would read what it may not subscribe to."""
+    admin = secure.tokens[SUPERUSER]
+    ns = f"public/pay-{uuid.uuid4().hex[:8]}"
+    assert secure.http("PUT", f"/admin/v2/namespaces/{ns}", token=admin)[0] == 204
+    secure.grant("alice", ["consume"], ns)
+    topic = f"persistent://{ns}/t"
+    c = secure.client(admin)
+    try:
+        c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest).close()
+        mid = c.create_producer(topic).send(b"secret-0")
+    finally:
+        c.close()
+    base = f"/admin/v2/persistent/{ns}/t"
+    paths = (
+        base + "/examinemessage?initialPosition=earliest&messagePosition=1",
+        base + f"/ledger/{mid.ledger_id()}/entry/{mid.entry_id()}",
+        base + "/subscription/s/position/1",
+    )
+    for path in paths:
+        assert secure.http("GET", path)[0] == 401, path
+        status, why = secure.http("GET", path, token=secure.tokens["bob"])
+        assert (status, why) == (403, {"reason": f"bob is not authorized to consume from {topic}"}), path
+        for token in (secure.tokens["alice"], admin):
+            status, body = secure.http("GET", path, token=token)
+            assert (status, body) == (200, "secret-0"), path
+    # the other reads stay open
+    assert secure.http("GET", base + "/stats")[0] == 200
