@@ -1344,12 +1344,13 @@ class AdminApp:
         if fanned is not None:
             return fanned
         topic = await self._owned_topic(request, name)
-        if sub in topic.subscriptions or await self.meta.get_cursor(name.ml_name, sub) is not None:
-            raise AdminError(409, "Subscription already exists for topic")
-        start = await self._start_position(topic, body)
-        mc = await ManagedCursor.open(topic.ml, sub, InitialPosition.LATEST)
-        if start is not None:
-            await mc.reset(start)
+        async with topic._opening_subscription:  # not created by a consumer subscribing meanwhile too
+            if sub in topic.subscriptions or await self.meta.get_cursor(name.ml_name, sub) is not None:
+                raise AdminError(409, "Subscription already exists for topic")
+            start = await self._start_position(topic, body)
+            mc = await ManagedCursor.open(topic.ml, sub, InitialPosition.LATEST)
+            if start is not None:
+                await mc.reset(start)
         return _no_content()
 
     async def subscription_delete(self, request: web.Request) -> web.Response:
@@ -1386,16 +1387,20 @@ class AdminApp:
             c.session.send(wire.close_consumer(c.consumer_id, 0))
 
     async def _move_cursor(self, topic: Topic, sub: str, pos: Position, *, disconnect: bool) -> None:
+        """The subscription's next entry is ``pos``: a live one's dispatcher seeks there (its consumers
+        disconnected with ``disconnect``); an idle one's stored cursor is reset, with no consumer opening it
+        meanwhile (its cursor would be the version before, whose next save would conflict and fence the topic)."""
         rt = topic.subscriptions.get(sub)
-        if rt is not None:
-            await rt.seek(pos)
-            if disconnect:
-                self._disconnect(rt)
-            return
-        if await self.meta.get_cursor(topic.name.ml_name, sub) is None:
-            raise AdminError(404, "Subscription not found")
-        mc = await ManagedCursor.open(topic.ml, sub, InitialPosition.LATEST)
-        await mc.reset(pos)
+        if rt is None:
+            async with topic._opening_subscription:
+                rt = topic.subscriptions.get(sub)
+                if rt is None:
+                    _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
+                    await mc.reset(pos)
+                    return
+        await rt.seek(pos)
+        if disconnect:
+            self._disconnect(rt)
 
     async def reset_cursor(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)

@@ -255,6 +255,11 @@ def test_the_admin_refuses_topic_calls_in_a_missing_namespace_with_404(
             DELETE /subscription/s
             POST /subscription/s/skip_all
             POST /subscription/s/resetcursor/0
+            POST /subscription/s/skip/1
+            GET /subscription/s/position/1
+            POST /subscription/s/expireMessages/1
+            POST /all_subscription/expireMessages/1
+            POST /terminate
             PUT /unload
             GET /examinemessage
             GET /ledger/1/entry/0""".splitlines()
