@@ -309,6 +309,30 @@ class _Receipt:
     messages: int = 1
     size: int = 0
     dedup: bool = True  # its sequence id takes part in deduplication (false for a chunk before the last)
+    dedup_id: int = -1  # the id deduplication keeps for it (dedup_sequence_id)
+
+
+def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, entry: bytes) -> int:
+    """The id deduplication keeps for a SEND (or stored entry) of ``num_messages`` from ``sequence_id`` on: the
+    highest id it declares (the Java client); else, for a batch whose messages are numbered one after the
+    other, its last message's (a C++-based client declares only the first); else its first (Pulsar's rule).
+    With key-based batching a batch's ids are not consecutive: key A's batch holds 0, 2, 4, 5, key B's 1, 3,
+    sent after it in the order of their first ids, so taking A's end for 0 + 4 - 1 = 3 dropped B as a resend,
+    acknowledged and never stored."""
+    if highest is not None:
+        return max(sequence_id, highest)
+    end = sequence_id + max(num_messages, 1) - 1
+    if end == sequence_id:
+        return sequence_id
+    last = None
+    try:
+        md, payload = wire.parse_entry(entry, verify_checksum=False)
+        for single, _ in wire.iter_batch(md, payload):
+            if single is not None and single.HasField("sequence_id"):
+                last = single.sequence_id
+    except wire.EntryFormatError:
+        return sequence_id
+    return end if last == end else sequence_id
 
 
 @dataclass(slots=True, eq=False)
@@ -867,21 +891,27 @@ class Topic:
     ) -> None:
         """``dedup`` False: the SEND's sequence id takes no part in deduplication (a chunk before the last)."""
         seq = send.sequence_id
-        highest = wire.highest_sequence_id(
-            seq, send.highest_sequence_id if send.HasField("highest_sequence_id") else None, num_messages
-        )
+        declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
         rec = _Receipt(
-            seq, highest, started=time.monotonic(), messages=num_messages, size=len(entry), dedup=dedup
+            seq,
+            wire.highest_sequence_id(seq, declared, num_messages),
+            started=time.monotonic(),
+            messages=num_messages,
+            size=len(entry),
+            dedup=dedup,
+            dedup_id=dedup_sequence_id(seq, declared, num_messages, entry)
+            if self.dedup_enabled and dedup
+            else seq,
         )
         p.receipts.append(rec)
         if self.dedup_enabled and dedup:
             last = self.last_sequence.get(p.name, -1)
-            if highest <= last:
+            if rec.dedup_id <= last:
                 rec.done = True  # a resend of what is stored (or on its way): answered in its turn
                 p.flush_receipts()
                 return
             self.persisted_sequence.setdefault(p.name, last)
-            self.last_sequence[p.name] = highest
+            self.last_sequence[p.name] = rec.dedup_id
         self.msg_in += num_messages
         self.bytes_in += len(entry)
         self._queue.append((entry, functools.partial(self._appended, p, rec), num_messages))
@@ -928,10 +958,8 @@ class Topic:
             rec.position = position
             self.service.metrics.published(self.key, rec.messages, rec.size, time.monotonic() - rec.started)
             if self.dedup_enabled and rec.dedup:
-                self.ml.set_property(f"dedup/{p.name}", str(rec.highest_sequence_id))
-                self.persisted_sequence[p.name] = max(
-                    self.persisted_sequence.get(p.name, -1), rec.highest_sequence_id
-                )
+                self.ml.set_property(f"dedup/{p.name}", str(rec.dedup_id))
+                self.persisted_sequence[p.name] = max(self.persisted_sequence.get(p.name, -1), rec.dedup_id)
             self.last_entry_messages = None
             for sub in self.subscriptions.values():
                 sub.on_new_entries()
@@ -976,11 +1004,8 @@ class Topic:
                     continue
                 counts.append(md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1)
                 if self.dedup_enabled and wire.counts_for_dedup(md):
-                    seq = wire.highest_sequence_id(
-                        md.sequence_id,
-                        md.highest_sequence_id if md.HasField("highest_sequence_id") else None,
-                        counts[-1],
-                    )
+                    declared = md.highest_sequence_id if md.HasField("highest_sequence_id") else None
+                    seq = dedup_sequence_id(md.sequence_id, declared, counts[-1], data)
                     if seq > self.last_sequence.get(md.producer_name, -1):
                         self.last_sequence[md.producer_name] = seq
             if len(got) < 1000:
