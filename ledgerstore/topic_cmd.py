@@ -324,7 +324,7 @@ def peeked_messages(body: bytes, headers: Mapping[str, str]) -> list[dict[str, A
 
     mid = headers.get("X-Pulsar-Message-ID", "")
     common = {
-        "publishTime": int(headers.get("X-Pulsar-publish-time", "0") or 0),
+        "publishTime": headers.get("X-Pulsar-publish-time", ""),
         "producerName": headers.get("X-Pulsar-producer-name", ""),
         "sequenceId": int(headers.get("X-Pulsar-sequence-id", "0") or 0),
     }

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 import time
@@ -86,7 +87,7 @@ from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
 if TYPE_CHECKING:
     from .service import BrokerService, SubscriptionRuntime, Topic
 
-__all__ = ["CLUSTER_NAME", "AdminServer", "build_app"]
+__all__ = ["CLUSTER_NAME", "AdminServer", "build_app", "pulsar_date"]
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,13 @@ def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[st
     if batch_index >= 0:
         out["batchIndex"] = batch_index
     return out
+
+
+def pulsar_date(ms: int) -> str:
+    """A time as Pulsar's admin writes it in ``X-Pulsar-publish-time`` (``DateFormatter``: ISO 8601 with its
+    offset, milliseconds), in UTC: what pulsar-admin parses back (a bare number fails there)."""
+    t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def _ml_state(ml: ManagedLedger) -> str:
@@ -1235,7 +1243,7 @@ class AdminApp:
         headers = {
             "X-Pulsar-Message-ID": f"{pos.ledger_id}:{pos.entry_id}:{topic.name.partition_index}"
             + (f":{batch_index}" if batched and batch_index is not None else ""),
-            "X-Pulsar-publish-time": str(md.publish_time),
+            "X-Pulsar-publish-time": pulsar_date(md.publish_time),
             "X-Pulsar-producer-name": md.producer_name,
             "X-Pulsar-sequence-id": str(md.sequence_id),
         }

@@ -7,6 +7,7 @@ redirects to a topic's owner, ``ledgerstore topic …`` verbs and ``/metrics`` a
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -200,7 +201,8 @@ def test_topic_admin_round_trip_stats_cursors_and_metrics(broker: BrokerProcess)
         status, body, headers = call(broker, "GET", f"{T}/{t}/examinemessage?initialPosition=latest")
         assert status == 200 and body == "m-49"
         assert headers["X-Pulsar-Message-ID"] == f"{last.ledger_id()}:{last.entry_id()}:-1"
-        assert int(headers["X-Pulsar-publish-time"]) == got[49].publish_timestamp()
+        published = datetime.datetime.fromisoformat(headers["X-Pulsar-publish-time"])  # Pulsar's ISO 8601
+        assert int(published.timestamp() * 1000) == got[49].publish_timestamp()
         m5 = ids[5]
         assert ok(broker, "GET", f"{T}/{t}/ledger/{m5.ledger_id()}/entry/{m5.entry_id()}") == "m-5"
 

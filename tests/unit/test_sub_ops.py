@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 
 import pytest
 
 from bookie.config_file import ConfigError
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
+from topic_broker.admin import pulsar_date
 from topic_broker.cursor import Cursor
 from topic_broker.main import add_serve_arguments, config_from_args
 from topic_broker.managed_ledger import LedgerView, Position
@@ -123,3 +125,11 @@ def test_message_expiry_check_interval_flag() -> None:
     for bad in ("0", "-1"):
         with pytest.raises(ConfigError, match="--message-expiry-check-interval-s"):
             config("--message-expiry-check-interval-s", bad)
+
+
+def test_publish_time_header_is_written_as_pulsars_date_formatter() -> None:
+    # pulsar-admin reads X-Pulsar-publish-time with DateFormatter.parse (ISO 8601 with an offset)
+    assert pulsar_date(0) == "1970-01-01T00:00:00.000Z"
+    assert pulsar_date(1_764_357_300_042) == "2025-11-28T19:15:00.042Z"
+    back = datetime.datetime.fromisoformat(pulsar_date(1_764_357_300_042))
+    assert int(back.timestamp() * 1000) == 1_764_357_300_042
