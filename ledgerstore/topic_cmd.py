@@ -392,8 +392,17 @@ def _peek(args: argparse.Namespace) -> int:
 
 
 def _terminate(args: argparse.Namespace) -> int:
-    """pulsar-admin's ``topics terminate``: no more messages, ever; prints the last message id."""
+    """pulsar-admin's ``topics terminate`` (``partitioned-terminate`` for a partitioned topic: each partition):
+    no more messages, ever; prints the last message id (each partition's)."""
     path, full = topic_path(args.name)
+    if _partitions(args, path):
+        lasts = rest(args.url, "POST", f"{path}/terminate/partitions")
+        lines = [f"{full} terminated"]
+        lines += [
+            f"  partition {i}: last message id {m['ledgerId']}:{m['entryId']}" for i, m in lasts.items()
+        ]
+        emit(args, "\n".join(lines), {"topic": full, "lastMessageIds": lasts})
+        return 0
     last = rest(args.url, "POST", f"{path}/terminate")
     mid = f"{last['ledgerId']}:{last['entryId']}"
     emit(args, f"{full} terminated; its last message id is {mid}", {"topic": full, "lastMessageId": last})
@@ -1008,7 +1017,7 @@ def add_topic_commands(
     p = verb(
         "terminate", "take no more messages on a topic, ever (its consumers read it to the end)", _terminate
     )
-    p.add_argument("name", help="topic name (a partition's: a partitioned topic is refused)")
+    p.add_argument("name", help="topic name (a partitioned topic's: each partition)")
     p = verb("skip", "acknowledge a subscription's next N messages unread", _skip)
     p.add_argument("name", help="topic name (a partitioned topic's: each partition's subscription)")
     p.add_argument("-s", "--subscription", required=True, help="subscription name")

@@ -1204,13 +1204,23 @@ class AdminApp:
         """Pulsar's ``terminate``: the topic takes no more messages, on this owner or any later one (producers
         are refused with TopicTerminatedError); answers the last message id, ``{"ledgerId", "entryId",
         "partitionIndex"}`` (again, the same, when terminated already). 405 on a partitioned topic, as in Pulsar
-        (terminate each partition)."""
+        (:meth:`terminate_partitions` terminates them all)."""
         name = self._topic_name(request)
         if not name.is_partition and await self._partitions(name):
             raise AdminError(405, "Termination of a partitioned topic is not allowed")
         topic = await self._owned_topic(request, name)
         last = await topic.terminate()
         return _json(_message_id(last, name.partition_index))
+
+    async def terminate_partitions(self, request: web.Request) -> web.Response:
+        """Pulsar's ``partitioned-terminate``: :meth:`terminate` on each partition (on its owner); answers
+        ``{"<partition index>": MessageId}``. 405 on a topic that is not partitioned, as in Pulsar."""
+        name = self._topic_name(request)
+        if name.is_partition or not await self._partitions(name):
+            raise AdminError(405, "Termination of a non-partitioned topic is not allowed: use terminate")
+        results = await self._each_partition(name, "POST", "/terminate", request=request)
+        self._check_partition_results(results)
+        return _json({str(i): data for i, _status, data in sorted(results)})
 
     async def compaction_status(self, request: web.Request) -> web.Response:
         """The last compaction's status on this owner (``pulsar-admin topics compaction-status``): NOT_RUN,
@@ -1689,6 +1699,7 @@ class AdminApp:
         r.add_get(t + "/lastMessageId", self.last_message_id)
         r.add_put(t + "/unload", self.unload)
         r.add_post(t + "/terminate", self.terminate)
+        r.add_post(t + "/terminate/partitions", self.terminate_partitions)
         r.add_put(t + "/compaction", self.compaction_trigger)
         r.add_get(t + "/compaction", self.compaction_status)
         r.add_get(t + "/compactionThreshold", self.topic_compaction_threshold_get)

@@ -290,8 +290,19 @@ def test_terminate_ends_the_topic_on_this_owner_and_the_next(cluster: Brokers) -
         reader.close()
     got = json.loads(ledgerstore("topic", "terminate", t, "--url", web(b), "--json").stdout)
     assert got["lastMessageId"] == last
-    # refusals: a partitioned topic (terminate its partitions), a topic that does not exist
+    # a partitioned topic: each partition, through terminate/partitions (terminate alone is refused)
     ok(b, "PUT", f"{T}/{t}-p/partitions", 2)
     status, body, _ = call(b, "POST", f"{T}/{t}-p/terminate")
     assert status == 405 and "partitioned" in body["reason"]
+    with contextlib.closing(client(b)) as pc:
+        pc.create_producer(f"{full}-p", batching_enabled=False).send(b"x", partition_key="k")
+        got = json.loads(ledgerstore("topic", "terminate", f"{t}-p", "--url", web(b), "--json").stdout)
+        assert sorted(got["lastMessageIds"]) == ["0", "1"]
+        assert sorted(m["entryId"] for m in got["lastMessageIds"].values()) == [
+            -1,
+            0,
+        ]  # one message, one partition
+        with pytest.raises(pulsar.TopicTerminated):
+            pc.create_producer(f"{full}-p-partition-1")
+    assert call(b, "POST", f"{T}/{t}/terminate/partitions")[0] == 405  # not partitioned
     assert call(b, "POST", f"{T}/{t}-none/terminate")[0] == 404
