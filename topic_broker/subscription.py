@@ -538,6 +538,11 @@ class Subscription:
             if pos in self._owner or pos in self._replay:
                 self._ack_entry(pos)
                 out.acked.append(pos)
+        # an entry held back for delayed delivery goes too (a skip or expire-messages moving a Shared
+        # subscription past it): released later it was read again and delivered although acknowledged
+        for pos in [p for p in self._delayed if p < position or (whole and p == position)]:
+            del self._delayed[pos]
+            self._info.pop(pos, None)
         if whole:
             if position in self._owner or position in self._replay:
                 self._ack_entry(position)

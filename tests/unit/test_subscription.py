@@ -430,3 +430,31 @@ def test_exclusive_delivers_a_delayed_entry_at_once_and_a_seek_forgets_delays() 
     assert delivered(sh.on_read(read.epoch, entries, nxt, now_ms=0)) == []
     sh.reset((1, 0))
     assert sh.next_delivery_ms is None and sh.delayed_count == 0
+
+
+def read_at(sub: Subscription, log: FakeLog, reads: list[Command], now_ms: int) -> list[Command]:
+    """The first reads executed at ``now_ms`` (delayed delivery decides by it); what they answer."""
+    out: list[Command] = []
+    for c in reads:
+        assert isinstance(c, Read)
+        entries, nxt = log.read(c.start, c.max_entries)
+        out += sub.on_read(c.epoch, entries, nxt, now_ms=now_ms)
+    return out
+
+
+def test_a_cumulative_move_past_a_delayed_entry_forgets_it() -> None:
+    """A skip or expire-messages moves a Shared subscription's mark-delete past an entry held back for delayed
+    delivery: released at its time it must not be delivered (it is acknowledged)."""
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(4)
+    log.entries[0].deliver_at = 5_000
+    log.entries[3].deliver_at = 5_000
+    sub.add_consumer(1, "a")
+    assert [p for _, p, _ in delivered(run(sub, log, read_at(sub, log, sub.flow(1, 100), 1_000)))] == [
+        (1, 1),
+        (1, 2),
+    ]
+    assert sub.delayed_count == 2
+    assert delivered(run(sub, log, sub.ack_cumulative((1, 2)).commands)) == []
+    assert sub.delayed_count == 1  # (1, 3), after the new mark-delete, is still held
+    assert [p for _, p, _ in delivered(run(sub, log, sub.release_delayed(5_000)))] == [(1, 3)]
