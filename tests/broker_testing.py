@@ -6,7 +6,7 @@ tests/integration/conftest.py imports the fixtures; a test module imports ``Brok
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +105,40 @@ def topic_opening_commands(topic: str) -> list[Any]:
         T(type=T.PRODUCER, producer=pb.CommandProducer(topic=topic, producer_id=1, request_id=3)),
         T(type=T.SUBSCRIBE, subscribe=sub),
     ]
+
+
+@contextlib.contextmanager
+def in_process_broker(brokers: Brokers, **config: Any) -> Iterator[tuple[Any, Callable[[Any], Any]]]:
+    """A started ``BrokerService`` in this process (its event loop on a thread of its own) beside ``brokers``,
+    on their ZooKeeper and free ports, ``config`` its other ``BrokerConfig`` fields; yields it and ``run``, which
+    runs a coroutine on its loop and answers its result. Stopped at the end."""
+    import asyncio
+    import threading
+
+    from topic_broker.service import BrokerConfig, BrokerService
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def run(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
+
+    service = BrokerService(
+        BrokerConfig(
+            zk=brokers.bookies.zk,
+            zk_root=brokers.bookies.root,
+            port=free_port(),
+            http_port=free_port(),
+            **config,
+        )
+    )
+    try:
+        run(service.start())
+        try:
+            yield service, run
+        finally:
+            run(service.stop())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)

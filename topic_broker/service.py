@@ -1440,10 +1440,16 @@ class BrokerService:
         (:func:`compaction_due`); a partition is a topic of its own here, with its partitioned topic's policies."""
         assert self.meta is not None
         own: dict[str, TopicPolicies | None] = {}  # by base name: the partitions of one topic share them
+        # which topics have policies of their own, by one listing per namespace: most have none, and a read
+        # of each one's znode at every check cost ZooKeeper one request per topic served
+        listed: dict[tuple[str, str], set[str]] = {}
         for topic in self.served_topics():
+            ns = (topic.name.tenant, topic.name.namespace)
+            if ns not in listed:
+                listed[ns] = await self.meta.topics_with_policies(*ns)
             base = topic.name.base.ml_name
             if base not in own:
-                own[base] = await self.meta.get_topic_policies(base)
+                own[base] = await self.meta.get_topic_policies(base) if base in listed[ns] else None
             tp = own[base]
             threshold = compaction_threshold(
                 None if tp is None else tp.compaction_threshold,

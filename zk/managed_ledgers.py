@@ -698,6 +698,16 @@ class BrokerMetadataStore:
         v = await self.store.aget_optional(topic_policies_path(ml_name))
         return None if v is None else TopicPolicies.from_json(v.value)
 
+    async def topics_with_policies(self, tenant: str, namespace: str) -> set[str]:
+        """The managed-ledger names (base names) of the namespace's topics that have policies of their own, by one
+        listing: the compaction monitor reads the policies of those only, not one znode per topic served."""
+        parent = f"{TOPIC_POLICIES}/{layout.check_znode_name(tenant)}/{layout.check_znode_name(namespace)}/persistent"
+        try:
+            names = await self.store.achildren(parent)
+        except MetadataNotFoundError:
+            return set()
+        return {f"{tenant}/{namespace}/persistent/{n}" for n in names}
+
     async def set_topic_policies(self, ml_name: str, policies: TopicPolicies) -> None:
         """Stored; removed when none is set any more."""
         if policies.empty:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import Brokers, module_cluster
+from tests.broker_testing import Brokers, in_process_broker, module_cluster
 from tests.integration.test_broker_admin import ledgerstore
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_compaction import read_compacted, send_all, wait_for
@@ -190,3 +190,39 @@ def test_threshold_routes_answer_and_refuse(bp: BrokerProcess, ns: str) -> None:
     admin(bp, "DELETE", tpath(pt) + "/partitions")
     admin(bp, "PUT", tpath(pt) + "/partitions", 2)
     assert admin(bp, "GET", tpath(pt) + "/compactionThreshold") is None
+
+
+def test_the_monitor_reads_only_the_policies_of_topics_that_have_some(brokers: Brokers, ns: str) -> None:
+    """Each check lists which topics of a namespace have policies of their own (one request) and reads those
+    only: it read one znode per topic served at every check, most of them absent. The topic with a threshold
+    is still compacted by it, the others not. An in-process broker beside the module's, its reads counted."""
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+    from topic_broker.names import TopicName
+    from zk.managed_ledgers import TopicPolicies
+
+    # no tick, no monitor of its own: checked by hand below
+    with in_process_broker(brokers, tick_interval_s=3600.0, compaction_monitor_interval_s=3600.0) as (
+        service,
+        run,
+    ):
+        meta = service.meta
+        names = [TopicName.parse(f"persistent://{ns}/t{i}") for i in range(8)]
+        topics = [run(service.get_topic(n)) for n in names]
+        md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, partition_key="k")
+        for t in topics:
+            run(t.ml.append(wire.make_entry(md, b"v" * 100)))
+        run(meta.set_topic_policies(names[3].ml_name, TopicPolicies(compaction_threshold=10)))
+        reads: list[str] = []
+        read_policies = meta.get_topic_policies
+
+        async def counted(ml_name: str) -> Any:
+            reads.append(ml_name)
+            return await read_policies(ml_name)
+
+        meta.get_topic_policies = counted
+        run(service.check_compaction())
+        assert reads == [names[3].ml_name]
+        assert [t.compaction.status.value for t in topics].count("NOT_RUN") == 7
+        assert topics[3].compaction.status.value != "NOT_RUN"
+        wait_for("the compaction", lambda: topics[3].compaction.status.value == "SUCCESS")

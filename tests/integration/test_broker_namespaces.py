@@ -24,7 +24,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import Brokers, module_cluster, topic_opening_commands
+from tests.broker_testing import Brokers, in_process_broker, module_cluster, topic_opening_commands
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 from zk.acl import resolve_auth
@@ -436,84 +436,67 @@ def test_each_request_reads_its_namespace_policies_once(brokers: Brokers) -> Non
     """With --auth-required a lookup needs the namespace's existence and the role's permission, a producer
     the permission and the open; the admin its namespace check and the open: one read of the policies each
     (they were read twice). An in-process broker beside the module's, its reads of them counted."""
-    import asyncio
     import os
-    import threading
 
     from bookie.auth import create_token
-    from ledgerstore.cluster import free_port
     from topic_broker.admin import AdminServer
     from topic_broker.server import BrokerServer
-    from topic_broker.service import BrokerConfig, BrokerService
 
     secret = os.urandom(32)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    def run(coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
-
-    config = BrokerConfig(
-        zk=brokers.bookies.zk,
-        zk_root=brokers.bookies.root,
-        port=free_port(),
-        http_port=free_port(),
+    with in_process_broker(
+        brokers,
         tick_interval_s=3600.0,  # no policy refresh meanwhile
         auth_secret=secret,
         auth_required=True,
         superuser_roles=("admin",),
-    )
-    service = BrokerService(config)
-    server, http = BrokerServer(service), AdminServer(service)
-    run(service.start())
-    run(server.start())
-    run(http.start())
-    ns = unique("ns")
-    reads: list[str] = []
-    assert service.meta is not None
-    read_policies = service.meta.get_policies
+    ) as (service, run):
+        config = service.config
+        server, http = BrokerServer(service), AdminServer(service)
+        run(server.start())
+        run(http.start())
+        ns = unique("ns")
+        reads: list[str] = []
+        assert service.meta is not None
+        read_policies = service.meta.get_policies
 
-    async def counted(tenant: str, namespace: str) -> Any:
-        if namespace == ns:
-            reads.append(namespace)
-        return await read_policies(tenant, namespace)
+        async def counted(tenant: str, namespace: str) -> Any:
+            if namespace == ns:
+                reads.append(namespace)
+            return await read_policies(tenant, namespace)
 
-    service.meta.get_policies = counted  # type: ignore[method-assign]
+        service.meta.get_policies = counted  # type: ignore[method-assign]
 
-    def call(method: str, path: str, body: Any = None) -> int:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{config.http_port}{path}",
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={
-                "Authorization": f"Bearer {create_token(secret, 'admin')}",
-                "Content-Type": "application/json",
-            },
+        def call(method: str, path: str, body: Any = None) -> int:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{config.http_port}{path}",
+                data=None if body is None else json.dumps(body).encode(),
+                method=method,
+                headers={
+                    "Authorization": f"Bearer {create_token(secret, 'admin')}",
+                    "Content-Type": "application/json",
+                },
+            )
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return int(r.status)
+
+        c = pulsar.Client(
+            config.service_url,
+            authentication=pulsar.AuthenticationToken(create_token(secret, "app")),
+            operation_timeout_seconds=OPERATION_TIMEOUT_S,
         )
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return int(r.status)
-
-    c = pulsar.Client(
-        config.service_url,
-        authentication=pulsar.AuthenticationToken(create_token(secret, "app")),
-        operation_timeout_seconds=OPERATION_TIMEOUT_S,
-    )
-    try:
-        assert call("PUT", f"/admin/v2/namespaces/public/{ns}") == 204
-        assert call("POST", f"/admin/v2/namespaces/public/{ns}/permissions/app", ["produce"]) == 204
-        reads.clear()
-        c.create_producer(f"persistent://public/{ns}/t").send(b"x")  # PARTITIONED_METADATA, LOOKUP, PRODUCER
-        assert len(reads) == 3, reads
-        reads.clear()
-        assert call("PUT", f"/admin/v2/persistent/public/{ns}/u") == 204  # created, not open
-        reads.clear()
-        assert call("GET", f"/admin/v2/persistent/public/{ns}/u/stats") == 200  # check, then open
-        assert len(reads) == 1, reads
-    finally:
-        c.close()
-        run(http.stop())
-        run(server.stop())
-        run(service.stop())
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        try:
+            assert call("PUT", f"/admin/v2/namespaces/public/{ns}") == 204
+            assert call("POST", f"/admin/v2/namespaces/public/{ns}/permissions/app", ["produce"]) == 204
+            reads.clear()
+            # PARTITIONED_METADATA, LOOKUP, PRODUCER
+            c.create_producer(f"persistent://public/{ns}/t").send(b"x")
+            assert len(reads) == 3, reads
+            reads.clear()
+            assert call("PUT", f"/admin/v2/persistent/public/{ns}/u") == 204  # created, not open
+            reads.clear()
+            assert call("GET", f"/admin/v2/persistent/public/{ns}/u/stats") == 200  # check, then open
+            assert len(reads) == 1, reads
+        finally:
+            c.close()
+            run(http.stop())
+            run(server.stop())
