@@ -1183,6 +1183,16 @@ class Topic:
 # the service
 
 
+class TopicChecksFailedError(Exception):
+    """A periodic check of the topics served here (compaction thresholds, message TTLs) failed for some of them;
+    the others were checked."""
+
+    def __init__(self, failed: list[str]) -> None:
+        shown = "; ".join(failed[:5]) + (f"; and {len(failed) - 5} more" if len(failed) > 5 else "")
+        super().__init__(f"{len(failed)} topic(s) failed: {shown}")
+        self.failed = failed
+
+
 class BrokerService:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -1437,37 +1447,50 @@ class BrokerService:
 
     async def check_compaction(self) -> None:
         """Start a compaction of each topic served here whose backlog exceeds its compaction threshold
-        (:func:`compaction_due`); a partition is a topic of its own here, with its partitioned topic's policies."""
-        assert self.meta is not None
+        (:func:`compaction_due`); a partition is a topic of its own here, with its partitioned topic's policies.
+        A topic whose check fails (its policies unreadable) is passed over: the others are checked, and then
+        :class:`TopicChecksFailedError` names it."""
         own: dict[str, TopicPolicies | None] = {}  # by base name: the partitions of one topic share them
         # which topics have policies of their own, by one listing per namespace: most have none, and a read
         # of each one's znode at every check cost ZooKeeper one request per topic served
         listed: dict[tuple[str, str], set[str]] = {}
+        failed: list[str] = []
         for topic in self.served_topics():
-            ns = (topic.name.tenant, topic.name.namespace)
-            if ns not in listed:
-                listed[ns] = await self.meta.topics_with_policies(*ns)
-            base = topic.name.base.ml_name
-            if base not in own:
-                own[base] = await self.meta.get_topic_policies(base) if base in listed[ns] else None
-            tp = own[base]
-            threshold = compaction_threshold(
-                None if tp is None else tp.compaction_threshold,
-                topic.namespace_compaction_threshold,
-                self.config.compaction_threshold_bytes,
+            try:
+                await self._check_compaction_of(topic, own, listed)
+            except Exception as e:
+                failed.append(f"{topic.name}: {e}")
+        if failed:
+            raise TopicChecksFailedError(failed)
+
+    async def _check_compaction_of(
+        self, topic: Topic, own: dict[str, TopicPolicies | None], listed: dict[tuple[str, str], set[str]]
+    ) -> None:
+        assert self.meta is not None
+        ns = (topic.name.tenant, topic.name.namespace)
+        if ns not in listed:
+            listed[ns] = await self.meta.topics_with_policies(*ns)
+        base = topic.name.base.ml_name
+        if base not in own:
+            own[base] = await self.meta.get_topic_policies(base) if base in listed[ns] else None
+        tp = own[base]
+        threshold = compaction_threshold(
+            None if tp is None else tp.compaction_threshold,
+            topic.namespace_compaction_threshold,
+            self.config.compaction_threshold_bytes,
+        )
+        if threshold <= 0:
+            return
+        backlog = topic.compaction_backlog_bytes()
+        serving = not topic.unloaded and not topic.ml.closed
+        if compaction_due(threshold, backlog, running=topic.compaction.running, serving=serving):
+            log.info(
+                "topic=%s backlog of %d bytes exceeds its compaction threshold of %d: compacting",
+                topic.name,
+                backlog,
+                threshold,
             )
-            if threshold <= 0:
-                continue
-            backlog = topic.compaction_backlog_bytes()
-            serving = not topic.unloaded and not topic.ml.closed
-            if compaction_due(threshold, backlog, running=topic.compaction.running, serving=serving):
-                log.info(
-                    "topic=%s backlog of %d bytes exceeds its compaction threshold of %d: compacting",
-                    topic.name,
-                    backlog,
-                    threshold,
-                )
-                topic.compaction.trigger()
+            topic.compaction.trigger()
 
     async def _message_expiry_loop(self) -> None:
         """Every ``message_expiry_check_interval_s``: :meth:`check_message_expiry` (Pulsar's expiry monitor)."""
@@ -1479,23 +1502,31 @@ class BrokerService:
     async def check_message_expiry(self) -> None:
         """Each topic served here whose namespace sets a message TTL (``message_ttl_in_seconds`` over 0): every
         durable subscription but the compactor's acknowledges the messages published longer ago than that
-        (``sub_ops.expire_all``); the backlog shrinks, and retention then lets the ledgers go."""
+        (``sub_ops.expire_all``); the backlogs shrink, and retention then lets the ledgers go. A topic whose
+        check fails (its entries unreadable now) is passed over: the others are checked, and then
+        :class:`TopicChecksFailedError` names it."""
         assert self.meta is not None
         ttls: dict[tuple[str, str], int] = {}
+        failed: list[str] = []
         for topic in self.served_topics():
             ns = (topic.name.tenant, topic.name.namespace)
-            if ns not in ttls:
-                p = await self.meta.get_policies(*ns)
-                ttls[ns] = (p.message_ttl_in_seconds or 0) if p is not None else 0
-            if ttls[ns] <= 0 or topic.unloaded or topic.ml.closed:
-                continue
             try:
+                if ns not in ttls:
+                    p = await self.meta.get_policies(*ns)
+                    ttls[ns] = (p.message_ttl_in_seconds or 0) if p is not None else 0
+                if ttls[ns] <= 0 or topic.unloaded or topic.ml.closed:
+                    continue
                 moved = await sub_ops.expire_all(topic, ttls[ns], int(time.time() * 1000))
             except ManagedLedgerFencedError as e:
                 self.topic_lost(topic, str(e))
                 continue
+            except Exception as e:
+                failed.append(f"{topic.name}: {e}")
+                continue
             if moved:
                 log.info("topic=%s message TTL %d s: subscriptions %s expired", topic.name, ttls[ns], moved)
+        if failed:
+            raise TopicChecksFailedError(failed)
 
     async def refresh_policies(self) -> None:
         """Read the policies of every namespace with a topic served here and apply them (changes made through

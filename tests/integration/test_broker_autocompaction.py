@@ -2,12 +2,14 @@
 ``compactionThreshold`` set through the admin REST or ``ledgerstore namespace|topic set-compaction-threshold``,
 and a broker that compacts the topics it serves by itself once their backlog exceeds it, read back by the
 official ``pulsar-client`` with ``is_read_compacted=True``. One broker (monitor every 0.5 s) on 3 bookies is
-shared by the module; every test uses its own namespace and every wait is bounded."""
+shared by the module; every test uses its own namespace and every wait is bounded. The cost of a check and a
+check going on past a failing topic (the message TTL's too) are seen on an in-process broker beside it."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import urllib.error
 import uuid
 from collections.abc import Iterator
@@ -192,26 +194,34 @@ def test_threshold_routes_answer_and_refuse(bp: BrokerProcess, ns: str) -> None:
     assert admin(bp, "GET", tpath(pt) + "/compactionThreshold") is None
 
 
+def open_with_an_entry(service: Any, run: Any, ns: str, n: int) -> tuple[list[Any], list[Any]]:
+    """Topics ``t0``..``t{n-1}`` of ``ns`` opened on the in-process broker (served in that order), each with one
+    entry of 100 bytes published long ago (1970); their names and topics."""
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+    from topic_broker.names import TopicName
+
+    names = [TopicName.parse(f"persistent://{ns}/t{i}") for i in range(n)]
+    topics = [run(service.get_topic(name)) for name in names]
+    md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, partition_key="k")
+    for t in topics:
+        run(t.ml.append(wire.make_entry(md, b"v" * 100)))
+    return names, topics
+
+
+#: an in-process broker with no tick and no monitors of its own: the tests call the checks by hand
+QUIET = {"tick_interval_s": 3600.0, "compaction_monitor_interval_s": 3600.0}
+
+
 def test_the_monitor_reads_only_the_policies_of_topics_that_have_some(brokers: Brokers, ns: str) -> None:
     """Each check lists which topics of a namespace have policies of their own (one request) and reads those
     only: it read one znode per topic served at every check, most of them absent. The topic with a threshold
     is still compacted by it, the others not. An in-process broker beside the module's, its reads counted."""
-    from topic_broker import pulsar_api_pb2 as pb
-    from topic_broker import wire
-    from topic_broker.names import TopicName
     from zk.managed_ledgers import TopicPolicies
 
-    # no tick, no monitor of its own: checked by hand below
-    with in_process_broker(brokers, tick_interval_s=3600.0, compaction_monitor_interval_s=3600.0) as (
-        service,
-        run,
-    ):
+    with in_process_broker(brokers, **QUIET) as (service, run):
         meta = service.meta
-        names = [TopicName.parse(f"persistent://{ns}/t{i}") for i in range(8)]
-        topics = [run(service.get_topic(n)) for n in names]
-        md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, partition_key="k")
-        for t in topics:
-            run(t.ml.append(wire.make_entry(md, b"v" * 100)))
+        names, topics = open_with_an_entry(service, run, ns, 8)
         run(meta.set_topic_policies(names[3].ml_name, TopicPolicies(compaction_threshold=10)))
         reads: list[str] = []
         read_policies = meta.get_topic_policies
@@ -226,3 +236,41 @@ def test_the_monitor_reads_only_the_policies_of_topics_that_have_some(brokers: B
         assert [t.compaction.status.value for t in topics].count("NOT_RUN") == 7
         assert topics[3].compaction.status.value != "NOT_RUN"
         wait_for("the compaction", lambda: topics[3].compaction.status.value == "SUCCESS")
+
+
+def test_one_topic_failing_its_check_does_not_stop_the_others(
+    brokers: Brokers, bp: BrokerProcess, ns: str
+) -> None:
+    """The compaction and message-TTL checks go on past a topic whose check fails, and then name it: the first
+    failure ended the check, and every topic served after it went without compaction or TTL for as long as it
+    failed. Here the first topic's policies cannot be read (a negative threshold, written by another tool) and
+    its entries cannot be read (its bookies away)."""
+    from topic_broker.cursor import InitialPosition, ManagedCursor
+    from topic_broker.managed_ledger import ManagedLedgerError
+    from topic_broker.service import TopicChecksFailedError
+    from zk.managed_ledgers import TopicPolicies
+
+    admin(bp, "POST", f"/admin/v2/namespaces/{ns}/messageTTL", 1)
+    with in_process_broker(brokers, **QUIET) as (service, run):
+        names, topics = open_with_an_entry(service, run, ns, 2)
+        run(service.meta.set_topic_policies(names[0].ml_name, TopicPolicies(compaction_threshold=-5)))
+        run(service.meta.set_topic_policies(names[1].ml_name, TopicPolicies(compaction_threshold=10)))
+        with pytest.raises(Exception) as failure:
+            run(service.check_compaction())
+        assert topics[1].compaction.status.value != "NOT_RUN"  # checked after the one that failed
+        assert isinstance(failure.value, TopicChecksFailedError)
+        assert re.search(f"1 topic.*{names[0]}.*negative", str(failure.value))
+        wait_for("the compaction", lambda: topics[1].compaction.status.value == "SUCCESS")
+
+        subs = [run(ManagedCursor.open(t.ml, "s", InitialPosition.EARLIEST)) for t in topics]
+
+        async def unreadable(pos: Any) -> bytes:
+            raise ManagedLedgerError(f"read of {pos} failed: bookies away")
+
+        topics[0].ml.read_entry = unreadable
+        with pytest.raises(Exception) as failure:
+            run(service.check_message_expiry())
+        assert subs[1].mark_delete == topics[1].ml.last_confirmed_position()  # its entry expired
+        assert subs[0].mark_delete < topics[0].ml.last_confirmed_position()
+        assert isinstance(failure.value, TopicChecksFailedError)
+        assert re.search(f"1 topic.*{names[0]}.*bookies away", str(failure.value))
