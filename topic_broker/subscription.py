@@ -423,7 +423,8 @@ class Subscription:
         if epoch != self.epoch:
             return []
         self.reading = False
-        self.read_position = next_start
+        # (later than next_start when an acknowledgement moved it past the read meanwhile)
+        self.read_position = max(self.read_position, next_start)
         if (not entries) if at_end is None else at_end:
             self.caught_up = True
         if entries:  # size the next read by the batch size seen (Pulsar's avgMessagesPerEntry)
@@ -548,6 +549,8 @@ class Subscription:
                 self._ack_entry(position)
                 out.acked.append(position)
             out.mark_delete = position
+            # moved past what was read (a skip or expire-messages): read on after it, not through what it skipped
+            self.read_position = max(self.read_position, (position[0], position[1] + 1))
         else:
             done = self._batch_acks.get(position, 0) | ((1 << (batch_index + 1)) - 1)
             self._batch_acks[position] = done

@@ -458,3 +458,24 @@ def test_a_cumulative_move_past_a_delayed_entry_forgets_it() -> None:
     assert delivered(run(sub, log, sub.ack_cumulative((1, 2)).commands)) == []
     assert sub.delayed_count == 1  # (1, 3), after the new mark-delete, is still held
     assert [p for _, p, _ in delivered(run(sub, log, sub.release_delayed(5_000)))] == [(1, 3)]
+
+
+def test_a_cumulative_move_past_the_read_position_reads_on_from_there() -> None:
+    """A skip or expire-messages of a live subscription moves its mark-delete past what the dispatcher has read:
+    the next read starts after it (it read every skipped entry again, only to leave it out as acknowledged),
+    also when the move comes while a read is under way."""
+    sub = Subscription(SubType.EXCLUSIVE, read_position=(1, 0))
+    log = FakeLog(20)
+    sub.add_consumer(1, "a")
+    assert [p for _, p, _ in delivered(run(sub, log, sub.flow(1, 2)))] == [(1, 0), (1, 1)]
+    assert delivered(run(sub, log, sub.ack_cumulative((1, 6)).commands)) == []
+    assert sub.read_position == (1, 7)
+    assert [p for _, p, _ in delivered(run(sub, log, sub.flow(1, 3)))] == [(1, 7), (1, 8), (1, 9)]
+    (read,) = sub.flow(1, 2)  # a read under way from (1, 10) when the next move comes
+    assert isinstance(read, Read) and read.start == (1, 10)
+    sub.ack_cumulative((1, 14))
+    entries, nxt = log.read(read.start, read.max_entries)  # (1, 10), (1, 11): the runtime leaves them out
+    assert [p for _, p, _ in delivered(run(sub, log, sub.on_read(read.epoch, [], nxt, at_end=False)))] == [
+        (1, 15),
+        (1, 16),
+    ]
