@@ -388,6 +388,7 @@ class ManagedLedger:
         self._cache = EntryCache(config.entry_cache_bytes)
         #: (current ledger, its last entry acknowledged and handed to its callback): what read_cached serves up to
         self._added = (current.ledger_id, current.last_add_confirmed)
+        self._added_size = current.length  # bytes of the current ledger's entries acknowledged so far
         self._state = _OPEN
         self._fence_reason = ""
         self._submit_lock = asyncio.Lock()  # FIFO: appends are sent in call order; rollover holds it
@@ -594,6 +595,7 @@ class ManagedLedger:
                 put(ledger_id, entry_id, entry)
                 if ledger_id == self._added[0]:
                     self._added = (ledger_id, entry_id)
+                    self._added_size += len(entry)
                 callback(Position(ledger_id, entry_id), None)
             else:
                 callback(None, self._write_failed(ledger_id, error))
@@ -655,6 +657,7 @@ class ManagedLedger:
                 self._entry_messages[closed.ledger_id] = self._current_messages[: closed.entries]
             self._current = new
             self._added = (new.ledger_id, -1)
+            self._added_size = 0
             self._current_created_s = self._clock()
             self._current_entries = self._current_size = 0
             self._current_messages = array("I")
@@ -672,7 +675,13 @@ class ManagedLedger:
 
     async def _close_current(self) -> LedgerInfo:
         """Close the current ledger (after its pending appends); a ledger whose writes failed is closed by a
-        recovery open instead. Returns its closed record."""
+        recovery open instead. Returns its closed record.
+
+        The record of a ledger closed by recovery ends at the last entry acknowledged here, as a writer's close
+        does: the recovery may find entries after it (written to some bookies before an add failed), whose
+        appends were failed to their callers. A broker's producers send those again to the next ledger, so
+        counting them here stored their messages twice (deduplication had forgotten their sequence ids with the
+        failure, as Pulsar does)."""
         lh = self._current
         try:
             await lh.close()
@@ -691,6 +700,15 @@ class ManagedLedger:
                 ) from e2
             entries, size = rh.last_add_confirmed + 1, rh.length
             await rh.close()
+            if self._added[0] == lh.ledger_id and self._added[1] + 1 < entries:
+                log.warning(
+                    "ml=%s ledger=%d closed by recovery with entries %d-%d, which failed here: left out",
+                    self.name,
+                    lh.ledger_id,
+                    self._added[1] + 1,
+                    entries - 1,
+                )
+                entries, size = self._added[1] + 1, self._added_size
         return LedgerInfo(
             ledger_id=lh.ledger_id,
             entries=entries,
