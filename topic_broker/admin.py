@@ -296,6 +296,10 @@ async def _body_json(request: web.Request) -> Any:
         raise AdminError(400, f"the body is not JSON: {e}") from e
 
 
+async def _checked_movable(sub: str) -> None:
+    sub_ops.check_movable(sub)
+
+
 def _int_field(d: Mapping[str, Any], key: str, default: int) -> int:
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
@@ -1407,7 +1411,9 @@ class AdminApp:
     async def _move_cursor(self, topic: Topic, sub: str, pos: Position, *, disconnect: bool) -> None:
         """The subscription's next entry is ``pos``: a live one's dispatcher seeks there (its consumers
         disconnected with ``disconnect``); an idle one's stored cursor is reset, with no consumer opening it
-        meanwhile (its cursor would be the version before, whose next save would conflict and fence the topic)."""
+        meanwhile (its cursor would be the version before, whose next save would conflict and fence the topic).
+        The compactor's subscription is refused (405), as by skip and expire-messages."""
+        await self._on_subscription(sub, _checked_movable(sub))
         rt = topic.subscriptions.get(sub)
         if rt is None:
             async with topic._opening_subscription:
@@ -1480,6 +1486,10 @@ class AdminApp:
             raise AdminError(
                 405, f"{sub} is a reader's non-durable subscription: it has no stored position"
             ) from None
+        except sub_ops.ReservedSubscriptionError:
+            raise AdminError(
+                405, f"Subscription {sub} is reserved for topic compaction: only the compactor moves it"
+            ) from None
 
     @staticmethod
     def _count_in_path(request: web.Request, key: str, what: str, least: int) -> int:
@@ -1501,8 +1511,7 @@ class AdminApp:
             raise AdminError(405, "Peek messages on a partitioned topic is not allowed")
         topic = await self._owned_topic(request, name)
         sub = request.match_info["subscription"]
-        _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
-        pos = sub_ops.nth_unacked(topic.ml.view(), mc.cursor, n)
+        pos = await self._on_subscription(sub, sub_ops.peek(topic, sub, n))
         if pos is None:
             raise AdminError(404, "Message not found")
         return await self._message_response(topic, pos, None)

@@ -32,13 +32,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NotDurableError",
+    "ReservedSubscriptionError",
     "SubscriptionNotFoundError",
     "advance",
+    "check_movable",
     "entry_expired",
     "expire",
     "expire_all",
     "last_expired",
     "nth_unacked",
+    "peek",
     "skip",
     "skip_target",
     "subscription_cursor",
@@ -54,6 +57,18 @@ class SubscriptionNotFoundError(Exception):
 
 class NotDurableError(Exception):
     """A reader's (non-durable) subscription: it has no stored position to move."""
+
+
+class ReservedSubscriptionError(Exception):
+    """The compactor's subscription (``__compaction``): its mark-delete is the compaction horizon, which only the
+    compactor moves; moved by hand, the entries it passed over were never compacted, and once retention let their
+    ledgers go they were gone from the compacted view."""
+
+
+def check_movable(sub: str) -> None:
+    """Raises :class:`ReservedSubscriptionError` for the compactor's subscription."""
+    if sub == COMPACTION_SUBSCRIPTION:
+        raise ReservedSubscriptionError(sub)
 
 
 def _entries_upto(view: LedgerView, pos: Position) -> int:
@@ -122,7 +137,9 @@ async def last_expired(
 
 
 async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRuntime | None, ManagedCursor]:
-    """The live subscription (None when it has no dispatcher here) and its durable cursor, as stored now.
+    """The live subscription (None when it has no dispatcher here) and its durable cursor, as stored now (an
+    idle one opened and attached: the caller holds the topic's subscription-opening lock, or a consumer
+    subscribing meanwhile attaches its own first and this stale copy takes its place).
     Raises :class:`SubscriptionNotFoundError`, or :class:`NotDurableError` for a reader's subscription."""
     rt = topic.subscriptions.get(sub)
     if rt is not None:
@@ -137,6 +154,14 @@ async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRunti
         await attached.refresh()  # another writer may have moved it since
         return None, attached
     return None, await ManagedCursor.open(ml, sub, InitialPosition.LATEST)
+
+
+async def peek(topic: Topic, sub: str, n: int) -> Position | None:
+    """Pulsar's ``peekMessages``: the position of the subscription's ``n``-th unacknowledged entry
+    (:func:`nth_unacked`), None when it has fewer; moves nothing."""
+    async with topic._opening_subscription:
+        _rt, mc = await subscription_cursor(topic, sub)
+        return nth_unacked(topic.ml.view(), mc.cursor, n)
 
 
 async def advance(rt: SubscriptionRuntime | None, mc: ManagedCursor, mark_delete: Position) -> bool:
@@ -155,7 +180,8 @@ async def _move(
     topic: Topic, sub: str, target: Callable[[ManagedCursor], Awaitable[Position | None]]
 ) -> bool:
     """The subscription's mark-delete moved to ``target(cursor)`` (None: left alone), with no subscription
-    opening on the topic meanwhile; True when it moved."""
+    opening on the topic meanwhile; True when it moved. The compactor's is refused (:func:`check_movable`)."""
+    check_movable(sub)
     async with topic._opening_subscription:
         rt, mc = await subscription_cursor(topic, sub)
         found = await target(mc)
