@@ -1,0 +1,89 @@
+"""Peek (``…/subscription/{s}/position/{n}``) against a consumer subscribing to the same idle subscription at
+that moment, on an in-process broker (real ZooKeeper and bookies, the admin REST over HTTP), the interleaving
+held in place by a gate on the peek's reading of the stored cursor."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.request
+import uuid
+from typing import Any
+
+from tests.broker_testing import Brokers, in_process_broker
+
+
+def test_a_peek_racing_a_subscribe_leaves_the_consumers_cursor_attached(cluster: Brokers) -> None:
+    """Peek opened the idle subscription's stored cursor and attached it to the managed ledger, with no
+    subscription opening held off: a consumer subscribing meanwhile attached its own first, and the peek's
+    stale copy took its place. Retention and the backlog quota (the slowest mark-delete) then saw the copy's
+    mark-delete, not the consumer's acks, for as long as the consumer stayed."""
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+    from topic_broker.admin import AdminServer
+    from topic_broker.cursor import InitialPosition, ManagedCursor
+    from topic_broker.names import TopicName
+
+    with in_process_broker(cluster, tick_interval_s=3600.0) as (service, run):
+        http = AdminServer(service)
+        run(http.start())
+        try:
+            local = f"peek-{uuid.uuid4().hex[:8]}"
+            topic = run(service.get_topic(TopicName.parse(f"persistent://public/default/{local}")))
+            md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+            for _ in range(3):
+                run(topic.ml.append(wire.make_entry(md, b"v")))
+            run(ManagedCursor.open(topic.ml, "s", InitialPosition.EARLIEST))
+            topic.ml.detach_cursor("s")  # stored only, as a new owner finds it
+
+            async def running_loop() -> asyncio.AbstractEventLoop:
+                return asyncio.get_running_loop()
+
+            loop = run(running_loop())
+            store = topic.ml.store
+            read_cursor = store.get_cursor
+            at_gate, release = threading.Event(), asyncio.Event()
+            calls = [0]
+
+            async def gate(ml_name: str, sub: str) -> Any:
+                calls[0] += 1
+                if (
+                    calls[0] == 2
+                ):  # the peek's second read: opening the stored cursor, once it found none open
+                    at_gate.set()
+                    await release.wait()
+                return await read_cursor(ml_name, sub)
+
+            store.get_cursor = gate
+            url = f"http://127.0.0.1:{service.config.http_port}/admin/v2/persistent/public/default/{local}"
+            peeked: list[int] = []
+
+            def peek() -> None:
+                with urllib.request.urlopen(f"{url}/subscription/s/position/1", timeout=60) as r:
+                    peeked.append(r.status)
+
+            peeker = threading.Thread(target=peek)
+            peeker.start()
+            assert at_gate.wait(30)
+            cmd = pb.CommandSubscribe(
+                topic=str(topic.name), subscription="s", subType=pb.CommandSubscribe.Shared
+            )
+            subscribing = asyncio.run_coroutine_threadsafe(topic.subscription(cmd), loop)
+            deadline = time.monotonic() + 1.0  # a subscribe not held off by the peek is done by then
+            while not subscribing.done() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            loop.call_soon_threadsafe(release.set)
+            rt = subscribing.result(30)
+            peeker.join(30)
+            assert peeked == [200]
+            assert topic.ml.cursors["s"] is rt.cursor
+            last = topic.ml.last_confirmed_position()
+
+            async def ack_all() -> None:
+                rt.cursor.ack_cumulative(last)
+
+            run(ack_all())
+            assert topic.ml.slowest_mark_delete() == last
+        finally:
+            run(http.stop())
