@@ -94,6 +94,7 @@ log = logging.getLogger(__name__)
 #: The one cluster a ledgerstore deployment is (``/admin/v2/clusters``).
 CLUSTER_NAME = "ledgerstore"
 INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
@@ -229,8 +230,10 @@ def _threshold_from(body: Any) -> int:
     """A ``compactionThreshold`` body: bytes, a JSON integer of 0 (off) or more."""
     if isinstance(body, bool) or not isinstance(body, int):
         raise AdminError(400, f"expected the compaction threshold in bytes as a JSON integer, got {body!r}")
-    if body < 0:
-        raise AdminError(412, f"compactionThreshold must be 0 (off) or more bytes, got {body}")
+    if not 0 <= body <= INT64_MAX:  # Pulsar's Long
+        raise AdminError(
+            412, f"compactionThreshold must be 0 (off) or more bytes, at most {INT64_MAX}, got {body}"
+        )
     return body
 
 
@@ -647,8 +650,8 @@ class AdminApp:
         body = await _body_json(request)
         if isinstance(body, bool) or not isinstance(body, int):
             raise AdminError(400, f"expected the message TTL in seconds as a JSON integer, got {body!r}")
-        if body < 0:
-            raise AdminError(412, f"Invalid value for message TTL: {body}")
+        if not 0 <= body <= INT32_MAX:  # Pulsar's Integer
+            raise AdminError(412, f"Invalid value for message TTL: {body} (0 to {INT32_MAX} seconds)")
         return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=body))
 
     async def message_ttl_delete(self, request: web.Request) -> web.Response:

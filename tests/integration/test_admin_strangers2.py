@@ -5,6 +5,9 @@ call moves nothing. One broker on 3 bookies for the module."""
 from __future__ import annotations
 
 import contextlib
+import json
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +16,7 @@ import pytest
 
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import module_cluster
-from tests.integration.test_broker_admin import call, ok
+from tests.integration.test_broker_admin import call, ledgerstore, ok
 from tests.integration.test_broker_compaction import wait_for
 from tests.integration.test_broker_pulsar_client import client
 
@@ -72,3 +75,63 @@ def test_the_compactors_subscription_is_not_moved_by_hand(bp: BrokerProcess) -> 
         assert "reserved for topic compaction" in refused(bp, method, path, 405, body)
     assert mark_deletes(bp, t) == before
     assert call(bp, "GET", f"{sub}/position/1")[0] == 200
+
+
+@pytest.mark.parametrize("body", ["not json", "str", 1.5, [1], True, -1, 2**63, 10**30])
+def test_thresholds_refuse_what_is_not_a_long_of_0_or_more(bp: BrokerProcess, body: Any) -> None:
+    """The namespace's and a topic's ``compactionThreshold`` (Pulsar's Long): 400 for what is not a JSON integer,
+    412 for a negative one or one past 2**63 - 1 (accepted before: a value Pulsar's admin cannot read); the
+    threshold set before is kept."""
+    t = name()
+    ok(bp, "PUT", f"{T}/{t}")
+    for path in (f"{NS}/compactionThreshold", f"{T}/{t}/compactionThreshold"):
+        ok(bp, "POST", path, 1000)
+        status = 412 if isinstance(body, int) and not isinstance(body, bool) else 400
+        raw = body.encode() if body == "not json" else json.dumps(body).encode()
+        refused_raw(bp, path, raw, status)
+        assert ok(bp, "GET", path) == 1000
+    ok(bp, "POST", f"{T}/{t}/compactionThreshold", 2**63 - 1)
+    ok(bp, "DELETE", f"{NS}/compactionThreshold")
+
+
+@pytest.mark.parametrize("body", ["not json", 1.5, None, -1, 2**31, 2**63])
+def test_message_ttl_refuses_what_is_not_an_int_of_0_or_more(bp: BrokerProcess, body: Any) -> None:
+    """The namespace's ``messageTTL`` (Pulsar's Integer of seconds): 400 for what is not a JSON integer, 412
+    for a negative one or one past 2**31 - 1; the TTL set before is kept."""
+    path = f"{NS}/messageTTL"
+    ok(bp, "POST", path, 3600)
+    try:
+        status = 412 if isinstance(body, int) else 400
+        raw = body.encode() if body == "not json" else json.dumps(body).encode()
+        refused_raw(bp, path, raw, status)
+        assert ok(bp, "GET", path) == 3600
+    finally:
+        ok(bp, "DELETE", path)
+
+
+def refused_raw(bp: BrokerProcess, path: str, raw: bytes, status: int) -> str:
+    """The reason of a POST of the bytes ``raw`` that must be refused with ``status``."""
+    req = urllib.request.Request(f"http://127.0.0.1:{bp.http_port}{path}", data=raw, method="POST")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raise AssertionError(f"{path} {raw[:40]!r}: {r.status}, not refused")
+    except urllib.error.HTTPError as e:
+        got, text = e.code, e.read().decode()
+    assert got == status, (path, raw[:40], got, text)
+    data = json.loads(text)
+    assert isinstance(data, dict) and data.get("reason"), data
+    return str(data["reason"])
+
+
+def test_the_cli_says_in_one_line_that_a_threshold_or_ttl_is_too_large(bp: BrokerProcess) -> None:
+    url = f"http://127.0.0.1:{bp.http_port}"
+    for args in (
+        ("namespace", "set-compaction-threshold", "public/default", "--threshold", "99999999999t"),
+        ("namespace", "set-message-ttl", "public/default", "--ttl", str(2**31)),
+    ):
+        r = ledgerstore(*args, "--url", url)
+        assert r.returncode != 0, (args, r.returncode, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "412" in r.stderr, r.stderr
+    assert ok(bp, "GET", f"{NS}/compactionThreshold") is None
+    assert ok(bp, "GET", f"{NS}/messageTTL") is None
