@@ -145,6 +145,8 @@ async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRunti
     if rt is not None:
         if rt.cursor is None:
             raise NotDurableError(sub)
+        if not rt.consumers:
+            await rt.cursor.refresh()  # idle: another writer may have moved it (adopted, as a consumer would)
         return rt, rt.cursor
     ml = topic.ml
     if await ml.store.get_cursor(ml.name, sub) is None:
