@@ -129,8 +129,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(412, str(e))
     except NamespaceNotFoundError:  # a topic call raced the namespace's deletion
         return _error(404, NAMESPACE_NOT_FOUND)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as e:
+        if e.status < 400:  # a redirect to the topic's owner
+            raise
+        return _http_error(e)
     except zk.MetadataNotFoundError as e:
         return _error(404, str(e))
     except (zk.MetadataError, ManagedLedgerError) as e:
@@ -148,6 +150,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as e:
         log.exception("admin %s %s failed", request.method, request.path)
         return _error(500, f"internal error: {e}")
+
+
+def _http_error(e: web.HTTPException) -> web.Response:
+    """aiohttp's own refusals (no such route, a method the route does not take, a body past the size limit) with
+    Pulsar's ``{"reason"}`` body as every other refusal, not aiohttp's text ("404: Not Found")."""
+    reason = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        reason = f"{e.method} is not allowed here: {', '.join(sorted(e.allowed_methods))}"
+    response = _error(e.status, reason)
+    if "Allow" in e.headers:
+        response.headers["Allow"] = e.headers["Allow"]
+    return response
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -135,3 +135,48 @@ def test_the_cli_says_in_one_line_that_a_threshold_or_ttl_is_too_large(bp: Broke
         assert len(r.stderr.strip().splitlines()) == 1 and "412" in r.stderr, r.stderr
     assert ok(bp, "GET", f"{NS}/compactionThreshold") is None
     assert ok(bp, "GET", f"{NS}/messageTTL") is None
+
+
+def test_aiohttps_own_refusals_have_a_reason(bp: BrokerProcess) -> None:
+    """No such route (``position/`` with no number, a topic call missing ``subscription/``), a method the route
+    does not take, and a 50 MiB body: Pulsar's ``{"reason"}`` as every other refusal (aiohttp's text before)."""
+    t = name()
+    ok(bp, "PUT", f"{T}/{t}")
+    ok(bp, "PUT", f"{T}/{t}/subscription/s", "earliest")
+    refused(bp, "GET", f"{T}/{t}/subscription/s/position/", 404)
+    refused(bp, "POST", f"{T}/{t}/skip/1", 404)
+    assert "PUT is not allowed" in refused(bp, "PUT", f"{T}/{t}/subscription/s/skip/1", 405)
+    big = b"1" * (50 * 1024 * 1024)
+    assert "Maximum request body size" in refused_raw(bp, f"{NS}/messageTTL", big, 413)
+    assert "Maximum request body size" in refused_raw(bp, f"{T}/{t}/compactionThreshold", big, 413)
+    assert ok(bp, "GET", f"{NS}/messageTTL") is None
+    # still serving
+    assert call(bp, "GET", f"{T}/{t}/subscription/s/position/1")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("method", "tail", "status"),
+    [
+        ("GET", "position/0", 412),
+        ("GET", "position/-1", 412),
+        ("GET", f"position/{10**30}", 404),
+        ("GET", "position/1.5", 412),
+        ("POST", "skip/-5", 412),
+        ("POST", "skip/1e3", 412),
+        ("POST", "expireMessages/-1", 412),
+        ("POST", "expireMessages/abc", 412),
+    ],
+)
+def test_path_numbers_out_of_range_move_nothing(
+    bp: BrokerProcess, method: str, tail: str, status: int
+) -> None:
+    t = name()
+    ok(bp, "PUT", f"{T}/{t}")
+    ok(bp, "PUT", f"{T}/{t}/subscription/s", "earliest")
+    with contextlib.closing(client(bp)) as c:
+        producer = c.create_producer(f"persistent://public/default/{t}", batching_enabled=False)
+        for i in range(3):
+            producer.send(b"m%d" % i)
+    before = mark_deletes(bp, t)
+    refused(bp, method, f"{T}/{t}/subscription/s/{tail}", status)
+    assert mark_deletes(bp, t) == before
