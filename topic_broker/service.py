@@ -715,6 +715,8 @@ class SubscriptionRuntime:
 
     async def seek(self, position: Position) -> None:
         if self.cursor is not None:
+            if not self.consumers:  # idle: another writer may have moved it (reset on top of its write)
+                await self.cursor.refresh()
             await self.cursor.reset(position)
         self.mark_delete = self._before(position)
         self.execute(self.core.reset(position))
