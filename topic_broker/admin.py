@@ -937,9 +937,13 @@ class AdminApp:
 
     async def _policies_topic(self, request: web.Request) -> TopicName:
         """A topic-level policy's topic: the base name of a partitioned topic (whose policies are every
-        partition's, as in Pulsar), else an existing topic's name; 404 when neither exists."""
+        partition's, as in Pulsar), else an existing topic's name; 404 when neither exists, or for a partition
+        past the partitioned topic's count (which would have set the whole topic's policy)."""
         name = self._topic_name(request)
-        if await self._partitions(name.base):
+        partitions = await self._partitions(name.base)
+        if partitions:
+            if name.is_partition and name.partition_index >= partitions:
+                raise AdminError(404, f"Topic {name} not found: {name.base} has {partitions} partitions")
             return name.base
         if not await self._exists(name):
             raise AdminError(404, f"Topic {name} not found")

@@ -180,3 +180,31 @@ def test_path_numbers_out_of_range_move_nothing(
     before = mark_deletes(bp, t)
     refused(bp, method, f"{T}/{t}/subscription/s/{tail}", status)
     assert mark_deletes(bp, t) == before
+
+
+def test_a_partition_where_a_partitioned_topic_is_meant_and_the_other_way_round(bp: BrokerProcess) -> None:
+    """A partitioned topic of 2: peek and terminate refused on it (405), terminate/partitions on a partition
+    (405), a partition past the count 404 for every call and for its compactionThreshold (which set the whole
+    topic's threshold before), the topic's threshold unset after all of them."""
+    t = name()
+    ok(bp, "PUT", f"{T}/{t}/partitions", 2)
+    ok(bp, "PUT", f"{T}/{t}/subscription/s", "earliest")
+    assert "partitioned topic" in refused(bp, "GET", f"{T}/{t}/subscription/s/position/1", 405)
+    refused(bp, "POST", f"{T}/{t}/terminate", 405)
+    refused(bp, "POST", f"{T}/{t}-partition-0/terminate/partitions", 405)
+    past = f"{T}/{t}-partition-7"
+    for method, tail in [
+        ("GET", "/subscription/s/position/1"),
+        ("POST", "/subscription/s/skip/1"),
+        ("POST", "/subscription/s/expireMessages/1"),
+        ("POST", "/all_subscription/expireMessages/1"),
+        ("POST", "/terminate"),
+        ("GET", "/compactionThreshold"),
+        ("DELETE", "/compactionThreshold"),
+    ]:
+        refused(bp, method, past + tail, 404)
+    assert "has 2 partitions" in refused_raw(bp, f"{past}/compactionThreshold", b"5", 404)
+    assert ok(bp, "GET", f"{T}/{t}/compactionThreshold") is None
+    # a partition's is its topic's, as in Pulsar
+    ok(bp, "POST", f"{T}/{t}-partition-1/compactionThreshold", 5)
+    assert ok(bp, "GET", f"{T}/{t}/compactionThreshold") == 5
