@@ -58,7 +58,7 @@ from prometheus_client.core import Metric
 
 import zk
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from bookie.server_gate import HttpService, serve_http
+from bookie.server_gate import HTTP_IDLE_TIMEOUT_S, HttpService, serve_http
 from ledger_client import errors as LE
 from zk import layout
 from zk.managed_ledgers import (
@@ -303,8 +303,16 @@ _ACTIONS = ("produce", "consume")
 _QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
 
 
+#: A request body must arrive whole within this long (as a connection may idle): a client that announces a body
+#: and sends it slowly, or never, is answered 408 rather than holding its connection and handler for ever.
+BODY_TIMEOUT_S = HTTP_IDLE_TIMEOUT_S
+
+
 async def _body_json(request: web.Request) -> Any:
-    text = await request.text()
+    try:
+        text = await asyncio.wait_for(request.text(), BODY_TIMEOUT_S)
+    except TimeoutError:
+        raise AdminError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     if not text.strip():
         return None
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import module_cluster
+from tests.broker_testing import Brokers, in_process_broker, module_cluster
 from tests.integration.test_broker_admin import call, ledgerstore, ok
 from tests.integration.test_broker_compaction import wait_for
 from tests.integration.test_broker_pulsar_client import client
@@ -27,9 +29,14 @@ NS = "/admin/v2/namespaces/public/default"
 
 
 @pytest.fixture(scope="module")
-def bp(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
     with module_cluster(zk_server, tmp_path_factory.mktemp("strangers2")) as b:
-        yield b.procs[0]
+        yield b
+
+
+@pytest.fixture(scope="module")
+def bp(brokers: Brokers) -> BrokerProcess:
+    return brokers.procs[0]
 
 
 def name() -> str:
@@ -208,3 +215,50 @@ def test_a_partition_where_a_partitioned_topic_is_meant_and_the_other_way_round(
     # a partition's is its topic's, as in Pulsar
     ok(bp, "POST", f"{T}/{t}-partition-1/compactionThreshold", 5)
     assert ok(bp, "GET", f"{T}/{t}/compactionThreshold") == 5
+
+
+def test_a_body_sent_slowly_or_never_is_answered_408(
+    brokers: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stranger announcing a body and sending part of it (or none) is answered 408 once the body timeout is
+    past (30 s; 1 s here), its handler and connection not held for ever (it hung before); others served meanwhile,
+    and the namespace's TTL left alone."""
+    from topic_broker import admin
+
+    monkeypatch.setattr(admin, "BODY_TIMEOUT_S", 1.0)
+    with in_process_broker(brokers) as (service, run):
+        http = admin.AdminServer(service)
+        run(http.start())
+        try:
+            _slow_bodies(service.config.http_port)
+        finally:
+            run(http.stop())
+
+
+def _slow_bodies(port: int) -> None:
+    """Two strangers' bodies, one never sent and one cut short, each answered 408; the port serving meanwhile."""
+    head = (
+        f"POST {NS}/messageTTL HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 10\r\n\r\n"
+    )
+    slow = []
+    for part in (b"", b"12"):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(head.encode() + part)
+        slow.append(s)
+    assert (
+        json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{NS}/messageTTL", timeout=30).read())
+        is None
+    )
+    for s in slow:
+        with contextlib.closing(s):
+            s.settimeout(30)
+            started = time.monotonic()
+            answer = s.recv(4096).decode()
+            assert answer.startswith("HTTP/1.1 408"), answer
+            assert "did not arrive within 1 s" in answer
+            assert time.monotonic() - started < 20
+    assert (
+        json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{NS}/messageTTL", timeout=30).read())
+        is None
+    )
