@@ -324,12 +324,9 @@ def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, 
     end = sequence_id + max(num_messages, 1) - 1
     if end == sequence_id:
         return sequence_id
-    last = None
     try:
         md, payload = wire.parse_entry(entry, verify_checksum=False)
-        for single, _ in wire.iter_batch(md, payload):
-            if single is not None and single.HasField("sequence_id"):
-                last = single.sequence_id
+        last = wire.batch_last_sequence_id(md, payload) if md.HasField("num_messages_in_batch") else None
     except wire.EntryFormatError:
         return sequence_id
     return end if last == end else sequence_id

@@ -78,6 +78,7 @@ __all__ = [
     "get_schema_response",
     "get_topics_of_namespace_response",
     "iter_batch",
+    "batch_last_sequence_id",
     "lookup_response",
     "make_entry",
     "message",
@@ -947,6 +948,21 @@ def uncompressed_payload(metadata: pb.MessageMetadata, payload: bytes | bytearra
     return bytes(_uncompressed(metadata, payload))
 
 
+def batch_last_sequence_id(
+    metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview
+) -> int | None:
+    """The sequence id the batch's messages state last (the last message's, when each states one), None when
+    none does: what ``iter_batch`` would show. Read on the send path of every batch of a client that declares
+    only its first id, so one metadata object is reused and no payload is copied (half the CPU).
+    :class:`EntryFormatError` as ``iter_batch`` raises it."""
+    last = None
+    data = _uncompressed(metadata, payload)
+    for single, _at, _size in _batch_messages(metadata, data, pb.SingleMessageMetadata()):
+        if single.HasField("sequence_id"):
+            last = single.sequence_id
+    return last
+
+
 def iter_batch(
     metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview
 ) -> Iterator[tuple[pb.SingleMessageMetadata | None, bytes]]:
@@ -957,34 +973,45 @@ def iter_batch(
     if not metadata.HasField("num_messages_in_batch"):
         yield None, bytes(data)
         return
+    with memoryview(data) as view:
+        for single, at, size in _batch_messages(metadata, view, None):
+            yield single, bytes(view[at : at + size])
+
+
+def _batch_messages(
+    metadata: pb.MessageMetadata, data: bytes | bytearray | memoryview, reuse: pb.SingleMessageMetadata | None
+) -> Iterator[tuple[pb.SingleMessageMetadata, int, int]]:
+    """Each message of the (inflated) batch ``data``: its metadata (parsed into ``reuse`` when given, else into a
+    new object each) and the offset and size of its payload in ``data``. :class:`EntryFormatError` for a
+    negative count, and for sizes or metadata that overrun or cannot be read."""
     count = metadata.num_messages_in_batch
     if count < 0:
         raise EntryFormatError(f"num_messages_in_batch {count} is negative")
+    unpack = _U32.unpack_from
     with memoryview(data) as view:
         n = len(view)
         pos = 0
         for index in range(count):
             if n - pos < 4:
                 raise EntryFormatError(f"batch message {index} of {count}: truncated size field")
-            (meta_size,) = _U32.unpack_from(view, pos)
+            (meta_size,) = unpack(view, pos)
             pos += 4
             if meta_size > n - pos:
                 raise EntryFormatError(
                     f"batch message {index} of {count}: metadata size {meta_size} overruns"
                 )
-            single = pb.SingleMessageMetadata()
+            single = reuse if reuse is not None else pb.SingleMessageMetadata()
             try:
                 single.ParseFromString(view[pos : pos + meta_size])
             except DecodeError as e:
                 raise EntryFormatError(
                     f"batch message {index} of {count}: unparsable metadata: {e}"
                 ) from None
-            if not single.IsInitialized():
+            if not single.HasField("payload_size"):  # its one required field (IsInitialized costs more)
                 raise EntryFormatError(f"batch message {index} of {count}: metadata lacks payload_size")
             pos += meta_size
             size = single.payload_size
             if size < 0 or size > n - pos:
                 raise EntryFormatError(f"batch message {index} of {count}: payload size {size} overruns")
-            item = bytes(view[pos : pos + size])
+            yield single, pos, size
             pos += size
-            yield single, item

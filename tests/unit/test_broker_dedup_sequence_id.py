@@ -41,3 +41,37 @@ def test_a_declared_highest_id_wins_and_a_single_message_is_its_id() -> None:
 def test_a_batch_without_per_message_ids_or_unparsable_is_kept_by_its_first_id() -> None:
     assert dedup_sequence_id(10, None, 3, batch([10, 11, 12], with_ids=False)) == 10
     assert dedup_sequence_id(10, None, 3, b"\x00garbage") == 10
+
+
+def test_the_batch_walk_finds_what_iter_batch_shows() -> None:
+    """wire.batch_last_sequence_id (the send path's walk) against iter_batch: the last id stated, None when
+    none is, ZLIB inflated, and the same refusals of a batch that overruns."""
+    import zlib
+
+    import pytest
+
+    def last_by_iter(entry: bytes) -> int | None:
+        md, payload = wire.parse_entry(entry, verify_checksum=False)
+        ids = [
+            s.sequence_id
+            for s, _ in wire.iter_batch(md, payload)
+            if s is not None and s.HasField("sequence_id")
+        ]
+        return ids[-1] if ids else None
+
+    def walk(entry: bytes) -> int | None:
+        return wire.batch_last_sequence_id(*wire.parse_entry(entry, verify_checksum=False))
+
+    for entry in (batch([4, 5, 6]), batch([0, 2, 4, 5]), batch([9]), batch([1, 2], with_ids=False)):
+        assert walk(entry) == last_by_iter(entry)
+    assert walk(batch([3, 7, 8])) == 8 and walk(batch([1, 2], with_ids=False)) is None
+    md, payload = wire.parse_entry(batch([10, 11, 12]), verify_checksum=False)
+    md.compression = pb.ZLIB
+    md.uncompressed_size = len(payload)
+    assert wire.batch_last_sequence_id(md, zlib.compress(bytes(payload))) == 12
+    md, payload = wire.parse_entry(batch([1, 2, 3]), verify_checksum=False)
+    for cut in (len(payload) - 1, 2):  # a payload, a size field cut short
+        with pytest.raises(wire.EntryFormatError):
+            list(wire.iter_batch(md, payload[:cut]))
+        with pytest.raises(wire.EntryFormatError):
+            wire.batch_last_sequence_id(md, payload[:cut])
