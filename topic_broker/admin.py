@@ -313,6 +313,9 @@ async def _body_json(request: web.Request) -> Any:
         text = await asyncio.wait_for(request.text(), BODY_TIMEOUT_S)
     except TimeoutError:
         raise AdminError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+    except ConnectionResetError:  # the client went away first: nobody to answer, nothing to log but a line
+        log.info("admin %s %s: the client left before its body arrived", request.method, request.path)
+        raise AdminError(400, "the connection was lost before the body arrived") from None
     if not text.strip():
         return None
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import time
 import urllib.error
@@ -231,6 +232,30 @@ def test_a_body_sent_slowly_or_never_is_answered_408(
         run(http.start())
         try:
             _slow_bodies(service.config.http_port)
+        finally:
+            run(http.stop())
+
+
+def test_a_body_cut_off_logs_no_traceback(brokers: Brokers, caplog: pytest.LogCaptureFixture) -> None:
+    """A client gone before its body arrived whole: no traceback in the log (its ConnectionResetError was logged
+    as the admin's own failure, a 500 with a traceback), the port serving after."""
+    from topic_broker import admin
+
+    with in_process_broker(brokers) as (service, run):
+        http = admin.AdminServer(service)
+        run(http.start())
+        try:
+            port = service.config.http_port
+            head = f"POST {NS}/messageTTL HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            with caplog.at_level(logging.INFO):
+                for _ in range(2):
+                    with socket.create_connection(("127.0.0.1", port)) as s:
+                        s.sendall(f"{head}Content-Length: 10\r\n\r\n12".encode())
+                        time.sleep(0.5)  # the handler waits for the rest
+                url = f"http://127.0.0.1:{port}{NS}/messageTTL"
+                assert json.loads(urllib.request.urlopen(url, timeout=30).read()) is None
+            wait_for("the line", lambda: "left before its body arrived" in caplog.text)
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
         finally:
             run(http.stop())
 
