@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger("ledgerstore.bookie.server")
 
@@ -130,6 +131,22 @@ class _GatedHttpConnection(asyncio.Protocol):
             self.inner.resume_writing()
 
 
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger (``aiohttp.server``) with a request it could not parse (a malformed head, a body
+    not chunked as it says, a bad Content-Length) logged as one DEBUG line, as aiohttp logs non-HTTP traffic:
+    it logged each with its traceback at ERROR, so that a stranger sending junk in a loop flooded the log."""
+
+    def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            reason = " ".join(str(exc_info.message).split())
+            self.debug(f"{msg}: %s %s", *args, exc_info.code, reason)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+_SERVER_LOG = _ServerLog(logging.getLogger("aiohttp.server"), {})
+
+
 class HttpService:
     """An aiohttp application served on ``host:port`` behind the connection limits above; ``refused`` counts
     the connections closed on arrival."""
@@ -168,6 +185,7 @@ async def serve_http(
     **runner_kw: Any,
 ) -> HttpService:
     """Serve ``app`` (``runner_kw`` go to ``web.AppRunner``); ``name`` heads the refusal log lines."""
+    runner_kw.setdefault("logger", _SERVER_LOG)
     runner = web.AppRunner(app, keepalive_timeout=idle_timeout_s, **runner_kw)
     await runner.setup()
     handlers = runner.server

@@ -287,3 +287,35 @@ def _slow_bodies(port: int) -> None:
         json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{NS}/messageTTL", timeout=30).read())
         is None
     )
+
+
+def test_requests_the_http_parser_refuses_log_no_traceback(
+    brokers: Brokers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A body not chunked as its head says, a Content-Length that is not a number, a NUL in the path: 400 from
+    the HTTP parser, and no traceback in the log (aiohttp logged each at ERROR with its traceback)."""
+    from topic_broker import admin
+
+    with in_process_broker(brokers) as (service, run):
+        http = admin.AdminServer(service)
+        run(http.start())
+        try:
+            port = service.config.http_port
+            junk = [
+                f"POST {NS}/messageTTL HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n12\r\n",
+                f"POST {NS}/messageTTL HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                "GET /\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
+            ]
+            with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+                for request in junk:
+                    with socket.create_connection(("127.0.0.1", port)) as s:
+                        s.sendall(request.encode())
+                        s.settimeout(30)
+                        status_line = s.recv(4096).decode().split("\r\n")[0]
+                        assert status_line.endswith("400 Bad Request"), (request, status_line)
+                url = f"http://127.0.0.1:{port}{NS}/messageTTL"
+                assert json.loads(urllib.request.urlopen(url, timeout=30).read()) is None
+            wait_for("the lines", lambda: caplog.text.count("Error handling request") >= len(junk))
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
+        finally:
+            run(http.stop())
