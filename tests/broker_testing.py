@@ -142,3 +142,42 @@ def in_process_broker(brokers: Brokers, **config: Any) -> Iterator[tuple[Any, Ca
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+class CursorReadGate:
+    """The ``nth`` read of a stored cursor through ``store.get_cursor`` (a broker's metadata store) held on the
+    in-process broker's loop until released: a test holds one interleaving of two cursor openings in place so.
+    ``loop`` is that broker's event loop (``run`` runs a coroutine on it, as :func:`in_process_broker` yields)."""
+
+    def __init__(self, store: Any, run: Callable[[Any], Any], nth: int) -> None:
+        import asyncio
+        import threading
+
+        async def running_loop() -> asyncio.AbstractEventLoop:
+            return asyncio.get_running_loop()
+
+        self.loop = run(running_loop())
+        self.reached = threading.Event()
+        self._open = asyncio.Event()
+        self._store, self.read, self._nth, self._calls = store, store.get_cursor, nth, 0
+        store.get_cursor = self._gate
+
+    async def _gate(self, ml_name: str, sub: str) -> Any:
+        self._calls += 1
+        if self._calls == self._nth:
+            self.reached.set()
+            await self._open.wait()
+        return await self.read(ml_name, sub)
+
+    def release_after(self, other: Any, wait_s: float = 1.0) -> None:
+        """Lets the held read go once ``other`` (a concurrent future run meanwhile) is done, or after ``wait_s``
+        (it is held off by the gated operation then)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while not other.done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.loop.call_soon_threadsafe(self._open.set)
+
+    def remove(self) -> None:
+        self._store.get_cursor = self.read

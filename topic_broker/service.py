@@ -1057,24 +1057,27 @@ class Topic:
         await ml.refresh_cursors()
         names = {*ml.cursors, *(await self.service.stored_cursor_names(self))}
         names.discard(COMPACTION_SUBSCRIPTION)  # its mark-delete is the compaction horizon: never moved so
-        for name in sorted(names):
-            rt = self.subscriptions.get(name)
-            if rt is not None and rt.cursor is not None:
-                if rt.cursor.mark_delete < target:
+        # An idle subscription's stored cursor is opened (or its attached one refreshed) and reset with no consumer
+        # subscribing to it meanwhile: that consumer would open the version before the reset, and its next save
+        # would conflict with the reset's and fence the topic (as for skip, expire and reset-cursor).
+        async with self._opening_subscription:
+            for name in sorted(names):
+                rt = self.subscriptions.get(name)
+                if rt is None:
+                    try:
+                        _rt, mc = await sub_ops.subscription_cursor(self, name)
+                    except sub_ops.SubscriptionNotFoundError:
+                        continue  # deleted since it was listed
+                    if mc.mark_delete < target:
+                        log.warning(
+                            "topic=%s subscription=%s backlog evicted up to %s", self.name, name, target
+                        )
+                        await mc.reset(start)
+                        self.service.metrics.quota_evictions += 1
+                elif rt.cursor is not None and rt.cursor.mark_delete < target:  # a reader's holds no backlog
                     log.warning("topic=%s subscription=%s backlog evicted up to %s", self.name, name, target)
                     await rt.seek(start)
                     self.service.metrics.quota_evictions += 1
-                continue
-            if rt is not None:
-                continue  # a reader (non-durable) holds no backlog
-            hook = ml.cursors.get(name)
-            mc = hook if isinstance(hook, ManagedCursor) else None
-            if mc is None:
-                mc = await ManagedCursor.open(ml, name, InitialPosition.LATEST)
-            if mc.mark_delete < target:
-                log.warning("topic=%s subscription=%s backlog evicted up to %s", self.name, name, target)
-                await mc.reset(start)
-                self.service.metrics.quota_evictions += 1
 
     # -- subscriptions --------------------------------------------------------------------------------------
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import urllib.request
 import uuid
-from typing import Any
 
-from tests.broker_testing import Brokers, in_process_broker
+from tests.broker_testing import Brokers, CursorReadGate, in_process_broker
 
 
 def test_a_peek_racing_a_subscribe_leaves_the_consumers_cursor_attached(cluster: Brokers) -> None:
@@ -37,25 +35,7 @@ def test_a_peek_racing_a_subscribe_leaves_the_consumers_cursor_attached(cluster:
             run(ManagedCursor.open(topic.ml, "s", InitialPosition.EARLIEST))
             topic.ml.detach_cursor("s")  # stored only, as a new owner finds it
 
-            async def running_loop() -> asyncio.AbstractEventLoop:
-                return asyncio.get_running_loop()
-
-            loop = run(running_loop())
-            store = topic.ml.store
-            read_cursor = store.get_cursor
-            at_gate, release = threading.Event(), asyncio.Event()
-            calls = [0]
-
-            async def gate(ml_name: str, sub: str) -> Any:
-                calls[0] += 1
-                if (
-                    calls[0] == 2
-                ):  # the peek's second read: opening the stored cursor, once it found none open
-                    at_gate.set()
-                    await release.wait()
-                return await read_cursor(ml_name, sub)
-
-            store.get_cursor = gate
+            gate = CursorReadGate(topic.ml.store, run, 2)  # the peek's read opening the stored cursor
             url = f"http://127.0.0.1:{service.config.http_port}/admin/v2/persistent/public/default/{local}"
             peeked: list[int] = []
 
@@ -65,15 +45,12 @@ def test_a_peek_racing_a_subscribe_leaves_the_consumers_cursor_attached(cluster:
 
             peeker = threading.Thread(target=peek)
             peeker.start()
-            assert at_gate.wait(30)
+            assert gate.reached.wait(30)
             cmd = pb.CommandSubscribe(
                 topic=str(topic.name), subscription="s", subType=pb.CommandSubscribe.Shared
             )
-            subscribing = asyncio.run_coroutine_threadsafe(topic.subscription(cmd), loop)
-            deadline = time.monotonic() + 1.0  # a subscribe not held off by the peek is done by then
-            while not subscribing.done() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            loop.call_soon_threadsafe(release.set)
+            subscribing = asyncio.run_coroutine_threadsafe(topic.subscription(cmd), gate.loop)
+            gate.release_after(subscribing)  # a subscribe not held off by the peek is done by then
             rt = subscribing.result(30)
             peeker.join(30)
             assert peeked == [200]
