@@ -119,6 +119,9 @@ DEFAULT_COMPACTION_THRESHOLD_BYTES = 0
 DEFAULT_COMPACTION_MONITOR_INTERVAL_S = 60.0
 #: Pulsar's ``messageExpiryCheckIntervalInMinutes`` (5): how often an owner applies its namespaces' message TTL
 DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S = 300.0
+#: A topic opened again right after this broker stopped serving it waits up to this long for the old instance's
+#: close (BrokerService.get_topic)
+CLOSE_WAIT_S = 10.0
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
 SCHEMA_NONE = 0
@@ -1208,6 +1211,8 @@ class BrokerService:
         self.meta: BrokerMetadataStore | None = None
         self.metrics = BrokerMetrics()
         self.topics: dict[str, asyncio.Future[Topic]] = {}
+        #: topics no longer served whose close (their ledger list's last write) is under way, by name
+        self._closing: dict[str, asyncio.Task[None]] = {}
         self.sessions: set[Session] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._producer_names = itertools.count()
@@ -1596,6 +1601,13 @@ class BrokerService:
         namespace's policies when the caller has just read them (an open reads them otherwise)."""
         key = str(name)
         fut = self.topics.get(key)
+        while fut is None and (closing := self._closing.get(key)) is not None:
+            # the instance unloaded a moment ago writes its ledger list as it closes: opened meanwhile, this one
+            # would read the version before and its first write (a rollover, a terminate) conflict and fence it
+            await asyncio.wait({closing}, timeout=CLOSE_WAIT_S)
+            if not closing.done():
+                break  # a close stuck (its bookies away): open anyway, as before
+            fut = self.topics.get(key)
         if fut is None:
             if self.bookie_supply.short:  # its new ledger could not be created: said at once, nothing written
                 raise BookiesShortError(self.bookie_supply.refusal())
@@ -1664,7 +1676,13 @@ class BrokerService:
         if fut is not None and fut.done() and not fut.exception() and fut.result() is topic:
             del self.topics[key]
         self._disconnect_clients(topic)
-        self.spawn(self._close_topic(topic))
+        closing = self._closing[key] = self.spawn(self._close_topic(topic))
+
+        def closed(task: asyncio.Task[None]) -> None:
+            if self._closing.get(key) is task:
+                del self._closing[key]
+
+        closing.add_done_callback(closed)
 
     def _disconnect_clients(self, topic: Topic) -> None:
         while topic.waiting:  # queued WaitForExclusive producers retry (lookup, then the new owner)
