@@ -89,16 +89,25 @@ class ConnectionGate:
 HTTP_CONNECTIONS_MAX = 512
 HTTP_CONNECTIONS_PER_PEER_MAX = 64
 HTTP_IDLE_TIMEOUT_S = 30.0
+#: A connection whose answer the client has not read any of for this long (its send buffer full all that while)
+#: is closed: a stranger that asks for a large answer (a peeked message) and never reads held its connection, and
+#: the handler writing to it, for ever.
+HTTP_WRITE_STALL_S = HTTP_IDLE_TIMEOUT_S
 
 
 class _GatedHttpConnection(asyncio.Protocol):
     """aiohttp's handler for one connection, behind the gate: refused ones never reach it."""
 
-    def __init__(self, gate: ConnectionGate, handler: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self, gate: ConnectionGate, handler: Callable[[], asyncio.Protocol], write_stall_s: float
+    ) -> None:
         self.gate = gate
         self._handler = handler
         self.inner: asyncio.Protocol | None = None  # the handler, once admitted
         self.host = "?"
+        self._write_stall_s = write_stall_s
+        self._transport: asyncio.Transport | None = None
+        self._stalled: asyncio.TimerHandle | None = None  # closes the connection unless writing resumes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -107,10 +116,12 @@ class _GatedHttpConnection(asyncio.Protocol):
             cast(asyncio.Transport, transport).abort()
             return
         self.host = host
+        self._transport = cast(asyncio.Transport, transport)
         self.inner = self._handler()
         self.inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_stall()
         if self.inner is not None:
             self.gate.release(self.host)
             self.inner.connection_lost(exc)
@@ -125,10 +136,24 @@ class _GatedHttpConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.inner is not None:
             self.inner.pause_writing()
+            self._cancel_stall()
+            self._stalled = asyncio.get_running_loop().call_later(self._write_stall_s, self._abort_stalled)
 
     def resume_writing(self) -> None:
+        self._cancel_stall()
         if self.inner is not None:
             self.inner.resume_writing()
+
+    def _cancel_stall(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _abort_stalled(self) -> None:
+        self._stalled = None
+        log.debug("admin HTTP: closing the connection of %s, which read none of its answer", self.host)
+        if self._transport is not None:
+            self._transport.abort()
 
 
 class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -182,9 +207,12 @@ async def serve_http(
     connections_max: int = HTTP_CONNECTIONS_MAX,
     per_peer_max: int = HTTP_CONNECTIONS_PER_PEER_MAX,
     idle_timeout_s: float = HTTP_IDLE_TIMEOUT_S,
+    write_stall_s: float | None = None,
     **runner_kw: Any,
 ) -> HttpService:
-    """Serve ``app`` (``runner_kw`` go to ``web.AppRunner``); ``name`` heads the refusal log lines."""
+    """Serve ``app`` (``runner_kw`` go to ``web.AppRunner``); ``name`` heads the refusal log lines.
+    ``write_stall_s``: :data:`HTTP_WRITE_STALL_S` when None."""
+    stall_s = HTTP_WRITE_STALL_S if write_stall_s is None else write_stall_s
     runner_kw.setdefault("logger", _SERVER_LOG)
     runner = web.AppRunner(app, keepalive_timeout=idle_timeout_s, **runner_kw)
     await runner.setup()
@@ -194,7 +222,7 @@ async def serve_http(
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(
-            lambda: _GatedHttpConnection(gate, handlers), host, port, reuse_address=True
+            lambda: _GatedHttpConnection(gate, handlers, stall_s), host, port, reuse_address=True
         )
     except BaseException:
         await runner.cleanup()

@@ -342,3 +342,53 @@ def test_terminate_and_unload_at_once_answer_no_500(bp: BrokerProcess) -> None:
             last = {json.dumps(d, sort_keys=True) for s, d, _h in answers if s == 200}
             assert len(last) == 1, last
             assert ok(bp, "GET", f"{T}/{t}/internalStats")["state"] == "Terminated"
+
+
+def test_a_client_that_reads_none_of_a_large_answer_is_closed(
+    brokers: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stranger asking for a 4 MiB peeked message and reading none of it: its connection is closed once
+    writing has been stalled for the stall timeout (30 s; 1 s here), not held with its handler for ever (it
+    was still open after 45 s); it reads less than the message after."""
+    from bookie import server_gate
+    from topic_broker import admin, wire
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker.names import TopicName
+
+    monkeypatch.setattr(server_gate, "HTTP_WRITE_STALL_S", 1.0)
+    with in_process_broker(brokers) as (service, run):
+        http = admin.AdminServer(service)
+        run(http.start())
+        try:
+            port = service.config.http_port
+            t = name()
+            topic = run(service.get_topic(TopicName.parse(f"persistent://public/default/{t}")))
+            size = 4 * 1024 * 1024
+            md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+            run(topic.ml.append(wire.make_entry(md, b"x" * size)))
+            assert call_port(port, "PUT", f"{T}/{t}/subscription/s", b'"earliest"') == 204
+            s = socket.socket()
+            with contextlib.closing(s):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", port))
+                s.sendall(f"GET {T}/{t}/subscription/s/position/1 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                time.sleep(4)  # reading nothing, well past the stall timeout
+                s.settimeout(20)
+                got = 0
+                with contextlib.suppress(ConnectionResetError):
+                    while chunk := s.recv(1 << 20):
+                        got += len(chunk)
+                assert got < size, got
+            assert call_port(port, "GET", f"{NS}/messageTTL") == 200
+        finally:
+            run(http.stop())
+
+
+def call_port(port: int, method: str, path: str, body: bytes | None = None) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return e.code
