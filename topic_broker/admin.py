@@ -303,6 +303,11 @@ _ACTIONS = ("produce", "consume")
 _QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
 
 
+#: Connections the calls on a partitioned topic's partitions (``_each_partition``) open to one broker at most, the
+#: others waiting their turn: well under the admin port's cap from one address (64, bookie/server_gate.py), which
+#: refused this broker's own calls beyond it (a topic of 100 partitions: 500 "Connection reset by peer").
+FAN_OUT_CONNECTIONS = 16
+
 #: A request body must arrive whole within this long (as a connection may idle): a client that announces a body
 #: and sends it slowly, or never, is answered 408 rather than holding its connection and handler for ever.
 BODY_TIMEOUT_S = HTTP_IDLE_TIMEOUT_S
@@ -363,7 +368,10 @@ class AdminApp:
 
     def http(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=60),
+                connector=aiohttp.TCPConnector(limit_per_host=FAN_OUT_CONNECTIONS),
+            )
         return self._http
 
     async def close(self) -> None:
