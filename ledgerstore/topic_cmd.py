@@ -643,9 +643,22 @@ def _exit_now(status: int, log_file: Any) -> None:
     os._exit(status)
 
 
-def _close(client: Any) -> None:
+#: The longest a command waits at once on pulsar-client's calls, so that Ctrl-C is seen at once (_within).
+JOIN_SLICE_S = 0.1
+#: How long a command given up (Ctrl-C, --timeout-s) waits for pulsar-client's close before it ends anyway.
+LET_GO_CLOSE_WAIT_S = 2.0
+#: The clients :func:`_let_go` closes in a thread of their own: :func:`_close` leaves them to it.
+_let_go_clients: set[int] = set()
+
+
+def _close_client(client: Any) -> None:
     with contextlib.suppress(Exception):  # AlreadyClosed when _within closed it
         client.close()
+
+
+def _close(client: Any) -> None:
+    if id(client) not in _let_go_clients:
+        _close_client(client)
 
 
 @contextlib.contextmanager
@@ -674,7 +687,15 @@ def _let_go(args: argparse.Namespace, client: Any, status: int) -> None:
     ``status`` as soon as the command has returned and printed its line (atexit), before the interpreter's
     teardown, which aborts (or crashes, with send_async callbacks pending) after a client closed in the middle of
     its work. (Closing does not always end the call: waiting for it made --timeout-s 3 take 10 s.)"""
-    _close(client)  # (a second Ctrl-C path may find it closed already)
+    # Closing can itself wait on the call it interrupts (a subscribe the broker keeps answering "retry"): it runs
+    # in a thread of its own, waited for a moment only, so that the command ends all the same; the paths the
+    # interrupt goes on through (a second _let_go, a `finally: _close`) leave the client to that thread.
+    if id(client) in _let_go_clients:
+        return
+    _let_go_clients.add(id(client))
+    closing = threading.Thread(target=_close_client, args=(client,), name="close", daemon=True)
+    closing.start()
+    closing.join(LET_GO_CLOSE_WAIT_S)
     atexit.register(_exit_now, status, getattr(args, "pulsar_log", None))
 
 
@@ -692,8 +713,13 @@ def _within(args: argparse.Namespace, client: Any, what: str, call: Callable[[],
 
     t = threading.Thread(target=run, name=what, daemon=True)
     t.start()
+    deadline = time.monotonic() + args.timeout_s
     try:
-        t.join(args.timeout_s)
+        # In short waits: the kernel may hand Ctrl-C to one of pulsar-client's threads, and Python runs its
+        # handler (KeyboardInterrupt) only once this thread comes back from a wait; one long join held it for
+        # all of --timeout-s.
+        while t.is_alive() and (left := deadline - time.monotonic()) > 0:
+            t.join(min(left, JOIN_SLICE_S))
     except KeyboardInterrupt:  # Ctrl-C before the answer
         _let_go(args, client, EXIT_INTERRUPTED)
         raise

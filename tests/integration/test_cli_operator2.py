@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,11 +159,25 @@ def test_topic_consume_interrupted_while_it_subscribes_exits_130_at_once_and_a_t
                 out
             )
         # and a call given up after --timeout-s ends then, not some 5 s later still waiting for the closed client
+        # (timed from the client's first line: the interpreter's start on a busy machine is not the command's)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "ledgerstore.cli", "topic", "produce", "t", "-v"]
+            + ["--service-url", broker.service_url, "--timeout-s", "8"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert p.stdout is not None
+        seen = []
+        for line in p.stdout:
+            seen.append(line)
+            if "Getting connection from pool" in line:
+                break
         t0 = time.monotonic()
-        r = _ls("topic", "produce", "t", "--service-url", broker.service_url, "--timeout-s", "8", timeout=60)
+        out = "".join(seen) + p.communicate(timeout=60)[0]
         took = time.monotonic() - t0
-        assert r.returncode == cli.EXIT_UNAVAILABLE and "no answer within 8s" in r.stderr, r.stderr
-        assert took < 8 + 4, took  # (the interpreter's and pulsar-client's start included)
+        assert p.returncode == cli.EXIT_UNAVAILABLE and "no answer within 8s" in out, out[-3000:]
+        assert took < 8 + 3, took
     finally:
         broker.kill9()
 
@@ -226,6 +241,19 @@ def test_cluster_status_names_a_bookie_that_is_running_but_not_answering(tmp_pat
         assert d.returncode == 0, d.stdout + d.stderr
 
 
+def _before_any_code_of_ours(err: str) -> bool:
+    """A KeyboardInterrupt that Python reported from its own start (a fatal error while it sets itself up, or a
+    traceback through the console script's first import whose frames are the interpreter's only): there is no
+    code of ours yet to take Ctrl-C."""
+    if "KeyboardInterrupt" not in err:
+        return False
+    if err.startswith("Fatal Python error: init_"):
+        return True
+    repo = str(Path(cli.__file__).resolve().parents[1]) + "/"
+    frames = re.findall(r'File "([^"]+)"', err)
+    return err.startswith("Traceback") and not any(f.startswith(repo) and "/.venv/" not in f for f in frames)
+
+
 def test_ctrl_c_while_the_command_is_still_starting_ends_it_without_a_traceback() -> None:
     """Ctrl-C in the first tenths of a second, while the command imports its modules, printed Python's
     KeyboardInterrupt traceback; it ends quietly now (by SIGINT, or 130 once the command runs)."""
@@ -241,6 +269,8 @@ def test_ctrl_c_while_the_command_is_still_starting_ends_it_without_a_traceback(
         time.sleep(after_s)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
+        if p.returncode == 1 and _before_any_code_of_ours(err):
+            continue  # (a busy machine) it came while the interpreter itself started, before any code of ours
         assert p.returncode in (cli.EXIT_INTERRUPTED, -signal.SIGINT), (after_s, p.returncode, err)
         assert "Traceback" not in err, (after_s, err)
 
