@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ledgerstore import __version__
+from ledgerstore import __version__, started
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_ZK_ROOT = "/ledgerstore"
@@ -943,6 +943,7 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started()
     raw = list(sys.argv[1:] if argv is None else argv)
     before_dashes = raw[: raw.index("--")] if "--" in raw else raw
     json_output = "--json" in before_dashes
