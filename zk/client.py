@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import ConnectionLoss
+from kazoo.protocol.states import KeeperState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL
@@ -72,7 +74,30 @@ SUPPORTED_FORMAT_VERSIONS = frozenset({1})
 MAX_BODY_BYTES = 1_000_000
 DEFAULT_UPDATE_RETRIES = 100
 
+#: At most this many requests wait in kazoo's queue while the session is not connected; more are refused at once
+#: (ConnectionLoss). kazoo wakes its connection thread with one byte per request on a socket pair that it reads only
+#: while connected, and that pair holds about 270 such bytes: past them every call blocked in ``send`` until
+#: ZooKeeper came back, beyond ``request_timeout_s``, and a process asked to stop waited for ever.
+WAITING_REQUESTS_MAX = 128
+
 _R = TypeVar("_R")
+_SERVING_STATES = (KeeperState.CONNECTED, KeeperState.CONNECTED_RO)
+
+
+def _bound_waiting_requests(client: KazooClient) -> None:
+    """Refuse a request at once (kazoo's own way: the exception set on its async result) when the session is not
+    connected and :data:`WAITING_REQUESTS_MAX` requests already wait for it."""
+    call = client._call
+
+    def bounded_call(request: Any, async_object: Any) -> Any:
+        if client._state not in _SERVING_STATES and len(client._queue) >= WAITING_REQUESTS_MAX:
+            async_object.set_exception(
+                ConnectionLoss(f"ZooKeeper is away and {len(client._queue)} requests already wait for it")
+            )
+            return False
+        return call(request, async_object)
+
+    client._call = bounded_call
 
 
 def encode_body(value: Mapping[str, Any]) -> bytes:
@@ -281,6 +306,7 @@ class MetadataStore(CompareAndSetUpdate):
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
             logger=KAZOO_LOG,
         )
+        _bound_waiting_requests(client)
         try:
             client.start(timeout=timeout_s)
         except Exception as e:
