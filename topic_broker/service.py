@@ -35,7 +35,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -1223,9 +1223,7 @@ class BrokerService:
         self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
-        self._compaction_check_failing = RateLimitedLog(log, LOG_EVERY_S)
         self._expiry_monitor: asyncio.Task[None] | None = None
-        self._expiry_check_failing = RateLimitedLog(log, LOG_EVERY_S)
 
     # -- authentication and authorization ---------------------------------------------------------------------
 
@@ -1345,8 +1343,22 @@ class BrokerService:
         await self.bookie_supply.watch(self.bk.registry)
         self.bk.store.add_session_listener(self._session_listener)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
-        self._compaction_monitor = asyncio.get_running_loop().create_task(self._compaction_monitor_loop())
-        self._expiry_monitor = asyncio.get_running_loop().create_task(self._message_expiry_loop())
+        loop = asyncio.get_running_loop()
+        # Pulsar's compaction monitor and expiry monitor
+        self._compaction_monitor = loop.create_task(
+            self._every(
+                self.config.compaction_monitor_interval_s,
+                self.check_compaction,
+                "compaction thresholds not checked",
+            )
+        )
+        self._expiry_monitor = loop.create_task(
+            self._every(
+                self.config.message_expiry_check_interval_s,
+                self.check_message_expiry,
+                "message TTLs not applied",
+            )
+        )
         log.info("broker=%s serving %s", self.config.id, self.config.service_url)
 
     async def _register(self) -> None:
@@ -1445,12 +1457,14 @@ class BrokerService:
                 else:
                     topic.tick_failures.reset()
 
-    async def _compaction_monitor_loop(self) -> None:
-        """Every ``compaction_monitor_interval_s``: :meth:`check_compaction` (Pulsar's compaction monitor)."""
+    @staticmethod
+    async def _every(interval_s: float, check: Callable[[], Awaitable[None]], failed: str) -> None:
+        """``check()`` every ``interval_s``, its failures logged as ``failed`` at most once a minute."""
+        failing = RateLimitedLog(log, LOG_EVERY_S)
         while True:
-            await asyncio.sleep(self.config.compaction_monitor_interval_s)
-            with self._compaction_check_failing.catching(Exception, "compaction thresholds not checked"):
-                await self.check_compaction()
+            await asyncio.sleep(interval_s)
+            with failing.catching(Exception, failed):
+                await check()
 
     async def check_compaction(self) -> None:
         """Start a compaction of each topic served here whose backlog exceeds its compaction threshold
@@ -1498,13 +1512,6 @@ class BrokerService:
                 threshold,
             )
             topic.compaction.trigger()
-
-    async def _message_expiry_loop(self) -> None:
-        """Every ``message_expiry_check_interval_s``: :meth:`check_message_expiry` (Pulsar's expiry monitor)."""
-        while True:
-            await asyncio.sleep(self.config.message_expiry_check_interval_s)
-            with self._expiry_check_failing.catching(Exception, "message TTLs not applied"):
-                await self.check_message_expiry()
 
     async def check_message_expiry(self) -> None:
         """Each topic served here whose namespace sets a message TTL (``message_ttl_in_seconds`` over 0): every
