@@ -4,7 +4,8 @@ A topic's tenant and namespace must exist before the topic, as in Pulsar (``publ
 ``ledgerstore tenant create acme``, then ``ledgerstore namespace create acme/orders``.
 
 Admin verbs (create, list, delete, stats, internal-stats, compact, compaction-status, and the automatic
-compaction threshold of a namespace or a topic: set-|get-|remove-compaction-threshold) call the broker's REST
+compaction threshold and the message TTL of a namespace or a topic: set-|get-|remove-compaction-threshold,
+set-|get-|remove-message-ttl) call the broker's REST
 (``--url``, default ``$LEDGERSTORE_BROKER_HTTP`` or ``http://127.0.0.1:8080``) and follow its redirects to a
 topic's owner; produce and consume use the official ``pulsar-client`` on ``--service-url``
 (``$LEDGERSTORE_BROKER_URL`` or ``pulsar://127.0.0.1:6650``).
@@ -460,12 +461,20 @@ def parse_size(text: str) -> int:
     return value
 
 
-def _threshold_path(args: argparse.Namespace) -> tuple[str, str]:
-    """(REST path of the compaction threshold, what it belongs to) of ``args.namespace`` or ``args.name``."""
+def _policy_path(args: argparse.Namespace, policy: str) -> tuple[str, str]:
+    """(REST path of a policy, what it belongs to) of ``args.namespace`` or ``args.name`` (a topic)."""
     if getattr(args, "namespace", None) is not None:
-        return namespace_path(args.namespace) + "/compactionThreshold", f"namespace {args.namespace}"
+        return namespace_path(args.namespace) + "/" + policy, f"namespace {args.namespace}"
     path, full = topic_path(args.name)
-    return path + "/compactionThreshold", full
+    return path + "/" + policy, full
+
+
+def _threshold_path(args: argparse.Namespace) -> tuple[str, str]:
+    return _policy_path(args, "compactionThreshold")
+
+
+def _applied(args: argparse.Namespace) -> str:
+    return "?applied=true" if getattr(args, "applied", False) else ""
 
 
 def _threshold_set(args: argparse.Namespace) -> int:
@@ -478,7 +487,7 @@ def _threshold_set(args: argparse.Namespace) -> int:
 
 def _threshold_get(args: argparse.Namespace) -> int:
     path, what = _threshold_path(args)
-    got = rest(args.url, "GET", path + ("?applied=true" if getattr(args, "applied", False) else ""))
+    got = rest(args.url, "GET", path + _applied(args))
     shown = "not set" if got is None else f"{got} bytes" + (" (off)" if got == 0 else "")
     emit(args, f"compaction threshold of {what}: {shown}", {"compactionThreshold": got})
     return 0
@@ -491,42 +500,60 @@ def _threshold_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ttl_path(args: argparse.Namespace) -> str:
-    return namespace_path(args.namespace) + "/messageTTL"
-
-
 def _ttl_set(args: argparse.Namespace) -> int:
+    path, what = _policy_path(args, "messageTTL")
     if args.ttl < 0:
         raise CommandError(f"--ttl {args.ttl}: seconds, 0 (no TTL) or more", EXIT_USAGE)
-    rest(args.url, "POST", _ttl_path(args), args.ttl)
-    emit(args, f"message TTL of {args.namespace}: {args.ttl} s", {"messageTTL": args.ttl})
+    if args.namespace is None:
+        rest(args.url, "POST", f"{path}?messageTTL={args.ttl}")  # a topic's: a query parameter, as in Pulsar
+    else:
+        rest(args.url, "POST", path, args.ttl)
+    emit(args, f"message TTL of {what}: {args.ttl} s", {"messageTTL": args.ttl})
     return 0
 
 
 def _ttl_get(args: argparse.Namespace) -> int:
-    got = rest(args.url, "GET", _ttl_path(args))
+    path, what = _policy_path(args, "messageTTL")
+    got = rest(args.url, "GET", path + _applied(args))
     shown = "not set" if got is None else f"{got} s" + (" (none)" if got == 0 else "")
-    emit(args, f"message TTL of {args.namespace}: {shown}", {"messageTTL": got})
+    emit(args, f"message TTL of {what}: {shown}", {"messageTTL": got})
     return 0
 
 
 def _ttl_remove(args: argparse.Namespace) -> int:
-    rest(args.url, "DELETE", _ttl_path(args))
-    emit(args, f"message TTL of {args.namespace} removed", {"messageTTL": None})
+    path, what = _policy_path(args, "messageTTL")
+    rest(args.url, "DELETE", path)
+    emit(args, f"message TTL of {what} removed", {"messageTTL": None})
     return 0
 
 
-def _add_ttl_verbs(parent: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """pulsar-admin's ``namespaces set-|get-|remove-message-ttl``."""
+def _add_ttl_verbs(parent: Any, common: Callable[[argparse.ArgumentParser], None], target: str) -> None:
+    """pulsar-admin's ``namespaces|topics set-|get-|remove-message-ttl`` (``target``: "namespace" or "name")."""
     for name, help_text, fn in (
         ("set-message-ttl", "acknowledge every subscription's messages older than --ttl seconds", _ttl_set),
         ("get-message-ttl", "the message TTL set", _ttl_get),
-        ("remove-message-ttl", "remove the message TTL (messages stay until acknowledged)", _ttl_remove),
+        ("remove-message-ttl", "remove the message TTL set (the one above applies)", _ttl_remove),
     ):
         p = _admin_verb(parent, common, name, help_text, fn)
-        p.add_argument("namespace", help="TENANT/NAMESPACE")
+        _add_policy_target(p, target, fn is _ttl_get)
         if fn is _ttl_set:
             p.add_argument("--ttl", type=int, required=True, help="seconds (0: no TTL)")
+
+
+def _add_policy_target(p: argparse.ArgumentParser, target: str, get: bool) -> None:
+    """The namespace (``target`` "namespace") or topic ("name") argument of a policy verb, and a topic's get's
+    ``--applied``."""
+    if target == "namespace":
+        p.add_argument("namespace", help="TENANT/NAMESPACE")
+        return
+    p.add_argument("name", help="topic name (a partitioned topic's is every partition's)")
+    p.set_defaults(namespace=None)
+    if get:
+        p.add_argument(
+            "--applied",
+            action="store_true",
+            help="the one that applies (topic, else namespace, else broker)",
+        )
 
 
 def _add_threshold_verbs(
@@ -550,23 +577,13 @@ def _add_threshold_verbs(
         ),
     ):
         p = verb(parent, common, name, help_text, fn)
-        if target == "namespace":
-            p.add_argument("namespace", help="TENANT/NAMESPACE")
-        else:
-            p.add_argument("name", help="topic name (a partitioned topic's is every partition's)")
-            p.set_defaults(namespace=None)
+        _add_policy_target(p, target, fn is _threshold_get)
         if fn is _threshold_set:
             p.add_argument(
                 "--threshold",
                 "-t",
                 required=True,
                 help="bytes of backlog (10M, 1G: powers of 1024); 0 turns automatic compaction off",
-            )
-        if fn is _threshold_get and target != "namespace":
-            p.add_argument(
-                "--applied",
-                action="store_true",
-                help="the one that applies (topic, else namespace, else broker)",
             )
 
 
@@ -958,7 +975,7 @@ def add_namespace_commands(sub: Any, common: Callable[[argparse.ArgumentParser],
     )
     p.add_argument("namespace", help="TENANT/NAMESPACE")
     _add_threshold_verbs(ns, common, _admin_verb, "namespace")
-    _add_ttl_verbs(ns, common)
+    _add_ttl_verbs(ns, common, "namespace")
 
 
 def add_topic_commands(
@@ -1036,6 +1053,7 @@ def add_topic_commands(
         p.add_argument("--wait", "-w", action="store_true", help=wait_help)
         p.add_argument("--timeout-s", type=float, default=300.0, help="give up waiting after this long")
     _add_threshold_verbs(ts, common, _admin_verb, "name")
+    _add_ttl_verbs(ts, common, "name")
     p = verb("peek", "the next messages a subscription has not acknowledged, left unacknowledged", _peek)
     p.add_argument("name", help="topic name (a partition's: peek is refused on a partitioned topic)")
     p.add_argument("-s", "--subscription", required=True, help="subscription name")

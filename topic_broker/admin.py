@@ -13,8 +13,8 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
   ``skip_all``, ``skip``, peek at ``position/{n}``, ``expireMessages``, ``all_subscription/expireMessages``),
   ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``terminate``, ``compaction`` (``PUT``
   starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``),
-  ``compactionThreshold`` (the topic's own policy, ``topic-policies/<ml>``; a partitioned topic's is each of its
-  partitions').
+  ``compactionThreshold`` and ``messageTTL`` (the topic's own policies, ``topic-policies/<ml>``; a partitioned
+  topic's are each of its partitions').
 - ``/lookup/v2/topic/{domain}/{t}/{ns}/{topic}``: the owner's URLs; any broker answers for any topic and takes
   ownership when nobody holds it, as the binary LOOKUP does. A ``non-persistent`` topic (and its
   ``/admin/v2/non-persistent/…/partitions``, 0) is answered with this broker's URLs, for the binary protocol to
@@ -71,13 +71,13 @@ from zk.managed_ledgers import (
     SchemaHistory,
     SchemaInfo,
     SchemaRefusedError,
-    TopicPolicies,
+    policy_in_force,
 )
 
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
-from .compaction import CompactionRunningError, compaction_threshold
+from .compaction import CompactionRunningError
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
@@ -248,6 +248,15 @@ def _threshold_from(body: Any) -> int:
         raise AdminError(
             412, f"compactionThreshold must be 0 (off) or more bytes, at most {INT64_MAX}, got {body}"
         )
+    return body
+
+
+def _ttl_from(body: Any) -> int:
+    """A ``messageTTL`` value: seconds, an integer of 0 (none) up to Pulsar's Integer."""
+    if isinstance(body, bool) or not isinstance(body, int):
+        raise AdminError(400, f"expected the message TTL in seconds as a JSON integer, got {body!r}")
+    if not 0 <= body <= INT32_MAX:  # Pulsar's Integer
+        raise AdminError(412, f"Invalid value for message TTL: {body} (0 to {INT32_MAX} seconds)")
     return body
 
 
@@ -680,12 +689,8 @@ class AdminApp:
         """Pulsar's ``set-message-ttl``: a JSON integer of seconds, 0 for none; applied by each topic owner's
         expiry check (``--message-expiry-check-interval-s``)."""
         tenant, ns, p = await self._policies(request)
-        body = await _body_json(request)
-        if isinstance(body, bool) or not isinstance(body, int):
-            raise AdminError(400, f"expected the message TTL in seconds as a JSON integer, got {body!r}")
-        if not 0 <= body <= INT32_MAX:  # Pulsar's Integer
-            raise AdminError(412, f"Invalid value for message TTL: {body} (0 to {INT32_MAX} seconds)")
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=body))
+        ttl = _ttl_from(await _body_json(request))
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=ttl))
 
     async def message_ttl_delete(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
@@ -968,32 +973,56 @@ class AdminApp:
             raise AdminError(404, f"Topic {name} not found")
         return name.base
 
-    async def topic_compaction_threshold_get(self, request: web.Request) -> web.Response:
-        """The topic's own ``compactionThreshold`` (``null`` when not set); with ``applied=true`` the one that
-        applies (the topic's, else its namespace's, else the broker's)."""
+    async def _topic_policy_get(self, request: web.Request, field: str, broker_default: int) -> web.Response:
+        """A topic's own policy ``field`` (``null`` when not set); with ``applied=true`` the one that applies
+        (the topic's, else its namespace's, else the broker's: :func:`policy_in_force`)."""
         name = await self._policies_topic(request)
         own = await self.meta.get_topic_policies(name.ml_name)
-        value = None if own is None else own.compaction_threshold
+        value = None if own is None else getattr(own, field)
         if request.query.get("applied", "false").lower() == "true":
             ns = request.get(NAMESPACE_POLICIES) or await self.meta.get_policies(name.tenant, name.namespace)
-            value = compaction_threshold(
-                value,
-                None if ns is None else ns.compaction_threshold,
-                self.service.config.compaction_threshold_bytes,
-            )
+            value = policy_in_force(value, None if ns is None else getattr(ns, field), broker_default)
         return _json(value)
 
-    async def topic_compaction_threshold_set(self, request: web.Request) -> web.Response:
-        name = await self._policies_topic(request)
-        threshold = _threshold_from(await _body_json(request))
-        await self.meta.set_topic_policies(name.ml_name, TopicPolicies(compaction_threshold=threshold))
+    async def _topic_policy_set(self, name: TopicName, field: str, value: int | None) -> web.Response:
+        """Sets (removes, with None) a topic's own policy ``field``, its other policies kept."""
+        await self.meta.update_topic_policy(name.ml_name, field, value)
         return _no_content()
+
+    async def topic_compaction_threshold_get(self, request: web.Request) -> web.Response:
+        default = self.service.config.compaction_threshold_bytes
+        return await self._topic_policy_get(request, "compaction_threshold", default)
+
+    async def topic_compaction_threshold_set(self, request: web.Request) -> web.Response:
+        name = await self._policies_topic(request)  # 404 before a body is read
+        threshold = _threshold_from(await _body_json(request))
+        return await self._topic_policy_set(name, "compaction_threshold", threshold)
 
     async def topic_compaction_threshold_delete(self, request: web.Request) -> web.Response:
         name = await self._policies_topic(request)
-        own = await self.meta.get_topic_policies(name.ml_name) or TopicPolicies()
-        await self.meta.set_topic_policies(name.ml_name, dataclasses.replace(own, compaction_threshold=None))
-        return _no_content()
+        return await self._topic_policy_set(name, "compaction_threshold", None)
+
+    async def topic_message_ttl_get(self, request: web.Request) -> web.Response:
+        default = self.service.config.ttl_duration_default_s
+        return await self._topic_policy_get(request, "message_ttl_in_seconds", default)
+
+    async def topic_message_ttl_set(self, request: web.Request) -> web.Response:
+        """Pulsar's ``topics set-message-ttl``: ``?messageTTL=N`` seconds (0: none; a JSON integer body is taken
+        too), applied by the owner's expiry check over the namespace's and the broker's."""
+        name = await self._policies_topic(request)
+        query = request.query.get("messageTTL")
+        if query is None:
+            ttl = _ttl_from(await _body_json(request))
+        else:
+            try:
+                ttl = _ttl_from(int(query))
+            except ValueError:
+                raise AdminError(400, f"messageTTL={query!r}: expected an integer of seconds") from None
+        return await self._topic_policy_set(name, "message_ttl_in_seconds", ttl)
+
+    async def topic_message_ttl_delete(self, request: web.Request) -> web.Response:
+        name = await self._policies_topic(request)
+        return await self._topic_policy_set(name, "message_ttl_in_seconds", None)
 
     async def _subscription_rows(self, topic: Topic) -> dict[str, dict[str, Any]]:
         """Every subscription of the topic: the live ones, and durable cursors from ZooKeeper."""
@@ -1754,6 +1783,9 @@ class AdminApp:
         r.add_get(t + "/compactionThreshold", self.topic_compaction_threshold_get)
         r.add_post(t + "/compactionThreshold", self.topic_compaction_threshold_set)
         r.add_delete(t + "/compactionThreshold", self.topic_compaction_threshold_delete)
+        r.add_get(t + "/messageTTL", self.topic_message_ttl_get)
+        r.add_post(t + "/messageTTL", self.topic_message_ttl_set)
+        r.add_delete(t + "/messageTTL", self.topic_message_ttl_delete)
         r.add_get(t + "/examinemessage", self.examine_message)
         r.add_get(t + "/ledger/{ledger}/entry/{entry}", self.message_by_id)
         r.add_get(t + "/subscriptions", self.subscriptions)

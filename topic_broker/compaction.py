@@ -24,8 +24,8 @@ topic's view switches to the new ledger, and the previous compacted ledger is de
 recorded. A new owner (after a restart or a move) reads the cursor and serves the same view.
 
 Automatic compaction (Pulsar's compaction threshold): every ``--compaction-monitor-interval-s`` the owner of a
-topic compacts it when its backlog exceeds the threshold (:func:`compaction_threshold` says which one applies,
-:func:`compaction_backlog` what is compared, :func:`compaction_due` the decision).
+topic compacts it when its backlog exceeds the threshold (``zk.managed_ledgers.policy_in_force`` says which one
+applies, :func:`compaction_backlog` what is compared, :func:`compaction_due` the decision).
 
 Compacted-ledger entry (ours; Pulsar's holds a RawMessage): ``[ledger id u64][entry id u64][stored entry]``.
 """
@@ -70,7 +70,6 @@ __all__ = [
     "compacted_out_mask",
     "compaction_backlog",
     "compaction_due",
-    "compaction_threshold",
     "last_kept_index",
     "decode_compacted",
     "encode_compacted",
@@ -101,17 +100,6 @@ class CompactionRunningError(Exception):
 
 
 # --- pure rules --------------------------------------------------------------------------------------------------
-
-
-def compaction_threshold(topic: int | None, namespace: int | None, broker: int) -> int:
-    """The threshold that applies to a topic (bytes; 0: no automatic compaction): its own if set, else its
-    namespace's if set, else the broker's default, in Pulsar's order (a topic's 0 turns it off whatever its
-    namespace says)."""
-    if topic is not None:
-        return topic
-    if namespace is not None:
-        return namespace
-    return broker
 
 
 def compaction_backlog(

@@ -32,6 +32,7 @@ from .service import (
     DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S,
     DEFAULT_PORT,
     DEFAULT_TICK_INTERVAL_S,
+    DEFAULT_TTL_DURATION_S,
     DEFAULT_WRITE_QUORUM,
     BrokerConfig,
     BrokerService,
@@ -173,8 +174,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--message-expiry-check-interval-s",
         type=float,
         default=DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S,
-        help="how often the broker applies the message TTL of its topics' namespaces (Pulsar's "
+        help="how often the broker applies the message TTL of its topics (Pulsar's "
         "messageExpiryCheckIntervalInMinutes: 5 min)",
+    )
+    p.add_argument(
+        "--ttl-duration-default-s",
+        type=int,
+        default=DEFAULT_TTL_DURATION_S,
+        help="the message TTL in seconds of a topic where neither the topic nor its namespace sets one (Pulsar's "
+        "ttlDurationDefaultInSeconds; 0: none)",
     )
     a = p.add_argument
     a(
@@ -253,6 +261,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     expiry = float(getattr(args, "message_expiry_check_interval_s", DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S))
     if not expiry > 0:
         raise ConfigError(f"--message-expiry-check-interval-s {expiry}: must be more than 0")
+    ttl_default = int(getattr(args, "ttl_duration_default_s", DEFAULT_TTL_DURATION_S))
+    if not 0 <= ttl_default <= 2**31 - 1:  # Pulsar's Integer
+        raise ConfigError(f"--ttl-duration-default-s {ttl_default}: must be 0 (none) to {2**31 - 1} seconds")
     superusers = tuple(
         r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
     )
@@ -283,6 +294,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_threshold_bytes=threshold,
         compaction_monitor_interval_s=interval,
         message_expiry_check_interval_s=expiry,
+        ttl_duration_default_s=ttl_default,
     )
 
 

@@ -17,9 +17,10 @@ Decisions live in the pure cores (``connection.py`` for the protocol state, ``su
 - Automatic compaction (``compaction_threshold``: the topic's own policy, else its namespace's, else
   ``--compaction-threshold-bytes``): every ``--compaction-monitor-interval-s`` each topic served here (each
   partition by itself) whose backlog exceeds it is compacted, unless a compaction of it runs already.
-- Message TTL (namespace policy ``message_ttl_in_seconds``): every ``--message-expiry-check-interval-s`` each
-  durable subscription (but the compactor's) of the topics served here acknowledges the messages published
-  longer ago than the TTL (``sub_ops.expire_all``).
+- Message TTL (``message_ttl_in_seconds``: the topic's own policy, else its namespace's, else
+  ``--ttl-duration-default-s``): every ``--message-expiry-check-interval-s`` each durable subscription (but the
+  compactor's) of the topics served here acknowledges the messages published longer ago than the TTL
+  (``sub_ops.expire_all``).
 
 The admin side (``admin.py``) uses :meth:`BrokerService.topic_names`, :meth:`topic_stats`,
 :meth:`internal_stats`, :meth:`subscriptions`, :meth:`get_topic` and :meth:`unload`.
@@ -54,6 +55,7 @@ from zk.managed_ledgers import (
     SchemaInfo,
     SchemaRefusedError,
     TopicPolicies,
+    policy_in_force,
 )
 from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
@@ -66,7 +68,6 @@ from .compaction import (
     compacted_out_mask,
     compaction_backlog,
     compaction_due,
-    compaction_threshold,
     last_kept_index,
 )
 from .connection import AuthenticationFailed, ConnectionConfig, ProtocolConnection, Request
@@ -119,6 +120,9 @@ DEFAULT_COMPACTION_THRESHOLD_BYTES = 0
 DEFAULT_COMPACTION_MONITOR_INTERVAL_S = 60.0
 #: Pulsar's ``messageExpiryCheckIntervalInMinutes`` (5): how often an owner applies its namespaces' message TTL
 DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S = 300.0
+#: Pulsar's ``ttlDurationDefaultInSeconds`` (0: none): the message TTL of a topic where neither the topic nor its
+#: namespace sets one
+DEFAULT_TTL_DURATION_S = 0
 #: A topic opened again right after this broker stopped serving it waits up to this long for the old instance's
 #: close (BrokerService.get_topic)
 CLOSE_WAIT_S = 10.0
@@ -161,6 +165,7 @@ class BrokerConfig:
     compaction_threshold_bytes: int = DEFAULT_COMPACTION_THRESHOLD_BYTES
     compaction_monitor_interval_s: float = DEFAULT_COMPACTION_MONITOR_INTERVAL_S
     message_expiry_check_interval_s: float = DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S
+    ttl_duration_default_s: int = DEFAULT_TTL_DURATION_S
     zk_session_timeout_s: float = 10.0
     # Authentication (docs/broker.md, "Authentication and authorization"): the HS256 secret tokens are checked
     # with (None: no authentication at all), whether a connection must carry one (and produce/consume then
@@ -1198,6 +1203,27 @@ class TopicChecksFailedError(Exception):
         self.failed = failed
 
 
+class _OwnPolicies:
+    """The topics' own policies (``topic-policies/<ml>``) for one pass of a monitor over the topics served here,
+    by base name (the partitions of one topic share them). Which topics have any is known by one listing per
+    namespace: most have none, and a read of each one's znode at every check cost ZooKeeper one request per
+    topic served."""
+
+    def __init__(self, meta: BrokerMetadataStore) -> None:
+        self.meta = meta
+        self.own: dict[str, TopicPolicies | None] = {}
+        self.listed: dict[tuple[str, str], set[str]] = {}
+
+    async def of(self, topic: Topic) -> TopicPolicies | None:
+        ns = (topic.name.tenant, topic.name.namespace)
+        if ns not in self.listed:
+            self.listed[ns] = await self.meta.topics_with_policies(*ns)
+        base = topic.name.base.ml_name
+        if base not in self.own:
+            self.own[base] = await self.meta.get_topic_policies(base) if base in self.listed[ns] else None
+        return self.own[base]
+
+
 class BrokerService:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -1471,31 +1497,20 @@ class BrokerService:
         (:func:`compaction_due`); a partition is a topic of its own here, with its partitioned topic's policies.
         A topic whose check fails (its policies unreadable) is passed over: the others are checked, and then
         :class:`TopicChecksFailedError` names it."""
-        own: dict[str, TopicPolicies | None] = {}  # by base name: the partitions of one topic share them
-        # which topics have policies of their own, by one listing per namespace: most have none, and a read
-        # of each one's znode at every check cost ZooKeeper one request per topic served
-        listed: dict[tuple[str, str], set[str]] = {}
+        assert self.meta is not None
+        own = _OwnPolicies(self.meta)
         failed: list[str] = []
         for topic in self.served_topics():
             try:
-                await self._check_compaction_of(topic, own, listed)
+                await self._check_compaction_of(topic, own)
             except Exception as e:
                 failed.append(f"{topic.name}: {e}")
         if failed:
             raise TopicChecksFailedError(failed)
 
-    async def _check_compaction_of(
-        self, topic: Topic, own: dict[str, TopicPolicies | None], listed: dict[tuple[str, str], set[str]]
-    ) -> None:
-        assert self.meta is not None
-        ns = (topic.name.tenant, topic.name.namespace)
-        if ns not in listed:
-            listed[ns] = await self.meta.topics_with_policies(*ns)
-        base = topic.name.base.ml_name
-        if base not in own:
-            own[base] = await self.meta.get_topic_policies(base) if base in listed[ns] else None
-        tp = own[base]
-        threshold = compaction_threshold(
+    async def _check_compaction_of(self, topic: Topic, own: _OwnPolicies) -> None:
+        tp = await own.of(topic)
+        threshold = policy_in_force(
             None if tp is None else tp.compaction_threshold,
             topic.namespace_compaction_threshold,
             self.config.compaction_threshold_bytes,
@@ -1514,23 +1529,31 @@ class BrokerService:
             topic.compaction.trigger()
 
     async def check_message_expiry(self) -> None:
-        """Each topic served here whose namespace sets a message TTL (``message_ttl_in_seconds`` over 0): every
-        durable subscription but the compactor's acknowledges the messages published longer ago than that
-        (``sub_ops.expire_all``); the backlogs shrink, and retention then lets the ledgers go. A topic whose
-        check fails (its entries unreadable now) is passed over: the others are checked, and then
+        """Each topic served here with a message TTL over 0 (its own ``message_ttl_in_seconds``, else its
+        namespace's, else ``--ttl-duration-default-s``: :func:`policy_in_force`; a partition has its partitioned
+        topic's): every durable subscription but the compactor's acknowledges the messages published longer ago
+        than that (``sub_ops.expire_all``); the backlogs shrink, and retention then lets the ledgers go. A topic
+        whose check fails (its entries unreadable now) is passed over: the others are checked, and then
         :class:`TopicChecksFailedError` names it."""
         assert self.meta is not None
-        ttls: dict[tuple[str, str], int] = {}
+        ns_ttls: dict[tuple[str, str], int | None] = {}
+        own = _OwnPolicies(self.meta)
         failed: list[str] = []
         for topic in self.served_topics():
             ns = (topic.name.tenant, topic.name.namespace)
             try:
-                if ns not in ttls:
+                if ns not in ns_ttls:
                     p = await self.meta.get_policies(*ns)
-                    ttls[ns] = (p.message_ttl_in_seconds or 0) if p is not None else 0
-                if ttls[ns] <= 0 or topic.unloaded or topic.ml.closed:
+                    ns_ttls[ns] = None if p is None else p.message_ttl_in_seconds
+                tp = await own.of(topic)
+                ttl = policy_in_force(
+                    None if tp is None else tp.message_ttl_in_seconds,
+                    ns_ttls[ns],
+                    self.config.ttl_duration_default_s,
+                )
+                if ttl <= 0 or topic.unloaded or topic.ml.closed:
                     continue
-                moved = await sub_ops.expire_all(topic, ttls[ns], int(time.time() * 1000))
+                moved = await sub_ops.expire_all(topic, ttl, int(time.time() * 1000))
             except ManagedLedgerFencedError as e:
                 self.topic_lost(topic, str(e))
                 continue
@@ -1538,7 +1561,7 @@ class BrokerService:
                 failed.append(f"{topic.name}: {e}")
                 continue
             if moved:
-                log.info("topic=%s message TTL %d s: subscriptions %s expired", topic.name, ttls[ns], moved)
+                log.info("topic=%s message TTL %d s: subscriptions %s expired", topic.name, ttl, moved)
         if failed:
             raise TopicChecksFailedError(failed)
 

@@ -45,6 +45,7 @@ __all__ = [
     "TopicPolicies",
     "schema_path",
     "topic_policies_path",
+    "policy_in_force",
 ]
 
 SCHEMAS = "schemas"
@@ -352,20 +353,39 @@ def _optional_threshold(d: Mapping[str, Any], key: str = "compaction_threshold")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicPolicies:
     """A topic's own policies (Pulsar's topic-level ``TopicPolicies``): each set one takes the place of its
-    namespace's. ``compaction_threshold``: as the namespace's, None when not set on the topic."""
+    namespace's (:func:`policy_in_force`). ``compaction_threshold`` and ``message_ttl_in_seconds``: as the
+    namespace's, None when not set on the topic."""
 
     compaction_threshold: int | None = None
+    message_ttl_in_seconds: int | None = None
 
     @property
     def empty(self) -> bool:
-        return self.compaction_threshold is None
+        return self.compaction_threshold is None and self.message_ttl_in_seconds is None
 
     def to_json(self) -> JsonDict:
-        return {"compaction_threshold": self.compaction_threshold}
+        return {
+            "compaction_threshold": self.compaction_threshold,
+            "message_ttl_in_seconds": self.message_ttl_in_seconds,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TopicPolicies:
-        return cls(compaction_threshold=_optional_threshold(d))
+        return cls(
+            compaction_threshold=_optional_threshold(d),
+            message_ttl_in_seconds=_optional_threshold(d, "message_ttl_in_seconds"),
+        )
+
+
+def policy_in_force(topic: int | None, namespace: int | None, broker: int) -> int:
+    """The value of a policy that applies to a topic (a compaction threshold, a message TTL; 0: off): its own if
+    set, else its namespace's if set, else the broker's default, in Pulsar's order (a topic's 0 turns it off
+    whatever its namespace says)."""
+    if topic is not None:
+        return topic
+    if namespace is not None:
+        return namespace
+    return broker
 
 
 def _permissions(d: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -716,6 +736,20 @@ class BrokerMetadataStore:
         await self.store.aupdate(
             topic_policies_path(ml_name), lambda cur: {**cur, **policies.to_json()}, default={}
         )
+
+    async def update_topic_policy(self, ml_name: str, field_name: str, value: int | None) -> None:
+        """One of the topic's own policies set (``value``) or removed (None), the others kept, in one
+        compare-and-set of its znode; the znode is removed when none is set any more."""
+        if field_name not in TopicPolicies.__dataclass_fields__:
+            raise ValueError(f"no topic policy {field_name!r}")
+        path = topic_policies_path(ml_name)
+        if value is None and await self.store.aget_optional(path) is None:
+            return
+        new = await self.store.aupdate(path, lambda cur: {**cur, field_name: value}, default={})
+        if TopicPolicies.from_json(new.value).empty:
+            # only that version: a policy set meanwhile stays
+            with contextlib.suppress(MetadataVersionError):
+                await self.store.adelete(path, new.version, missing_ok=True)
 
     async def delete_topic_policies(self, ml_name: str) -> None:
         await self.store.adelete(topic_policies_path(ml_name), missing_ok=True)

@@ -255,6 +255,80 @@ def test_namespace_message_ttl_expires_old_messages_by_itself(bp: BrokerProcess,
         consumer.close()
 
 
+def test_topic_message_ttl_overrides_its_namespaces_on_every_partition(bp: BrokerProcess, c: Any) -> None:
+    """A topic's own ``messageTTL`` (``?messageTTL=N``, ``ledgerstore topic set-message-ttl``) takes the place of
+    its namespace's, 0 turning it off, on each partition of a partitioned topic; removed, the namespace's applies."""
+    ns = f"public/tttl-{uuid.uuid4().hex[:6]}"
+    ok(bp, "PUT", f"/admin/v2/namespaces/{ns}")
+    P = f"/admin/v2/persistent/{ns}"
+    ok(bp, "PUT", f"{P}/part/partitions", 2)
+    for t in ("keep", "plain"):
+        ok(bp, "PUT", f"{P}/{t}")
+    ok(bp, "POST", f"{P}/part/compactionThreshold", 5000)  # another policy of the topic, kept beside its TTL
+    r = ledgerstore("topic", "set-message-ttl", f"persistent://{ns}/part", "--ttl", "3600", "--url", web(bp))
+    assert r.returncode == 0, r.stderr
+    ok(bp, "POST", f"{P}/keep/messageTTL?messageTTL=0")
+    assert ok(bp, "GET", f"{P}/part-partition-1/messageTTL") == 3600  # a partition's is its topic's
+    assert ok(bp, "GET", f"{P}/part/compactionThreshold") == 5000
+    assert ok(bp, "GET", f"{P}/plain/messageTTL") is None
+    ok(bp, "POST", f"/admin/v2/namespaces/{ns}/messageTTL", 1)
+    assert ok(bp, "GET", f"{P}/plain/messageTTL?applied=true") == 1
+    assert ok(bp, "GET", f"{P}/keep/messageTTL?applied=true") == 0
+    topics = ("part-partition-0", "part-partition-1", "keep", "plain")
+    for t in topics:
+        ok(bp, "PUT", f"{P}/{t}/subscription/s", "earliest")
+        producer = c.create_producer(f"persistent://{ns}/{t}", batching_enabled=False)
+        for i in range(3):
+            producer.send(f"m-{i}".encode())
+        producer.close()
+
+    def backlogs() -> dict[str, int]:
+        return {t: int(ok(bp, "GET", f"{P}/{t}/stats")["subscriptions"]["s"]["msgBacklog"]) for t in topics}
+
+    wait_for("the namespace's TTL to expire plain", lambda: backlogs()["plain"] == 0)
+    # every check that expired plain checked the others too: their own TTLs kept them
+    assert backlogs() == {"part-partition-0": 3, "part-partition-1": 3, "keep": 3, "plain": 0}
+    got = cli(bp, "get-message-ttl", f"persistent://{ns}/part", "--applied")
+    assert got == {"messageTTL": 3600}
+    cli(bp, "set-message-ttl", f"persistent://{ns}/part", "--ttl", "1")
+    wait_for("the topic's TTL to expire both partitions", lambda: backlogs()["part-partition-1"] == 0)
+    assert backlogs()["part-partition-0"] == 0
+    assert ok(bp, "GET", f"{P}/part/compactionThreshold") == 5000
+    assert cli(bp, "remove-message-ttl", f"persistent://{ns}/keep") == {"messageTTL": None}
+    assert ok(bp, "GET", f"{P}/keep/messageTTL") is None
+    wait_for("the namespace's TTL to apply to keep once its own is removed", lambda: backlogs()["keep"] == 0)
+    assert call(bp, "POST", f"{P}/keep/messageTTL?messageTTL=-1")[0] == 412
+    assert call(bp, "POST", f"{P}/keep/messageTTL?messageTTL=x")[0] == 400
+    assert call(bp, "POST", f"{P}/part-partition-7/messageTTL?messageTTL=5")[0] == 404
+    assert call(bp, "GET", f"{P}/none/messageTTL")[0] == 404
+    assert ok(bp, "GET", f"{P}/keep/messageTTL") is None
+
+
+def test_broker_default_message_ttl_applies_where_no_policy_sets_one(cluster: Brokers) -> None:
+    """``--ttl-duration-default-s`` (Pulsar's ``ttlDurationDefaultInSeconds``): the TTL of a topic whose
+    namespace and itself set none; a namespace's 0 turns it off."""
+    b = cluster.start("--ttl-duration-default-s", "1", "--message-expiry-check-interval-s", "0.5")
+    ns = f"public/nottl-{uuid.uuid4().hex[:6]}"
+    ok(b, "PUT", f"/admin/v2/namespaces/{ns}")
+    ok(b, "POST", f"/admin/v2/namespaces/{ns}/messageTTL", 0)
+    paths = {"default": f"{T}/{name()}", "off": f"/admin/v2/persistent/{ns}/{name()}"}
+    with contextlib.closing(client(b)) as pc:
+        for path in paths.values():
+            ok(b, "PUT", path)
+            ok(b, "PUT", f"{path}/subscription/s", "earliest")
+            producer = pc.create_producer("persistent://" + path.removeprefix("/admin/v2/persistent/"))
+            producer.send(b"m")
+            producer.close()
+
+    def backlog_of(path: str) -> int:
+        return int(ok(b, "GET", f"{path}/stats")["subscriptions"]["s"]["msgBacklog"])
+
+    assert ok(b, "GET", f"{paths['default']}/messageTTL?applied=true") == 1
+    assert ok(b, "GET", f"{paths['off']}/messageTTL?applied=true") == 0
+    wait_for("the broker's default TTL to expire the message", lambda: backlog_of(paths["default"]) == 0)
+    assert backlog_of(paths["off"]) == 1
+
+
 def test_terminate_ends_the_topic_on_this_owner_and_the_next(cluster: Brokers) -> None:
     a = cluster.start()
     t = name()

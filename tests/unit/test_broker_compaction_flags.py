@@ -26,6 +26,10 @@ def test_defaults_are_pulsars_and_flags_are_taken() -> None:
         _args("--compaction-threshold-bytes", "104857600", "--compaction-monitor-interval-s", "0.5")
     )
     assert (c.compaction_threshold_bytes, c.compaction_monitor_interval_s) == (104857600, 0.5)
+    assert (
+        c.ttl_duration_default_s == 0
+        and config_from_args(_args("--ttl-duration-default-s", "60")).ttl_duration_default_s == 60
+    )
 
 
 @pytest.mark.parametrize(
@@ -34,6 +38,8 @@ def test_defaults_are_pulsars_and_flags_are_taken() -> None:
         (("--compaction-threshold-bytes", "-1"), "--compaction-threshold-bytes"),
         (("--compaction-monitor-interval-s", "0"), "--compaction-monitor-interval-s"),
         (("--compaction-monitor-interval-s", "-5"), "--compaction-monitor-interval-s"),
+        (("--ttl-duration-default-s", "-1"), "--ttl-duration-default-s"),
+        (("--ttl-duration-default-s", str(2**31)), "--ttl-duration-default-s"),
     ],
 )
 def test_values_that_cannot_work_are_refused(argv: tuple[str, ...], flag: str) -> None:

@@ -15,7 +15,6 @@ from topic_broker.compaction import (
     compacted_out_mask,
     compaction_backlog,
     compaction_due,
-    compaction_threshold,
     decode_compacted,
     encode_compacted,
     last_kept_index,
@@ -23,7 +22,7 @@ from topic_broker.compaction import (
 )
 from topic_broker.managed_ledger import Position
 from topic_broker.service import read_compacted_refusal
-from zk.managed_ledgers import MetadataFormatError, NamespacePolicies, TopicPolicies
+from zk.managed_ledgers import MetadataFormatError, NamespacePolicies, TopicPolicies, policy_in_force
 
 
 def single(key: str | None, value: bytes) -> bytes:
@@ -134,10 +133,10 @@ def test_read_compacted_refusal(sub_type: int, read_compacted: bool, name: str, 
         (300, None, 0, 300),
     ],
 )
-def test_compaction_threshold_topic_then_namespace_then_broker(
+def test_policy_in_force_is_the_topics_then_the_namespaces_then_the_brokers(
     topic: int | None, namespace: int | None, broker: int, expected: int
 ) -> None:
-    assert compaction_threshold(topic, namespace, broker) == expected
+    assert policy_in_force(topic, namespace, broker) == expected
 
 
 def test_compaction_backlog_is_the_compaction_cursors_else_the_slowest_else_the_whole_topic() -> None:
@@ -168,6 +167,12 @@ def test_compaction_thresholds_stored_unset_set_and_refused_negative() -> None:
     assert NamespacePolicies().to_json()["compaction_threshold"] is None  # a removal overwrites the old value
     assert TopicPolicies.from_json(TopicPolicies(compaction_threshold=0).to_json()).compaction_threshold == 0
     assert TopicPolicies().empty and not TopicPolicies(compaction_threshold=0).empty
+    assert not TopicPolicies(message_ttl_in_seconds=0).empty
+    tp = TopicPolicies(message_ttl_in_seconds=60)
+    assert TopicPolicies.from_json(tp.to_json()) == tp
+    assert (
+        TopicPolicies.from_json({"compaction_threshold": 5}).message_ttl_in_seconds is None
+    )  # written before
     with pytest.raises(MetadataFormatError, match="negative"):
         TopicPolicies.from_json({"compaction_threshold": -1})
     with pytest.raises(MetadataFormatError, match="wrong type"):
