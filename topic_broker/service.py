@@ -312,6 +312,7 @@ class _Receipt:
     highest_sequence_id: int
     position: Position | None = None
     error: str | None = None
+    error_code: pb.ServerError = pb.PersistenceError  # the SEND_ERROR's code when ``error`` is set
     done: bool = False
     started: float = 0.0  # time.monotonic() at the SEND's arrival (publish latency)
     messages: int = 1
@@ -357,9 +358,7 @@ class Producer:
             if self.closed:
                 continue
             if r.error is not None:
-                self.session.send(
-                    wire.send_error(self.producer_id, r.sequence_id, pb.PersistenceError, r.error)
-                )
+                self.session.send(wire.send_error(self.producer_id, r.sequence_id, r.error_code, r.error))
             else:
                 pos = r.position or Position(-1, -1)
                 self.session.send(
@@ -911,12 +910,20 @@ class Topic:
             else seq,
         )
         p.receipts.append(rec)
+        last = self.last_sequence.get(p.name, -1)
+        if self.dedup_enabled and dedup and rec.dedup_id <= last:
+            # a resend of what is stored (or on its way): answered in its turn, with no position (-1:-1), on a
+            # terminated topic too, as Pulsar's publishMessage asks its dedup before its managed ledger
+            rec.done = True
+            p.flush_receipts()
+            return
+        if self.ml.terminated_position is not None:
+            # a new message (or any, without dedup): Pulsar's add to a terminated managed ledger fails so
+            rec.error, rec.error_code = f"Topic {self.name} was already terminated", pb.TopicTerminatedError
+            rec.done = True
+            p.flush_receipts()
+            return
         if self.dedup_enabled and dedup:
-            last = self.last_sequence.get(p.name, -1)
-            if rec.dedup_id <= last:
-                rec.done = True  # a resend of what is stored (or on its way): answered in its turn
-                p.flush_receipts()
-                return
             self.persisted_sequence.setdefault(p.name, last)
             self.last_sequence[p.name] = rec.dedup_id
         self.msg_in += num_messages
@@ -1980,10 +1987,6 @@ class BrokerService:
             s.producers.pop(p.producer_id, None)
             s.closed_by_quota[p.producer_id] = True
             s.send(wire.close_producer(p.producer_id, 0))
-            return
-        if p.topic.ml.terminated_position is not None:
-            why = f"Topic {p.topic.name} was already terminated"
-            s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.TopicTerminatedError, why))
             return
         frame = r.frame
         if not frame.checksum_ok:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import Brokers, module_cluster
+from tests.broker_testing import Brokers, in_process_broker, module_cluster
 from tests.integration.test_broker_admin import call, ledgerstore, ok, web
 from tests.integration.test_broker_compaction import wait_for
 from tests.integration.test_broker_pulsar_client import client
@@ -327,6 +328,74 @@ def test_broker_default_message_ttl_applies_where_no_policy_sets_one(cluster: Br
     assert ok(b, "GET", f"{paths['off']}/messageTTL?applied=true") == 0
     wait_for("the broker's default TTL to expire the message", lambda: backlog_of(paths["default"]) == 0)
     assert backlog_of(paths["off"]) == 1
+
+
+def test_a_dedup_resend_to_a_terminated_topic_is_acknowledged_and_a_new_message_refused(
+    cluster: Brokers,
+) -> None:
+    """As Pulsar's publishMessage, which asks its dedup before its managed ledger: on a topic terminated while its
+    producer is still attached (a terminate under way), a resend of a stored sequence id gets its receipt with
+    no position (-1:-1), a new one TopicTerminatedError, each in its turn; nothing is stored. Raw frames: a
+    client resends only what it holds unacknowledged."""
+    from tests.integration.test_broker_client_features4 import _frames_until
+    from tests.integration.test_broker_pulsar_client import _connect
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+    from topic_broker.names import TopicName
+    from topic_broker.server import BrokerServer
+
+    C = pb.BaseCommand
+    with in_process_broker(cluster, tick_interval_s=3600.0) as (service, run):
+        server = BrokerServer(service)  # its Pulsar port
+        run(server.start())
+        t = f"persistent://public/default/{name()}"
+        s = socket.create_connection(("127.0.0.1", service.config.port), timeout=30)
+        dec = wire.FrameDecoder()
+        _connect(s)
+        s.sendall(
+            wire.encode_command(
+                C(type=C.PRODUCER, producer=pb.CommandProducer(topic=t, producer_id=1, request_id=1))
+            )
+        )
+        producer = _frames_until(s, dec, 1, C.PRODUCER_SUCCESS)[0].command.producer_success.producer_name
+
+        def send(seq: int) -> None:
+            md = pb.MessageMetadata(
+                producer_name=producer, sequence_id=seq, publish_time=int(time.time() * 1000)
+            )
+            cmd = C(type=C.SEND, send=pb.CommandSend(producer_id=1, sequence_id=seq))
+            s.sendall(wire.encode_send(cmd, md, b"m"))
+
+        for seq in range(3):
+            send(seq)
+        stored = [f.command.send_receipt.message_id.entryId for f in _frames_until(s, dec, 3, C.SEND_RECEIPT)]
+        assert stored == [0, 1, 2]
+        topic = run(service.get_topic(TopicName.parse(t)))
+        last = run(
+            topic.ml.terminate()
+        )  # its managed ledger only: the producer stays, as while a terminate runs
+        for seq in (1, 3, 2):
+            send(seq)
+        answers: list[Any] = []
+        while len(answers) < 3:
+            data = s.recv(1 << 16)
+            assert data, "connection closed"
+            answers += [f.command for f in dec.feed(data)]
+        s.close()
+        got = [
+            (
+                a.send_receipt.sequence_id,
+                a.send_receipt.message_id.ledgerId,
+                a.send_receipt.message_id.entryId,
+            )
+            if a.type == C.SEND_RECEIPT
+            else (a.send_error.sequence_id, pb.ServerError.Name(a.send_error.error))
+            for a in answers
+        ]
+        minus_one = 2**64 - 1  # -1 in the receipt's uint64
+        assert got == [(1, minus_one, minus_one), (3, "TopicTerminatedError"), (2, minus_one, minus_one)]
+        assert topic.ml.last_confirmed_position() == last
+        run(server.stop())
 
 
 def test_terminate_ends_the_topic_on_this_owner_and_the_next(cluster: Brokers) -> None:
