@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -1248,7 +1249,10 @@ class BrokerService:
         self._closing: dict[str, asyncio.Task[None]] = {}
         self.sessions: set[Session] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: names for producers that bring none: unique across this broker's restarts too (Pulsar draws them
+        #: from a ZooKeeper counter), since the dedup state of a name outlives the process that gave it
         self._producer_names = itertools.count()
+        self._producer_name_prefix = f"{config.id.replace(':', '-')}-{secrets.token_hex(4)}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._compaction_monitor: asyncio.Task[None] | None = None
@@ -1950,7 +1954,7 @@ class BrokerService:
     def _producer_name(self, cmd: pb.CommandProducer) -> str:
         if cmd.HasField("producer_name") and cmd.producer_name:
             return cmd.producer_name
-        return f"{self.config.id.replace(':', '-')}-{next(self._producer_names)}"
+        return f"{self._producer_name_prefix}-{next(self._producer_names)}"
 
     def _add_producer(
         self, s: Session, cmd: pb.CommandProducer, topic: Topic, name: str, schema_version: bytes | None

@@ -325,6 +325,34 @@ def test_dedup_with_a_fixed_producer_name(broker: BrokerProcess) -> None:
         c.close()
 
 
+def test_a_name_the_broker_gave_a_producer_is_not_given_again_after_a_restart(broker: BrokerProcess) -> None:
+    """Producers without a name get one from the broker, and the topic keeps its dedup state under that name:
+    a producer created after the broker restarted must not get the name of one created before, else the older
+    producer's resends (same name, sequence ids already used by the newer) are dropped as duplicates and
+    acknowledged without being stored."""
+    t = topic_name()
+    c1 = client(broker)
+    try:
+        p1 = c1.create_producer(t, send_timeout_millis=30_000)
+        p1.send(b"a0")
+        broker.stop()
+        broker.start()
+        c2 = client(broker)
+        try:
+            p2 = c2.create_producer(t)
+            assert p2.producer_name() != p1.producer_name()
+            p2.send(b"b0")
+            p2.close()
+            p1.send(b"a1")  # after the reconnection
+            reader = c2.create_reader(t, pulsar.MessageId.earliest)
+            got = [reader.read_next(10_000).data() for _ in range(3)]
+            assert sorted(got) == [b"a0", b"a1", b"b0"]
+        finally:
+            c2.close()
+    finally:
+        c1.close()
+
+
 def test_partitioned_topic(broker: BrokerProcess, cluster: Brokers) -> None:
     t = topic_name()
     _meta(cluster, lambda meta: meta.create_partitioned_topic(TopicName.parse(t).ml_name, 3))
