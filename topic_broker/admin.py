@@ -1311,11 +1311,17 @@ class AdminApp:
             raise AdminError(404, f"Message not found at {pos}: {e}") from e
         try:
             md, payload = wire.parse_entry(data, verify_checksum=False)
-            messages: list[tuple[pb.SingleMessageMetadata | None, bytes]]
-            if batch_index is None:
-                messages = [(None, wire.uncompressed_payload(md, payload))]
+
+            def decompressed() -> list[tuple[pb.SingleMessageMetadata | None, bytes]]:
+                if batch_index is None:
+                    return [(None, wire.uncompressed_payload(md, payload))]
+                return list(wire.iter_batch(md, payload))
+
+            if md.compression in wire.ARROW_CODECS:
+                # pyarrow's import (the first time) and its decompression, off the event loop
+                messages = await asyncio.to_thread(decompressed)
             else:
-                messages = list(wire.iter_batch(md, payload))
+                messages = decompressed()
         except wire.EntryFormatError as e:
             raise AdminError(412, f"the entry at {pos} cannot be read as a message: {e}") from e
         index = 0 if batch_index is None else batch_index

@@ -144,7 +144,8 @@ def _messages(data: bytes) -> tuple[pb.MessageMetadata, list[tuple[pb.SingleMess
     md, payload = wire.parse_entry(data, verify_checksum=False)
     if md.HasField("num_messages_in_batch") and md.encryption_keys:
         raise wire.EntryFormatError("an encrypted batch")
-    return md, list(wire.iter_batch(md, payload))
+    # ZLIB unpacked; LZ4, ZSTD and SNAPPY batches kept whole (pyarrow not run on the loop for every entry)
+    return md, list(wire.iter_batch(md, payload, arrow=False))
 
 
 class PhaseOne:

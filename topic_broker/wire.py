@@ -28,6 +28,7 @@ Errors::
     WireError (ValueError)
      ├── FrameError          a malformed frame; close the connection
      └── EntryFormatError    a stored entry or SEND payload that cannot be read (bad magic, checksum, metadata)
+          └── CompressionUnavailableError   compressed with LZ4, ZSTD or SNAPPY, and pyarrow is not installed
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError
@@ -45,6 +46,8 @@ from bookie.protocol import ENTRY_SIZE_MAX
 from topic_broker import pulsar_api_pb2 as pb
 
 __all__ = [
+    "ARROW_CODECS",
+    "CompressionUnavailableError",
     "CHECKSUM_MAGIC",
     "counts_for_dedup",
     "entry_deliver_at",
@@ -134,6 +137,11 @@ class FrameError(WireError):
 
 class EntryFormatError(WireError):
     """A stored entry (or a SEND's payload part) whose magic, checksum, sizes or metadata are invalid."""
+
+
+class CompressionUnavailableError(EntryFormatError):
+    """An entry compressed with a codec this process cannot decompress: pyarrow, which LZ4, ZSTD and SNAPPY need,
+    is not installed."""
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:
@@ -920,13 +928,73 @@ def _scan_varint_field(data: bytes | bytearray | memoryview, pos: int, end: int,
     return found
 
 
+#: Pulsar's other compressions by their Arrow codec names: LZ4 is the raw LZ4 block format, SNAPPY raw snappy,
+#: ZSTD a zstd frame (what the Java and C++ clients write). pyarrow decompresses them, imported when first needed
+#: (``pip install pyarrow``; the Spark extra has it): without it they raise :class:`CompressionUnavailableError`.
+ARROW_CODECS: Final[dict[int, str]] = {pb.LZ4: "lz4_raw", pb.ZSTD: "zstd", pb.SNAPPY: "snappy"}
+#: The largest ``uncompressed_size`` decompressed through pyarrow, which allocates it whole before it reads: a
+#: hostile 4 GiB declaration is refused rather than allocated
+ARROW_UNCOMPRESSED_MAX: Final = 256 * 1024 * 1024
+
+
+def _arrow_decompressed(compression: int, payload: bytes | bytearray | memoryview, size: int) -> bytes:
+    codec = ARROW_CODECS[compression]
+    name = pb.CompressionType.Name(compression)
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise CompressionUnavailableError(
+            f"{name} compressed payloads need the pyarrow package, which is not installed here"
+        ) from None
+    if size > ARROW_UNCOMPRESSED_MAX:
+        raise EntryFormatError(
+            f"{name} payload declares {size} bytes uncompressed, over {ARROW_UNCOMPRESSED_MAX}"
+        )
+    data = bytes(payload)
+    arrow = pa.Codec(codec)
+    try:
+        out = arrow.decompress(data, decompressed_size=size, asbytes=True)
+        # pyarrow answers a buffer of the size asked for, whatever the payload fills of it (LZ4 and snappy; a
+        # zstd frame states its size): one that decompresses into less as well, or a snappy header stating
+        # another size, is shorter than it declares, and the rest of the buffer is not its data
+        shorter = compression == pb.LZ4 and size > 0 and _decompresses(arrow, data, size - 1, pa)
+        if compression == pb.SNAPPY and _snappy_length(data) != size:
+            shorter = True
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise EntryFormatError(f"{name} payload does not decompress to {size} bytes: {e}") from None
+    if shorter or len(out) != size:
+        raise EntryFormatError(f"{name} payload does not decompress to its uncompressed_size {size}")
+    return bytes(out)
+
+
+def _decompresses(arrow: Any, data: bytes, size: int, pa: Any) -> bool:
+    try:
+        arrow.decompress(data, decompressed_size=size)
+    except (OSError, ValueError, pa.ArrowException):
+        return False
+    return True
+
+
+def _snappy_length(data: bytes) -> int:
+    """The uncompressed length a snappy block states first (a little-endian base-128 varint), -1 if none."""
+    n = shift = 0
+    for byte in data[:5]:
+        n |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return n
+        shift += 7
+    return -1
+
+
 def _uncompressed(
-    metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview
+    metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview, *, arrow: bool = True
 ) -> bytes | memoryview:
     compression = metadata.compression
     if compression == pb.NONE:
         return memoryview(payload)
     size = metadata.uncompressed_size
+    if arrow and compression in ARROW_CODECS:
+        return _arrow_decompressed(compression, payload, size)
     if compression == pb.ZLIB:
         decompressor = zlib.decompressobj()
         try:
@@ -943,8 +1011,9 @@ def _uncompressed(
 
 
 def uncompressed_payload(metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview) -> bytes:
-    """An entry's payload inflated (ZLIB), a batch's whole frame: what Pulsar's admin answers for an entry (peek).
-    Other compressions raise :class:`EntryFormatError`."""
+    """An entry's payload decompressed (ZLIB here, LZ4, ZSTD and SNAPPY through pyarrow: :data:`ARROW_CODECS`), a
+    batch's whole frame: what Pulsar's admin answers for an entry (peek). :class:`EntryFormatError` for a payload
+    that does not decompress to its ``uncompressed_size``, :class:`CompressionUnavailableError` without pyarrow."""
     return bytes(_uncompressed(metadata, payload))
 
 
@@ -956,7 +1025,7 @@ def batch_last_sequence_id(
     only its first id, so one metadata object is reused and no payload is copied (half the CPU).
     :class:`EntryFormatError` as ``iter_batch`` raises it."""
     last = None
-    data = _uncompressed(metadata, payload)
+    data = _uncompressed(metadata, payload, arrow=False)  # the send path: pyarrow is neither imported nor run
     for single, _at, _size in _batch_messages(metadata, data, pb.SingleMessageMetadata()):
         if single.HasField("sequence_id"):
             last = single.sequence_id
@@ -964,12 +1033,13 @@ def batch_last_sequence_id(
 
 
 def iter_batch(
-    metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview
+    metadata: pb.MessageMetadata, payload: bytes | bytearray | memoryview, *, arrow: bool = True
 ) -> Iterator[tuple[pb.SingleMessageMetadata | None, bytes]]:
     """The messages of an entry: ``(None, payload)`` once for a non-batch entry, else ``(SingleMessageMetadata,
-    payload_i)`` per message of the batch. ZLIB payloads are inflated first; other compressions raise
-    :class:`EntryFormatError`, as do sizes that overrun the payload."""
-    data = _uncompressed(metadata, payload)
+    payload_i)`` per message of the batch. Compressed payloads are decompressed first (:func:`uncompressed_payload`,
+    and its errors; ``arrow`` False: LZ4, ZSTD and SNAPPY raise :class:`EntryFormatError`, pyarrow left alone);
+    sizes that overrun the payload raise :class:`EntryFormatError`."""
+    data = _uncompressed(metadata, payload, arrow=arrow)
     if not metadata.HasField("num_messages_in_batch"):
         yield None, bytes(data)
         return

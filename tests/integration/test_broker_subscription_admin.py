@@ -120,6 +120,42 @@ def test_peek_shows_the_unacknowledged_messages_and_moves_nothing(bp: BrokerProc
     assert peek(bp, t, "s", "x")[0] == 412  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("kind", ["LZ4", "ZSTD", "SNAPPY", "ZLib"])
+def test_peek_and_examinemessage_decompress_every_compression(bp: BrokerProcess, c: Any, kind: str) -> None:
+    """A batch and a single message compressed as pulsar-client writes them: peek answers the batch's frame
+    decompressed (which the CLI splits into its messages), examinemessage each message of it and the single one
+    (LZ4, ZSTD and SNAPPY through pyarrow; they answered 412 before)."""
+    t = name()
+    full = f"persistent://public/default/{t}"
+    ok(bp, "PUT", f"{T}/{t}")
+    ok(bp, "PUT", f"{T}/{t}/subscription/s", "earliest")
+    compression = getattr(pulsar.CompressionType, kind)
+    batcher = c.create_producer(
+        full, compression_type=compression, batching_enabled=True, batching_max_publish_delay_ms=60_000
+    )
+    sent = [f"{kind}-{i}-".encode() * 20 for i in range(3)]
+    for data in sent:
+        batcher.send_async(data, None)
+    batcher.flush()
+    c.create_producer(full, compression_type=compression, batching_enabled=False).send(b"alone-" * 50)
+
+    status, body, headers = peek(bp, t, "s", 1)
+    assert status == 200, body
+    assert headers["X-Pulsar-num-batch-message"] == "3" and int(headers["X-Pulsar-batch-size"]) == len(body)
+    shown = cli(bp, "peek", t, "-s", "s", "-n", "2")
+    assert [m["payload"] for m in shown] == [d.decode() for d in sent] + ["alone-" * 50]
+
+    def examine(query: str) -> bytes:
+        url = f"{web(bp)}{T}/{t}/examinemessage?{query}"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return bytes(r.read())
+
+    for i, data in enumerate(sent):
+        assert examine(f"initialPosition=earliest&messagePosition=1&batchIndex={i}") == data
+    assert examine("initialPosition=latest&messagePosition=1") == b"alone-" * 50
+    assert backlog(bp, t, "s") == 4
+
+
 def test_skip_moves_the_subscription_over_n_messages(bp: BrokerProcess, c: Any) -> None:
     t = name()
     full = f"persistent://public/default/{t}"

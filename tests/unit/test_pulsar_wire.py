@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 import threading
 import zlib
 from typing import Any
@@ -313,9 +314,33 @@ def test_truncated_batch_raises() -> None:
         list(wire.iter_batch(_metadata(num_messages_in_batch=3), raw))
 
 
-def test_unsupported_compression_raises() -> None:
-    with pytest.raises(wire.EntryFormatError, match="LZ4"):
-        list(wire.iter_batch(_metadata(compression=pb.LZ4, uncompressed_size=3), b"abc"))
+@pytest.mark.parametrize("compression", [pb.LZ4, pb.ZSTD, pb.SNAPPY])
+def test_lz4_zstd_and_snappy_batches_are_decompressed_with_pyarrow(compression: int) -> None:
+    pa = pytest.importorskip("pyarrow")
+    raw = _batch_payload([("a", b"x" * 100), ("b", b"y")])
+    packed = pa.Codec(wire.ARROW_CODECS[compression]).compress(raw, asbytes=True)
+    metadata = _metadata(num_messages_in_batch=2, compression=compression, uncompressed_size=len(raw))
+    assert [p for _, p in wire.iter_batch(metadata, packed)] == [b"x" * 100, b"y"]
+    assert wire.uncompressed_payload(metadata, packed) == raw
+    name = pb.CompressionType.Name(compression)
+    for size in (len(raw) - 1, len(raw) + 1):  # a declared size the payload does not decompress to
+        lying = _metadata(num_messages_in_batch=2, compression=compression, uncompressed_size=size)
+        with pytest.raises(wire.EntryFormatError, match=name):
+            wire.uncompressed_payload(lying, packed)
+    with pytest.raises(wire.EntryFormatError, match=name):
+        wire.uncompressed_payload(_metadata(compression=compression, uncompressed_size=3), b"\xff\xfe\xfd")
+    huge = _metadata(compression=compression, uncompressed_size=wire.ARROW_UNCOMPRESSED_MAX + 1)
+    with pytest.raises(wire.EntryFormatError, match="over"):  # refused, not allocated
+        wire.uncompressed_payload(huge, packed)
+    # the send path's walk for the last sequence id neither imports nor runs pyarrow
+    with pytest.raises(wire.EntryFormatError, match="not supported here"):
+        wire.batch_last_sequence_id(metadata, packed)
+
+
+def test_lz4_without_pyarrow_names_the_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow then raises ImportError
+    with pytest.raises(wire.CompressionUnavailableError, match="pyarrow"):
+        wire.uncompressed_payload(_metadata(compression=pb.LZ4, uncompressed_size=3), b"abc")
 
 
 # ---- properties --------------------------------------------------------------------------------------------
