@@ -511,34 +511,6 @@ class _Partial:
     parts: list[bytes]
 
 
-#: Pulsar's compression codecs as Arrow names: LZ4 is the raw LZ4 block format, SNAPPY raw snappy, ZSTD a zstd
-#: frame (what the Java and C++ clients write). ZLIB and NONE are handled by :func:`topic_broker.wire.iter_batch`.
-_ARROW_CODECS = {1: "lz4_raw", 3: "zstd", 4: "snappy"}
-
-
-def _inflate(meta: Any, payload: Any) -> Any:
-    """The payload of an entry compressed with LZ4, ZSTD or SNAPPY, decompressed (``meta.compression`` is then
-    cleared so :func:`iter_batch` takes it as it is); other payloads unchanged. Raises ``EntryFormatError``."""
-    codec = _ARROW_CODECS.get(meta.compression)
-    if codec is None:
-        return payload
-    import pyarrow as pa
-
-    from topic_broker.wire import EntryFormatError
-
-    size = meta.uncompressed_size
-    try:
-        out = pa.Codec(codec).decompress(bytes(payload), decompressed_size=size, asbytes=True)
-    except (OSError, ValueError, pa.ArrowException) as e:
-        raise EntryFormatError(f"{codec} payload does not decompress to {size} bytes: {e}") from None
-    if len(out) != size:
-        raise EntryFormatError(
-            f"{codec} payload inflates to {len(out)} bytes, not its uncompressed_size {size}"
-        )
-    meta.ClearField("compression")
-    return out
-
-
 def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iterator[Any]:
     """The range's messages as Arrow record batches. Stateless: its own client, closed at the end."""
     import pyarrow as pa
@@ -634,7 +606,7 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
                 if whole is None:
                     return
                 first_chunk, payload = whole
-            messages = list(iter_batch(meta, _inflate(meta, payload)))
+            messages = list(iter_batch(meta, payload))  # decompressed there (pyarrow for LZ4, ZSTD, SNAPPY)
         except EntryFormatError as e:
             raise RuntimeError(f"{part.topic}: entry {part.ledger_id}:{entry_id} is malformed: {e}") from e
         publish_us = meta.publish_time * 1000
