@@ -21,7 +21,7 @@ import logging
 import os
 import random
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from bookie import protocol as p
@@ -74,6 +74,9 @@ class ClientConfig:
     # TLS to the bookies (they run with --tls-cert/--tls-key): the PEM file of the CA (or the bookies'
     # certificates) to verify them with. None: $LEDGERSTORE_TLS_CA, else plaintext
     tls_ca: str | None = None
+    # ZooKeeper digest credentials ('user:password' or a zk.acl.ZkAuth; docs/operations.md, "ZooKeeper ACLs").
+    # None: $LEDGERSTORE_ZK_AUTH, else the file named by $LEDGERSTORE_ZK_AUTH_FILE, else none. Never in repr
+    zk_auth: Any = field(default=None, repr=False)
 
 
 def resolve_auth_token(config: ClientConfig) -> str | None:
@@ -158,6 +161,7 @@ class BookKeeper:
                 zk_connect,
                 root=config.zk_root,
                 session_timeout_s=config.zk_session_timeout_s,
+                auth=config.zk_auth,
             )
         except zk.MetadataError as e:
             raise E.MetadataStoreError(f"cannot connect to ZooKeeper at {zk_connect}: {e}") from e

@@ -10,7 +10,8 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from spark.options import (
     DEFAULT_MAX_RECORDS_PER_BATCH,
@@ -51,6 +52,8 @@ KNOWN_OPTIONS = (
     "entriesPerPartition",
     "maxRecordsPerBatch",
     "readTimeoutMs",
+    "authTokenFile",
+    "zkAuthFile",
 )
 
 
@@ -96,6 +99,9 @@ class TopicOptions:
     entries_per_partition: int
     max_records_per_batch: int
     read_timeout_ms: int
+    #: the bookies' token (``authTokenFile``), ZooKeeper's ``ZkAuth`` (``zkAuthFile``); None: the environment
+    auth_token: str | None = field(default=None, repr=False)
+    zk_auth: Any = field(default=None, repr=False)
 
 
 def _topic_names(raw: str, option: str) -> tuple[str, ...]:
@@ -190,7 +196,11 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
         raise TopicOptionError(unknown[0], unknown_option(unknown[0], KNOWN_OPTIONS))
     try:
         common = _parse_common(
-            {k: v for k, v in options.items() if str(k).lower() in ("zk", "zkroot", "password")}
+            {
+                k: v
+                for k, v in options.items()
+                if str(k).lower() in ("zk", "zkroot", "password", "authtokenfile", "zkauthfile")
+            }
         )
         fail = _bool(opts, "failOnDataLoss", True)
         per_part = _int(opts, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION, 1, 1 << 40)
@@ -278,4 +288,6 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
         entries_per_partition=per_part,
         max_records_per_batch=per_batch,
         read_timeout_ms=timeout,
+        auth_token=common.auth_token,
+        zk_auth=common.zk_auth,
     )

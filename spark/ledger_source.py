@@ -29,6 +29,10 @@ reply, no object per entry), yields Arrow record batches of at most ``maxRecords
 from those rows by one vectorized copy with arithmetic offsets, or from payloads of mixed sizes joined, ids
 from the batch's first id), and closes the client.
 
+A secured cluster's credentials come from options ``authTokenFile`` and ``zkAuthFile`` (:mod:`spark.options`);
+planning asks a registered bookie for its info with the query's token, so a credential missing or refused fails
+there naming the option, not in the executors' tasks.
+
 A ledger that disappears (deleted) under a query: with ``failOnDataLoss`` true the query fails with
 :class:`LedgerDataLossError`; with false it is skipped (what was already read of it stays) and a warning is
 logged.
@@ -59,7 +63,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark.options import BATCH_BYTES_MAX, LedgerOptionError, LedgerOptions, parse_ledger_options
+from spark.options import (
+    BATCH_BYTES_MAX,
+    LedgerOptionError,
+    LedgerOptions,
+    client_config,
+    parse_ledger_options,
+)
 from spark.planning import entry_ranges, readable_last_entry
 
 __all__ = [
@@ -161,12 +171,65 @@ def pack_ranges(
 
 
 def _client(opts: LedgerOptions) -> Any:
-    from ledger_client import ClientConfig
     from ledger_client.sync import BookKeeper
 
-    return BookKeeper.connect(
-        opts.zk, config=ClientConfig(zk_root=opts.zk_root, read_timeout_s=opts.read_timeout_ms / 1000)
-    )
+    with credentials_checked(opts, LedgerOptionError):
+        return BookKeeper.connect(opts.zk, config=client_config(opts))
+
+
+@contextlib.contextmanager
+def credentials_checked(opts: Any, error: type[ValueError]) -> Iterator[None]:
+    """Planning: ZooKeeper's refusal of a query without credentials (or with wrong ones) becomes ``error`` (the
+    source's option error) naming option ``zkAuthFile``, not a connection failure from deep in the client."""
+    from ledger_client import MetadataStoreError
+    from zk.errors import MetadataAuthError
+
+    try:
+        yield
+    except (MetadataAuthError, MetadataStoreError) as e:
+        cause = e if isinstance(e, MetadataAuthError) else e.__cause__
+        if not isinstance(cause, MetadataAuthError):
+            raise
+        given = "the credentials of option zkAuthFile" if opts.zk_auth else "no option zkAuthFile"
+        raise error(  # type: ignore[call-arg]
+            "zkAuthFile",
+            f"ZooKeeper at {opts.zk} refused the query ({given}): {cause}; give option zkAuthFile, the path of a "
+            "file holding the cluster's user:password",
+        ) from None
+
+
+#: Bookies a planning query asks whether they serve its token, at most (one answer settles it).
+ACCESS_PROBES_MAX = 3
+
+
+def check_bookie_access(bk: Any, opts: Any, error: type[ValueError]) -> None:
+    """Planning: ask a registered bookie for its info (BOOKIE_INFO, which every client may ask) over a
+    connection that sends the query's token, so that bookies run with ``--auth-required`` refusing it (no token,
+    or a token signed with another secret) fail the query here as ``error`` naming option ``authTokenFile``:
+    else the planning of an open ledger reported only that too few bookies answered, and a scan of closed ones
+    failed in the executors' tasks. A bookie that cannot be reached proves nothing: the next one is asked."""
+    from bookie import protocol as p
+    from ledger_client import LedgerError, UnauthorizedError
+
+    inner = bk._bk
+    bookies = [*bk.writable_bookies(), *bk.readonly_bookies()][:ACCESS_PROBES_MAX]
+    for bookie in bookies:
+        try:
+            resp = bk._loop.run(inner._ask(bookie, lambda rid: p.BookieInfoRequest(request_id=rid)))
+        except UnauthorizedError as e:
+            refused = f"{e}"
+        except LedgerError:
+            continue
+        else:
+            if getattr(resp, "status", p.Status.OK) != p.Status.UNAUTHORIZED:
+                return
+            refused = f"bookie {bookie} requires a token and the query sent none"
+        given = "the token of option authTokenFile" if opts.auth_token else "no option authTokenFile"
+        raise error(  # type: ignore[call-arg]
+            "authTokenFile",
+            f"{refused} ({given}); give option authTokenFile, the path of a file holding a token the bookies "
+            "accept (ledgerstore auth create-token)",
+        )
 
 
 def _check_cluster_root(bk: Any, opts: LedgerOptions) -> None:
@@ -196,6 +259,7 @@ def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
     bk = _client(opts)
     try:
         _check_cluster_root(bk, opts)
+        check_bookie_access(bk, opts, LedgerOptionError)
         chosen, missing = opts.ledgers.select(bk.list_ledgers())
         for lid in missing:
             _data_loss(opts, lid, "does not exist")
@@ -375,7 +439,7 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
     """Executor side: the range's entries as Arrow record batches. Stateless: its own client on its own event
     loop in this thread (no thread hop per batch), closed at the end (also when Spark stops consuming early).
     The loop runs while a batch is collected; the client's read-ahead keeps the next batches in flight."""
-    from ledger_client import BookKeeper, ClientConfig, NoSuchEntryError, NoSuchLedgerError
+    from ledger_client import BookKeeper, NoSuchEntryError, NoSuchLedgerError
 
     max_rows = min(opts.max_records_per_batch, part.last_entry_id - part.first_entry_id + 1)
     columns = _Columns(part, schema, max(1, max_rows))
@@ -384,8 +448,7 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
     run = loop.run_until_complete
     bk: Any = None
     try:
-        config = ClientConfig(zk_root=opts.zk_root, read_timeout_s=opts.read_timeout_ms / 1000)
-        bk = run(BookKeeper.connect(opts.zk, config=config))
+        bk = run(BookKeeper.connect(opts.zk, config=client_config(opts)))
         try:
             lh = run(bk.open_ledger(part.ledger_id, opts.password, recovery=False))
         except NoSuchLedgerError:

@@ -1,4 +1,5 @@
-"""The ``ledger`` source's options: parsed and checked on the driver, before any task runs (pure, no I/O).
+"""The ``ledger`` source's options: parsed and checked on the driver, before any task runs (no I/O but reading
+the credentials' files).
 
     spark.read.format("ledger")
         .option("zk", "127.0.0.1:2181")          # ZooKeeper HOST:PORT[,HOST:PORT...]; default $LEDGERSTORE_ZK
@@ -9,9 +10,20 @@
         .option("maxRecordsPerBatch", 8192)      # rows per Arrow record batch a reader yields
         .option("failOnDataLoss", "true")        # a ledger deleted under the query: error (true) or skip (false)
         .option("readTimeoutMs", 10000)          # one bookie request's timeout before the next replica is tried
+        .option("authTokenFile", "/etc/ledgerstore/app.token")  # the bookies' token (--auth-required)
+        .option("zkAuthFile", "/etc/ledgerstore/zk-auth")        # ZooKeeper digest credentials, user:password
 
 Option names are case-insensitive (Spark passes them so). Every mistake raises :class:`LedgerOptionError`, whose
 message names the option.
+
+Credentials of a secured cluster (docs/operations.md, "Authentication", "ZooKeeper ACLs", "Spark"): ``authTokenFile`` names a file holding the
+token the bookies check (``ledgerstore auth create-token``), ``zkAuthFile`` one holding ``user:password`` for
+ZooKeeper's digest ACLs. Options name files, never the secrets, so nothing secret shows in Spark's plan or UI.
+They are read where the query is planned (the only I/O here), and what they hold travels to the executors with
+the query's tasks, so the files need not be on the workers (turn on ``spark.network.crypto.enabled`` where
+Spark's own network is not trusted). Without them the environment is the fallback, in every process that
+connects: ``LEDGERSTORE_AUTH_TOKEN[_FILE]`` and ``LEDGERSTORE_ZK_AUTH[_FILE]``, which a cluster's executors and
+the Python workers that plan a query get only if the cluster passes them on (``spark.executorEnv.*``).
 """
 
 from __future__ import annotations
@@ -20,7 +32,9 @@ import difflib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 __all__ = [
     "DEFAULT_ENTRIES_PER_PARTITION",
@@ -28,6 +42,8 @@ __all__ = [
     "LedgerOptionError",
     "LedgerOptions",
     "LedgerSelection",
+    "client_config",
+    "parse_credentials",
     "parse_ledger_options",
     "parse_ledgers",
 ]
@@ -51,7 +67,11 @@ KNOWN_OPTIONS = (
     "maxRecordsPerBatch",
     "failOnDataLoss",
     "readTimeoutMs",
+    "authTokenFile",
+    "zkAuthFile",
 )
+#: The options that name credentials' files (shared by the ``topic`` source).
+CREDENTIAL_OPTIONS = ("authTokenFile", "zkAuthFile")
 
 _HOSTPORT = re.compile(r"[A-Za-z0-9_.\-\[\]:]+:\d{1,5}")
 
@@ -97,6 +117,10 @@ class LedgerOptions:
     max_records_per_batch: int = DEFAULT_MAX_RECORDS_PER_BATCH
     fail_on_data_loss: bool = True
     read_timeout_ms: int = DEFAULT_READ_TIMEOUT_MS
+    #: the bookies' token (``authTokenFile``); None: the environment of the process that connects
+    auth_token: str | None = field(default=None, repr=False)
+    #: ZooKeeper credentials (``zkAuthFile``, a ``zk.acl.ZkAuth``); None: the environment likewise
+    zk_auth: Any = field(default=None, repr=False)
 
 
 def parse_ledgers(text: str, option: str = "ledgers") -> LedgerSelection:
@@ -162,6 +186,55 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
     raise LedgerOptionError(name, f"expected true or false, got {raw!r}")
 
 
+def client_config(opts: Any) -> Any:
+    """The ledger client's configuration for a source's options (``LedgerOptions`` or the ``topic`` source's):
+    metadata root, read timeout and credentials."""
+    from ledger_client import ClientConfig
+
+    return ClientConfig(
+        zk_root=opts.zk_root,
+        read_timeout_s=opts.read_timeout_ms / 1000,
+        auth_token=opts.auth_token,
+        zk_auth=opts.zk_auth,
+    )
+
+
+def _secret_file(opts: Mapping[str, str], name: str) -> str | None:
+    """The contents of the file option ``name`` names (stripped), None when the option is not given."""
+    raw = opts.get(name.lower())
+    if raw is None:
+        return None
+    path = str(raw).strip()
+    if not path:
+        raise LedgerOptionError(name, "is empty; give the path of a file")
+    try:
+        text = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LedgerOptionError(name, f"cannot read {path}: {e}") from None
+    if not text:
+        raise LedgerOptionError(name, f"{path} is empty")
+    return text
+
+
+def parse_credentials(opts: Mapping[str, str]) -> tuple[str | None, Any]:
+    """(the token of ``authTokenFile``, the ``ZkAuth`` of ``zkAuthFile``); None for an option not given.
+    ``opts``: lower-cased names."""
+    from zk.acl import ZkAuth
+    from zk.errors import MetadataAuthError
+
+    token = _secret_file(opts, "authTokenFile")
+    if token is not None and len(token.split()) != 1:
+        raise LedgerOptionError(
+            "authTokenFile", "the file must hold one token (ledgerstore auth create-token)"
+        )
+    zk_text = _secret_file(opts, "zkAuthFile")
+    try:
+        zk_auth = None if zk_text is None else ZkAuth.parse(zk_text, "the file")
+    except MetadataAuthError as e:
+        raise LedgerOptionError("zkAuthFile", f"{opts['zkauthfile']}: {e}") from None
+    return token, zk_auth
+
+
 def parse_ledger_options(options: Mapping[str, str]) -> LedgerOptions:
     """Check every option; raise :class:`LedgerOptionError` naming the first bad one."""
     opts = {str(k).lower(): v for k, v in options.items()}
@@ -183,9 +256,12 @@ def parse_ledger_options(options: Mapping[str, str]) -> LedgerOptions:
         raise LedgerOptionError(
             "zkRoot", f"expected an absolute znode path like /ledgerstore, got {zk_root!r}"
         )
+    auth_token, zk_auth = parse_credentials(opts)
     return LedgerOptions(
         zk=zk,
         zk_root=zk_root,
+        auth_token=auth_token,
+        zk_auth=zk_auth,
         ledgers=parse_ledgers(str(opts.get("ledgers", "all"))),
         password=str(opts.get("password", "")).encode(),
         entries_per_partition=_int(opts, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION, 1, 1 << 40),

@@ -16,6 +16,10 @@ payloads compressed with LZ4, ZLIB, ZSTD or SNAPPY, as the Pulsar clients write 
 Options (names case-insensitive; every mistake fails when the query is defined/started, naming the option):
 
 * ``zk``, ``zkRoot`` (default ``/ledgerstore``), ``password``: the managed-ledger password (default empty).
+* ``authTokenFile``, ``zkAuthFile``: files holding the bookies' token and ZooKeeper's ``user:password`` for a
+  secured cluster, read where the query is planned, their contents shipped with the tasks (default: each
+  process's environment, ``LEDGERSTORE_AUTH_TOKEN[_FILE]`` and ``LEDGERSTORE_ZK_AUTH[_FILE]``); a credential
+  missing or refused fails the planning naming the option (:mod:`spark.options`).
 * exactly one of ``topic`` (a name: ``t``, ``tenant/ns/t`` or ``persistent://tenant/ns/t``), ``topics`` (a comma
   list) or ``topicsPattern`` (a regex matched against full names ``persistent://tenant/ns/<topic>``; the namespace
   is the pattern's ``persistent://tenant/ns/`` prefix, ``public/default`` for a bare regex). A partitioned topic
@@ -114,8 +118,8 @@ from spark._topic_offsets import (
     resolve_start,
 )
 from spark._topic_options import OffsetSpec, TopicOptionError, TopicOptions, parse_topic_options
-from spark.ledger_source import _exists, freeze_worker_heap
-from spark.options import BATCH_BYTES_MAX
+from spark.ledger_source import _exists, check_bookie_access, credentials_checked, freeze_worker_heap
+from spark.options import BATCH_BYTES_MAX, client_config
 
 __all__ = [
     "TOPIC_SCHEMA",
@@ -191,12 +195,10 @@ class TopicRange(InputPartition):  # type: ignore[misc]
 
 
 def _bk_client(opts: TopicOptions) -> Any:
-    from ledger_client import ClientConfig
     from ledger_client.sync import BookKeeper
 
-    return BookKeeper.connect(
-        opts.zk, config=ClientConfig(zk_root=opts.zk_root, read_timeout_s=opts.read_timeout_ms / 1000)
-    )
+    with credentials_checked(opts, TopicOptionError):
+        return BookKeeper.connect(opts.zk, config=client_config(opts))
 
 
 class _Driver:
@@ -206,13 +208,19 @@ class _Driver:
         from zk.client import MetadataStore
 
         self.opts = opts
-        self.store = MetadataStore.connect(opts.zk, opts.zk_root)
+        with credentials_checked(opts, TopicOptionError):
+            self.store = MetadataStore.connect(opts.zk, opts.zk_root, auth=opts.zk_auth)
         self._bk: Any = None
         self._open_handles: dict[int, Any] = {}
         #: ledger id -> entries of ledgers seen closed (fixed for good): tells a trimmed ledger from a loss
         self.known_closed: dict[int, int] = {}
         #: ledgers whose metadata took ``password`` (checked once each, when a snapshot first lists them)
         self._password_ok: set[int] = set()
+        try:  # a token the bookies refuse fails here, naming the option
+            check_bookie_access(self.bk, opts, TopicOptionError)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def bk(self) -> Any:
