@@ -21,6 +21,7 @@ from ledgerstore.cli import (
     CommandError,
     add_passwords_arguments,
     cluster_store,
+    counted,
     emit,
     passwords_of,
     progress_disabled,
@@ -482,8 +483,8 @@ def _decommission(args: argparse.Namespace) -> int:
         head = (
             f"bookie {args.bookie}: "
             + ("decommissioned" if result.complete else "NOT decommissioned (timed out)")
-            + f" in {result.seconds:.1f}s: {len(result.ledgers_moved)} ledgers moved, "
-            f"{result.entries_copied} entries ({result.bytes_copied / 2**20:.1f} MiB) copied"
+            + f" in {result.seconds:.1f}s: {counted(len(result.ledgers_moved), 'ledger')} moved, "
+            f"{counted(result.entries_copied, 'entry', 'entries')} ({result.bytes_copied / 2**20:.1f} MiB) copied"
             + ("; cookie deleted (stop the bookie now)" if result.cookie_deleted else "")
         )
         return "\n".join(
@@ -508,7 +509,9 @@ def _cancel_decommission(args: argparse.Namespace) -> int:
         args,
         f"decommission of bookie {args.bookie} cancelled: "
         + ("its decommissioning mark removed" if was else "it had no decommissioning mark")
-        + f"; {len(ledgers)} ledgers no longer drain it"
+        + f"; {counted(len(ledgers), 'ledger')} no longer drain"
+        + ("s" if len(ledgers) == 1 else "")
+        + " it"
         + (
             f" ({', '.join(map(str, ledgers[:20]))}{', ...' if len(ledgers) > 20 else ''})" if ledgers else ""
         ),

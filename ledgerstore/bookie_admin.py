@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ledgerstore.cli import CommandError, cluster_store, emit, password_of, progress_disabled
+from ledgerstore.cli import CommandError, cluster_store, counted, emit, password_of, progress_disabled
 
 MIB = 1024 * 1024
 
@@ -121,8 +121,10 @@ def recover_bookie(args: argparse.Namespace) -> int:
     done = [r for r in results if r.status in ("done", "planned")]
     bad = [r for r in results if r.status not in ("done", "planned", "open")]
     head = (
-        f"bookie {args.bookie}: {len(done)} ledgers {'to re-replicate' if args.dry_run else 're-replicated'} "
-        f"({sum(r.entries_copied for r in done)} entries {'to copy' if args.dry_run else 'copied'}), "
+        f"bookie {args.bookie}: {counted(len(done), 'ledger')} "
+        f"{'to re-replicate' if args.dry_run else 're-replicated'} "
+        f"({counted(sum(r.entries_copied for r in done), 'entry', 'entries')} "
+        f"{'to copy' if args.dry_run else 'copied'}), "
         f"{sum(r.status == 'open' for r in results)} not closed, {len(bad)} not re-replicated"
         + (" (dry run: nothing copied, metadata unchanged)" if args.dry_run else "")
     )

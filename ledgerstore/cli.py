@@ -152,6 +152,11 @@ def emit(args: argparse.Namespace, human: str | Callable[[], str], data: Any) ->
         print(human() if callable(human) else human)
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun, singular for 1 ("1 broker", "3 brokers", "0 brokers"); ``plural`` when not noun + s."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def progress_disabled(args: argparse.Namespace | None = None) -> bool:
     """Progress bars go to stderr only when it is a terminal (never into pipes and logs) and not with --json."""
     return bool(args is not None and getattr(args, "json", False)) or not sys.stderr.isatty()

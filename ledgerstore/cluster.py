@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, UsageError, classify, emit
+from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError, UsageError, classify, counted, emit
 
 
 def free_port() -> int:
@@ -524,7 +524,10 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     zk_said = "stopped" if zk_stopped else "not running"
     if st.get("zk_external"):
         zk_said = f"{st['zk']} left running (cluster up did not start it)"
-    human = f"cluster down: {brokers_stopped} brokers and {stopped} bookies stopped, ZooKeeper {zk_said}"
+    human = (
+        f"cluster down: {counted(brokers_stopped, 'broker')} and {counted(stopped, 'bookie')} stopped, "
+        f"ZooKeeper {zk_said}"
+    )
     if "zk" not in st:  # no cluster.json: at most a ZooKeeper of `zk start` in this directory
         human = f"{_no_cluster(state_dir)}: nothing to stop" + (
             ", but its ZooKeeper: stopped" if zk_stopped else ""

@@ -36,6 +36,7 @@ from ledgerstore.cli import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CommandError,
+    counted,
     emit,
     exit_status_for_http,
 )
@@ -146,7 +147,7 @@ def _create(args: argparse.Namespace) -> int:
         rest(args.url, "PUT", f"{path}/partitions", args.partitions)
         emit(
             args,
-            f"created {full} with {args.partitions} partitions",
+            f"created {full} with {counted(args.partitions, 'partition')}",
             {"topic": full, "partitions": args.partitions},
         )
     else:
@@ -209,7 +210,11 @@ def _delete(args: argparse.Namespace) -> int:
     force = "?force=true" if args.force else ""
     n = _partitions(args, path)
     rest(args.url, "DELETE", f"{path}/partitions{force}" if n else f"{path}{force}")
-    emit(args, f"deleted {full}" + (f" ({n} partitions)" if n else ""), {"topic": full, "deleted": True})
+    emit(
+        args,
+        f"deleted {full}" + (f" ({counted(n, 'partition')})" if n else ""),
+        {"topic": full, "deleted": True},
+    )
     return 0
 
 
@@ -220,7 +225,7 @@ def _stats(args: argparse.Namespace) -> int:
 
     def human() -> str:
         lines = [
-            f"{full}" + (f" ({n} partitions)" if n else ""),
+            f"{full}" + (f" ({counted(n, 'partition')})" if n else ""),
             f"  in   {st.get('msgInCounter', 0):>12,} messages {st.get('bytesInCounter', 0):>14,} bytes"
             f"   {st.get('msgRateIn', 0.0):,.1f} msg/s",
             f"  out  {st.get('msgOutCounter', 0):>12,} messages {st.get('bytesOutCounter', 0):>14,} bytes"
@@ -819,7 +824,7 @@ def _produce(args: argparse.Namespace) -> int:
     except Exception as e:
         if type(e).__name__ == "Timeout":  # pulsar.Timeout: the send's, the producer was created
             raise CommandError(
-                f"produce to {full}: {len(ids)} messages acknowledged, then none within {args.timeout_s:g}s: the "
+                f"produce to {full}: {counted(len(ids), 'message')} acknowledged, then none within {args.timeout_s:g}s: the "
                 "broker could not store it (are the cluster's bookies up? `ledgerstore ledger bookies`)",
                 EXIT_UNAVAILABLE,
             ) from e
@@ -829,7 +834,7 @@ def _produce(args: argparse.Namespace) -> int:
     emit(
         args,
         lambda: (
-            f"produced {len(ids)} messages to {full} in {dt:.2f}s"
+            f"produced {counted(len(ids), 'message')} to {full} in {dt:.2f}s"
             + (f"; last message id {ids[-1]}" if ids else "")
         ),
         {"topic": full, "produced": len(ids), "message_ids": ids},
@@ -905,9 +910,11 @@ def _consume(args: argparse.Namespace) -> int:
             {"topic": full, "subscription": args.subscription, "consumed": len(got), "messages": got},
         )
     else:
-        print(f"consumed {len(got)} messages from {full} (subscription {args.subscription})")
+        print(f"consumed {counted(len(got), 'message')} from {full} (subscription {args.subscription})")
     if args.num > 0 and len(got) < args.num:
-        raise CommandError(f"only {len(got)} of {args.num} messages arrived within {args.timeout_s}s")
+        raise CommandError(
+            f"only {len(got)} of {counted(args.num, 'message')} arrived within {args.timeout_s}s"
+        )
     return 0
 
 

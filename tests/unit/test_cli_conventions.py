@@ -203,3 +203,9 @@ def test_a_service_url_where_nothing_listens_is_said_at_once() -> None:
         )
         assert "--service-url URL or $LEDGERSTORE_BROKER_URL" in r.stderr
         assert time.monotonic() - t0 < 25, verb
+
+
+def test_counts_in_messages_take_the_singular_for_one() -> None:
+    """`cluster down` printed "1 brokers"; counts in messages go through cli.counted."""
+    assert [cli.counted(n, "broker") for n in (0, 1, 3)] == ["0 brokers", "1 broker", "3 brokers"]
+    assert [cli.counted(n, "entry", "entries") for n in (1, 2)] == ["1 entry", "2 entries"]
