@@ -915,6 +915,12 @@ class Topic:
         if self.dedup_enabled and dedup and rec.dedup_id <= last:
             # a resend of what is stored (or on its way): answered in its turn, with no position (-1:-1), on a
             # terminated topic too, as Pulsar's publishMessage asks its dedup before its managed ledger
+            if rec.dedup_id > self.persisted_sequence.get(p.name, last) and not self._sent_before(p, rec):
+                # its first send is still being stored, by an earlier producer of this name (a connection gone
+                # since): that write may yet fail, so this is no duplicate yet, Pulsar's MessageDupUnknown. The
+                # client closes its connection on the error and sends again
+                rec.error = f"{self.name}: sequence id {seq} of {p.name} is still being stored; send it again"
+                rec.error_code = pb.PersistenceError
             rec.done = True
             p.flush_receipts()
             return
@@ -933,6 +939,11 @@ class Topic:
         if not self._appending:
             self._appending = True
             self.service.spawn(self._append_loop())
+
+    @staticmethod
+    def _sent_before(p: Producer, rec: _Receipt) -> bool:
+        """An earlier send of ``p`` still unanswered covers ``rec`` (answered in its turn after it)."""
+        return any(r is not rec and not r.done and r.dedup and r.dedup_id >= rec.dedup_id for r in p.receipts)
 
     async def _append_loop(self) -> None:
         """One appender per topic: everything queued since its last turn goes to the managed ledger in one

@@ -684,6 +684,83 @@ def test_send_with_wrong_checksum_gets_checksum_error(broker: BrokerProcess) -> 
     s.close()
 
 
+def _raw_producer(bp: BrokerProcess, topic: str, name: str) -> tuple[socket.socket, wire.FrameDecoder]:
+    """A connection with producer 1 named ``name`` on ``topic`` (asked again while the name is busy: the broker
+    lets a gone connection's producer go when it sees the connection closed)."""
+    deadline = time.monotonic() + 30
+    while True:
+        s = _raw(bp)
+        _connect(s)
+        cmd = pb.CommandProducer(topic=topic, producer_id=1, request_id=1, producer_name=name)
+        s.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+        dec = wire.FrameDecoder()
+        frames: list = []
+        while not frames:
+            frames = dec.feed(s.recv(65536))
+        if frames[0].command.type == T.PRODUCER_SUCCESS:
+            return s, dec
+        s.close()
+        assert frames[0].command.error.error == pb.ProducerBusy and time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def _raw_send(s: socket.socket, seq: int, payload: bytes) -> None:
+    send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=seq))
+    s.sendall(
+        wire.encode_send(
+            send, pb.MessageMetadata(producer_name="x", sequence_id=seq, publish_time=1), payload
+        )
+    )
+
+
+def _raw_answer(s: socket.socket, dec: wire.FrameDecoder) -> Any:
+    """The next SEND_RECEIPT or SEND_ERROR."""
+    s.settimeout(60)
+    while True:
+        for f in dec.feed(s.recv(65536)):
+            if f.command.type in (T.SEND_RECEIPT, T.SEND_ERROR):
+                return f.command
+
+
+def test_a_resend_of_a_message_still_being_stored_is_not_acknowledged_before_it_is(cluster: Brokers) -> None:
+    """Dedup takes a resend for a duplicate only once its first send is stored. A producer's connection gone
+    while its send was being written (the bookies slow), the producer sends it again on a new connection: the
+    broker answered that resend at once as a duplicate, before the first write's outcome, and had that write
+    failed the message was acknowledged and never stored. The answer is now an error (the client sends again),
+    as Pulsar's MessageDupUnknown."""
+    broker = cluster.start()
+    t = f"persistent://public/default/{topic_name()}"
+    s1, dec1 = _raw_producer(broker, t, "x")
+    _raw_send(s1, 0, b"m0")
+    assert _raw_answer(s1, dec1).type == T.SEND_RECEIPT
+    paused = cluster.bookies.procs[:2]  # every entry of E3/Qw2/Qa2 waits for one of them
+    for bk in paused:
+        bk.pause()
+    try:
+        _raw_send(s1, 1, b"m1")
+        time.sleep(
+            0.5
+        )  # the broker has the send (the write waiting on the bookies) before the connection goes
+        s1.close()
+        s2, dec2 = _raw_producer(broker, t, "x")
+        _raw_send(s2, 1, b"m1")
+        answer = _raw_answer(s2, dec2)
+        assert answer.type == T.SEND_ERROR, answer
+        s2.close()
+    finally:
+        for bk in paused:
+            bk.resume()
+    c = client(broker)
+    try:
+        p = c.create_producer(t, producer_name="x")  # sends on from what is stored
+        p.send(b"m2")
+        reader = c.create_reader(t, pulsar.MessageId.earliest)
+        got = [reader.read_next(10_000).data() for _ in range(p.last_sequence_id() + 1)]
+        assert got[0] == b"m0" and got[-1] == b"m2" and len(set(got)) == len(got)
+    finally:
+        c.close()
+
+
 def _get_schema(bp: BrokerProcess, topic: str, version: int | None = None) -> pb.CommandGetSchemaResponse:
     s = _raw(bp)
     try:
