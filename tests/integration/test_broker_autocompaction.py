@@ -129,6 +129,13 @@ def test_each_partition_is_compacted_by_itself_with_its_topics_threshold(
 ) -> None:
     t = f"persistent://{ns}/parts"
     admin(bp, "PUT", tpath(t) + "/partitions", 2)
+    p0, p1 = f"{t}-partition-0", f"{t}-partition-1"
+    small = c.create_producer(p1, batching_enabled=False)
+    send_all(small, [("k", b"1")])  # served, its backlog under the threshold
+    big = c.create_producer(p0, batching_enabled=False)
+    # everything sent before the threshold is set: set first, the monitor could compact partition 0 while the
+    # messages arrive (past the 11th), leaving the rest after the horizon, under the threshold if fewer than 10
+    send_all(big, updates("k", 30))
     cli = ledgerstore(
         "topic",
         "set-compaction-threshold",
@@ -139,12 +146,7 @@ def test_each_partition_is_compacted_by_itself_with_its_topics_threshold(
         f"http://127.0.0.1:{bp.http_port}",
     )
     assert cli.returncode == 0, cli.stderr
-    p0, p1 = f"{t}-partition-0", f"{t}-partition-1"
     assert admin(bp, "GET", tpath(p1) + "/compactionThreshold") == THRESHOLD  # the partitioned topic's
-    small = c.create_producer(p1, batching_enabled=False)
-    send_all(small, [("k", b"1")])  # served, its backlog under the threshold
-    big = c.create_producer(p0, batching_enabled=False)
-    send_all(big, updates("k", 30))
     wait_for("partition 0's compaction", lambda: status(bp, p0) == "SUCCESS")
     assert status(bp, p1) == "NOT_RUN"
     assert [(k, v) for k, v, _ in read_compacted(c, p0)] == list(latest("k", 30).items())
