@@ -206,7 +206,8 @@ class CompareAndSetUpdate:
         """The compare-and-set loop: read, ``new = fn(current)``, write at the read version; on a conflict re-read
         and call ``fn`` again. ``fn`` gets a private copy; it may raise to abort (the exception propagates). If
         ``new == current`` nothing is written. With ``default``, a missing znode is treated as holding
-        ``default`` and created (a concurrent create counts as a conflict). Returns the final ``Versioned``.
+        ``default`` and created (a concurrent create counts as a conflict, and so does a delete between the read
+        and the write). Returns the final ``Versioned``.
         Raises :class:`MetadataVersionError` after ``retries`` conflicts. Connection errors are not retried
         (a lost reply may hide a successful write, and ``fn`` need not be idempotent)."""
         attempt = 0
@@ -230,6 +231,9 @@ class CompareAndSetUpdate:
                 pass
             except MetadataExistsError:
                 if current is not None:
+                    raise
+            except MetadataNotFoundError:
+                if default is None:  # deleted since the read: without a default, gone is an error
                     raise
             attempt += 1
             if attempt > retries:

@@ -157,6 +157,29 @@ def test_update_gives_up_after_retries(zk_store: MetadataStore) -> None:
     assert zk_store.get("hot").value["n"] == 4
 
 
+def test_update_with_a_default_creates_the_znode_deleted_under_it(zk_store: MetadataStore) -> None:
+    """With ``default``, a znode deleted between the loop's read and its write is a conflict like any other: the
+    next turn finds it missing and creates it from ``default`` (a topic's policy set while its last other policy
+    is removed, which deletes the znode, answered 404 'znode does not exist' and was not set)."""
+    zk_store.create("gone", {"a": 1})
+    calls = []
+
+    def deleted_meanwhile(d: dict) -> dict:
+        if not calls:
+            zk_store.delete("gone")  # someone else removes it after this turn's read
+        calls.append(dict(d))
+        return {**d, "b": 2}
+
+    v = zk_store.update("gone", deleted_meanwhile, default={})
+    assert v.value == {"b": 2, "format_version": 1} and zk_store.get("gone") == v
+    assert [c.get("a") for c in calls] == [1, None]
+    calls.clear()
+    zk_store.delete("gone")
+    zk_store.create("gone", {"a": 1})
+    with pytest.raises(MetadataNotFoundError):  # without a default a znode that is gone stays an error
+        zk_store.update("gone", deleted_meanwhile)
+
+
 def test_connect_to_dead_port_is_bounded() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
