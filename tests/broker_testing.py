@@ -15,8 +15,11 @@ import pytest
 from ledgerstore.cluster import BrokerProcess, free_port
 
 
-def start_broker(bookies: Any, tmp: Path, session_timeout_s: float, *extra: str) -> BrokerProcess:
-    """A broker process on free ports against the bookies' ZooKeeper and metadata root (not waited for)."""
+def start_broker(
+    bookies: Any, tmp: Path, session_timeout_s: float, *extra: str, env: dict[str, str] | None = None
+) -> BrokerProcess:
+    """A broker process on free ports against the bookies' ZooKeeper and metadata root (not waited for), ``env``
+    added to its environment."""
     port = free_port()
     bp = BrokerProcess(
         zk=bookies.zk,
@@ -25,6 +28,7 @@ def start_broker(bookies: Any, tmp: Path, session_timeout_s: float, *extra: str)
         http_port=free_port(),
         extra_args=["--zk-session-timeout-s", f"{session_timeout_s:g}", *extra],
         log_path=tmp / f"broker-{port}.log",
+        env=dict(env or {}),
     )
     return bp.start(wait=False)
 
@@ -37,9 +41,9 @@ class Brokers:
         self.tmp = tmp
         self.procs: list[BrokerProcess] = []
 
-    def start(self, *extra: str) -> BrokerProcess:
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> BrokerProcess:
         """A broker serving both its Pulsar port and its admin HTTP (``BrokerProcess.ready``)."""
-        bp = start_broker(self.bookies, self.tmp, 4, *extra)
+        bp = start_broker(self.bookies, self.tmp, 4, *extra, env=env)
         self.procs.append(bp)
         bp.wait_ready(60)
         return bp

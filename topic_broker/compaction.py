@@ -23,6 +23,12 @@ Then the cursor is saved (a conflict means another owner: the topic is fenced an
 topic's view switches to the new ledger, and the previous compacted ledger is deleted, only after the new one is
 recorded. A new owner (after a restart or a move) reads the cursor and serves the same view.
 
+No ledger is left behind by a broker that dies in the middle: the new ledger's id is recorded in the cursor
+(property ``CompactionLedgerWriting``) before it gets any data, and the previous one's
+(``CompactionLedgerSuperseded``) with the new record until it is deleted. The next compaction of the topic, on
+whichever owner, first deletes a recorded ledger that is not the ``CompactedTopicLedger`` and then drops the
+record. (A crash between the ledger's creation and that first save, one ZooKeeper write, still leaves it.)
+
 Automatic compaction (Pulsar's compaction threshold): every ``--compaction-monitor-interval-s`` the owner of a
 topic compacts it when its backlog exceeds the threshold (``zk.managed_ledgers.policy_in_force`` says which one
 applies, :func:`compaction_backlog` what is compared, :func:`compaction_due` the decision).
@@ -36,6 +42,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import struct
 import time
 from collections import OrderedDict
@@ -63,6 +70,9 @@ log = logging.getLogger(__name__)
 __all__ = [
     "COMPACTED_TOPIC_LEDGER_PROPERTY",
     "COMPACTION_SUBSCRIPTION",
+    "SUPERSEDED_LEDGER_PROPERTY",
+    "TEST_PAUSE_ENV",
+    "WRITING_LEDGER_PROPERTY",
     "CompactedView",
     "CompactionStatus",
     "PhaseOne",
@@ -78,6 +88,14 @@ __all__ = [
 
 COMPACTION_SUBSCRIPTION = "__compaction"
 COMPACTED_TOPIC_LEDGER_PROPERTY = "CompactedTopicLedger"
+#: the ledger a compaction writes, recorded before it gets data, and the compacted ledger a recorded one replaced
+#: until it is deleted: a crash leaves them named, for the next compaction to delete (module docstring)
+WRITING_LEDGER_PROPERTY = "CompactionLedgerWriting"
+SUPERSEDED_LEDGER_PROPERTY = "CompactionLedgerSuperseded"
+_LEFTOVER_PROPERTIES = (WRITING_LEDGER_PROPERTY, SUPERSEDED_LEDGER_PROPERTY)
+#: tests only: ``after-create`` or ``after-record`` makes every compaction stop there for good (a broker to kill
+#: in the middle of one); unset, as it must be in production, it changes nothing
+TEST_PAUSE_ENV = "LEDGERSTORE_TEST_COMPACTION_PAUSE"
 COMPONENT = b"compacted-ledger"
 _ID = struct.Struct(">qq")
 _READ_CHUNK = 500
@@ -337,6 +355,7 @@ class TopicCompaction:
         lid = self._cursor.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
         if lid is not None:
             self.view = await self._open_view(lid, self._cursor.mark_delete)
+            self.status = CompactionStatus.SUCCESS  # compacted before (Pulsar's broker answers so too)
 
     async def _open_view(self, ledger_id: int, horizon: Position) -> CompactedView:
         try:
@@ -414,12 +433,14 @@ class TopicCompaction:
             # recorded, but not opened then (ZooKeeper away): it is the base, since retention may have trimmed
             # what it covers
             self.view = await self._open_view(recorded, cursor.mark_delete)
+        await self._delete_leftovers()
         horizon = ml.last_confirmed_position()
         old = self.view
         if horizon.entry_id < 0 or (old is not None and horizon <= old.horizon):
             return
         if self._cursor is None:
             self._cursor = await ManagedCursor.open(ml, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+        cursor = self._cursor
         one = PhaseOne()
 
         async def first(pos: Position, data: bytes) -> None:
@@ -429,6 +450,14 @@ class TopicCompaction:
         lh = await _create_ledger(
             self.bk, ml.config, ml.name, COMPONENT, {"compacted-to": str(horizon).encode()}
         )
+        try:  # recorded before it gets data: a crash from here on leaves it named for the next compaction
+            await cursor.mark_delete_with(
+                cursor.mark_delete, {**cursor.properties, WRITING_LEDGER_PROPERTY: lh.ledger_id}
+            )
+        except BaseException:
+            await self._delete_quietly(lh.ledger_id, lh)
+            raise
+        await _test_pause("after-create", ml.name, lh.ledger_id)
         kept = 0
         pending: list[bytes] = []
 
@@ -450,7 +479,8 @@ class TopicCompaction:
         except BaseException:
             await self._delete_quietly(lh.ledger_id, lh)
             raise
-        await self._record(lh.ledger_id, horizon)
+        await self._record(lh.ledger_id, horizon, None if old is None else old.ledger_id)
+        await _test_pause("after-record", ml.name, lh.ledger_id)
         try:
             view = await self._open_view(lh.ledger_id, horizon)
         except ManagedLedgerError:
@@ -468,12 +498,44 @@ class TopicCompaction:
         )
         if old is not None:
             await old.close()
-            await self._delete_quietly(old.ledger_id)
+            if await self._delete_quietly(old.ledger_id):
+                await self._forget_leftovers(horizon, {COMPACTED_TOPIC_LEDGER_PROPERTY: lh.ledger_id})
         if self._closed:
             await view.close()
 
-    async def _record(self, ledger_id: int, horizon: Position) -> None:
-        """Save ``{ledger_id, horizon}`` in the ``__compaction`` cursor. On a conflict (another owner: the
+    async def _delete_leftovers(self) -> None:
+        """Delete the ledgers the cursor names as written or superseded, other than the compacted ledger (what a
+        broker that died in the middle of a compaction left), then drop their names; kept named while one is
+        not deleted (bookies away), to try again at the next compaction."""
+        cursor = self._cursor
+        if cursor is None or not any(k in cursor.properties for k in _LEFTOVER_PROPERTIES):
+            return
+        # what it holds unsaved (an earlier record's undo that failed) stored first: the stored cursor may name
+        # as compacted a ledger this one names as written
+        await cursor.flush()
+        props = dict(cursor.properties)
+        adopted = props.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
+        for ledger_id in sorted({props[k] for k in _LEFTOVER_PROPERTIES if k in props} - {adopted}):
+            log.info(
+                "ml=%s deleting compacted ledger %d left by an earlier compaction", self.ml.name, ledger_id
+            )
+            if not await self._delete_quietly(ledger_id):
+                return
+        rest = {k: v for k, v in props.items() if k not in _LEFTOVER_PROPERTIES}
+        await cursor.mark_delete_with(cursor.mark_delete, rest)
+
+    async def _forget_leftovers(self, horizon: Position, properties: dict[str, int]) -> None:
+        """The superseded ledger is deleted: its name is dropped from the cursor (if this save fails, the next
+        compaction deletes it again, finds it gone, and drops it)."""
+        assert self._cursor is not None
+        try:
+            await self._cursor.mark_delete_with(horizon, properties)
+        except Exception as e:
+            log.warning("ml=%s compaction cursor not saved after deleting a ledger: %s", self.ml.name, e)
+
+    async def _record(self, ledger_id: int, horizon: Position, superseded: int | None) -> None:
+        """Save ``{ledger_id, horizon}`` (and the ``superseded`` ledger's id, until it is deleted) in the
+        ``__compaction`` cursor. On a conflict (another owner: the
         managed ledger is fenced) the ledger is deleted. On any other failure (ZooKeeper did not answer, or the
         topic closed while it waited) the save may have been applied, and the cursor holds the new state as
         unsaved, to save it later: the previous record is saved again (our own lost write is taken over, as
@@ -482,8 +544,11 @@ class TopicCompaction:
         assert self._cursor is not None
         cursor = self._cursor
         previous = (cursor.mark_delete, dict(cursor.properties))
+        record = {COMPACTED_TOPIC_LEDGER_PROPERTY: ledger_id}
+        if superseded is not None:
+            record[SUPERSEDED_LEDGER_PROPERTY] = superseded
         try:
-            await cursor.mark_delete_with(horizon, {COMPACTED_TOPIC_LEDGER_PROPERTY: ledger_id})
+            await cursor.mark_delete_with(horizon, record)
         except ManagedLedgerFencedError:
             await self._delete_quietly(ledger_id)
             raise
@@ -498,7 +563,8 @@ class TopicCompaction:
                 await self._delete_quietly(ledger_id)
             raise
 
-    async def _delete_quietly(self, ledger_id: int, lh: LedgerHandle | None = None) -> None:
+    async def _delete_quietly(self, ledger_id: int, lh: LedgerHandle | None = None) -> bool:
+        """Delete the ledger; whether it is gone (False: not deleted, logged)."""
         if lh is not None:
             with contextlib.suppress(LE.LedgerError):
                 await lh.close()
@@ -508,6 +574,8 @@ class TopicCompaction:
             pass
         except LE.LedgerError as e:
             log.warning("ml=%s compacted ledger %d not deleted: %s", self.ml.name, ledger_id, e)
+            return False
+        return True
 
     async def close(self) -> None:
         """The topic closes: a compaction under way is cancelled (its ledger deleted), the view's handle closed."""
@@ -533,13 +601,20 @@ class TopicCompaction:
                 "ml=%s compaction cursor not read: its compacted ledger may stay: %s", self.ml.name, e
             )
         else:
-            recorded = (
-                None if stored is None else stored.value.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
-            )
-            if recorded is not None:
-                ledgers.add(recorded)
+            props = {} if stored is None else stored.value.properties
+            for name in (COMPACTED_TOPIC_LEDGER_PROPERTY, *_LEFTOVER_PROPERTIES):
+                if name in props:
+                    ledgers.add(props[name])
         for ledger_id in sorted(ledgers):
             await self._delete_quietly(ledger_id)
+
+
+async def _test_pause(point: str, ml_name: str, ledger_id: int) -> None:
+    """Tests only (:data:`TEST_PAUSE_ENV`): stop the compaction here for good, logged, for a test to kill the
+    broker in the middle of it."""
+    if os.environ.get(TEST_PAUSE_ENV) == point:
+        log.warning("ml=%s compaction paused %s of ledger %d (%s)", ml_name, point, ledger_id, TEST_PAUSE_ENV)
+        await asyncio.Event().wait()
 
 
 def last_kept_index(data: bytes) -> int:

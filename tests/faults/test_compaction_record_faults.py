@@ -78,8 +78,12 @@ def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledg
                 created.append(lh.ledger_id)
                 return lh
 
+            saves = 0
+
             async def away(path: str, value: Any, version: int) -> Any:
-                if path != cursor_path:
+                nonlocal saves
+                saves += path == cursor_path
+                if path != cursor_path or saves == 1:  # (the first names the ledger being written)
                     return await real_set(path, value, version)
                 bk.store.aset = real_set  # type: ignore[method-assign]
                 if applied:
@@ -93,7 +97,7 @@ def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledg
             assert bk.store.aset == real_set
             bk.create_ledger = real_create  # type: ignore[method-assign]
             assert comp.view is not None and comp.view.ledger_id == first  # still the first compaction's view
-            assert len(created) == 1
+            assert len(created) == 1 and saves == 2
 
             # 2. the topic is closed (its cursors saved) and opened by a new owner, which opens the ledger the
             # stored cursor names
@@ -200,6 +204,51 @@ def test_a_recorded_compacted_ledger_that_could_not_be_opened_is_the_base_of_the
                 b"v4",
                 b"v5",
             ]
+            await comp.close()
+            await ml.close()
+        finally:
+            await bk.close()
+
+    asyncio.run(body())
+
+
+def test_leftovers_are_not_deleted_while_the_cursor_holds_an_unsaved_record(bookies) -> None:
+    """The record of a compaction applied with its reply lost, its undo not saved (the stored cursor names the
+    new ledger as compacted, the cursor in memory as being written): the next compaction, ZooKeeper still away
+    for the cursor, deletes nothing, since the ledger it would delete is the one the stored cursor names."""
+    bookies.start_many(2)
+
+    async def body() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            store, config, ml, comp = await keyed_topic(bk)
+            await comp.compact()
+            for i in range(4, 8):
+                await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
+            cursor_path = layout.ml_cursor_path(ML, COMPACTION_SUBSCRIPTION)
+            real_set = bk.store.aset
+            saves = 0
+
+            async def away(path: str, value: Any, version: int) -> Any:
+                nonlocal saves
+                saves += path == cursor_path
+                if path != cursor_path or saves == 1:  # (the first names the ledger being written)
+                    return await real_set(path, value, version)
+                if saves == 2:
+                    await real_set(path, value, version)  # the record applied, its reply lost
+                raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
+
+            bk.store.aset = away  # type: ignore[method-assign]
+            with pytest.raises(zk.MetadataConnectionError):
+                await comp.compact()
+            with pytest.raises(zk.MetadataConnectionError):
+                await comp.compact()  # ZooKeeper still away for the cursor
+            bk.store.aset = real_set  # type: ignore[method-assign]
+            stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
+            assert stored is not None
+            recorded = stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
+            handle = await bk.open_ledger(recorded, config.password, recovery=False)  # not deleted
+            await handle.close()
             await comp.close()
             await ml.close()
         finally:

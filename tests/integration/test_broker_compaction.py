@@ -4,14 +4,18 @@ the module (broker tests are slow); every test uses its own topics and every wai
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from ledger_client import BookKeeper, ClientConfig
+from ledger_client.errors import NoSuchLedgerError
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_admin import ledgerstore
@@ -20,6 +24,7 @@ from tests.integration.test_broker_pulsar_client import _connect, _raw, client, 
 from tests.integration.test_broker_retention import unreadable
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
+from topic_broker.compaction import TEST_PAUSE_ENV
 
 pulsar = pytest.importorskip("pulsar")
 T = pb.BaseCommand
@@ -339,3 +344,85 @@ def test_a_message_compacted_away_before_its_redelivery_counts_as_acknowledged(
 
     wait_for("the subscription's backlog to drain", lambda: backlog() == 0)
     cons.close()
+
+
+def compacted_ledgers(bookies: Any, t: str) -> set[int]:
+    """The ledgers of ZooKeeper's ledger list that are compacted ledgers of topic ``t`` (their custom metadata)."""
+
+    async def go() -> set[int]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            out = set()
+            for lid in await bk.list_ledgers():
+                try:
+                    custom = (await bk.ledger_metadata(lid)).custom_metadata
+                except NoSuchLedgerError:
+                    continue
+                ml = custom.get("managed-ledger", b"").decode()
+                if custom.get("component") == b"compacted-ledger" and ml.endswith(f"/{t}"):
+                    out.add(lid)
+            return out
+        finally:
+            await bk.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("point", ["after-create", "after-record"])
+def test_a_broker_killed_in_the_middle_of_a_compaction_leaves_no_ledger(
+    c: Any, brokers: Brokers, point: str
+) -> None:
+    """A broker killed (SIGKILL) once its compaction created its ledger, or once it recorded it (the previous
+    compacted ledger not deleted yet): the next owner says SUCCESS (compacted before) and its compaction deletes
+    what was left, so that the ledger list holds the compacted ledger in force only."""
+    bp = brokers.procs[0]
+    t = topic_name()
+    p = c.create_producer(t, batching_enabled=False)
+    send_all(p, [("a", b"1"), ("b", b"1"), ("a", b"2")])
+    compact(bp, t)
+    first = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]["ledgerId"]
+    send_all(p, [("b", b"2"), ("c", b"1")])
+    p.close()
+    paused = brokers.start(env={TEST_PAUSE_ENV: point})
+    try:
+
+        def owned_by_paused() -> bool:  # unloaded from its owner, then taken by the paused broker's lookup
+            lookup = admin(paused, "GET", f"/lookup/v2/topic/persistent/public/default/{t}")
+            if lookup["brokerUrl"] == paused.service_url:
+                return True
+            admin(bp, "PUT", topic_path(t) + "/unload")
+            return False
+
+        wait_for("the topic on the paused broker", owned_by_paused)
+        admin(paused, "PUT", topic_path(t) + "/compaction")
+        found: list[str] = []
+
+        def paused_there() -> bool:
+            found[:] = re.findall(f"paused {point} of ledger (\\d+)", paused.log_tail(200))
+            return bool(found)
+
+        wait_for("the compaction to pause", paused_there)
+        written = int(found[0])
+        assert compacted_ledgers(brokers.bookies, t) == {first, written}
+        paused.kill9()
+    finally:
+        paused.kill9()
+        brokers.procs.remove(paused)
+
+    def taken_over() -> bool:
+        try:
+            return status(bp) == "SUCCESS"  # recorded: compacted before, whatever the broker's memory says
+        except OSError:
+            return False  # redirected to the killed owner until its ZooKeeper session expires
+
+    def status(owner: BrokerProcess) -> str:
+        return str(admin(owner, "GET", topic_path(t) + "/compaction")["status"])
+
+    wait_for("the topic on the first broker", taken_over, timeout_s=60)
+    with contextlib.closing(client(bp)) as cl:
+        send_all(cl.create_producer(t, batching_enabled=False), [("d", b"1")])
+        compact(bp, t)
+        now = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]["ledgerId"]
+        assert compacted_ledgers(brokers.bookies, t) == {now}
+        got = [(k, v) for k, v, _ in read_compacted(cl, t)]
+        assert got == [("a", b"2"), ("b", b"2"), ("c", b"1"), ("d", b"1")]
