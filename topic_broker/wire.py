@@ -932,9 +932,10 @@ def _scan_varint_field(data: bytes | bytearray | memoryview, pos: int, end: int,
 #: ZSTD a zstd frame (what the Java and C++ clients write). pyarrow decompresses them, imported when first needed
 #: (``pip install pyarrow``; the Spark extra has it): without it they raise :class:`CompressionUnavailableError`.
 ARROW_CODECS: Final[dict[int, str]] = {pb.LZ4: "lz4_raw", pb.ZSTD: "zstd", pb.SNAPPY: "snappy"}
-#: The largest ``uncompressed_size`` decompressed through pyarrow, which allocates it whole before it reads: a
-#: hostile 4 GiB declaration is refused rather than allocated
-ARROW_UNCOMPRESSED_MAX: Final = 256 * 1024 * 1024
+#: The largest ``uncompressed_size`` decompressed, whatever the codec: pyarrow allocates it whole before it reads,
+#: and zlib inflates as far as it is declared (a ZLIB payload of 1 MiB of zeros fills 1 GiB), on the send path
+#: too (dedup's walk of a batch): a hostile declaration up to 4 GiB is refused rather than allocated
+UNCOMPRESSED_MAX: Final = 256 * 1024 * 1024
 
 
 def _arrow_decompressed(compression: int, payload: bytes | bytearray | memoryview, size: int) -> bytes:
@@ -946,10 +947,6 @@ def _arrow_decompressed(compression: int, payload: bytes | bytearray | memoryvie
         raise CompressionUnavailableError(
             f"{name} compressed payloads need the pyarrow package, which is not installed here"
         ) from None
-    if size > ARROW_UNCOMPRESSED_MAX:
-        raise EntryFormatError(
-            f"{name} payload declares {size} bytes uncompressed, over {ARROW_UNCOMPRESSED_MAX}"
-        )
     data = bytes(payload)
     arrow = pa.Codec(codec)
     try:
@@ -993,6 +990,11 @@ def _uncompressed(
     if compression == pb.NONE:
         return memoryview(payload)
     size = metadata.uncompressed_size
+    if size > UNCOMPRESSED_MAX:
+        raise EntryFormatError(
+            f"{pb.CompressionType.Name(compression)} payload declares {size} bytes uncompressed, "
+            f"over {UNCOMPRESSED_MAX}"
+        )
     if arrow and compression in ARROW_CODECS:
         return _arrow_decompressed(compression, payload, size)
     if compression == pb.ZLIB:

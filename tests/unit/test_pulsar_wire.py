@@ -306,6 +306,24 @@ def test_zlib_batch_is_inflated() -> None:
         list(wire.iter_batch(lying, zlib.compress(raw)))
 
 
+def test_a_zlib_payload_declaring_more_than_the_bound_is_refused_uninflated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """zlib inflates as far as ``uncompressed_size`` says (up to 4 GiB; 1 MiB of zeros fills 1 GiB), on the send
+    path too: past :data:`wire.UNCOMPRESSED_MAX` it is refused, as the other codecs' payloads are."""
+    monkeypatch.setattr(wire, "UNCOMPRESSED_MAX", 1000)  # the bound, made small for the test
+    for size, refused in ((1000, False), (1001, True)):
+        raw = _batch_payload([("a", bytes(size - 20)), ("b", b"y")])
+        raw += bytes(size - len(raw))
+        metadata = _metadata(num_messages_in_batch=2, compression=pb.ZLIB, uncompressed_size=size)
+        for walk in (wire.uncompressed_payload, wire.batch_last_sequence_id):
+            if refused:
+                with pytest.raises(wire.EntryFormatError, match="over 1000"):
+                    walk(metadata, zlib.compress(raw))
+            else:
+                walk(metadata, zlib.compress(raw))
+
+
 def test_truncated_batch_raises() -> None:
     raw = _batch_payload([("a", b"abc"), ("b", b"def")])
     with pytest.raises(wire.EntryFormatError, match="batch message 1"):
@@ -329,7 +347,7 @@ def test_lz4_zstd_and_snappy_batches_are_decompressed_with_pyarrow(compression: 
             wire.uncompressed_payload(lying, packed)
     with pytest.raises(wire.EntryFormatError, match=name):
         wire.uncompressed_payload(_metadata(compression=compression, uncompressed_size=3), b"\xff\xfe\xfd")
-    huge = _metadata(compression=compression, uncompressed_size=wire.ARROW_UNCOMPRESSED_MAX + 1)
+    huge = _metadata(compression=compression, uncompressed_size=wire.UNCOMPRESSED_MAX + 1)
     with pytest.raises(wire.EntryFormatError, match="over"):  # refused, not allocated
         wire.uncompressed_payload(huge, packed)
     # the send path's walk for the last sequence id neither imports nor runs pyarrow
