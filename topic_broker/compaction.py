@@ -355,7 +355,7 @@ class TopicCompaction:
         lid = self._cursor.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
         if lid is not None:
             self.view = await self._open_view(lid, self._cursor.mark_delete)
-            self.status = CompactionStatus.SUCCESS  # compacted before (Pulsar's broker answers so too)
+            self.status = CompactionStatus.SUCCESS  # compacted before (Pulsar's says NOT_RUN after a reload)
 
     async def _open_view(self, ledger_id: int, horizon: Position) -> CompactedView:
         try:
