@@ -194,15 +194,24 @@ def allot(backlogs: Mapping[str, float], budget: float) -> dict[str, float]:
 
 
 def missing_ledger_is_loss(
-    start: Pos, known_closed: Mapping[int, int], committed_mark_delete: Pos | None
+    start: Pos,
+    known_closed: Mapping[int, int],
+    committed_mark_delete: Pos | None,
+    chain: Sequence[int] = (),
 ) -> bool:
     """``start`` lies in a ledger that is gone. Not a loss when that ledger is known to have ended at or before
     ``start`` (``known_closed``: ledger id -> entries of a closed ledger seen earlier), or when our own durable
     subscription already acknowledged everything before ``start``: the broker trims only ledgers every cursor
-    has consumed, so the ledger ended there. Otherwise its entries from ``start`` on were deleted unread."""
+    has consumed, so the ledger ended there. Nor when a ledger older than it is still in ``chain`` (the
+    partition's ledger ids now): retention and deletes take a chain's oldest ledgers first, so a ledger gone from
+    its middle was dropped by a new owner because it held no entry (``ManagedLedger.open`` drops the empty ledgers
+    it finds: the one a broker killed had just rolled to, which a query's offset may name at entry 0).
+    Otherwise its entries from ``start`` on were deleted unread."""
     lid, entry = start
     if lid in known_closed:
         return known_closed[lid] > entry
+    if any(older < lid for older in chain):
+        return False
     return not (committed_mark_delete is not None and committed_mark_delete >= (lid, entry - 1))
 
 

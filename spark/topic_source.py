@@ -442,7 +442,7 @@ class _Driver:
     def check_start(self, part: PartitionRef, snap: Snapshot, start: Pos, committed: Pos | None) -> Pos:
         """``start`` on the chain; a start inside a ledger that is gone is data loss unless it was consumed."""
         for lid in snap.lost_ledgers(start):
-            if missing_ledger_is_loss(start, self.known_closed, committed):
+            if missing_ledger_is_loss(start, self.known_closed, committed, snap.ids()):
                 _data_loss(self.opts, part.name, lid, f"was deleted before entry {start[1]} on was read")
         return resolve_start(snap, start)
 

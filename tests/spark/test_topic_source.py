@@ -508,6 +508,10 @@ def test_position_arithmetic_across_ledgers() -> None:
     assert not missing_ledger_is_loss((5, 2), {}, (5, 1))
     assert missing_ledger_is_loss((5, 2), {}, (5, 0))
     assert missing_ledger_is_loss((5, 2), {}, None)
+    # gone from the middle of the chain (ledger 3 still there): dropped empty by a new owner, never trimmed
+    assert not missing_ledger_is_loss((5, 0), {}, None, [3, 7]) and missing_ledger_is_loss(
+        (5, 0), {}, None, [7]
+    )
 
 
 def test_byte_budgets_use_each_ledgers_average_entry_size() -> None:
