@@ -1927,6 +1927,8 @@ class BrokerService:
                 s.send(wire.error(cmd.request_id, pb.MetadataError, f"schema not stored: {e}"))
                 return
             schema_version = version.to_bytes(8, "big")
+        if s.closed:  # as in on_subscribe: a producer of a connection gone would hold its name for good
+            return
         existing = s.producers.get(cmd.producer_id)
         if existing is not None and existing.topic is topic:
             s.send(
@@ -2089,6 +2091,8 @@ class BrokerService:
             sub = await topic.subscription(cmd)
         except (ManagedLedgerError, zk.MetadataError) as e:
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, str(e)))
+            return
+        if s.closed:  # gone while the topic or its cursor was opened: attached now, it would stay for good
             return
         ranges: list[tuple[int, int]] = []
         ksm = cmd.keySharedMeta if cmd.HasField("keySharedMeta") else None
