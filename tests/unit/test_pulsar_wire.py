@@ -309,19 +309,33 @@ def test_zlib_batch_is_inflated() -> None:
 def test_a_zlib_payload_declaring_more_than_the_bound_is_refused_uninflated(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """zlib inflates as far as ``uncompressed_size`` says (up to 4 GiB; 1 MiB of zeros fills 1 GiB), on the send
-    path too: past :data:`wire.UNCOMPRESSED_MAX` it is refused, as the other codecs' payloads are."""
+    """zlib inflates as far as ``uncompressed_size`` says (up to 4 GiB; 1 MiB of zeros fills 1 GiB): past
+    :data:`wire.UNCOMPRESSED_MAX` it is refused, as the other codecs' payloads are."""
     monkeypatch.setattr(wire, "UNCOMPRESSED_MAX", 1000)  # the bound, made small for the test
     for size, refused in ((1000, False), (1001, True)):
         raw = _batch_payload([("a", bytes(size - 20)), ("b", b"y")])
         raw += bytes(size - len(raw))
         metadata = _metadata(num_messages_in_batch=2, compression=pb.ZLIB, uncompressed_size=size)
-        for walk in (wire.uncompressed_payload, wire.batch_last_sequence_id):
+        for walk in (wire.uncompressed_payload, wire.iter_batch):
             if refused:
                 with pytest.raises(wire.EntryFormatError, match="over 1000"):
-                    walk(metadata, zlib.compress(raw))
+                    list(walk(metadata, zlib.compress(raw)))
             else:
-                walk(metadata, zlib.compress(raw))
+                list(walk(metadata, zlib.compress(raw)))
+
+
+def test_the_send_path_walks_no_batch_declaring_more_than_a_ledger_entry() -> None:
+    """Dedup's walk of a batch for its last id runs on the event loop: a ZLIB batch declaring more than a ledger
+    entry (``SEND_WALK_UNCOMPRESSED_MAX``) is not inflated there, and dedup keeps its first id; peek and the
+    Spark source still decompress it."""
+    size = wire.SEND_WALK_UNCOMPRESSED_MAX + 1
+    raw = _batch_payload([("a", bytes(size - 40)), ("b", b"y")])
+    raw += bytes(size - len(raw))
+    metadata = _metadata(num_messages_in_batch=2, compression=pb.ZLIB, uncompressed_size=size)
+    packed = zlib.compress(raw)
+    with pytest.raises(wire.EntryFormatError, match=f"over {wire.SEND_WALK_UNCOMPRESSED_MAX}"):
+        wire.batch_last_sequence_id(metadata, packed)
+    assert len(wire.uncompressed_payload(metadata, packed)) == size
 
 
 def test_truncated_batch_raises() -> None:
