@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,9 +22,10 @@ from bookie.auth import create_token, new_secret
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import start_broker
 from tests.conftest import BookieFactory
+from tests.spark.conftest import CREDENTIAL_VARS
 from tests.spark.test_user_scenarios import Cluster
 from tests.zk_testing import TEST_ZK_AUTH, unique_root
-from zk.acl import ENV_AUTH, ENV_AUTH_FILE
+from zk.acl import ENV_AUTH_FILE
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -67,8 +67,14 @@ def _secret_file(path: Path, text: str | bytes) -> str:
 
 @pytest.fixture(scope="module")
 def secured(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
-    for var in (ENV_AUTH, ENV_AUTH_FILE, "LEDGERSTORE_AUTH_TOKEN", "LEDGERSTORE_AUTH_TOKEN_FILE"):
-        assert var not in os.environ, f"{var} set: the test needs a Spark session without credentials"
+    # None of this process's own credentials (the container tier's session sets some) reach this cluster.
+    with pytest.MonkeyPatch.context() as mp:
+        for var in CREDENTIAL_VARS:
+            mp.delenv(var, raising=False)
+        yield from _secured(zk_server, tmp_path_factory)
+
+
+def _secured(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     tmp = tmp_path_factory.mktemp("secured")
     secret = new_secret()
     files = {
