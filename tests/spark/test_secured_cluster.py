@@ -1,8 +1,9 @@
 """The ``ledger`` and ``topic`` sources against a secured cluster (docs/operations.md, "Security"): bookies with
 ``--auth-secret-file --auth-required``, ZooKeeper digest ACLs, a broker requiring tokens. The query names its
-credentials' files with options ``authTokenFile`` and ``zkAuthFile``: the Spark session here started without
-any credentials in its environment, as a cluster's executors and the Python workers planning a query do unless
-it passes them on, so the options are the only way in. A missing or wrong credential fails the query when it is
+credentials' files with options ``authTokenFile`` and ``zkAuthFile``: a cluster's executors and the Python
+workers planning a query have no credentials in their environment unless the job passes them on, and the
+environment holds none for this cluster (the fixture clears this process's own), so the options are the only
+way in. A missing or wrong credential fails the query when it is
 planned, naming the option."""
 
 from __future__ import annotations
@@ -22,12 +23,20 @@ from bookie.auth import create_token, new_secret
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import start_broker
 from tests.conftest import BookieFactory
-from tests.spark.conftest import CREDENTIAL_VARS
 from tests.spark.test_user_scenarios import Cluster
 from tests.zk_testing import TEST_ZK_AUTH, unique_root
 from zk.acl import ENV_AUTH_FILE
 
 pulsar = pytest.importorskip("pulsar")
+
+#: ledgerstore's credentials in the environment (docs/operations.md, "Security"): the container tier's session
+#: fixtures leave some in this process for their own cluster.
+CREDENTIAL_VARS = (
+    "LEDGERSTORE_ZK_AUTH",
+    ENV_AUTH_FILE,
+    "LEDGERSTORE_AUTH_TOKEN",
+    "LEDGERSTORE_AUTH_TOKEN_FILE",
+)
 
 N = 50
 BASE = "secured"
