@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark.options import (
+    CREDENTIAL_OPTIONS,
     DEFAULT_MAX_RECORDS_PER_BATCH,
     DEFAULT_READ_TIMEOUT_MS,
     LedgerOptionError,
@@ -52,9 +53,10 @@ KNOWN_OPTIONS = (
     "entriesPerPartition",
     "maxRecordsPerBatch",
     "readTimeoutMs",
-    "authTokenFile",
-    "zkAuthFile",
+    *CREDENTIAL_OPTIONS,
 )
+#: The options the ``ledger`` source's parser checks for this one (lower-cased, as Spark passes them).
+_COMMON_OPTIONS = frozenset(name.lower() for name in ("zk", "zkRoot", "password", *CREDENTIAL_OPTIONS))
 
 
 class TopicOptionError(ValueError):
@@ -195,13 +197,7 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
     if unknown:
         raise TopicOptionError(unknown[0], unknown_option(unknown[0], KNOWN_OPTIONS))
     try:
-        common = _parse_common(
-            {
-                k: v
-                for k, v in options.items()
-                if str(k).lower() in ("zk", "zkroot", "password", "authtokenfile", "zkauthfile")
-            }
-        )
+        common = _parse_common({k: v for k, v in options.items() if str(k).lower() in _COMMON_OPTIONS})
         fail = _bool(opts, "failOnDataLoss", True)
         per_part = _int(opts, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION, 1, 1 << 40)
         per_batch = _int(opts, "maxRecordsPerBatch", DEFAULT_MAX_RECORDS_PER_BATCH, 1, 1 << 24)
