@@ -50,6 +50,18 @@ async def keyed_topic(
     return store, config, ml, TopicCompaction(ml, bk)
 
 
+async def recorded_ledger(store: BrokerMetadataStore) -> Any:
+    """The compacted ledger the stored ``__compaction`` cursor of the topic names."""
+    stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
+    assert stored is not None
+    return stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
+
+
+async def assert_ledger_exists(bk: BookKeeper, ledger_id: int, password: bytes) -> None:
+    handle = await bk.open_ledger(ledger_id, password, recovery=False)
+    await handle.close()
+
+
 @pytest.mark.parametrize("applied", [False, True], ids=["refused", "reply-lost"])
 def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledger_its_cursor_names(
     bookies, applied: bool
@@ -103,11 +115,8 @@ def test_a_compaction_whose_record_fails_leaves_the_topic_loadable_with_the_ledg
             # stored cursor names
             await comp.close()
             await ml.close()
-            stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
-            assert stored is not None
-            recorded = stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
-            handle = await bk.open_ledger(recorded, config.password, recovery=False)  # it exists
-            await handle.close()
+            recorded = await recorded_ledger(store)
+            await assert_ledger_exists(bk, recorded, config.password)
             ml2 = await ManagedLedger.open(bk, store, ML, config)
             comp2 = TopicCompaction(ml2, bk)
             await comp2.load()
@@ -146,9 +155,7 @@ def test_a_topic_deleted_while_its_compaction_opens_the_ledger_it_recorded_leave
             comp.trigger()
             await asyncio.wait_for(opening.wait(), 30)
             bk.open_ledger = real_open  # type: ignore[method-assign]
-            stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
-            assert stored is not None
-            recorded = stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
+            recorded = await recorded_ledger(store)
             await comp.delete()
             await ml.delete()
             with pytest.raises(LE.NoSuchLedgerError):
@@ -244,11 +251,7 @@ def test_leftovers_are_not_deleted_while_the_cursor_holds_an_unsaved_record(book
             with pytest.raises(zk.MetadataConnectionError):
                 await comp.compact()  # ZooKeeper still away for the cursor
             bk.store.aset = real_set  # type: ignore[method-assign]
-            stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
-            assert stored is not None
-            recorded = stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
-            handle = await bk.open_ledger(recorded, config.password, recovery=False)  # not deleted
-            await handle.close()
+            await assert_ledger_exists(bk, await recorded_ledger(store), config.password)  # not deleted
             await comp.close()
             await ml.close()
         finally:

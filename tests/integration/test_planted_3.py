@@ -32,7 +32,7 @@ from tests.integration.test_broker_compaction import (  # (brokers, c: the modul
     wait_for,
 )
 from tests.integration.test_broker_pulsar_client import topic_name
-from topic_broker.compaction import COMPACTED_TOPIC_LEDGER_PROPERTY, COMPACTION_SUBSCRIPTION
+from topic_broker.compaction import COMPACTION_SUBSCRIPTION
 from zk import layout
 
 pulsar = pytest.importorskip("pulsar")
@@ -146,12 +146,9 @@ def test_a_compaction_whose_record_and_its_undo_both_fail_keeps_the_ledger_the_c
                 await comp.compact()
             bk.store.aset = real_set  # type: ignore[method-assign]
             assert calls == 3
-            stored = await store.get_cursor(faults.ML, COMPACTION_SUBSCRIPTION)
-            assert stored is not None
-            recorded = stored.value.properties[COMPACTED_TOPIC_LEDGER_PROPERTY]
+            recorded = await faults.recorded_ledger(store)
             assert comp.view is not None and recorded != comp.view.ledger_id  # the new ledger, recorded
-            handle = await bk.open_ledger(recorded, config.password, recovery=False)  # not deleted
-            await handle.close()
+            await faults.assert_ledger_exists(bk, recorded, config.password)  # not deleted
             await comp.close()
             await ml.close()
         finally:
