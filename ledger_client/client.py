@@ -228,6 +228,7 @@ class BookKeeper:
         digest: DigestType = DigestType.CRC32C,
         custom_metadata: Mapping[str, bytes] | None = None,
         bookies: Sequence[str] | None = None,
+        ledger_id: int | None = None,
     ) -> LedgerHandle:
         """Create a ledger and return its writer handle.
 
@@ -240,6 +241,10 @@ class BookKeeper:
             bookies: the ensemble to use (``ensemble_size`` distinct bookies, e.g. one bookie for a sanity
                 check); by default the placement policy picks it among the writable bookies not being
                 decommissioned, spread over their racks (``zk.racks``).
+            ledger_id: the ledger's id, one :meth:`new_ledger_id` handed out (BookKeeper's
+                ``createLedgerAdv(ledgerId, ...)``): a caller records the id where it will look for the ledger
+                before the ledger exists, so that a crash in between leaves no ledger nobody names; by default
+                a fresh id.
 
         Returns:
             A writer ``LedgerHandle`` (``append*``, ``close``; it reads too).
@@ -248,7 +253,7 @@ class BookKeeper:
             IncorrectParameterError: the quorums are not E >= Qw >= Qa >= 1.
             ValueError: ``bookies`` is not ``ensemble_size`` distinct bookies.
             NotEnoughBookiesError: fewer than ``ensemble_size`` writable bookies (outside decommissioning).
-            MetadataStoreError: ZooKeeper could not be reached.
+            MetadataStoreError: ZooKeeper could not be reached, or ``ledger_id`` names a ledger that exists.
         """
         validate_quorum(ensemble_size, write_quorum, ack_quorum)
         if bookies is not None:
@@ -268,6 +273,7 @@ class BookKeeper:
                 password=password,
                 digest_type=digest.value,
                 custom_metadata=dict(custom_metadata or {}),
+                ledger_id=ledger_id,
             )
         )
         lh = LedgerHandle(self, versioned, password, writer=True)
@@ -280,6 +286,11 @@ class BookKeeper:
             bookies,
         )
         return lh
+
+    async def new_ledger_id(self) -> int:
+        """A fresh ledger id from the cluster's id generator, for :meth:`create_ledger` ``(ledger_id=...)``: no
+        other creation is handed it (an id handed out and never used is skipped, as ids lost to a crash are)."""
+        return await _meta(self.ledgers.idgen.next_id)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", recovery: bool = True) -> LedgerHandle:
         """Open a ledger for reading.

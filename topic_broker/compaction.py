@@ -23,11 +23,11 @@ Then the cursor is saved (a conflict means another owner: the topic is fenced an
 topic's view switches to the new ledger, and the previous compacted ledger is deleted, only after the new one is
 recorded. A new owner (after a restart or a move) reads the cursor and serves the same view.
 
-No ledger is left behind by a broker that dies in the middle: the new ledger's id is recorded in the cursor
-(property ``CompactionLedgerWriting``) before it gets any data, and the previous one's
-(``CompactionLedgerSuperseded``) with the new record until it is deleted. The next compaction of the topic, on
-whichever owner, first deletes a recorded ledger that is not the ``CompactedTopicLedger`` and then drops the
-record. (A crash between the ledger's creation and that first save, one ZooKeeper write, still leaves it.)
+No ledger is left behind by a broker that dies in the middle: the new ledger's id is taken from the id generator
+and recorded in the cursor (property ``CompactionLedgerWriting``) before the ledger is created under that id
+(BookKeeper's ``createLedgerAdv(ledgerId)``), and the previous one's (``CompactionLedgerSuperseded``) with the new
+record until it is deleted. The next compaction of the topic, on whichever owner, first deletes a recorded ledger
+that is not the ``CompactedTopicLedger`` (one never created is found gone) and then drops the record.
 
 Automatic compaction (Pulsar's compaction threshold): every ``--compaction-monitor-interval-s`` the owner of a
 topic compacts it when its backlog exceeds the threshold (``zk.managed_ledgers.policy_in_force`` says which one
@@ -447,16 +447,18 @@ class TopicCompaction:
             one.add(pos, data)
 
         await self._walk(old, horizon, first)
-        lh = await _create_ledger(
-            self.bk, ml.config, ml.name, COMPONENT, {"compacted-to": str(horizon).encode()}
+        # the new ledger's id is recorded before the ledger exists (BookKeeper's createLedgerAdv): a crash from
+        # here on leaves it named for the next compaction to delete
+        try:
+            ledger_id = await self.bk.new_ledger_id()
+        except LE.LedgerError as e:
+            raise ManagedLedgerError(f"cannot allocate a ledger id: {e}", ml_name=ml.name) from e
+        await cursor.mark_delete_with(
+            cursor.mark_delete, {**cursor.properties, WRITING_LEDGER_PROPERTY: ledger_id}
         )
-        try:  # recorded before it gets data: a crash from here on leaves it named for the next compaction
-            await cursor.mark_delete_with(
-                cursor.mark_delete, {**cursor.properties, WRITING_LEDGER_PROPERTY: lh.ledger_id}
-            )
-        except BaseException:
-            await self._delete_quietly(lh.ledger_id, lh)
-            raise
+        lh = await _create_ledger(
+            self.bk, ml.config, ml.name, COMPONENT, {"compacted-to": str(horizon).encode()}, ledger_id
+        )
         await _test_pause("after-create", ml.name, lh.ledger_id)
         kept = 0
         pending: list[bytes] = []

@@ -1043,9 +1043,11 @@ async def _create_ledger(
     name: str,
     component: bytes = COMPONENT,
     extra: Mapping[str, bytes] | None = None,
+    ledger_id: int | None = None,
 ) -> LedgerHandle:
     """A ledger of the managed ledger ``name`` (or, with another ``component``, one that belongs to it: its
-    compacted ledger), with ``extra`` custom metadata."""
+    compacted ledger), with ``extra`` custom metadata (and the id ``ledger_id``, one ``bk.new_ledger_id()`` gave,
+    or a fresh one)."""
     try:
         return await bk.create_ledger(
             config.ensemble_size,
@@ -1058,6 +1060,7 @@ async def _create_ledger(
                 "managed-ledger": name.encode(),
                 **(extra or {}),
             },
+            ledger_id=ledger_id,
         )
     except LE.LedgerError as e:
         raise ManagedLedgerError(f"cannot create a ledger: {e}", ml_name=name) from e

@@ -50,6 +50,17 @@ async def keyed_topic(
     return store, config, ml, TopicCompaction(ml, bk)
 
 
+async def compacted_then_more(
+    bk: BookKeeper,
+) -> tuple[BrokerMetadataStore, ManagedLedgerConfig, ManagedLedger, TopicCompaction]:
+    """:func:`keyed_topic` compacted once, then 4 more messages of the 2 keys."""
+    store, config, ml, comp = await keyed_topic(bk)
+    await comp.compact()
+    for i in range(4, 8):
+        await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
+    return store, config, ml, comp
+
+
 async def recorded_ledger(store: BrokerMetadataStore) -> Any:
     """The compacted ledger the stored ``__compaction`` cursor of the topic names."""
     stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
@@ -228,10 +239,7 @@ def test_leftovers_are_not_deleted_while_the_cursor_holds_an_unsaved_record(book
     async def body() -> None:
         bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
         try:
-            store, config, ml, comp = await keyed_topic(bk)
-            await comp.compact()
-            for i in range(4, 8):
-                await ml.append(keyed(f"k{i % 2}", b"v%d" % i))
+            store, config, ml, comp = await compacted_then_more(bk)
             cursor_path = layout.ml_cursor_path(ML, COMPACTION_SUBSCRIPTION)
             real_set = bk.store.aset
             saves = 0
@@ -254,6 +262,55 @@ def test_leftovers_are_not_deleted_while_the_cursor_holds_an_unsaved_record(book
             await assert_ledger_exists(bk, await recorded_ledger(store), config.password)  # not deleted
             await comp.close()
             await ml.close()
+        finally:
+            await bk.close()
+
+    asyncio.run(body())
+
+
+def test_a_broker_dead_just_after_its_compaction_created_its_ledger_leaves_no_ledger(bookies) -> None:
+    """The broker dies the moment its compaction's new ledger exists (before anything else is saved): the stored
+    cursor names that ledger already (its id was recorded before the ledger was created), so the next owner's
+    compaction deletes it. Created first and named after, as it was, it stayed in the ledger list for good."""
+    bookies.start_many(2)
+
+    async def body() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            store, config, ml, comp = await compacted_then_more(bk)
+            real_create = bk.create_ledger
+            created: list[int] = []
+            named: list[bool] = []
+
+            async def then_die(*args: Any, **kwargs: Any) -> Any:
+                lh = await real_create(*args, **kwargs)
+                stored = await store.get_cursor(ML, COMPACTION_SUBSCRIPTION)
+                assert stored is not None
+                named.append(lh.ledger_id in stored.value.properties.values())
+                created.append(lh.ledger_id)
+                await asyncio.Event().wait()  # the broker is gone: nothing after this runs
+                return lh
+
+            bk.create_ledger = then_die  # type: ignore[method-assign]
+            dying = asyncio.create_task(comp.compact())
+            while not created:
+                assert not dying.done()
+                await asyncio.sleep(0.05)
+            bk.create_ledger = real_create  # type: ignore[method-assign]
+            assert named == [True]  # the stored cursor named the ledger the moment it existed
+
+            # the next owner takes the topic over and compacts it
+            ml2 = await ManagedLedger.open(bk, store, ML, config)
+            comp2 = TopicCompaction(ml2, bk)
+            await comp2.load()
+            await ml2.append(keyed("k2", b"v8"))
+            await comp2.compact()
+            with pytest.raises(LE.NoSuchLedgerError):
+                await bk.open_ledger(created[0], config.password, recovery=False)
+            assert comp2.view is not None and comp2.view.ledger_id == await recorded_ledger(store)
+            dying.cancel()
+            await comp2.close()
+            await ml2.close()
         finally:
             await bk.close()
 
