@@ -26,8 +26,9 @@ recorded. A new owner (after a restart or a move) reads the cursor and serves th
 No ledger is left behind by a broker that dies in the middle: the new ledger's id is taken from the id generator
 and recorded in the cursor (property ``CompactionLedgerWriting``) before the ledger is created under that id
 (BookKeeper's ``createLedgerAdv(ledgerId)``), and the previous one's (``CompactionLedgerSuperseded``) with the new
-record until it is deleted. The next compaction of the topic, on whichever owner, first deletes a recorded ledger
-that is not the ``CompactedTopicLedger`` (one never created is found gone) and then drops the record.
+record until it is deleted. The topic's next owner, when it loads the topic, deletes in the background a recorded
+ledger that is not the ``CompactedTopicLedger`` (one never created is found gone) and then drops the record; the
+next compaction, which waits for that, does the same for what is still named (a deletion that failed).
 
 Automatic compaction (Pulsar's compaction threshold): every ``--compaction-monitor-interval-s`` the owner of a
 topic compacts it when its backlog exceeds the threshold (``zk.managed_ledgers.policy_in_force`` says which one
@@ -88,8 +89,8 @@ __all__ = [
 
 COMPACTION_SUBSCRIPTION = "__compaction"
 COMPACTED_TOPIC_LEDGER_PROPERTY = "CompactedTopicLedger"
-#: the ledger a compaction writes, recorded before it gets data, and the compacted ledger a recorded one replaced
-#: until it is deleted: a crash leaves them named, for the next compaction to delete (module docstring)
+#: the ledger a compaction writes, recorded before it is created, and the compacted ledger a recorded one replaced
+#: until it is deleted: a crash leaves them named, for the next load or compaction to delete (module docstring)
 WRITING_LEDGER_PROPERTY = "CompactionLedgerWriting"
 SUPERSEDED_LEDGER_PROPERTY = "CompactionLedgerSuperseded"
 _LEFTOVER_PROPERTIES = (WRITING_LEDGER_PROPERTY, SUPERSEDED_LEDGER_PROPERTY)
@@ -332,6 +333,7 @@ class TopicCompaction:
         self.failures = RateLimitedLog(log, LOG_EVERY_S)
         self._cursor: ManagedCursor | None = None
         self._task: asyncio.Task[None] | None = None
+        self._cleanup: asyncio.Task[None] | None = None  # the leftovers' deletion a load started
         self._closed = False
 
     @property
@@ -347,7 +349,8 @@ class TopicCompaction:
 
     async def load(self) -> None:
         """At open: the ``__compaction`` cursor as stored (attached, so that retention keeps what it needs) and
-        the compacted ledger it records."""
+        the compacted ledger it records. The ledgers it names as written or superseded (left by a broker that
+        died in the middle of a compaction) are deleted in the background, the load not waiting for it."""
         stored = await self.ml.store.get_cursor(self.ml.name, COMPACTION_SUBSCRIPTION)
         if stored is None:
             return
@@ -356,6 +359,14 @@ class TopicCompaction:
         if lid is not None:
             self.view = await self._open_view(lid, self._cursor.mark_delete)
             self.status = CompactionStatus.SUCCESS  # compacted before (Pulsar's says NOT_RUN after a reload)
+        if any(k in self._cursor.properties for k in _LEFTOVER_PROPERTIES):
+            self._cleanup = asyncio.get_running_loop().create_task(self._delete_leftovers_at_load())
+
+    async def _delete_leftovers_at_load(self) -> None:
+        try:
+            await self._delete_leftovers()
+        except Exception as e:  # still named: the next compaction tries again
+            log.warning("ml=%s leftovers of an earlier compaction not deleted at load: %s", self.ml.name, e)
 
     async def _open_view(self, ledger_id: int, horizon: Position) -> CompactedView:
         try:
@@ -426,6 +437,8 @@ class TopicCompaction:
         """Run both phases and record the result (module docstring). Nothing to do when nothing was added
         after the previous horizon."""
         started = time.monotonic()
+        if self._cleanup is not None:  # the load's deletion of leftovers first: both change the cursor
+            await asyncio.wait([self._cleanup])
         ml = self.ml
         cursor = self._cursor
         recorded = None if cursor is None else cursor.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
@@ -448,7 +461,7 @@ class TopicCompaction:
 
         await self._walk(old, horizon, first)
         # the new ledger's id is recorded before the ledger exists (BookKeeper's createLedgerAdv): a crash from
-        # here on leaves it named for the next compaction to delete
+        # here on leaves it named for the next load or compaction to delete
         try:
             ledger_id = await self.bk.new_ledger_id()
         except LE.LedgerError as e:
@@ -582,11 +595,11 @@ class TopicCompaction:
     async def close(self) -> None:
         """The topic closes: a compaction under way is cancelled (its ledger deleted), the view's handle closed."""
         self._closed = True
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await task
+        for task in (self._task, self._cleanup):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await task
         if self.view is not None:
             await self.view.close()
 

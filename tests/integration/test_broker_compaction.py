@@ -373,8 +373,9 @@ def test_a_broker_killed_in_the_middle_of_a_compaction_leaves_no_ledger(
     c: Any, brokers: Brokers, point: str
 ) -> None:
     """A broker killed (SIGKILL) once its compaction created its ledger, or once it recorded it (the previous
-    compacted ledger not deleted yet): the next owner says SUCCESS (compacted before) and its compaction deletes
-    what was left, so that the ledger list holds the compacted ledger in force only."""
+    compacted ledger not deleted yet): the next owner says SUCCESS (compacted before) and deletes what was left
+    when it loads the topic, so that the ledger list holds the compacted ledger in force only, and so it does
+    after the next owner's compaction."""
     bp = brokers.procs[0]
     t = topic_name()
     p = c.create_producer(t, batching_enabled=False)
@@ -419,6 +420,10 @@ def test_a_broker_killed_in_the_middle_of_a_compaction_leaves_no_ledger(
         return str(admin(owner, "GET", topic_path(t) + "/compaction")["status"])
 
     wait_for("the topic on the first broker", taken_over, timeout_s=60)
+    adopted = admin(bp, "GET", topic_path(t) + "/internalStats")["compactedLedger"]["ledgerId"]
+    assert adopted == (first if point == "after-create" else written)
+    # what was left is deleted when the topic is loaded, without a compaction
+    wait_for("the leftover's deletion", lambda: compacted_ledgers(brokers.bookies, t) == {adopted})
     with contextlib.closing(client(bp)) as cl:
         send_all(cl.create_producer(t, batching_enabled=False), [("d", b"1")])
         compact(bp, t)
