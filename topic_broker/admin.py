@@ -77,7 +77,7 @@ from zk.managed_ledgers import (
 from . import pulsar_api_pb2 as pb
 from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
-from .compaction import CompactionRunningError
+from .compaction import COMPACTION_SUBSCRIPTION, CompactionRunningError
 from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
@@ -478,9 +478,10 @@ class AdminApp:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         request: web.Request | None = None,
+        indexes: range | None = None,
     ) -> list[tuple[int, int, Any]]:
-        """Send the call to every partition (through this broker's HTTP port, following redirects to each
-        partition's owner); (index, status, parsed body) per partition."""
+        """Send the call to every partition, or to those of ``indexes`` (through this broker's HTTP port,
+        following redirects to each partition's owner); (index, status, parsed body) per partition."""
         n = await self._partitions(name)
         if n == 0:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
@@ -501,7 +502,7 @@ class AdminApp:
                     data = text
                 return i, r.status, data
 
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
+        return list(await asyncio.gather(*(one(i) for i in (range(n) if indexes is None else indexes))))
 
     @staticmethod
     def _check_partition_results(results: list[tuple[int, int, Any]], ok_404: bool = False) -> None:
@@ -913,7 +914,27 @@ class AdminApp:
         except ValueError as e:
             raise AdminError(409, str(e)) from e
         await self._create_partition_mls(name, current, n)
+        await self._subscribe_new_partitions(name, current, n, request)
         return _no_content()
+
+    async def _subscribe_new_partitions(
+        self, name: TopicName, current: int, n: int, request: web.Request
+    ) -> None:
+        """The subscriptions of partitions ``[0, current)`` created on the new ones ``[current, n)`` at their
+        start, as Pulsar's partition update does: a client finds new partitions by polling (every minute), and
+        a producer that finds them before the subscription's consumers would write messages that the
+        consumers, subscribing there at latest, never get. The compactor's cursor is not copied."""
+        subs: set[str] = set()
+        for i in range(current):
+            subs.update(await self.meta.list_cursors(name.partition(i).ml_name))
+        subs.discard(COMPACTION_SUBSCRIPTION)
+        for sub in sorted(subs):
+            suffix = f"/subscription/{quote(sub, safe='')}"
+            results = await self._each_partition(
+                name, "PUT", suffix, body="earliest", request=request, indexes=range(current, n)
+            )
+            # 409: a consumer that already found the partition subscribed there first
+            self._check_partition_results([r for r in results if r[1] != 409])
 
     async def partitions_delete(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
@@ -1317,8 +1338,8 @@ class AdminApp:
                     return [(None, wire.uncompressed_payload(md, payload))]
                 return list(wire.iter_batch(md, payload))
 
-            if md.compression in wire.ARROW_CODECS:
-                # pyarrow's import (the first time) and its decompression, off the event loop
+            if wire.inflates_off_loop(md):
+                # pyarrow's import (the first time) and its decompression, or a large inflation, off the loop
                 messages = await asyncio.to_thread(decompressed)
             else:
                 messages = decompressed()

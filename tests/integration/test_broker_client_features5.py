@@ -1,0 +1,47 @@
+"""The topic broker as users of the official ``pulsar-client`` meet it, fifth part: a partitioned topic whose
+partition count grows while its producers and consumers run.
+
+One broker on 3 bookies is shared by the module; every test uses its own topics; every wait is bounded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import Brokers, module_cluster
+from tests.integration.test_broker_client_features3 import admin, c, partitioned, receive_all
+
+pulsar = pytest.importorskip("pulsar")
+__all__ = ["c"]  # the third part's client fixture, on this module's broker
+
+
+@pytest.fixture(scope="module")
+def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
+    with module_cluster(zk_server, tmp_path_factory.mktemp("features5")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def bp(brokers: Brokers) -> BrokerProcess:
+    return brokers.procs[0]
+
+
+def test_new_partitions_get_the_topics_subscriptions_so_nothing_sent_there_early_is_lost(
+    bp: BrokerProcess, c: Any
+) -> None:
+    t = partitioned(bp, 2)
+    path = f"/admin/v2/persistent/public/default/{t.rsplit('/', 1)[-1]}"
+    consumer = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
+    admin(bp, "POST", f"{path}/partitions", 3)
+    # A producer made now sees three partitions at once; the running consumer finds the third only at its next
+    # poll of the partition count (a minute). What is sent there meanwhile waits for the subscription.
+    producer = c.create_producer(t, message_router=lambda _msg, n: n - 1)
+    for i in range(3):
+        producer.send(f"m{i}".encode())
+    consumer.close()
+    again = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)  # at latest where "s" is new
+    assert sorted(m.data() for m in receive_all(again)) == [b"m0", b"m1", b"m2"]
+    assert admin(bp, "GET", f"{path}-partition-2/subscriptions") == ["s"]
