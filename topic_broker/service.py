@@ -329,6 +329,16 @@ def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, 
     With key-based batching a batch's ids are not consecutive: key A's batch holds 0, 2, 4, 5, key B's 1, 3,
     sent after it in the order of their first ids, so taking A's end for 0 + 4 - 1 = 3 dropped B as a resend,
     acknowledged and never stored."""
+    found = dedup_walk(sequence_id, highest, num_messages, entry)
+    return found if isinstance(found, int) else found()
+
+
+def dedup_walk(
+    sequence_id: int, highest: int | None, num_messages: int, entry: bytes
+) -> int | Callable[[], int]:
+    """:func:`dedup_sequence_id`'s id, or, when it takes inflating a compressed batch over
+    ``wire.INFLATE_ON_LOOP_MAX`` (``wire.batch_walk_off_loop``), the walk that finds it: a function of no
+    arguments, for a worker thread (up to 5 MiB inflated, ~17 ms, would block the event loop)."""
     if highest is not None:
         return max(sequence_id, highest)
     end = sequence_id + max(num_messages, 1) - 1
@@ -336,10 +346,29 @@ def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, 
         return sequence_id
     try:
         md, payload = wire.parse_entry(entry, verify_checksum=False)
-        last = wire.batch_last_sequence_id(md, payload) if md.HasField("num_messages_in_batch") else None
     except wire.EntryFormatError:
         return sequence_id
-    return end if last == end else sequence_id
+    if not md.HasField("num_messages_in_batch"):
+        return sequence_id
+
+    def walk() -> int:
+        try:
+            last = wire.batch_last_sequence_id(md, payload)
+        except wire.EntryFormatError:
+            return sequence_id
+        return end if last == end else sequence_id
+
+    return walk if wire.batch_walk_off_loop(md) else walk()
+
+
+@dataclass(slots=True)
+class _HeldSend:
+    send: pb.CommandSend
+    entry: bytes
+    num_messages: int
+    dedup: bool
+    dedup_id: int | Callable[[], int]  # (dedup_walk's answer)
+    started: float
 
 
 @dataclass(slots=True, eq=False)
@@ -351,6 +380,8 @@ class Producer:
     exclusive: bool = False
     receipts: deque[_Receipt] = field(default_factory=deque)
     closed: bool = False
+    #: SENDs held behind a batch whose dedup walk runs in a worker thread (``Topic.publish``), in their order
+    held: deque[_HeldSend] = field(default_factory=deque)
 
     def flush_receipts(self) -> None:
         q = self.receipts
@@ -896,19 +927,53 @@ class Topic:
     def publish(
         self, p: Producer, send: pb.CommandSend, entry: bytes, num_messages: int, *, dedup: bool = True
     ) -> None:
-        """``dedup`` False: the SEND's sequence id takes no part in deduplication (a chunk before the last)."""
+        """``dedup`` False: the SEND's sequence id takes no part in deduplication (a chunk before the last).
+        A batch whose dedup walk inflates much (:func:`dedup_walk`) is walked in a worker thread, and the
+        producer's later SENDs are held behind it, to be taken in their order."""
+        seq = send.sequence_id
+        declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
+        dedup_id = dedup_walk(seq, declared, num_messages, entry) if self.dedup_enabled and dedup else seq
+        if p.held or not isinstance(dedup_id, int):
+            p.held.append(_HeldSend(send, entry, num_messages, dedup, dedup_id, time.monotonic()))
+            if len(p.held) == 1:
+                self.service.spawn(self._publish_held(p))
+            return
+        self._publish(p, send, entry, num_messages, dedup, dedup_id, time.monotonic())
+
+    async def _publish_held(self, p: Producer) -> None:
+        """The producer's held SENDs, in their order, each batch walked in a worker thread first."""
+        held = p.held
+        while held:
+            h = held[0]
+            if not isinstance(h.dedup_id, int):
+                try:
+                    h.dedup_id = await asyncio.to_thread(h.dedup_id)
+                except Exception as e:  # (MemoryError): the batch's first id, as for any batch not read
+                    log.warning("topic=%s batch of %s not walked for dedup: %r", self.name, p.name, e)
+                    h.dedup_id = h.send.sequence_id
+            held.popleft()
+            self._publish(p, h.send, h.entry, h.num_messages, h.dedup, h.dedup_id, h.started)
+
+    def _publish(
+        self,
+        p: Producer,
+        send: pb.CommandSend,
+        entry: bytes,
+        num_messages: int,
+        dedup: bool,
+        dedup_id: int,
+        started: float,
+    ) -> None:
         seq = send.sequence_id
         declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
         rec = _Receipt(
             seq,
             wire.highest_sequence_id(seq, declared, num_messages),
-            started=time.monotonic(),
+            started=started,
             messages=num_messages,
             size=len(entry),
             dedup=dedup,
-            dedup_id=dedup_sequence_id(seq, declared, num_messages, entry)
-            if self.dedup_enabled and dedup
-            else seq,
+            dedup_id=dedup_id,
         )
         p.receipts.append(rec)
         last = self.last_sequence.get(p.name, -1)
@@ -1031,7 +1096,8 @@ class Topic:
                 counts.append(md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1)
                 if self.dedup_enabled and wire.counts_for_dedup(md):
                     declared = md.highest_sequence_id if md.HasField("highest_sequence_id") else None
-                    seq = dedup_sequence_id(md.sequence_id, declared, counts[-1], data)
+                    found = dedup_walk(md.sequence_id, declared, counts[-1], data)
+                    seq = found if isinstance(found, int) else await asyncio.to_thread(found)
                     if seq > self.last_sequence.get(md.producer_name, -1):
                         self.last_sequence[md.producer_name] = seq
             if len(got) < 1000:

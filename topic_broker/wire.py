@@ -82,6 +82,8 @@ __all__ = [
     "get_topics_of_namespace_response",
     "iter_batch",
     "batch_last_sequence_id",
+    "batch_walk_off_loop",
+    "inflates_off_loop",
     "lookup_response",
     "make_entry",
     "message",
@@ -941,6 +943,25 @@ UNCOMPRESSED_MAX: Final = 256 * 1024 * 1024
 #: a ledger entry is not walked (20 MiB of zeros inflated took 67 ms): dedup keeps its first id, as for any batch
 #: it cannot read
 SEND_WALK_UNCOMPRESSED_MAX: Final = LEDGER_ENTRY_MAX
+#: The largest decompression run on the event loop: more (up to ``SEND_WALK_UNCOMPRESSED_MAX`` on the send path,
+#: about 17 ms of a blocked loop for 5 MiB of ZLIB) goes to a worker thread (zlib lets go of the GIL while it
+#: inflates), less stays inline, where a thread's hop would cost more than the work (256 KiB inflates in about
+#: 1 ms; a client's batch holds 128 KiB by default)
+INFLATE_ON_LOOP_MAX: Final = 256 * 1024
+
+
+def inflates_off_loop(metadata: pb.MessageMetadata, *, arrow: bool = True, limit: int | None = None) -> bool:
+    """Whether decompressing the payload, as :func:`uncompressed_payload` (``arrow`` and ``limit`` as
+    ``_uncompressed`` takes them) would, is work for a worker thread: pyarrow's codecs always (its first import
+    too), ZLIB over :data:`INFLATE_ON_LOOP_MAX`; a payload not compressed, refused for its declared size or of a
+    codec not run here costs nothing to refuse."""
+    compression = metadata.compression
+    size = metadata.uncompressed_size
+    if compression == pb.NONE or size > (UNCOMPRESSED_MAX if limit is None else limit):
+        return False
+    if compression in ARROW_CODECS:
+        return arrow
+    return compression == pb.ZLIB and size > INFLATE_ON_LOOP_MAX
 
 
 def _arrow_decompressed(compression: int, payload: bytes | bytearray | memoryview, size: int) -> bytes:
@@ -1034,7 +1055,8 @@ def batch_last_sequence_id(
     """The sequence id the batch's messages state last (the last message's, when each states one), None when
     none does: what ``iter_batch`` would show. Read on the send path of every batch of a client that declares
     only its first id, so one metadata object is reused and no payload is copied (half the CPU).
-    :class:`EntryFormatError` as ``iter_batch`` raises it."""
+    :class:`EntryFormatError` as ``iter_batch`` raises it. :func:`batch_walk_off_loop` says when it is work for
+    a worker thread."""
     last = None
     # the send path: pyarrow is neither imported nor run, and what a ledger entry holds at most is inflated
     data = _uncompressed(metadata, payload, arrow=False, limit=SEND_WALK_UNCOMPRESSED_MAX)
@@ -1042,6 +1064,12 @@ def batch_last_sequence_id(
         if single.HasField("sequence_id"):
             last = single.sequence_id
     return last
+
+
+def batch_walk_off_loop(metadata: pb.MessageMetadata) -> bool:
+    """Whether :func:`batch_last_sequence_id` of the batch inflates enough to run in a worker thread
+    (:func:`inflates_off_loop` of the send path)."""
+    return inflates_off_loop(metadata, arrow=False, limit=SEND_WALK_UNCOMPRESSED_MAX)
 
 
 def iter_batch(

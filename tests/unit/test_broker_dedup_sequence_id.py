@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import struct
+import zlib
 
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
-from topic_broker.service import dedup_sequence_id
+from topic_broker.service import dedup_sequence_id, dedup_walk
 
 
-def batch(ids: list[int], *, with_ids: bool = True) -> bytes:
+def batch(
+    ids: list[int], *, with_ids: bool = True, payload: bytes = b"abc", compressed: bool = False
+) -> bytes:
     body = bytearray()
     for i in ids:
-        single = pb.SingleMessageMetadata(payload_size=3, partition_key="k")
+        single = pb.SingleMessageMetadata(payload_size=len(payload), partition_key="k")
         if with_ids:
             single.sequence_id = i
         raw = single.SerializeToString()
-        body += struct.pack(">I", len(raw)) + raw + b"abc"
+        body += struct.pack(">I", len(raw)) + raw + payload
     md = pb.MessageMetadata(
         producer_name="p", sequence_id=ids[0], publish_time=1, num_messages_in_batch=len(ids)
     )
-    return wire.make_entry(md, bytes(body))
+    if not compressed:
+        return wire.make_entry(md, bytes(body))
+    md.compression, md.uncompressed_size = pb.ZLIB, len(body)
+    return wire.make_entry(md, zlib.compress(bytes(body)))
 
 
 def test_a_batch_numbered_one_after_the_other_is_kept_by_its_last_id() -> None:
@@ -75,3 +81,21 @@ def test_the_batch_walk_finds_what_iter_batch_shows() -> None:
             list(wire.iter_batch(md, payload[:cut]))
         with pytest.raises(wire.EntryFormatError):
             wire.batch_last_sequence_id(md, payload[:cut])
+
+
+def test_a_batch_that_inflates_past_the_loops_bound_is_walked_by_a_function_for_a_worker_thread() -> None:
+    """The send path walks a ZLIB batch inflating past ``wire.INFLATE_ON_LOOP_MAX`` in a worker thread
+    (``dedup_walk`` answers the walk), a smaller one inline (it answers the id)."""
+    ids = list(range(10, 20))
+    small = batch(ids, compressed=True)
+    large = batch(ids, payload=bytes(wire.INFLATE_ON_LOOP_MAX // len(ids) + 1), compressed=True)
+    assert dedup_walk(10, None, 10, small) == 19
+    walk = dedup_walk(10, None, 10, large)
+    assert callable(walk) and walk() == 19 == dedup_sequence_id(10, None, 10, large)
+    key_based = batch([0, 2, 4], payload=bytes(wire.INFLATE_ON_LOOP_MAX), compressed=True)
+    walk = dedup_walk(0, None, 3, key_based)
+    assert callable(walk) and walk() == 0
+    # nothing to inflate: a declared highest id, a single message, a batch not compressed
+    assert dedup_walk(10, 19, 10, large) == 19
+    assert dedup_walk(7, None, 1, large) == 7
+    assert dedup_walk(10, None, 10, batch(ids, payload=bytes(wire.INFLATE_ON_LOOP_MAX))) == 19

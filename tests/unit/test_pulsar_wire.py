@@ -338,6 +338,24 @@ def test_the_send_path_walks_no_batch_declaring_more_than_a_ledger_entry() -> No
     assert len(wire.uncompressed_payload(metadata, packed)) == size
 
 
+def test_what_decompresses_off_the_event_loop() -> None:
+    """pyarrow's codecs (unless not run, as on the send path) and ZLIB past ``INFLATE_ON_LOOP_MAX`` go to a
+    worker thread; what is not compressed, a small ZLIB payload and a declared size refused go nowhere."""
+    bound = wire.INFLATE_ON_LOOP_MAX
+    assert not wire.inflates_off_loop(_metadata(uncompressed_size=bound + 1))  # not compressed
+    assert not wire.inflates_off_loop(_metadata(compression=pb.ZLIB, uncompressed_size=bound))
+    assert wire.inflates_off_loop(_metadata(compression=pb.ZLIB, uncompressed_size=bound + 1))
+    assert not wire.inflates_off_loop(
+        _metadata(compression=pb.ZLIB, uncompressed_size=wire.UNCOMPRESSED_MAX + 1)
+    )
+    assert wire.inflates_off_loop(_metadata(compression=pb.LZ4, uncompressed_size=10))
+    assert not wire.inflates_off_loop(_metadata(compression=pb.LZ4, uncompressed_size=10), arrow=False)
+    walked = _metadata(num_messages_in_batch=2, compression=pb.ZLIB, uncompressed_size=bound + 1)
+    assert wire.batch_walk_off_loop(walked)
+    walked.uncompressed_size = wire.SEND_WALK_UNCOMPRESSED_MAX + 1  # refused before any inflation
+    assert not wire.batch_walk_off_loop(walked)
+
+
 def test_truncated_batch_raises() -> None:
     raw = _batch_payload([("a", b"abc"), ("b", b"def")])
     with pytest.raises(wire.EntryFormatError, match="batch message 1"):
