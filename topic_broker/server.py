@@ -25,6 +25,10 @@ CONNECTIONS_PER_PEER_MAX = 256
 #: holding one would take 20 GiB). A connection paused so long that it misses the keep-alive is closed by it.
 PARTIAL_BYTES_MAX = 256 * 1024 * 1024
 _HELD_SMALL = 64 * 1024
+#: Unsent bytes of one connection (asyncio's write buffer) over which it is not sent more: its consumers get no
+#: more messages and it is not read (its requests would queue answers), until fewer than a quarter of it are left.
+#: A peer that does not read costs this, plus the reads in flight for its consumers, whatever its permits.
+WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 _LOG_PAUSES_EVERY_S = 5.0
 
 
@@ -36,7 +40,8 @@ class BrokerProtocol(asyncio.Protocol):
         self.session: Session | None = None
         self.host = "?"
         self.partial = 0  # bytes of a partial frame counted against the server's PARTIAL_BYTES_MAX
-        self.paused = False
+        self.paused = False  # not read: partial frames over PARTIAL_BYTES_MAX
+        self.write_paused = False  # not read: its unsent bytes over WRITE_BUFFER_HIGH
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -46,6 +51,30 @@ class BrokerProtocol(asyncio.Protocol):
             return
         self.session = Session(self.service, transport, f"{peer[0]}:{peer[1]}" if peer else "?")
         self.service.sessions.add(self.session)
+        cast(asyncio.Transport, transport).set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+
+    def pause_writing(self) -> None:
+        self._writing(False)
+
+    def resume_writing(self) -> None:
+        self._writing(True)
+
+    def _writing(self, writable: bool) -> None:
+        session = self.session
+        if session is None or session.closed:
+            return
+        self.write_paused = not writable
+        session.set_writable(writable)
+        self.update_reading()
+
+    def update_reading(self) -> None:
+        """Read the connection unless it is paused for partial frames or for unsent bytes."""
+        if self.session is None or self.session.closed:
+            return
+        if self.paused or self.write_paused:
+            self.session.transport.pause_reading()
+        else:
+            self.session.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.session is not None and not self.session.closed:
@@ -82,7 +111,7 @@ class BrokerServer:
         elif self.partial_bytes > PARTIAL_BYTES_MAX and not conn.paused:
             conn.paused = True
             self._waiting.add(conn)
-            conn.session.transport.pause_reading()
+            conn.update_reading()
             self.partial_pauses += 1
             now = time.monotonic()
             if now - self._last_pause_log >= _LOG_PAUSES_EVERY_S:
@@ -98,8 +127,7 @@ class BrokerServer:
             waiting, self._waiting = self._waiting, set()
             for c in waiting:
                 c.paused = False
-                if c.session is not None and not c.session.closed:
-                    c.session.transport.resume_reading()
+                c.update_reading()
 
     async def start(self) -> None:
         cfg = self.service.config

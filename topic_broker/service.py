@@ -142,6 +142,9 @@ EITHER = (PRODUCE, CONSUME)
 BAD_NAME = pb.NotAllowedError
 #: Pending SENDs per topic beyond which reading from producers' sockets pauses.
 APPEND_QUEUE_MAX = 10_000
+#: Bytes one dispatcher read takes at most, by the topic's average entry size (Pulsar's
+#: ``dispatcherMaxReadSizeBytes``): what a consumer is sent beyond its connection's high-water mark
+READ_BYTES_MAX = 5 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,6 +244,18 @@ class Session:
         self.closed_by_quota: dict[int, bool] = {}  # producers closed by a backlog quota, by producer id
         self._flush_scheduled = False
         self.closed = False
+        #: the transport's unsent bytes are under its high-water mark (asyncio's pause_writing/resume_writing)
+        self.writable = True
+
+    def set_writable(self, writable: bool) -> None:
+        """The transport's buffer went over its high-water mark (False) or drained below its low-water mark: a
+        consumer of a connection that does not take more is sent nothing more until it does, so what a peer that
+        reads slowly or not at all is sent stays within the mark plus a read in flight, whatever its permits."""
+        if self.writable == writable:
+            return
+        self.writable = writable
+        for c in list(self.consumers.values()):
+            c.sub.execute(c.sub.core.set_writable(c.sub_key, writable))
 
     def send(self, frame: bytes) -> None:
         self.conn.send_raw(frame)
@@ -477,6 +492,8 @@ class SubscriptionRuntime:
         self.consumers[key] = c
         self._by_key[key] = c
         c.sub_key = key
+        if not c.session.writable:
+            self.core.set_writable(key, False)
         if cursor is not None:
             cursor.active = True
         self.execute(cmds)
@@ -564,6 +581,7 @@ class SubscriptionRuntime:
                     self.topic.key, self.name, entry.num_messages, len(entry.data) if entry.data else 0
                 )
             elif isinstance(cmd, Read):
+                cmd = self._within_read_bytes(cmd)
                 if self._compacted_before(cmd.start):
                     self.topic.service.spawn(self._read_compacted(cmd))
                     continue
@@ -584,6 +602,17 @@ class SubscriptionRuntime:
                 c = self._by_key.get(cmd.consumer_id)
                 if c is not None:
                     c.session.send(wire.active_consumer_change(c.consumer_id, cmd.is_active))
+
+    def _within_read_bytes(self, cmd: Read) -> Read:
+        """``cmd`` with no more entries than make ``READ_BYTES_MAX`` at the topic's average entry size (at least
+        one), as Pulsar's ``dispatcherMaxReadSizeBytes``: 100 entries of 5 MiB were 500 MiB read, and sent to a
+        consumer at once, whatever its connection took."""
+        ml = self.topic.ml
+        entries = ml.view().total_entries()
+        if entries <= 0 or cmd.max_entries <= 1:
+            return cmd
+        fit = max(1, READ_BYTES_MAX * entries // max(1, ml.total_size))
+        return cmd if fit >= cmd.max_entries else dataclasses.replace(cmd, max_entries=fit)
 
     def _tail_entries(self, got: list[tuple[Position, bytes]]) -> list[DispatchEntry]:
         """What to dispatch of entries read at the tail. Only Key_Shared needs an entry's key; the others take

@@ -223,6 +223,8 @@ class _Consumer:
     #: Key_Shared mode sticky (else auto split) and allowOutOfOrderDelivery, as the consumer declared them
     sticky: bool = False
     out_of_order: bool = False
+    #: its connection takes more now (its unsent bytes under the high-water mark): else it is sent nothing
+    writable: bool = True
 
 
 @dataclass(slots=True)
@@ -398,6 +400,16 @@ class Subscription:
             return []
         c.permits += permits
         return self._dispatch()
+
+    def set_writable(self, consumer_id: int, writable: bool) -> list[Command]:
+        """Whether the consumer's connection takes more (its unsent bytes under the high-water mark). One that does
+        not is sent nothing and no read is started for it (what it is sent waits in the replay set), as Pulsar's
+        dispatchers skip a consumer whose channel is not writable; writable again, dispatch resumes."""
+        c = self._consumers.get(consumer_id)
+        if c is None or c.writable == writable:
+            return []
+        c.writable = writable
+        return self._dispatch() if writable else []
 
     # -- reads ----------------------------------------------------------------------------------------------
 
@@ -650,7 +662,7 @@ class Subscription:
     _messages_per_entry = 1
 
     def _ready(self, c: _Consumer) -> bool:
-        return c.permits > 0 and c.unacked_messages < self.unacked_messages_max
+        return c.writable and c.permits > 0 and c.unacked_messages < self.unacked_messages_max
 
     def _dispatch(self) -> list[Command]:
         if self.reading or not self._consumers:
@@ -707,7 +719,7 @@ class Subscription:
         if t in (SubType.EXCLUSIVE, SubType.FAILOVER):
             active = self._consumers.get(self._active) if self._active is not None else None
             for e in entries:
-                if active is None or active.permits <= 0:
+                if active is None or active.permits <= 0 or not active.writable:
                     self._park(e)  # later entries park too: replays go first, so the order holds
                 else:
                     self._send(active, e, cmds)

@@ -69,6 +69,23 @@ def test_exclusive_delivers_in_order_within_permits() -> None:
     assert sub.caught_up
 
 
+@pytest.mark.parametrize("sub_type", [SubType.EXCLUSIVE, SubType.SHARED])
+def test_a_consumer_whose_connection_takes_no_more_is_sent_nothing_until_it_does(sub_type: SubType) -> None:
+    """Not writable (its connection's unsent bytes over the high-water mark): permits start no read, and what a
+    read in flight brings waits; writable again, everything is delivered in order."""
+    sub = Subscription(sub_type, read_position=(1, 0))
+    log = FakeLog(10)
+    sub.add_consumer(1, "a")
+    reads = sub.flow(1, 5)
+    assert [type(c) for c in reads] == [Read]
+    assert sub.set_writable(1, False) == []
+    assert delivered(run(sub, log, reads)) == []  # what the read in flight brings waits
+    assert run(sub, log, sub.flow(1, 1000)) == []  # no read started
+    assert sub.set_writable(1, False) == []
+    out = delivered(run(sub, log, sub.set_writable(1, True)))
+    assert [p for _, p, _ in out] == [(1, i) for i in range(10)]
+
+
 def test_second_exclusive_consumer_is_busy() -> None:
     sub = Subscription(SubType.EXCLUSIVE)
     sub.add_consumer(1, "a")

@@ -1,0 +1,101 @@
+"""Peers that never read what they asked for, against a real broker process: what a consumer's connection is sent
+stays within its write buffer (``server.WRITE_BUFFER_HIGH``) and one dispatcher read (``service.READ_BYTES_MAX``),
+whatever its permits and the backlog, and a real client is served meanwhile."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from ledgerstore.cluster import BrokerProcess
+from tests.abuse.helpers import http, rss_bytes
+from tests.broker_testing import broker, cluster  # noqa: F401
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+
+pulsar = pytest.importorskip("pulsar")
+
+T = pb.BaseCommand
+MSG = 1_000_000
+BACKLOG = 100  # 100 MB: each stranger is sent all of it without back-pressure
+STRANGERS = 3
+#: messages a stranger may be sent: the kernel's buffers, the 4 MiB write buffer and one read of 5 MiB, in MB
+SENT_MAX = 30
+
+
+def _await(s: socket.socket, dec: wire.FrameDecoder, wanted: int) -> None:
+    while True:
+        data = s.recv(65536)
+        assert data, "the broker closed the connection"
+        if any(f.command.type == wanted for f in dec.feed(data)):
+            return
+
+
+def _stranger(port: int, topic: str, sub: str) -> socket.socket:
+    """A consumer that subscribes from the earliest message, grants every permit there is, and reads nothing."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    dec = wire.FrameDecoder()
+    s.sendall(
+        wire.encode_command(
+            T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+        )
+    )
+    _await(s, dec, T.CONNECTED)
+    cmd = pb.CommandSubscribe(
+        topic=topic,
+        subscription=sub,
+        subType=pb.CommandSubscribe.Exclusive,
+        initialPosition=pb.CommandSubscribe.Earliest,
+    )
+    cmd.consumer_id, cmd.request_id = 1, 1
+    s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=cmd)))
+    _await(s, dec, T.SUCCESS)
+    flow = pb.CommandFlow(consumer_id=1, messagePermits=2**32 - 1)
+    s.sendall(wire.encode_command(T(type=T.FLOW, flow=flow)))
+    return s
+
+
+def test_consumers_that_never_read_are_sent_a_bounded_part_of_a_large_backlog(
+    broker: BrokerProcess,  # noqa: F811
+) -> None:
+    assert broker.proc is not None
+    topic = "persistent://public/default/slow-peers"
+    client = pulsar.Client(
+        broker.service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+    )
+    try:
+        client.subscribe(topic, "honest", initial_position=pulsar.InitialPosition.Earliest).close()
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(BACKLOG):
+            producer.send_async(i.to_bytes(4, "big") + bytes(MSG - 4), None)
+        producer.flush()
+        base = rss_bytes(broker.proc.pid)
+        strangers = [_stranger(broker.port, topic, f"stranger-{i}") for i in range(STRANGERS)]
+        consumer = client.subscribe(topic, "honest")  # served meanwhile, all of it
+        got = [consumer.receive(timeout_millis=60_000).data()[:4] for _ in range(BACKLOG)]
+        assert [int.from_bytes(m, "big") for m in got] == list(range(BACKLOG))
+        before, sent = None, _sent(broker, topic)
+        deadline = time.monotonic() + 10  # until what the strangers' reads in flight bring is counted
+        while sent != before and time.monotonic() < deadline:
+            time.sleep(1)
+            before, sent = sent, _sent(broker, topic)
+        growth = rss_bytes(broker.proc.pid) - base
+        for s in strangers:
+            s.close()
+    finally:
+        client.close()
+    assert len(sent) == STRANGERS and all(n <= SENT_MAX for n in sent.values()), sent
+    assert growth <= STRANGERS * SENT_MAX * MSG + 100 * 2**20, f"RSS grew {growth / 2**20:.0f} MiB"
+
+
+def _sent(bp: BrokerProcess, topic: str) -> dict[str, int]:
+    """Messages dispatched to each stranger's subscription."""
+    status, stats = http(bp, "GET", f"/admin/v2/persistent/public/default/{topic.rsplit('/', 1)[1]}/stats")
+    assert status == 200, stats
+    subs = stats["subscriptions"]
+    return {name: sub["msgOutCounter"] for name, sub in subs.items() if name.startswith("stranger-")}
