@@ -189,6 +189,17 @@ class BookKeeper:
         except E.LedgerError:
             return None
 
+    async def bookie_accepts_client(self, bookie: str) -> bool:
+        """Whether ``bookie`` serves this client: it is asked for its info (BOOKIE_INFO, which every client may
+        ask) over this client's pooled connection to it, which authenticates with the client's token when it has
+        one. False: it answered UNAUTHORIZED (it requires a token and the client has none).
+
+        Raises:
+            UnauthorizedError: the bookie refused the client's token (signed with another secret, expired).
+            LedgerError: the bookie cannot be reached or does not answer in time."""
+        resp = await self._ask(bookie, lambda rid: p.BookieInfoRequest(request_id=rid))
+        return getattr(resp, "status", p.Status.OK) != p.Status.UNAUTHORIZED
+
     def report_unauthorized(self, bookie: str, ledger_id: int, what: str) -> None:
         """A bookie refused the key of a ledger whose password the metadata accepted: count it, log it; the
         caller reads from another replica instead of giving up."""

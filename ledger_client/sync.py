@@ -154,6 +154,11 @@ class BookKeeper:
     def readonly_bookies(self) -> list[str]:
         return self._loop.run(self._bk.readonly_bookies())
 
+    def bookie_accepts_client(self, bookie: str) -> bool:
+        """Whether ``bookie`` serves this client (its token, or none): the async client's
+        ``bookie_accepts_client``, with its errors."""
+        return self._loop.run(self._bk.bookie_accepts_client(bookie))
+
     def close(self) -> None:
         try:
             self._loop.run(self._bk.close(), timeout_s=30)

@@ -208,22 +208,18 @@ def check_bookie_access(bk: Any, opts: Any, error: type[ValueError]) -> None:
     or a token signed with another secret) fail the query here as ``error`` naming option ``authTokenFile``:
     else the planning of an open ledger reported only that too few bookies answered, and a scan of closed ones
     failed in the executors' tasks. A bookie that cannot be reached proves nothing: the next one is asked."""
-    from bookie import protocol as p
     from ledger_client import LedgerError, UnauthorizedError
 
-    inner = bk._bk
     bookies = [*bk.writable_bookies(), *bk.readonly_bookies()][:ACCESS_PROBES_MAX]
     for bookie in bookies:
         try:
-            resp = bk._loop.run(inner._ask(bookie, lambda rid: p.BookieInfoRequest(request_id=rid)))
+            if bk.bookie_accepts_client(bookie):
+                return
+            refused = f"bookie {bookie} requires a token and the query sent none"
         except UnauthorizedError as e:
             refused = f"{e}"
         except LedgerError:
             continue
-        else:
-            if getattr(resp, "status", p.Status.OK) != p.Status.UNAUTHORIZED:
-                return
-            refused = f"bookie {bookie} requires a token and the query sent none"
         given = "the token of option authTokenFile" if opts.auth_token else "no option authTokenFile"
         raise error(  # type: ignore[call-arg]
             "authTokenFile",

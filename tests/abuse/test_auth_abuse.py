@@ -337,3 +337,27 @@ def test_tls_data_plane_with_tokens_and_a_plaintext_stranger_gets_nothing(bookie
         assert len(ledger_ids(bp)) == 1
     finally:
         bk.close()
+
+
+def test_the_sync_client_says_whether_a_bookie_serves_it(bookies, tmp_path: Path) -> None:
+    """``bookie_accepts_client`` (what a Spark query's planning asks to name a missing or wrong token): a bookie
+    with ``--auth-required`` serves a client with a token signed with its secret, answers UNAUTHORIZED to one with
+    none (False), refuses a token signed with another secret (UnauthorizedError); one not there is a LedgerError."""
+    from ledger_client import LedgerError
+
+    secret_file, secret = _secret(tmp_path)
+    (bp,) = bookies.start_many(1, "--auth-secret-file", str(secret_file), "--auth-required")
+    other = auth.create_token(auth.new_secret(), "owner", expires_in_s=3600)
+    for token, serves in [(auth.create_token(secret, "owner", expires_in_s=3600), True), (None, False)]:
+        with BookKeeper.connect(
+            bookies.zk, config=ClientConfig(zk_root=bookies.root, auth_token=token)
+        ) as bk:
+            assert bk.bookie_accepts_client(bp.id) is serves
+    with BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root, auth_token=other)) as bk:
+        with pytest.raises(UnauthorizedError):
+            bk.bookie_accepts_client(bp.id)
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            gone = f"127.0.0.1:{free.getsockname()[1]}"  # (bound, not listening: refused)
+            with pytest.raises(LedgerError):
+                bk.bookie_accepts_client(gone)
