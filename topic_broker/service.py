@@ -142,6 +142,8 @@ EITHER = (PRODUCE, CONSUME)
 BAD_NAME = pb.NotAllowedError
 #: Pending SENDs per topic beyond which reading from producers' sockets pauses.
 APPEND_QUEUE_MAX = 10_000
+#: Ranges of sequence ids a producer's stored sends jumped over that a topic remembers (``Topic.skipped_ids``)
+SKIPPED_IDS_MAX = 16
 #: Bytes one dispatcher read takes at most, by the topic's average entry size (Pulsar's
 #: ``dispatcherMaxReadSizeBytes``): what a consumer is sent beyond its connection's high-water mark
 READ_BYTES_MAX = 5 * 1024 * 1024
@@ -941,8 +943,30 @@ class Topic:
         self.tick_failures = RateLimitedLog(log, LOG_EVERY_S)  # its housekeeping's failure lines
         self.compaction = TopicCompaction(ml, ml.bk)  # its compacted view and compactor
         self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
+        #: producer name -> ranges [lo, hi] of sequence ids its stored sends jumped over (``fills_skipped_id``)
+        self.skipped_ids: dict[str, list[tuple[int, int]]] = {}
 
     # -- producers ------------------------------------------------------------------------------------------
+
+    def fills_skipped_id(self, name: str, seq: int) -> bool:
+        """Whether a SEND of producer ``name`` with sequence id ``seq`` (dedup on) is one its stored sends jumped
+        over, which no deduplication may drop: the C++ client sends a message with a delivery time on its own at
+        once, ahead of the batch its earlier messages wait in (ids 0, 2, 4 sent before the batch 1, 3, 5), and
+        taken for a resend (1 <= 4) the batch was acknowledged and never stored. A send that jumps over ids is
+        remembered here (the latest ``SKIPPED_IDS_MAX`` ranges, while the topic is open); one that fills such an
+        id takes it out and is stored without a dedup check (True)."""
+        last = self.last_sequence.get(name, -1)
+        ranges = self.skipped_ids.get(name, [])
+        if seq > last + 1:
+            ranges = self.skipped_ids.setdefault(name, [])
+            ranges.append((last + 1, seq - 1))
+            del ranges[:-SKIPPED_IDS_MAX]
+            return False
+        for i, (lo, hi) in enumerate(ranges):
+            if lo <= seq <= hi:
+                ranges[i : i + 1] = [r for r in ((lo, seq - 1), (seq + 1, hi)) if r[0] <= r[1]]
+                return True
+        return False
 
     def add_producer(self, p: Producer) -> None:
         self.producers[id(p)] = p
@@ -994,6 +1018,8 @@ class Topic:
         started: float,
     ) -> None:
         seq = send.sequence_id
+        if self.dedup_enabled and dedup and self.fills_skipped_id(p.name, seq):
+            dedup = False  # in the producer's order, held SENDs (a batch walked in a thread) included
         declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
         rec = _Receipt(
             seq,

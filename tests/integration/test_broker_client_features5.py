@@ -1,10 +1,11 @@
 """The topic broker as users of the official ``pulsar-client`` meet it, fifth part: a partitioned topic whose
-partition count grows while its producers and consumers run.
+partition count grows while its producers and consumers run, and a batching producer's delayed messages.
 
 One broker on 3 bookies is shared by the module; every test uses its own topics; every wait is bounded."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import admin, c, partitioned, receive_all
+from tests.integration.test_broker_pulsar_client import topic_name
 
 pulsar = pytest.importorskip("pulsar")
 __all__ = ["c"]  # the third part's client fixture, on this module's broker
@@ -45,3 +47,22 @@ def test_new_partitions_get_the_topics_subscriptions_so_nothing_sent_there_early
     again = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)  # at latest where "s" is new
     assert sorted(m.data() for m in receive_all(again)) == [b"m0", b"m1", b"m2"]
     assert admin(bp, "GET", f"{path}-partition-2/subscriptions") == ["s"]
+
+
+def test_delayed_messages_between_batched_ones_are_all_stored_with_dedup_on(c: Any) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    consumer = c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Shared)
+    producer = c.create_producer(t, batching_enabled=True, batching_max_publish_delay_ms=100)
+    ids: list[Any] = []
+    for i in range(3):
+        # the client sends each delayed message at once, on its own, and the others later in one batch: the
+        # batch's first sequence id (1) is below the last delayed one's (4)
+        later = datetime.timedelta(seconds=1)
+        producer.send_async(f"d{i}".encode(), lambda _r, mid: ids.append(mid), deliver_after=later)
+        producer.send_async(f"n{i}".encode(), lambda _r, mid: ids.append(mid))
+    producer.flush()
+    assert all(mid.ledger_id() >= 0 for mid in ids), [
+        str(mid) for mid in ids
+    ]  # (-1, -1): dropped as a resend
+    got = sorted(m.data() for m in receive_all(consumer, idle_ms=3000))
+    assert got == [b"d0", b"d1", b"d2", b"n0", b"n1", b"n2"]
