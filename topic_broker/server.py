@@ -52,6 +52,7 @@ class BrokerProtocol(asyncio.Protocol):
         self.session = Session(self.service, transport, f"{peer[0]}:{peer[1]}" if peer else "?")
         self.service.sessions.add(self.session)
         cast(asyncio.Transport, transport).set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        self.session.reading_changed = self.update_reading
 
     def pause_writing(self) -> None:
         self._writing(False)
@@ -68,10 +69,10 @@ class BrokerProtocol(asyncio.Protocol):
         self.update_reading()
 
     def update_reading(self) -> None:
-        """Read the connection unless it is paused for partial frames or for unsent bytes."""
+        """Read the connection unless it is paused for partial frames, unsent bytes or its producers' SENDs."""
         if self.session is None or self.session.closed:
             return
-        if self.paused or self.write_paused:
+        if self.paused or self.write_paused or self.session.publish_paused:
             self.session.transport.pause_reading()
         else:
             self.session.transport.resume_reading()

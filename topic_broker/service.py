@@ -147,6 +147,11 @@ SKIPPED_IDS_MAX = 16
 #: Bytes one dispatcher read takes at most, by the topic's average entry size (Pulsar's
 #: ``dispatcherMaxReadSizeBytes``): what a consumer is sent beyond its connection's high-water mark
 READ_BYTES_MAX = 5 * 1024 * 1024
+#: Bytes of SENDs one connection's producers have outstanding (read, not yet answered) over which the connection
+#: is not read, until under half of it (as Pulsar's ``maxPendingPublishRequestsPerConnection``): a producer that
+#: pipelines SENDs faster than they are stored holds this, not all it sent
+PUBLISH_BYTES_MAX = 32 * 1024 * 1024
+_publish_pauses = RateLimitedLog(log, 5.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +253,12 @@ class Session:
         self.closed = False
         #: the transport's unsent bytes are under its high-water mark (asyncio's pause_writing/resume_writing)
         self.writable = True
+        #: not read: its producers' outstanding SENDs are over PUBLISH_BYTES_MAX (:meth:`check_publishing`)
+        self.publish_paused = False
+        #: bytes of its producers' outstanding SENDs, kept as they come and go (exact at each check)
+        self.publish_bytes = 0
+        #: called when :attr:`publish_paused` changes (the protocol pauses or resumes reading)
+        self.reading_changed: Callable[[], None] = lambda: None
 
     def set_writable(self, writable: bool) -> None:
         """The transport's buffer went over its high-water mark (False) or drained below its low-water mark: a
@@ -258,6 +269,25 @@ class Session:
         self.writable = writable
         for c in list(self.consumers.values()):
             c.sub.execute(c.sub.core.set_writable(c.sub_key, writable))
+
+    def check_publishing(self) -> None:
+        """Pause reading while the producers' outstanding SENDs hold over ``PUBLISH_BYTES_MAX``; resume under half
+        of it (as their receipts leave, or a producer goes)."""
+        pending = self.publish_bytes = sum(p.pending_bytes for p in self.producers.values())
+        paused = pending > (PUBLISH_BYTES_MAX // 2 if self.publish_paused else PUBLISH_BYTES_MAX)
+        if paused == self.publish_paused:
+            return
+        self.publish_paused = paused
+        if paused:
+            _publish_pauses.log(
+                logging.INFO,
+                "connection %s: its producers' SENDs not yet answered hold %d bytes (at most %d): not read "
+                "until under half",
+                self.peer,
+                pending,
+                PUBLISH_BYTES_MAX,
+            )
+        self.reading_changed()
 
     def send(self, frame: bytes) -> None:
         self.conn.send_raw(frame)
@@ -306,6 +336,8 @@ class Session:
 
     def tick(self, now: float) -> None:
         self.conn.tick(now, time.time())
+        if self.publish_paused:
+            self.check_publishing()  # (a producer gone with SENDs never answered: its topic unloaded)
         if self.conn.has_data_to_send or self.conn.closed:
             self.flush()
 
@@ -399,11 +431,16 @@ class Producer:
     closed: bool = False
     #: SENDs held behind a batch whose dedup walk runs in a worker thread (``Topic.publish``), in their order
     held: deque[_HeldSend] = field(default_factory=deque)
+    #: bytes of its SENDs read and not yet answered (``Session.check_publishing``)
+    pending_bytes: int = 0
 
     def flush_receipts(self) -> None:
         q = self.receipts
+        session = self.session
         while q and q[0].done:
             r = q.popleft()
+            self.pending_bytes -= r.size
+            session.publish_bytes -= r.size
             if self.closed:
                 continue
             if r.error is not None:
@@ -419,6 +456,8 @@ class Producer:
                         highest_sequence_id=r.highest_sequence_id,
                     )
                 )
+        if session.publish_paused:
+            session.check_publishing()
 
 
 @dataclass(slots=True, eq=False)
@@ -2143,7 +2182,11 @@ class BrokerService:
                 dedup = wire.counts_for_dedup(frame.metadata)
             except wire.EntryFormatError:
                 pass
+        p.pending_bytes += len(entry)
+        s.publish_bytes += len(entry)
         p.topic.publish(p, cmd, entry, cmd.num_messages if cmd.HasField("num_messages") else 1, dedup=dedup)
+        if s.publish_bytes > PUBLISH_BYTES_MAX and not s.publish_paused:
+            s.check_publishing()
 
     def on_close_producer(self, s: Session, r: Request) -> None:
         cmd: pb.CommandCloseProducer = r.body  # type: ignore[assignment]

@@ -1,10 +1,12 @@
 """Peers that never read what they asked for, against a real broker process: what a consumer's connection is sent
 stays within its write buffer (``server.WRITE_BUFFER_HIGH``) and one dispatcher read (``service.READ_BYTES_MAX``),
-whatever its permits and the backlog, and a real client is served meanwhile."""
+whatever its permits and the backlog; what a producer that pipelines SENDs has read and not yet stored stays
+within ``service.PUBLISH_BYTES_MAX``, whatever it sends; a real client is served meanwhile."""
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -99,3 +101,66 @@ def _sent(bp: BrokerProcess, topic: str) -> dict[str, int]:
     assert status == 200, stats
     subs = stats["subscriptions"]
     return {name: sub["msgOutCounter"] for name, sub in subs.items() if name.startswith("stranger-")}
+
+
+def test_a_producer_that_pipelines_large_sends_and_reads_no_receipt_holds_a_bounded_part_of_them(
+    broker: BrokerProcess,  # noqa: F811
+) -> None:
+    """200 SENDs of 5 MB (1 GB) written as fast as the broker reads them: before, it read them all ahead of the
+    bookies and its RSS grew by about what was sent (2.9 GB for 2 GB); now it reads on as they are stored."""
+    assert broker.proc is not None
+    topic = "persistent://public/default/slow-peers-producer"
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
+    dec = wire.FrameDecoder()
+    s.sendall(
+        wire.encode_command(
+            T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+        )
+    )
+    _await(s, dec, T.CONNECTED)
+    cmd = pb.CommandProducer(topic=topic, producer_id=1, request_id=1, producer_name="pipeliner")
+    s.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+    _await(s, dec, T.PRODUCER_SUCCESS)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and no receipt read from here on
+    payload = bytes(5_000_000)
+    sends = 200
+    base = rss_bytes(broker.proc.pid)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_bytes(broker.proc.pid) - base)
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        for i in range(sends):
+            md = pb.MessageMetadata(producer_name="pipeliner", sequence_id=i, publish_time=1)
+            send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=i, num_messages=1))
+            s.sendall(wire.encode_send(send, md, payload))
+        client = pulsar.Client(
+            broker.service_url,
+            operation_timeout_seconds=30,
+            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+        )
+        try:  # served meanwhile
+            client.create_producer(topic + "-by").send(b"served")
+        finally:
+            client.close()
+        status, stats = 0, {}
+        deadline = time.monotonic() + 120
+        while stats.get("msgInCounter") != sends and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status, stats = http(
+                broker, "GET", "/admin/v2/persistent/public/default/slow-peers-producer/stats"
+            )
+    finally:
+        done.set()
+        sampler.join()
+        s.close()
+    assert stats.get("msgInCounter") == sends, (status, stats)  # all of it stored
+    assert peak[0] <= 500 * 2**20, f"RSS grew {peak[0] / 2**20:.0f} MiB for 1 GB sent"
+    assert broker.log_path is not None
+    assert "SENDs not yet answered hold" in broker.log_path.read_text()
