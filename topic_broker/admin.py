@@ -948,6 +948,8 @@ class AdminApp:
         await self.meta.delete_schemas(name.ml_name)
         await self.meta.delete_topic_policies(name.ml_name)
         await self.meta.delete_partitioned_topic(name.ml_name)
+        # and after it: a policy written in between (while the partitioned-topic znode was there) goes too
+        await self.meta.delete_topic_policies(name.ml_name)
         return _no_content()
 
     # -- one topic --------------------------------------------------------------------------------------------
@@ -984,15 +986,20 @@ class AdminApp:
         """A topic-level policy's topic: the base name of a partitioned topic (whose policies are every
         partition's, as in Pulsar), else an existing topic's name; 404 when neither exists, or for a partition
         past the partitioned topic's count (which would have set the whole topic's policy)."""
+        return (await self._policies_target(request))[0]
+
+    async def _policies_target(self, request: web.Request) -> tuple[TopicName, str]:
+        """:meth:`_policies_topic` and the znode whose existence says the topic exists (its partitioned-topic
+        znode, or its managed ledger's), which a policy is written only with (``update_topic_policy``)."""
         name = self._topic_name(request)
         partitions = await self._partitions(name.base)
         if partitions:
             if name.is_partition and name.partition_index >= partitions:
                 raise AdminError(404, f"Topic {name} not found: {name.base} has {partitions} partitions")
-            return name.base
+            return name.base, layout.partitioned_topic_path(name.base.ml_name)
         if not await self._exists(name):
             raise AdminError(404, f"Topic {name} not found")
-        return name.base
+        return name.base, layout.ml_info_path(name.ml_name)
 
     async def _topic_policy_get(self, request: web.Request, field: str, broker_default: int) -> web.Response:
         """A topic's own policy ``field`` (``null`` when not set); with ``applied=true`` the one that applies
@@ -1005,9 +1012,16 @@ class AdminApp:
             value = policy_in_force(value, None if ns is None else getattr(ns, field), broker_default)
         return _json(value)
 
-    async def _topic_policy_set(self, name: TopicName, field: str, value: int | None) -> web.Response:
-        """Sets (removes, with None) a topic's own policy ``field``, its other policies kept."""
-        await self.meta.update_topic_policy(name.ml_name, field, value)
+    async def _topic_policy_set(
+        self, target: tuple[TopicName, str], field: str, value: int | None
+    ) -> web.Response:
+        """Sets (removes, with None) a topic's own policy ``field``, its other policies kept; 404 for a topic
+        deleted since :meth:`_policies_target` found it (nothing is written then)."""
+        name, topic_znode = target
+        try:
+            await self.meta.update_topic_policy(name.ml_name, field, value, topic_znode=topic_znode)
+        except zk.MetadataNotFoundError:
+            raise AdminError(404, f"Topic {name} not found") from None
         return _no_content()
 
     async def topic_compaction_threshold_get(self, request: web.Request) -> web.Response:
@@ -1015,13 +1029,14 @@ class AdminApp:
         return await self._topic_policy_get(request, "compaction_threshold", default)
 
     async def topic_compaction_threshold_set(self, request: web.Request) -> web.Response:
-        name = await self._policies_topic(request)  # 404 before a body is read
+        target = await self._policies_target(request)  # 404 before a body is read
         threshold = _threshold_from(await _body_json(request))
-        return await self._topic_policy_set(name, "compaction_threshold", threshold)
+        return await self._topic_policy_set(target, "compaction_threshold", threshold)
 
     async def topic_compaction_threshold_delete(self, request: web.Request) -> web.Response:
-        name = await self._policies_topic(request)
-        return await self._topic_policy_set(name, "compaction_threshold", None)
+        return await self._topic_policy_set(
+            await self._policies_target(request), "compaction_threshold", None
+        )
 
     async def topic_message_ttl_get(self, request: web.Request) -> web.Response:
         default = self.service.config.ttl_duration_default_s
@@ -1030,7 +1045,7 @@ class AdminApp:
     async def topic_message_ttl_set(self, request: web.Request) -> web.Response:
         """Pulsar's ``topics set-message-ttl``: ``?messageTTL=N`` seconds (0: none; a JSON integer body is taken
         too), applied by the owner's expiry check over the namespace's and the broker's."""
-        name = await self._policies_topic(request)
+        target = await self._policies_target(request)
         query = request.query.get("messageTTL")
         if query is None:
             ttl = _ttl_from(await _body_json(request))
@@ -1039,11 +1054,11 @@ class AdminApp:
                 ttl = _ttl_from(int(query))
             except ValueError:
                 raise AdminError(400, f"messageTTL={query!r}: expected an integer of seconds") from None
-        return await self._topic_policy_set(name, "message_ttl_in_seconds", ttl)
+        return await self._topic_policy_set(target, "message_ttl_in_seconds", ttl)
 
     async def topic_message_ttl_delete(self, request: web.Request) -> web.Response:
-        name = await self._policies_topic(request)
-        return await self._topic_policy_set(name, "message_ttl_in_seconds", None)
+        target = await self._policies_target(request)
+        return await self._topic_policy_set(target, "message_ttl_in_seconds", None)
 
     async def _subscription_rows(self, topic: Topic) -> dict[str, dict[str, Any]]:
         """Every subscription of the topic: the live ones, and durable cursors from ZooKeeper."""

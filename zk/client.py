@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
+from kazoo import exceptions as kex
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionLoss
 from kazoo.protocol.states import KeeperState
@@ -213,13 +214,7 @@ class CompareAndSetUpdate:
         attempt = 0
         while True:
             current: Versioned[JsonDict] | None = self.get_optional(path)
-            if current is None and default is None:
-                raise MetadataNotFoundError("znode does not exist", path=self.abs_path(path))
-            base: JsonDict = dict(default or {}) if current is None else current.value
-            base.setdefault("format_version", FORMAT_VERSION)
-            new = fn(copy.deepcopy(base))
-            if not isinstance(new, Mapping):
-                raise TypeError(f"update function must return a dict, got {type(new).__name__}")
+            new = _updated(current, fn, default, self.abs_path(path))
             try:
                 if current is None:
                     self.create(path, new)
@@ -236,9 +231,31 @@ class CompareAndSetUpdate:
                 if default is None:  # deleted since the read: without a default, gone is an error
                     raise
             attempt += 1
-            if attempt > retries:
-                raise MetadataVersionError(f"gave up after {retries} compare-and-set conflicts", path=path)
-            time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 10))))
+            _after_conflict(attempt, retries, path)
+
+
+def _updated(
+    current: Versioned[JsonDict] | None,
+    fn: Callable[[JsonDict], Mapping[str, Any]],
+    default: Mapping[str, Any] | None,
+    full_path: str,
+) -> Mapping[str, Any]:
+    """A turn of the compare-and-set loop: ``fn`` of the value read (of ``default`` for a znode not there)."""
+    if current is None and default is None:
+        raise MetadataNotFoundError("znode does not exist", path=full_path)
+    base: JsonDict = dict(default or {}) if current is None else current.value
+    base.setdefault("format_version", FORMAT_VERSION)
+    new = fn(copy.deepcopy(base))
+    if not isinstance(new, Mapping):
+        raise TypeError(f"update function must return a dict, got {type(new).__name__}")
+    return new
+
+
+def _after_conflict(attempt: int, retries: int, path: str) -> None:
+    """The compare-and-set loop's pause before its next turn, or its end after ``retries`` conflicts."""
+    if attempt > retries:
+        raise MetadataVersionError(f"gave up after {retries} compare-and-set conflicts", path=path)
+    time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 10))))
 
 
 class MetadataStore(CompareAndSetUpdate):
@@ -676,6 +693,62 @@ class MetadataStore(CompareAndSetUpdate):
         data = encode_body(value)
         stat = self._wait(self._client.set_async(full, data, version), full)
         return Versioned(json.loads(data), stat.version)
+
+    def update_guarded(
+        self,
+        path: str,
+        fn: Callable[[JsonDict], Mapping[str, Any]],
+        *,
+        guard: str,
+        retries: int = DEFAULT_UPDATE_RETRIES,
+        default: Mapping[str, Any] | None = None,
+    ) -> Versioned[JsonDict]:
+        """:meth:`update` of ``path`` while the znode ``guard`` exists: each write is one ZooKeeper transaction
+        with a check that ``guard`` is there, so that nothing is written once it is gone, even when it goes
+        between the read and the write (what belongs to something deleted meanwhile is not created again).
+        Raises :class:`MetadataNotFoundError` for ``guard`` when it is gone (with nothing written), else as
+        :meth:`update`."""
+        full, guard_full = self.abs_path(path), self.abs_path(guard)
+        attempt = 0
+        while True:
+            current = self.get_optional(path)
+            new = _updated(current, fn, default, full)
+            if current is not None and dict(new) == current.value:
+                if not self.exists(guard):
+                    raise MetadataNotFoundError("znode does not exist", path=guard_full)
+                return current
+            data = encode_body(new)
+            if current is None:
+                self.ensure(path.rpartition("/")[0])  # (a transaction's create makes no parents)
+            with self._translated(full):
+                tx = self._client.transaction()
+                tx.check(guard_full, -1)  # any version: it exists
+                if current is None:
+                    tx.create(full, data, acl=self._new_acl())
+                else:
+                    tx.set_data(full, data, current.version)
+            checked, written = self._wait(tx.commit_async(), full)
+            # (a failed transaction answers an error for each operation: RolledBackError for one that would
+            # have gone through)
+            if isinstance(checked, Exception) and not isinstance(checked, kex.RolledBackError):
+                raise translate(checked, guard_full)
+            if not isinstance(written, Exception):
+                return Versioned(json.loads(data), 0 if current is None else int(written.version))
+            if not isinstance(written, (kex.BadVersionError, kex.NodeExistsError, kex.NoNodeError)):
+                raise translate(written, full)
+            attempt += 1  # a conflict (changed, created or deleted since the read): read again
+            _after_conflict(attempt, retries, path)
+
+    async def aupdate_guarded(
+        self,
+        path: str,
+        fn: Callable[[JsonDict], Mapping[str, Any]],
+        *,
+        guard: str,
+        default: Mapping[str, Any] | None = None,
+    ) -> Versioned[JsonDict]:
+        """:meth:`update_guarded` in a worker thread (``fn`` runs there)."""
+        return await self._run(self.update_guarded, path, fn, guard=guard, default=default)
 
     def delete(
         self, path: str, version: int = -1, *, recursive: bool = False, missing_ok: bool = False

@@ -737,15 +737,27 @@ class BrokerMetadataStore:
             topic_policies_path(ml_name), lambda cur: {**cur, **policies.to_json()}, default={}
         )
 
-    async def update_topic_policy(self, ml_name: str, field_name: str, value: int | None) -> None:
+    async def update_topic_policy(
+        self, ml_name: str, field_name: str, value: int | None, *, topic_znode: str | None = None
+    ) -> None:
         """One of the topic's own policies set (``value``) or removed (None), the others kept, in one
-        compare-and-set of its znode; the znode is removed when none is set any more."""
+        compare-and-set of its znode; the znode is removed when none is set any more. With ``topic_znode`` (the
+        topic's managed-ledger or partitioned-topic znode) the write is made only while that znode exists, in
+        one transaction with the check: MetadataNotFoundError, nothing written, for a topic deleted meanwhile
+        (its deletion removes its policies after that znode, so none is left behind)."""
         if field_name not in TopicPolicies.__dataclass_fields__:
             raise ValueError(f"no topic policy {field_name!r}")
         path = topic_policies_path(ml_name)
         if value is None and await self.store.aget_optional(path) is None:
             return
-        new = await self.store.aupdate(path, lambda cur: {**cur, field_name: value}, default={})
+
+        def change(cur: JsonDict) -> JsonDict:
+            return {**cur, field_name: value}
+
+        if topic_znode is None:
+            new = await self.store.aupdate(path, change, default={})
+        else:
+            new = await self.store.aupdate_guarded(path, change, guard=topic_znode, default={})
         if TopicPolicies.from_json(new.value).empty:
             # only that version: a policy set meanwhile stays
             with contextlib.suppress(MetadataVersionError):

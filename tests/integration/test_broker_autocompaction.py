@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import socket
+import time
 import urllib.error
 import uuid
 from collections.abc import Iterator
@@ -194,6 +196,34 @@ def test_threshold_routes_answer_and_refuse(bp: BrokerProcess, ns: str) -> None:
     admin(bp, "DELETE", tpath(pt) + "/partitions")
     admin(bp, "PUT", tpath(pt) + "/partitions", 2)
     assert admin(bp, "GET", tpath(pt) + "/compactionThreshold") is None
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["topic", "partitioned"])
+def test_a_policy_for_a_topic_deleted_while_it_was_set_is_refused_and_not_stored(
+    bp: BrokerProcess, ns: str, partitioned: bool
+) -> None:
+    """A topic's compactionThreshold POSTed, its body held back until the topic is deleted (the broker found
+    the topic, and waits for the body): 404, and no policy is stored for a topic that no longer exists (it
+    applied to the topic created again under that name). The write and the check that the topic is there are
+    one ZooKeeper transaction, so no deletion can come in between."""
+    t = f"persistent://{ns}/{'parted' if partitioned else 'plain'}"
+    where = tpath(t) + ("/partitions" if partitioned else "")
+    admin(bp, "PUT", where, 2 if partitioned else None)
+    body = b"10"
+    with socket.create_connection(("127.0.0.1", bp.http_port), timeout=30) as s:
+        s.sendall(
+            f"POST {tpath(t)}/compactionThreshold HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        )
+        time.sleep(1)  # (the broker finds the topic meanwhile; later, the answer is 404 all the same)
+        admin(bp, "DELETE", where)
+        s.sendall(body)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 404 Not Found", answer
+    admin(bp, "PUT", where, 2 if partitioned else None)
+    assert admin(bp, "GET", tpath(t) + "/compactionThreshold") is None
 
 
 def open_with_an_entry(service: Any, run: Any, ns: str, n: int) -> tuple[list[Any], list[Any]]:

@@ -278,3 +278,38 @@ def test_async_twins(zk_store: MetadataStore) -> None:
             await zk_store.aget("as")
 
     asyncio.run(main())
+
+
+def test_a_guarded_update_writes_nothing_once_its_guard_is_gone(zk_store: MetadataStore) -> None:
+    """``update_guarded``: the update while the guard znode exists (a znode created, then changed, with a
+    conflict re-read), MetadataNotFoundError naming the guard and nothing written once it is gone, also when
+    it goes between the update's read and its write (deleted by the update function here)."""
+    zk_store.create("thing", {})
+    made = zk_store.update_guarded("of/thing", lambda d: {**d, "n": 1}, guard="thing", default={})
+    assert made.value["n"] == 1 and made.version == 0
+    calls = []
+
+    def bump_after_a_conflict(d: dict) -> dict:
+        calls.append(d["n"])
+        if len(calls) == 1:
+            zk_store.set("of/thing", {"n": 10}, 0)  # written by another meanwhile
+        return {**d, "n": d["n"] + 1}
+
+    assert zk_store.update_guarded("of/thing", bump_after_a_conflict, guard="thing").value["n"] == 11
+    assert calls == [1, 10]
+    assert zk_store.update_guarded("of/thing", lambda d: d, guard="thing").version == 2  # unchanged
+    zk_store.delete("of/thing")
+
+    def delete_the_guard(d: dict) -> dict:
+        zk_store.delete("thing", missing_ok=True)
+        return {**d, "n": 2}
+
+    with pytest.raises(MetadataNotFoundError, match="thing"):
+        zk_store.update_guarded("of/thing", delete_the_guard, guard="thing", default={})
+    assert zk_store.get_optional("of/thing") is None
+    zk_store.create("of/thing", {"n": 3})
+    for fn in (delete_the_guard, lambda d: d):
+        with pytest.raises(MetadataNotFoundError) as e:
+            zk_store.update_guarded("of/thing", fn, guard="thing")
+        assert e.value.path is not None and e.value.path.endswith("/thing")
+    assert zk_store.get("of/thing").value["n"] == 3
