@@ -1318,10 +1318,19 @@ class Topic:
                 return self.ml.next_position(self.ml.last_confirmed_position())
             if mid.ledger_id < 0 or mid.entry_id < 0:
                 return self.earliest(s.read_compacted)
-            return mid
+            return self.not_past_the_end(mid)
         if s.initialPosition == pb.CommandSubscribe.Earliest:
             return self.earliest(s.read_compacted)
         return self.ml.next_position(self.ml.last_confirmed_position())
+
+    def not_past_the_end(self, pos: Position) -> Position:
+        """``pos``, or the next entry to be written when ``pos`` is past the last stored one: as in Pulsar (its
+        cursors take such a position for the latest), a reader that starts or a subscription that seeks past the
+        end gets what is written next. Taken as is, the position waited for a ledger or an entry the topic
+        reaches much later, if ever, and the messages written before it were never delivered (a seek acknowledged
+        them)."""
+        last = self.ml.last_confirmed_position()
+        return self.ml.next_position(last) if pos > last else pos
 
     def earliest(self, read_compacted: bool) -> Position:
         """Where a reader or seek to the earliest message starts: the first stored entry, or for a compacted
@@ -2361,7 +2370,7 @@ class BrokerService:
             elif mid.ledger_id == INT64_MAX:
                 pos = ml.next_position(ml.last_confirmed_position())
             else:
-                pos = mid
+                pos = sub.topic.not_past_the_end(mid)
         else:
             s.send(wire.error(cmd.request_id, pb.NotAllowedError, "SEEK needs a message id or publish time"))
             return

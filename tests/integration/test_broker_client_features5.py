@@ -1,5 +1,6 @@
 """The topic broker as users of the official ``pulsar-client`` meet it, fifth part: a partitioned topic whose
-partition count grows while its producers and consumers run, and a batching producer's delayed messages.
+partition count grows while its producers and consumers run, a batching producer's delayed messages, and a reader
+or a seek at a message id past the end.
 
 One broker on 3 bookies is shared by the module; every test uses its own topics; every wait is bounded."""
 
@@ -66,3 +67,17 @@ def test_delayed_messages_between_batched_ones_are_all_stored_with_dedup_on(c: A
     ]  # (-1, -1): dropped as a resend
     got = sorted(m.data() for m in receive_all(consumer, idle_ms=3000))
     assert got == [b"d0", b"d1", b"d2", b"n0", b"n1", b"n2"]
+
+
+def test_a_reader_or_a_seek_past_the_end_gets_what_is_written_next(c: Any) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    producer = c.create_producer(t)
+    first = producer.send(b"m0")
+    beyond = pulsar.MessageId(-1, first.ledger_id() + 1000, 0, -1)  # a ledger the topic has not reached
+    reader = c.create_reader(t, beyond)
+    consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+    assert consumer.receive(10_000).data() == b"m0"
+    consumer.seek(beyond)
+    producer.send(b"m1")
+    assert consumer.receive(10_000).data() == b"m1"
+    assert reader.read_next(10_000).data() == b"m1"
