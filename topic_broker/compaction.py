@@ -102,7 +102,8 @@ _ID = struct.Struct(">qq")
 _READ_CHUNK = 500
 _POSITION_CACHE = 1024
 
-_Visit = Callable[[Position, bytes], Awaitable[None]]
+#: what a phase does with each chunk of the compacted view (up to ``_READ_CHUNK`` entries, in order)
+_Visit = Callable[[list[tuple[Position, bytes]]], Awaitable[None]]
 
 
 class CompactionStatus(enum.Enum):
@@ -418,8 +419,7 @@ class TopicCompaction:
             eid = 0
             while eid < old.entries:
                 chunk = await old.read(eid, _READ_CHUNK)
-                for pos, data in chunk:
-                    await visit(pos, data)
+                await visit(chunk)
                 eid += len(chunk)
             start = self.ml.next_position(old.horizon)
         else:
@@ -429,8 +429,7 @@ class TopicCompaction:
             got = [(p, d) for p, d in got if p <= horizon]
             if not got:
                 break
-            for pos, data in got:
-                await visit(pos, data)
+            await visit(got)
             start = self.ml.next_position(got[-1][0])
 
     async def compact(self) -> None:
@@ -456,8 +455,14 @@ class TopicCompaction:
         cursor = self._cursor
         one = PhaseOne()
 
-        async def first(pos: Position, data: bytes) -> None:
-            one.add(pos, data)
+        # each chunk's parsing (and a ZLIB batch's inflation, up to 256 MiB an entry) in a worker thread, off the
+        # event loop; the phases' state is touched by nothing else meanwhile
+        async def first(chunk: list[tuple[Position, bytes]]) -> None:
+            def add_all() -> None:
+                for pos, data in chunk:
+                    one.add(pos, data)
+
+            await asyncio.to_thread(add_all)
 
         await self._walk(old, horizon, first)
         # the new ledger's id is recorded before the ledger exists (BookKeeper's createLedgerAdv): a crash from
@@ -476,15 +481,18 @@ class TopicCompaction:
         kept = 0
         pending: list[bytes] = []
 
-        async def second(pos: Position, data: bytes) -> None:
+        def kept_of(chunk: list[tuple[Position, bytes]]) -> list[bytes]:
+            out = ((pos, phase_two_entry(one.latest, pos, data)) for pos, data in chunk)
+            return [encode_compacted(pos, data) for pos, data in out if data is not None]
+
+        async def second(chunk: list[tuple[Position, bytes]]) -> None:
             nonlocal kept
-            out = phase_two_entry(one.latest, pos, data)
-            if out is not None:
-                pending.append(encode_compacted(pos, out))
-                kept += 1
-                if len(pending) >= _READ_CHUNK:
-                    await lh.append_many(list(pending))
-                    pending.clear()
+            got = await asyncio.to_thread(kept_of, chunk)
+            pending.extend(got)
+            kept += len(got)
+            while len(pending) >= _READ_CHUNK:
+                await lh.append_many(pending[:_READ_CHUNK])
+                del pending[:_READ_CHUNK]
 
         try:
             await self._walk(old, horizon, second)
