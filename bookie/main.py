@@ -1165,6 +1165,10 @@ def install_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+#: Descriptors a bookie needs beside its connections: the journal, RocksDB's files, ZooKeeper, logs
+OTHER_FILES = 1024
+
+
 def serve(args: argparse.Namespace, companions: CompanionFactory | None = None) -> int:
     """``bookie serve``: run until SIGTERM/SIGINT, with the services ``companions`` builds beside the bookie."""
     try:  # flags > LEDGERSTORE_<SETTING> > --config FILE > defaults (bookie/config_file.py)
@@ -1175,15 +1179,18 @@ def serve(args: argparse.Namespace, companions: CompanionFactory | None = None) 
         return 2
     install_uvloop()
     malloc.tune()
+    config = config_from_args(args)
+    needed = config.connections_max + server_gate.HTTP_CONNECTIONS_MAX + OTHER_FILES
+    server_gate.raise_open_files_limit(needed, f"bookie={config.id}")
     profile = os.environ.get("LEDGERSTORE_PROFILE")
     if not profile:
-        rc = asyncio.run(run_until_signalled(config_from_args(args), settings, extra))
+        rc = asyncio.run(run_until_signalled(config, settings, extra))
     else:
         import cProfile
 
         prof = cProfile.Profile()
         try:
-            rc = prof.runcall(asyncio.run, run_until_signalled(config_from_args(args), settings, extra))
+            rc = prof.runcall(asyncio.run, run_until_signalled(config, settings, extra))
         finally:
             prof.dump_stats(profile)
     if rc == EXIT_RESTART:

@@ -95,6 +95,34 @@ HTTP_IDLE_TIMEOUT_S = 30.0
 HTTP_WRITE_STALL_S = HTTP_IDLE_TIMEOUT_S
 
 
+def raise_open_files_limit(needed: int, what: str) -> int:
+    """Raise this process's soft limit of open files to its hard limit, as the JVM does for BookKeeper's and
+    Pulsar's processes (``-XX:+MaxFDLimit``, on by default): the usual soft default of 1024 is below the connection
+    caps, and strangers holding that many idle connections left no descriptor to accept a client with, or to reach
+    a bookie or ZooKeeper (1250 CONNECTed connections from 5 addresses: a client's producer timed out, nothing
+    logged). A warning when the limit stays under ``needed`` (the caps and room for the rest). Returns the limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    target = max(soft, needed) if hard == infinite else hard
+    if soft != infinite and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("%s: open files limit %d not raised to %d: %s", what, soft, target, e)
+    if soft != infinite and soft < needed:
+        log.warning(
+            "%s: at most %d open files, fewer than its connection caps need (%d): connections beyond them are "
+            "not accepted while others are open (raise it: ulimit -n)",
+            what,
+            soft,
+            needed,
+        )
+    return soft
+
+
 class _GatedHttpConnection(asyncio.Protocol):
     """aiohttp's handler for one connection, behind the gate: refused ones never reach it."""
 

@@ -17,11 +17,12 @@ from bookie.bk_http import add_config_routes
 from bookie.config_file import ConfigError, Effective
 from bookie.config_file import enable as enable_config_file
 from bookie.config_file import resolve as resolve_config
+from bookie.server_gate import HTTP_CONNECTIONS_MAX, raise_open_files_limit
 from zk.cookies import NoClusterError
 
 from . import wire
 from .admin import AdminServer
-from .server import BrokerServer
+from .server import CONNECTIONS_MAX, BrokerServer
 from .service import (
     DEFAULT_ACK_QUORUM,
     DEFAULT_COMPACTION_MONITOR_INTERVAL_S,
@@ -41,6 +42,8 @@ from .service import (
 __all__ = ["add_serve_arguments", "config_from_args", "main", "serve"]
 
 log = logging.getLogger(__name__)
+#: Descriptors the broker needs beside its client connections: bookies, ZooKeeper, logs
+OTHER_FILES = 1024
 
 #: Where the admin API shows every setting as a string (Pulsar's names), beside ``/api/v1/config``.
 CONFIG_VALUES_PATHS = ("/admin/v2/brokers/configuration/values", "/admin/v2/brokers/configuration/runtime")
@@ -312,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("broker: %s", e)
         return 2
     install_uvloop()
+    needed = CONNECTIONS_MAX + HTTP_CONNECTIONS_MAX + OTHER_FILES
+    raise_open_files_limit(needed, f"broker={config.id}")
     profile = os.environ.get("LEDGERSTORE_BROKER_PROFILE")
     if not profile:
         return asyncio.run(serve(config, settings=settings))

@@ -5,6 +5,8 @@ within ``service.PUBLISH_BYTES_MAX``, whatever it sends; a real client is served
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import socket
 import threading
 import time
@@ -13,13 +15,16 @@ import pytest
 
 from ledgerstore.cluster import BrokerProcess
 from tests.abuse.helpers import http, rss_bytes
-from tests.broker_testing import broker, cluster  # noqa: F401
+from tests.broker_testing import Brokers, broker, cluster  # noqa: F401
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 
 pulsar = pytest.importorskip("pulsar")
 
 T = pb.BaseCommand
+CONNECT = wire.encode_command(
+    T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+)
 MSG = 1_000_000
 BACKLOG = 100  # 100 MB: each stranger is sent all of it without back-pressure
 STRANGERS = 3
@@ -42,11 +47,7 @@ def _stranger(port: int, topic: str, sub: str) -> socket.socket:
     s.settimeout(30)
     s.connect(("127.0.0.1", port))
     dec = wire.FrameDecoder()
-    s.sendall(
-        wire.encode_command(
-            T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
-        )
-    )
+    s.sendall(CONNECT)
     _await(s, dec, T.CONNECTED)
     cmd = pb.CommandSubscribe(
         topic=topic,
@@ -112,11 +113,7 @@ def test_a_producer_that_pipelines_large_sends_and_reads_no_receipt_holds_a_boun
     topic = "persistent://public/default/slow-peers-producer"
     s = socket.create_connection(("127.0.0.1", broker.port), timeout=30)
     dec = wire.FrameDecoder()
-    s.sendall(
-        wire.encode_command(
-            T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
-        )
-    )
+    s.sendall(CONNECT)
     _await(s, dec, T.CONNECTED)
     cmd = pb.CommandProducer(topic=topic, producer_id=1, request_id=1, producer_name="pipeliner")
     s.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
@@ -164,3 +161,45 @@ def test_a_producer_that_pipelines_large_sends_and_reads_no_receipt_holds_a_boun
     assert peak[0] <= 500 * 2**20, f"RSS grew {peak[0] / 2**20:.0f} MiB for 1 GB sent"
     assert broker.log_path is not None
     assert "SENDs not yet answered hold" in broker.log_path.read_text()
+
+
+def test_a_broker_started_under_a_low_open_files_limit_raises_it_and_serves_past_it(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """Started with a soft limit of 700 open files (as the usual 1024, below its connection caps), the broker
+    raises it to the hard limit, as the JVM does for Pulsar's: 720 CONNECTed connections from 3 addresses (within
+    the per-address cap) and a real client is still served. Before, the client's producer timed out."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2000:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (700, hard))  # the broker inherits it
+    try:
+        bp = cluster.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert bp.proc is not None
+    socks: list[socket.socket] = []
+    try:
+        for i in range(720):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((f"127.0.0.{2 + i % 3}", 0))
+            s.settimeout(30)
+            s.connect(("127.0.0.1", bp.port))
+            s.sendall(CONNECT)
+        client = pulsar.Client(
+            bp.service_url,
+            operation_timeout_seconds=15,
+            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+        )
+        try:
+            client.create_producer("persistent://public/default/many-connections").send(b"served")
+        finally:
+            client.close()
+    finally:
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.close()
+    with open(f"/proc/{bp.proc.pid}/limits") as f:
+        line = next(row for row in f if row.startswith("Max open files"))
+    assert line.split()[3] == (str(hard) if hard != resource.RLIM_INFINITY else "unlimited"), line
