@@ -2122,7 +2122,15 @@ class BrokerService:
                     other.session.producers.pop(other.producer_id, None)
                     other.session.send(wire.close_producer(other.producer_id, 0))
             else:
-                s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"{topic.name} has producers already"))
+                # Exclusive: Pulsar's ProducerFenced, on which the client gives the producer up (its sends fail at
+                # once). ProducerBusy it retries: an Exclusive producer fenced by an ExclusiveWithFencing one
+                # reconnected without end, and each of its sends failed only at its send timeout, as Timeout
+                held = (
+                    "an exclusive producer"
+                    if any(o.exclusive for o in topic.producers.values())
+                    else "producers"
+                )
+                s.send(wire.error(cmd.request_id, pb.ProducerFenced, f"{topic.name} has {held} already"))
                 return
         if any(p.exclusive for p in topic.producers.values()):
             s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"{topic.name} has an exclusive producer"))

@@ -1,6 +1,6 @@
 """The topic broker as users of the official ``pulsar-client`` meet it, fifth part: a partitioned topic whose
-partition count grows while its producers and consumers run, a batching producer's delayed messages, and a reader
-or a seek at a message id past the end.
+partition count grows while its producers and consumers run, a batching producer's delayed messages, a reader or
+a seek at a message id past the end, and an Exclusive producer fenced by an ExclusiveWithFencing one.
 
 One broker on 3 bookies is shared by the module; every test uses its own topics; every wait is bounded."""
 
@@ -81,3 +81,16 @@ def test_a_reader_or_a_seek_past_the_end_gets_what_is_written_next(c: Any) -> No
     producer.send(b"m1")
     assert consumer.receive(10_000).data() == b"m1"
     assert reader.read_next(10_000).data() == b"m1"
+
+
+def test_an_exclusive_producer_fenced_by_another_fails_its_sends_at_once(c: Any) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    fenced = c.create_producer(t, access_mode=pulsar.ProducerAccessMode.Exclusive, send_timeout_millis=10_000)
+    fenced.send(b"m0")
+    fencer = c.create_producer(t, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing)
+    # it reconnects, is told ProducerFenced and gives up (told ProducerBusy it retried, each send a Timeout)
+    with pytest.raises(pulsar.ProducerFenced):
+        fenced.send(b"lost")
+    with pytest.raises(pulsar.ProducerFenced):
+        fenced.send(b"lost too")
+    fencer.send(b"m1")

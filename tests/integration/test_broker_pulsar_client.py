@@ -251,7 +251,7 @@ def test_exclusive_producers_busy_fencing_and_waiting(broker: BrokerProcess) -> 
         t = topic_name()
         consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
         first = c.create_producer(t, access_mode=pulsar.ProducerAccessMode.Exclusive)
-        with pytest.raises(pulsar.ProducerBusy):
+        with pytest.raises(pulsar.ProducerFenced):  # Pulsar's answer to a second Exclusive producer
             c.create_producer(t, access_mode=pulsar.ProducerAccessMode.Exclusive)
         with pytest.raises(pulsar.ProducerBusy):
             c.create_producer(t)
