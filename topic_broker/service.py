@@ -142,8 +142,10 @@ EITHER = (PRODUCE, CONSUME)
 BAD_NAME = pb.NotAllowedError
 #: Pending SENDs per topic beyond which reading from producers' sockets pauses.
 APPEND_QUEUE_MAX = 10_000
-#: Ranges of sequence ids a producer's stored sends jumped over that a topic remembers (``Topic.skipped_ids``)
-SKIPPED_IDS_MAX = 16
+#: Ranges of sequence ids a producer's stored sends jumped over that a topic remembers (``Topic.skipped_ids``):
+#: each delayed message a batching producer sends ahead of its batch leaves one, so that many fit in one batch
+#: window (the client's default batching_max_messages); with 16, 40 of them left the batch's first id forgotten
+SKIPPED_IDS_MAX = 1000
 #: Bytes one dispatcher read takes at most, by the topic's average entry size (Pulsar's
 #: ``dispatcherMaxReadSizeBytes``): what a consumer is sent beyond its connection's high-water mark
 READ_BYTES_MAX = 5 * 1024 * 1024
