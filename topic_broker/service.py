@@ -1325,6 +1325,18 @@ class Topic:
             return self.earliest(s.read_compacted)
         return self.ml.next_position(self.ml.last_confirmed_position())
 
+    async def initial_subscription(self, name: str) -> None:
+        """A producer's ``initial_subscription_name`` (the C++ client's dead-letter producer sends the policy's):
+        the subscription is created at the earliest message when the topic has none of that name, as Pulsar
+        does, so that what is produced is kept for it before any consumer comes. Ignored, a dead-letter topic
+        nobody had subscribed to kept its messages for no subscription: a consumer at latest never saw them,
+        and retention let them go."""
+        async with self._opening_subscription:  # (as a consumer's subscribe and the admin's create)
+            if name in self.subscriptions or name in self.ml.cursors:
+                return
+            if await self.ml.store.get_cursor(self.ml.name, name) is None:
+                await ManagedCursor.open(self.ml, name, InitialPosition.EARLIEST)
+
     def not_past_the_end(self, pos: Position) -> Position:
         """``pos``, or the next entry to be written when ``pos`` is past the last stored one: as in Pulsar (its
         cursors take such a position for the latest), a reader that starts or a subscription that seeks past the
@@ -2098,6 +2110,12 @@ class BrokerService:
                 s.send(wire.error(cmd.request_id, pb.MetadataError, f"schema not stored: {e}"))
                 return
             schema_version = version.to_bytes(8, "big")
+        if cmd.initial_subscription_name:
+            try:
+                await topic.initial_subscription(cmd.initial_subscription_name)
+            except (ManagedLedgerError, zk.MetadataError) as e:
+                s.send(wire.error(cmd.request_id, pb.MetadataError, f"initial subscription not created: {e}"))
+                return
         if s.closed:  # as in on_subscribe: a producer of a connection gone would hold its name for good
             return
         existing = s.producers.get(cmd.producer_id)

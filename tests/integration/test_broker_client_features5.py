@@ -1,12 +1,15 @@
 """The topic broker as users of the official ``pulsar-client`` meet it, fifth part: a partitioned topic whose
 partition count grows while its producers and consumers run, a batching producer's delayed messages, a reader or
-a seek at a message id past the end, and an Exclusive producer fenced by an ExclusiveWithFencing one.
+a seek at a message id past the end, an Exclusive producer fenced by an ExclusiveWithFencing one, and a dead-letter
+policy's initial subscription.
 
 One broker on 3 bookies is shared by the module; every test uses its own topics; every wait is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import urllib.error
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import admin, c, partitioned, receive_all
+from tests.integration.test_broker_client_features4 import wait_for
 from tests.integration.test_broker_pulsar_client import topic_name
 
 pulsar = pytest.importorskip("pulsar")
@@ -94,3 +98,34 @@ def test_an_exclusive_producer_fenced_by_another_fails_its_sends_at_once(c: Any)
     with pytest.raises(pulsar.ProducerFenced):
         fenced.send(b"lost too")
     fencer.send(b"m1")
+
+
+def test_a_dead_letter_policys_initial_subscription_keeps_what_reaches_the_dead_letter_topic(
+    bp: BrokerProcess, c: Any
+) -> None:
+    t = f"persistent://public/default/{topic_name()}"
+    policy = pulsar.ConsumerDeadLetterPolicy(
+        max_redeliver_count=1, dead_letter_topic=f"{t}-DLQ", initial_subscription_name="dlq-sub"
+    )
+    consumer = c.subscribe(
+        t,
+        "s",
+        consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=100,
+        dead_letter_policy=policy,
+    )
+    c.create_producer(t).send(b"poison")
+    for _ in range(2):  # delivered, then redelivered once: the client sends it to the dead-letter topic next
+        consumer.negative_acknowledge(consumer.receive(10_000))
+    stats = f"/admin/v2/persistent/public/default/{t.rsplit('/', 1)[-1]}-DLQ/stats"
+
+    def dead_lettered() -> bool:
+        with contextlib.suppress(urllib.error.HTTPError):  # (404 until the client's producer made the topic)
+            return bool(admin(bp, "GET", stats)["msgInCounter"])
+        return False
+
+    wait_for(dead_lettered, "the message on the dead-letter topic")
+    # stored before anybody subscribed there: the producer's initial subscription holds it, and a consumer of
+    # that subscription gets it (at latest, as by default: the subscription exists already)
+    dead = c.subscribe(f"{t}-DLQ", "dlq-sub")
+    assert dead.receive(10_000).data() == b"poison"
