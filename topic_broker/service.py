@@ -153,6 +153,9 @@ READ_BYTES_MAX = 5 * 1024 * 1024
 #: is not read, until under half of it (as Pulsar's ``maxPendingPublishRequestsPerConnection``): a producer that
 #: pipelines SENDs faster than they are stored holds this, not all it sent
 PUBLISH_BYTES_MAX = 32 * 1024 * 1024
+#: A connection the broker closes has this long to take what was queued for it (an ERROR, a PING) before it is cut:
+#: one whose peer reads nothing kept its socket, its unsent bytes and its consumers (their messages unacked) for ever
+CLOSE_GRACE_S = 10.0
 _publish_pauses = RateLimitedLog(log, 5.0)
 
 
@@ -308,7 +311,8 @@ class Session:
         if self.conn.closed and not self.closed:
             log.info("connection %s closed by the broker: %s", self.peer, self.conn.close_reason)
             self.closed = True
-            self.transport.close()
+            self.transport.close()  # once what is queued is written...
+            asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)  # ... or cut
 
     def data_received(self, data: bytes) -> None:
         for req in self.conn.receive_data(data, time.monotonic()):

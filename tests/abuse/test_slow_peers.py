@@ -6,6 +6,7 @@ within ``service.PUBLISH_BYTES_MAX``, whatever it sends; a real client is served
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import resource
 import socket
 import threading
@@ -15,7 +16,7 @@ import pytest
 
 from ledgerstore.cluster import BrokerProcess
 from tests.abuse.helpers import http, rss_bytes
-from tests.broker_testing import Brokers, broker, cluster  # noqa: F401
+from tests.broker_testing import Brokers, broker, cluster, in_process_broker  # noqa: F401
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 
@@ -203,3 +204,53 @@ def test_a_broker_started_under_a_low_open_files_limit_raises_it_and_serves_past
     with open(f"/proc/{bp.proc.pid}/limits") as f:
         line = next(row for row in f if row.startswith("Max open files"))
     assert line.split()[3] == (str(hard) if hard != resource.RLIM_INFINITY else "unlimited"), line
+
+
+def test_a_consumer_that_reads_nothing_is_disconnected_by_the_keep_alive_and_its_messages_go_back(
+    cluster: Brokers,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The keep-alive closes a connection that answers no PING, but a close waited for its unsent bytes to be
+    written first: a peer that reads nothing kept the socket and its consumer, with its messages unacked, for
+    good (still attached minutes after "closed by the broker"). It is cut after ``CLOSE_GRACE_S`` (10 s; 1 s
+    here, the keep-alive 1 s), and another consumer of the subscription gets every message."""
+    from topic_broker import service as service_module
+    from topic_broker.server import BrokerServer
+
+    monkeypatch.setattr(service_module, "CLOSE_GRACE_S", 1.0)
+    with in_process_broker(cluster) as (service, run):
+        service.conn_config = dataclasses.replace(service.conn_config, keepalive_interval_s=1.0)
+        server = BrokerServer(service)
+        run(server.start())
+        try:
+            port = service.config.port
+            topic = "persistent://public/default/slow-peers-keepalive"
+            client = pulsar.Client(
+                f"pulsar://127.0.0.1:{port}", logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+            )
+            try:
+                client.subscribe(topic, "stranger", initial_position=pulsar.InitialPosition.Earliest).close()
+                producer = client.create_producer(topic, batching_enabled=False)
+                for i in range(20):
+                    producer.send(i.to_bytes(4, "big") + bytes(MSG - 4))
+            finally:
+                client.close()
+            stranger = _stranger(port, topic, "stranger")
+            try:
+                deadline = time.monotonic() + 30
+                while service.sessions and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert not service.sessions, "the stranger's connection is still served"
+            finally:
+                stranger.close()
+            client = pulsar.Client(
+                f"pulsar://127.0.0.1:{port}", logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+            )
+            try:
+                consumer = client.subscribe(topic, "stranger")
+                got = [consumer.receive(timeout_millis=30_000).data()[:4] for _ in range(20)]
+                assert [int.from_bytes(m, "big") for m in got] == list(range(20))
+            finally:
+                client.close()
+        finally:
+            run(server.stop())
