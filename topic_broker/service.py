@@ -146,6 +146,9 @@ APPEND_QUEUE_MAX = 10_000
 #: each delayed message a batching producer sends ahead of its batch leaves one, so that many fit in one batch
 #: window (the client's default batching_max_messages); with 16, 40 of them left the batch's first id forgotten
 SKIPPED_IDS_MAX = 1000
+#: Producer names a topic remembers skipped ids of (the oldest forgotten first); a name whose ids are all filled
+#: is forgotten at once
+SKIPPED_IDS_PRODUCERS_MAX = 1000
 #: Bytes one dispatcher read takes at most, by the topic's average entry size (Pulsar's
 #: ``dispatcherMaxReadSizeBytes``): what a consumer is sent beyond its connection's high-water mark
 READ_BYTES_MAX = 5 * 1024 * 1024
@@ -1003,6 +1006,8 @@ class Topic:
         last = self.last_sequence.get(name, -1)
         ranges = self.skipped_ids.get(name, [])
         if seq > last + 1:
+            if name not in self.skipped_ids and len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
+                del self.skipped_ids[next(iter(self.skipped_ids))]
             ranges = self.skipped_ids.setdefault(name, [])
             ranges.append((last + 1, seq - 1))
             del ranges[:-SKIPPED_IDS_MAX]
@@ -1010,6 +1015,8 @@ class Topic:
         for i, (lo, hi) in enumerate(ranges):
             if lo <= seq <= hi:
                 ranges[i : i + 1] = [r for r in ((lo, seq - 1), (seq + 1, hi)) if r[0] <= r[1]]
+                if not ranges:
+                    del self.skipped_ids[name]
                 return True
         return False
 
