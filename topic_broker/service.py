@@ -256,7 +256,7 @@ class Session:
         self.producers: dict[int, Producer] = {}
         self.consumers: dict[int, Consumer] = {}
         self.waiting: dict[int, Topic] = {}  # WaitForExclusive producers queued, by producer id
-        self.closed_by_quota: dict[int, bool] = {}  # producers closed by a backlog quota, by producer id
+        self.closed_by_quota: dict[int, bool] = {}  # producer ids closed by a backlog quota or a terminate
         self._flush_scheduled = False
         self.closed = False
         #: the transport's unsent bytes are under its high-water mark (asyncio's pause_writing/resume_writing)
@@ -1289,6 +1289,9 @@ class Topic:
         for p in list(self.producers.values()):
             self.remove_producer(p)
             p.session.producers.pop(p.producer_id, None)
+            # a SEND the client wrote before it saw CLOSE_PRODUCER is dropped (it resends after reconnecting and
+            # is refused then), as after a quota's close: not "no producer", which closes the whole connection
+            p.session.closed_by_quota[p.producer_id] = True
             p.session.send(wire.close_producer(p.producer_id, 0))
         return last
 
