@@ -159,6 +159,13 @@ class BookKeeper:
         ``bookie_accepts_client``, with its errors."""
         return self._loop.run(self._bk.bookie_accepts_client(bookie))
 
+    def cluster_initialized(self) -> bool:
+        """Whether a bookie ever started under this client's ZooKeeper root (its ``INSTANCEID`` znode exists):
+        False for a root nobody uses, such as a mistyped one, whose ledger list is merely empty."""
+        from zk import layout
+
+        return bool(self._bk.store.exists(layout.INSTANCEID))
+
     def close(self) -> None:
         try:
             self._loop.run(self._bk.close(), timeout_s=30)

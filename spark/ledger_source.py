@@ -231,9 +231,7 @@ def check_bookie_access(bk: Any, opts: Any, error: type[ValueError]) -> None:
 def _check_cluster_root(bk: Any, opts: LedgerOptions) -> None:
     """A ``zkRoot`` no bookie ever started under (no ``INSTANCEID``: a typo) fails naming the option; it read
     no ledger there and gave an empty result."""
-    from zk import layout
-
-    if not bk._bk.store.exists(layout.INSTANCEID):
+    if not bk.cluster_initialized():
         raise LedgerOptionError(
             "zkRoot",
             f"no ledgerstore cluster under {opts.zk_root} at {opts.zk} (no bookie ever started there: a typo? "

@@ -61,8 +61,11 @@ def test_sync_facade_same_names_as_async(bookies) -> None:
         assert [e.data for e in rh.read(0, rh.last_add_confirmed)] == [b"zero", b"one", b"two"]
         assert lh.ledger_id in bk.list_ledgers()
         bk.delete_ledger(lh.ledger_id)
+        assert bk.cluster_initialized()
     finally:
         bk.close()
+    with BookKeeper.connect(bookies.zk, zk_root=bookies.root + "-typo") as other:
+        assert not other.cluster_initialized()
 
 
 def test_bookie_gc_deletes_absent_ledgers_and_collects_blob_garbage_on_every_bookie(bookies) -> None:
