@@ -378,6 +378,7 @@ class _Receipt:
     size: int = 0
     dedup: bool = True  # its sequence id takes part in deduplication (false for a chunk before the last)
     dedup_id: int = -1  # the id deduplication keeps for it (dedup_sequence_id)
+    fills: bool = False  # it fills an id the producer's stored sends jumped over (Topic.fills_skipped_id)
 
 
 def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, entry: bytes) -> int:
@@ -1009,6 +1010,9 @@ class Topic:
             if name not in self.skipped_ids and len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
                 del self.skipped_ids[next(iter(self.skipped_ids))]
             ranges = self.skipped_ids.setdefault(name, [])
+            # a range above the last id was left by a send not stored (a failed write): jumped over again now,
+            # kept twice it let a resend of a filled id be stored a second time
+            ranges[:] = [r for r in ranges if r[1] <= last]
             ranges.append((last + 1, seq - 1))
             del ranges[:-SKIPPED_IDS_MAX]
             return False
@@ -1070,7 +1074,8 @@ class Topic:
         started: float,
     ) -> None:
         seq = send.sequence_id
-        if self.dedup_enabled and dedup and self.fills_skipped_id(p.name, seq):
+        fills = self.dedup_enabled and dedup and self.fills_skipped_id(p.name, seq)
+        if fills:
             dedup = False  # in the producer's order, held SENDs (a batch walked in a thread) included
         declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
         rec = _Receipt(
@@ -1081,6 +1086,7 @@ class Topic:
             size=len(entry),
             dedup=dedup,
             dedup_id=dedup_id,
+            fills=fills,
         )
         p.receipts.append(rec)
         last = self.last_sequence.get(p.name, -1)
@@ -1151,6 +1157,8 @@ class Topic:
                 # as Pulsar (resetHighestSequenceIdPushed, producers disconnected): what failed was not stored, so
                 # its resend is no duplicate; the connection closes so that nothing sent after it is stored first
                 self.last_sequence.update(self.persisted_sequence)
+                if rec.fills:  # not stored: its id is one to fill still, else its resend was dropped
+                    self.skipped_ids.setdefault(p.name, []).append((rec.sequence_id, rec.sequence_id))
                 p.session.conn.close(f"persistence failed: {error}")
         else:
             rec.position = position

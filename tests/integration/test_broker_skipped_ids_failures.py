@@ -1,0 +1,70 @@
+"""Dedup's skipped sequence ids (``Topic.fills_skipped_id``) across a failed write: a producer's send that fills
+an id its stored sends jumped over, not stored because the write failed, is stored when sent again; a send that
+jumps over ids, failed and sent again, leaves those ids to be filled once, not twice. An in-process broker (real
+ZooKeeper and bookies), a raw producer that numbers its sends itself, the managed ledger's write failing once."""
+
+from __future__ import annotations
+
+import socket
+import types
+import uuid
+from typing import Any
+
+from tests.broker_testing import Brokers
+from tests.integration.test_broker_gone_connection import _serving
+from tests.integration.test_broker_pulsar_client import _closed, _raw_answer, _raw_producer, _raw_send
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker.managed_ledger import ManagedLedgerError
+
+T = pb.BaseCommand
+
+
+def stored(s: socket.socket, dec: Any) -> bool:
+    """Whether the next receipt names a position: a send taken for a resend is answered -1:-1, not stored."""
+    answer = _raw_answer(s, dec)
+    assert answer.type == T.SEND_RECEIPT, answer
+    return answer.send_receipt.message_id.ledgerId < 2**63  # (-1 in an unsigned field)
+
+
+def test_a_send_filling_a_skipped_id_whose_write_failed_is_stored_when_sent_again(cluster: Brokers) -> None:
+    with _serving(cluster) as (service, run):
+        port = types.SimpleNamespace(port=service.config.port)
+        t = f"persistent://public/default/skipped-{uuid.uuid4().hex[:8]}"
+        s, dec = _raw_producer(port, t, "p")
+        _raw_send(s, 0, b"m0")
+        assert _raw_answer(s, dec).type == T.SEND_RECEIPT
+        (fut,) = service.topics.values()
+        ml = fut.result().ml
+
+        def failing_once(s: socket.socket, seq: int) -> None:
+            """``seq`` sent, its write failing: the broker closes the connection (as on any failed write)."""
+
+            async def fail() -> None:
+                real = ml.append_from
+
+                async def once(*_args: Any) -> None:
+                    ml.append_from = real
+                    raise ManagedLedgerError("injected write failure")
+
+                ml.append_from = once
+
+            run(fail())
+            _raw_send(s, seq, f"m{seq}".encode())
+            assert _closed(s)
+            s.close()
+
+        _raw_send(s, 2, b"m2")  # jumps over 1: stored
+        assert stored(s, dec)
+        failing_once(s, 1)  # fills 1: not stored
+        s, dec = _raw_producer(port, t, "p")
+        _raw_send(s, 1, b"m1")  # sent again: stored (was answered as a resend, and lost)
+        assert stored(s, dec)
+        failing_once(s, 4)  # jumps over 3: not stored
+        s, dec = _raw_producer(port, t, "p")
+        _raw_send(s, 4, b"m4")  # sent again, jumping over 3 again: stored
+        assert stored(s, dec)
+        _raw_send(s, 3, b"m3")  # fills 3: stored
+        assert stored(s, dec)
+        _raw_send(s, 3, b"m3")  # a resend of 3: not stored again (was, 3 being remembered twice as skipped)
+        assert not stored(s, dec)
+        s.close()
