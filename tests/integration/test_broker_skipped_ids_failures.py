@@ -6,14 +6,20 @@ ZooKeeper and bookies), a raw producer that numbers its sends itself, the manage
 from __future__ import annotations
 
 import socket
+import threading
 import types
 import uuid
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from tests.broker_testing import Brokers
 from tests.integration.test_broker_gone_connection import _serving
 from tests.integration.test_broker_pulsar_client import _closed, _raw_answer, _raw_producer, _raw_send
 from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import service as service_module
+from topic_broker import wire
 from topic_broker.managed_ledger import ManagedLedgerError
 
 T = pb.BaseCommand
@@ -24,6 +30,21 @@ def stored(s: socket.socket, dec: Any) -> bool:
     answer = _raw_answer(s, dec)
     assert answer.type == T.SEND_RECEIPT, answer
     return answer.send_receipt.message_id.ledgerId < 2**63  # (-1 in an unsigned field)
+
+
+def fail_next_write(run: Callable[[Any], Any], ml: Any) -> None:
+    """The managed ledger's next write (``append_from``) fails, as a write no bookie took."""
+
+    async def fail() -> None:
+        real = ml.append_from
+
+        async def once(*_args: Any) -> None:
+            ml.append_from = real
+            raise ManagedLedgerError("injected write failure")
+
+        ml.append_from = once
+
+    run(fail())
 
 
 def test_a_send_filling_a_skipped_id_whose_write_failed_is_stored_when_sent_again(cluster: Brokers) -> None:
@@ -38,17 +59,7 @@ def test_a_send_filling_a_skipped_id_whose_write_failed_is_stored_when_sent_agai
 
         def failing_once(s: socket.socket, seq: int) -> None:
             """``seq`` sent, its write failing: the broker closes the connection (as on any failed write)."""
-
-            async def fail() -> None:
-                real = ml.append_from
-
-                async def once(*_args: Any) -> None:
-                    ml.append_from = real
-                    raise ManagedLedgerError("injected write failure")
-
-                ml.append_from = once
-
-            run(fail())
+            fail_next_write(run, ml)
             _raw_send(s, seq, f"m{seq}".encode())
             assert _closed(s)
             s.close()
@@ -67,4 +78,60 @@ def test_a_send_filling_a_skipped_id_whose_write_failed_is_stored_when_sent_agai
         assert stored(s, dec)
         _raw_send(s, 3, b"m3")  # a resend of 3: not stored again (was, 3 being remembered twice as skipped)
         assert not stored(s, dec)
+        s.close()
+
+
+def test_sends_held_behind_a_walk_are_not_stored_after_a_failed_write_before_them(
+    cluster: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed write closes the connection so that nothing sent after it is stored before its resend (dedup
+    would take that resend for a duplicate, or store it out of its order): the SENDs held behind a batch walked
+    in a worker thread meanwhile are not stored either."""
+    gate = threading.Event()
+    real_walk = service_module.dedup_walk
+
+    def gated(seq: int, *args: Any) -> int | Callable[[], int]:
+        found = real_walk(seq, *args)
+        if seq != 2:
+            return found
+
+        def walk() -> int:  # seq 2 stands for a large compressed batch, walked in a thread
+            assert gate.wait(60)
+            return found if isinstance(found, int) else found()
+
+        return walk
+
+    monkeypatch.setattr(service_module, "dedup_walk", gated)
+    held_done = threading.Event()
+    real_held = service_module.Topic._publish_held
+
+    async def observed(self: Any, p: Any) -> None:
+        await real_held(self, p)
+        held_done.set()
+
+    monkeypatch.setattr(service_module.Topic, "_publish_held", observed)
+    with _serving(cluster) as (service, run):
+        port = types.SimpleNamespace(port=service.config.port)
+        t = f"persistent://public/default/held-{uuid.uuid4().hex[:8]}"
+        s, dec = _raw_producer(port, t, "p")
+        _raw_send(s, 0, b"m0")
+        assert stored(s, dec)
+        (fut,) = service.topics.values()
+        fail_next_write(run, fut.result().ml)
+        frames = []
+        for seq in (1, 2, 3):  # read at once: 1's write fails; 2 is walked, 3 held behind it
+            send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=seq))
+            md = pb.MessageMetadata(producer_name="x", sequence_id=seq, publish_time=1)
+            frames.append(wire.encode_send(send, md, f"m{seq}".encode()))
+        s.sendall(b"".join(frames))
+        assert _closed(s)
+        s.close()
+        gate.set()
+        assert held_done.wait(30)  # what was held is taken (or dropped) before the client sends again
+        s, dec = _raw_producer(port, t, "p")
+        for seq in (1, 2, 3):  # the client sends again what was not acknowledged
+            _raw_send(s, seq, f"m{seq}".encode())
+            # each stored now, in its order: 2 and 3 were stored before 1 (its resend filled a skipped id),
+            # and their own resends answered as such
+            assert stored(s, dec), seq
         s.close()
