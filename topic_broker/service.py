@@ -1019,6 +1019,7 @@ class Topic:
         for i, (lo, hi) in enumerate(ranges):
             if lo <= seq <= hi:
                 ranges[i : i + 1] = [r for r in ((lo, seq - 1), (seq + 1, hi)) if r[0] <= r[1]]
+                del ranges[:-SKIPPED_IDS_MAX]  # (a fill inside a range splits it in two)
                 if not ranges:
                     del self.skipped_ids[name]
                 return True

@@ -3,7 +3,7 @@ delayed messages go ahead of its batch), which dedup must not take for resends, 
 
 from __future__ import annotations
 
-from topic_broker.service import SKIPPED_IDS_PRODUCERS_MAX, Topic
+from topic_broker.service import SKIPPED_IDS_MAX, SKIPPED_IDS_PRODUCERS_MAX, Topic
 
 
 def bookkeeping() -> Topic:
@@ -34,3 +34,11 @@ def test_the_producer_names_remembered_are_bounded_the_oldest_forgotten() -> Non
         stored(t, f"p{i}", 5)  # each skips 0..4
     assert len(t.skipped_ids) == SKIPPED_IDS_PRODUCERS_MAX
     assert "p0" not in t.skipped_ids and f"p{SKIPPED_IDS_PRODUCERS_MAX}" in t.skipped_ids
+
+
+def test_the_ranges_remembered_stay_bounded_when_fills_split_them() -> None:
+    t = bookkeeping()
+    stored(t, "p", 10 * SKIPPED_IDS_MAX)  # one range, 0 .. 10 * SKIPPED_IDS_MAX - 1
+    for seq in range(1, 4 * SKIPPED_IDS_MAX, 2):  # each fill splits the range it falls in
+        assert stored(t, "p", seq)
+    assert len(t.skipped_ids["p"]) <= SKIPPED_IDS_MAX
