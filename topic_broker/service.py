@@ -1061,9 +1061,10 @@ class Topic:
                 except Exception as e:  # (MemoryError): the batch's first id, as for any batch not read
                     log.warning("topic=%s batch of %s not walked for dedup: %r", self.name, p.name, e)
                     h.dedup_id = h.send.sequence_id
-            if p.session.conn.closed:
+            if p.closed or p.session.conn.closed:
                 # a write of the producer's failed meanwhile (or its connection went): the client sends these
-                # again after the one that failed, which stored now they would go before
+                # again after the one that failed, which stored now they would go before; or the producer was
+                # closed (fenced by an exclusive one, whose messages they would follow)
                 held.clear()
                 return
             held.popleft()

@@ -16,7 +16,13 @@ import pytest
 
 from tests.broker_testing import Brokers
 from tests.integration.test_broker_gone_connection import _serving
-from tests.integration.test_broker_pulsar_client import _closed, _raw_answer, _raw_producer, _raw_send
+from tests.integration.test_broker_pulsar_client import (
+    _closed,
+    _connect,
+    _raw_answer,
+    _raw_producer,
+    _raw_send,
+)
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import service as service_module
 from topic_broker import wire
@@ -32,6 +38,16 @@ def stored(s: socket.socket, dec: Any) -> bool:
     return answer.send_receipt.message_id.ledgerId < 2**63  # (-1 in an unsigned field)
 
 
+def first_stored(service: Any, prefix: str, name: str, payload: bytes) -> tuple[Any, str, socket.socket, Any]:
+    """A new topic on the in-process broker's port, a raw producer ``name`` there, and its send of id 0 stored."""
+    port = types.SimpleNamespace(port=service.config.port)
+    t = f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
+    s, dec = _raw_producer(port, t, name)
+    _raw_send(s, 0, payload)
+    assert stored(s, dec)
+    return port, t, s, dec
+
+
 def fail_next_write(run: Callable[[Any], Any], ml: Any) -> None:
     """The managed ledger's next write (``append_from``) fails, as a write no bookie took."""
 
@@ -45,6 +61,35 @@ def fail_next_write(run: Callable[[Any], Any], ml: Any) -> None:
         ml.append_from = once
 
     run(fail())
+
+
+def gated_walk(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """A SEND of sequence id 2 stands for a large compressed batch, walked in a worker thread: its walk waits
+    for the first event; the second is set once the producer's held SENDs are taken."""
+    gate = threading.Event()
+    real_walk = service_module.dedup_walk
+
+    def gated(seq: int, *args: Any) -> int | Callable[[], int]:
+        found = real_walk(seq, *args)
+        if seq != 2:
+            return found
+
+        def walk() -> int:
+            assert gate.wait(60)
+            return found if isinstance(found, int) else found()
+
+        return walk
+
+    monkeypatch.setattr(service_module, "dedup_walk", gated)
+    held_done = threading.Event()
+    real_held = service_module.Topic._publish_held
+
+    async def observed(self: Any, p: Any) -> None:
+        await real_held(self, p)
+        held_done.set()
+
+    monkeypatch.setattr(service_module.Topic, "_publish_held", observed)
+    return gate, held_done
 
 
 def test_a_send_filling_a_skipped_id_whose_write_failed_is_stored_when_sent_again(cluster: Brokers) -> None:
@@ -87,35 +132,9 @@ def test_sends_held_behind_a_walk_are_not_stored_after_a_failed_write_before_the
     """A failed write closes the connection so that nothing sent after it is stored before its resend (dedup
     would take that resend for a duplicate, or store it out of its order): the SENDs held behind a batch walked
     in a worker thread meanwhile are not stored either."""
-    gate = threading.Event()
-    real_walk = service_module.dedup_walk
-
-    def gated(seq: int, *args: Any) -> int | Callable[[], int]:
-        found = real_walk(seq, *args)
-        if seq != 2:
-            return found
-
-        def walk() -> int:  # seq 2 stands for a large compressed batch, walked in a thread
-            assert gate.wait(60)
-            return found if isinstance(found, int) else found()
-
-        return walk
-
-    monkeypatch.setattr(service_module, "dedup_walk", gated)
-    held_done = threading.Event()
-    real_held = service_module.Topic._publish_held
-
-    async def observed(self: Any, p: Any) -> None:
-        await real_held(self, p)
-        held_done.set()
-
-    monkeypatch.setattr(service_module.Topic, "_publish_held", observed)
+    gate, held_done = gated_walk(monkeypatch)
     with _serving(cluster) as (service, run):
-        port = types.SimpleNamespace(port=service.config.port)
-        t = f"persistent://public/default/held-{uuid.uuid4().hex[:8]}"
-        s, dec = _raw_producer(port, t, "p")
-        _raw_send(s, 0, b"m0")
-        assert stored(s, dec)
+        port, t, s, dec = first_stored(service, "held", "p", b"m0")
         (fut,) = service.topics.values()
         fail_next_write(run, fut.result().ml)
         frames = []
@@ -135,3 +154,39 @@ def test_sends_held_behind_a_walk_are_not_stored_after_a_failed_write_before_the
             # and their own resends answered as such
             assert stored(s, dec), seq
         s.close()
+
+
+def test_sends_held_behind_a_walk_are_not_stored_after_their_producer_is_fenced(
+    cluster: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ExclusiveWithFencing producer closes the topic's other producers: what they sent is stored before its
+    messages or not at all, also their SENDs held behind a batch walked in a worker thread meanwhile."""
+    gate, held_done = gated_walk(monkeypatch)
+    with _serving(cluster) as (service, run):
+        port, t, s, dec = first_stored(service, "fenced", "a", b"a0")
+        _raw_send(s, 2, b"a2")  # walked (held until the fencing producer has stored b0)
+        f = socket.create_connection(("127.0.0.1", port.port), timeout=30)
+        _connect(f)
+        cmd = pb.CommandProducer(
+            topic=t,
+            producer_id=1,
+            request_id=1,
+            producer_name="b",
+            producer_access_mode=pb.ExclusiveWithFencing,
+        )
+        f.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+        fdec = wire.FrameDecoder()
+        frames: list[Any] = []
+        while not frames:
+            frames = fdec.feed(f.recv(65536))
+        assert frames[0].command.type == T.PRODUCER_SUCCESS, frames[0].command
+        _raw_send(f, 0, b"b0")
+        assert stored(f, fdec)
+        gate.set()
+        assert held_done.wait(30)
+        _raw_send(f, 1, b"b1")  # stored behind whatever the fenced producer's walk let through
+        assert stored(f, fdec)
+        (fut,) = service.topics.values()
+        assert fut.result().ml.view().total_entries() == 3  # a0, b0, b1 (a2 was stored between them)
+        s.close()
+        f.close()
