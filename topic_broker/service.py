@@ -1203,6 +1203,7 @@ class Topic:
         if known and not self.dedup_enabled:
             return
         counts: list[int] = []
+        spans: dict[str, list[tuple[int, int]]] = {}  # producer -> its stored sends' ids in the tail ledger
         pos = Position(lid, 0)
         while True:
             got = await self.ml.read_entries(pos, 1000)
@@ -1220,6 +1221,7 @@ class Topic:
                     declared = md.highest_sequence_id if md.HasField("highest_sequence_id") else None
                     found = dedup_walk(md.sequence_id, declared, counts[-1], data)
                     seq = found if isinstance(found, int) else await asyncio.to_thread(found)
+                    spans.setdefault(md.producer_name, []).append((md.sequence_id, seq))
                     if seq > self.last_sequence.get(md.producer_name, -1):
                         self.last_sequence[md.producer_name] = seq
             if len(got) < 1000:
@@ -1227,11 +1229,31 @@ class Topic:
             pos = Position(lid, got[-1][0].entry_id + 1)
         if not known and len(counts) == n:
             self.ml.record_messages(lid, counts)
+        for name, got_ids in spans.items():
+            self._learn_skipped_ids(name, stored.get(name, -1), got_ids)
         learnt = {name: seq for name, seq in self.last_sequence.items() if seq > stored.get(name, -1)}
         for name, seq in learnt.items():
             self.ml.set_property(f"dedup/{name}", str(seq))
         if learnt:
             await self.ml.save_properties()
+
+    def _learn_skipped_ids(self, name: str, persisted: int, spans: list[tuple[int, int]]) -> None:
+        """A new owner's ``skipped_ids`` of producer ``name``: the ids above ``persisted`` (its last id stored
+        with the ledger list, so every id of the ledgers before the tail is at most that) that none of its
+        sends in the tail ledger (``spans``, first and last id each) covers. They were never stored: the
+        previous owner had them in its ``skipped_ids``, and a batch still in the client then, resent to this
+        owner, fills them (stored, not dropped as a resend of the delayed messages that jumped over it)."""
+        ranges: list[tuple[int, int]] = []
+        nxt = persisted + 1
+        for lo, hi in sorted(spans):
+            if lo > nxt:
+                ranges.append((nxt, lo - 1))
+            nxt = max(nxt, hi + 1)
+        if not ranges:
+            return
+        if name not in self.skipped_ids and len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
+            del self.skipped_ids[next(iter(self.skipped_ids))]
+        self.skipped_ids[name] = ranges[-SKIPPED_IDS_MAX:]
 
     # -- backlog quota ----------------------------------------------------------------------------------------
 

@@ -1,0 +1,49 @@
+"""A batching producer's batch waiting behind its delayed message, with the official ``pulsar-client``, when the
+topic's owner is killed -9 in between: the restarted owner learns from the tail ledger that the delayed message
+jumped over the batch's id, so the batch, sent to it after the restart, is stored, not dropped as a resend."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.broker_testing import start_broker
+
+pulsar = pytest.importorskip("pulsar")
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_behind_a_delayed_message_is_stored_after_its_owner_is_killed(
+    bookies, tmp_path: Path
+) -> None:
+    bookies.start_many(3)
+    bp = start_broker(bookies, tmp_path, 4.0)
+    bp.wait_ready(60)
+    topic = f"persistent://public/default/skipped-{uuid.uuid4().hex[:8]}"
+    client = pulsar.Client(bp.service_url, operation_timeout_seconds=30)
+    try:
+        producer = client.create_producer(
+            topic, producer_name="p", batching_enabled=True, batching_max_publish_delay_ms=600_000
+        )
+        answers: list[tuple[Any, Any]] = []
+        producer.send_async(
+            b"batched", lambda res, mid: answers.append((res, mid))
+        )  # id 0, waits in its batch
+        producer.send(b"delayed", deliver_after=datetime.timedelta(milliseconds=1))  # id 1, sent at once
+        bp.kill9()
+        bp.start(wait=True, timeout_s=60)
+        producer.flush()  # the batch goes to the restarted owner after the client's reconnection
+        assert len(answers) == 1 and answers[0][0] == pulsar.Result.Ok
+        assert answers[0][1].entry_id() >= 0, "the batch was answered as a resend of what is stored"
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        got = []
+        while reader.has_message_available():
+            got.append(reader.read_next(timeout_millis=10_000).data())
+        assert sorted(got) == [b"batched", b"delayed"]
+    finally:
+        client.close()
+        bp.stop()
