@@ -337,10 +337,12 @@ class ProtocolConnection:
 
     # -- keep-alive -----------------------------------------------------------------------------------------
 
-    def tick(self, now: float, wall: float | None = None) -> None:
+    def tick(self, now: float, wall: float | None = None, *, read: bool = True) -> None:
         """Keep-alive at monotonic time ``now``; with ``wall`` (Unix seconds), also the expiry of the token the
         connection authenticated with: AUTH_CHALLENGE when it expired (a client that cannot answer one is
-        closed), and a close when the answer does not come within ``auth_refresh_timeout_s``."""
+        closed), and a close when the answer does not come within ``auth_refresh_timeout_s``. ``read`` False:
+        the server does not read the connection for now, so no answer to a PING can be seen, and none missing
+        closes it (as Pulsar's keep-alive with auto-read off); it is pinged again."""
         if self.closed:
             return
         if self.state == ConnState.AWAITING_CONNECT:
@@ -359,7 +361,10 @@ class ProtocolConnection:
         interval = self.config.keepalive_interval_s
         if self._ping_sent_at is not None:
             if now - self._ping_sent_at >= interval:
-                self.close("keep-alive timeout: no answer to PING")
+                if read:
+                    self.close("keep-alive timeout: no answer to PING")
+                else:
+                    self._ping_sent_at = None  # pinged again at the next tick
         elif now - self._last_received >= interval:
             self._ping_sent_at = now
             self.send_raw(wire.ping())

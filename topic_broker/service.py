@@ -344,7 +344,9 @@ class Session:
             self.flush()
 
     def tick(self, now: float) -> None:
-        self.conn.tick(now, time.time())
+        # not read while its producers' SENDs wait for the bookies (unless it takes nothing either): its PONGs are
+        # not seen then, and the keep-alive would close a healthy client's connection
+        self.conn.tick(now, time.time(), read=not (self.publish_paused and self.writable))
         if self.publish_paused:
             self.check_publishing()  # (a producer gone with SENDs never answered: its topic unloaded)
         if self.conn.has_data_to_send or self.conn.closed:

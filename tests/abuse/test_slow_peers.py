@@ -5,6 +5,7 @@ within ``service.PUBLISH_BYTES_MAX``, whatever it sends; a real client is served
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import resource
@@ -253,4 +254,54 @@ def test_a_consumer_that_reads_nothing_is_disconnected_by_the_keep_alive_and_its
             finally:
                 client.close()
         finally:
+            run(server.stop())
+
+
+def test_a_connection_not_read_for_its_producers_sends_is_not_closed_by_the_keep_alive(
+    cluster: Brokers,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection the broker stops reading because its producers' SENDs wait for the bookies cannot show it the
+    client's PONGs: the keep-alive closed it after two intervals (its receipts lost, its sends made again). As
+    Pulsar's keep-alive with auto-read off, it is not closed for that; the keep-alive 1 s here, the bound 256 KiB,
+    the writes held 4 s."""
+    from topic_broker import service as service_module
+    from topic_broker.server import BrokerServer
+
+    monkeypatch.setattr(service_module, "PUBLISH_BYTES_MAX", 256 * 1024)
+    writes = threading.Event()
+    with in_process_broker(cluster) as (service, run):
+        service.conn_config = dataclasses.replace(service.conn_config, keepalive_interval_s=1.0)
+        server = BrokerServer(service)
+        run(server.start())
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            producer = client.create_producer(
+                "persistent://public/default/slow-peers-paused", batching_enabled=False
+            )
+            (session,) = service.sessions
+            (fut,) = service.topics.values()
+            ml = fut.result().ml
+            real = ml.append_from
+
+            async def held(*args: object) -> None:
+                await asyncio.to_thread(writes.wait, 60)
+                await real(*args)
+
+            ml.append_from = held
+            answers: list[object] = []
+            for _ in range(10):
+                producer.send_async(bytes(100_000), lambda res, _mid: answers.append(res))
+            deadline = time.monotonic() + 30
+            while not session.publish_paused:
+                assert time.monotonic() < deadline, "the connection was not paused"
+                time.sleep(0.05)
+            time.sleep(4)  # four keep-alive intervals without a PONG read
+            writes.set()
+            producer.flush()
+            assert answers == [pulsar.Result.Ok] * 10
+            assert not session.closed, "the paused connection was closed (keep-alive timeout)"
+        finally:
+            writes.set()
+            client.close()
             run(server.stop())
