@@ -27,6 +27,7 @@ from .service import (
     DEFAULT_ACK_QUORUM,
     DEFAULT_COMPACTION_MONITOR_INTERVAL_S,
     DEFAULT_COMPACTION_THRESHOLD_BYTES,
+    DEFAULT_ENSEMBLE_CHANGE_TIMEOUT_S,
     DEFAULT_ENSEMBLE_SIZE,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -154,6 +155,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rollover-time-s", type=float, default=4 * 3600.0)
     p.add_argument("--no-dedup", action="store_true", help="deduplicate only where the namespace policy asks")
     p.add_argument("--zk-session-timeout-s", type=float, default=10.0)
+    p.add_argument(
+        "--ensemble-change-timeout-s",
+        type=float,
+        default=DEFAULT_ENSEMBLE_CHANGE_TIMEOUT_S,
+        help="how long to look for a bookie to replace a failed one of a topic's ledger before the topic rolls "
+        "over to a new ledger (with no spare bookie, one back from a restart serves the new ledger)",
+    )
     p.add_argument(
         "--tick-interval-s",
         type=float,
@@ -293,6 +301,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         max_rollover_time_s=args.max_rollover_time_s,
         dedup_enabled=not args.no_dedup,
         zk_session_timeout_s=args.zk_session_timeout_s,
+        ensemble_change_timeout_s=args.ensemble_change_timeout_s,
         tick_interval_s=args.tick_interval_s,
         compaction_threshold_bytes=threshold,
         compaction_monitor_interval_s=interval,

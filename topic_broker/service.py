@@ -113,6 +113,7 @@ DEFAULT_MAX_MESSAGE_SIZE = wire.DEFAULT_MAX_MESSAGE_SIZE
 DEFAULT_ENSEMBLE_SIZE = 3
 DEFAULT_WRITE_QUORUM = 2
 DEFAULT_ACK_QUORUM = 2
+DEFAULT_ENSEMBLE_CHANGE_TIMEOUT_S = 5.0
 DEFAULT_TICK_INTERVAL_S = 5.0
 DEFAULT_DEDUP_ENABLED = True
 #: Pulsar's ``brokerServiceCompactionThresholdInBytes`` (0: no automatic compaction unless a policy asks) and
@@ -186,6 +187,9 @@ class BrokerConfig:
     message_expiry_check_interval_s: float = DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S
     ttl_duration_default_s: int = DEFAULT_TTL_DURATION_S
     zk_session_timeout_s: float = 10.0
+    # How long the broker's ledger client tries to replace a failed bookie of a topic's ledger before it fails
+    # the ledger's appends, and the topic rolls over to a new ledger (docs/broker.md, "Bookies failing")
+    ensemble_change_timeout_s: float = DEFAULT_ENSEMBLE_CHANGE_TIMEOUT_S
     # Authentication (docs/broker.md, "Authentication and authorization"): the HS256 secret tokens are checked
     # with (None: no authentication at all), whether a connection must carry one (and produce/consume then
     # need a permission), the roles allowed everything, whether admin reads need a token too
@@ -1616,6 +1620,7 @@ class BrokerService:
             config=ClientConfig(
                 zk_root=self.config.zk_root,
                 zk_session_timeout_s=self.config.zk_session_timeout_s,
+                ensemble_change_timeout_s=self.config.ensemble_change_timeout_s,
                 auth_token=self.config.bookie_auth_token,
             ),
         )
