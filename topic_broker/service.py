@@ -141,8 +141,6 @@ EITHER = (PRODUCE, CONSUME)
 #: clients (Python's ``pulsar-client``) retry that one until their operation timeout, so the user would see only
 #: ``Timeout``; ``NotAllowedError`` fails the call at once, and the message says what is wrong with the name.
 BAD_NAME = pb.NotAllowedError
-#: Pending SENDs per topic beyond which reading from producers' sockets pauses.
-APPEND_QUEUE_MAX = 10_000
 #: Ranges of sequence ids a producer's stored sends jumped over that a topic remembers (``Topic.skipped_ids``):
 #: each delayed message a batching producer sends ahead of its batch leaves one, so that many fit in one batch
 #: window (the client's default batching_max_messages); with 16, 40 of them left the batch's first id forgotten
