@@ -382,7 +382,8 @@ class _Receipt:
     size: int = 0
     dedup: bool = True  # its sequence id takes part in deduplication (false for a chunk before the last)
     dedup_id: int = -1  # the id deduplication keeps for it (dedup_sequence_id)
-    fills: bool = False  # it fills an id the producer's stored sends jumped over (Topic.fills_skipped_id)
+    #: the skipped ids it fills (Topic.fills_skipped_id): put back if its write fails
+    fills: tuple[tuple[int, int], ...] = ()
 
 
 def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, entry: bytes) -> int:
@@ -1001,13 +1002,15 @@ class Topic:
 
     # -- producers ------------------------------------------------------------------------------------------
 
-    def fills_skipped_id(self, name: str, seq: int) -> bool:
+    def fills_skipped_id(self, name: str, seq: int, high: int | None = None) -> tuple[tuple[int, int], ...]:
         """Whether a SEND of producer ``name`` with sequence id ``seq`` (dedup on) is one its stored sends jumped
         over, which no deduplication may drop: the C++ client sends a message with a delivery time on its own at
         once, ahead of the batch its earlier messages wait in (ids 0, 2, 4 sent before the batch 1, 3, 5), and
         taken for a resend (1 <= 4) the batch was acknowledged and never stored. A send that jumps over ids is
-        remembered here (the latest ``SKIPPED_IDS_MAX`` ranges, while the topic is open); one that fills such an
-        id takes it out and is stored without a dedup check (True)."""
+        remembered here (the latest ``SKIPPED_IDS_MAX`` ranges, while the topic is open); one whose first id
+        ``seq`` fills such an id is stored without a dedup check and takes out every skipped id from ``seq`` to
+        its last, ``high`` (the batch 1, 3, 5 fills 1 and 3; 2 and 4 were stored before it): the ranges it took
+        out are returned (empty: it fills none)."""
         last = self.last_sequence.get(name, -1)
         ranges = self.skipped_ids.get(name, [])
         if seq > last + 1:
@@ -1019,15 +1022,22 @@ class Topic:
             ranges[:] = [r for r in ranges if r[1] <= last]
             ranges.append((last + 1, seq - 1))
             del ranges[:-SKIPPED_IDS_MAX]
-            return False
-        for i, (lo, hi) in enumerate(ranges):
-            if lo <= seq <= hi:
-                ranges[i : i + 1] = [r for r in ((lo, seq - 1), (seq + 1, hi)) if r[0] <= r[1]]
-                del ranges[:-SKIPPED_IDS_MAX]  # (a fill inside a range splits it in two)
-                if not ranges:
-                    del self.skipped_ids[name]
-                return True
-        return False
+            return ()
+        if not any(lo <= seq <= hi for lo, hi in ranges):
+            return ()
+        high = seq if high is None or high < seq else high
+        kept: list[tuple[int, int]] = []
+        taken: list[tuple[int, int]] = []
+        for lo, hi in ranges:
+            if hi < seq or lo > high:
+                kept.append((lo, hi))
+                continue
+            taken.append((max(lo, seq), min(hi, high)))
+            kept.extend(r for r in ((lo, seq - 1), (high + 1, hi)) if r[0] <= r[1])
+        ranges[:] = kept[-SKIPPED_IDS_MAX:]  # (a fill inside a range splits it in two)
+        if not ranges:
+            del self.skipped_ids[name]
+        return tuple(taken)
 
     def add_producer(self, p: Producer) -> None:
         self.producers[id(p)] = p
@@ -1085,9 +1095,8 @@ class Topic:
         started: float,
     ) -> None:
         seq = send.sequence_id
-        fills = self.dedup_enabled and dedup and self.fills_skipped_id(p.name, seq)
-        if fills:
-            dedup = False  # in the producer's order, held SENDs (a batch walked in a thread) included
+        # in the producer's order, held SENDs (a batch walked in a thread) included
+        fills = self.fills_skipped_id(p.name, seq, dedup_id) if self.dedup_enabled and dedup else ()
         declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
         rec = _Receipt(
             seq,
@@ -1101,7 +1110,7 @@ class Topic:
         )
         p.receipts.append(rec)
         last = self.last_sequence.get(p.name, -1)
-        if self.dedup_enabled and dedup and rec.dedup_id <= last:
+        if self.dedup_enabled and dedup and not fills and rec.dedup_id <= last:
             # a resend of what is stored (or on its way): answered in its turn, with no position (-1:-1), on a
             # terminated topic too, as Pulsar's publishMessage asks its dedup before its managed ledger
             if rec.dedup_id > self.persisted_sequence.get(p.name, last) and not self._sent_before(p, rec):
@@ -1121,7 +1130,9 @@ class Topic:
             return
         if self.dedup_enabled and dedup:
             self.persisted_sequence.setdefault(p.name, last)
-            self.last_sequence[p.name] = rec.dedup_id
+            # a fill's last id may be below the last one (1 after 2, 4) or above it (the batch 1, 3, 5 after 4:
+            # its resend is then a duplicate)
+            self.last_sequence[p.name] = max(last, rec.dedup_id)
         self.msg_in += num_messages
         self.bytes_in += len(entry)
         self._queue.append((entry, functools.partial(self._appended, p, rec), num_messages))
@@ -1168,15 +1179,18 @@ class Topic:
                 # as Pulsar (resetHighestSequenceIdPushed, producers disconnected): what failed was not stored, so
                 # its resend is no duplicate; the connection closes so that nothing sent after it is stored first
                 self.last_sequence.update(self.persisted_sequence)
-                if rec.fills:  # not stored: its id is one to fill still, else its resend was dropped
-                    self.skipped_ids.setdefault(p.name, []).append((rec.sequence_id, rec.sequence_id))
+                if rec.fills:  # not stored: its ids are to fill still, else its resend was dropped
+                    self.skipped_ids.setdefault(p.name, []).extend(rec.fills)
+                    self.skipped_ids[p.name].sort()
                 p.session.conn.close(f"persistence failed: {error}")
         else:
             rec.position = position
             self.service.metrics.published(self.key, rec.messages, rec.size, time.monotonic() - rec.started)
             if self.dedup_enabled and rec.dedup:
-                self.ml.set_property(f"dedup/{p.name}", str(rec.dedup_id))
-                self.persisted_sequence[p.name] = max(self.persisted_sequence.get(p.name, -1), rec.dedup_id)
+                # (a fill's id may be below the last one stored)
+                persisted = max(self.persisted_sequence.get(p.name, -1), rec.dedup_id)
+                self.ml.set_property(f"dedup/{p.name}", str(persisted))
+                self.persisted_sequence[p.name] = persisted
             self.last_entry_messages = None
             for sub in self.subscriptions.values():
                 sub.on_new_entries()

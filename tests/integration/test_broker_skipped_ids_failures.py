@@ -190,3 +190,30 @@ def test_sends_held_behind_a_walk_are_not_stored_after_their_producer_is_fenced(
         assert fut.result().ml.view().total_entries() == 3  # a0, b0, b1 (a2 was stored between them)
         s.close()
         f.close()
+
+
+def test_a_batch_filling_skipped_ids_sent_again_is_not_stored_twice(cluster: Brokers) -> None:
+    """The batch 1, 3, 5 of a producer whose delayed messages 0, 2, 4 went ahead of it fills 1 and 3 and is
+    stored; sent again (its receipt lost with its connection), it is a resend. Its last id, 5, above the 4 of
+    the delayed ones, was not remembered by the fill, so the resend was taken for new messages and stored twice."""
+    broker = cluster.start()
+    t = f"persistent://public/default/refill-{uuid.uuid4().hex[:8]}"
+    s, dec = _raw_producer(broker, t, "p")
+    for seq in (0, 2, 4):  # the delayed messages, each on its own
+        _raw_send(s, seq, f"m{seq}".encode())
+        assert stored(s, dec)
+
+    def send_batch(s: socket.socket) -> None:
+        send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=1, highest_sequence_id=5))
+        md = pb.MessageMetadata(producer_name="p", sequence_id=1, highest_sequence_id=5, publish_time=1)
+        s.sendall(wire.encode_send(send, md, b"batch 1, 3, 5"))
+
+    send_batch(s)
+    assert stored(s, dec)
+    s.close()
+    s, dec = _raw_producer(broker, t, "p")
+    send_batch(s)  # the same batch again, on a new connection
+    assert not stored(s, dec)
+    _raw_send(s, 6, b"m6")
+    assert stored(s, dec)
+    s.close()
