@@ -1070,6 +1070,7 @@ class AdminApp:
                 continue
             attached = topic.ml.cursors.get(sub)
             if isinstance(attached, ManagedCursor):
+                await attached.refresh()  # idle: another writer (a Spark query's commit) may have moved it
                 md, ranges = attached.mark_delete, attached.cursor.individually_deleted
             else:
                 ci = await self.meta.get_cursor(topic.name.ml_name, sub)
@@ -1092,6 +1093,8 @@ class AdminApp:
                 "consumers": [],
             }
         for sub, rt in live.items():
+            if rt.cursor is not None and not rt.consumers:
+                await rt.cursor.refresh()  # idle: as above (a subscription created here, committed by Spark)
             s = rt.stats()
             out[sub] = {
                 "type": s.get("type", rt.core.sub_type.name),
