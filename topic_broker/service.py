@@ -1014,9 +1014,7 @@ class Topic:
         last = self.last_sequence.get(name, -1)
         ranges = self.skipped_ids.get(name, [])
         if seq > last + 1:
-            if name not in self.skipped_ids and len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
-                del self.skipped_ids[next(iter(self.skipped_ids))]
-            ranges = self.skipped_ids.setdefault(name, [])
+            ranges = self._skipped_ranges(name)
             # a range above the last id was left by a send not stored (a failed write): jumped over again now,
             # kept twice it let a resend of a filled id be stored a second time
             ranges[:] = [r for r in ranges if r[1] <= last]
@@ -1038,6 +1036,16 @@ class Topic:
         if not ranges:
             del self.skipped_ids[name]
         return tuple(taken)
+
+    def _skipped_ranges(self, name: str) -> list[tuple[int, int]]:
+        """Producer ``name``'s list in ``skipped_ids``, made when it has none; the oldest producer's is forgotten
+        when that would make more than ``SKIPPED_IDS_PRODUCERS_MAX``."""
+        ranges = self.skipped_ids.get(name)
+        if ranges is None:
+            if len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
+                del self.skipped_ids[next(iter(self.skipped_ids))]
+            ranges = self.skipped_ids[name] = []
+        return ranges
 
     def add_producer(self, p: Producer) -> None:
         self.producers[id(p)] = p
@@ -1180,8 +1188,9 @@ class Topic:
                 # its resend is no duplicate; the connection closes so that nothing sent after it is stored first
                 self.last_sequence.update(self.persisted_sequence)
                 if rec.fills:  # not stored: its ids are to fill still, else its resend was dropped
-                    self.skipped_ids.setdefault(p.name, []).extend(rec.fills)
-                    self.skipped_ids[p.name].sort()
+                    ranges = self._skipped_ranges(p.name)
+                    ranges.extend(rec.fills)
+                    ranges.sort()
                 p.session.conn.close(f"persistence failed: {error}")
         else:
             rec.position = position
@@ -1267,11 +1276,8 @@ class Topic:
             if lo > nxt:
                 ranges.append((nxt, lo - 1))
             nxt = max(nxt, hi + 1)
-        if not ranges:
-            return
-        if name not in self.skipped_ids and len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
-            del self.skipped_ids[next(iter(self.skipped_ids))]
-        self.skipped_ids[name] = ranges[-SKIPPED_IDS_MAX:]
+        if ranges:
+            self._skipped_ranges(name)[:] = ranges[-SKIPPED_IDS_MAX:]
 
     # -- backlog quota ----------------------------------------------------------------------------------------
 
