@@ -76,6 +76,14 @@ def add_bench_commands(
         default="uvloop",
         help="the client's event loop: uvloop when installed (default), or asyncio's own",
     )
+    lg.add_argument(
+        "--gc-threshold",
+        default=None,
+        type=_gc_threshold,
+        metavar="N[,N1[,N2]]",
+        help="gc.set_threshold for the client process (default: CPython's 700,10,10); the runs report the "
+        "collector's CPU per entry either way (gc_us_per_entry_client)",
+    )
     lg.add_argument("--plot", default=None, type=plot_path, help=PLOT_HELP)
     lg.add_argument(
         "--bookie-arg", action="append", default=[], help="extra argument for the bookie processes"
@@ -591,6 +599,12 @@ def _cmd_bench_bookie(args: argparse.Namespace) -> int:
         )
     _print(args, f"bench bookie (median of {args.runs} runs)", result)
     return 0
+
+
+def _gc_threshold(text: str) -> tuple[int, ...]:
+    from ledgerstore.bench_ledger import parse_gc_threshold
+
+    return parse_gc_threshold(text)
 
 
 def _cmd_bench_ledger(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import gc
 import os
 import sys
 import time
@@ -282,6 +283,47 @@ def journal_meter(http_ports: list[int]) -> Iterator[dict[str, float]]:
         out["bookie_add_ms"] = round(1000 * add_s / adds, 3)
 
 
+@contextlib.contextmanager
+def gc_meter() -> Iterator[dict[str, float]]:
+    """CPython's cyclic garbage collector in this (the client's) process across a block: ``client_gc_cpu_ms``
+    (the collections' CPU time on this thread), ``client_gc_collections`` (all generations) and
+    ``client_gc_full_collections`` (generation 2, which walks every tracked object of the process). The block
+    stores how many entries it acked under ``"units"``; on exit that key becomes ``gc_us_per_entry_client``."""
+    out: dict[str, float] = {}
+    counts = [0, 0, 0]
+    spent = [0.0]
+    started = [0.0]
+
+    def observe(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            spent[0] += time.thread_time() - started[0]
+            counts[info["generation"]] += 1
+
+    gc.callbacks.append(observe)
+    try:
+        yield out
+    finally:
+        gc.callbacks.remove(observe)
+    n = max(1, int(out.pop("units", 0)))
+    out["client_gc_cpu_ms"] = round(1000 * spent[0], 1)
+    out["client_gc_collections"] = sum(counts)
+    out["client_gc_full_collections"] = counts[2]
+    out["gc_us_per_entry_client"] = round(1e6 * spent[0] / n, 2)
+
+
+def parse_gc_threshold(text: str) -> tuple[int, ...]:
+    """``--gc-threshold``: one to three non-negative integers, comma-separated, as ``gc.set_threshold`` takes."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N[,N1[,N2]] integers, got {text!r}") from None
+    if not 1 <= len(values) <= 3 or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected one to three non-negative integers, got {text!r}")
+    return values
+
+
 def run_ledger_bench(
     args: argparse.Namespace,
     emit: Callable[[argparse.Namespace, str, dict[str, Any]], None],
@@ -294,6 +336,8 @@ def run_ledger_bench(
 
     if args.loop == "uvloop":
         install_uvloop()
+    if args.gc_threshold is not None:
+        gc.set_threshold(*args.gc_threshold)
     pids = {"client": os.getpid()}
     http_ports: list[int] = []  # the bookies' admin ports (their journals' /metrics), when started here
     with contextlib.ExitStack() as stack:
@@ -314,7 +358,12 @@ def run_ledger_bench(
         limits = machine_limits(tmp)
         runs = []
         for i in range(args.runs):
-            with cpu_meter(pids, "entry") as cpu, disk_meter(tmp) as disk, journal_meter(http_ports) as jnl:
+            with (
+                cpu_meter(pids, "entry") as cpu,
+                disk_meter(tmp) as disk,
+                journal_meter(http_ports) as jnl,
+                gc_meter() as gcm,
+            ):
                 r = asyncio.run(
                     ledger_run(
                         zk,
@@ -329,8 +378,8 @@ def run_ledger_bench(
                         mode=args.append_mode,
                     )
                 )
-                cpu["units"] = r["acked"]
-            r |= cpu | disk | jnl
+                cpu["units"] = gcm["units"] = r["acked"]
+            r |= cpu | disk | jnl | gcm
             batch = (
                 f", journal {r['journal_kib_per_sync']:,.0f} KiB per sync"
                 if "journal_kib_per_sync" in r
@@ -360,6 +409,7 @@ def run_ledger_bench(
         "outstanding": args.outstanding,
         "append_mode": args.append_mode,
         "loop": args.loop if args.loop != "uvloop" or _uvloop_available() else "asyncio",
+        "gc_threshold": ",".join(map(str, gc.get_threshold())),
         "ledgers": args.ledgers,
         "duration_s": args.duration,
         "runs": args.runs,

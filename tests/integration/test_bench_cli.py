@@ -74,11 +74,13 @@ def test_bench_ledger_measures_each_way_of_writing_appends(
     tmp_path: Path, mode: tuple[str, str, str]
 ) -> None:
     """--mode tasks (create_task(lh.append(d)) per entry), futures (a window of append_future), await
-    (coroutines awaiting lh.append; --outstanding 1 is the one-at-a-time latency) report like callbacks."""
+    (coroutines awaiting lh.append; --outstanding 1 is the one-at-a-time latency) report like callbacks, with
+    the client's garbage collector (its thresholds set by --gc-threshold for the tasks run)."""
     name, loop, outstanding = mode
+    gc_args = ["--gc-threshold", "50000,40,30"] if name == "tasks" else []
     out = subprocess.run(
         [*LEDGERSTORE, "bench", "ledger", "--mode", name, "--loop", loop, "--outstanding", outstanding]
-        + ["--duration", "1", "--runs", "1", "--json"],
+        + ["--duration", "1", "--runs", "1", "--json", *gc_args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -89,6 +91,9 @@ def test_bench_ledger_measures_each_way_of_writing_appends(
     assert r["append_mode"] == name and r["loop"] == loop and r["outstanding"] == int(outstanding)
     assert r["acked"] > 0 and r["errors"] == 0
     assert 0 < r["p50_ms"] <= r["p99_ms"]
+    assert r["gc_threshold"] == ("50000,40,30" if gc_args else "700,10,10")
+    assert r["client_gc_collections"] >= r["client_gc_full_collections"] >= 0
+    assert r["gc_us_per_entry_client"] >= 0 and r["client_gc_cpu_ms"] >= 0
 
 
 def test_bench_rereplication_reports_the_rate_and_the_writers_latency(tmp_path: Path) -> None:
