@@ -148,6 +148,12 @@ SKIPPED_IDS_MAX = 1000
 #: Producer names a topic remembers skipped ids of (the oldest forgotten first); a name whose ids are all filled
 #: is forgotten at once
 SKIPPED_IDS_PRODUCERS_MAX = 1000
+#: A producer's newest skipped-id ranges kept in the topic's properties (``dedup-skipped/<producer>``, written with
+#: the ledger list at each rollover and at a clean close), so that the next owner after a restart, an unload or a
+#: move still stores the batch that fills them
+SKIPPED_IDS_PERSISTED_MAX = 64
+#: The property prefix of a producer's persisted skipped ids: ``lo-hi,lo-hi,…`` (empty: none)
+SKIPPED_IDS_PROPERTY = "dedup-skipped/"
 #: Bytes one dispatcher read takes at most, by the topic's average entry size (Pulsar's
 #: ``dispatcherMaxReadSizeBytes``): what a consumer is sent beyond its connection's high-water mark
 READ_BYTES_MAX = 5 * 1024 * 1024
@@ -423,6 +429,20 @@ def dedup_walk(
         return end if last == end else sequence_id
 
     return walk if wire.batch_walk_off_loop(md) else walk()
+
+
+def _subtract_spans(lo: int, hi: int, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ids of ``[lo, hi]`` that none of ``spans`` (stored sends' first and last ids) covers, as ranges."""
+    left = [(lo, hi)]
+    for s_lo, s_hi in spans:
+        nxt: list[tuple[int, int]] = []
+        for a, b in left:
+            if s_hi < a or s_lo > b:
+                nxt.append((a, b))
+                continue
+            nxt.extend(r for r in ((a, s_lo - 1), (s_hi + 1, b)) if r[0] <= r[1])
+        left = nxt
+    return left
 
 
 @dataclass(slots=True)
@@ -999,6 +1019,8 @@ class Topic:
         self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
         #: producer name -> ranges [lo, hi] of sequence ids its stored sends jumped over (``fills_skipped_id``)
         self.skipped_ids: dict[str, list[tuple[int, int]]] = {}
+        #: producer names whose skipped ids the topic's properties hold (not empty): cleared there once filled
+        self._skipped_recorded: set[str] = set()
 
     # -- producers ------------------------------------------------------------------------------------------
 
@@ -1020,6 +1042,7 @@ class Topic:
             ranges[:] = [r for r in ranges if r[1] <= last]
             ranges.append((last + 1, seq - 1))
             del ranges[:-SKIPPED_IDS_MAX]
+            self._skipped_changed(name)
             return ()
         if not any(lo <= seq <= hi for lo, hi in ranges):
             return ()
@@ -1035,6 +1058,7 @@ class Topic:
         ranges[:] = kept[-SKIPPED_IDS_MAX:]  # (a fill inside a range splits it in two)
         if not ranges:
             del self.skipped_ids[name]
+        self._skipped_changed(name)
         return tuple(taken)
 
     def _skipped_ranges(self, name: str) -> list[tuple[int, int]]:
@@ -1043,9 +1067,44 @@ class Topic:
         ranges = self.skipped_ids.get(name)
         if ranges is None:
             if len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
-                del self.skipped_ids[next(iter(self.skipped_ids))]
+                oldest = next(iter(self.skipped_ids))
+                del self.skipped_ids[oldest]
+                self._skipped_changed(oldest)
             ranges = self.skipped_ids[name] = []
         return ranges
+
+    def _skipped_changed(self, name: str) -> None:
+        """Record producer ``name``'s skipped ids in the topic's properties (its newest
+        ``SKIPPED_IDS_PERSISTED_MAX`` ranges; written with the ledger list's next change), so that a later owner
+        starts from them (``restore_skipped_ids``)."""
+        ranges = self.skipped_ids.get(name, ())
+        text = ",".join(f"{lo}-{hi}" for lo, hi in ranges[-SKIPPED_IDS_PERSISTED_MAX:])
+        if text or name in self._skipped_recorded:
+            self.ml.set_property(SKIPPED_IDS_PROPERTY + name, text)
+            if text:
+                self._skipped_recorded.add(name)
+            else:
+                self._skipped_recorded.discard(name)
+
+    def restore_skipped_ids(self) -> None:
+        """A new owner's ``skipped_ids`` as the topic's properties recorded them (``_skipped_changed``); a value
+        that does not parse is ignored (its producer's batch behind a delayed message would be taken for a
+        resend, as before these were recorded)."""
+        for key, value in self.ml.properties.items():
+            if not key.startswith(SKIPPED_IDS_PROPERTY) or not value:
+                continue
+            name = key[len(SKIPPED_IDS_PROPERTY) :]
+            self._skipped_recorded.add(name)
+            try:
+                ranges = [(int(lo), int(hi)) for lo, hi in (r.split("-", 1) for r in value.split(","))]
+            except ValueError:
+                log.warning(
+                    "topic %s: property %s=%r is not a list of id ranges; ignored", self.key, key, value
+                )
+                continue
+            good = sorted((lo, hi) for lo, hi in ranges if 0 <= lo <= hi)
+            if good:
+                self._skipped_ranges(name)[:] = good[-SKIPPED_IDS_MAX:]
 
     def add_producer(self, p: Producer) -> None:
         self.producers[id(p)] = p
@@ -1191,6 +1250,7 @@ class Topic:
                     ranges = self._skipped_ranges(p.name)
                     ranges.extend(rec.fills)
                     ranges.sort()
+                    self._skipped_changed(p.name)
                 p.session.conn.close(f"persistence failed: {error}")
         else:
             rec.position = position
@@ -1221,6 +1281,7 @@ class Topic:
                     with contextlib.suppress(ValueError):
                         stored[k[len("dedup/") :]] = int(v)
             self.last_sequence.update(stored)
+            self.restore_skipped_ids()
         ledgers = self.ml.view().ledgers
         tail = [(lid, n) for lid, n in ledgers[:-1] if n > 0]
         if not tail:
@@ -1261,7 +1322,7 @@ class Topic:
         learnt = {name: seq for name, seq in self.last_sequence.items() if seq > stored.get(name, -1)}
         for name, seq in learnt.items():
             self.ml.set_property(f"dedup/{name}", str(seq))
-        if learnt:
+        if learnt or spans:
             await self.ml.save_properties()
 
     def _learn_skipped_ids(self, name: str, persisted: int, spans: list[tuple[int, int]]) -> None:
@@ -1269,15 +1330,24 @@ class Topic:
         with the ledger list, so every id of the ledgers before the tail is at most that) that none of its
         sends in the tail ledger (``spans``, first and last id each) covers. They were never stored: the
         previous owner had them in its ``skipped_ids``, and a batch still in the client then, resent to this
-        owner, fills them (stored, not dropped as a resend of the delayed messages that jumped over it)."""
+        owner, fills them (stored, not dropped as a resend of the delayed messages that jumped over it).
+
+        Added to the ranges the properties recorded (``restore_skipped_ids``: what the previous owner knew at its
+        clean close or at its last rollover), less the ids the tail ledger's sends cover (filled since)."""
         ranges: list[tuple[int, int]] = []
         nxt = persisted + 1
         for lo, hi in sorted(spans):
             if lo > nxt:
                 ranges.append((nxt, lo - 1))
             nxt = max(nxt, hi + 1)
-        if ranges:
+        for lo, hi in self.skipped_ids.get(name, ()):
+            ranges.extend(_subtract_spans(lo, hi, spans))
+        ranges = sorted(set(ranges))
+        if ranges or name in self.skipped_ids:
             self._skipped_ranges(name)[:] = ranges[-SKIPPED_IDS_MAX:]
+            if not ranges:
+                del self.skipped_ids[name]
+            self._skipped_changed(name)
 
     # -- backlog quota ----------------------------------------------------------------------------------------
 

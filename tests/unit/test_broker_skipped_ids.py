@@ -3,13 +3,37 @@ delayed messages go ahead of its batch), which dedup must not take for resends, 
 
 from __future__ import annotations
 
-from topic_broker.service import SKIPPED_IDS_MAX, SKIPPED_IDS_PRODUCERS_MAX, Topic
+from typing import Any
+
+from topic_broker.service import (
+    SKIPPED_IDS_MAX,
+    SKIPPED_IDS_PERSISTED_MAX,
+    SKIPPED_IDS_PRODUCERS_MAX,
+    SKIPPED_IDS_PROPERTY,
+    Topic,
+)
 
 
-def bookkeeping() -> Topic:
+class _Properties:
+    """The managed ledger's properties as the dedup bookkeeping uses them (set now, written with the list)."""
+
+    def __init__(self, properties: dict[str, str] | None = None) -> None:
+        self.properties = dict(properties or {})
+
+    def set_property(self, key: str, value: str) -> None:
+        self.properties[key] = value
+
+
+def bookkeeping(properties: dict[str, str] | None = None) -> Topic:
     t = Topic.__new__(Topic)  # only the dedup bookkeeping fills_skipped_id reads and writes
-    t.last_sequence, t.skipped_ids = {}, {}
+    t.last_sequence, t.skipped_ids, t._skipped_recorded = {}, {}, set()
+    t.key = "persistent://public/default/t"
+    t.ml = _Properties(properties)  # type: ignore[assignment]
     return t
+
+
+def recorded(t: Topic, name: str = "p") -> Any:
+    return t.ml.properties.get(SKIPPED_IDS_PROPERTY + name)
 
 
 def stored(t: Topic, name: str, seq: int, high: int | None = None) -> bool:
@@ -64,3 +88,60 @@ def test_the_ranges_remembered_stay_bounded_when_fills_split_them() -> None:
     for seq in range(1, 4 * SKIPPED_IDS_MAX, 2):  # each fill splits the range it falls in
         assert stored(t, "p", seq)
     assert len(t.skipped_ids["p"]) <= SKIPPED_IDS_MAX
+
+
+def test_the_skipped_ids_are_recorded_in_the_topics_properties_until_filled() -> None:
+    t = bookkeeping()
+    for seq in (0, 2, 4):
+        stored(t, "p", seq)
+    assert recorded(t) == "1-1,3-3"
+    assert stored(t, "p", 1)
+    assert recorded(t) == "3-3"
+    assert stored(t, "p", 3, high=5)
+    assert recorded(t) == ""  # all filled: cleared, not left for the next owner
+    stored(t, "q", 0)
+    assert recorded(t, "q") is None  # a producer that skips nothing writes nothing
+
+
+def test_a_new_owner_starts_from_the_recorded_skipped_ids_and_the_batch_fills_them() -> None:
+    """A clean restart or an unload: the delayed 0, 2, 4 stored, the batch 1, 3, 5 still in the client. With
+    the last id at 4 and no skipped ids, the next owner took the batch for a resend and dropped it."""
+    old = bookkeeping()
+    for seq in (0, 2, 4):
+        stored(old, "p", seq)
+    new = bookkeeping(old.ml.properties)
+    new.last_sequence["p"] = 4  # dedup/p, recorded with the same list
+    new.restore_skipped_ids()
+    assert new.skipped_ids == {"p": [(1, 1), (3, 3)]}
+    assert stored(new, "p", 1, high=5)
+    assert not stored(new, "p", 1, high=5)  # and its resend is one
+
+
+def test_the_recorded_ranges_are_bounded_and_a_value_that_does_not_parse_is_ignored() -> None:
+    t = bookkeeping()
+    for seq in range(0, 4 * SKIPPED_IDS_PERSISTED_MAX, 2):
+        stored(t, "p", seq)
+    assert len(recorded(t).split(",")) == SKIPPED_IDS_PERSISTED_MAX
+    assert recorded(t).endswith(f"{4 * SKIPPED_IDS_PERSISTED_MAX - 3}-{4 * SKIPPED_IDS_PERSISTED_MAX - 3}")
+    bad = bookkeeping({SKIPPED_IDS_PROPERTY + "p": "1-x", SKIPPED_IDS_PROPERTY + "q": "3-3,7-9"})
+    bad.restore_skipped_ids()
+    assert bad.skipped_ids == {"q": [(3, 3), (7, 9)]}
+
+
+def test_a_producer_forgotten_over_the_bound_is_cleared_from_the_properties_too() -> None:
+    t = bookkeeping()
+    for i in range(SKIPPED_IDS_PRODUCERS_MAX + 1):
+        stored(t, f"p{i}", 5)
+    assert recorded(t, "p0") == "" and recorded(t, "p1") == "0-4"
+
+
+def test_the_tail_ledgers_sends_take_out_the_recorded_ids_they_filled_and_add_the_gaps_above() -> None:
+    """After a kill -9: the properties hold what the owner knew at its last rollover; the tail ledger holds
+    what it stored since (a fill of 3, a send of 9 that jumped over 7 and 8)."""
+    t = bookkeeping({SKIPPED_IDS_PROPERTY + "p": "1-1,3-3"})
+    t.restore_skipped_ids()
+    t._learn_skipped_ids("p", 6, [(3, 3), (9, 9)])
+    assert t.skipped_ids == {"p": [(1, 1), (7, 8)]}
+    assert recorded(t) == "1-1,7-8"
+    t._learn_skipped_ids("p", 9, [(1, 1), (7, 8)])  # all filled
+    assert "p" not in t.skipped_ids and recorded(t) == ""
