@@ -454,10 +454,13 @@ class Bookie:
 
             with contextlib.suppress(MetadataError):
                 if cfg.id in BookieRegistry(self.store).all():  # the usual cause then: a second bookie
+                    # ... or this very bookie, crashed moments ago, restarted on a wiped or swapped disk: its
+                    # old registration outlives it by a session, so say what the directories show as well
                     raise CookieRefusal(
                         f"bookie {cfg.id} is running already (registered in ZooKeeper: another process has this "
                         "id, or one stopped less than its ZooKeeper session ago), and the data directories are "
-                        "not its: a second bookie needs its own --port or --bookie-id"
+                        "not its: a second bookie needs its own --port or --bookie-id. If no other process has "
+                        f"this id (it stopped moments ago), its directories do not match: {e}"
                     ) from None
             raise CookieRefusal(str(e)) from None
         if verdict == cookies.CookieVerdict.NEW:
