@@ -985,8 +985,8 @@ def _dispatch_entry(pos: Position, data: bytes) -> DispatchEntry:
     try:
         md, _ = wire.parse_entry(data, verify_checksum=False)
     except wire.EntryFormatError:
-        return DispatchEntry(pos, 1, b"", data)
-    key = md.ordering_key or (md.partition_key.encode() if md.partition_key else b"")
+        return DispatchEntry(pos, 1, wire.NONE_KEY, data)
+    key = wire.sticky_key(md)
     n = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
     deliver_at = md.deliver_at_time if md.HasField("deliver_at_time") else None
     return DispatchEntry(pos, max(1, n), key, data, deliver_at)

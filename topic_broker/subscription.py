@@ -26,10 +26,11 @@ Rules (Pulsar's, as the official client expects them):
 - Exclusive: one consumer; a second one is refused (ConsumerBusy). Failover: every consumer is attached but one
   is active: consumers sorted by (priority, name), index = partition % count (0 for a non-partitioned topic).
   Exclusive and Failover deliver in position order, and replays (redeliveries) go before new entries.
-- Shared: round robin over the consumers that have permits. Key_Shared: an entry's key (ordering key, else
-  partition key, else the empty key) maps to one consumer through a hash ring (auto split) or the consumer's
-  declared hash ranges (sticky); a key stays with the consumer that holds unacked messages of it, so a key is
-  never on two consumers at once, and an entry never overtakes an earlier entry of its key waiting for replay.
+- Shared: round robin over the consumers that have permits. Key_Shared: an entry's key (``wire.sticky_key``:
+  ordering key, else partition key, else NONE_KEY) maps to one consumer through a hash ring (auto split) or the
+  consumer's declared hash ranges (sticky), by Pulsar's hash of the key (:func:`key_hash`); a key stays with
+  the consumer that holds unacked messages of it, so a key is never on two consumers at once, and an entry
+  never overtakes an earlier entry of its key waiting for replay.
   A consumer of another Key_Shared mode (sticky / auto split) or out-of-order setting than the attached ones is
   refused (ConsumerBusy); sticky ranges that are empty, outside [0, 65535] or overlap another consumer's are
   refused with ConsumerAssignError, which the client does not retry.
@@ -50,8 +51,9 @@ from __future__ import annotations
 
 import bisect
 import enum
-import hashlib
+import functools
 import heapq
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +76,7 @@ __all__ = [
     "Subscription",
     "acked_mask",
     "key_hash",
+    "murmur3_32",
     "unacked_set",
 ]
 
@@ -108,9 +111,39 @@ class ConsumerAssignError(ConsumerBusyError):
     """Key_Shared sticky hash ranges the subscription cannot give this consumer (Pulsar's ConsumerAssignError)."""
 
 
+def murmur3_32(data: bytes, seed: int = 0) -> int:
+    """MurmurHash3 (x86, 32 bits) of ``data``, unsigned."""
+    m = 0xFFFFFFFF
+    h = seed & m
+    n = len(data) // 4
+    for k in struct.unpack_from(f"<{n}I", data):
+        k = (k * 0xCC9E2D51) & m
+        k = ((k << 15) | (k >> 17)) & m
+        h ^= (k * 0x1B873593) & m
+        h = ((h << 13) | (h >> 19)) & m
+        h = (h * 5 + 0xE6546B64) & m
+    tail = data[4 * n :]
+    if tail:
+        k = (int.from_bytes(tail, "little") * 0xCC9E2D51) & m
+        k = ((k << 15) | (k >> 17)) & m
+        h ^= (k * 0x1B873593) & m
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & m
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & m
+    return h ^ (h >> 16)
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_key_hash(key: bytes) -> int:
+    return (murmur3_32(key) & 0x7FFFFFFF) % HASH_RANGE_SIZE
+
+
 def key_hash(key: bytes) -> int:
-    """The Key_Shared hash of a key, in [0, HASH_RANGE_SIZE)."""
-    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
+    """The Key_Shared hash of a key, in [0, HASH_RANGE_SIZE): Pulsar's (its ``Murmur3_32Hash``, the sign bit
+    cleared, modulo the range size), so sticky hash ranges take the keys they take with Pulsar's broker."""
+    return _short_key_hash(key) if len(key) <= 256 else (murmur3_32(key) & 0x7FFFFFFF) % HASH_RANGE_SIZE
 
 
 def acked_mask(ack_set: Sequence[int], num_messages: int) -> int:

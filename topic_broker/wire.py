@@ -33,6 +33,7 @@ Errors::
 
 from __future__ import annotations
 
+import base64
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
@@ -57,6 +58,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
     "FRAME_PADDING_SIZE",
     "LEDGER_ENTRY_MAX",
+    "NONE_KEY",
     "EntryFormatError",
     "Frame",
     "FrameDecoder",
@@ -94,6 +96,7 @@ __all__ = [
     "pong",
     "producer_success",
     "signed64",
+    "sticky_key",
     "send_error",
     "send_receipt",
     "success",
@@ -845,6 +848,26 @@ def parse_entry(
     if not metadata.IsInitialized():
         raise EntryFormatError(f"MessageMetadata lacks {', '.join(metadata.FindInitializationErrors())}")
     return metadata, view[payload_start:]
+
+
+#: The Key_Shared key of a message without an ordering or partition key (Pulsar's).
+NONE_KEY: Final = b"NONE_KEY"
+
+
+def sticky_key(metadata: pb.MessageMetadata) -> bytes:
+    """The key a Key_Shared subscription routes an entry by, as Pulsar's ``Commands.peekStickyKey``: the ordering
+    key, else the partition key (base64-decoded when ``partition_key_b64_encoded``: a KeyValue SEPARATED key),
+    else :data:`NONE_KEY`."""
+    if metadata.HasField("ordering_key"):
+        return metadata.ordering_key
+    if metadata.HasField("partition_key"):
+        if metadata.partition_key_b64_encoded:
+            try:
+                return base64.b64decode(metadata.partition_key, validate=True)
+            except ValueError:
+                pass
+        return metadata.partition_key.encode()
+    return NONE_KEY
 
 
 def entry_message_count(metadata: pb.MessageMetadata) -> int:

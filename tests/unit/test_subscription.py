@@ -344,6 +344,31 @@ def test_key_shared_sticky_ranges() -> None:
     assert sub.consumer_for_key(b"k") == 1
 
 
+def test_key_hash_is_pulsars_murmur3_and_the_sticky_key_its_peek() -> None:
+    """Pulsar's Key_Shared hash: Murmur3_32 (the published test vectors), the sign bit cleared, modulo 65536;
+    the key an entry is routed by: ordering key, else partition key (base64-decoded when so flagged), else
+    NONE_KEY."""
+    import base64
+
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker.subscription import key_hash, murmur3_32
+    from topic_broker.wire import sticky_key
+
+    assert murmur3_32(b"") == 0
+    assert murmur3_32(b"hello") == 0x248BFA47
+    assert murmur3_32(b"The quick brown fox jumps over the lazy dog") == 0x2E4FF723
+    assert key_hash(b"orders-eu") == 0x9399  # 0xdda99399 & 0x7fffffff
+    assert key_hash(b"x" * 1000) == (murmur3_32(b"x" * 1000) & 0x7FFFFFFF) % 65536
+    md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=0)
+    assert sticky_key(md) == b"NONE_KEY"
+    md.partition_key = base64.b64encode(b"\x00\xff").decode()
+    assert sticky_key(md) == md.partition_key.encode()
+    md.partition_key_b64_encoded = True
+    assert sticky_key(md) == b"\x00\xff"
+    md.ordering_key = b"o"
+    assert sticky_key(md) == b"o"
+
+
 def test_key_shared_modes_do_not_mix_and_bad_sticky_ranges_are_assign_errors() -> None:
     """As Pulsar: another Key_Shared mode or out-of-order setting than the attached consumers' is ConsumerBusy;
     empty, out-of-range or overlapping sticky ranges are ConsumerAssignError (which the client does not retry)."""
