@@ -67,7 +67,9 @@ over the same topics different names; a subscription that exists and was not mad
 application's, is refused, naming the option) on every partition: its cursor znode
 ``managed-ledgers/<ml>/cursors/<sub>`` (property ``spark-topic-query`` = 1 marks it as a query's) gets
 ``mark_delete`` = the position before the committed end, so retention (the broker trims only ledgers every
-cursor consumed) keeps what Spark has not processed. ``Trigger.AvailableNow`` reads up to the latest positions
+cursor consumed) keeps what Spark has not processed; properties ``spark-topic-mark-ledger``/``-entry`` record that
+position too, so a restart tells the query's own commit from a move by another (the message TTL, a skip, a reset),
+after which a trimmed ledger is checked as lost. ``Trigger.AvailableNow`` reads up to the latest positions
 seen when the query starts, in as many micro-batches as the read limit makes.
 """
 
@@ -473,7 +475,12 @@ class _Driver:
                 self._check_ours(part, cur.value)
             info = CursorInfo(
                 mark_delete=mark_delete,
-                properties={**(cur.value.properties if cur is not None else {}), SPARK_CURSOR_PROPERTY: 1},
+                properties={
+                    **(cur.value.properties if cur is not None else {}),
+                    SPARK_CURSOR_PROPERTY: 1,
+                    SPARK_MARK_LEDGER_PROPERTY: mark_delete[0],
+                    SPARK_MARK_ENTRY_PROPERTY: mark_delete[1],
+                },
                 last_active_ms=int(time.time() * 1000),
             )
             try:
@@ -484,6 +491,9 @@ class _Driver:
         raise RuntimeError(f"{part.name}: subscription {sub} keeps changing under the commit")
 
     def committed(self, part: PartitionRef) -> Pos | None:
+        """What the query itself committed on the partition, as its subscription stores it; None when the
+        subscription is gone, or when another moved it past that (the message TTL, a skip, a reset, a consumer):
+        the broker may then have trimmed entries the query never read, so that position vouches for nothing."""
         from zk import layout
         from zk.managed_ledgers import CursorInfo
 
@@ -492,6 +502,20 @@ class _Driver:
             return None
         info = CursorInfo.from_json(v.value)
         self._check_ours(part, info)
+        props = info.properties
+        if SPARK_MARK_LEDGER_PROPERTY not in props or SPARK_MARK_ENTRY_PROPERTY not in props:
+            return info.mark_delete  # committed before the query recorded its own position
+        own = (int(props[SPARK_MARK_LEDGER_PROPERTY]), int(props[SPARK_MARK_ENTRY_PROPERTY]))
+        if info.mark_delete > own:
+            log.warning(
+                "%s: subscription %s stands at %s, past the query's %s: moved by another (message TTL, skip, "
+                "reset); ledgers trimmed since are checked as lost",
+                part.name,
+                self.opts.subscription,
+                info.mark_delete,
+                own,
+            )
+            return None
         return info.mark_delete
 
 
@@ -506,6 +530,9 @@ def _prev_ledger(snap: Snapshot, ledger_id: int) -> int:
 
 #: The property a topic query's subscription carries (its cursor's ``properties``): made by Spark, Spark's to move.
 SPARK_CURSOR_PROPERTY = "spark-topic-query"
+#: The position (ledger, entry) of the query's own last commit, beside the mark-delete that others may move.
+SPARK_MARK_LEDGER_PROPERTY = "spark-topic-mark-ledger"
+SPARK_MARK_ENTRY_PROPERTY = "spark-topic-mark-entry"
 
 #: How many entries before a range a reader looks back for the earlier chunks of a chunked message it finishes.
 CHUNK_LOOKBACK_ENTRIES = 10_000

@@ -1,0 +1,66 @@
+"""The ``topic`` source on a user's second day: a stream's subscription that the message TTL (or an operator's
+skip) moved past what the query had read, and the broker then trimmed, is a loss ``failOnDataLoss`` reports. One
+cluster (ZooKeeper, 3 bookies, one broker, ledgers of 20 entries) for the module, as in ``test_user_scenarios``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.spark import test_user_scenarios as users
+from tests.spark.test_user_scenarios import Cluster
+
+pulsar = pytest.importorskip("pulsar")
+cluster = users.cluster  # the module's own cluster, built as that module builds it
+
+
+def test_a_stream_whose_subscription_the_ttl_moved_past_unread_ledgers_fails_on_the_loss(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """The stream reads 10 messages and stops; 45 more come (three ledgers in all), then every subscription's
+    messages expire (``expire-messages-all-subscriptions``, what a namespace's message TTL does each check)
+    and retention 0 trims the ledgers the stream never read. The restart fails naming the ledger its
+    checkpoint stands in (it read the 15 messages left and lost 30 silently: the check took the subscription's
+    position, which the TTL had moved, for the query's own), until ``failOnDataLoss`` is false."""
+    from pyspark.errors import StreamingQueryException
+
+    cluster.admin("PUT", "/admin/v2/tenants/ttl", {"allowedClusters": ["ledgerstore"], "adminRoles": []})
+    cluster.admin("PUT", "/admin/v2/namespaces/ttl/ns", {})
+    topic = "persistent://ttl/ns/t"
+    client = cluster.client()
+    try:
+        p = client.create_producer(topic, batching_enabled=False)
+        for i in range(10):
+            p.send(f"a{i}".encode())
+        time.sleep(1.5)  # the explicit LAC: the stream's first run sees all 10
+
+        def run(**options: str) -> int:
+            return cluster.available_now(
+                spark, tmp_path, topic=topic, subscriptionName="spark-ttl", **options
+            )
+
+        assert run() == 10
+        first = json.loads(cluster.admin("GET", "/admin/v2/persistent/ttl/ns/t/internalStats"))["ledgers"]
+        assert len(first) == 1
+        for i in range(45):
+            p.send(f"b{i}".encode())
+        time.sleep(1.5)  # every message published over a second ago
+        moved = cluster.admin("POST", "/admin/v2/persistent/ttl/ns/t/all_subscription/expireMessages/1")
+        assert moved is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stats = json.loads(cluster.admin("GET", "/admin/v2/persistent/ttl/ns/t/internalStats"))
+            if stats["ledgers"][0]["ledgerId"] > first[0]["ledgerId"] + 1:
+                break
+            time.sleep(0.5)
+        left = [(led["ledgerId"], led["entries"]) for led in stats["ledgers"]]
+        assert len(left) == 1 and left[0][0] > first[0]["ledgerId"], f"the broker trimmed: {left}"
+        with pytest.raises(StreamingQueryException, match=f"ledger {first[0]['ledgerId']} was deleted"):
+            run()
+        assert run(failOnDataLoss="false") == 15
+    finally:
+        client.close()
