@@ -189,6 +189,25 @@ def _time(raw: object, option: str) -> int:
     return v
 
 
+def _check_ending_after_starting(starting: OffsetSpec, ending: OffsetSpec) -> None:
+    """An end at or before the start reads nothing: a mistake (times swapped, a position copied from the wrong
+    row), refused naming the ending option as ``endingOffsets``' ``earliest`` is, not an empty DataFrame."""
+    if starting.kind == "time" and ending.kind == "time" and ending.time_ms <= starting.time_ms:
+        raise TopicOptionError(
+            "endingTime",
+            f"{ending.time_ms} is not after startingTime {starting.time_ms}: the query would read nothing "
+            "(the start is inclusive, the end exclusive)",
+        )
+    starts = {name: (lid, eid) for name, lid, eid in starting.positions if lid >= 0}
+    for name, lid, eid in ending.positions:
+        if lid >= 0 and name in starts and (lid, eid) <= starts[name]:
+            raise TopicOptionError(
+                "endingOffsets",
+                f"[{lid}, {eid}] of {name} is not after its startingOffsets position "
+                f"{list(starts[name])}: the query would read nothing from it (the end is exclusive)",
+            )
+
+
 def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> TopicOptions:
     """Check every option; raise :class:`TopicOptionError` naming the first bad one."""
     opts = {str(k).lower(): v for k, v in options.items()}
@@ -254,6 +273,7 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
             raise TopicOptionError("endingOffsets", "'earliest' for a partition would read nothing from it")
     if any(p[1] == -3 for p in starting.positions) and not streaming:
         pass  # 'latest' as a batch start simply reads nothing from that partition
+    _check_ending_after_starting(starting, ending)
 
     sub_raw = opts.get("subscriptionname")
     if sub_raw is not None:

@@ -36,7 +36,9 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   ``[ledgerId, entryId + 1]``.
 * ``startingTime`` / ``endingTime`` (ms since the epoch, publish time): start at the first entry published at or
   after ``startingTime``; stop before the first entry published at or after ``endingTime`` (found by binary search
-  over each partition's entries; the messages of a batch entry share its publish time).
+  over each partition's entries; the messages of a batch entry share its publish time). An ``endingTime`` not after
+  ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read
+  nothing and is refused naming the option.
 * ``failOnDataLoss`` (default true): a ledger deleted (trimmed by retention) before the query read it fails the
   query naming the ledger; false skips it with a warning.
 * streaming: ``maxEntriesPerTrigger`` (admission control counted in ledger entries: a batch entry counts once),

@@ -5,6 +5,7 @@ cluster (ZooKeeper, 3 bookies, one broker, ledgers of 20 entries) for the module
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -64,3 +65,37 @@ def test_a_stream_whose_subscription_the_ttl_moved_past_unread_ledgers_fails_on_
         assert run(failOnDataLoss="false") == 15
     finally:
         client.close()
+
+
+def test_an_end_at_or_before_the_start_fails_when_the_dataframe_is_defined(
+    cluster: Cluster, spark: Any
+) -> None:
+    """``endingTime`` not after ``startingTime`` (the two swapped), or an ``endingOffsets`` position at or before
+    the partition's ``startingOffsets`` one, reads nothing: refused naming the option, as ``endingOffsets``
+    'earliest' is (both gave an empty DataFrame without a word)."""
+    topic = "persistent://public/default/ends"
+    ids = users.produce(cluster, topic, 10, batching_enabled=False)
+    time.sleep(1.5)  # the explicit LAC
+    t0, t1 = ids[2][0], ids[7][0]
+    first = [t0.ledger_id(), t0.entry_id()]
+    assert cluster.read(spark, topic=topic, startingOffsets=json.dumps({topic: first})).count() == 8
+    publish = sorted(users.ms(r["__publishTime"]) for r in cluster.read(spark, topic=topic).collect())
+    with pytest.raises(Exception, match=f"option 'endingTime': {publish[0]} is not after startingTime"):
+        cluster.read(spark, topic=topic, startingTime=str(publish[-1]), endingTime=str(publish[0]))
+    for end in ([t0.ledger_id(), t0.entry_id()], [t0.ledger_id(), 0]):
+        with pytest.raises(
+            Exception, match=f"option 'endingOffsets': {re.escape(str(end))} of {topic} is not"
+        ):
+            cluster.read(
+                spark,
+                topic=topic,
+                startingOffsets=json.dumps({topic: first}),
+                endingOffsets=json.dumps({topic: end}),
+            )
+    ending = json.dumps({topic: [t1.ledger_id(), t1.entry_id()]})
+    assert (
+        cluster.read(
+            spark, topic=topic, startingOffsets=json.dumps({topic: first}), endingOffsets=ending
+        ).count()
+        == 5
+    )
