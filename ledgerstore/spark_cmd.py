@@ -35,6 +35,7 @@ _FLAGS = {
     "entriesPerPartition": "--entries-per-partition",
 }
 _SOURCE_OPTION = re.compile(r"\b(?:ledger|topic) source option '([-\w]+)'")
+_OPTION_NAMED = re.compile(r"\boption '([-\w]+)'")
 _SKIP_ADVICE = re.compile(r" \(failOnDataLoss is true; set option failOnDataLoss=false [^)]*\)")
 
 
@@ -127,11 +128,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _in_flags(line: str) -> str:
-    """A source's message in the command's words: its options named by the flags that set them, and no
+    """A source's message in the command's words: its options named by the flags that set them (the one at
+    fault and those its advice names: "select the ones it opens with option --ledgers"), and no
     advice to set ``failOnDataLoss``, which a job does not offer (a ledger is left out with ``--ledgers``)."""
-    line = _SOURCE_OPTION.sub(
-        lambda m: f"option {_FLAGS[m.group(1)]}" if m.group(1) in _FLAGS else m.group(0), line
-    )
+    for pattern in (_SOURCE_OPTION, _OPTION_NAMED):  # the option at fault, then any the advice names
+        line = pattern.sub(
+            lambda m: f"option {_FLAGS[m.group(1)]}" if m.group(1) in _FLAGS else m.group(0), line
+        )
     advice = " (leave it out with --ledgers)" if "LedgerDataLossError" in line else ""
     return _SKIP_ADVICE.sub(advice, line)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.spark import test_jobs_cli_errors as jobs_cli
 from tests.spark import test_user_scenarios as users
 from tests.spark.test_user_scenarios import Cluster
 
@@ -99,3 +100,30 @@ def test_an_end_at_or_before_the_start_fails_when_the_dataframe_is_defined(
         ).count()
         == 5
     )
+
+
+def test_a_job_over_ledgers_of_two_passwords_names_the_flag_that_selects_them(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``ledgerstore spark ledger-health`` over a ledger of the empty password and one of another: the refusal
+    speaks of the job's flags throughout; its advice said "select the ones it opens with option 'ledgers'", a
+    source option no job has."""
+    from ledger_client import ClientConfig
+    from ledger_client.sync import BookKeeper
+
+    bk = BookKeeper.connect(cluster.zk, config=ClientConfig(zk_root=cluster.root))
+    try:
+        ids = []
+        for password in (b"", b"other"):
+            lh = bk.create_ledger(3, 2, 2, password=password)
+            lh.append_many([b"x" * 10] * 3)
+            lh.close()
+            ids.append(int(lh.ledger_id))
+    finally:
+        bk.close()
+    r = jobs_cli.ledgerstore(
+        cluster.bookies, "ledger-health", "--ledgers", f"{ids[0]},{ids[1]}", "--out", str(tmp_path)
+    )
+    assert r.returncode != 0
+    assert f"option --password: wrong password for ledger {ids[1]}" in r.stderr, r.stderr[-2000:]
+    assert "select the ones it opens with option --ledgers" in r.stderr, r.stderr[-2000:]
