@@ -64,8 +64,9 @@ Partitions added to a topic while the query runs are picked up and read from the
 ``commit(end)`` (and the planning of each micro-batch, whose start is the end of the completed previous one:
 Spark commits a batch only when it plans the next one with data) moves the durable subscription
 ``subscriptionName`` (default ``spark-topic-<hash>`` of the query's
-zkRoot, topics and starting position: one stable name per query definition, never random per run; give two queries
-over the same topics different names; a subscription that exists and was not made by a topic query, an
+zkRoot, topics and starting position: one stable name per query definition, never random per run, so a restart
+with one of those changed moves a new subscription and leaves the old one holding retention: give a long-lived
+query its own name; give two queries over the same topics different names; a subscription that exists and was not made by a topic query, an
 application's, is refused, naming the option) on every partition: its cursor znode
 ``managed-ledgers/<ml>/cursors/<sub>`` (property ``spark-topic-query`` = 1 marks it as a query's) gets
 ``mark_delete`` = the position before the committed end, so retention (the broker trims only ledgers every
