@@ -1,6 +1,7 @@
-"""The ``topic`` source on a user's second day: a stream's subscription that the message TTL (or an operator's
-skip) moved past what the query had read, and the broker then trimmed, is a loss ``failOnDataLoss`` reports. One
-cluster (ZooKeeper, 3 bookies, one broker, ledgers of 20 entries) for the module, as in ``test_user_scenarios``."""
+"""The Spark sources on a user's second day: a stream's subscription that the message TTL (or an operator's skip)
+moved past what the query had read, and the broker then trimmed, is a loss ``failOnDataLoss`` reports; an end at
+or before the start is refused naming the option; a job's refusal names its flags. One cluster (ZooKeeper, 3
+bookies, one broker, ledgers of 20 entries) for the module, as in ``test_user_scenarios``."""
 
 from __future__ import annotations
 
