@@ -85,6 +85,12 @@ APPLICATION = b"ledgerstore-broker"
 COMPONENT = b"managed-ledger"
 
 
+#: The first wait after a failed rollover (no new ledger: too few bookies, ZooKeeper away) before it is tried again;
+#: each further failure doubles it, up to ROLLOVER_RETRY_MAX_S
+ROLLOVER_RETRY_MIN_S = 0.5
+ROLLOVER_RETRY_MAX_S = 5.0
+
+
 class ManagedLedgerError(Exception):
     code: ClassVar[str] = "MANAGED_LEDGER"
     retriable: ClassVar[bool] = True
@@ -385,6 +391,12 @@ class ManagedLedger:
         # ledgers are known by their LedgerInfo.messages total (0: one per entry)
         self._entry_messages: dict[int, array[int]] = {}
         self._current_failed = False
+        #: the current ledger's closed record once a rollover closed it: a rollover that failed after the close
+        #: (no new ledger: too few bookies) is retried at the next append, and closes it no second time
+        self._closed: LedgerInfo | None = None
+        self._rollover_wait_s = 0.0  # after a failed rollover: the wait before the next try, and when that is
+        self._rollover_retry_at = 0.0
+        self._rollover_error = ""
         self._cache = EntryCache(config.entry_cache_bytes)
         #: (current ledger, its last entry acknowledged and handed to its callback): what read_cached serves up to
         self._added = (current.ledger_id, current.last_add_confirmed)
@@ -640,6 +652,28 @@ class ManagedLedger:
             return True
 
     async def _rollover_locked(self) -> None:
+        """Roll over now, or fail at once while a failed rollover waits for its next try: each failure doubles
+        the wait (``ROLLOVER_RETRY_MIN_S`` to ``ROLLOVER_RETRY_MAX_S``), so that a topic short of bookies does not
+        retry (and log) at every append its producers send again."""
+        now = self._clock()
+        if now < self._rollover_retry_at:
+            raise ManagedLedgerError(
+                f"no new ledger yet ({self._rollover_error}); next try in {self._rollover_retry_at - now:.1f} s",
+                ml_name=self.name,
+            )
+        try:
+            await self._rollover_attempt()
+        except ManagedLedgerFencedError:
+            raise
+        except (ManagedLedgerError, LE.LedgerError) as e:
+            wait = min(ROLLOVER_RETRY_MAX_S, max(ROLLOVER_RETRY_MIN_S, 2 * self._rollover_wait_s))
+            self._rollover_wait_s = wait
+            self._rollover_retry_at = self._clock() + wait
+            self._rollover_error = str(e)
+            raise
+        self._rollover_wait_s = self._rollover_retry_at = 0.0
+
+    async def _rollover_attempt(self) -> None:
         async with self._meta_lock:
             old = self._current
             closed = await self._close_current()
@@ -681,8 +715,14 @@ class ManagedLedger:
         does: the recovery may find entries after it (written to some bookies before an add failed), whose
         appends were failed to their callers. A broker's producers send those again to the next ledger, so
         counting them here stored their messages twice (deduplication had forgotten their sequence ids with the
-        failure, as Pulsar does)."""
+        failure, as Pulsar does).
+
+        Closed once: a retry of a rollover that failed after this (no new ledger) gets the same record. Before,
+        each retry closed a failed ledger by recovery again, several times a second per topic while bookies
+        were short."""
         lh = self._current
+        if self._closed is not None and self._closed.ledger_id == lh.ledger_id:
+            return self._closed
         try:
             await lh.close()
             entries, size = lh.last_add_confirmed + 1, lh.length
@@ -709,13 +749,14 @@ class ManagedLedger:
                     entries - 1,
                 )
                 entries, size = self._added[1] + 1, self._added_size
-        return LedgerInfo(
+        self._closed = LedgerInfo(
             ledger_id=lh.ledger_id,
             entries=entries,
             size=size,
             timestamp_ms=int(self._clock() * 1000),
             messages=sum(self._current_messages[:entries]),
         )
+        return self._closed
 
     async def _cas(self, ledgers: Sequence[LedgerInfo]) -> None:
         """Write the new ledger list (and pending properties) at the version we hold; any failure fences."""

@@ -11,7 +11,13 @@ import pytest
 import zk
 from ledger_client import BookKeeper, ClientConfig
 from topic_broker.cursor import InitialPosition, ManagedCursor
-from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFencedError, Position
+from topic_broker.managed_ledger import (
+    ManagedLedger,
+    ManagedLedgerConfig,
+    ManagedLedgerError,
+    ManagedLedgerFencedError,
+    Position,
+)
 from zk.managed_ledgers import BrokerMetadataStore, OwnershipInfo
 
 ML = "public/default/persistent/orders"
@@ -208,3 +214,49 @@ def test_ownership_is_first_come_and_ephemeral(bookies) -> None:
         assert (await store.get_partitions(ML)).partitions == 5
 
     run(bookies, body)
+
+
+def test_a_rollover_retried_while_bookies_are_short_backs_off_and_recovers(bookies, caplog) -> None:
+    """A bookie of the ensemble dies with no spare (E3 on 3 bookies): the current ledger's writes fail, and it
+    can be neither closed by recovery (its write-back needs a third bookie) nor replaced. Appends sent again at
+    once fail at once, without another recovery (before, each one retried it: about ten a second per topic on a
+    broker, each logged); once the bookie is back the next try after the wait rolls over and appends go on."""
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        cfg = ClientConfig(zk_root=bookies.root, add_timeout_s=1.0, ensemble_change_timeout_s=1.0)
+        bk = await BookKeeper.connect(bookies.zk, config=cfg)
+        try:
+            store = BrokerMetadataStore(bk.store)
+            ml = await ManagedLedger.open(
+                bk, store, ML, ManagedLedgerConfig(ensemble_size=3, write_quorum=2, ack_quorum=2)
+            )
+            await ml.append(payload(0))
+            procs[0].kill9()
+            errors = []
+            for i in range(1, 8):
+                try:
+                    await asyncio.wait_for(ml.append(payload(i)), 30)
+                except ManagedLedgerError as e:
+                    errors.append(str(e))
+            assert len(errors) >= 5, errors
+            assert any("next try in" in e for e in errors), errors
+            recoveries = [r for r in caplog.records if "closing it by recovery" in r.getMessage()]
+            assert len(recoveries) == 1, [r.getMessage() for r in recoveries]
+            procs[0].start(wait=True)
+            for _ in range(120):
+                try:
+                    await asyncio.wait_for(ml.append(b"after"), 30)
+                    break
+                except ManagedLedgerError:
+                    await asyncio.sleep(0.5)
+            else:
+                raise AssertionError("no append succeeded after the bookie came back")
+            await ml.close()
+            info = (await store.get_ml_info(ML)).value
+            assert info.ledgers[-1].entries == 1  # b"after", in a new ledger
+        finally:
+            await bk.close()
+
+    with caplog.at_level("WARNING", logger="topic_broker.managed_ledger"):
+        asyncio.run(go())
