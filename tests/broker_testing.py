@@ -71,6 +71,22 @@ def broker(cluster: Brokers) -> BrokerProcess:
     return cluster.start()
 
 
+def produce_consume(c: Any, topic: str, n: int = 5) -> list[bytes]:
+    """``n`` messages ``m-<i>`` through a ``pulsar.Client``: subscribed from the earliest, sent, received, acked."""
+    import pulsar
+
+    consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    producer = c.create_producer(topic)
+    for i in range(n):
+        producer.send(f"m-{i}".encode())
+    got = []
+    for _ in range(n):
+        m = consumer.receive(timeout_millis=10_000)
+        consumer.acknowledge(m)
+        got.append(m.data())
+    return got
+
+
 @contextlib.contextmanager
 def module_cluster(zk_server: Any, tmp: Path, *broker_args: str) -> Iterator[Brokers]:
     """3 bookies on their own metadata root and one broker started (with ``broker_args``), for a module's tests

@@ -521,7 +521,12 @@ class AdminApp:
             raise AdminError(404, "Cluster does not exist")
         cfg = self.service.config
         return _json(
-            {"serviceUrl": cfg.web_service_url, "brokerServiceUrl": cfg.service_url, "peerClusterNames": []}
+            {
+                "serviceUrl": cfg.web_service_url,
+                "brokerServiceUrl": cfg.service_url,
+                "brokerServiceUrlTls": cfg.service_url_tls,
+                "peerClusterNames": [],
+            }
         )
 
     async def brokers(self, request: web.Request) -> web.Response:
@@ -1699,7 +1704,7 @@ class AdminApp:
         return _json(
             {
                 "brokerUrl": owner.service_url,
-                "brokerUrlTls": "",
+                "brokerUrlTls": owner.service_url_tls,
                 "httpUrl": owner.web_service_url,
                 "httpUrlTls": "",
                 "nativeUrl": owner.service_url,

@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from bookie.bk_http import add_config_routes
 from bookie.config_file import ConfigError, Effective
 from bookie.config_file import enable as enable_config_file
 from bookie.config_file import resolve as resolve_config
+from bookie.server import server_tls_context
 from bookie.server_gate import HTTP_CONNECTIONS_MAX, raise_open_files_limit
 from zk.cookies import NoClusterError
 
@@ -225,6 +227,23 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="the token the broker's ledgers are written with, for bookies that require one "
         "(default: $LEDGERSTORE_AUTH_TOKEN, else the file $LEDGERSTORE_AUTH_TOKEN_FILE names)",
     )
+    a(
+        "--tls-port",
+        type=int,
+        default=None,
+        help="serve the Pulsar protocol over TLS on this port too, for pulsar+ssl:// clients (Pulsar's "
+        "brokerServicePortTls; needs --tls-cert and --tls-key); the plaintext --port stays",
+    )
+    a(
+        "--tls-cert",
+        default=None,
+        help="the TLS port's certificate chain (PEM; Pulsar's tlsCertificateFilePath)",
+    )
+    a(
+        "--tls-key",
+        default=None,
+        help="the TLS port's private key (PEM, unencrypted; Pulsar's tlsKeyFilePath)",
+    )
     enable_config_file(p, what="broker")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
 
 
@@ -241,6 +260,30 @@ def _managed_ledger_password(args: argparse.Namespace) -> bytes:
             raise ConfigError(f"--managed-ledger-password-file: {path} has no password on its first line")
         return lines[0].encode()
     return str(args.managed_ledger_password or "").encode()
+
+
+def _tls_settings(args: argparse.Namespace) -> tuple[int | None, str | None, str | None]:
+    """--tls-port, --tls-cert, --tls-key, checked: the three go together, the port is one, and the certificate and
+    key load (a broker that would fail every TLS handshake does not start)."""
+    port = getattr(args, "tls_port", None)
+    cert = getattr(args, "tls_cert", None) or None
+    key = getattr(args, "tls_key", None) or None
+    if port is None:
+        if cert or key:
+            raise ConfigError("--tls-cert and --tls-key need --tls-port (the port that serves pulsar+ssl://)")
+        return None, None, None
+    port = int(port)
+    if not (cert and key):
+        raise ConfigError(
+            f"--tls-port {port} needs --tls-cert and --tls-key (the certificate chain and its key)"
+        )
+    if not 0 < port < 65536 or port == args.port:
+        raise ConfigError(f"--tls-port {port}: must be 1..65535 and not the plaintext --port")
+    try:
+        server_tls_context(cert, key)
+    except (OSError, ssl.SSLError) as e:  # a missing file, not PEM, a key of another certificate
+        raise ConfigError(f"--tls-cert {cert} / --tls-key {key} do not load: {e}") from e
+    return port, cert, key
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -275,6 +318,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     ttl_default = int(getattr(args, "ttl_duration_default_s", DEFAULT_TTL_DURATION_S))
     if not 0 <= ttl_default <= 2**31 - 1:  # Pulsar's Integer
         raise ConfigError(f"--ttl-duration-default-s {ttl_default}: must be 0 (none) to {2**31 - 1} seconds")
+    tls_port, tls_cert, tls_key = _tls_settings(args)
     superusers = tuple(
         r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
     )
@@ -307,6 +351,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_monitor_interval_s=interval,
         message_expiry_check_interval_s=expiry,
         ttl_duration_default_s=ttl_default,
+        tls_port=tls_port,
+        tls_cert_file=tls_cert,
+        tls_key_file=tls_key,
     )
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from typing import Any, cast
 
+from bookie.server import server_tls_context
 from bookie.server_gate import ConnectionGate
+from zk.ratelog import RateLimitedLog
 
 from .service import BrokerService, Session
 
@@ -30,6 +33,10 @@ _HELD_SMALL = 64 * 1024
 #: A peer that does not read costs this, plus the reads in flight for its consumers, whatever its permits.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 _LOG_PAUSES_EVERY_S = 5.0
+#: The TLS port: a handshake not done in this long is cut (a stranger holding connections open, a plaintext client
+#: waiting for an answer that never comes)
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+_handshake_failures = RateLimitedLog(log, 10.0)
 
 
 class BrokerProtocol(asyncio.Protocol):
@@ -42,8 +49,12 @@ class BrokerProtocol(asyncio.Protocol):
         self.partial = 0  # bytes of a partial frame counted against the server's PARTIAL_BYTES_MAX
         self.paused = False  # not read: partial frames over PARTIAL_BYTES_MAX
         self.write_paused = False  # not read: its unsent bytes over WRITE_BUFFER_HIGH
+        # On the TLS port: called if the protocol is dropped without being connected (a failed handshake)
+        self.handshake: weakref.finalize[Any, Any] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.handshake is not None:
+            self.handshake.detach()
         peer = transport.get_extra_info("peername")
         self.host = str(peer[0]) if peer else "?"
         if not self.gate.admit(self.host):
@@ -96,6 +107,8 @@ class BrokerServer:
     def __init__(self, service: BrokerService) -> None:
         self.service = service
         self._server: asyncio.base_events.Server | None = None
+        self._tls_server: asyncio.base_events.Server | None = None
+        self.tls_handshake_failures = 0
         self.gate = ConnectionGate(f"broker={service.config.id}", CONNECTIONS_MAX, CONNECTIONS_PER_PEER_MAX)
         self.partial_bytes = 0  # bytes of partial frames held for all connections
         self.partial_pauses = 0
@@ -140,12 +153,49 @@ class BrokerServer:
             reuse_address=True,
         )
         log.info("broker=%s listening on %s:%d", cfg.id, cfg.listen_address, cfg.port)
+        if cfg.tls_port is not None:
+            assert cfg.tls_cert_file and cfg.tls_key_file  # broker serve refuses a TLS port without them
+            self._tls_server = await loop.create_server(
+                self._tls_protocol,
+                cfg.listen_address,
+                cfg.tls_port,
+                reuse_address=True,
+                ssl=server_tls_context(cfg.tls_cert_file, cfg.tls_key_file),
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            )
+            log.info("broker=%s listening on %s:%d (TLS)", cfg.id, cfg.listen_address, cfg.tls_port)
+
+    def _tls_protocol(self) -> BrokerProtocol:
+        """A connection to the TLS port: served as one of the plaintext port once its handshake is done. The event
+        loop closes a connection whose handshake fails (a plaintext client, a client that does not trust the
+        certificate, a stranger, a timeout) without a word to its protocol: the protocol, dropped without having
+        been connected, says so (one warning line at most per interval, never a traceback)."""
+        proto = BrokerProtocol(self.service, self.gate, self)
+        proto.handshake = weakref.finalize(proto, self._handshake_failed)
+        proto.handshake.atexit = False
+        return proto
+
+    def _handshake_failed(self) -> None:
+        self.tls_handshake_failures += 1
+        _handshake_failures.warning(
+            "broker=%s a connection to the TLS port closed before its TLS handshake completed (%d so far): a "
+            "plaintext client, a client that does not trust the certificate, or a handshake over %g s; said at "
+            "most once per 10 s",
+            self.service.config.id,
+            self.tls_handshake_failures,
+            TLS_HANDSHAKE_TIMEOUT_S,
+        )
 
     @property
     def sockets(self) -> Any:
         return self._server.sockets if self._server else ()
 
+    @property
+    def tls_sockets(self) -> Any:
+        return self._tls_server.sockets if self._tls_server else ()
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                server.close()
+                await server.wait_closed()

@@ -203,6 +203,11 @@ class BrokerConfig:
     admin_read_auth: bool = False
     # The token the broker's own ledger client sends to bookies (None: $LEDGERSTORE_AUTH_TOKEN[_FILE])
     bookie_auth_token: str | None = None
+    # TLS on a second Pulsar port (Pulsar's brokerServicePortTls, tlsCertificateFilePath, tlsKeyFilePath), beside
+    # the plaintext one: None serves no TLS (docs/broker.md, "TLS")
+    tls_port: int | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     @property
     def id(self) -> str:
@@ -211,6 +216,11 @@ class BrokerConfig:
     @property
     def service_url(self) -> str:
         return f"pulsar://{self.advertised_address}:{self.port}"
+
+    @property
+    def service_url_tls(self) -> str:
+        """``pulsar+ssl://`` URL of the TLS port (Pulsar's brokerServiceUrlTls), "" where there is none."""
+        return f"pulsar+ssl://{self.advertised_address}:{self.tls_port}" if self.tls_port is not None else ""
 
     @property
     def web_service_url(self) -> str:
@@ -226,6 +236,19 @@ class BrokerConfig:
             min_rollover_time_s=self.min_rollover_time_s,
             max_rollover_time_s=self.max_rollover_time_s,
         )
+
+
+def lookup_answer(request_id: int, owner: OwnershipInfo, *, tls: bool) -> bytes:
+    """LOOKUP_RESPONSE sending the client to ``owner``: both its URLs, as Pulsar's broker answers (the client takes
+    brokerServiceUrlTls when it connected with pulsar+ssl://). A client over TLS is never sent to a plaintext port:
+    an owner without a TLS port fails its lookup (ServiceNotReady, the client looks up again until its operation
+    timeout, as while a topic moves)."""
+    if tls and not owner.service_url_tls:
+        why = f"the owner of this topic, broker {owner.broker_id}, serves no TLS port (its --tls-port is not set)"
+        return wire.lookup_response(request_id, error_code=pb.ServiceNotReady, message=why)
+    return wire.lookup_response(
+        request_id, broker_service_url=owner.service_url, broker_service_url_tls=owner.service_url_tls or None
+    )
 
 
 class NotOwnerError(Exception):
@@ -1742,7 +1765,11 @@ class BrokerService:
         assert self.meta is not None
         await self.meta.register_broker(
             self.config.id,
-            BrokerInfo(service_url=self.config.service_url, web_service_url=self.config.web_service_url),
+            BrokerInfo(
+                service_url=self.config.service_url,
+                web_service_url=self.config.web_service_url,
+                service_url_tls=self.config.service_url_tls,
+            ),
         )
 
     async def stop(self) -> None:
@@ -2044,6 +2071,7 @@ class BrokerService:
             broker_id=self.config.id,
             service_url=self.config.service_url,
             web_service_url=self.config.web_service_url,
+            service_url_tls=self.config.service_url_tls,
         )
 
     def topic_lost(self, topic: Topic, reason: str) -> None:
@@ -2188,7 +2216,7 @@ class BrokerService:
         except zk.MetadataError as e:
             s.send(wire.lookup_response(cmd.request_id, error_code=pb.MetadataError, message=str(e)))
             return
-        s.send(wire.lookup_response(cmd.request_id, broker_service_url=owner.service_url))
+        s.send(lookup_answer(cmd.request_id, owner, tls=s.transport.get_extra_info("ssl_object") is not None))
 
     async def _topic_for(
         self, s: Session, topic: str, request_id: int, action: str | None = None

@@ -231,14 +231,20 @@ class PartitionedTopicMetadata:
 class BrokerInfo:
     service_url: str
     web_service_url: str
+    service_url_tls: str = ""  # pulsar+ssl:// of its TLS port, "" where it serves none
 
     def to_json(self) -> JsonDict:
-        return {"service_url": self.service_url, "web_service_url": self.web_service_url}
+        d: JsonDict = {"service_url": self.service_url, "web_service_url": self.web_service_url}
+        if self.service_url_tls:
+            d["service_url_tls"] = self.service_url_tls
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BrokerInfo:
         return cls(
-            service_url=_field(d, "service_url", str), web_service_url=_field(d, "web_service_url", str, "")
+            service_url=_field(d, "service_url", str),
+            web_service_url=_field(d, "web_service_url", str, ""),
+            service_url_tls=_field(d, "service_url_tls", str, ""),
         )
 
 
@@ -247,13 +253,17 @@ class OwnershipInfo:
     broker_id: str
     service_url: str
     web_service_url: str
+    service_url_tls: str = ""  # the owner's pulsar+ssl:// URL: where a lookup over TLS sends the client
 
     def to_json(self) -> JsonDict:
-        return {
+        d: JsonDict = {
             "broker_id": self.broker_id,
             "service_url": self.service_url,
             "web_service_url": self.web_service_url,
         }
+        if self.service_url_tls:
+            d["service_url_tls"] = self.service_url_tls
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> OwnershipInfo:
@@ -261,6 +271,7 @@ class OwnershipInfo:
             broker_id=_field(d, "broker_id", str),
             service_url=_field(d, "service_url", str),
             web_service_url=_field(d, "web_service_url", str, ""),
+            service_url_tls=_field(d, "service_url_tls", str, ""),
         )
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -28,6 +26,7 @@ from ledger_client.bookie_conn import BookiePool, Security, client_tls_context
 from ledger_client.sync import BookKeeper
 from tests.abuse.helpers import http, ledger_ids, metric
 from tests.integration.rawbookie import KEY, build
+from tests.tls_testing import needs_openssl, self_signed
 from zk import MetadataStore
 from zk.ledger_metadata import Ensemble, LedgerMetadataStore
 
@@ -293,21 +292,9 @@ def test_a_reader_goes_on_with_other_replicas_when_one_answers_unauthorized(book
         store.close()
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "bookie.pem", tmp / "bookie.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    os.chmod(key, 0o600)
-    return cert, key
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a certificate")
+@needs_openssl
 def test_tls_data_plane_with_tokens_and_a_plaintext_stranger_gets_nothing(bookies, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     secret_file, secret = _secret(tmp_path)
     flags = ("--tls-cert", str(cert), "--tls-key", str(key), "--auth-secret-file", str(secret_file))
     (bp,) = bookies.start_many(1, *flags, "--auth-required")

@@ -17,7 +17,7 @@ import pytest
 
 from bookie.auth import create_token, new_secret
 from ledgerstore.cluster import BrokerProcess
-from tests.broker_testing import start_broker, topic_opening_commands
+from tests.broker_testing import produce_consume, start_broker, topic_opening_commands
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -104,25 +104,12 @@ def _topic() -> str:
     return f"persistent://public/default/auth-{uuid.uuid4().hex[:8]}"
 
 
-def _produce_consume(c: Any, topic: str, n: int = 5) -> list[bytes]:
-    consumer = c.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
-    producer = c.create_producer(topic)
-    for i in range(n):
-        producer.send(f"m-{i}".encode())
-    got = []
-    for _ in range(n):
-        m = consumer.receive(timeout_millis=10_000)
-        consumer.acknowledge(m)
-        got.append(m.data())
-    return got
-
-
 def test_tokens_authenticate_and_permissions_authorize(secure: SecureCluster) -> None:
     topic = _topic()
     # the superuser needs no grant; its ledgers reach bookies that require a token (the broker's own)
     c = secure.client(secure.tokens[SUPERUSER])
     try:
-        assert _produce_consume(c, topic) == [f"m-{i}".encode() for i in range(5)]
+        assert produce_consume(c, topic) == [f"m-{i}".encode() for i in range(5)]
     finally:
         c.close()
 
@@ -140,7 +127,7 @@ def test_tokens_authenticate_and_permissions_authorize(secure: SecureCluster) ->
         status, perms = secure.http("GET", "/admin/v2/namespaces/public/default/permissions")
         assert status == 200 and perms == {"alice": ["consume", "produce"], "bob": ["consume"]}
 
-        assert len(_produce_consume(alice, topic, 3)) == 3
+        assert len(produce_consume(alice, topic, 3)) == 3
         consumer = bob.subscribe(topic, "bob-sub", initial_position=pulsar.InitialPosition.Earliest)
         assert consumer.receive(timeout_millis=10_000).data() == b"m-0"
         consumer.close()
@@ -166,7 +153,7 @@ def test_tokens_authenticate_and_permissions_authorize(secure: SecureCluster) ->
     # the HTTP lookup (pulsar.Client("http://…")) carries the token too
     h = secure.client(secure.tokens["alice"], url=secure.http_url)
     try:
-        assert len(_produce_consume(h, _topic(), 2)) == 2
+        assert len(produce_consume(h, _topic(), 2)) == 2
     finally:
         h.close()
     status, _ = secure.http("GET", f"/lookup/v2/topic/persistent/public/default/{uuid.uuid4().hex[:6]}")
