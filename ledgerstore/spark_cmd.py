@@ -33,6 +33,8 @@ _FLAGS = {
     "topics": "--topics",
     "topicsPattern": "--topics-pattern",
     "entriesPerPartition": "--entries-per-partition",
+    "authTokenFile": "--auth-token-file",
+    "zkAuthFile": "$LEDGERSTORE_ZK_AUTH_FILE",
 }
 _SOURCE_OPTION = re.compile(r"\b(?:ledger|topic) source option '([-\w]+)'")
 _OPTION_NAMED = re.compile(r"\boption '([-\w]+)'")
@@ -98,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from spark._topic_options import TopicOptionError, parse_topic_options
     from spark.jobs import JOBS, JobOptions
     from spark.options import LedgerOptionError, parse_ledger_options
+    from zk.acl import ENV_AUTH_FILE
 
     opts = JobOptions(
         zk=args.zk,
@@ -108,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
         out_dir=args.out,
         topics=args.topics,
         topics_pattern=args.topics_pattern,
+        # the files --auth-token-file and the environment name (the job's executors may have neither)
+        auth_token_file=os.environ.get("LEDGERSTORE_AUTH_TOKEN_FILE") or None,
+        zk_auth_file=os.environ.get(ENV_AUTH_FILE) or None,
     )
     try:  # a wrong flag fails here, before Spark starts (seconds, half a GiB)
         parse_ledger_options(opts.source_options())

@@ -32,17 +32,31 @@ class JobOptions:
     #: matches in public/default); neither: every topic of public/default
     topics: str | None = None
     topics_pattern: str | None = None
+    #: files of a secured cluster's credentials (the sources' ``authTokenFile`` and ``zkAuthFile``): read where
+    #: the job plans its query and shipped with its tasks, so a cluster's executors need neither the files nor
+    #: the environment (``ledgerstore spark`` takes them from ``--auth-token-file`` and the environment)
+    auth_token_file: str | None = None
+    zk_auth_file: str | None = None
+
+    def _credentials(self) -> dict[str, str]:
+        opts = {}
+        if self.auth_token_file:
+            opts["authTokenFile"] = self.auth_token_file
+        if self.zk_auth_file:
+            opts["zkAuthFile"] = self.zk_auth_file
+        return opts
 
     def source_options(self) -> dict[str, str]:
         """The ``ledger`` source's options."""
         opts = {"zk": self.zk, "zkRoot": self.zk_root, "ledgers": self.ledgers, "password": self.password}
+        opts.update(self._credentials())
         if self.entries_per_partition is not None:
             opts["entriesPerPartition"] = str(self.entries_per_partition)
         return opts
 
     def topic_source_options(self) -> dict[str, str]:
         """The ``topic`` source's options (batch: earliest to latest)."""
-        opts = {"zk": self.zk, "zkRoot": self.zk_root, "password": self.password}
+        opts = {"zk": self.zk, "zkRoot": self.zk_root, "password": self.password, **self._credentials()}
         if self.topics:
             opts["topics"] = self.topics
         else:

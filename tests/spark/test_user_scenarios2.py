@@ -1,12 +1,16 @@
 """The Spark sources on a user's second day: a stream's subscription that the message TTL (or an operator's skip)
 moved past what the query had read, and the broker then trimmed, is a loss ``failOnDataLoss`` reports; an end at
-or before the start is refused naming the option; a job's refusal names its flags. One cluster (ZooKeeper, 3
-bookies, one broker, ledgers of 20 entries) for the module, as in ``test_user_scenarios``."""
+or before the start is refused naming the option; a job's refusal names its flags; a job on a Spark cluster
+reads a secured cluster with the command's credentials. One cluster (ZooKeeper, 3 bookies, one broker, ledgers
+of 20 entries) for the module, as in ``test_user_scenarios``, and the secured one of ``test_secured_cluster``."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,11 +18,19 @@ from typing import Any
 import pytest
 
 from tests.spark import test_jobs_cli_errors as jobs_cli
+from tests.spark import test_secured_cluster as secured_cluster
+from tests.spark import test_standalone_cluster as standalone_cluster
 from tests.spark import test_user_scenarios as users
+from tests.spark.test_secured_cluster import Secured
+from tests.spark.test_standalone_cluster import StandaloneCluster
 from tests.spark.test_user_scenarios import Cluster
 
 pulsar = pytest.importorskip("pulsar")
 cluster = users.cluster  # the module's own cluster, built as that module builds it
+secured = (
+    secured_cluster.secured
+)  # a cluster with token-checking bookies and ZooKeeper ACLs, as that module's
+standalone = standalone_cluster.standalone  # a Spark master and worker from the pyspark install
 
 
 def test_a_stream_whose_subscription_the_ttl_moved_past_unread_ledgers_fails_on_the_loss(
@@ -128,3 +140,30 @@ def test_a_job_over_ledgers_of_two_passwords_names_the_flag_that_selects_them(
     assert r.returncode != 0
     assert f"option --password: wrong password for ledger {ids[1]}" in r.stderr, r.stderr[-2000:]
     assert "select the ones it opens with option --ledgers" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_job_on_a_spark_cluster_reads_a_secured_cluster_with_the_commands_credentials(
+    secured: Secured, standalone: StandaloneCluster, tmp_path: Path
+) -> None:
+    """``ledgerstore spark topic-volume --master spark://… --auth-token-file FILE``, ZooKeeper's credentials in
+    the command's environment (``LEDGERSTORE_ZK_AUTH_FILE``), against bookies with ``--auth-required`` and
+    ZooKeeper ACLs: the executors, on a worker whose environment holds no credentials, read every message. The
+    job set none of the sources' credential options, so only the driver had them: its plan passed and every
+    task failed on the worker."""
+    cmd = [
+        sys.executable, "-m", "ledgerstore.cli", "spark", "topic-volume", "--topics", secured_cluster.BASE,
+        "--master", standalone.url, "--zk", secured.bookies.zk, "--zk-root", secured.bookies.root,
+        "--auth-token-file", secured.files["token"], "--out", str(tmp_path / "report"), "--json",
+        "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in secured_cluster.CREDENTIAL_VARS}
+    env.update(
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        LEDGERSTORE_ZK_AUTH_FILE=secured.files["zk"],
+    )
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    topics = json.loads(run.stdout)["tables"]["Topics (sizes in bytes, lag = publish - event time in ms)"]
+    assert [r["messages"] for r in topics] == [secured_cluster.N]
+    assert list((standalone.tmp / "work").glob("app-*/*/stderr")), "no executor ran on the worker"
