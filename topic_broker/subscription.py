@@ -54,6 +54,7 @@ import enum
 import functools
 import hashlib
 import heapq
+import itertools
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -307,7 +308,11 @@ class Subscription:
         self._owner: dict[Position, int] = {}  # pending position -> consumer id
         self._info: dict[Position, _Info] = {}  # pending and replay positions
         self._replay: set[Position] = set()
-        self._replay_keys: dict[bytes, int] = {}  # Key_Shared: replay entries per key
+        # Key_Shared: each key's replay entries in position order, and the keys by the consumer they go to (None:
+        # none now), so that a dispatch looks only at the keys of consumers that can take something
+        self._replay_keys: dict[bytes, list[Position]] = {}
+        self._replay_target: dict[bytes, int | None] = {}
+        self._replay_by_target: dict[int | None, dict[bytes, None]] = {}
         self._redeliveries: dict[Position, int] = {}
         self._batch_acks: dict[Position, int] = {}  # a batch's acked messages, as a bit mask
         self._delayed: dict[Position, int] = {}  # delayed delivery: position -> deliver_at (Unix ms)
@@ -398,6 +403,7 @@ class Subscription:
         cmds: list[Command] = []
         if self.sub_type == SubType.KEY_SHARED and not c.hash_ranges:
             self._ring_add(c)
+        self._reindex_replay()
         if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
             cmds += self._elect(announce_to=consumer_id)
         return cmds + self._dispatch()
@@ -432,6 +438,7 @@ class Subscription:
         if self._ring:
             self._ring = [(p, cid) for p, cid in self._ring if cid != consumer_id]
         self._to_replay(c, list(c.pending), bump=True)
+        self._reindex_replay()
         cmds: list[Command] = []
         if self._active == consumer_id:
             self._active = None
@@ -661,6 +668,8 @@ class Subscription:
         self._info.clear()
         self._replay.clear()
         self._replay_keys.clear()
+        self._replay_target.clear()
+        self._replay_by_target.clear()
         self._redeliveries.clear()
         self._batch_acks.clear()
         self._delayed.clear()
@@ -689,17 +698,70 @@ class Subscription:
         self._replay.add(pos)
         if self.sub_type == SubType.KEY_SHARED:
             key = self._info[pos].key
-            self._replay_keys[key] = self._replay_keys.get(key, 0) + 1
+            held = self._replay_keys.get(key)
+            if held is None:
+                self._replay_keys[key] = [pos]
+                self._index_replay_key(key)
+            else:
+                bisect.insort(held, pos)
 
     def _drop_replay(self, pos: Position) -> None:
+        if pos not in self._replay:
+            return
         self._replay.discard(pos)
         info = self._info.get(pos)
-        if info is not None and info.key in self._replay_keys:
-            left = self._replay_keys[info.key] - 1
-            if left:
-                self._replay_keys[info.key] = left
+        key = info.key if info is not None else b""
+        held = self._replay_keys.get(key) if info is not None else None
+        if held is None:
+            return
+        i = bisect.bisect_left(held, pos)
+        if i < len(held) and held[i] == pos:
+            del held[i]
+        if not held:
+            del self._replay_keys[key]
+            target = self._replay_target.pop(key)
+            keys = self._replay_by_target[target]
+            del keys[key]
+            if not keys:
+                del self._replay_by_target[target]
+
+    def _index_replay_key(self, key: bytes) -> None:
+        target = self._key_target(key)
+        self._replay_target[key] = target
+        self._replay_by_target.setdefault(target, {})[key] = None
+
+    def _retarget_replay_key(self, key: bytes) -> None:
+        """The consumer a key with replay entries goes to may have changed (its messages all acked or
+        redelivered: it is no longer pinned to the consumer that held them)."""
+        if key not in self._replay_target:
+            return
+        old = self._replay_target[key]
+        new = self._key_target(key)
+        if new != old:
+            keys = self._replay_by_target[old]
+            del keys[key]
+            if not keys:
+                del self._replay_by_target[old]
+            self._replay_target[key] = new
+            self._replay_by_target.setdefault(new, {})[key] = None
+
+    def _reindex_replay(self) -> None:
+        """Key_Shared: the replay entries indexed again after consumers came or went (hash ranges and the ring
+        changed) or the subscription's type changed."""
+        self._replay_keys.clear()
+        self._replay_target.clear()
+        self._replay_by_target.clear()
+        if self.sub_type != SubType.KEY_SHARED:
+            return
+        for pos in sorted(self._replay):
+            key = self._info[pos].key
+            held = self._replay_keys.get(key)
+            if held is None:
+                self._replay_keys[key] = [pos]
             else:
-                del self._replay_keys[info.key]
+                held.append(pos)
+        for key in self._replay_keys:
+            self._index_replay_key(key)
 
     # -- dispatch -------------------------------------------------------------------------------------------
 
@@ -718,7 +780,7 @@ class Subscription:
                 return []
             budget = active.permits
             if self._replay:
-                positions = tuple(sorted(self._replay)[: min(budget, self.read_entries_max)])
+                positions = tuple(heapq.nsmallest(min(budget, self.read_entries_max), self._replay))
                 return self._start_replay(positions)
         else:
             budget = sum(c.permits for c in self._consumers.values() if self._ready(c))
@@ -743,21 +805,21 @@ class Subscription:
 
     def _replay_candidates(self, limit: int) -> tuple[Position, ...]:
         if self.sub_type == SubType.SHARED:
-            return tuple(sorted(self._replay)[:limit])
-        chosen: list[Position] = []
-        blocked: set[bytes] = set()
-        for pos in sorted(self._replay):
-            key = self._info[pos].key
-            if key in blocked:
-                continue
-            cid = self._key_target(key)
-            if cid is None or not self._ready(self._consumers[cid]):
-                blocked.add(key)  # keep this key's order: nothing later of it goes first
-                continue
-            chosen.append(pos)
-            if len(chosen) >= limit:
-                break
-        return tuple(chosen)
+            return tuple(heapq.nsmallest(limit, self._replay))
+        # Key_Shared: the oldest replay entries of the keys whose consumer can take something now. A key's entries
+        # all go to one consumer, so a key whose consumer cannot is skipped whole (its order kept); the keys of
+        # a stalled consumer are not looked at (they were, at each dispatch: each ack, each FLOW, each read)
+        lists = [
+            self._replay_keys[key]
+            for cid, keys in self._replay_by_target.items()
+            if cid is not None and (c := self._consumers.get(cid)) is not None and self._ready(c)
+            for key in keys
+        ]
+        if not lists:
+            return ()
+        if len(lists) == 1:
+            return tuple(lists[0][:limit])
+        return tuple(itertools.islice(heapq.merge(*lists), limit))
 
     def _assign(self, entries: Sequence[DispatchEntry], cmds: list[Command], *, replay: bool) -> None:
         t = self.sub_type
@@ -804,6 +866,8 @@ class Subscription:
         self._owner[pos] = c.consumer_id
         if self.sub_type == SubType.KEY_SHARED:
             self._key_owner[e.key] = c.consumer_id
+            if e.key in self._replay_target:
+                self._retarget_replay_key(e.key)
             self._key_pending[e.key] = self._key_pending.get(e.key, 0) + 1
         acked = self._batch_acks.get(pos)
         ack_set = unacked_set(e.num_messages, acked) if acked and e.num_messages > 1 else None
@@ -879,3 +943,5 @@ class Subscription:
         else:
             self._key_pending.pop(info.key, None)
             self._key_owner.pop(info.key, None)
+            if info.key in self._replay_target:
+                self._retarget_replay_key(info.key)

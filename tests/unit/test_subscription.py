@@ -524,3 +524,62 @@ def test_a_cumulative_move_past_the_read_position_reads_on_from_there() -> None:
         (1, 15),
         (1, 16),
     ]
+
+
+class _CountingSubscription(Subscription):
+    """Counts the Key_Shared key lookups (which consumer a key goes to) its dispatch makes."""
+
+    lookups = 0
+
+    def _key_target(self, key: bytes) -> int | None:
+        self.lookups += 1
+        return super()._key_target(key)
+
+
+def test_key_shared_dispatch_does_not_rescan_the_replay_entries_of_a_stalled_consumer() -> None:
+    # consumer 1 takes half the hash space and one message, then stalls: its keys' other entries wait for replay
+    n = 1000
+    log = FakeLog(n, keys=[f"k{i}".encode() for i in range(n)])
+    sub = _CountingSubscription(SubType.KEY_SHARED, read_position=(1, 0))
+    sub.add_consumer(1, "slow", hash_ranges=[(0, 32767)])
+    sub.add_consumer(2, "fast", hash_ranges=[(32768, 65535)])
+    run(sub, log, sub.flow(1, 1) + sub.flow(2, 10 * n))
+    waiting = len(sub.replay_positions)
+    fast = sub.pending(2)
+    assert waiting > 300 and len(fast) > 300 and waiting + len(fast) + 1 == n
+    # each ack of the fast consumer dispatches again; the stalled consumer's waiting keys are not looked at
+    # each time (they were: 500 acks x 500 entries, about 250,000 lookups)
+    sub.lookups = 0
+    for pos in fast:
+        assert delivered(run(sub, log, sub.ack_individual([(pos, -1, None)]).commands)) == []
+    assert sub.lookups <= len(fast)
+    # the stalled consumer takes more: everything waiting goes to it, each key in order
+    out = delivered(run(sub, log, sub.flow(1, 10 * n)))
+    assert len(out) == waiting and {c for c, _, _ in out} == {1} and sub.replay_positions == []
+
+
+def test_key_shared_replay_entries_follow_their_key_to_its_new_consumer_once_unpinned() -> None:
+    others = range(2, 12)
+
+    def consumers(sub: Subscription) -> None:
+        for cid in others:
+            sub.add_consumer(cid, f"c{cid}")
+
+    scratch = Subscription(SubType.KEY_SHARED)
+    scratch.add_consumer(1, "a")
+    consumers(scratch)
+    key = next(k for k in (f"key{i}".encode() for i in range(100)) if scratch.consumer_for_key(k) != 1)
+    sub = Subscription(SubType.KEY_SHARED, read_position=(1, 0))
+    log = FakeLog(3, keys=[key] * 3)
+    sub.add_consumer(1, "a")
+    assert delivered(run(sub, log, sub.flow(1, 1))) == [(1, (1, 0), 0)]
+    consumers(sub)
+    cmds: list[Command] = []
+    for cid in others:
+        cmds += sub.flow(cid, 100)
+    # the key is consumer 1's while it holds (1, 0) unacked: its next entries wait, consumer 1 has no permits
+    assert delivered(run(sub, log, cmds)) == [] and sub.replay_positions == [(1, 1), (1, 2)]
+    # acked, the key goes where the ring puts it now, and its waiting entries with it, in order
+    out = delivered(run(sub, log, sub.ack_individual([((1, 0), -1, None)]).commands))
+    target = scratch.consumer_for_key(key)
+    assert out == [(target, (1, 1), 0), (target, (1, 2), 0)]
