@@ -394,6 +394,9 @@ class ManagedLedger:
         #: the current ledger's closed record once a rollover closed it: a rollover that failed after the close
         #: (no new ledger: too few bookies) is retried at the next append, and closes it no second time
         self._closed: LedgerInfo | None = None
+        #: called before each write of the ledger list: the owner's last chance to ``set_property`` what it
+        #: keeps up to date lazily (the topic's skipped sequence ids)
+        self.before_list_write: Callable[[], None] | None = None
         self._rollover_wait_s = 0.0  # after a failed rollover: the wait before the next try, and when that is
         self._rollover_retry_at = 0.0
         self._rollover_error = ""
@@ -631,6 +634,8 @@ class ManagedLedger:
     async def save_properties(self) -> None:
         """Write the properties set since the last change of the ledger list now, with the list as it stands
         (a failure fences, as any write of the list does)."""
+        if self.before_list_write is not None:
+            self.before_list_write()
         async with self._meta_lock:
             if self._pending_properties and self._state == _OPEN:
                 await self._cas(self._info.value.ledgers)
@@ -760,6 +765,8 @@ class ManagedLedger:
 
     async def _cas(self, ledgers: Sequence[LedgerInfo]) -> None:
         """Write the new ledger list (and pending properties) at the version we hold; any failure fences."""
+        if self.before_list_write is not None:
+            self.before_list_write()
         props = {**self._info.value.properties, **self._pending_properties}
         new = replace(self._info.value, ledgers=tuple(ledgers), properties=props)
         try:

@@ -29,6 +29,7 @@ The admin side (``admin.py``) uses :meth:`BrokerService.topic_names`, :meth:`top
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import functools
@@ -452,6 +453,27 @@ def dedup_walk(
         return end if last == end else sequence_id
 
     return walk if wire.batch_walk_off_loop(md) else walk()
+
+
+def _range_lo(r: tuple[int, int]) -> int:
+    return r[0]
+
+
+def _range_hi(r: tuple[int, int]) -> int:
+    return r[1]
+
+
+def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Closed id ranges sorted, with those that overlap or touch made one: the form ``Topic.skipped_ids`` keeps
+    (its binary searches need the ranges sorted and apart)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _subtract_spans(lo: int, hi: int, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -1044,6 +1066,8 @@ class Topic:
         self.skipped_ids: dict[str, list[tuple[int, int]]] = {}
         #: producer names whose skipped ids the topic's properties hold (not empty): cleared there once filled
         self._skipped_recorded: set[str] = set()
+        self._skipped_dirty: set[str] = set()  # names whose skipped ids changed since record_skipped_ids
+        ml.before_list_write = self.record_skipped_ids
 
     # -- producers ------------------------------------------------------------------------------------------
 
@@ -1057,32 +1081,37 @@ class Topic:
         its last, ``high`` (the batch 1, 3, 5 fills 1 and 3; 2 and 4 were stored before it): the ranges it took
         out are returned (empty: it fills none)."""
         last = self.last_sequence.get(name, -1)
-        ranges = self.skipped_ids.get(name, [])
         if seq > last + 1:
-            ranges = self._skipped_ranges(name)
+            jumped = self._skipped_ranges(name)
             # a range above the last id was left by a send not stored (a failed write): jumped over again now,
-            # kept twice it let a resend of a filled id be stored a second time
-            ranges[:] = [r for r in ranges if r[1] <= last]
-            ranges.append((last + 1, seq - 1))
-            del ranges[:-SKIPPED_IDS_MAX]
-            self._skipped_changed(name)
+            # kept twice it let a resend of a filled id be stored a second time (the ranges are sorted and apart,
+            # so those are at the end)
+            while jumped and jumped[-1][1] > last:
+                jumped.pop()
+            jumped.append((last + 1, seq - 1))
+            if len(jumped) > SKIPPED_IDS_MAX:
+                del jumped[: len(jumped) - SKIPPED_IDS_MAX]
+            self._skipped_dirty.add(name)
             return ()
-        if not any(lo <= seq <= hi for lo, hi in ranges):
+        ranges = self.skipped_ids.get(name)
+        if not ranges:
+            return ()
+        # binary searches, not a walk of up to SKIPPED_IDS_MAX ranges at every SEND (a key-based batching
+        # producer leaves ids inside its stored batches as skipped, so its list fills up and stays full)
+        i = bisect.bisect_left(ranges, seq, key=_range_hi)  # the first range that ends at seq or later
+        if i == len(ranges) or ranges[i][0] > seq:
             return ()
         high = seq if high is None or high < seq else high
-        kept: list[tuple[int, int]] = []
-        taken: list[tuple[int, int]] = []
-        for lo, hi in ranges:
-            if hi < seq or lo > high:
-                kept.append((lo, hi))
-                continue
-            taken.append((max(lo, seq), min(hi, high)))
-            kept.extend(r for r in ((lo, seq - 1), (high + 1, hi)) if r[0] <= r[1])
-        ranges[:] = kept[-SKIPPED_IDS_MAX:]  # (a fill inside a range splits it in two)
+        j = bisect.bisect_right(ranges, high, lo=i, key=_range_lo)  # past the last range that starts by high
+        taken = tuple((max(lo, seq), min(hi, high)) for lo, hi in ranges[i:j])
+        first_lo, last_hi = ranges[i][0], ranges[j - 1][1]
+        ranges[i:j] = [r for r in ((first_lo, seq - 1), (high + 1, last_hi)) if r[0] <= r[1]]
+        if len(ranges) > SKIPPED_IDS_MAX:  # (a fill inside a range splits it in two)
+            del ranges[: len(ranges) - SKIPPED_IDS_MAX]
         if not ranges:
             del self.skipped_ids[name]
-        self._skipped_changed(name)
-        return tuple(taken)
+        self._skipped_dirty.add(name)
+        return taken
 
     def _skipped_ranges(self, name: str) -> list[tuple[int, int]]:
         """Producer ``name``'s list in ``skipped_ids``, made when it has none; the oldest producer's is forgotten
@@ -1092,25 +1121,28 @@ class Topic:
             if len(self.skipped_ids) >= SKIPPED_IDS_PRODUCERS_MAX:
                 oldest = next(iter(self.skipped_ids))
                 del self.skipped_ids[oldest]
-                self._skipped_changed(oldest)
+                self._skipped_dirty.add(oldest)
             ranges = self.skipped_ids[name] = []
         return ranges
 
-    def _skipped_changed(self, name: str) -> None:
-        """Record producer ``name``'s skipped ids in the topic's properties (its newest
-        ``SKIPPED_IDS_PERSISTED_MAX`` ranges; written with the ledger list's next change), so that a later owner
-        starts from them (``restore_skipped_ids``)."""
-        ranges = self.skipped_ids.get(name, ())
-        text = ",".join(f"{lo}-{hi}" for lo, hi in ranges[-SKIPPED_IDS_PERSISTED_MAX:])
-        if text or name in self._skipped_recorded:
-            self.ml.set_property(SKIPPED_IDS_PROPERTY + name, text)
-            if text:
-                self._skipped_recorded.add(name)
-            else:
-                self._skipped_recorded.discard(name)
+    def record_skipped_ids(self) -> None:
+        """Put the skipped ids of the producers whose ids changed since the last call into the topic's
+        properties (each producer's newest ``SKIPPED_IDS_PERSISTED_MAX`` ranges, ``dedup-skipped/<producer>``),
+        so that a later owner starts from them (``restore_skipped_ids``). The managed ledger calls it before each
+        write of its ledger list (rollover, close), which carries the properties."""
+        for name in self._skipped_dirty:
+            ranges = self.skipped_ids.get(name, ())
+            text = ",".join(f"{lo}-{hi}" for lo, hi in ranges[-SKIPPED_IDS_PERSISTED_MAX:])
+            if text or name in self._skipped_recorded:
+                self.ml.set_property(SKIPPED_IDS_PROPERTY + name, text)
+                if text:
+                    self._skipped_recorded.add(name)
+                else:
+                    self._skipped_recorded.discard(name)
+        self._skipped_dirty.clear()
 
     def restore_skipped_ids(self) -> None:
-        """A new owner's ``skipped_ids`` as the topic's properties recorded them (``_skipped_changed``); a value
+        """A new owner's ``skipped_ids`` as the topic's properties recorded them (``record_skipped_ids``); a value
         that does not parse is ignored (its producer's batch behind a delayed message would be taken for a
         resend, as before these were recorded)."""
         for key, value in self.ml.properties.items():
@@ -1125,7 +1157,7 @@ class Topic:
                     "topic %s: property %s=%r is not a list of id ranges; ignored", self.key, key, value
                 )
                 continue
-            good = sorted((lo, hi) for lo, hi in ranges if 0 <= lo <= hi)
+            good = merge_ranges([(lo, hi) for lo, hi in ranges if 0 <= lo <= hi])
             if good:
                 self._skipped_ranges(name)[:] = good[-SKIPPED_IDS_MAX:]
 
@@ -1271,9 +1303,8 @@ class Topic:
                 self.last_sequence.update(self.persisted_sequence)
                 if rec.fills:  # not stored: its ids are to fill still, else its resend was dropped
                     ranges = self._skipped_ranges(p.name)
-                    ranges.extend(rec.fills)
-                    ranges.sort()
-                    self._skipped_changed(p.name)
+                    ranges[:] = merge_ranges([*ranges, *rec.fills])
+                    self._skipped_dirty.add(p.name)
                 p.session.conn.close(f"persistence failed: {error}")
         else:
             rec.position = position
@@ -1365,12 +1396,12 @@ class Topic:
             nxt = max(nxt, hi + 1)
         for lo, hi in self.skipped_ids.get(name, ()):
             ranges.extend(_subtract_spans(lo, hi, spans))
-        ranges = sorted(set(ranges))
+        ranges = merge_ranges(ranges)
         if ranges or name in self.skipped_ids:
             self._skipped_ranges(name)[:] = ranges[-SKIPPED_IDS_MAX:]
             if not ranges:
                 del self.skipped_ids[name]
-            self._skipped_changed(name)
+            self._skipped_dirty.add(name)
 
     # -- backlog quota ----------------------------------------------------------------------------------------
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from topic_broker.service import (
     SKIPPED_IDS_MAX,
     SKIPPED_IDS_PERSISTED_MAX,
     SKIPPED_IDS_PRODUCERS_MAX,
     SKIPPED_IDS_PROPERTY,
     Topic,
+    merge_ranges,
 )
 
 
@@ -26,13 +30,14 @@ class _Properties:
 
 def bookkeeping(properties: dict[str, str] | None = None) -> Topic:
     t = Topic.__new__(Topic)  # only the dedup bookkeeping fills_skipped_id reads and writes
-    t.last_sequence, t.skipped_ids, t._skipped_recorded = {}, {}, set()
+    t.last_sequence, t.skipped_ids, t._skipped_recorded, t._skipped_dirty = {}, {}, set(), set()
     t.key = "persistent://public/default/t"
     t.ml = _Properties(properties)  # type: ignore[assignment]
     return t
 
 
 def recorded(t: Topic, name: str = "p") -> Any:
+    t.record_skipped_ids()  # as the managed ledger calls it before writing its list
     return t.ml.properties.get(SKIPPED_IDS_PROPERTY + name)
 
 
@@ -109,6 +114,7 @@ def test_a_new_owner_starts_from_the_recorded_skipped_ids_and_the_batch_fills_th
     old = bookkeeping()
     for seq in (0, 2, 4):
         stored(old, "p", seq)
+    old.record_skipped_ids()  # the close writes the ledger list
     new = bookkeeping(old.ml.properties)
     new.last_sequence["p"] = 4  # dedup/p, recorded with the same list
     new.restore_skipped_ids()
@@ -130,7 +136,9 @@ def test_the_recorded_ranges_are_bounded_and_a_value_that_does_not_parse_is_igno
 
 def test_a_producer_forgotten_over_the_bound_is_cleared_from_the_properties_too() -> None:
     t = bookkeeping()
-    for i in range(SKIPPED_IDS_PRODUCERS_MAX + 1):
+    stored(t, "p0", 5)
+    assert recorded(t, "p0") == "0-4"  # written with a ledger list
+    for i in range(1, SKIPPED_IDS_PRODUCERS_MAX + 1):
         stored(t, f"p{i}", 5)
     assert recorded(t, "p0") == "" and recorded(t, "p1") == "0-4"
 
@@ -145,3 +153,49 @@ def test_the_tail_ledgers_sends_take_out_the_recorded_ids_they_filled_and_add_th
     assert recorded(t) == "1-1,7-8"
     t._learn_skipped_ids("p", 9, [(1, 1), (7, 8)])  # all filled
     assert "p" not in t.skipped_ids and recorded(t) == ""
+
+
+def _reference_fill(
+    ranges: list[tuple[int, int]], last: int, seq: int, high: int | None
+) -> tuple[list[tuple[int, int]], tuple[tuple[int, int], ...]]:
+    """fills_skipped_id as a walk of every range (what the binary searches must agree with)."""
+    if seq > last + 1:
+        kept = [r for r in ranges if r[1] <= last] + [(last + 1, seq - 1)]
+        return kept[-SKIPPED_IDS_MAX:], ()
+    if not any(lo <= seq <= hi for lo, hi in ranges):
+        return ranges, ()
+    high = seq if high is None or high < seq else high
+    kept, taken = [], []
+    for lo, hi in ranges:
+        if hi < seq or lo > high:
+            kept.append((lo, hi))
+            continue
+        taken.append((max(lo, seq), min(hi, high)))
+        kept.extend(r for r in ((lo, seq - 1), (high + 1, hi)) if r[0] <= r[1])
+    return kept[-SKIPPED_IDS_MAX:], tuple(taken)
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8), st.booleans()), min_size=1, max_size=60))
+def test_the_binary_searches_agree_with_a_walk_of_every_range(sends: list[tuple[int, int, bool]]) -> None:
+    """Sends of ids in any order, batches of any span, some of them failing (the last id goes back and the ids a
+    fill took are put back, as Topic._appended does): the same answers and the same ranges left as the walk."""
+    t = bookkeeping()
+    model: list[tuple[int, int]] = []
+    for seq, span, fails in sends:
+        high = seq + span if span else None
+        last = t.last_sequence.get("p", -1)
+        model, want = _reference_fill(model, last, seq, high)
+        assert t.fills_skipped_id("p", seq, high) == want
+        assert t.skipped_ids.get("p", []) == model
+        end = seq if high is None else high
+        if fails:
+            model = merge_ranges([*model, *want])
+            if want:
+                t._skipped_ranges("p")[:] = merge_ranges([*t.skipped_ids.get("p", []), *want])
+        elif end > last:
+            t.last_sequence["p"] = end
+
+
+def test_merge_ranges_sorts_and_joins_what_overlaps_or_touches() -> None:
+    assert merge_ranges([(7, 9), (1, 2), (3, 3), (8, 12), (20, 20)]) == [(1, 3), (7, 12), (20, 20)]
+    assert merge_ranges([]) == []
