@@ -444,11 +444,20 @@ class _Driver:
                         f"{name} is not a partition of the topics read (they are: {', '.join(sorted(names))})",
                     )
 
-    def check_start(self, part: PartitionRef, snap: Snapshot, start: Pos, committed: Pos | None) -> Pos:
+    def check_start(
+        self, part: PartitionRef, snap: Snapshot, start: Pos, committed: Pos | None, *, stream: bool = False
+    ) -> Pos:
         """``start`` on the chain; a start inside a ledger that is gone is data loss unless it was consumed."""
         for lid in snap.lost_ledgers(start):
             if missing_ledger_is_loss(start, self.known_closed, committed, snap.ids()):
-                _data_loss(self.opts, part.name, lid, f"was deleted before entry {start[1]} on was read")
+                what = f"was deleted before entry {start[1]} on was read"
+                if stream and committed is None:
+                    what += (
+                        f" (the query's subscription {self.opts.subscription}, which vouches for what it read, is "
+                        "gone or was moved by another; a topic deleted and created again after the query had read "
+                        "it all lost nothing)"
+                    )
+                _data_loss(self.opts, part.name, lid, what)
         return resolve_start(snap, start)
 
     # durable subscription
@@ -822,7 +831,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             if self._target is not None and name not in self._target:
                 continue  # appeared after AvailableNow's target was taken: the next run reads it
             s = begin.get(name, EARLIEST)
-            starts[name] = self.drv.check_start(self._parts[name], snap, s, stored[name])
+            starts[name] = self.drv.check_start(self._parts[name], snap, s, stored[name], stream=True)
             cap = snap.latest()
             if self._target is not None:
                 cap = min(cap, self._target[name])
@@ -876,7 +885,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             snap = self._snaps.get(name)
             if snap is None or not snap.covers(e):  # e.g. a batch planned by an earlier run of the query
                 snap = self.drv.snapshot(part)
-            s = self.drv.check_start(part, snap, s, self._committed_mark(name))
+            s = self.drv.check_start(part, snap, s, self._committed_mark(name), stream=True)
             for lid, first, last in entry_ranges(snap, s, e, self.opts.entries_per_partition):
                 out.append(TopicRange(name, part.index, lid, first, last, _prev_ledger(snap, lid)))
         return out

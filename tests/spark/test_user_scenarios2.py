@@ -1,5 +1,6 @@
 """The Spark sources on a user's second day: a stream's subscription that the message TTL (or an operator's skip)
-moved past what the query had read, and the broker then trimmed, is a loss ``failOnDataLoss`` reports; an end at
+moved past what the query had read, and the broker then trimmed, is a loss ``failOnDataLoss`` reports, and a
+topic deleted and made again under a stopped stream is named with the subscription that went with it; an end at
 or before the start is refused naming the option; a job's refusal names its flags; a job on a Spark cluster
 reads a secured cluster with the command's credentials. One cluster (ZooKeeper, 3 bookies, one broker, ledgers
 of 20 entries) for the module, as in ``test_user_scenarios``, and the secured one of ``test_secured_cluster``."""
@@ -167,3 +168,30 @@ def test_a_job_on_a_spark_cluster_reads_a_secured_cluster_with_the_commands_cred
     topics = json.loads(run.stdout)["tables"]["Topics (sizes in bytes, lag = publish - event time in ms)"]
     assert [r["messages"] for r in topics] == [secured_cluster.N]
     assert list((standalone.tmp / "work").glob("app-*/*/stderr")), "no executor ran on the worker"
+
+
+def test_a_topic_deleted_and_created_again_under_a_stopped_stream_is_named_with_its_subscription(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """A stream reads a topic to its end and stops; the topic is deleted (its subscriptions with it) and made
+    again. The restart cannot tell whether the old ledger held more: it fails, saying the subscription that
+    would vouch for what it read is gone and that such a topic lost nothing (it said only "was deleted before
+    entry 10 on was read"); ``failOnDataLoss=false`` then reads the new topic from its start."""
+    from pyspark.errors import StreamingQueryException
+
+    topic = "persistent://public/default/again"
+    users.produce(cluster, topic, 10, batching_enabled=False)
+    time.sleep(1.5)  # the explicit LAC
+
+    def run(**options: str) -> int:
+        return cluster.available_now(spark, tmp_path, topic=topic, subscriptionName="spark-again", **options)
+
+    assert run() == 10
+    cluster.admin("DELETE", "/admin/v2/persistent/public/default/again?force=true")
+    users.produce(cluster, topic, 4, batching_enabled=False)
+    time.sleep(1.5)
+    with pytest.raises(
+        StreamingQueryException, match="subscription spark-again, which vouches for what it read, is gone"
+    ):
+        run()
+    assert run(failOnDataLoss="false") == 4
