@@ -841,7 +841,12 @@ class Subscription:
             blocked: set[bytes] = set()
             for e in entries:
                 key = e.key
-                if key in blocked or (not replay and key in self._replay_keys):
+                # a key with an older entry waiting goes no further: a new entry waits behind it, and so does a
+                # replayed one whose key had an older entry put back while the replay was read (its consumer
+                # closed, or it was redelivered meanwhile), which would otherwise be sent after it
+                held = self._replay_keys.get(key)
+                if key in blocked or (held is not None and (not replay or held[0] < e.position)):
+                    blocked.add(key)
                     self._park(e)
                     continue
                 cid = self._key_target(key)

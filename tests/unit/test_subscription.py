@@ -583,3 +583,21 @@ def test_key_shared_replay_entries_follow_their_key_to_its_new_consumer_once_unp
     out = delivered(run(sub, log, sub.ack_individual([((1, 0), -1, None)]).commands))
     target = scratch.consumer_for_key(key)
     assert out == [(target, (1, 1), 0), (target, (1, 2), 0)]
+
+
+@pytest.mark.parametrize("meanwhile", ["close", "redeliver"])
+def test_key_shared_replay_read_does_not_overtake_an_older_entry_put_back_meanwhile(meanwhile: str) -> None:
+    # consumer 1 holds both entries of a key and asks for the second again: its replay read is in flight when
+    # the first comes back too (consumer 1 closes, or the first is redelivered); the second must not go first
+    sub = Subscription(SubType.KEY_SHARED, read_position=(1, 0))
+    log = FakeLog(2, keys=[b"k"] * 2)
+    sub.add_consumer(1, "a")
+    assert delivered(run(sub, log, sub.flow(1, 2))) == [(1, (1, 0), 0), (1, (1, 1), 0)]
+    sub.add_consumer(2, "b")
+    assert run(sub, log, sub.flow(2, 100) + sub.redeliver(1, [(1, 1)])) == []
+    in_flight = sub.flow(1, 1)
+    assert in_flight == [ReadReplay(0, ((1, 1),))]
+    later = sub.remove_consumer(1) if meanwhile == "close" else sub.redeliver(1, [(1, 0)])
+    out = delivered(run(sub, log, in_flight + later))
+    assert [p for _, p, _ in out] == [(1, 0), (1, 1)] and len({c for c, _, _ in out}) == 1
+    assert sub.replay_positions == []
