@@ -177,6 +177,11 @@ def _offsets(raw: str | None, option: str, default: str) -> OffsetSpec:
     return OffsetSpec("positions", tuple(sorted(positions)), default=default)
 
 
+#: Epoch times that are seconds from 2001 to 5138 and, read as milliseconds, 1970-01-12 to 1973-03-03: no message
+#: was published then, so such a startingTime/endingTime is seconds given for milliseconds (it read everything).
+SECONDS_LIKE = (1_000_000_000, 100_000_000_000)
+
+
 def _time(raw: object, option: str) -> int:
     try:
         v = int(str(raw).strip())
@@ -186,6 +191,12 @@ def _time(raw: object, option: str) -> int:
         ) from None
     if v < 0:
         raise TopicOptionError(option, f"must be >= 0, got {v}")
+    if SECONDS_LIKE[0] <= v < SECONDS_LIKE[1]:
+        raise TopicOptionError(
+            option,
+            f"{v} looks like seconds since the epoch (as milliseconds it is in 1970-1973, before any publish "
+            f"time): give milliseconds, {v * 1000}",
+        )
     return v
 
 

@@ -34,7 +34,8 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   entry to read (exclusive; partitions not named read to ``latest``). Positions are Pulsar's MessageIdData
   ``(ledgerId, entryId)``, the ``__ledgerId``/``__entryId`` columns: to resume after a row, start at
   ``[ledgerId, entryId + 1]``.
-* ``startingTime`` / ``endingTime`` (ms since the epoch, publish time): start at the first entry published at or
+* ``startingTime`` / ``endingTime`` (ms since the epoch, publish time; a value of seconds, 10^9 to 10^11, is
+  refused naming the option): start at the first entry published at or
   after ``startingTime``; stop before the first entry published at or after ``endingTime`` (found by binary search
   over each partition's entries; the messages of a batch entry share its publish time). An ``endingTime`` not after
   ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read

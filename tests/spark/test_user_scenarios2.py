@@ -1,9 +1,10 @@
 """The Spark sources on a user's second day: a stream's subscription that the message TTL (or an operator's skip)
 moved past what the query had read, and the broker then trimmed, is a loss ``failOnDataLoss`` reports, and a
 topic deleted and made again under a stopped stream is named with the subscription that went with it; an end at
-or before the start is refused naming the option; a job's refusal names its flags; a job on a Spark cluster
-reads a secured cluster with the command's credentials. One cluster (ZooKeeper, 3 bookies, one broker, ledgers
-of 20 entries) for the module, as in ``test_user_scenarios``, and the secured one of ``test_secured_cluster``."""
+or before the start, or a time in seconds, is refused naming the option; a job's refusal names its flags; a job
+on a Spark cluster reads a secured cluster with the command's credentials. One cluster (ZooKeeper, 3 bookies, one
+broker, ledgers of 20 entries) for the module, as in ``test_user_scenarios``, and the secured one of
+``test_secured_cluster``."""
 
 from __future__ import annotations
 
@@ -195,3 +196,19 @@ def test_a_topic_deleted_and_created_again_under_a_stopped_stream_is_named_with_
     ):
         run()
     assert run(failOnDataLoss="false") == 4
+
+
+def test_a_time_in_seconds_is_refused_naming_the_option(spark: Any) -> None:
+    """``startingTime=1700000000`` (seconds, as ``date +%s`` gives) is a publish time of January 1970 in
+    milliseconds: the read started at the earliest message and read everything, without a word. Refused when
+    the DataFrame is defined, naming the option and the milliseconds meant; ``5`` and milliseconds stay valid."""
+
+    def reader() -> Any:  # a DataFrameReader keeps every option set on it: a new one each time
+        return spark.read.format("topic").option("zk", "127.0.0.1:1").option("topic", "t")
+
+    for option in ("startingTime", "endingTime"):
+        with pytest.raises(
+            Exception, match=f"option '{option}': 1700000000 looks like seconds .* 1700000000000"
+        ):
+            reader().option(option, "1700000000").load()
+    reader().option("startingTime", "5").option("endingTime", "1700000000000").load()  # defined, not run
