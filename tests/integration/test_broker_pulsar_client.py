@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import struct
 import time
@@ -713,13 +714,19 @@ def _raw_send(s: socket.socket, seq: int, payload: bytes) -> None:
     )
 
 
+#: answers read with an earlier one and not asked for yet, by decoder (the decoder kept, so its id is not reused)
+_UNREAD: dict[int, tuple[wire.FrameDecoder, collections.deque[Any]]] = {}
+
+
 def _raw_answer(s: socket.socket, dec: wire.FrameDecoder) -> Any:
-    """The next SEND_RECEIPT or SEND_ERROR."""
+    """The next SEND_RECEIPT or SEND_ERROR (several may come in one read: the others wait for the next calls)."""
+    unread = _UNREAD.setdefault(id(dec), (dec, collections.deque()))[1]
     s.settimeout(60)
-    while True:
-        for f in dec.feed(s.recv(65536)):
-            if f.command.type in (T.SEND_RECEIPT, T.SEND_ERROR):
-                return f.command
+    while not unread:
+        unread.extend(
+            f.command for f in dec.feed(s.recv(65536)) if f.command.type in (T.SEND_RECEIPT, T.SEND_ERROR)
+        )
+    return unread.popleft()
 
 
 def test_a_resend_of_a_message_still_being_stored_is_not_acknowledged_before_it_is(cluster: Brokers) -> None:
