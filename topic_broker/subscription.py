@@ -825,8 +825,19 @@ class Subscription:
         t = self.sub_type
         if t in (SubType.EXCLUSIVE, SubType.FAILOVER):
             active = self._consumers.get(self._active) if self._active is not None else None
+            # an older entry put back while this read was in flight (the active consumer changed and the old
+            # one's unacked entries were rewound, or a redelivery) goes first: what was read waits behind it
+            oldest = min(self._replay, default=None)
+            parking = False
             for e in entries:
-                if active is None or active.permits <= 0 or not active.writable:
+                if (
+                    parking
+                    or active is None
+                    or active.permits <= 0
+                    or not active.writable
+                    or (oldest is not None and oldest < e.position)
+                ):
+                    parking = True
                     self._park(e)  # later entries park too: replays go first, so the order holds
                 else:
                     self._send(active, e, cmds)

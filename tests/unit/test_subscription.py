@@ -601,3 +601,18 @@ def test_key_shared_replay_read_does_not_overtake_an_older_entry_put_back_meanwh
     out = delivered(run(sub, log, in_flight + later))
     assert [p for _, p, _ in out] == [(1, 0), (1, 1)] and len({c for c, _, _ in out}) == 1
     assert sub.replay_positions == []
+
+
+def test_failover_read_in_flight_waits_behind_what_a_change_of_active_consumer_rewound() -> None:
+    # "b" holds (1, 0) unacked and a read of (1, 1), (1, 2) for it is in flight when "a" (first by name) takes
+    # over: "b"'s entry is rewound for "a", which must get it before what that read brings
+    sub = Subscription(SubType.FAILOVER, read_position=(1, 0))
+    log = FakeLog(3)
+    sub.add_consumer(1, "b")
+    assert delivered(run(sub, log, sub.flow(1, 1))) == [(1, (1, 0), 0)]
+    in_flight = sub.flow(1, 2)
+    assert in_flight == [Read(0, (1, 1), 2)]
+    later = sub.add_consumer(2, "a") + sub.flow(2, 10)
+    assert sub.active_consumer == 2
+    out = delivered(run(sub, log, in_flight + later))
+    assert out == [(2, (1, 0), 0), (2, (1, 1), 0), (2, (1, 2), 0)]
