@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import operator
 import secrets
 import time
 from collections import deque
@@ -455,12 +456,7 @@ def dedup_walk(
     return walk if wire.batch_walk_off_loop(md) else walk()
 
 
-def _range_lo(r: tuple[int, int]) -> int:
-    return r[0]
-
-
-def _range_hi(r: tuple[int, int]) -> int:
-    return r[1]
+_LO, _HI = operator.itemgetter(0), operator.itemgetter(1)  # a range's ends, as bisect's keys
 
 
 def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -476,18 +472,26 @@ def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _subtract_spans(lo: int, hi: int, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The ids of ``[lo, hi]`` that none of ``spans`` (stored sends' first and last ids) covers, as ranges."""
-    left = [(lo, hi)]
-    for s_lo, s_hi in spans:
-        nxt: list[tuple[int, int]] = []
-        for a, b in left:
-            if s_hi < a or s_lo > b:
-                nxt.append((a, b))
-                continue
-            nxt.extend(r for r in ((a, s_lo - 1), (s_hi + 1, b)) if r[0] <= r[1])
-        left = nxt
-    return left
+def subtract_ranges(
+    ranges: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The ids of ``ranges`` that none of ``spans`` covers, as ranges in ``merge_ranges``'s form: one pass over
+    both, merged and sorted."""
+    out: list[tuple[int, int]] = []
+    cuts = merge_ranges(spans)
+    k = 0
+    for lo, hi in merge_ranges(ranges):
+        while k < len(cuts) and cuts[k][1] < lo:
+            k += 1
+        j = k
+        while lo <= hi and j < len(cuts) and cuts[j][0] <= hi:
+            if cuts[j][0] > lo:
+                out.append((lo, cuts[j][0] - 1))
+            lo = max(lo, cuts[j][1] + 1)
+            j += 1
+        if lo <= hi:
+            out.append((lo, hi))
+    return out
 
 
 @dataclass(slots=True)
@@ -1064,8 +1068,6 @@ class Topic:
         self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
         #: producer name -> ranges [lo, hi] of sequence ids its stored sends jumped over (``fills_skipped_id``)
         self.skipped_ids: dict[str, list[tuple[int, int]]] = {}
-        #: producer names whose skipped ids the topic's properties hold (not empty): cleared there once filled
-        self._skipped_recorded: set[str] = set()
         self._skipped_dirty: set[str] = set()  # names whose skipped ids changed since record_skipped_ids
         ml.before_list_write = self.record_skipped_ids
 
@@ -1098,11 +1100,11 @@ class Topic:
             return ()
         # binary searches, not a walk of up to SKIPPED_IDS_MAX ranges at every SEND (a key-based batching
         # producer leaves ids inside its stored batches as skipped, so its list fills up and stays full)
-        i = bisect.bisect_left(ranges, seq, key=_range_hi)  # the first range that ends at seq or later
+        i = bisect.bisect_left(ranges, seq, key=_HI)  # the first range that ends at seq or later
         if i == len(ranges) or ranges[i][0] > seq:
             return ()
         high = seq if high is None or high < seq else high
-        j = bisect.bisect_right(ranges, high, lo=i, key=_range_lo)  # past the last range that starts by high
+        j = bisect.bisect_right(ranges, high, lo=i, key=_LO)  # past the last range that starts by high
         taken = tuple((max(lo, seq), min(hi, high)) for lo, hi in ranges[i:j])
         first_lo, last_hi = ranges[i][0], ranges[j - 1][1]
         ranges[i:j] = [r for r in ((first_lo, seq - 1), (high + 1, last_hi)) if r[0] <= r[1]]
@@ -1130,15 +1132,13 @@ class Topic:
         properties (each producer's newest ``SKIPPED_IDS_PERSISTED_MAX`` ranges, ``dedup-skipped/<producer>``),
         so that a later owner starts from them (``restore_skipped_ids``). The managed ledger calls it before each
         write of its ledger list (rollover, close), which carries the properties."""
+        recorded = self.ml.properties if self._skipped_dirty else {}
         for name in self._skipped_dirty:
             ranges = self.skipped_ids.get(name, ())
             text = ",".join(f"{lo}-{hi}" for lo, hi in ranges[-SKIPPED_IDS_PERSISTED_MAX:])
-            if text or name in self._skipped_recorded:
-                self.ml.set_property(SKIPPED_IDS_PROPERTY + name, text)
-                if text:
-                    self._skipped_recorded.add(name)
-                else:
-                    self._skipped_recorded.discard(name)
+            key = SKIPPED_IDS_PROPERTY + name
+            if text or recorded.get(key):  # (a producer whose ids are all filled: cleared there)
+                self.ml.set_property(key, text)
         self._skipped_dirty.clear()
 
     def restore_skipped_ids(self) -> None:
@@ -1149,7 +1149,6 @@ class Topic:
             if not key.startswith(SKIPPED_IDS_PROPERTY) or not value:
                 continue
             name = key[len(SKIPPED_IDS_PROPERTY) :]
-            self._skipped_recorded.add(name)
             try:
                 ranges = [(int(lo), int(hi)) for lo, hi in (r.split("-", 1) for r in value.split(","))]
             except ValueError:
@@ -1388,15 +1387,9 @@ class Topic:
 
         Added to the ranges the properties recorded (``restore_skipped_ids``: what the previous owner knew at its
         clean close or at its last rollover), less the ids the tail ledger's sends cover (filled since)."""
-        ranges: list[tuple[int, int]] = []
-        nxt = persisted + 1
-        for lo, hi in sorted(spans):
-            if lo > nxt:
-                ranges.append((nxt, lo - 1))
-            nxt = max(nxt, hi + 1)
-        for lo, hi in self.skipped_ids.get(name, ()):
-            ranges.extend(_subtract_spans(lo, hi, spans))
-        ranges = merge_ranges(ranges)
+        top = max((hi for _lo, hi in spans), default=persisted)
+        above = [(persisted + 1, top)] if top > persisted else []
+        ranges = subtract_ranges([*self.skipped_ids.get(name, ()), *above], spans)
         if ranges or name in self.skipped_ids:
             self._skipped_ranges(name)[:] = ranges[-SKIPPED_IDS_MAX:]
             if not ranges:

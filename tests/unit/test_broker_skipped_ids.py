@@ -15,6 +15,7 @@ from topic_broker.service import (
     SKIPPED_IDS_PROPERTY,
     Topic,
     merge_ranges,
+    subtract_ranges,
 )
 
 
@@ -30,7 +31,7 @@ class _Properties:
 
 def bookkeeping(properties: dict[str, str] | None = None) -> Topic:
     t = Topic.__new__(Topic)  # only the dedup bookkeeping fills_skipped_id reads and writes
-    t.last_sequence, t.skipped_ids, t._skipped_recorded, t._skipped_dirty = {}, {}, set(), set()
+    t.last_sequence, t.skipped_ids, t._skipped_dirty = {}, {}, set()
     t.key = "persistent://public/default/t"
     t.ml = _Properties(properties)  # type: ignore[assignment]
     return t
@@ -199,3 +200,18 @@ def test_the_binary_searches_agree_with_a_walk_of_every_range(sends: list[tuple[
 def test_merge_ranges_sorts_and_joins_what_overlaps_or_touches() -> None:
     assert merge_ranges([(7, 9), (1, 2), (3, 3), (8, 12), (20, 20)]) == [(1, 3), (7, 12), (20, 20)]
     assert merge_ranges([]) == []
+
+
+_RANGES = st.lists(
+    st.tuples(st.integers(0, 40), st.integers(0, 6)).map(lambda t: (t[0], t[0] + t[1])), max_size=12
+)
+
+
+@given(_RANGES, _RANGES)
+def test_subtract_ranges_leaves_exactly_the_ids_no_span_covers(ranges, spans) -> None:
+    ids = {i for lo, hi in ranges for i in range(lo, hi + 1)} - {
+        i for lo, hi in spans for i in range(lo, hi + 1)
+    }
+    got = subtract_ranges(ranges, spans)
+    assert {i for lo, hi in got for i in range(lo, hi + 1)} == ids
+    assert got == merge_ranges(got)  # sorted and apart, as skipped_ids keeps them
