@@ -143,9 +143,12 @@ def murmur3_32(data: bytes, seed: int = 0) -> int:
 KEY_HASH_MURMUR_MAX = 4096
 
 
-@functools.lru_cache(maxsize=4096)
-def _short_key_hash(key: bytes) -> int:
+def _pulsar_key_hash(key: bytes) -> int:
+    """Pulsar's Murmur3_32Hash of a key (the sign bit cleared), modulo the range size."""
     return (murmur3_32(key) & 0x7FFFFFFF) % HASH_RANGE_SIZE
+
+
+_short_key_hash = functools.lru_cache(maxsize=4096)(_pulsar_key_hash)
 
 
 def key_hash(key: bytes) -> int:
@@ -155,7 +158,7 @@ def key_hash(key: bytes) -> int:
     if len(key) <= 256:
         return _short_key_hash(key)
     if len(key) <= KEY_HASH_MURMUR_MAX:
-        return (murmur3_32(key) & 0x7FFFFFFF) % HASH_RANGE_SIZE
+        return _pulsar_key_hash(key)
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
 
 
@@ -719,16 +722,18 @@ class Subscription:
             del held[i]
         if not held:
             del self._replay_keys[key]
-            target = self._replay_target.pop(key)
-            keys = self._replay_by_target[target]
-            del keys[key]
-            if not keys:
-                del self._replay_by_target[target]
+            self._unindex_replay_key(key, self._replay_target.pop(key))
 
     def _index_replay_key(self, key: bytes) -> None:
         target = self._key_target(key)
         self._replay_target[key] = target
         self._replay_by_target.setdefault(target, {})[key] = None
+
+    def _unindex_replay_key(self, key: bytes, target: int | None) -> None:
+        keys = self._replay_by_target[target]
+        del keys[key]
+        if not keys:
+            del self._replay_by_target[target]
 
     def _retarget_replay_key(self, key: bytes) -> None:
         """The consumer a key with replay entries goes to may have changed (its messages all acked or
@@ -738,10 +743,7 @@ class Subscription:
         old = self._replay_target[key]
         new = self._key_target(key)
         if new != old:
-            keys = self._replay_by_target[old]
-            del keys[key]
-            if not keys:
-                del self._replay_by_target[old]
+            self._unindex_replay_key(key, old)
             self._replay_target[key] = new
             self._replay_by_target.setdefault(new, {})[key] = None
 
