@@ -46,6 +46,16 @@ class Cluster:
             data: bytes = resp.read()
             return data
 
+    def wait_trimmed(self, topic_path: str, past_ledger: int) -> list[tuple[int, int]]:
+        """Wait (up to 30 s) until the broker's retention has trimmed the topic's ledgers up to ``past_ledger``
+        (its first ledger is a later one); the (ledgerId, entries) of the ledgers left, trimmed or not."""
+        deadline = time.monotonic() + 30
+        while True:
+            stats = json.loads(self.admin("GET", f"/admin/v2/persistent/{topic_path}/internalStats"))
+            if stats["ledgers"][0]["ledgerId"] > past_ledger or time.monotonic() > deadline:
+                return [(led["ledgerId"], led["entries"]) for led in stats["ledgers"]]
+            time.sleep(0.5)
+
     def client(self) -> Any:
         return pulsar.Client(
             self.broker.service_url,
@@ -298,13 +308,7 @@ def test_a_stream_whose_unread_ledgers_were_trimmed_fails_until_told_to_skip_the
         send(25, "b")
         ack(55)
         cluster.admin("DELETE", "/admin/v2/persistent/trim/ns/t/subscription/spark-trim")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            stats = json.loads(cluster.admin("GET", "/admin/v2/persistent/trim/ns/t/internalStats"))
-            if stats["ledgers"][0]["ledgerId"] > first_ledgers[-1]:
-                break
-            time.sleep(0.5)
-        left = [(led["ledgerId"], led["entries"]) for led in stats["ledgers"]]
+        left = cluster.wait_trimmed("trim/ns/t", first_ledgers[-1])
         assert left[0][0] > first_ledgers[-1], f"the broker trimmed the stream's ledgers: {left}"
         for _attempt in range(2):
             with pytest.raises(StreamingQueryException, match=f"ledger {first_ledgers[-1]} was deleted"):
