@@ -1125,10 +1125,7 @@ class AdminApp:
         subs = await self._subscription_rows(topic)
         storage = _storage_size(topic)
         return {
-            "msgRateIn": c.rate("msg_in", msg_in),
-            "msgThroughputIn": c.rate("bytes_in", bytes_in),
-            "msgRateOut": c.rate("msg_out", c.msg_out),
-            "msgThroughputOut": c.rate("bytes_out", c.bytes_out),
+            **c.topic_rates(msg_in, bytes_in),
             "msgInCounter": msg_in,
             "bytesInCounter": bytes_in,
             "msgOutCounter": c.msg_out,

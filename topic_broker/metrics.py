@@ -60,6 +60,18 @@ class TopicCounters:
         w = self.rates.setdefault(what, _RateWindow())
         return w.rate(time.monotonic() if now is None else now, value)
 
+    def topic_rates(self, msg_in: int, bytes_in: int, now: float | None = None) -> dict[str, float]:
+        """The topic's rates (Pulsar's names), each counter sampled now: the broker's tick samples every topic it
+        serves, so the first read of the stats already has a window to measure (before, a rate was sampled only
+        when read, and the first read after a while answered 0.0 whatever the traffic)."""
+        at = time.monotonic() if now is None else now
+        return {
+            "msgRateIn": self.rate("msg_in", msg_in, at),
+            "msgThroughputIn": self.rate("bytes_in", bytes_in, at),
+            "msgRateOut": self.rate("msg_out", self.msg_out, at),
+            "msgThroughputOut": self.rate("bytes_out", self.bytes_out, at),
+        }
+
 
 class BrokerMetrics:
     """Counters the service feeds; read by the admin app's stats and ``/metrics``."""

@@ -1874,6 +1874,7 @@ class BrokerService:
             with self._policies_failing.catching(zk.MetadataError, "namespace policies not refreshed"):
                 await self.refresh_policies()
             for topic in self.served_topics():
+                self.metrics.topic(topic.key).topic_rates(topic.msg_in, topic.bytes_in, now)
                 try:
                     await self.enforce_quota(topic)
                     # without the bookies a new ledger needs, a rollover only fails again (cursors are flushed)
