@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import json
 import logging
 import time
@@ -83,6 +82,7 @@ from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName
 from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
+from .wire import pulsar_date
 
 if TYPE_CHECKING:
     from .service import BrokerService, SubscriptionRuntime, Topic
@@ -203,13 +203,6 @@ def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[st
     if batch_index >= 0:
         out["batchIndex"] = batch_index
     return out
-
-
-def pulsar_date(ms: int) -> str:
-    """A time as Pulsar's admin writes it in ``X-Pulsar-publish-time`` (``DateFormatter``: ISO 8601 with its
-    offset, milliseconds), in UTC: what pulsar-admin parses back (a bare number fails there)."""
-    t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def _ml_state(ml: ManagedLedger) -> str:
@@ -1113,6 +1106,7 @@ class AdminApp:
                 "msgDelayed": s.get("msgDelayed", 0),
                 "markDeletePosition": s.get("markDeletePosition"),
                 "readPosition": s.get("readPosition"),
+                "activeConsumerName": s.get("activeConsumerName"),
                 "consumers": s.get("consumers", []),
             }
         return out

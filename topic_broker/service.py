@@ -511,6 +511,10 @@ class Producer:
     name: str
     topic: Topic
     exclusive: bool = False
+    #: what the stats show of it (Pulsar's ``accessMode``, ``metadata``: the PRODUCER's properties)
+    access_mode: int = pb.Shared
+    metadata: dict[str, str] = field(default_factory=dict)
+    connected_since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     receipts: deque[_Receipt] = field(default_factory=deque)
     closed: bool = False
     #: SENDs held behind a batch whose dedup walk runs in a worker thread (``Topic.publish``), in their order
@@ -561,6 +565,20 @@ class Consumer:
     sub_key: int = -1
     #: the consumer's properties (SUBSCRIBE ``metadata``), shown in stats as Pulsar's ``metadata``
     metadata: dict[str, str] = field(default_factory=dict)
+    connected_since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: messages (a batch counts its messages) and bytes dispatched to it, Pulsar's ``msgOutCounter`` …
+    msg_out: int = 0
+    bytes_out: int = 0
+
+
+def _client_stats(session: Session, connected_since_ms: int) -> dict[str, str]:
+    """What Pulsar's stats say of a producer's or consumer's connection (``/127.0.0.1:54321`` as Java writes a
+    socket address)."""
+    return {
+        "address": f"/{session.peer}",
+        "connectedSince": wire.pulsar_date(connected_since_ms),
+        "clientVersion": session.conn.client_version,
+    }
 
 
 class SubscriptionRuntime:
@@ -702,9 +720,10 @@ class SubscriptionRuntime:
                         )
                     )
                     session.send(entry.data)
-                self.topic.service.metrics.dispatched(
-                    self.topic.key, self.name, entry.num_messages, len(entry.data) if entry.data else 0
-                )
+                size = len(entry.data) if entry.data else 0
+                c.msg_out += entry.num_messages
+                c.bytes_out += size
+                self.topic.service.metrics.dispatched(self.topic.key, self.name, entry.num_messages, size)
             elif isinstance(cmd, Read):
                 cmd = self._within_read_bytes(cmd)
                 if self._compacted_before(cmd.start):
@@ -920,6 +939,7 @@ class SubscriptionRuntime:
 
     def stats(self) -> dict[str, Any]:
         c = self.cursor
+        active = None if self.core.active_consumer is None else self._by_key.get(self.core.active_consumer)
         return {
             "type": pb.CommandSubscribe.SubType.Name(self.core.sub_type),  # Pulsar's names: Key_Shared
             "durable": self.durable,
@@ -933,12 +953,16 @@ class SubscriptionRuntime:
             "msgDelayed": self.core.delayed_count,  # held back for delayed delivery (entries)
             "markDeletePosition": str(Position(*self.mark_position)),
             "readPosition": str(Position(*self.core.read_position)),
+            "activeConsumerName": None if active is None else active.name,  # Failover, Exclusive
             "consumers": [
                 {
                     "consumerName": c.name,
                     "availablePermits": self.core.permits(k),
                     "unackedMessages": self.core.unacked_messages(k),
+                    "msgOutCounter": c.msg_out,
+                    "bytesOutCounter": c.bytes_out,
                     "metadata": dict(c.metadata),
+                    **_client_stats(c.session, c.connected_since_ms),
                 }
                 for k, c in self.consumers.items()
             ],
@@ -1553,7 +1577,14 @@ class Topic:
             "msgInCounter": self.msg_in,
             "bytesInCounter": self.bytes_in,
             "publishers": [
-                {"producerName": p.name, "producerId": p.producer_id} for p in self.producers.values()
+                {
+                    "producerName": p.name,
+                    "producerId": p.producer_id,
+                    "accessMode": pb.ProducerAccessMode.Name(p.access_mode),
+                    "metadata": dict(p.metadata),
+                    **_client_stats(p.session, p.connected_since_ms),
+                }
+                for p in self.producers.values()
             ],
             "subscriptions": {n: s.stats() for n, s in self.subscriptions.items()},
         }
@@ -2370,7 +2401,15 @@ class BrokerService:
     ) -> None:
         mode = cmd.producer_access_mode if cmd.HasField("producer_access_mode") else pb.Shared
         s.closed_by_quota.pop(cmd.producer_id, None)
-        p = Producer(s, cmd.producer_id, name, topic, exclusive=mode != pb.Shared)
+        p = Producer(
+            s,
+            cmd.producer_id,
+            name,
+            topic,
+            exclusive=mode != pb.Shared,
+            access_mode=mode,
+            metadata={kv.key: kv.value for kv in cmd.metadata},
+        )
         topic.add_producer(p)
         s.producers[cmd.producer_id] = p
         last = topic.last_sequence.get(name, -1) if topic.dedup_enabled else -1

@@ -34,6 +34,7 @@ Errors::
 from __future__ import annotations
 
 import base64
+import datetime
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
@@ -1148,3 +1149,11 @@ def _batch_messages(
                 raise EntryFormatError(f"batch message {index} of {count}: payload size {size} overruns")
             yield single, pos, size
             pos += size
+
+
+def pulsar_date(ms: int) -> str:
+    """A time as Pulsar's admin writes it (``X-Pulsar-publish-time``, the stats' ``connectedSince``;
+    ``DateFormatter``: ISO 8601 with its offset, milliseconds), in UTC: what pulsar-admin parses back (a bare
+    number fails there)."""
+    t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"

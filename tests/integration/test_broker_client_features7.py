@@ -6,6 +6,7 @@ topics; every wait is bounded."""
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -50,3 +51,35 @@ def test_the_first_stats_read_shows_the_rates_of_messages_flowing(bp: BrokerProc
     assert stats["msgInCounter"] > 0
     assert stats["msgRateIn"] > 0 and stats["msgThroughputIn"] > 0, stats
     assert stats["msgRateOut"] > 0 and stats["msgThroughputOut"] > 0, stats
+
+
+def test_stats_name_the_producers_and_consumers_as_pulsar_does(bp: BrokerProcess, c: Any) -> None:
+    """Pulsar's publisher and consumer fields: the producer's access mode and properties, each client's address,
+    connection time and version, what each consumer was sent, and a Failover subscription's active consumer."""
+    t = f"persistent://public/default/{topic_name()}"
+    a = c.subscribe(
+        t, "s", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a", properties={"team": "x"}
+    )
+    c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Failover, consumer_name="b")
+    producer = c.create_producer(t, producer_name="billing", properties={"app": "billing"})
+    for i in range(5):  # one batch of 5
+        producer.send_async(f"m{i}".encode(), None)
+    producer.flush()
+    assert [a.receive(10_000).data() for _ in range(5)] == [f"m{i}".encode() for i in range(5)]
+    stats = _stats(bp, t)
+    (pub,) = stats["publishers"]
+    assert (pub["producerName"], pub["accessMode"], pub["metadata"]) == (
+        "billing",
+        "Shared",
+        {"app": "billing"},
+    )
+    sub = stats["subscriptions"]["s"]
+    assert sub["activeConsumerName"] == "a"
+    consumers = {x["consumerName"]: x for x in sub["consumers"]}
+    assert {n: x["msgOutCounter"] for n, x in consumers.items()} == {"a": 5, "b": 0}
+    assert consumers["a"]["metadata"] == {"team": "x"} and consumers["a"]["bytesOutCounter"] > 0
+    for client in (pub, *consumers.values()):
+        assert client["address"].startswith("/127.0.0.1:"), client
+        assert client["clientVersion"].startswith("Pulsar-"), client
+        connected = datetime.datetime.fromisoformat(client["connectedSince"])
+        assert abs(datetime.datetime.now(datetime.UTC) - connected) < datetime.timedelta(hours=1), client
