@@ -264,4 +264,6 @@ class ZkMetadataView:
     def ledger_exists(self, ledger_id: int) -> bool:
         from zk import layout
 
+        if not 0 <= ledger_id <= layout.MAX_LEDGER_ID:
+            return False  # no ledger has such an id (a stranger's add or fence named it: the wire's is a u64)
         return bool(self.store.exists(layout.ledger_path(ledger_id)))

@@ -106,3 +106,31 @@ def _quiet_gc(bp) -> None:
         http(bp, "PUT", "/api/v1/gc", timeout_s=60)
     except OSError:
         pass
+
+
+def test_a_ledger_id_past_the_largest_added_by_a_stranger_is_collected_and_blocks_no_pass(bookies) -> None:
+    """The wire's ledger id is a u64, a ledger's at most 2^63-1: an add naming 2^63 was stored, and then every
+    gc pass failed on it (its znode path cannot be made), and the ledgers to delete beside it stayed."""
+    bp = bookies.start("--gc-interval-s", "3600")
+    bk = BookKeeper.connect(bookies.zk, zk_root=bookies.root)
+    try:
+        lh = bk.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1, password=b"pw")
+        lh.append_many([b"kept"] * 3)
+        lh.close()
+    finally:
+        bk.close()
+
+    async def strangers_adds() -> None:
+        raw = await RawBookie.open(bp.id)
+        try:
+            assert await raw.add(2**63, 0) == p.Status.OK
+            assert await raw.add(10**12, 0) == p.Status.OK  # in range, in no metadata either
+        finally:
+            raw.close()
+
+    asyncio.run(strangers_adds())
+    assert ledger_ids(bp) == {lh.ledger_id, 2**63, 10**12}
+    status, body = http(bp, "PUT", "/api/v1/gc")
+    assert status == 200, body
+    assert sorted(body["ledgers"]["deleted"]) == [10**12, 2**63], body
+    assert ledger_ids(bp) == {lh.ledger_id}
