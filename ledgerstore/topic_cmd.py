@@ -323,8 +323,9 @@ def _subscription_path(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def peeked_messages(body: bytes, headers: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The messages of one peeked entry (a batch's frame split, as pulsar-admin does): id, publish time, producer,
-    key, properties and payload."""
+    """The messages of one peeked entry (a batch's frame split, as pulsar-admin does, but for an end-to-end
+    encrypted one, whose payload the broker answers as stored): id, publish time, producer, key, properties and
+    payload."""
     from topic_broker import pulsar_api_pb2 as pb
     from topic_broker import wire
 
@@ -337,7 +338,7 @@ def peeked_messages(body: bytes, headers: Mapping[str, str]) -> list[dict[str, A
     prefix = "x-pulsar-property-"
     props = {k[len(prefix) :]: v for k, v in headers.items() if k.lower().startswith(prefix)}
     batch = headers.get("X-Pulsar-num-batch-message")
-    if batch is None:
+    if batch is None or headers.get("X-Pulsar-Is-Encrypted") == "true":  # an encrypted batch: one, as stored
         key = headers.get("X-Pulsar-partition-key")
         return [{"messageId": mid, **common, "key": key, "properties": props, "payload": body}]
     md = pb.MessageMetadata(producer_name="", sequence_id=0, publish_time=0, num_messages_in_batch=int(batch))

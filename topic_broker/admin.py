@@ -42,6 +42,7 @@ on one topic whose tenant or namespace does not exist is 404 "Namespace not foun
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -53,6 +54,7 @@ from urllib.parse import quote, unquote
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client.core import Metric
 
 import zk
@@ -1346,13 +1348,22 @@ class AdminApp:
             raise AdminError(404, f"Message not found at {pos}: {e}") from e
         try:
             md, payload = wire.parse_entry(data, verify_checksum=False)
+            # end-to-end encrypted (compressed, then encrypted, by the producer): the broker holds no key, so the
+            # payload goes as stored, a batch whole, with what a consumer needs to decrypt it in the headers
+            encrypted = bool(md.encryption_keys)
+            if encrypted and batch_index and md.HasField("num_messages_in_batch"):
+                raise AdminError(
+                    412, f"the entry at {pos} is encrypted: its batch's messages cannot be told apart here"
+                )
 
             def decompressed() -> list[tuple[pb.SingleMessageMetadata | None, bytes]]:
+                if encrypted:
+                    return [(None, bytes(payload))]
                 if batch_index is None:
                     return [(None, wire.uncompressed_payload(md, payload))]
                 return list(wire.iter_batch(md, payload))
 
-            if wire.inflates_off_loop(md):
+            if not encrypted and wire.inflates_off_loop(md):
                 # pyarrow's import (the first time) and its decompression, or a large inflation, off the loop
                 messages = await asyncio.to_thread(decompressed)
             else:
@@ -1364,16 +1375,30 @@ class AdminApp:
             raise AdminError(404, f"no message {index} in the entry at {pos} ({len(messages)} messages)")
         single, body = messages[index]
         batched = md.HasField("num_messages_in_batch")
-        headers = {
-            "X-Pulsar-Message-ID": f"{pos.ledger_id}:{pos.entry_id}:{topic.name.partition_index}"
-            + (f":{batch_index}" if batched and batch_index is not None else ""),
-            "X-Pulsar-publish-time": pulsar_date(md.publish_time),
-            "X-Pulsar-producer-name": md.producer_name,
-            "X-Pulsar-sequence-id": str(md.sequence_id),
-        }
+        headers = CIMultiDict(
+            {
+                "X-Pulsar-Message-ID": f"{pos.ledger_id}:{pos.entry_id}:{topic.name.partition_index}"
+                + (f":{batch_index}" if batched and batch_index is not None and not encrypted else ""),
+                "X-Pulsar-publish-time": pulsar_date(md.publish_time),
+                "X-Pulsar-producer-name": md.producer_name,
+                "X-Pulsar-sequence-id": str(md.sequence_id),
+                "X-Pulsar-Is-Encrypted": "true" if encrypted else "false",
+            }
+        )
+        if encrypted:  # Pulsar's headers, from which its admin client rebuilds the metadata to decrypt with
+            headers["X-Pulsar-compression"] = pb.CompressionType.Name(md.compression)
+            headers["X-Pulsar-uncompressed-size"] = str(md.uncompressed_size)
+            if md.HasField("encryption_algo"):
+                headers["X-Pulsar-encryption-algo"] = md.encryption_algo
+            for ek in md.encryption_keys:
+                headers.add(
+                    "X-Pulsar-Base64-encryption-keys", base64.b64encode(ek.SerializeToString()).decode()
+                )
+            if md.HasField("encryption_param"):
+                headers["X-Pulsar-Base64-encryption-param"] = base64.b64encode(md.encryption_param).decode()
         if batched:
             headers["X-Pulsar-num-batch-message"] = str(md.num_messages_in_batch)
-            if batch_index is None:
+            if batch_index is None or encrypted:
                 headers["X-Pulsar-batch-size"] = str(len(body))
         props = single.properties if single is not None else md.properties
         key = (single.partition_key if single is not None else md.partition_key) or ""

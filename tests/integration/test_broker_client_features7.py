@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import datetime
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
+from ledgerstore.topic_cmd import peeked_messages
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import admin, c
+from tests.integration.test_broker_client_features4 import keys
 from tests.integration.test_broker_pulsar_client import topic_name
 
 pulsar = pytest.importorskip("pulsar")
-__all__ = ["c"]  # the third part's client fixture, on this module's broker
+__all__ = ["c", "keys"]  # the third part's client fixture, on this module's broker; the fourth's RSA keys
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +64,15 @@ def test_stats_name_the_producers_and_consumers_as_pulsar_does(bp: BrokerProcess
         t, "s", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a", properties={"team": "x"}
     )
     c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Failover, consumer_name="b")
-    producer = c.create_producer(t, producer_name="billing", properties={"app": "billing"})
-    for i in range(5):  # one batch of 5
+    producer = c.create_producer(
+        t,
+        producer_name="billing",
+        properties={"app": "billing"},
+        batching_enabled=True,
+        batching_max_messages=5,  # one batch of the 5
+        batching_max_publish_delay_ms=60_000,
+    )
+    for i in range(5):
         producer.send_async(f"m{i}".encode(), None)
     producer.flush()
     assert [a.receive(10_000).data() for _ in range(5)] == [f"m{i}".encode() for i in range(5)]
@@ -83,3 +93,41 @@ def test_stats_name_the_producers_and_consumers_as_pulsar_does(bp: BrokerProcess
         assert client["clientVersion"].startswith("Pulsar-"), client
         connected = datetime.datetime.fromisoformat(client["connectedSince"])
         assert abs(datetime.datetime.now(datetime.UTC) - connected) < datetime.timedelta(hours=1), client
+
+
+def test_peek_and_examine_answer_an_encrypted_compressed_batch_as_stored(
+    bp: BrokerProcess, c: Any, keys: dict[str, Any]
+) -> None:
+    """A peek (and examinemessage) of an end-to-end encrypted batch compressed by the producer answers its
+    payload as stored, which only a key holder can decrypt, with Pulsar's encryption headers (before: 412, the
+    broker tried to decompress the ciphertext)."""
+    t = f"persistent://public/default/{topic_name()}"
+    raw = c.subscribe(t, "s", crypto_failure_action=pulsar.ConsumerCryptoFailureAction.CONSUME)
+    producer = c.create_producer(
+        t,
+        encryption_key="k",
+        crypto_key_reader=keys["right"],
+        compression_type=pulsar.CompressionType.LZ4,
+        batching_enabled=True,
+        batching_max_messages=3,  # one batch of the 3
+        batching_max_publish_delay_ms=60_000,
+    )
+    for i in range(3):
+        producer.send_async(f"secret {i} ".encode() * 20, None)
+    producer.flush()
+    stored = raw.receive(10_000).data()  # the batch as sent: a consumer without the key gets it whole
+    reader = c.create_reader(t, pulsar.MessageId.earliest, crypto_key_reader=keys["right"])
+    assert [reader.read_next(10_000).data() for _ in range(3)] == [
+        f"secret {i} ".encode() * 20 for i in range(3)
+    ]
+    base = f"http://127.0.0.1:{bp.http_port}/admin/v2/persistent/public/default/{t.rsplit('/', 1)[-1]}"
+    for path in ("/subscription/s/position/1", "/examinemessage?initialPosition=earliest&messagePosition=1"):
+        with urllib.request.urlopen(base + path, timeout=30) as r:
+            assert r.read() == stored, path
+            assert (r.headers["X-Pulsar-Is-Encrypted"], r.headers["X-Pulsar-compression"]) == ("true", "LZ4")
+            assert r.headers["X-Pulsar-num-batch-message"] == "3"
+            assert r.headers.get_all("X-Pulsar-Base64-encryption-keys"), path
+    # ledgerstore topic peek shows it as one message, not split (the split of ciphertext failed)
+    with urllib.request.urlopen(base + "/subscription/s/position/1", timeout=30) as r:
+        (peeked,) = peeked_messages(r.read(), r.headers)
+    assert peeked["payload"] == stored
