@@ -2451,12 +2451,17 @@ class BrokerService:
             message = f"message of {len(entry)} bytes stored is over the largest ledger entry ({wire.LEDGER_ENTRY_MAX})"
             s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, message))
             return
-        dedup = True
-        if cmd.is_chunk:  # the client marks chunks on the SEND: only then is the metadata read
-            try:
-                dedup = wire.counts_for_dedup(frame.metadata)
-            except wire.EntryFormatError:
-                pass
+        try:
+            # a consumer's client cannot read what it cannot parse (pulsar-client closes its connection, and the
+            # entry comes again): never stored (parsed once, kept in the frame)
+            metadata = frame.metadata
+        except wire.EntryFormatError as e:
+            s.send(
+                wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, f"invalid message: {e}")
+            )
+            return
+        # the client marks chunks on the SEND
+        dedup = wire.counts_for_dedup(metadata) if cmd.is_chunk else True
         p.pending_bytes += len(entry)
         s.publish_bytes += len(entry)
         p.topic.publish(p, cmd, entry, cmd.num_messages if cmd.HasField("num_messages") else 1, dedup=dedup)
