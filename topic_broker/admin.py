@@ -9,7 +9,8 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
 - ``/admin/v2/schemas/{t}/{ns}/{topic}/…``: a topic's schemas (``schema[/{version}]``, ``schemas``, upload,
   ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
-  ``stats``, ``partitioned-stats``, ``internalStats``, subscriptions (list, create, delete, ``resetcursor``,
+  ``stats``, ``partitioned-stats``, ``internalStats``, ``partitioned-internalStats``, ``messageid/{timestamp}``,
+  subscriptions (list, create, delete, ``resetcursor``,
   ``skip_all``, ``skip``, peek at ``position/{n}``, ``expireMessages``, ``all_subscription/expireMessages``),
   ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``terminate``, ``compaction`` (``PUT``
   starts one, 204, or 409 while one runs; ``GET`` its status, Pulsar's ``{"status", "lastError"}``),
@@ -205,6 +206,18 @@ def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[st
     if batch_index >= 0:
         out["batchIndex"] = batch_index
     return out
+
+
+async def _first_published_at_or_after(ml: ManagedLedger, ts: int) -> Position | None:
+    """The first entry whose publish time is ``ts`` (ms) or later, None when none is."""
+
+    def at_or_after(data: bytes) -> bool:
+        try:
+            return wire.entry_publish_time(data) >= ts
+        except wire.EntryFormatError:
+            return False
+
+    return await ml.find_first(at_or_after)
 
 
 def _ml_state(ml: ManagedLedger) -> str:
@@ -1209,6 +1222,15 @@ class AdminApp:
         }
         return _json(out)
 
+    async def partitioned_internal_stats(self, request: web.Request) -> web.Response:
+        """Pulsar's ``partitioned-internalStats`` (``pulsar-admin topics partitioned-stats-internal``):
+        ``{"metadata": {"partitions": N}, "partitions": {partition name: its internalStats}}``."""
+        name = self._topic_name(request)
+        results = await self._each_partition(name, "GET", "/internalStats", request=request)
+        self._check_partition_results(results, ok_404=True)
+        partitions = {str(name.partition(i)): data for i, status, data in sorted(results) if status != 404}
+        return _json({"metadata": {"partitions": len(results)}, "partitions": partitions})
+
     async def internal_stats(self, request: web.Request) -> web.Response:
         topic = await self._owned_topic(request, self._topic_name(request))
         ml = topic.ml
@@ -1573,17 +1595,31 @@ class AdminApp:
             return fanned
         topic = await self._owned_topic(request, name)
         ml = topic.ml
-
-        def at_or_after(data: bytes) -> bool:
-            try:
-                return wire.entry_publish_time(data) >= ts
-            except wire.EntryFormatError:
-                return False
-
-        found = await ml.find_first(at_or_after)
+        found = await _first_published_at_or_after(ml, ts)
         pos = found if found is not None else ml.next_position(ml.last_confirmed_position())
         await self._move_cursor(topic, sub, pos, disconnect=True)
         return _no_content()
+
+    async def message_id_by_time(self, request: web.Request) -> web.Response:
+        """Pulsar's ``messageid/{timestamp}`` (``pulsar-admin topics get-message-id -d``): the id of the first
+        message published at or after the time (ms), 404 "Message ID is null" when none is; 405 on a partitioned
+        topic (ask its partitions), as Pulsar answers."""
+        name = self._topic_name(request)
+        try:
+            ts = int(request.match_info["timestamp"])
+        except ValueError:
+            raise AdminError(412, "the timestamp must be milliseconds since the epoch") from None
+        if not name.is_partition and await self._partitions(name):
+            raise AdminError(
+                405,
+                "Get message ID by timestamp on a partitioned topic is not allowed, "
+                "please try do it on specific topic partition",
+            )
+        topic = await self._owned_topic(request, name)
+        found = await _first_published_at_or_after(topic.ml, ts)
+        if found is None:
+            raise AdminError(404, "Message ID is null")
+        return _json(_message_id(found, name.partition_index))
 
     async def reset_cursor_to_id(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
@@ -1840,6 +1876,8 @@ class AdminApp:
         r.add_get(t + "/stats", self.stats)
         r.add_get(t + "/partitioned-stats", self.partitioned_stats)
         r.add_get(t + "/internalStats", self.internal_stats)
+        r.add_get(t + "/partitioned-internalStats", self.partitioned_internal_stats)
+        r.add_get(t + "/messageid/{timestamp}", self.message_id_by_time)
         r.add_get(t + "/lastMessageId", self.last_message_id)
         r.add_put(t + "/unload", self.unload)
         r.add_post(t + "/terminate", self.terminate)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -131,3 +132,31 @@ def test_peek_and_examine_answer_an_encrypted_compressed_batch_as_stored(
     with urllib.request.urlopen(base + "/subscription/s/position/1", timeout=30) as r:
         (peeked,) = peeked_messages(r.read(), r.headers)
     assert peeked["payload"] == stored
+
+
+def test_message_id_by_time_and_partitioned_internal_stats(bp: BrokerProcess, c: Any) -> None:
+    """pulsar-admin's ``topics get-message-id`` (the first message published at or after a time, on a partition;
+    405 on the partitioned topic) and ``topics partitioned-stats-internal`` (before: 404, no such route)."""
+    base = topic_name()
+    path = f"/admin/v2/persistent/public/default/{base}"
+    admin(bp, "PUT", path + "/partitions", 2)
+    producer = c.create_producer(f"persistent://public/default/{base}-partition-0", batching_enabled=False)
+    first = producer.send(b"early")
+    time.sleep(0.01)  # a later millisecond for the next publish time
+    later = int(time.time() * 1000)
+    second = producer.send(b"late")
+    got = admin(bp, "GET", f"{path}-partition-0/messageid/{later}")
+    assert (got["ledgerId"], got["entryId"], got["partitionIndex"]) == (
+        second.ledger_id(),
+        second.entry_id(),
+        0,
+    )
+    got = admin(bp, "GET", f"{path}-partition-0/messageid/{later - 600_000}")
+    assert (got["ledgerId"], got["entryId"]) == (first.ledger_id(), first.entry_id())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        admin(bp, "GET", f"{path}/messageid/{later}")
+    assert e.value.code == 405
+    stats = admin(bp, "GET", path + "/partitioned-internalStats")
+    assert stats["metadata"] == {"partitions": 2}
+    p0 = stats["partitions"][f"persistent://public/default/{base}-partition-0"]
+    assert p0["lastConfirmedEntry"] == f"{second.ledger_id()}:{second.entry_id()}"
