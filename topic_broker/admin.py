@@ -9,7 +9,7 @@ Paths, bodies and field names are Pulsar's, so ``pulsar-admin`` habits and the P
 - ``/admin/v2/schemas/{t}/{ns}/{topic}/…``: a topic's schemas (``schema[/{version}]``, ``schemas``, upload,
   ``compatibility``, delete), checked as a producer's declaration is (``schema_compat``).
 - ``/admin/v2/persistent/{t}/{ns}[/{topic}[/…]]``: list, create, delete, partitions (create, grow, count),
-  ``stats``, ``partitioned-stats``, ``internalStats``, ``partitioned-internalStats``, ``messageid/{timestamp}``,
+  ``stats``, ``partitioned-stats``, ``internalStats``, ``partitioned-internalStats``, ``internal-info``, ``messageid/{timestamp}``,
   subscriptions (list, create, delete, ``resetcursor``,
   ``skip_all``, ``skip``, peek at ``position/{n}``, ``expireMessages``, ``all_subscription/expireMessages``),
   ``lastMessageId``, ``examinemessage``, a message by id, ``unload``, ``terminate``, ``compaction`` (``PUT``
@@ -1231,6 +1231,60 @@ class AdminApp:
         partitions = {str(name.partition(i)): data for i, status, data in sorted(results) if status != 404}
         return _json({"metadata": {"partitions": len(results)}, "partitions": partitions})
 
+    async def internal_info(self, request: web.Request) -> web.Response:
+        """Pulsar's ``internal-info`` (``pulsar-admin topics info-internal``): the managed ledger's stored record
+        and its cursors' in the shape of Pulsar's ``ManagedLedgerInfo`` (an individually acknowledged range as
+        ``{"from"`` (excluded), ``"to"`` (included)``}``; the open ledger's entries and size are filled in when it
+        is closed, as stored); a partitioned topic's as ``{"partitions": {partition name: its info}}``."""
+        name = self._topic_name(request)
+        if not name.is_partition and await self._partitions(name):
+            results = await self._each_partition(name, "GET", "/internal-info", request=request)
+            self._check_partition_results(results, ok_404=True)
+            parts = {str(name.partition(i)): data for i, status, data in sorted(results) if status != 404}
+            return _json({"partitions": parts})
+        topic = await self._owned_topic(request, name)
+        stored = await self.meta.get_ml_info(topic.ml.name)
+        if stored is None:
+            raise AdminError(404, f"Topic {name} not found")
+        info = stored.value
+
+        def at(p: tuple[int, int]) -> dict[str, int]:
+            return {"ledgerId": p[0], "entryId": p[1]}
+
+        cursors: dict[str, Any] = {}
+        for sub in sorted(await self.meta.list_cursors(topic.ml.name)):
+            ci = await self.meta.get_cursor(topic.ml.name, sub)
+            if ci is None:
+                continue
+            cursors[sub] = {
+                "version": ci.version,
+                "cursorsLedgerId": -1,
+                "markDelete": at(ci.value.mark_delete),
+                "individualDeletedMessages": [
+                    {"from": at((l1, e1 - 1)), "to": at((l2, e2))}
+                    for l1, e1, l2, e2 in ci.value.individually_deleted
+                ],
+                "properties": dict(ci.value.properties),
+            }
+        out: dict[str, Any] = {
+            "version": stored.version,
+            "ledgers": [
+                {
+                    "ledgerId": li.ledger_id,
+                    "entries": li.entries,
+                    "size": li.size,
+                    "timestamp": li.timestamp_ms,
+                    "isOffloaded": False,
+                }
+                for li in info.ledgers
+            ],
+            "cursors": cursors,
+            "properties": dict(info.properties),
+        }
+        if info.terminated_position is not None:
+            out["terminatedPosition"] = at(info.terminated_position)
+        return _json(out)
+
     async def internal_stats(self, request: web.Request) -> web.Response:
         topic = await self._owned_topic(request, self._topic_name(request))
         ml = topic.ml
@@ -1877,6 +1931,7 @@ class AdminApp:
         r.add_get(t + "/partitioned-stats", self.partitioned_stats)
         r.add_get(t + "/internalStats", self.internal_stats)
         r.add_get(t + "/partitioned-internalStats", self.partitioned_internal_stats)
+        r.add_get(t + "/internal-info", self.internal_info)
         r.add_get(t + "/messageid/{timestamp}", self.message_id_by_time)
         r.add_get(t + "/lastMessageId", self.last_message_id)
         r.add_put(t + "/unload", self.unload)

@@ -19,7 +19,7 @@ from ledgerstore.cluster import BrokerProcess
 from ledgerstore.topic_cmd import peeked_messages
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import admin, c
-from tests.integration.test_broker_client_features4 import keys
+from tests.integration.test_broker_client_features4 import keys, wait_for
 from tests.integration.test_broker_pulsar_client import topic_name
 
 pulsar = pytest.importorskip("pulsar")
@@ -160,3 +160,30 @@ def test_message_id_by_time_and_partitioned_internal_stats(bp: BrokerProcess, c:
     assert stats["metadata"] == {"partitions": 2}
     p0 = stats["partitions"][f"persistent://public/default/{base}-partition-0"]
     assert p0["lastConfirmedEntry"] == f"{second.ledger_id()}:{second.entry_id()}"
+
+
+def test_internal_info_is_the_stored_record_in_pulsars_shape(bp: BrokerProcess, c: Any) -> None:
+    """pulsar-admin's ``topics info-internal``: the stored ledgers and cursors as Pulsar's ManagedLedgerInfo, an
+    individually acknowledged range as (from, to] (before: 404, no such route)."""
+    t = f"persistent://public/default/{topic_name()}"
+    path = f"/admin/v2/persistent/public/default/{t.rsplit('/', 1)[-1]}"
+    producer = c.create_producer(t, batching_enabled=False)
+    consumer = c.subscribe(t, "s")
+    ids = [producer.send(b"x") for _ in range(4)]
+    for m in [consumer.receive(10_000) for _ in range(4)][1:3]:
+        consumer.acknowledge(m)
+    wait_for(lambda: admin(bp, "GET", path + "/stats")["subscriptions"]["s"]["msgBacklog"] == 2, "the acks")
+    admin(bp, "PUT", path + "/unload")  # the ledger closed and the cursor written
+    info = admin(bp, "GET", path + "/internal-info")
+    ledger = ids[0].ledger_id()
+    assert {"ledgerId": ledger, "entries": 4} in [
+        {k: li[k] for k in ("ledgerId", "entries")} for li in info["ledgers"]
+    ]
+    cursor = info["cursors"]["s"]
+    assert cursor["markDelete"] == {"ledgerId": ledger, "entryId": ids[0].entry_id() - 1}
+    assert cursor["individualDeletedMessages"] == [
+        {
+            "from": {"ledgerId": ledger, "entryId": ids[0].entry_id()},
+            "to": {"ledgerId": ledger, "entryId": ids[2].entry_id()},
+        }
+    ]
