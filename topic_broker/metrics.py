@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from bookie.metrics import Histogram
 
-__all__ = ["FAMILIES", "PUBLISH_LATENCY_BUCKETS_S", "BrokerMetrics", "Families", "TopicCounters"]
+__all__ = ["FAMILIES", "PUBLISH_LATENCY_BUCKETS_S", "BrokerMetrics", "Families", "Rates", "TopicCounters"]
 
 #: Publish latency buckets (seconds), SEND received → entry durable on Qa bookies.
 PUBLISH_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
@@ -45,6 +45,17 @@ class _RateWindow:
 
 
 @dataclass(slots=True)
+class Rates:
+    """Rates of monotone counters, by name (``_RateWindow`` each): what a producer's or consumer's stats show."""
+
+    windows: dict[str, _RateWindow] = field(default_factory=dict)
+
+    def rate(self, what: str, value: float, now: float | None = None) -> float:
+        w = self.windows.setdefault(what, _RateWindow())
+        return w.rate(time.monotonic() if now is None else now, value)
+
+
+@dataclass(slots=True)
 class TopicCounters:
     """What a topic (partition) did on this broker since the broker started serving it."""
 
@@ -54,11 +65,10 @@ class TopicCounters:
     bytes_published: int = 0
     sub_msg_out: dict[str, int] = field(default_factory=dict)
     sub_bytes_out: dict[str, int] = field(default_factory=dict)
-    rates: dict[str, _RateWindow] = field(default_factory=dict)
+    rates: Rates = field(default_factory=Rates)
 
     def rate(self, what: str, value: float, now: float | None = None) -> float:
-        w = self.rates.setdefault(what, _RateWindow())
-        return w.rate(time.monotonic() if now is None else now, value)
+        return self.rates.rate(what, value, now)
 
     def topic_rates(self, msg_in: int, bytes_in: int, now: float | None = None) -> dict[str, float]:
         """The topic's rates (Pulsar's names), each counter sampled now: the broker's tick samples every topic it

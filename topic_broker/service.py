@@ -83,7 +83,7 @@ from .managed_ledger import (
     Position,
     QueuedEntry,
 )
-from .metrics import BrokerMetrics
+from .metrics import BrokerMetrics, Rates
 from .names import InvalidTopicName, TopicName
 from .subscription import (
     ActiveConsumerChanged,
@@ -515,6 +515,10 @@ class Producer:
     access_mode: int = pb.Shared
     metadata: dict[str, str] = field(default_factory=dict)
     connected_since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    #: messages (a batch counts its messages) and bytes it published, and their rates (Pulsar's ``msgRateIn`` …)
+    msg_in: int = 0
+    bytes_in: int = 0
+    rates: Rates = field(default_factory=Rates)
     receipts: deque[_Receipt] = field(default_factory=deque)
     closed: bool = False
     #: SENDs held behind a batch whose dedup walk runs in a worker thread (``Topic.publish``), in their order
@@ -569,6 +573,21 @@ class Consumer:
     #: messages (a batch counts its messages) and bytes dispatched to it, Pulsar's ``msgOutCounter`` …
     msg_out: int = 0
     bytes_out: int = 0
+    rates: Rates = field(default_factory=Rates)
+
+
+def _producer_rates(p: Producer, now: float | None = None) -> dict[str, float]:
+    return {
+        "msgRateIn": p.rates.rate("msg_in", p.msg_in, now),
+        "msgThroughputIn": p.rates.rate("bytes_in", p.bytes_in, now),
+    }
+
+
+def _consumer_rates(c: Consumer, now: float | None = None) -> dict[str, float]:
+    return {
+        "msgRateOut": c.rates.rate("msg_out", c.msg_out, now),
+        "msgThroughputOut": c.rates.rate("bytes_out", c.bytes_out, now),
+    }
 
 
 def _client_stats(session: Session, connected_since_ms: int) -> dict[str, str]:
@@ -961,6 +980,7 @@ class SubscriptionRuntime:
                     "unackedMessages": self.core.unacked_messages(k),
                     "msgOutCounter": c.msg_out,
                     "bytesOutCounter": c.bytes_out,
+                    **_consumer_rates(c),
                     "metadata": dict(c.metadata),
                     **_client_stats(c.session, c.connected_since_ms),
                 }
@@ -1280,6 +1300,8 @@ class Topic:
             self.last_sequence[p.name] = max(last, rec.dedup_id)
         self.msg_in += num_messages
         self.bytes_in += len(entry)
+        p.msg_in += num_messages
+        p.bytes_in += len(entry)
         self._queue.append((entry, functools.partial(self._appended, p, rec), num_messages))
         if not self._appending:
             self._appending = True
@@ -1572,6 +1594,16 @@ class Topic:
 
     # -- stats ----------------------------------------------------------------------------------------------
 
+    def sample_rates(self, now: float) -> None:
+        """A sample of the counters behind every rate the stats show (the topic's, its producers' and its
+        consumers'), taken at each tick so that the first read of the stats has a window to measure."""
+        self.service.metrics.topic(self.key).topic_rates(self.msg_in, self.bytes_in, now)
+        for p in self.producers.values():
+            _producer_rates(p, now)
+        for sub in self.subscriptions.values():
+            for c in sub.consumers.values():
+                _consumer_rates(c, now)
+
     def stats(self) -> dict[str, Any]:
         return {
             "msgInCounter": self.msg_in,
@@ -1581,6 +1613,8 @@ class Topic:
                     "producerName": p.name,
                     "producerId": p.producer_id,
                     "accessMode": pb.ProducerAccessMode.Name(p.access_mode),
+                    **_producer_rates(p),
+                    "averageMsgSize": p.bytes_in / p.msg_in if p.msg_in else 0.0,
                     "metadata": dict(p.metadata),
                     **_client_stats(p.session, p.connected_since_ms),
                 }
@@ -1905,7 +1939,7 @@ class BrokerService:
             with self._policies_failing.catching(zk.MetadataError, "namespace policies not refreshed"):
                 await self.refresh_policies()
             for topic in self.served_topics():
-                self.metrics.topic(topic.key).topic_rates(topic.msg_in, topic.bytes_in, now)
+                topic.sample_rates(now)
                 try:
                     await self.enforce_quota(topic)
                     # without the bookies a new ledger needs, a rollover only fails again (cursors are flushed)

@@ -43,7 +43,8 @@ def _stats(bp: BrokerProcess, t: str) -> dict[str, Any]:
 
 def test_the_first_stats_read_shows_the_rates_of_messages_flowing(bp: BrokerProcess, c: Any) -> None:
     """A topic's stats read once, while messages flow in and out, show rates above 0 (the broker's tick samples
-    the counters; before, a rate was sampled only when read, so the first read answered 0.0)."""
+    the counters; before, a rate was sampled only when read, so the first read answered 0.0), and so do its
+    producer's, subscription's and consumer's (before: no such fields)."""
     t = f"persistent://public/default/{topic_name()}"
     c.subscribe(t, "s", message_listener=lambda consumer, m: consumer.acknowledge(m))
     producer = c.create_producer(t, batching_enabled=False)
@@ -55,6 +56,16 @@ def test_the_first_stats_read_shows_the_rates_of_messages_flowing(bp: BrokerProc
     assert stats["msgInCounter"] > 0
     assert stats["msgRateIn"] > 0 and stats["msgThroughputIn"] > 0, stats
     assert stats["msgRateOut"] > 0 and stats["msgThroughputOut"] > 0, stats
+    # the producer's, the subscription's and the consumer's own (Pulsar's fields)
+    (pub,) = stats["publishers"]
+    assert pub["msgRateIn"] > 0 and pub["msgThroughputIn"] > 0 and pub["averageMsgSize"] > 100, pub
+    sub = stats["subscriptions"]["s"]
+    (consumer,) = sub["consumers"]
+    assert consumer["msgRateOut"] > 0 and consumer["msgThroughputOut"] > 0, consumer
+    assert (sub["msgRateOut"], sub["msgThroughputOut"]) == (
+        consumer["msgRateOut"],
+        consumer["msgThroughputOut"],
+    )
 
 
 def test_stats_name_the_producers_and_consumers_as_pulsar_does(bp: BrokerProcess, c: Any) -> None:
