@@ -2498,7 +2498,9 @@ class BrokerService:
         dedup = wire.counts_for_dedup(metadata) if cmd.is_chunk else True
         p.pending_bytes += len(entry)
         s.publish_bytes += len(entry)
-        p.topic.publish(p, cmd, entry, cmd.num_messages if cmd.HasField("num_messages") else 1, dedup=dedup)
+        # the messages the entry holds, as a consumer's client counts them (and a reload of the ledger), not the
+        # SEND's num_messages: a count above that took permits the client never gives back
+        p.topic.publish(p, cmd, entry, max(1, wire.entry_message_count(metadata)), dedup=dedup)
         if s.publish_bytes > PUBLISH_BYTES_MAX and not s.publish_paused:
             s.check_publishing()
 

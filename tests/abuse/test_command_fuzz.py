@@ -19,6 +19,7 @@ uses ``random.Random(f"{seed}-{kind}-{i}")``, so a failing one is named by its s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -43,6 +44,7 @@ pytestmark = needs_openssl
 
 T = pb.BaseCommand
 SEQUENCES = int(os.environ.get("LEDGERSTORE_FUZZ_SEQUENCES", "24"))
+FIRST = int(os.environ.get("LEDGERSTORE_FUZZ_FIRST", "0"))  # the first sequence's index (to run one again)
 SEED = os.environ.get("LEDGERSTORE_FUZZ_SEED", "1129")
 ANSWER_S = 30.0  # an answer not here by then is a hang (generous: a busy shared machine)
 U64 = 2**64 - 1
@@ -270,7 +272,7 @@ class BrokerFuzz:
         seq = _pick(r, 0, 1, 2, U64, 2**63, 2**63 - 1, r.randrange(1000))
         cmd = pb.CommandSend(producer_id=pid, sequence_id=seq)
         if r.random() < 0.5:
-            cmd.num_messages = _pick(r, 0, 1, 10**9, 2**31 - 1, 3)
+            cmd.num_messages = _pick(r, 0, 1, 10**9, 2**31 - 1, 3, -1, -(2**31))
         if r.random() < 0.2:
             cmd.highest_sequence_id = _pick(r, 0, seq, U64, 5)
         if r.random() < 0.1:
@@ -287,7 +289,7 @@ class BrokerFuzz:
             # broker stores what a producer sends unread, as Pulsar's does: such batches go to other topics
             kind = 7
         if kind == 0:  # a batch whose declared count disagrees with its payload
-            md.num_messages_in_batch = _pick(r, 0, 1, 5, 10**9, 2**31 - 1)
+            md.num_messages_in_batch = _pick(r, 0, 1, 5, 10**9, 2**31 - 1, -1)
             single = pb.SingleMessageMetadata(payload_size=_pick(r, 3, 0, 10**6, 2**31 - 1))
             body = single.SerializeToString()
             payload = struct.pack(">I", len(body)) + body + b"abc"
@@ -564,11 +566,16 @@ class FuzzCluster:
         self.witness.round("start")
         self.max_frame = wire.DEFAULT_MAX_FRAME_SIZE
 
-    def check(self, tag: str) -> None:
-        assert self.broker.alive and all(b.alive for b in self.bookies), f"after {tag}: a process died"
-        self.witness.round(tag)
+    def check(self, tag: str, sent: list[str] | None = None) -> None:
+        """``sent``: what the stranger sent, for the failure's message."""
+        what = f"after {tag} (the stranger sent {sent})"
+        assert self.broker.alive and all(b.alive for b in self.bookies), f"{what}: a process died"
+        try:
+            self.witness.round(tag)
+        except AssertionError as e:
+            raise AssertionError(f"{what}: {e}") from None
         tracebacks = self.logs.new_tracebacks()
-        assert not tracebacks, f"after {tag}:\n" + "\n\n".join(tracebacks)
+        assert not tracebacks, f"{what}:\n" + "\n\n".join(tracebacks)
 
 
 @pytest.fixture(scope="module")
@@ -603,17 +610,17 @@ def _run_broker_sequence(fc: FuzzCluster, rng: random.Random, sock: socket.socke
         BrokerFuzz(rng, s, fc.witness.known, fc.max_frame).run(rng.randrange(1, 14))
     finally:
         sock.close()
-    fc.check(tag)
+    fc.check(tag, s.log)
 
 
 def test_commands_out_of_order_and_extreme_values_on_the_pulsar_port(fuzz: FuzzCluster) -> None:
-    for i in range(SEQUENCES):
+    for i in range(FIRST, FIRST + SEQUENCES):
         tag = f"{SEED}-plain-{i}"
         _run_broker_sequence(fuzz, random.Random(tag), _plain(fuzz), tag)
 
 
 def test_commands_and_garbage_after_the_tls_handshake(fuzz: FuzzCluster) -> None:
-    for i in range(max(1, SEQUENCES // 2)):
+    for i in range(FIRST, FIRST + max(1, SEQUENCES // 2)):
         tag = f"{SEED}-tls-{i}"
         rng = random.Random(tag)
         sock = _tls(fuzz)
@@ -766,7 +773,7 @@ def _bookie_sequence(rng: random.Random, s: BookieStranger, real_ledgers: list[i
 
 
 def test_requests_of_the_wrong_kind_on_a_bookies_port(fuzz: FuzzCluster) -> None:
-    for i in range(SEQUENCES):
+    for i in range(FIRST, FIRST + SEQUENCES):
         tag = f"{SEED}-bookie-{i}"
         rng = random.Random(tag)
         bookie = rng.choice(fuzz.bookies)
@@ -811,12 +818,10 @@ def test_the_strangers_left_the_witness_whole(fuzz: FuzzCluster) -> None:
     assert len(w.received) == len(set(w.received))
 
 
-def test_a_send_whose_metadata_does_not_parse_is_refused_and_never_stalls_a_consumer(
-    fuzz: FuzzCluster,
-) -> None:
-    """Such an entry, stored, made pulsar-client's consumer close its connection at each delivery ('Error
-    parsing message metadata') and get it again: the subscription stalled for good."""
-    topic = "persistent://public/default/fuzz-unparsable"
+@contextlib.contextmanager
+def _consumer_and_stranger(fuzz: FuzzCluster, topic: str) -> Iterator[tuple[Any, Any, Stranger]]:
+    """A real client subscribed to ``topic`` from the earliest, its consumer, and a stranger connected with
+    producer 1 on the topic."""
     client = pulsar.Client(fuzz.broker.service_url, operation_timeout_seconds=30,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))  # fmt: skip
     try:
@@ -830,19 +835,52 @@ def test_a_send_whose_metadata_does_not_parse_is_refused_and_never_stalls_a_cons
             )
             answer = s.request(producer, 1, "PRODUCER")
             assert answer is not None and answer.type == T.PRODUCER_SUCCESS, answer
-            lacking = pb.MessageMetadata(
-                producer_name="fz"
-            ).SerializePartialToString()  # no sequence_id, time
-            for seq, meta in enumerate((b"\xff\xff\xff\x01", lacking)):
-                send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=seq))
-                s.send(wire.encode_send(send, meta, b"poison"), f"SEND {meta!r}")
-                got = s.wait(lambda f: f.type in (T.SEND_RECEIPT, T.SEND_ERROR), "SEND")
-                assert got is not None and got.type == T.SEND_ERROR, got
-                assert "invalid message" in got.command.send_error.message, got
+            yield client, consumer, s
         finally:
             s.sock.close()
-        client.create_producer(topic).send(b"after")
-        assert consumer.receive(timeout_millis=20_000).data() == b"after"
     finally:
         client.close()
+
+
+def _answer_to_send(
+    s: Stranger, seq: int, meta: bytes | pb.MessageMetadata, payload: bytes, **fields: Any
+) -> Any:
+    """The SEND_RECEIPT or SEND_ERROR of a SEND of producer 1 (``fields``: more of CommandSend's)."""
+    send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=seq, **fields))
+    s.send(wire.encode_send(send, meta, payload), f"SEND {seq} {fields}")
+    got = s.wait(lambda f: f.type in (T.SEND_RECEIPT, T.SEND_ERROR), "SEND")
+    assert got is not None, "the broker closed the connection"
+    return got
+
+
+def test_a_send_whose_metadata_does_not_parse_is_refused_and_never_stalls_a_consumer(
+    fuzz: FuzzCluster,
+) -> None:
+    """Such an entry, stored, made pulsar-client's consumer close its connection at each delivery ('Error
+    parsing message metadata') and get it again: the subscription stalled for good."""
+    topic = "persistent://public/default/fuzz-unparsable"
+    with _consumer_and_stranger(fuzz, topic) as (client, consumer, s):
+        lacking = pb.MessageMetadata(producer_name="fz").SerializePartialToString()  # no sequence_id, time
+        for seq, meta in enumerate((b"\xff\xff\xff\x01", lacking)):
+            got = _answer_to_send(s, seq, meta, b"poison")
+            assert got.type == T.SEND_ERROR and "invalid message" in got.command.send_error.message, got
+        client.create_producer(topic).send(b"after")
+        assert consumer.receive(timeout_millis=20_000).data() == b"after"
     fuzz.check("unparsable")
+
+
+def test_a_send_claiming_more_messages_than_its_entry_holds_takes_no_permits_from_consumers(
+    fuzz: FuzzCluster,
+) -> None:
+    """A message (no batch) sent with num_messages 10^9 was dispatched as 10^9 messages: a consumer's permits went
+    with it, and pulsar-client, which counts one message, never gave them back: nothing more was delivered."""
+    topic = "persistent://public/default/fuzz-count"
+    with _consumer_and_stranger(fuzz, topic) as (client, consumer, s):
+        for seq, count in enumerate((10**9, -1)):
+            md = pb.MessageMetadata(producer_name="fz", sequence_id=seq, publish_time=1)
+            got = _answer_to_send(s, seq, md, b"claims %d" % count, num_messages=count)
+            assert got.type == T.SEND_RECEIPT, got
+        client.create_producer(topic).send(b"after")
+        got = [consumer.receive(timeout_millis=20_000).data() for _ in range(3)]
+        assert got == [b"claims 1000000000", b"claims -1", b"after"], got
+    fuzz.check("num_messages")
