@@ -150,6 +150,11 @@ class ProtocolConnection:
     def closed(self) -> bool:
         return self.state == ConnState.CLOSED
 
+    @property
+    def last_received(self) -> float:
+        """When the last whole frame came (monotonic seconds): a sign of life of the peer."""
+        return self._last_received
+
     # -- input ----------------------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes, now: float) -> list[Request]:

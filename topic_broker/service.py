@@ -166,6 +166,9 @@ PUBLISH_BYTES_MAX = 32 * 1024 * 1024
 #: A connection the broker closes has this long to take what was queued for it (an ERROR, a PING) before it is cut:
 #: one whose peer reads nothing kept its socket, its unsent bytes and its consumers (their messages unacked) for ever
 CLOSE_GRACE_S = 10.0
+#: How long a connection holding a producer's name has to answer a PING when a producer of that name connects
+#: again (Pulsar's connectionLivenessCheckTimeoutMillis): silent, it is taken for dead and closed
+PRODUCER_LIVENESS_TIMEOUT_S = 5.0
 _publish_pauses = RateLimitedLog(log, 5.0)
 
 
@@ -384,6 +387,30 @@ class Session:
             self.check_publishing()  # (a producer gone with SENDs never answered: its topic unloaded)
         if self.conn.has_data_to_send or self.conn.closed:
             self.flush()
+
+    async def answers_ping(self, timeout_s: float) -> bool:
+        """Whether the peer shows a sign of life (any frame, the PONG to a PING sent now) within ``timeout_s``;
+        True when it cannot tell (the connection is not read for now, as :meth:`tick` says)."""
+        if self.closed or self.conn.closed:
+            return False
+        if self.publish_paused and self.writable:
+            return True
+        asked = time.monotonic()
+        self.send(wire.ping())
+        while time.monotonic() - asked < timeout_s:
+            await asyncio.sleep(0.05)
+            if self.closed or self.conn.closed:
+                return False
+            if self.conn.last_received > asked:
+                return True
+        return False
+
+    def close_dead(self, why: str) -> None:
+        """Close the connection and let go of its producers and consumers now, not when the transport reports
+        it lost (a half-open connection's may come much later)."""
+        self.conn.close(why)
+        self.flush()
+        self.connection_lost()
 
     def connection_lost(self) -> None:
         self.closed = True
@@ -2390,6 +2417,27 @@ class BrokerService:
                 )
             )
             return
+        asked = cmd.producer_name if cmd.HasField("producer_name") else ""
+        holder = next((p for p in topic.producers.values() if asked and p.name == asked), None)
+        if holder is not None and holder.session is not s:
+            # as Pulsar's broker: the name is held by another connection, maybe one left half-open by the
+            # client's own reconnection (a network cut that the old connection has not seen); a silent one is
+            # closed, else the producer would be refused until the keep-alive closes it, 30 to 60 s
+            old = holder.session
+            if not await old.answers_ping(PRODUCER_LIVENESS_TIMEOUT_S) and not old.closed:
+                log.info(
+                    "connection %s: no answer to PING within %gs while producer %s connects again from %s: closed",
+                    old.peer,
+                    PRODUCER_LIVENESS_TIMEOUT_S,
+                    holder.name,
+                    s.peer,
+                )
+                old.close_dead(f"no answer to PING while producer {holder.name} connected again")
+            if s.closed:
+                return
+            if topic.unloaded:
+                s.send(wire.error(cmd.request_id, pb.ServiceNotReady, f"{topic.name} is not served here now"))
+                return
         mode = cmd.producer_access_mode if cmd.HasField("producer_access_mode") else pb.Shared
         if mode == pb.WaitForExclusive and (topic.producers or topic.waiting):
             # Pulsar's answer: "queued" now (producer_ready false: the client waits without a timeout), the

@@ -6,7 +6,9 @@ topics; every wait is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -21,8 +23,11 @@ from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import keys, wait_for
 from tests.integration.test_broker_pulsar_client import topic_name
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
 
 pulsar = pytest.importorskip("pulsar")
+T = pb.BaseCommand
 __all__ = ["c", "keys"]  # the third part's client fixture, on this module's broker; the fourth's RSA keys
 
 
@@ -198,3 +203,35 @@ def test_internal_info_is_the_stored_record_in_pulsars_shape(bp: BrokerProcess, 
             "to": {"ledgerId": ledger, "entryId": ids[2].entry_id()},
         }
     ]
+
+
+def test_a_producer_name_held_by_a_silent_connection_is_freed_for_its_reconnection(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """A producer connecting again under its name while its old connection is half-open (a network cut the
+    broker has not seen) gets the name once the old connection leaves a PING unanswered, as Pulsar's liveness
+    check does (before: ProducerBusy until the keep-alive closed the old connection, 30 to 60 s). A name held by
+    a connection that answers is still refused."""
+    t = f"persistent://public/default/{topic_name()}"
+    silent = socket.create_connection(("127.0.0.1", bp.port), timeout=30)
+    try:
+        connect = pb.CommandConnect(client_version="t", protocol_version=20)
+        silent.sendall(wire.encode_command(T(type=T.CONNECT, connect=connect)))
+        producer_cmd = pb.CommandProducer(topic=t, producer_id=1, request_id=1, producer_name="p")
+        silent.sendall(wire.encode_command(T(type=T.PRODUCER, producer=producer_cmd)))
+        dec, frames = wire.FrameDecoder(), []
+        while len(frames) < 2:  # CONNECTED, PRODUCER_SUCCESS; then it reads and answers nothing
+            frames += dec.feed(silent.recv(65536))
+        assert frames[1].command.type == T.PRODUCER_SUCCESS
+        producer = c.create_producer(t, producer_name="p")
+        producer.send(b"after the reconnection")
+    finally:
+        silent.close()
+    c.create_producer(t, producer_name="q")
+    with (
+        contextlib.closing(
+            pulsar.Client(f"pulsar://127.0.0.1:{bp.port}", operation_timeout_seconds=30)
+        ) as other,
+        pytest.raises(pulsar.ProducerBusy),
+    ):
+        other.create_producer(t, producer_name="q")
