@@ -208,6 +208,35 @@ def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[st
     return out
 
 
+def _more_message_headers(md: pb.MessageMetadata, single: pb.SingleMessageMetadata | None) -> dict[str, str]:
+    """The rest of the ``X-Pulsar-*`` headers Pulsar's admin answers a message with and its admin client reads
+    back into the message's metadata (event time, ordering key, schema version, null value and key, ...); those
+    of a batch's message from its own metadata where it has them."""
+    meta: pb.MessageMetadata | pb.SingleMessageMetadata = single if single is not None else md
+    out: dict[str, str] = {}
+    if meta.event_time:
+        out["X-Pulsar-event-time"] = pulsar_date(meta.event_time)
+    if meta.HasField("ordering_key"):
+        out["X-Pulsar-Base64-ordering-key"] = base64.b64encode(meta.ordering_key).decode()
+    if meta.partition_key_b64_encoded:
+        out["X-Pulsar-partition-key-b64-encoded"] = "true"
+    if meta.null_value:
+        out["X-Pulsar-null-value"] = "true"
+    if meta.null_partition_key:
+        out["X-Pulsar-null-partition-key"] = "true"
+    if md.HasField("schema_version"):
+        out["X-Pulsar-Base64-schema-version"] = base64.b64encode(md.schema_version).decode()
+    if md.HasField("replicated_from"):
+        out["X-Pulsar-replicated-from"] = md.replicated_from
+    if md.HasField("uuid"):
+        out["X-Pulsar-uuid"] = md.uuid
+    if md.HasField("num_chunks_from_msg"):
+        out["X-Pulsar-num-chunks-from-msg"] = str(md.num_chunks_from_msg)
+        out["X-Pulsar-total-chunk-msg-size"] = str(md.total_chunk_msg_size)
+        out["X-Pulsar-chunk-id"] = str(md.chunk_id)
+    return out
+
+
 async def _first_published_at_or_after(ml: ManagedLedger, ts: int) -> Position | None:
     """The first entry whose publish time is ``ts`` (ms) or later, None when none is."""
 
@@ -1491,6 +1520,7 @@ class AdminApp:
             headers["X-Pulsar-partition-key"] = key
         for kv in props:
             headers[f"X-Pulsar-PROPERTY-{kv.key}"] = kv.value
+        headers.update(_more_message_headers(md, single))
         return web.Response(body=body, headers=headers, content_type="application/octet-stream")
 
     async def examine_message(self, request: web.Request) -> web.Response:

@@ -6,6 +6,7 @@ topics; every wait is bounded."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import socket
@@ -235,3 +236,22 @@ def test_a_producer_name_held_by_a_silent_connection_is_freed_for_its_reconnecti
         pytest.raises(pulsar.ProducerBusy),
     ):
         other.create_producer(t, producer_name="q")
+
+
+def test_examined_message_headers_carry_event_time_ordering_key_and_schema_version(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """examinemessage (and peek) answer the event time, the ordering key and the schema version in Pulsar's
+    headers, which Pulsar's admin client reads back into the message (before: left out)."""
+    from pulsar.schema import StringSchema
+
+    t = f"persistent://public/default/{topic_name()}"
+    producer = c.create_producer(t, schema=StringSchema(), batching_enabled=False)
+    producer.send("hello", event_timestamp=1_700_000_000_123, ordering_key="order-7")
+    path = f"/admin/v2/persistent/public/default/{t.rsplit('/', 1)[-1]}"
+    url = f"http://127.0.0.1:{bp.http_port}{path}/examinemessage?initialPosition=earliest&messagePosition=1"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.read() == b"hello"
+        assert r.headers["X-Pulsar-event-time"] == "2023-11-14T22:13:20.123Z"
+        assert base64.b64decode(r.headers["X-Pulsar-Base64-ordering-key"]) == b"order-7"
+        assert base64.b64decode(r.headers["X-Pulsar-Base64-schema-version"]) == (0).to_bytes(8, "big")
