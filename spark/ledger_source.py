@@ -12,7 +12,9 @@ say so with a schema naming a subset of them (``.schema("entry_id long, data bin
 not built, and Spark skips converting them (the constant metadata columns, the map above all, cost Spark more
 per row than the payload).
 
-Planning (driver): list the selected ledgers, read each one's metadata and, for a ledger not CLOSED, its last add
+Planning (driver): list the selected ledgers, read each one's metadata, check the query's password against its
+digest (a salted PBKDF2: the ledgers are planned on :data:`PLAN_THREADS` threads, and each range carries the
+digest checked, which its task then does not hash again) and, for a ledger not CLOSED, read its last add
 confirmed from the bookies with a non-fencing open (``recovery=False``), so a live writer keeps writing. A
 CLOSED ledger is read to ``last_entry_id``, any other to that LAC. Each ledger is cut into entry ranges of
 ``entriesPerPartition``; one Spark partition per range, except that small ranges (small ledgers) are packed
@@ -43,11 +45,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import gc
 import itertools
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +122,9 @@ class LedgerRange(InputPartition):  # type: ignore[misc]
     state: str
     ctime_ms: int
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
+    #: The ledger's password digest that planning checked the query's password against: the task opening the
+    #: ledger does not hash the password again (a salted PBKDF2, ~40 ms of CPU a ledger) for that digest.
+    password_digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -246,10 +253,15 @@ def _data_loss(opts: LedgerOptions, ledger_id: int, what: str) -> None:
     log.warning("ledger=%d %s; skipped (failOnDataLoss=false)", ledger_id, what)
 
 
-def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
-    """Driver side: the selected ledgers' metadata and readable ends, cut into entry ranges."""
-    from ledger_client import LedgerError, NoSuchLedgerError, UnauthorizedError
+#: Planning reads the selected ledgers' metadata and checks their password on this many threads: each check of a
+#: ledger's salted PBKDF2 digest costs about 40 ms of CPU (docs/benchmarks-history.md, "Password digests"; hashlib
+#: releases the GIL meanwhile), and each metadata read a ZooKeeper round trip.
+PLAN_THREADS = 8
 
+
+def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
+    """Driver side: the selected ledgers' metadata and readable ends, cut into entry ranges (the ledgers planned
+    on :data:`PLAN_THREADS` threads, the ranges in ledger order)."""
     bk = _client(opts)
     try:
         _check_cluster_root(bk, opts)
@@ -258,34 +270,47 @@ def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
         for lid in missing:
             _data_loss(opts, lid, "does not exist")
         out: list[LedgerRange] = []
-        for lid in chosen:
-            try:
-                md = bk.ledger_metadata(lid)
-                if not md.check_password(opts.password):
-                    raise LedgerOptionError(
-                        "password",
-                        f"wrong password for ledger {lid} (one query reads ledgers of one password: "
-                        "select the ones it opens with option 'ledgers')",
-                    )
-                lac = md.last_entry_id
-                if md.state.value != "CLOSED":
-                    lh = bk.open_ledger(lid, opts.password, recovery=False)  # never fences a live writer
-                    lac = lh.read_last_add_confirmed()
-            except NoSuchLedgerError:
-                _data_loss(opts, lid, "was deleted while the query was planned")
-                continue
-            except UnauthorizedError as e:
-                raise LedgerOptionError("password", f"refused for ledger {lid}: {e}") from None
-            except LedgerError as e:
-                raise RuntimeError(f"ledger {lid}: cannot learn how far to read: {e}") from e
-            last = readable_last_entry(md.state.value, md.last_entry_id, lac)
-            for first, end in entry_ranges(last, opts.entries_per_partition):
-                out.append(
-                    LedgerRange(lid, first, end, md.state.value, md.ctime_ms, dict(md.custom_metadata))
-                )
+        pool = ThreadPoolExecutor(max_workers=PLAN_THREADS, thread_name_prefix="ledger-plan")
+        try:
+            for ranges in pool.map(functools.partial(_plan_ledger, bk, opts), chosen):
+                out.extend(ranges)
+        finally:
+            pool.shutdown(cancel_futures=True)  # a failure stops the planning of the ledgers not started
         return out
     finally:
         bk.close()
+
+
+def _plan_ledger(bk: Any, opts: LedgerOptions, lid: int) -> list[LedgerRange]:
+    """One ledger's ranges; [] for one deleted meanwhile that the query skips."""
+    from ledger_client import LedgerError, NoSuchLedgerError, UnauthorizedError
+
+    try:
+        md = bk.ledger_metadata(lid)
+        if not md.check_password(opts.password):
+            raise LedgerOptionError(
+                "password",
+                f"wrong password for ledger {lid} (one query reads ledgers of one password: "
+                "select the ones it opens with option 'ledgers')",
+            )
+        lac = md.last_entry_id
+        if md.state.value != "CLOSED":
+            lh = bk.open_ledger(lid, opts.password, recovery=False)  # never fences a live writer
+            lac = lh.read_last_add_confirmed()
+    except NoSuchLedgerError:
+        _data_loss(opts, lid, "was deleted while the query was planned")
+        return []
+    except UnauthorizedError as e:
+        raise LedgerOptionError("password", f"refused for ledger {lid}: {e}") from None
+    except LedgerError as e:
+        raise RuntimeError(f"ledger {lid}: cannot learn how far to read: {e}") from e
+    last = readable_last_entry(md.state.value, md.last_entry_id, lac)
+    return [
+        LedgerRange(
+            lid, first, end, md.state.value, md.ctime_ms, dict(md.custom_metadata), md.password_digest
+        )
+        for first, end in entry_ranges(last, opts.entries_per_partition)
+    ]
 
 
 _heap_frozen = False
@@ -434,6 +459,7 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
     loop in this thread (no thread hop per batch), closed at the end (also when Spark stops consuming early).
     The loop runs while a batch is collected; the client's read-ahead keeps the next batches in flight."""
     from ledger_client import BookKeeper, NoSuchEntryError, NoSuchLedgerError
+    from zk.ledger_metadata import remember_verified
 
     max_rows = min(opts.max_records_per_batch, part.last_entry_id - part.first_entry_id + 1)
     columns = _Columns(part, schema, max(1, max_rows))
@@ -441,6 +467,8 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
     loop = _event_loop()
     run = loop.run_until_complete
     bk: Any = None
+    if part.password_digest:
+        remember_verified(part.password_digest, opts.password)
     try:
         bk = run(BookKeeper.connect(opts.zk, config=client_config(opts)))
         try:

@@ -158,11 +158,25 @@ def verify_password(digest: str, password: bytes) -> bool:
         key = hashlib.pbkdf2_hmac("sha256", pw, bytes.fromhex(m.group(2)), int(m.group(1)))
         ok = hmac.compare_digest(key.hex(), m.group(3))
     if ok:
-        with _VERIFIED_LOCK:
-            if len(_VERIFIED) >= _VERIFIED_MAX:
-                _VERIFIED.pop(next(iter(_VERIFIED)))
-            _VERIFIED[memo] = None
+        _remember(memo)
     return ok
+
+
+def remember_verified(digest: str, password: bytes) -> None:
+    """Remember for this process that ``password`` matches ``digest``, as another process of the same job
+    verified it (a Spark query's planning checks each ledger's password and hands the digest it checked to the
+    query's tasks): :func:`verify_password` of that pair then costs no slow hash. A digest that is not the
+    ledger's current one proves nothing: the memo is keyed by the digest, and another one is checked anew."""
+    if not isinstance(password, (bytes, bytearray, memoryview)):
+        raise TypeError("password must be bytes")
+    _remember((digest, hashlib.sha256(bytes(password)).digest()))
+
+
+def _remember(memo: tuple[str, bytes]) -> None:
+    with _VERIFIED_LOCK:
+        if memo not in _VERIFIED and len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.pop(next(iter(_VERIFIED)))
+        _VERIFIED[memo] = None
 
 
 def _now_ms() -> int:
