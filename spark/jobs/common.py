@@ -91,6 +91,8 @@ class Table:
 
 
 def _cell(v: Any) -> str:
+    if v is None:  # nothing to measure (no event times, no messages): JSON keeps null
+        return "-"
     if isinstance(v, float):
         return f"{v:,.1f}"
     if isinstance(v, int) and not isinstance(v, bool):

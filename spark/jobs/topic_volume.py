@@ -130,6 +130,10 @@ def run(session: Any, opts: JobOptions) -> JobResult:
                 r["lag_max"],
             ]
         )
+    for t in _named_topics(opts):  # named but no message read: a row of zeros, not no row
+        if t not in messages_of:
+            topic_rows.append([t, 0, 0, 0, 0.0, None, None, None, None, 0, 0, None, None, None, None])
+    topic_rows.sort(key=lambda row: row[0])
     minute_rows = []
     for r in per_minute:
         p50, _, p99 = _quantiles(r["size_q"])
@@ -183,7 +187,7 @@ def run(session: Any, opts: JobOptions) -> JobResult:
             ),
         ],
     )
-    if not topic_rows:
+    if not messages_of:
         result.notes.append("no messages in the selected topics")
     shown = {r[0]: r[3] for r in topic_rows}
     cut = [t for t, n in shown.items() if n > MINUTES_SHOWN]
@@ -192,8 +196,17 @@ def run(session: Any, opts: JobOptions) -> JobResult:
             f"per-minute rows of {', '.join(cut)} start {MINUTES_SHOWN} minutes before the last one"
         )
     hist = [(int(r["b"]), int(r["count"])) for r in lag_hist]
-    result.chart = _chart(opts, topic_rows, per_minute, hist)
+    result.chart = _chart(opts, [r for r in topic_rows if r[1]], per_minute, hist)
     return result
+
+
+def _named_topics(opts: JobOptions) -> tuple[str, ...]:
+    """The full names of the topics ``--topics`` names (none for a pattern)."""
+    from spark._topic_options import parse_topic_options
+
+    if not opts.topics:
+        return ()
+    return parse_topic_options(opts.topic_source_options(), streaming=False).topics
 
 
 def _lag_bucket(lag: Any) -> Any:

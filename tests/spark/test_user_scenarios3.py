@@ -1,11 +1,15 @@
 """The Spark sources on a user's third day: odd data and many ledgers. A scan of many small ledgers
 (``ledgers=all`` over thousands) spent most of its planning in the password check, a salted PBKDF2 of ~40 ms
-per ledger, one ledger after the other, and each task hashed its ledgers' passwords once more."""
+per ledger, one ledger after the other, and each task hashed its ledgers' passwords once more. ``topic-volume``
+over a topic without messages left it out of its table, and printed ``None`` where nothing was measured (the
+cluster of ``test_user_scenarios`` for it)."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +18,13 @@ import zk.ledger_metadata as ledger_metadata
 from ledger_client import ClientConfig
 from ledger_client.sync import BookKeeper
 from tests.conftest import BookieFactory
+from tests.spark import test_user_scenarios as users
+from tests.spark.test_user_scenarios import Cluster
 
 pytest.importorskip("pyspark")
+cluster = (
+    users.cluster
+)  # the module's own cluster (ZooKeeper, 3 bookies, a broker), built as that module builds it
 
 
 def test_planning_checks_the_passwords_on_threads_and_the_tasks_do_not_hash_them_again(
@@ -68,3 +77,35 @@ def test_planning_checks_the_passwords_on_threads_and_the_tasks_do_not_hash_them
     ]
     assert rows == [(lid, f"{i}-{j}".encode() * j) for i, lid in enumerate(ids) for j in range(3)]
     assert hashed_on == [], "the tasks hashed the password planning had checked"
+
+
+def test_topic_volume_lists_a_named_topic_without_messages_and_prints_no_none(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """``--topics keyless,empty``: 5 messages without keys or event times in one, none in the other. Both have a
+    row (the empty one of zeros), the cells with nothing to measure print ``-``, the chart is drawn (before:
+    the empty topic had no row and the lag cells read ``None``)."""
+    from spark.jobs import JOBS, JobOptions
+
+    client = cluster.client()
+    try:
+        p = client.create_producer("persistent://public/default/keyless", batching_enabled=False)
+        for i in range(5):
+            p.send(b"v" * (i + 1))
+        client.create_producer("persistent://public/default/empty").close()
+    finally:
+        client.close()
+    opts = JobOptions(zk=cluster.zk, zk_root=cluster.root, topics="keyless,empty", out_dir=tmp_path)
+    deadline = time.monotonic() + 30
+    while True:  # the explicit LAC brings the last message to the readers within about a second
+        result = JOBS["topic-volume"].run(spark, opts)
+        rows = {r["topic"]: r for r in result.tables[0].as_dicts()}
+        keyless = rows.get("persistent://public/default/keyless", {})
+        if keyless.get("messages") == 5 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert keyless["messages"] == 5 and keyless["keys"] == 0 and keyless["lag p50"] is None
+    assert rows["persistent://public/default/empty"]["messages"] == 0, rows
+    text = result.render()
+    assert "None" not in text and result.tables[2].rows == []
+    assert result.chart is not None and result.chart.stat().st_size > 1000
