@@ -2544,11 +2544,20 @@ class BrokerService:
             return
         # the client marks chunks on the SEND
         dedup = wire.counts_for_dedup(metadata) if cmd.is_chunk else True
-        p.pending_bytes += len(entry)
-        s.publish_bytes += len(entry)
         # the messages the entry holds, as a consumer's client counts them (and a reload of the ledger), not the
         # SEND's num_messages: a count above that took permits the client never gives back
-        p.topic.publish(p, cmd, entry, max(1, wire.entry_message_count(metadata)), dedup=dedup)
+        messages = max(1, wire.entry_message_count(metadata))
+        declared = cmd.highest_sequence_id if cmd.HasField("highest_sequence_id") else None
+        highest = wire.highest_sequence_id(cmd.sequence_id, declared, messages)
+        if max(highest, metadata.sequence_id, metadata.highest_sequence_id) > INT64_MAX:
+            # sequence ids are Pulsar's longs (a client sends no more): one over would be the producer's last id,
+            # which PRODUCER_SUCCESS cannot carry, and above any id it sends after
+            why = f"sequence id over {INT64_MAX}"
+            s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, why))
+            return
+        p.pending_bytes += len(entry)
+        s.publish_bytes += len(entry)
+        p.topic.publish(p, cmd, entry, messages, dedup=dedup)
         if s.publish_bytes > PUBLISH_BYTES_MAX and not s.publish_paused:
             s.check_publishing()
 
