@@ -25,6 +25,7 @@ from spark.options import (
 from spark.options import parse_ledger_options as _parse_common
 
 __all__ = [
+    "CRYPTO_FAILURE_ACTIONS",
     "DEFAULT_ENTRIES_PER_PARTITION",
     "OffsetSpec",
     "TopicOptionError",
@@ -53,8 +54,12 @@ KNOWN_OPTIONS = (
     "entriesPerPartition",
     "maxRecordsPerBatch",
     "readTimeoutMs",
+    "cryptoFailureAction",
     *CREDENTIAL_OPTIONS,
 )
+#: What a reader does with an end-to-end encrypted message (it holds no keys), named as Pulsar's
+#: ``ConsumerCryptoFailureAction``: fail the query, skip the message, or give its payload as stored.
+CRYPTO_FAILURE_ACTIONS = ("FAIL", "DISCARD", "CONSUME")
 #: The options the ``ledger`` source's parser checks for this one (lower-cased, as Spark passes them).
 _COMMON_OPTIONS = frozenset(name.lower() for name in ("zk", "zkRoot", "password", *CREDENTIAL_OPTIONS))
 
@@ -101,6 +106,8 @@ class TopicOptions:
     entries_per_partition: int
     max_records_per_batch: int
     read_timeout_ms: int
+    #: ``cryptoFailureAction``: one of :data:`CRYPTO_FAILURE_ACTIONS`
+    crypto_failure_action: str = "FAIL"
     #: the bookies' token (``authTokenFile``), ZooKeeper's ``ZkAuth`` (``zkAuthFile``); None: the environment
     auth_token: str | None = field(default=None, repr=False)
     zk_auth: Any = field(default=None, repr=False)
@@ -238,6 +245,12 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
         )
     except LedgerOptionError as e:
         raise TopicOptionError(e.option, str(e).split(": ", 1)[1]) from None
+    crypto = str(opts.get("cryptofailureaction", "FAIL")).strip().upper()
+    if crypto not in CRYPTO_FAILURE_ACTIONS:
+        raise TopicOptionError(
+            "cryptoFailureAction",
+            f"expected one of {', '.join(CRYPTO_FAILURE_ACTIONS)}, got {opts['cryptofailureaction']!r}",
+        )
 
     chosen = [k for k in ("topic", "topics", "topicspattern") if k in opts]
     if len(chosen) != 1:
@@ -315,6 +328,7 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
         entries_per_partition=per_part,
         max_records_per_batch=per_batch,
         read_timeout_ms=timeout,
+        crypto_failure_action=crypto,
         auth_token=common.auth_token,
         zk_auth=common.zk_auth,
     )

@@ -44,6 +44,11 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   query naming the ledger; false skips it with a warning.
 * streaming: ``maxEntriesPerTrigger`` (admission control counted in ledger entries: a batch entry counts once),
   ``maxBytesPerTrigger`` (estimated from each ledger's average entry size), ``subscriptionName``.
+* ``cryptoFailureAction`` (Pulsar's ``ConsumerCryptoFailureAction``; default ``FAIL``): what to do with an
+  end-to-end encrypted message (a producer with an encryption key), which the source cannot decrypt: ``FAIL``
+  fails the query naming the entry and its key names; ``DISCARD`` skips it (a warning counts them per range);
+  ``CONSUME`` gives one row per entry with the payload as stored (compressed, then encrypted, a batch whole:
+  ``__batchIndex`` −1), its entry's key, properties and times, as a Pulsar consumer with that action does.
 * tuning: ``entriesPerPartition`` (default 50000: one Spark partition per this many entries of one ledger),
   ``maxRecordsPerBatch`` (rows per Arrow batch), ``readTimeoutMs``.
 
@@ -129,6 +134,7 @@ from spark.options import BATCH_BYTES_MAX, client_config
 
 __all__ = [
     "TOPIC_SCHEMA",
+    "CryptoFailureError",
     "TopicDataLossError",
     "TopicDataSource",
     "TopicOptionError",
@@ -154,6 +160,10 @@ TOPIC_SCHEMA = StructType(
         StructField("__batchIndex", IntegerType(), False),
     ]
 )
+
+
+class CryptoFailureError(RuntimeError):
+    """An end-to-end encrypted message read while ``cryptoFailureAction`` is FAIL (the default)."""
 
 
 class TopicDataLossError(RuntimeError):
@@ -643,6 +653,24 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
             return None
         return p.first, b"".join(p.parts)
 
+    discarded = 0
+
+    def encrypted(entry_id: int, meta: Any) -> bool:
+        """An end-to-end encrypted entry (the source holds no keys): whether it makes a row, as
+        ``cryptoFailureAction`` says (FAIL raises)."""
+        nonlocal discarded
+        if opts.crypto_failure_action == "CONSUME":
+            return True
+        if opts.crypto_failure_action == "DISCARD":
+            discarded += 1
+            return False
+        names = ", ".join(sorted({k.key for k in meta.encryption_keys}))
+        raise CryptoFailureError(
+            f"{part.topic}: entry {part.ledger_id}:{entry_id} is end-to-end encrypted (keys: {names}) and the "
+            "topic source holds no keys to decrypt it: set option cryptoFailureAction=DISCARD to skip encrypted "
+            "messages or CONSUME to read their payloads as stored (compressed, then encrypted, a batch whole)"
+        )
+
     def add(entry_id: int, data: bytes) -> None:
         nonlocal size
         first_chunk: Pos | None = None
@@ -654,11 +682,19 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
                 if whole is None:
                     return
                 first_chunk, payload = whole
-            messages = list(iter_batch(meta, payload))  # decompressed there (pyarrow for LZ4, ZSTD, SNAPPY)
+            if meta.encryption_keys:
+                if not encrypted(entry_id, meta):
+                    return
+                # as a Pulsar consumer's CONSUME: the payload as stored (compressed, encrypted), a batch whole
+                messages: list[tuple[Any, bytes]] = [(None, bytes(payload))]
+            else:
+                messages = list(
+                    iter_batch(meta, payload)
+                )  # decompressed there (pyarrow for LZ4, ZSTD, SNAPPY)
         except EntryFormatError as e:
             raise RuntimeError(f"{part.topic}: entry {part.ledger_id}:{entry_id} is malformed: {e}") from e
         publish_us = meta.publish_time * 1000
-        batched = meta.HasField("num_messages_in_batch")
+        batched = meta.HasField("num_messages_in_batch") and not meta.encryption_keys
         for i, (single, value) in enumerate(messages):
             src: Any = meta if single is None else single
             if single is not None and single.compacted_out:
@@ -713,6 +749,13 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
             return
         if cols["value"]:
             yield flush()
+        if discarded:
+            log.warning(
+                "%s: %d end-to-end encrypted entries of ledger %d skipped (cryptoFailureAction=DISCARD)",
+                part.topic,
+                discarded,
+                part.ledger_id,
+            )
     finally:
         bk.close()
 
