@@ -60,7 +60,7 @@ def demo_summary(
             )
             result = TOPIC_VOLUME.run(session, opts)
             result.write(out_dir)
-            if result.tables[0].rows or not ledgers:
+            if any(row[1] for row in result.tables[0].rows) or not ledgers:  # messages, not rows of zeros
                 return result.render()
             parts.append(
                 f"no messages left in {', '.join(topics)} (consumed ledgers are trimmed without retention)"

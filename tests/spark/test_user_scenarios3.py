@@ -109,3 +109,26 @@ def test_topic_volume_lists_a_named_topic_without_messages_and_prints_no_none(
     text = result.render()
     assert "None" not in text and result.tables[2].rows == []
     assert result.chart is not None and result.chart.stat().st_size > 1000
+
+
+def test_the_demo_summary_falls_back_to_ledger_health_when_its_topic_is_empty(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """The demo's summary over a topic without messages (its row of zeros is not a message) reports its ledger
+    instead (with the row of zeros alone, it returned the empty topic's table)."""
+    from spark.jobs import demo_summary
+
+    client = cluster.client()
+    try:
+        client.create_producer("persistent://public/default/demo-empty").close()
+    finally:
+        client.close()
+    bk = BookKeeper.connect(cluster.zk, config=ClientConfig(zk_root=cluster.root))
+    try:
+        h = bk.create_ledger(password=b"")
+        h.append_many([b"e"] * 3)
+        h.close()
+    finally:
+        bk.close()
+    text = demo_summary(cluster.zk, cluster.root, tmp_path, topics=["demo-empty"], ledgers=[h.ledger_id])
+    assert "no messages left in demo-empty" in text and "Entry replicas per bookie" in text
