@@ -90,8 +90,40 @@ def _session(args: argparse.Namespace) -> Any:
 
             raise CommandError(f"--conf expects KEY=VALUE, got {kv!r}")
         conf.append((key.strip(), value))
+    _check_master(args.master)
     return local_session(
         f"ledgerstore {args.job}", args.master, executor_python=args.executor_python, conf=conf
+    )
+
+
+#: Seconds a connection to a standalone master may take before it counts as not answering.
+MASTER_CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_master(master: str) -> None:
+    """A ``spark://`` master (or any of an HA list) that takes no connection fails here, in one line: Spark
+    itself tried three times 20 s apart, printed pages of JVM traces, and failed with 'Cannot call methods on
+    a stopped SparkContext'."""
+    import socket
+
+    from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError
+
+    if not master.startswith("spark://"):
+        return
+    refused = []
+    for hostport in master.removeprefix("spark://").split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=MASTER_CONNECT_TIMEOUT_S).close()
+            return
+        except ValueError:
+            raise CommandError(f"--master {master}: expected spark://HOST:PORT[,HOST:PORT...]") from None
+        except OSError as e:
+            refused.append(f"{hostport.strip()}: {e.strerror or e}")
+    raise CommandError(
+        f"no Spark master answers at {master} ({'; '.join(refused)}): is it running? (--master or "
+        "$LEDGERSTORE_SPARK_MASTER)",
+        EXIT_UNAVAILABLE,
     )
 
 

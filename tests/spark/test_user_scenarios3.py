@@ -132,3 +132,27 @@ def test_the_demo_summary_falls_back_to_ledger_health_when_its_topic_is_empty(
         bk.close()
     text = demo_summary(cluster.zk, cluster.root, tmp_path, topics=["demo-empty"], ledgers=[h.ledger_id])
     assert "no messages left in demo-empty" in text and "Entry replicas per bookie" in text
+
+
+def test_a_job_against_a_spark_master_that_is_down_fails_at_once_in_one_line(tmp_path: Path) -> None:
+    """``--master spark://…`` where nothing listens: exit 5 and one line naming the master, before a JVM starts
+    (before: Spark tried for about a minute, printed pages of JVM traces, and ended with 'Cannot call methods
+    on a stopped SparkContext')."""
+    import subprocess
+    import sys
+
+    from ledgerstore.cluster import free_port
+
+    master = f"spark://127.0.0.1:{free_port()}"
+    r = subprocess.run(
+        [sys.executable, "-m", "ledgerstore.cli", "spark", "entry-sizes", "--master", master],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 5, r.stderr[-2000:]
+    assert r.stderr.strip() == (
+        f"ledgerstore: no Spark master answers at {master} ({master[8:]}: Connection refused): is it running? "
+        "(--master or $LEDGERSTORE_SPARK_MASTER)"
+    )
