@@ -15,7 +15,10 @@ closed, a PING at the end got its PONG unless closed (never a hang); the broker 
 acknowledged exactly once; and no log holds a traceback.
 
 ``LEDGERSTORE_FUZZ_SEQUENCES`` (default 24) and ``LEDGERSTORE_FUZZ_SEED`` run it longer or elsewhere: sequence i
-uses ``random.Random(f"{seed}-{kind}-{i}")``, so a failing one is named by its seed and index."""
+uses ``random.Random(f"{seed}-{kind}-{i}")``, so a failing one is named by its seed and index, and
+``LEDGERSTORE_FUZZ_FIRST=i LEDGERSTORE_FUZZ_SEQUENCES=1`` runs it again (its message lists what the stranger sent).
+A long run wants ``--timeout=0``. Batches whose sizes overrun their payload go to topics other than the witness's:
+pulsar-client (3.x) crashes with SIGSEGV unpacking one, and the broker stores batches unread, as Pulsar's does."""
 
 from __future__ import annotations
 
