@@ -2371,6 +2371,8 @@ class BrokerService:
         topic = await self._topic_for(s, cmd.topic, cmd.request_id, PRODUCE)
         if topic is None:
             return
+        # first, as every check below is made on the state after its wait (a topic terminated meanwhile)
+        await self._free_name_of_dead_connection(s, cmd, topic)
         if topic.ml.terminated_position is not None:
             why = f"Topic {topic.name} was already terminated"
             s.send(wire.error(cmd.request_id, pb.TopicTerminatedError, why))
@@ -2409,6 +2411,11 @@ class BrokerService:
                 return
         if s.closed:  # as in on_subscribe: a producer of a connection gone would hold its name for good
             return
+        if (
+            topic.unloaded
+        ):  # while this waited (a liveness check, a schema stored): the client looks it up again
+            s.send(wire.error(cmd.request_id, pb.ServiceNotReady, f"{topic.name} is not served here now"))
+            return
         existing = s.producers.get(cmd.producer_id)
         if existing is not None and existing.topic is topic:
             s.send(
@@ -2417,27 +2424,14 @@ class BrokerService:
                 )
             )
             return
-        asked = cmd.producer_name if cmd.HasField("producer_name") else ""
-        holder = next((p for p in topic.producers.values() if asked and p.name == asked), None)
-        if holder is not None and holder.session is not s:
-            # as Pulsar's broker: the name is held by another connection, maybe one left half-open by the
-            # client's own reconnection (a network cut that the old connection has not seen); a silent one is
-            # closed, else the producer would be refused until the keep-alive closes it, 30 to 60 s
-            old = holder.session
-            if not await old.answers_ping(PRODUCER_LIVENESS_TIMEOUT_S) and not old.closed:
-                log.info(
-                    "connection %s: no answer to PING within %gs while producer %s connects again from %s: closed",
-                    old.peer,
-                    PRODUCER_LIVENESS_TIMEOUT_S,
-                    holder.name,
-                    s.peer,
-                )
-                old.close_dead(f"no answer to PING while producer {holder.name} connected again")
-            if s.closed:
-                return
-            if topic.unloaded:
-                s.send(wire.error(cmd.request_id, pb.ServiceNotReady, f"{topic.name} is not served here now"))
-                return
+        if existing is not None and not existing.topic.unloaded:
+            # the id names a producer of another topic on this connection (no client reuses one): taking it
+            # over left that producer on its topic, holding its name after the connection closed
+            why = (
+                f"producer id {cmd.producer_id} is already in use on this connection ({existing.topic.name})"
+            )
+            s.send(wire.error(cmd.request_id, pb.ServiceNotReady, why))
+            return
         mode = cmd.producer_access_mode if cmd.HasField("producer_access_mode") else pb.Shared
         if mode == pb.WaitForExclusive and (topic.producers or topic.waiting):
             # Pulsar's answer: "queued" now (producer_ready false: the client waits without a timeout), the
@@ -2472,6 +2466,26 @@ class BrokerService:
             s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"producer {name} is already connected"))
             return
         self._add_producer(s, cmd, topic, name, schema_version)
+
+    async def _free_name_of_dead_connection(self, s: Session, cmd: pb.CommandProducer, topic: Topic) -> None:
+        """As Pulsar's broker: a producer name held by a producer of another connection, maybe one left
+        half-open by the client's own reconnection (a network cut that the old connection has not seen), is
+        freed if that connection leaves a PING unanswered (closed), else the producer would be refused until the
+        keep-alive closes it, 30 to 60 s. The caller checks the topic again after this wait."""
+        asked = cmd.producer_name if cmd.HasField("producer_name") else ""
+        holder = next((p for p in topic.producers.values() if asked and p.name == asked), None)
+        if holder is None or holder.session is s:
+            return
+        old = holder.session
+        if not await old.answers_ping(PRODUCER_LIVENESS_TIMEOUT_S) and not old.closed:
+            log.info(
+                "connection %s: no answer to PING within %gs while producer %s connects again from %s: closed",
+                old.peer,
+                PRODUCER_LIVENESS_TIMEOUT_S,
+                holder.name,
+                s.peer,
+            )
+            old.close_dead(f"no answer to PING while producer {holder.name} connected again")
 
     def _producer_name(self, cmd: pb.CommandProducer) -> str:
         if cmd.HasField("producer_name") and cmd.producer_name:

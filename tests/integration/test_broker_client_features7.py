@@ -238,6 +238,52 @@ def test_a_producer_name_held_by_a_silent_connection_is_freed_for_its_reconnecti
         other.create_producer(t, producer_name="q")
 
 
+def _raw_producer(bp: BrokerProcess, requests: list[tuple[str, int, int, str]]) -> socket.socket:
+    """A connection of the protocol's frames that asks for producers (topic, producer id, request id, name)."""
+    conn = socket.create_connection(("127.0.0.1", bp.port), timeout=30)
+    connect = pb.CommandConnect(client_version="t", protocol_version=20)
+    conn.sendall(wire.encode_command(T(type=T.CONNECT, connect=connect)))
+    for topic, producer_id, request_id, name in requests:
+        cmd = pb.CommandProducer(
+            topic=topic, producer_id=producer_id, request_id=request_id, producer_name=name
+        )
+        conn.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+    return conn
+
+
+def _answers(conn: socket.socket, n: int) -> dict[int, str]:
+    """The next ``n`` answers to PRODUCER: request id -> PRODUCER_SUCCESS or the error's name."""
+    dec, out = wire.FrameDecoder(), {}
+    while len(out) < n:
+        for f in dec.feed(conn.recv(65536)):
+            if f.command.type == T.PRODUCER_SUCCESS:
+                out[f.command.producer_success.request_id] = "PRODUCER_SUCCESS"
+            elif f.command.type == T.ERROR:
+                out[f.command.error.request_id] = pb.ServerError.Name(f.command.error.error)
+    return out
+
+
+def test_a_producer_id_taken_while_the_liveness_check_waits_is_not_taken_over(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """A PRODUCER waiting for the liveness check of its name's holder (up to 5 s) is judged on the connection
+    as it is after the wait: a producer created meanwhile on the same connection under the same producer id
+    (of another topic) keeps it. Before, the waiting one took the id over, and the other producer, no longer
+    the connection's, held its name on its topic after the connection closed: ProducerBusy for good."""
+    t1, t2 = (f"persistent://public/default/{topic_name()}" for _ in range(2))
+    silent = _raw_producer(bp, [(t1, 1, 1, "p")])  # holds p on t1, then reads and answers nothing
+    try:
+        assert _answers(silent, 1) == {1: "PRODUCER_SUCCESS"}
+        # p is held by the silent connection: the broker PINGs it and waits; meanwhile q on t2, producer id 1
+        raw = _raw_producer(bp, [(t1, 1, 1, "p"), (t2, 1, 2, "q")])
+        with contextlib.closing(raw):
+            assert _answers(raw, 2) == {2: "PRODUCER_SUCCESS", 1: "ServiceNotReady"}
+    finally:
+        silent.close()
+    c.create_producer(t2, producer_name="q").send(b"q is free again")
+    c.create_producer(t1, producer_name="p").send(b"so is p")
+
+
 def test_examined_message_headers_carry_event_time_ordering_key_and_schema_version(
     bp: BrokerProcess, c: Any
 ) -> None:
