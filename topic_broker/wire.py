@@ -1151,9 +1151,18 @@ def _batch_messages(
             pos += size
 
 
+#: Days in 400 Gregorian years: the calendar repeats itself after them, to the weekday.
+_GREGORIAN_CYCLE_DAYS: Final = 146_097
+
+
 def pulsar_date(ms: int) -> str:
     """A time as Pulsar's admin writes it (``X-Pulsar-publish-time``, the stats' ``connectedSince``;
     ``DateFormatter``: ISO 8601 with its offset, milliseconds), in UTC: what pulsar-admin parses back (a bare
-    number fails there)."""
-    t = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    number fails there). A year past 9999 is signed as Java writes it (``+55840-11-08T22:15:23.456Z``: an event
+    time given in microseconds): the times are the client's, any u64, and Python's dates end at year 9999."""
+    days, rest = divmod(ms, 86_400_000)
+    cycles, days = divmod(days, _GREGORIAN_CYCLE_DAYS)
+    t = datetime.datetime(1970, 1, 1) + datetime.timedelta(days=days, milliseconds=rest)
+    year = t.year + 400 * cycles
+    signed = f"{year:04d}" if 0 <= year <= 9999 else f"{year:+05d}"
+    return f"{signed}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}.{rest % 1000:03d}Z"

@@ -301,3 +301,16 @@ def test_examined_message_headers_carry_event_time_ordering_key_and_schema_versi
         assert r.headers["X-Pulsar-event-time"] == "2023-11-14T22:13:20.123Z"
         assert base64.b64decode(r.headers["X-Pulsar-Base64-ordering-key"]) == b"order-7"
         assert base64.b64decode(r.headers["X-Pulsar-Base64-schema-version"]) == (0).to_bytes(8, "big")
+
+
+def test_a_message_whose_event_time_is_past_year_9999_is_examined(bp: BrokerProcess, c: Any) -> None:
+    """An event time past year 9999 (microseconds given where milliseconds are meant, a common slip) is written
+    as Pulsar's admin writes it, the year signed ('+55840-…', Java's ISO format); before, writing the header
+    raised 'year 55840 is out of range' and examinemessage, peek and a message by id answered 500."""
+    t = f"persistent://public/default/{topic_name()}"
+    c.create_producer(t, batching_enabled=False).send(b"late", event_timestamp=1_700_000_000_123_456)
+    path = f"/admin/v2/persistent/public/default/{t.rsplit('/', 1)[-1]}"
+    url = f"http://127.0.0.1:{bp.http_port}{path}/examinemessage?initialPosition=earliest&messagePosition=1"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.read() == b"late"
+        assert r.headers["X-Pulsar-event-time"] == "+55840-11-08T22:15:23.456Z"

@@ -133,3 +133,7 @@ def test_publish_time_header_is_written_as_pulsars_date_formatter() -> None:
     assert pulsar_date(1_764_357_300_042) == "2025-11-28T19:15:00.042Z"
     back = datetime.datetime.fromisoformat(pulsar_date(1_764_357_300_042))
     assert int(back.timestamp() * 1000) == 1_764_357_300_042
+    # past year 9999 (a client's time, any u64), as Java's ISO_OFFSET_DATE_TIME writes it (checked with jshell)
+    assert pulsar_date(253_402_300_799_999) == "9999-12-31T23:59:59.999Z"
+    assert pulsar_date(1_700_000_000_123_456) == "+55840-11-08T22:15:23.456Z"
+    assert pulsar_date(2**63 - 1) == "+292278994-08-17T07:12:55.807Z"
