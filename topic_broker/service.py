@@ -2645,6 +2645,12 @@ class BrokerService:
             return
         if s.closed:  # gone while the topic or its cursor was opened: attached now, it would stay for good
             return
+        if cmd.consumer_id in s.consumers:
+            # the same id subscribed while this one waited (a SUBSCRIBE sent again before its answer): a repeat,
+            # as above. Attaching it too took the id over, or (refused) off the connection, and the first
+            # consumer stayed on its subscription after the connection closed
+            s.send(wire.success(cmd.request_id))
+            return
         ranges: list[tuple[int, int]] = []
         ksm = cmd.keySharedMeta if cmd.HasField("keySharedMeta") else None
         sticky = ksm is not None and ksm.keySharedMode == pb.STICKY

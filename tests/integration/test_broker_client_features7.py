@@ -314,3 +314,44 @@ def test_a_message_whose_event_time_is_past_year_9999_is_examined(bp: BrokerProc
     with urllib.request.urlopen(url, timeout=30) as r:
         assert r.read() == b"late"
         assert r.headers["X-Pulsar-event-time"] == "+55840-11-08T22:15:23.456Z"
+
+
+def test_a_subscribe_repeated_before_the_first_is_answered_leaves_no_consumer_behind(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """Two SUBSCRIBEs of one consumer id sent at once (a client resending before its answer) make one
+    consumer: the second is answered as a repeat once the first is attached. Before, both were attached while
+    the topic and cursor opened; the second's ConsumerBusy took the id off the connection, and the first stayed on
+    the Exclusive subscription after the connection closed: ConsumerBusy for every consumer after it."""
+    t = f"persistent://public/default/{topic_name()}"
+    raw = socket.create_connection(("127.0.0.1", bp.port), timeout=30)
+    with contextlib.closing(raw):
+        frames = [T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))]
+        for request_id in (1, 2):
+            sub = pb.CommandSubscribe(
+                topic=t,
+                subscription="s",
+                subType=pb.CommandSubscribe.Exclusive,
+                consumer_id=1,
+                request_id=request_id,
+            )
+            frames.append(T(type=T.SUBSCRIBE, subscribe=sub))
+        raw.sendall(b"".join(wire.encode_command(f) for f in frames))  # at once: both wait for the topic
+        dec, answers = wire.FrameDecoder(), {}
+        while len(answers) < 2:
+            for f in dec.feed(raw.recv(65536)):
+                if f.command.type == T.SUCCESS:
+                    answers[f.command.success.request_id] = "SUCCESS"
+                elif f.command.type == T.ERROR:
+                    answers[f.command.error.request_id] = pb.ServerError.Name(f.command.error.error)
+        assert answers == {1: "SUCCESS", 2: "SUCCESS"}
+    got: list[Any] = []  # the connection's close reaches the broker a moment later
+    wait_for(lambda: got.append(_subscribed_or_none(c, t)) or got[-1] is not None, "the subscription free")
+    got[-1].close()
+
+
+def _subscribed_or_none(c: Any, t: str) -> Any:
+    try:
+        return c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Exclusive)
+    except pulsar.ConsumerBusy:
+        return None
