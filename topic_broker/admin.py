@@ -49,6 +49,7 @@ import dataclasses
 import json
 import logging
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
@@ -206,6 +207,25 @@ def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[st
     if batch_index >= 0:
         out["batchIndex"] = batch_index
     return out
+
+
+#: What an HTTP header name may hold (RFC 9110's token characters)
+_TCHAR = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_CR_LF = str.maketrans("\r\n\0", "   ")
+
+
+def _header_name(name: str) -> str:
+    if all(ch in _TCHAR for ch in name):
+        return name
+    return "".join(ch if ch in _TCHAR else urllib.parse.quote(ch, safe="") for ch in name)
+
+
+def sanitised_headers(headers: CIMultiDict[str]) -> CIMultiDict[str]:
+    """``headers`` that any HTTP client parses: a CR, LF or NUL in a value written as a space (as Pulsar's HTTP
+    server, Jetty, writes them), and a name's characters that no header name may hold (a property key with a
+    space, a colon, a line break or a letter outside ASCII) percent-encoded as UTF-8. Before, a line break made
+    aiohttp refuse the header (a 500), and a space in a name ended the headers for the client parsing them."""
+    return CIMultiDict((_header_name(k), v.translate(_CR_LF)) for k, v in headers.items())
 
 
 def _more_message_headers(md: pb.MessageMetadata, single: pb.SingleMessageMetadata | None) -> dict[str, str]:
@@ -1521,7 +1541,9 @@ class AdminApp:
         for kv in props:
             headers[f"X-Pulsar-PROPERTY-{kv.key}"] = kv.value
         headers.update(_more_message_headers(md, single))
-        return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+        return web.Response(
+            body=body, headers=sanitised_headers(headers), content_type="application/octet-stream"
+        )
 
     async def examine_message(self, request: web.Request) -> web.Response:
         """Pulsar's ``examinemessage``: the ``messagePosition``-th entry (1 = first) from ``initialPosition``
