@@ -1966,7 +1966,8 @@ class BrokerService:
             with self._policies_failing.catching(zk.MetadataError, "namespace policies not refreshed"):
                 await self.refresh_policies()
             for topic in self.served_topics():
-                topic.sample_rates(now)
+                # the time of the sample itself: the topics before it may have waited on ZooKeeper or bookies
+                topic.sample_rates(time.monotonic())
                 try:
                     await self.enforce_quota(topic)
                     # without the bookies a new ledger needs, a rollover only fails again (cursors are flushed)
