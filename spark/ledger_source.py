@@ -124,7 +124,8 @@ class LedgerRange(InputPartition):  # type: ignore[misc]
     custom_metadata: dict[str, bytes] = field(default_factory=dict)
     #: The ledger's password digest that planning checked the query's password against: the task opening the
     #: ledger does not hash the password again (a salted PBKDF2, ~40 ms of CPU a ledger) for that digest.
-    password_digest: str = ""
+    #: Not in the range's printed form (Spark's logs and UI): an old-style digest is an unsalted SHA-256.
+    password_digest: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

@@ -105,3 +105,14 @@ def test_small_ranges_are_packed_in_order_and_large_ones_stand_alone() -> None:
     assert pack_ranges([], 100) == []
     # the entries limit: 4 ranges of 10 under a limit of 25 entries make packs of 2
     assert [len(p.ranges) for p in pack_ranges(small[:4], 25) if isinstance(p, LedgerRanges)] == [2, 2]
+
+
+def test_a_ranges_printed_form_leaves_out_the_password_digest() -> None:
+    """Spark prints partitions in its logs and UI; an old-style digest is an unsalted SHA-256 of the password."""
+    from spark.ledger_source import LedgerRange
+
+    r = LedgerRange(
+        7, 0, 9, "CLOSED", 0, {}, "sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
+    )
+    assert "5e884898" not in repr(r) and "ledger_id=7" in repr(r)
+    assert r.password_digest.endswith("1542d8")  # still carried to the task
