@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import gc
 import itertools
 import logging
 import os
@@ -77,6 +78,27 @@ class ClientConfig:
     # ZooKeeper digest credentials ('user:password' or a zk.acl.ZkAuth; docs/operations.md, "ZooKeeper ACLs").
     # None: $LEDGERSTORE_ZK_AUTH, else the file named by $LEDGERSTORE_ZK_AUTH_FILE, else none. Never in repr
     zk_auth: Any = field(default=None, repr=False)
+    # Once per process, at the first connect: collect, then move every object alive (modules, the application's
+    # start-up state) to the collector's permanent generation (gc.freeze), so that CPython's full collections no
+    # longer walk them. With hundreds of appends in flight as tasks those collections run every few thousand
+    # entries; docs/client.md, "Many tasks and CPython's garbage collector". False leaves the collector alone
+    freeze_heap: bool = True
+
+
+_heap_frozen = False
+
+
+def freeze_heap_once() -> bool:
+    """``gc.collect()`` then ``gc.freeze()``, the first time it is called in this process (True then). The objects
+    alive then are still freed by reference counting when released, but a reference cycle among them that is
+    dropped later is not collected."""
+    global _heap_frozen
+    if _heap_frozen:
+        return False
+    _heap_frozen = True
+    gc.collect()
+    gc.freeze()
+    return True
 
 
 def resolve_auth_token(config: ClientConfig) -> str | None:
@@ -165,7 +187,10 @@ class BookKeeper:
             )
         except zk.MetadataError as e:
             raise E.MetadataStoreError(f"cannot connect to ZooKeeper at {zk_connect}: {e}") from e
-        return await asyncio.to_thread(cls, store, config)
+        bk = await asyncio.to_thread(cls, store, config)
+        if config.freeze_heap:
+            freeze_heap_once()
+        return bk
 
     # -- bookies ---------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:

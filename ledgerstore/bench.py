@@ -84,6 +84,13 @@ def add_bench_commands(
         help="gc.set_threshold for the client process (default: CPython's 700,10,10); the runs report the "
         "collector's CPU per entry either way (gc_us_per_entry_client)",
     )
+    lg.add_argument(
+        "--no-freeze-heap",
+        dest="freeze_heap",
+        action="store_false",
+        help="connect the client with freeze_heap=False (by default its first connect freezes the process's "
+        "heap, gc.freeze; client_heap_frozen reports the objects frozen)",
+    )
     lg.add_argument("--plot", default=None, type=plot_path, help=PLOT_HELP)
     lg.add_argument(
         "--bookie-arg", action="append", default=[], help="extra argument for the bookie processes"

@@ -48,11 +48,14 @@ async def ledger_run(
     ledgers: int,
     duration: float,
     mode: str = "callbacks",
+    freeze_heap: bool = True,
 ) -> dict[str, Any]:
     from ledgerstore.bench import percentiles
 
     # The client's own back-pressure (outstanding_adds_max per handle) keeps `outstanding` appends in flight.
-    cfg = ClientConfig(zk_root=zk_root, outstanding_adds_max=max(1, outstanding // ledgers))
+    cfg = ClientConfig(
+        zk_root=zk_root, outstanding_adds_max=max(1, outstanding // ledgers), freeze_heap=freeze_heap
+    )
     bk = await BookKeeper.connect(zk, config=cfg)
     handles = [
         await bk.create_ledger(ensemble, write_quorum, ack_quorum, password=b"bench") for _ in range(ledgers)
@@ -376,6 +379,7 @@ def run_ledger_bench(
                         ledgers=args.ledgers,
                         duration=args.duration,
                         mode=args.append_mode,
+                        freeze_heap=args.freeze_heap,
                     )
                 )
                 cpu["units"] = gcm["units"] = r["acked"]
@@ -410,6 +414,7 @@ def run_ledger_bench(
         "append_mode": args.append_mode,
         "loop": args.loop if args.loop != "uvloop" or _uvloop_available() else "asyncio",
         "gc_threshold": ",".join(map(str, gc.get_threshold())),
+        "client_heap_frozen": gc.get_freeze_count(),
         "ledgers": args.ledgers,
         "duration_s": args.duration,
         "runs": args.runs,

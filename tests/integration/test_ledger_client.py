@@ -653,3 +653,40 @@ def test_ensemble_change_never_replaces_with_a_decommissioning_bookie(bookies) -
         await bk.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_first_connect_freezes_the_heap_unless_told_not_to(zk_connect, freeze: bool) -> None:
+    """The first connect of a process moves the objects alive then to the collector's permanent generation
+    (docs/client.md, "Many tasks and CPython's garbage collector"), once; ``freeze_heap=False`` leaves the collector
+    alone. In a fresh process, so that no earlier connect of the test run decides it."""
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio, gc, sys\n"
+        "from ledger_client import BookKeeper, ClientConfig\n"
+        "async def main():\n"
+        "    counts, kept = [], []\n"
+        "    for _ in range(2):\n"
+        "        cfg = ClientConfig(zk_root=sys.argv[2], freeze_heap=sys.argv[3] == '1')\n"
+        "        bk = await BookKeeper.connect(sys.argv[1], config=cfg)\n"
+        "        counts.append(gc.get_freeze_count())\n"
+        "        await bk.close()\n"
+        "        kept = [[i] for i in range(5000)]  # alive at the second connect\n"
+        "    print(*counts)\n"
+        "asyncio.run(main())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, zk_connect.connect_string, zk_connect.root, "1" if freeze else "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    first, second = map(int, out)
+    if freeze:
+        assert first > 1000  # the modules imported, at least
+        assert second < first + 5000  # once per process: the second connect froze nothing more
+    else:
+        assert first == second == 0
