@@ -176,6 +176,8 @@ def _check_root(root: str) -> str:
     if root != "/":
         for comp in root[1:].split("/"):
             layout.check_znode_name(comp, "root path component")
+        if root.split("/")[1] == "zookeeper":
+            raise ValueError(f"invalid root {root!r}: /zookeeper is ZooKeeper's own")
     return root
 
 

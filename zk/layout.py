@@ -98,13 +98,13 @@ def parse_ledger_path(path: str) -> int:
 
 
 def check_znode_name(name: str, what: str = "znode name") -> str:
-    """Validate a single path component (bookie ids, broker ids, ...). ``':'`` is fine in znode names."""
+    """Validate a single path component (bookie ids, broker ids, ...). ``':'`` is fine in znode names, and so is
+    ``zookeeper`` below the root (only ``/zookeeper`` is ZooKeeper's own: ``zk.client`` refuses a root under it):
+    a Pulsar tenant, namespace or topic may be named so."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what} must be a non-empty string")
     if "/" in name or name in (".", "..") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         raise ValueError(f"invalid {what} {name!r}: no '/', control characters, '.' or '..'")
-    if name == "zookeeper":
-        raise ValueError(f"invalid {what} {name!r}: reserved by ZooKeeper")
     return name
 
 

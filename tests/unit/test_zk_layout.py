@@ -3,6 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zk import layout
+from zk.client import _check_root
 
 
 @pytest.mark.parametrize(
@@ -73,9 +74,22 @@ def test_bookie_paths_accept_host_port_ids() -> None:
     assert layout.available_bookie_path("127.0.0.1:3181") == "bookies/available/127.0.0.1:3181"
     assert layout.readonly_bookie_path("127.0.0.1:3181") == "bookies/readonly/127.0.0.1:3181"
     assert layout.cookie_path("127.0.0.1:3181") == "cookies/127.0.0.1:3181"
-    for bad in ["", "a/b", ".", "..", "x\ny", "zookeeper"]:
+    for bad in ["", "a/b", ".", "..", "x\ny"]:
         with pytest.raises(ValueError):
             layout.available_bookie_path(bad)
+
+
+def test_zookeeper_is_a_name_below_the_root_but_no_root() -> None:
+    """Only ``/zookeeper`` is ZooKeeper's: a tenant, namespace or topic named so has its znodes (the admin REST
+    answered 500 'reserved by ZooKeeper' for each)."""
+    assert layout.namespace_policies_path("zookeeper", "zookeeper") == "namespaces/zookeeper/zookeeper"
+    assert layout.ml_info_path("zookeeper/ns/persistent/zookeeper").endswith(
+        "/zookeeper/ns/persistent/zookeeper"
+    )
+    for root in ("/zookeeper", "/zookeeper/ledgers"):
+        with pytest.raises(ValueError, match="ZooKeeper's own"):
+            _check_root(root)
+    assert _check_root("/ledgers/zookeeper") == "/ledgers/zookeeper"
 
 
 @given(st.text(min_size=1))
