@@ -145,6 +145,8 @@ class ProtocolConnection:
         self._out: list[bytes] = []
         self._last_received = now
         self._ping_sent_at: float | None = None
+        #: whole frames received so far (a sign of life since a given moment: more of them than then)
+        self.frames_received = 0
 
     @property
     def closed(self) -> bool:
@@ -169,6 +171,7 @@ class ProtocolConnection:
         if frames:
             self._last_received = now
             self._ping_sent_at = None
+            self.frames_received += len(frames)
         out: list[Request] = []
         for frame in frames:
             req = self._on_frame(frame)

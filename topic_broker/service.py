@@ -303,6 +303,10 @@ class Session:
         self.publish_bytes = 0
         #: called when :attr:`publish_paused` changes (the protocol pauses or resumes reading)
         self.reading_changed: Callable[[], None] = lambda: None
+        #: the liveness check in progress (:meth:`answers_ping`), the frames received when it began, its timer
+        self._liveness: asyncio.Future[bool] | None = None
+        self._liveness_frames = 0
+        self._liveness_timer: asyncio.TimerHandle | None = None
 
     def set_writable(self, writable: bool) -> None:
         """The transport's buffer went over its high-water mark (False) or drained below its low-water mark: a
@@ -354,7 +358,10 @@ class Session:
             asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)  # ... or cut
 
     def data_received(self, data: bytes) -> None:
-        for req in self.conn.receive_data(data, time.monotonic()):
+        requests = self.conn.receive_data(data, time.monotonic())
+        if self._liveness is not None and self.conn.frames_received > self._liveness_frames:
+            self._liveness_ends(True)  # any frame is a sign of life, the PONG or not
+        for req in requests:
             try:
                 result = getattr(self.service, req.handler)(self, req)
             except Exception:
@@ -390,20 +397,34 @@ class Session:
 
     async def answers_ping(self, timeout_s: float) -> bool:
         """Whether the peer shows a sign of life (any frame, the PONG to a PING sent now) within ``timeout_s``;
-        True when it cannot tell (the connection is not read for now, as :meth:`tick` says)."""
+        True when it cannot tell (the connection is not read for now, as :meth:`tick` says). One check at a time
+        per connection, as Pulsar's ``ServerCnx.checkConnectionLiveness``: the first caller sends the PING, and
+        callers that come while it waits share its answer (the rest of its ``timeout_s``)."""
         if self.closed or self.conn.closed:
             return False
         if self.publish_paused and self.writable:
             return True
-        asked = time.monotonic()
-        self.send(wire.ping())
-        while time.monotonic() - asked < timeout_s:
-            await asyncio.sleep(0.05)
-            if self.closed or self.conn.closed:
-                return False
-            if self.conn.last_received > asked:
-                return True
-        return False
+        check = self._liveness
+        if check is None:
+            loop = asyncio.get_running_loop()
+            check = self._liveness = loop.create_future()
+            self._liveness_frames = self.conn.frames_received
+            self._liveness_timer = loop.call_later(timeout_s, self._liveness_ends, None)
+            self.send(wire.ping())
+        return await asyncio.shield(check)  # (a caller cancelled leaves the others their answer)
+
+    def _liveness_ends(self, alive: bool | None) -> None:
+        """The liveness check in progress ends: a frame came (True), the connection is gone (False), or its time
+        is up (None): False, unless the connection is not read for now (True, it cannot tell)."""
+        check, self._liveness = self._liveness, None
+        if self._liveness_timer is not None:
+            self._liveness_timer.cancel()
+            self._liveness_timer = None
+        if check is None or check.done():
+            return
+        if alive is None:
+            alive = self.publish_paused and self.writable and not (self.closed or self.conn.closed)
+        check.set_result(alive)
 
     def close_dead(self, why: str) -> None:
         """Close the connection and let go of its producers and consumers now, not when the transport reports
@@ -414,6 +435,7 @@ class Session:
 
     def connection_lost(self) -> None:
         self.closed = True
+        self._liveness_ends(False)
         self.waiting.clear()
         for p in list(self.producers.values()):
             p.topic.remove_producer(p)

@@ -284,6 +284,27 @@ def test_a_producer_id_taken_while_the_liveness_check_waits_is_not_taken_over(
     c.create_producer(t1, producer_name="p").send(b"so is p")
 
 
+def test_producers_waiting_on_one_silent_holder_send_it_one_ping(bp: BrokerProcess, c: Any) -> None:
+    """Several PRODUCERs asking for a name that a silent connection holds share one liveness check of it, as
+    Pulsar's broker checks a connection (one PING, the answer shared by whoever waits on it); before, each sent
+    its own PING and polled for the answer. The silent connection is closed once, and one of them gets the
+    name."""
+    t = f"persistent://public/default/{topic_name()}"
+    silent = _raw_producer(bp, [(t, 1, 1, "p")])  # holds p, then reads and answers nothing
+    try:
+        assert _answers(silent, 1) == {1: "PRODUCER_SUCCESS"}
+        raw = _raw_producer(bp, [(t, i, i, "p") for i in (1, 2, 3)])
+        with contextlib.closing(raw):
+            dec, pings = wire.FrameDecoder(), 0
+            while data := silent.recv(65536):  # until the broker closes it, its PING unanswered
+                pings += sum(f.command.type == T.PING for f in dec.feed(data))
+            answers = sorted(_answers(raw, 3).values())
+        assert pings == 1
+        assert answers == ["PRODUCER_SUCCESS", "ProducerBusy", "ProducerBusy"]
+    finally:
+        silent.close()
+
+
 def test_examined_message_headers_carry_event_time_ordering_key_and_schema_version(
     bp: BrokerProcess, c: Any
 ) -> None:
