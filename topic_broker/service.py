@@ -280,6 +280,46 @@ class NamespaceNotFoundError(Exception):
 # per connection
 
 
+@dataclass(slots=True, eq=False)
+class _Creation:
+    """A PRODUCER or SUBSCRIBE being handled (its topic opened, a schema stored, a liveness check...)."""
+
+    #: a CLOSE_PRODUCER or CLOSE_CONSUMER of its id came meanwhile: it ends without the producer or consumer
+    closed: bool = False
+
+
+class _Creations:
+    """A connection's producers (or consumers) being created, by id, as Pulsar's ``ServerCnx`` keeps each id's
+    future before it is complete: a close of the id while one is created ends it closed. Begun as the command is
+    read (before the connection's next command is handled), ended when its handling ends."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, list[_Creation]] = {}
+
+    def run(self, id_: int, create: Callable[[_Creation], Awaitable[None]]) -> Coroutine[Any, Any, None]:
+        """A creation of ``id_`` begun now: the coroutine that awaits ``create`` of it and then ends it."""
+        c = _Creation()
+        self._by_id.setdefault(id_, []).append(c)
+        return self._run(id_, c, create(c))
+
+    async def _run(self, id_: int, c: _Creation, work: Awaitable[None]) -> None:
+        try:
+            await work
+        finally:
+            pending = self._by_id.get(id_)
+            if pending is not None and c in pending:
+                pending.remove(c)
+                if not pending:
+                    del self._by_id[id_]
+
+    def close(self, id_: int) -> None:
+        """The id is closed: whatever is being created under it ends without its producer or consumer."""
+        for c in self._by_id.pop(id_, ()):
+            c.closed = True
+
+
 class Session:
     """One client connection: its protocol state, producers and consumers. Writes are coalesced: everything
     produced during one event-loop iteration leaves in one ``transport.write``."""
@@ -292,6 +332,9 @@ class Session:
         self.producers: dict[int, Producer] = {}
         self.consumers: dict[int, Consumer] = {}
         self.waiting: dict[int, Topic] = {}  # WaitForExclusive producers queued, by producer id
+        #: PRODUCERs and SUBSCRIBEs being handled, by producer and consumer id
+        self.creating_producers = _Creations()
+        self.creating_consumers = _Creations()
         self.closed_by_quota: dict[int, bool] = {}  # producer ids closed by a backlog quota or a terminate
         self._flush_scheduled = False
         self.closed = False
@@ -2389,8 +2432,12 @@ class BrokerService:
             s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} cannot be served now: {e}"))
         return None
 
-    async def on_producer(self, s: Session, r: Request) -> None:
+    def on_producer(self, s: Session, r: Request) -> Coroutine[Any, Any, None]:
         cmd: pb.CommandProducer = r.body  # type: ignore[assignment]
+        # begun now, before the connection's next command: a CLOSE_PRODUCER right behind it must find it
+        return s.creating_producers.run(cmd.producer_id, lambda c: self._create_producer(s, cmd, c))
+
+    async def _create_producer(self, s: Session, cmd: pb.CommandProducer, creation: _Creation) -> None:
         topic = await self._topic_for(s, cmd.topic, cmd.request_id, PRODUCE)
         if topic is None:
             return
@@ -2433,6 +2480,12 @@ class BrokerService:
                 s.send(wire.error(cmd.request_id, pb.MetadataError, f"initial subscription not created: {e}"))
                 return
         if s.closed:  # as in on_subscribe: a producer of a connection gone would hold its name for good
+            return
+        if creation.closed:
+            # CLOSE_PRODUCER came while this waited (a client whose PRODUCER timed out sends it): created now, the
+            # producer held its name (and the topic, if exclusive) until the connection closed
+            why = f"producer {cmd.producer_id} was closed before its creation completed"
+            s.send(wire.error(cmd.request_id, pb.ServiceNotReady, why))
             return
         if (
             topic.unloaded
@@ -2600,6 +2653,7 @@ class BrokerService:
 
     def on_close_producer(self, s: Session, r: Request) -> None:
         cmd: pb.CommandCloseProducer = r.body  # type: ignore[assignment]
+        s.creating_producers.close(cmd.producer_id)
         s.waiting.pop(cmd.producer_id, None)  # a queued WaitForExclusive producer gives up
         p = s.producers.pop(cmd.producer_id, None)
         if p is not None:
@@ -2642,8 +2696,12 @@ class BrokerService:
         policies = await self.meta.get_policies(name.tenant, name.namespace)
         return policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
 
-    async def on_subscribe(self, s: Session, r: Request) -> None:
+    def on_subscribe(self, s: Session, r: Request) -> Coroutine[Any, Any, None]:
         cmd: pb.CommandSubscribe = r.body  # type: ignore[assignment]
+        # (begun now, as on_producer's)
+        return s.creating_consumers.run(cmd.consumer_id, lambda c: self._create_consumer(s, cmd, c))
+
+    async def _create_consumer(self, s: Session, cmd: pb.CommandSubscribe, creation: _Creation) -> None:
         topic = await self._topic_for(s, cmd.topic, cmd.request_id, CONSUME)
         if topic is None:
             return
@@ -2667,6 +2725,12 @@ class BrokerService:
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, str(e)))
             return
         if s.closed:  # gone while the topic or its cursor was opened: attached now, it would stay for good
+            return
+        if creation.closed:
+            # CLOSE_CONSUMER came while this waited (a client whose SUBSCRIBE timed out sends it): attached now,
+            # the consumer stayed on its subscription until the connection closed (an Exclusive one busy)
+            why = f"consumer {cmd.consumer_id} was closed before its creation completed"
+            s.send(wire.error(cmd.request_id, pb.ServiceNotReady, why))
             return
         if cmd.consumer_id in s.consumers:
             # the same id subscribed while this one waited (a SUBSCRIBE sent again before its answer): a repeat,
@@ -2749,6 +2813,7 @@ class BrokerService:
 
     def on_close_consumer(self, s: Session, r: Request) -> None:
         cmd: pb.CommandCloseConsumer = r.body  # type: ignore[assignment]
+        s.creating_consumers.close(cmd.consumer_id)
         c = s.consumers.pop(cmd.consumer_id, None)
         if c is not None:
             c.sub.remove_consumer(c)

@@ -252,12 +252,14 @@ def _raw_producer(bp: BrokerProcess, requests: list[tuple[str, int, int, str]]) 
 
 
 def _answers(conn: socket.socket, n: int) -> dict[int, str]:
-    """The next ``n`` answers to PRODUCER: request id -> PRODUCER_SUCCESS or the error's name."""
+    """The next ``n`` answers to requests: request id -> PRODUCER_SUCCESS, SUCCESS or the error's name."""
     dec, out = wire.FrameDecoder(), {}
     while len(out) < n:
         for f in dec.feed(conn.recv(65536)):
             if f.command.type == T.PRODUCER_SUCCESS:
                 out[f.command.producer_success.request_id] = "PRODUCER_SUCCESS"
+            elif f.command.type == T.SUCCESS:
+                out[f.command.success.request_id] = "SUCCESS"
             elif f.command.type == T.ERROR:
                 out[f.command.error.request_id] = pb.ServerError.Name(f.command.error.error)
     return out
@@ -303,6 +305,40 @@ def test_producers_waiting_on_one_silent_holder_send_it_one_ping(bp: BrokerProce
         assert answers == ["PRODUCER_SUCCESS", "ProducerBusy", "ProducerBusy"]
     finally:
         silent.close()
+
+
+def test_a_producer_or_consumer_closed_while_being_created_is_not_left_behind(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """A CLOSE_PRODUCER (CLOSE_CONSUMER) that comes while its PRODUCER (SUBSCRIBE) is handled, as a client whose
+    request timed out sends it, ends the creation with the id closed, as Pulsar's broker does: the request is
+    answered ServiceNotReady, and nothing is left holding the name or the subscription. Before, the close was
+    answered SUCCESS for an id not there yet, and the producer (consumer) created after it held the name (the
+    Exclusive subscription) until the connection closed."""
+    t = f"persistent://public/default/{topic_name()}"
+    raw = socket.create_connection(("127.0.0.1", bp.port), timeout=30)
+    with contextlib.closing(raw):
+        producer = pb.CommandProducer(topic=t, producer_id=1, request_id=1, producer_name="p")
+        sub = pb.CommandSubscribe(
+            topic=t, subscription="s", subType=pb.CommandSubscribe.Exclusive, consumer_id=1, request_id=3
+        )
+        frames = [
+            T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20)),
+            T(type=T.PRODUCER, producer=producer),
+            T(type=T.CLOSE_PRODUCER, close_producer=pb.CommandCloseProducer(producer_id=1, request_id=2)),
+            T(type=T.SUBSCRIBE, subscribe=sub),
+            T(type=T.CLOSE_CONSUMER, close_consumer=pb.CommandCloseConsumer(consumer_id=1, request_id=4)),
+        ]
+        raw.sendall(
+            b"".join(wire.encode_command(f) for f in frames)
+        )  # at once: each close behind its request
+        assert _answers(raw, 4) == {1: "ServiceNotReady", 2: "SUCCESS", 3: "ServiceNotReady", 4: "SUCCESS"}
+        # the raw connection still open: it has no producer or consumer on the topic, the name and the
+        # Exclusive subscription are free
+        stats = _stats(bp, t)
+        assert (stats["publishers"], stats["subscriptions"]["s"]["consumers"]) == ([], [])
+        c.create_producer(t, producer_name="p").send(b"p is free")
+        c.subscribe(t, "s", consumer_type=pulsar.ConsumerType.Exclusive).close()
 
 
 def test_examined_message_headers_carry_event_time_ordering_key_and_schema_version(
