@@ -193,6 +193,18 @@ def _cursor_backlog(
     return max(0, messages), max(0, entries), max(0, size)
 
 
+async def _earliest_publish_time(topic: Topic, mark_delete: Position, backlog: int, asked: bool) -> int:
+    """Pulsar's ``earliestMsgPublishTimeInBacklog``: the publish time (Unix ms) of the entry after the
+    mark-delete, -1 without a backlog, 0 when not ``asked`` or when that entry cannot be read."""
+    if not asked:
+        return 0
+    if backlog <= 0:
+        return -1
+    with contextlib.suppress(ManagedLedgerError, wire.EntryFormatError):
+        return wire.entry_publish_time(await topic.ml.read_entry(topic.ml.next_position(mark_delete)))
+    return 0
+
+
 def _ranges_text(ranges: list[tuple[Position, Position]]) -> str:
     """Pulsar's ``individuallyDeletedMessages``: open-closed ranges ``[(l:e..l:e],…]``."""
     return "[" + ",".join(f"({s.previous()}..{e}]" for s, e in ranges) + "]"
@@ -1122,8 +1134,11 @@ class AdminApp:
         target = await self._policies_target(request)
         return await self._topic_policy_set(target, "message_ttl_in_seconds", None)
 
-    async def _subscription_rows(self, topic: Topic) -> dict[str, dict[str, Any]]:
-        """Every subscription of the topic: the live ones, and durable cursors from ZooKeeper."""
+    async def _subscription_rows(self, topic: Topic, earliest: bool = False) -> dict[str, dict[str, Any]]:
+        """Every subscription of the topic: the live ones, and durable cursors from ZooKeeper. ``earliest``
+        (Pulsar's ``getEarliestTimeInBacklog``): each one's ``earliestMsgPublishTimeInBacklog`` read from the
+        entry after its mark-delete (-1 without a backlog), else 0 as in Pulsar, which reads it only when
+        asked."""
         counters = self.metrics.topic(str(topic.name))
         out: dict[str, dict[str, Any]] = {}
         live = dict(topic.subscriptions)
@@ -1143,15 +1158,26 @@ class AdminApp:
             out[sub] = {
                 "type": "Exclusive",
                 "isDurable": True,
+                "isReplicated": False,
                 "msgBacklog": messages,
                 "msgBacklogEntries": entries,
+                "msgBacklogNoDelayed": messages,
                 "backlogSize": size,
+                "earliestMsgPublishTimeInBacklog": await _earliest_publish_time(
+                    topic, md, messages, earliest
+                ),
                 "msgRateOut": 0.0,
                 "msgThroughputOut": 0.0,
+                "msgRateRedeliver": 0.0,
                 "msgOutCounter": counters.sub_msg_out.get(sub, 0),
                 "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
                 "unackedMessages": 0,
+                "blockedSubscriptionOnUnackedMsgs": False,
                 "msgDelayed": 0,
+                "nonContiguousDeletedMessagesRanges": len(ranges),
+                "lastAckedTimestamp": 0,
+                "lastConsumedTimestamp": 0,
+                "lastConsumedFlowTimestamp": 0,
                 "markDeletePosition": str(md),
                 "readPosition": str(topic.ml.next_position(md)),
                 "consumers": [],
@@ -1160,19 +1186,36 @@ class AdminApp:
             if rt.cursor is not None and not rt.consumers:
                 await rt.cursor.refresh()  # idle: as above (a subscription created here, committed by Spark)
             s = rt.stats()
+            consumers = s.get("consumers", [])
+            backlog = s.get("msgBacklog", 0)
             out[sub] = {
                 "type": s.get("type", rt.core.sub_type.name),
+                **{k: s[k] for k in ("keySharedMode", "allowOutOfOrderDelivery") if k in s},
                 "isDurable": rt.durable,
-                "msgBacklog": s.get("msgBacklog", 0),
+                "isReplicated": False,
+                "msgBacklog": backlog,
                 "msgBacklogEntries": s.get("msgBacklogEntries", 0),
+                # Pulsar's: the backlog less the messages held back for delayed delivery
+                "msgBacklogNoDelayed": max(0, backlog - s.get("msgDelayed", 0)),
                 "backlogSize": s.get("backlogSize", 0),
+                "earliestMsgPublishTimeInBacklog": await _earliest_publish_time(
+                    topic, rt.mark_position, backlog, earliest and rt.durable
+                ),
                 # Pulsar's: the sum of its consumers' rates
-                "msgRateOut": sum(c["msgRateOut"] for c in s.get("consumers", [])),
-                "msgThroughputOut": sum(c["msgThroughputOut"] for c in s.get("consumers", [])),
+                "msgRateOut": sum(c["msgRateOut"] for c in consumers),
+                "msgThroughputOut": sum(c["msgThroughputOut"] for c in consumers),
+                "msgRateRedeliver": sum(c["msgRateRedeliver"] for c in consumers),
                 "msgOutCounter": counters.sub_msg_out.get(sub, 0),
                 "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
-                "unackedMessages": sum(c.get("unackedMessages", 0) for c in s.get("consumers", [])),
+                "unackedMessages": sum(c.get("unackedMessages", 0) for c in consumers),
+                "blockedSubscriptionOnUnackedMsgs": False,  # no per-subscription limit here: per consumer only
                 "msgDelayed": s.get("msgDelayed", 0),
+                "nonContiguousDeletedMessagesRanges": s.get("nonContiguousDeletedMessagesRanges", 0),
+                # the subscription's own, kept while it is served here, and its consumers' latest (as Pulsar)
+                **{
+                    k: max([s.get(k, 0), *(c.get(k, 0) for c in consumers)])
+                    for k in ("lastAckedTimestamp", "lastConsumedTimestamp", "lastConsumedFlowTimestamp")
+                },
                 "markDeletePosition": s.get("markDeletePosition"),
                 "readPosition": s.get("readPosition"),
                 "activeConsumerName": s.get("activeConsumerName"),
@@ -1180,13 +1223,14 @@ class AdminApp:
             }
         return out
 
-    async def _topic_stats(self, topic: Topic) -> dict[str, Any]:
+    async def _topic_stats(self, topic: Topic, earliest: bool = False) -> dict[str, Any]:
         base = topic.stats()
         key = str(topic.name)
         c = self.metrics.topic(key)
         msg_in, bytes_in = int(base.get("msgInCounter", 0)), int(base.get("bytesInCounter", 0))
-        subs = await self._subscription_rows(topic)
+        subs = await self._subscription_rows(topic, earliest)
         storage = _storage_size(topic)
+        times = [s["earliestMsgPublishTimeInBacklog"] for s in subs.values()]
         return {
             **c.topic_rates(msg_in, bytes_in),
             "msgInCounter": msg_in,
@@ -1196,8 +1240,14 @@ class AdminApp:
             "averageMsgSize": (bytes_in / msg_in) if msg_in else 0.0,
             "storageSize": storage,
             "backlogSize": max((s["backlogSize"] for s in subs.values()), default=0),
+            # the oldest over the subscriptions' (those with a backlog), 0 when not asked for, as Pulsar
+            "earliestMsgPublishTimeInBacklogs": min((t for t in times if t > 0), default=0),
             "entriesInStorage": topic.ml.view().total_entries(),
             "publishers": base.get("publishers", []),
+            "waitingPublishers": base.get("waitingPublishers", 0),
+            "nonContiguousDeletedMessagesRanges": sum(
+                s["nonContiguousDeletedMessagesRanges"] for s in subs.values()
+            ),
             "subscriptions": subs,
             "deduplicationStatus": "Enabled" if topic.dedup_enabled else "Disabled",
             "topicEpoch": 0,
@@ -1206,12 +1256,14 @@ class AdminApp:
 
     async def stats(self, request: web.Request) -> web.Response:
         topic = await self._owned_topic(request, self._topic_name(request))
-        return _json(await self._topic_stats(topic))
+        earliest = request.query.get("getEarliestTimeInBacklog", "false").lower() == "true"
+        return _json(await self._topic_stats(topic, earliest))
 
     async def partitioned_stats(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         per_partition = request.query.get("perPartition", "true").lower() != "false"
-        results = await self._each_partition(name, "GET", "/stats", request=request)
+        asked = {k: v for k, v in request.query.items() if k == "getEarliestTimeInBacklog"}
+        results = await self._each_partition(name, "GET", "/stats", params=asked, request=request)
         self._check_partition_results(results, ok_404=True)
         total: dict[str, Any] = {
             k: 0
@@ -1226,8 +1278,11 @@ class AdminApp:
                 "bytesOutCounter",
                 "storageSize",
                 "backlogSize",
+                "waitingPublishers",
+                "nonContiguousDeletedMessagesRanges",
             )
         }
+        earliest: list[int] = []
         publishers: list[Any] = []
         subs: dict[str, dict[str, Any]] = {}
         partitions: dict[str, Any] = {}
@@ -1236,6 +1291,7 @@ class AdminApp:
                 continue
             for k in total:
                 total[k] += data.get(k, 0)
+            earliest.append(data.get("earliestMsgPublishTimeInBacklogs", 0))
             publishers += data.get("publishers", [])
             for sn, s in data.get("subscriptions", {}).items():
                 agg = subs.setdefault(
@@ -1247,10 +1303,15 @@ class AdminApp:
                         "backlogSize": 0,
                         "msgRateOut": 0.0,
                         "msgThroughputOut": 0.0,
+                        "msgRateRedeliver": 0.0,
                         "msgOutCounter": 0,
                         "bytesOutCounter": 0,
                         "unackedMessages": 0,
                         "msgDelayed": 0,
+                        "msgBacklogNoDelayed": 0,
+                        "nonContiguousDeletedMessagesRanges": 0,
+                        "lastAckedTimestamp": 0,
+                        "lastConsumedTimestamp": 0,
                         "consumers": [],
                     },
                 )
@@ -1260,17 +1321,23 @@ class AdminApp:
                     "backlogSize",
                     "msgRateOut",
                     "msgThroughputOut",
+                    "msgRateRedeliver",
                     "msgOutCounter",
                     "bytesOutCounter",
                     "unackedMessages",
                     "msgDelayed",
+                    "msgBacklogNoDelayed",
+                    "nonContiguousDeletedMessagesRanges",
                 ):
                     agg[k] += s.get(k, 0)
+                for k in ("lastAckedTimestamp", "lastConsumedTimestamp"):
+                    agg[k] = max(agg[k], s.get(k, 0))
                 agg["consumers"] += s.get("consumers", [])
             if per_partition:
                 partitions[str(name.partition(i))] = data
         msg_in = total["msgInCounter"]
         total["averageMsgSize"] = total["bytesInCounter"] / msg_in if msg_in else 0.0
+        total["earliestMsgPublishTimeInBacklogs"] = min((t for t in earliest if t > 0), default=0)
         out = {
             **total,
             "publishers": publishers,

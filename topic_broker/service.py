@@ -666,6 +666,11 @@ class Consumer:
     msg_out: int = 0
     bytes_out: int = 0
     rates: Rates = field(default_factory=Rates)
+    #: Unix ms of its last ack, of the last messages sent to it, of its last FLOW (0: none yet), Pulsar's
+    #: ``lastAckedTimestamp``, ``lastConsumedTimestamp`` and ``lastConsumedFlowTimestamp``
+    last_acked_ms: int = 0
+    last_consumed_ms: int = 0
+    last_flow_ms: int = 0
 
 
 def _producer_rates(p: Producer, now: float | None = None) -> dict[str, float]:
@@ -679,7 +684,16 @@ def _consumer_rates(c: Consumer, now: float | None = None) -> dict[str, float]:
     return {
         "msgRateOut": c.rates.rate("msg_out", c.msg_out, now),
         "msgThroughputOut": c.rates.rate("bytes_out", c.bytes_out, now),
+        "msgRateRedeliver": c.rates.rate("redeliver", c.sub.core.redelivered_messages(c.sub_key), now),
     }
+
+
+def _key_hash_ranges(core: Subscription, key: int) -> dict[str, list[str]]:
+    """A Key_Shared consumer's ``keyHashRanges`` as Pulsar's stats write them (``["[0, 1234]", ...]``); nothing
+    for a consumer of another type."""
+    if core.sub_type != SubType.KEY_SHARED:
+        return {}
+    return {"keyHashRanges": [f"[{start}, {end}]" for start, end in core.key_hash_ranges(key)]}
 
 
 def _client_stats(session: Session, connected_since_ms: int) -> dict[str, str]:
@@ -714,6 +728,10 @@ class SubscriptionRuntime:
         #: a consumer subscribed with read_compacted: reads up to the compaction horizon come from the
         #: compacted ledger (``_read_compacted``)
         self.read_compacted = False
+        #: Unix ms of the last ack, messages sent and FLOW of any of its consumers while served here (0: none)
+        self.last_acked_ms = 0
+        self.last_consumed_ms = 0
+        self.last_flow_ms = 0
 
     @property
     def durable(self) -> bool:
@@ -798,6 +816,7 @@ class SubscriptionRuntime:
     def _execute(self, cmds: list[Command]) -> None:
         work = cmds
         i = 0
+        now_ms = int(time.time() * 1000)  # the deliveries' time, as their consumers' lastConsumedTimestamp
         while i < len(work):
             cmd = work[i]
             i += 1
@@ -834,6 +853,7 @@ class SubscriptionRuntime:
                 size = len(entry.data) if entry.data else 0
                 c.msg_out += entry.num_messages
                 c.bytes_out += size
+                c.last_consumed_ms = self.last_consumed_ms = now_ms
                 self.topic.service.metrics.dispatched(self.topic.key, self.name, entry.num_messages, size)
             elif isinstance(cmd, Read):
                 cmd = self._within_read_bytes(cmd)
@@ -1051,9 +1071,16 @@ class SubscriptionRuntime:
     def stats(self) -> dict[str, Any]:
         c = self.cursor
         active = None if self.core.active_consumer is None else self._by_key.get(self.core.active_consumer)
+        mode = self.core.key_shared_mode()
+        key_shared = {} if mode is None else {"keySharedMode": mode[0], "allowOutOfOrderDelivery": mode[1]}
         return {
             "type": pb.CommandSubscribe.SubType.Name(self.core.sub_type),  # Pulsar's names: Key_Shared
+            **key_shared,
             "durable": self.durable,
+            "nonContiguousDeletedMessagesRanges": len(c.cursor.individually_deleted) if c else 0,
+            "lastAckedTimestamp": self.last_acked_ms,
+            "lastConsumedTimestamp": self.last_consumed_ms,
+            "lastConsumedFlowTimestamp": self.last_flow_ms,
             "msgBacklog": c.backlog_messages() if c else 0,  # messages: a batch entry counts its messages
             "msgBacklogEntries": c.backlog() if c else 0,
             "backlogSize": self.topic.ml.estimate_bytes(
@@ -1070,9 +1097,14 @@ class SubscriptionRuntime:
                     "consumerName": c.name,
                     "availablePermits": self.core.permits(k),
                     "unackedMessages": self.core.unacked_messages(k),
+                    "blockedConsumerOnUnackedMsgs": self.core.blocked_on_unacked(k),
                     "msgOutCounter": c.msg_out,
                     "bytesOutCounter": c.bytes_out,
                     **_consumer_rates(c),
+                    "lastAckedTimestamp": c.last_acked_ms,
+                    "lastConsumedTimestamp": c.last_consumed_ms,
+                    "lastConsumedFlowTimestamp": c.last_flow_ms,
+                    **_key_hash_ranges(self.core, k),
                     "metadata": dict(c.metadata),
                     **_client_stats(c.session, c.connected_since_ms),
                 }
@@ -1712,6 +1744,12 @@ class Topic:
                 }
                 for p in self.producers.values()
             ],
+            # WaitForExclusive producers queued behind the one that holds the topic (those still waiting)
+            "waitingPublishers": sum(
+                1
+                for w in self.waiting
+                if not w.session.closed and w.session.waiting.get(w.cmd.producer_id) is self
+            ),
             "subscriptions": {n: s.stats() for n, s in self.subscriptions.items()},
         }
 
@@ -2772,12 +2810,14 @@ class BrokerService:
         cmd: pb.CommandFlow = r.body  # type: ignore[assignment]
         c = self._consumer(s, cmd.consumer_id)
         if c is not None:
+            c.last_flow_ms = c.sub.last_flow_ms = int(time.time() * 1000)
             c.sub.execute(c.sub.core.flow(c.sub.key_of(c), cmd.messagePermits))
 
     def on_ack(self, s: Session, r: Request) -> None:
         cmd: pb.CommandAck = r.body  # type: ignore[assignment]
         c = self._consumer(s, cmd.consumer_id)
         if c is not None:
+            c.last_acked_ms = c.sub.last_acked_ms = int(time.time() * 1000)
             c.sub.ack(cmd)
         if cmd.HasField("request_id"):
             s.send(wire.ack_response(cmd.consumer_id, cmd.request_id))

@@ -162,6 +162,17 @@ def key_hash(key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
 
 
+def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Inclusive ranges sorted, the adjacent and overlapping ones joined."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def acked_mask(ack_set: Sequence[int], num_messages: int) -> int:
     """The messages an ack set marks acknowledged, as a bit mask (bit i: message i): its clear bits below
     ``num_messages`` (bit i is bit i % 64 of word i // 64, as Java's ``BitSet.toLongArray``). Whole-int bit
@@ -274,6 +285,9 @@ class _Consumer:
     out_of_order: bool = False
     #: its connection takes more now (its unsent bytes under the high-water mark): else it is sent nothing
     writable: bool = True
+    #: messages it asked to be sent again (REDELIVER_UNACKNOWLEDGED_MESSAGES) on Shared and Key_Shared, where
+    #: Pulsar counts them (its ``msgRateRedeliver``); a batch counts its messages
+    redelivered_messages: int = 0
 
 
 @dataclass(slots=True)
@@ -349,6 +363,46 @@ class Subscription:
 
     def redelivery_count(self, position: Position) -> int:
         return self._redeliveries.get(position, 0)
+
+    def redelivered_messages(self, consumer_id: int) -> int:
+        """Messages this consumer asked to be sent again, on Shared and Key_Shared (0 on the others, as Pulsar
+        counts them): what its ``msgRateRedeliver`` is the rate of."""
+        c = self._consumers.get(consumer_id)
+        return 0 if c is None else c.redelivered_messages
+
+    def blocked_on_unacked(self, consumer_id: int) -> bool:
+        """The consumer holds ``unacked_messages_max`` unacknowledged messages: it is sent nothing more until it
+        acknowledges some (Pulsar's ``blockedConsumerOnUnackedMsgs``)."""
+        return self._consumers[consumer_id].unacked_messages >= self.unacked_messages_max
+
+    def key_shared_mode(self) -> tuple[str, bool] | None:
+        """A Key_Shared subscription's mode (``STICKY`` or ``AUTO_SPLIT``) and allowOutOfOrderDelivery, as its
+        consumers declared them (all alike); None for another type or without consumers."""
+        if self.sub_type != SubType.KEY_SHARED or not self._consumers:
+            return None
+        c = next(iter(self._consumers.values()))
+        return ("STICKY" if c.sticky else "AUTO_SPLIT"), c.out_of_order
+
+    def key_hash_ranges(self, consumer_id: int) -> list[tuple[int, int]]:
+        """Key_Shared: the hash ranges (inclusive, in order, adjacent ones merged) whose keys go to this
+        consumer, what Pulsar's consumer stats show as ``keyHashRanges``: a sticky consumer's declared ranges; an
+        auto-split consumer's arcs of the hash ring (a point's arc runs from the point before it, excluded, to
+        it; the hashes past the last point wrap around to the first point's consumer). Empty for another type."""
+        if self.sub_type != SubType.KEY_SHARED or consumer_id not in self._consumers:
+            return []
+        c = self._consumers[consumer_id]
+        if c.hash_ranges:
+            return _merged(c.hash_ranges)
+        ring = self._ring
+        arcs: list[tuple[int, int]] = []
+        start = 0
+        for point, cid in ring:
+            if cid == consumer_id and start <= point:
+                arcs.append((start, point))
+            start = max(start, point + 1)
+        if ring and ring[0][1] == consumer_id and start < HASH_RANGE_SIZE:
+            arcs.append((start, HASH_RANGE_SIZE - 1))
+        return _merged(arcs)
 
     def consumer_for_key(self, key: bytes) -> int | None:
         """Key_Shared: the consumer a new entry with this key would go to."""
@@ -654,6 +708,8 @@ class Subscription:
         if c is None:
             return []
         chosen = list(c.pending) if positions is None else [p for p in positions if p in c.pending]
+        if self.sub_type in (SubType.SHARED, SubType.KEY_SHARED):
+            c.redelivered_messages += sum(c.pending[p] for p in dict.fromkeys(chosen))
         self._to_replay(c, chosen, bump=True)
         return self._dispatch()
 

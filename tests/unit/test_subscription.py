@@ -616,3 +616,61 @@ def test_failover_read_in_flight_waits_behind_what_a_change_of_active_consumer_r
     assert sub.active_consumer == 2
     out = delivered(run(sub, log, in_flight + later))
     assert out == [(2, (1, 0), 0), (2, (1, 1), 0), (2, (1, 2), 0)]
+
+
+def test_key_hash_ranges_cover_the_hash_space_once_and_name_where_each_key_goes() -> None:
+    """Pulsar's consumer stats ``keyHashRanges``: auto-split consumers' arcs of the hash ring, together the whole
+    space [0, 65535] without overlap, and each key's hash inside the ranges of the consumer it goes to; a sticky
+    consumer's are its declared ranges; none on another type."""
+    from topic_broker.subscription import key_hash
+
+    sub = Subscription(SubType.KEY_SHARED)
+    for cid in (1, 2, 3):
+        sub.add_consumer(cid, f"c{cid}")
+    ranges = {cid: sub.key_hash_ranges(cid) for cid in (1, 2, 3)}
+    assert all(ranges.values())
+    covered = sorted(r for rs in ranges.values() for r in rs)
+    assert covered[0][0] == 0 and covered[-1][1] == 65535
+    assert all(a[1] + 1 == b[0] for a, b in zip(covered, covered[1:], strict=False))
+    for i in range(300):
+        key = f"key-{i}".encode()
+        h = key_hash(key)
+        owner = sub.consumer_for_key(key)
+        assert owner is not None and any(s <= h <= e for s, e in ranges[owner])
+    sticky = Subscription(SubType.KEY_SHARED)
+    sticky.add_consumer(1, "a", hash_ranges=[(100, 199), (0, 99), (500, 600)])
+    assert sticky.key_hash_ranges(1) == [(0, 199), (500, 600)]
+    assert sticky.key_shared_mode() == ("STICKY", False)
+    assert sub.key_shared_mode() == ("AUTO_SPLIT", False)
+    shared = Subscription(SubType.SHARED)
+    shared.add_consumer(1, "a")
+    assert shared.key_hash_ranges(1) == [] and shared.key_shared_mode() is None
+
+
+@pytest.mark.parametrize("sub_type", list(SubType))
+def test_redelivered_messages_count_what_a_consumer_asked_again_on_shared_and_key_shared(
+    sub_type: SubType,
+) -> None:
+    """What ``msgRateRedeliver`` is the rate of: the messages (a batch's all) a consumer asked to be sent again,
+    counted on Shared and Key_Shared as Pulsar counts them (its Exclusive and Failover consumers keep no pending
+    acks to count)."""
+    sub = Subscription(sub_type, read_position=(1, 0))
+    log = FakeLog(3, batch=4)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    run(sub, log, sub.redeliver(1, [(1, 1), (1, 1), (9, 9)]))  # one pending entry, named twice; one unknown
+    run(sub, log, sub.redeliver(1))  # all three
+    counted = sub_type in (SubType.SHARED, SubType.KEY_SHARED)
+    assert sub.redelivered_messages(1) == (4 + 12 if counted else 0)
+    assert sub.redelivered_messages(2) == 0
+    assert not sub.blocked_on_unacked(1)
+
+
+def test_a_consumer_at_the_unacked_limit_is_reported_blocked_until_it_acks() -> None:
+    sub = Subscription(SubType.SHARED, read_position=(1, 0), unacked_messages_max=2)
+    log = FakeLog(2)
+    sub.add_consumer(1, "a")
+    run(sub, log, sub.flow(1, 100))
+    assert sub.pending(1) == [(1, 0), (1, 1)] and sub.blocked_on_unacked(1)
+    run(sub, log, sub.ack_individual([((1, 0), -1, None)]).commands)
+    assert sub.pending(1) == [(1, 1)] and not sub.blocked_on_unacked(1)
