@@ -1149,11 +1149,13 @@ class AdminApp:
             if isinstance(attached, ManagedCursor):
                 await attached.refresh()  # idle: another writer (a Spark query's commit) may have moved it
                 md, ranges = attached.mark_delete, attached.cursor.individually_deleted
+                props = dict(attached.subscription_properties)
             else:
                 ci = await self.meta.get_cursor(topic.name.ml_name, sub)
                 if ci is None:
                     continue
                 md, ranges = Position(*ci.value.mark_delete), _info_ranges(ci.value)
+                props = dict(ci.value.subscription_properties)
             messages, entries, size = _cursor_backlog(topic, md, ranges)
             out[sub] = {
                 "type": "Exclusive",
@@ -1180,6 +1182,7 @@ class AdminApp:
                 "lastConsumedFlowTimestamp": 0,
                 "markDeletePosition": str(md),
                 "readPosition": str(topic.ml.next_position(md)),
+                "subscriptionProperties": props,
                 "consumers": [],
             }
         for sub, rt in live.items():
@@ -1219,7 +1222,8 @@ class AdminApp:
                 "markDeletePosition": s.get("markDeletePosition"),
                 "readPosition": s.get("readPosition"),
                 "activeConsumerName": s.get("activeConsumerName"),
-                "consumers": s.get("consumers", []),
+                "subscriptionProperties": dict(rt.cursor.subscription_properties) if rt.cursor else {},
+                "consumers": consumers,
             }
         return out
 
@@ -1791,12 +1795,7 @@ class AdminApp:
             ts = int(request.match_info["timestamp"])
         except ValueError:
             raise AdminError(412, "the timestamp must be milliseconds since the epoch") from None
-        if not name.is_partition and await self._partitions(name):
-            raise AdminError(
-                405,
-                "Get message ID by timestamp on a partitioned topic is not allowed, "
-                "please try do it on specific topic partition",
-            )
+        await self._refuse_partitioned(name, "Get message ID by timestamp")
         topic = await self._owned_topic(request, name)
         found = await _first_published_at_or_after(topic.ml, ts)
         if found is None:
@@ -1827,6 +1826,67 @@ class AdminApp:
         ml = topic.ml
         await self._move_cursor(topic, sub, ml.next_position(ml.last_confirmed_position()), disconnect=False)
         return _no_content()
+
+    async def subscription_properties_get(self, request: web.Request) -> web.Response:
+        """Pulsar's ``GET …/subscription/{sub}/properties`` (``pulsar-admin topics get-subscription-properties``):
+        the subscription's properties, ``{}`` when none were set; a partitioned topic's, its partitions' merged.
+        404 "Subscription not found", 405 for a reader's non-durable subscription."""
+        name = self._topic_name(request)
+        sub = request.match_info["subscription"]
+        if not name.is_partition and await self._partitions(name):
+            results = await self._each_partition(
+                name, "GET", self._sub_suffix(request, "/properties"), request=request
+            )
+            self._check_partition_results(results)
+            merged: dict[str, str] = {}
+            for _i, _status, data in sorted(results):
+                merged.update(data or {})
+            return _json(merged)
+        topic = await self._owned_topic(request, name)
+        async with topic._opening_subscription:
+            _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
+            return _json(dict(mc.subscription_properties))
+
+    async def subscription_properties_set(self, request: web.Request) -> web.Response:
+        """Pulsar's ``PUT …/subscription/{sub}/properties`` (``pulsar-admin topics update-subscription-properties``):
+        the subscription's properties replaced by the body's (a JSON object of strings; ``{}`` or no body clears
+        them), saved with its cursor before the answer (204); a partitioned topic's on each partition."""
+        name = self._topic_name(request)
+        sub = request.match_info["subscription"]
+        body = await _body_json(request)
+        body = {} if body is None else body
+        if not isinstance(body, dict) or not all(isinstance(v, str) for v in body.values()):
+            raise AdminError(400, 'expected a JSON object of strings, e.g. {"owner": "billing"}')
+        fanned = await self._fan_out_if_partitioned(request, name, "PUT", "/properties", body)
+        if fanned is not None:
+            return fanned
+        topic = await self._owned_topic(request, name)
+        async with topic._opening_subscription:
+            _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
+            await mc.set_subscription_properties(body)
+        return _no_content()
+
+    async def _refuse_partitioned(self, name: TopicName, what: str) -> None:
+        """405 for a call Pulsar serves on a partition only, with Pulsar's reason."""
+        if not name.is_partition and await self._partitions(name):
+            raise AdminError(
+                405,
+                f"{what} on a partitioned topic is not allowed, please try do it on specific topic partition",
+            )
+
+    async def backlog_size(self, request: web.Request) -> web.Response:
+        """Pulsar's ``PUT …/{topic}/backlogSize`` (``pulsar-admin topics get-backlog-size -m l:e``): the estimated
+        bytes of the entries after the MessageId of the body (the position a subscription's mark-delete would
+        be), as a subscription's ``backlogSize`` is estimated; 405 on a partitioned topic (ask a partition)."""
+        name = self._topic_name(request)
+        body = await _body_json(request)
+        if not isinstance(body, dict):
+            raise AdminError(400, 'expected a MessageId, e.g. {"ledgerId": 12, "entryId": 3}')
+        pos = Position(_int_field(body, "ledgerId", -1), _int_field(body, "entryId", -1))
+        await self._refuse_partitioned(name, "Get backlog size by message id")
+        topic = await self._owned_topic(request, name)
+        ml = topic.ml
+        return _json(ml.estimate_bytes(pos, ml.last_confirmed_position()))
 
     @staticmethod
     async def _on_subscription(sub: str, call: Awaitable[T]) -> T:
@@ -2085,6 +2145,10 @@ class AdminApp:
         r.add_post(s + "/skip/{count}", self.skip)
         r.add_get(s + "/position/{position}", self.peek)
         r.add_post(s + "/expireMessages/{seconds}", self.expire_messages)
+        r.add_get(s + "/properties", self.subscription_properties_get)
+        r.add_put(s + "/properties", self.subscription_properties_set)
+        r.add_put(t + "/backlogSize", self.backlog_size)
+        r.add_get(t + "/permissions", self.permissions_get)
         r.add_post(t + "/all_subscription/expireMessages/{seconds}", self.expire_messages_all)
         r.add_get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", self.lookup)
 

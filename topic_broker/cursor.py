@@ -191,7 +191,13 @@ class Cursor:
             del self._starts[0], self._ends[0]
 
     # -- (de)serialisation -------------------------------------------------------------------------------------
-    def to_info(self, *, properties: Mapping[str, int] | None = None, last_active_ms: int = 0) -> CursorInfo:
+    def to_info(
+        self,
+        *,
+        properties: Mapping[str, int] | None = None,
+        last_active_ms: int = 0,
+        subscription_properties: Mapping[str, str] | None = None,
+    ) -> CursorInfo:
         ranges = self.individually_deleted
         if len(ranges) > MAX_STORED_RANGES:
             log.warning(
@@ -206,6 +212,7 @@ class Cursor:
             properties=dict(properties or {}),
             last_active_ms=last_active_ms,
             batch_acked=tuple((p.ledger_id, p.entry_id, m) for p, m in sorted(self.batch_acked.items())),
+            subscription_properties=dict(subscription_properties or {}),
         )
 
     @classmethod
@@ -248,6 +255,8 @@ class ManagedCursor:
         self.name = name
         self.cursor = cursor
         self.properties: dict[str, int] = dict(properties)
+        #: Pulsar's subscription properties (``…/subscription/{sub}/properties``), saved with the cursor
+        self.subscription_properties: dict[str, str] = {}
         self.read_position = ml.next_position(cursor.mark_delete)
         self._version = version
         self._flush_interval_s = flush_interval_s
@@ -278,6 +287,7 @@ class ManagedCursor:
         if stored is not None:
             cursor = Cursor.from_info(stored.value, ml.next_position)
             mc = cls(ml, name, cursor, stored.version, stored.value.properties, flush_interval_s)
+            mc.subscription_properties = dict(stored.value.subscription_properties)
         else:
             if initial_position is InitialPosition.EARLIEST:
                 md = ml.first_position().previous()
@@ -357,6 +367,12 @@ class ManagedCursor:
         self._dirty = True
         await self.flush()
 
+    async def set_subscription_properties(self, properties: Mapping[str, str]) -> None:
+        """Pulsar's ``updateSubscriptionProperties``: the subscription's properties replaced, saved now."""
+        self.subscription_properties = dict(properties)
+        self._dirty = True
+        await self.flush()
+
     async def read_entries(self, max_entries: int) -> list[tuple[Position, bytes]]:
         """The next entries from ``read_position`` on that are not acknowledged yet; advances ``read_position``."""
         if self.read_position <= self.mark_delete:
@@ -405,6 +421,7 @@ class ManagedCursor:
                 return
             self.cursor = Cursor.from_info(stored.value, self.ml.next_position)
             self.properties = dict(stored.value.properties)
+            self.subscription_properties = dict(stored.value.subscription_properties)
             self._version = stored.version
             self.read_position = self.ml.next_position(self.cursor.mark_delete)
             self.moved = True
@@ -425,7 +442,11 @@ class ManagedCursor:
                 raise ManagedLedgerFencedError(
                     "cursor not persisted: the topic is fenced", ml_name=self.ml.name
                 )
-            info = self.cursor.to_info(properties=self.properties, last_active_ms=int(time.time() * 1000))
+            info = self.cursor.to_info(
+                properties=self.properties,
+                last_active_ms=int(time.time() * 1000),
+                subscription_properties=self.subscription_properties,
+            )
             self._dirty = False
             try:
                 saved = await self._save(info)

@@ -160,13 +160,15 @@ class CursorInfo:
     ``(l1, e1, l2, e2)`` of ``individually_deleted`` after it, plus the messages of partly acknowledged batches
     (batch-index acks, Pulsar's ``batchDeletedIndexes``): ``(ledger, entry, mask)``, bit ``i`` of ``mask`` set
     when message ``i`` of that entry's batch is acknowledged. Stored only when there are some (a cursor stored
-    without them loads with none)."""
+    without them loads with none). ``subscription_properties``: Pulsar's subscription properties (strings, set
+    with ``PUT …/subscription/{sub}/properties``), stored likewise only when there are some."""
 
     mark_delete: tuple[int, int]
     individually_deleted: tuple[tuple[int, int, int, int], ...] = ()
     properties: Mapping[str, int] = field(default_factory=dict)
     last_active_ms: int = 0
     batch_acked: tuple[tuple[int, int, int], ...] = ()
+    subscription_properties: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> JsonDict:
         d: JsonDict = {
@@ -177,6 +179,8 @@ class CursorInfo:
         }
         if self.batch_acked:
             d["batch_acked"] = [list(b) for b in self.batch_acked]
+        if self.subscription_properties:
+            d["subscription_properties"] = dict(self.subscription_properties)
         return d
 
     @classmethod
@@ -202,6 +206,9 @@ class CursorInfo:
             properties={str(k): int(v) for k, v in _field(d, "properties", dict, {}).items()},
             last_active_ms=_field(d, "last_active_ms", int, 0),
             batch_acked=tuple(batches),
+            subscription_properties={
+                str(k): str(v) for k, v in _field(d, "subscription_properties", dict, {}).items()
+            },
         )
 
 

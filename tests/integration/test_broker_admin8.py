@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from typing import Any
 
@@ -232,3 +233,90 @@ def test_partitioned_stats_sum_the_new_fields(bp: BrokerProcess, c: Any) -> None
     assert stats["subscriptions"]["p"]["msgBacklogNoDelayed"] == 6
     assert stats["earliestMsgPublishTimeInBacklogs"] == first
     assert stats["waitingPublishers"] == 0
+
+
+def _http_status(bp: BrokerProcess, method: str, path: str, body: Any = None) -> int:
+    try:
+        admin(bp, method, path, body)
+    except urllib.error.HTTPError as e:
+        return e.code
+    return 200
+
+
+def test_subscription_properties_are_set_read_and_kept_across_an_unload(bp: BrokerProcess, c: Any) -> None:
+    """``pulsar-admin topics get-|update-subscription-properties``: ``GET|PUT …/subscription/{sub}/properties``
+    (before: 404, no such route). The properties replace the old ones, show in the stats as
+    ``subscriptionProperties``, are stored with the cursor (the same after the topic is unloaded and loaded
+    again, and on an idle subscription), and a partitioned topic's are each partition's."""
+    t = topic_name()
+    sub_path = f"{BASE}/{t}/subscription/s"
+    consumer = c.subscribe(f"persistent://public/default/{t}", "s")
+    assert admin(bp, "GET", f"{sub_path}/properties") == {}
+    assert admin(bp, "PUT", f"{sub_path}/properties", {"owner": "billing", "tier": "gold"}) is None
+    assert admin(bp, "GET", f"{sub_path}/properties") == {"owner": "billing", "tier": "gold"}
+    admin(bp, "PUT", f"{sub_path}/properties", {"owner": "payments"})  # replaced, not merged
+    assert admin(bp, "GET", f"{sub_path}/properties") == {"owner": "payments"}
+    assert _stats(bp, t)["subscriptions"]["s"]["subscriptionProperties"] == {"owner": "payments"}
+    admin(bp, "PUT", f"{BASE}/{t}/unload")
+    assert admin(bp, "GET", f"{sub_path}/properties") == {"owner": "payments"}
+    consumer.close()  # idle: the stored cursor's
+    admin(bp, "PUT", f"{BASE}/{t}/unload")
+    assert _stats(bp, t)["subscriptions"]["s"]["subscriptionProperties"] == {"owner": "payments"}
+    admin(bp, "PUT", f"{sub_path}/properties", {})
+    assert admin(bp, "GET", f"{sub_path}/properties") == {}
+    assert _http_status(bp, "GET", f"{BASE}/{t}/subscription/nope/properties") == 404
+    assert _http_status(bp, "PUT", f"{sub_path}/properties", ["owner"]) == 400
+
+    pt = topic_name()
+    admin(bp, "PUT", f"{BASE}/{pt}/partitions", 2)
+    c.subscribe(f"persistent://public/default/{pt}", "ps")
+    admin(bp, "PUT", f"{BASE}/{pt}/subscription/ps/properties", {"k": "v"})
+    assert admin(bp, "GET", f"{BASE}/{pt}/subscription/ps/properties") == {"k": "v"}
+    for i in range(2):
+        assert admin(bp, "GET", f"{BASE}/{pt}-partition-{i}/subscription/ps/properties") == {"k": "v"}
+
+
+def test_backlog_size_by_message_id_is_the_subscriptions_estimate_from_there(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """``pulsar-admin topics get-backlog-size -m l:e``: ``PUT …/backlogSize`` with a MessageId (before: 404)
+    answers the bytes after that message, what a subscription acknowledged up to it shows as its
+    ``backlogSize``: half the topic's 4 equal messages after the second; 405 on a partitioned topic."""
+    t = f"persistent://public/default/{topic_name()}"
+    consumer = c.subscribe(t, "s")
+    producer = c.create_producer(t, batching_enabled=False)
+    for i in range(4):
+        producer.send(f"message-{i}".encode())
+    got = [consumer.receive(timeout_millis=10_000) for _ in range(4)]
+    consumer.acknowledge_cumulative(got[1])
+    wait_for(lambda: _stats(bp, t)["subscriptions"]["s"]["msgBacklog"] == 2, "the cumulative ack")
+    mid = got[1].message_id()
+    size = admin(
+        bp,
+        "PUT",
+        f"{BASE}/{t.rsplit('/', 1)[-1]}/backlogSize",
+        {"ledgerId": mid.ledger_id(), "entryId": mid.entry_id()},
+    )
+    stats = _stats(bp, t)
+    assert size == stats["subscriptions"]["s"]["backlogSize"] == stats["storageSize"] * 2 // 4 > 0
+    first = got[0].message_id()
+    whole = {"ledgerId": first.ledger_id(), "entryId": first.entry_id() - 1}
+    assert admin(bp, "PUT", f"{BASE}/{t.rsplit('/', 1)[-1]}/backlogSize", whole) == stats["storageSize"]
+    pt = topic_name()
+    admin(bp, "PUT", f"{BASE}/{pt}/partitions", 2)
+    assert _http_status(bp, "PUT", f"{BASE}/{pt}/backlogSize", {"ledgerId": 1, "entryId": 0}) == 405
+
+
+def test_a_topics_permissions_are_its_namespaces_grants(bp: BrokerProcess) -> None:
+    """``pulsar-admin topics permissions``: ``GET …/persistent/{t}/{ns}/{topic}/permissions`` (before: 404)
+    answers the roles granted on the topic's namespace and their actions, as the namespace's permissions."""
+    ns = f"ns-{topic_name()}"
+    admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")
+    topic_path = f"/admin/v2/persistent/public/{ns}/{topic_name()}/permissions"
+    assert admin(bp, "GET", topic_path) == {}
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/permissions/app-1", ["produce", "consume"])
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/permissions/reader", ["consume"])
+    expected = {"app-1": ["consume", "produce"], "reader": ["consume"]}
+    assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}/permissions") == expected
+    assert admin(bp, "GET", topic_path) == expected
+    assert _http_status(bp, "GET", f"/admin/v2/persistent/public/no-such-ns-{ns}/t/permissions") == 404

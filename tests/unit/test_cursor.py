@@ -121,6 +121,20 @@ def test_batch_acks_are_stored_until_their_entry_is_acked_and_old_cursors_load_w
             CursorInfo.from_json({**old, "batch_acked": bad})
 
 
+def test_subscription_properties_are_stored_when_set_and_old_cursors_load_without_them() -> None:
+    """Pulsar's subscription properties (strings) go with the cursor's record, only when there are some."""
+    c = Cursor(P(2, 4))
+    info = c.to_info(subscription_properties={"owner": "billing", "tier": "gold"})
+    body = json.loads(json.dumps(info.to_json()))
+    assert body["subscription_properties"] == {"owner": "billing", "tier": "gold"}
+    assert CursorInfo.from_json(body) == info
+    assert "subscription_properties" not in c.to_info().to_json()
+    old = {"mark_delete": [2, 4], "individually_deleted": [], "properties": {}, "last_active_ms": 0}
+    assert CursorInfo.from_json(old).subscription_properties == {}
+    with pytest.raises(MetadataFormatError, match="subscription_properties"):
+        CursorInfo.from_json({**old, "subscription_properties": ["owner"]})
+
+
 def test_a_cumulative_ack_set_stops_before_the_first_unacked_message() -> None:
     assert cumulative_batch_index(unacked_set(10, 0b1111)) == 3
     assert cumulative_batch_index(unacked_set(10, 0)) == -1
