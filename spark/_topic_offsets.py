@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "EARLIEST",
+    "SUBSCRIPTION_KEY",
     "LedgerSlot",
     "Snapshot",
     "advance",
@@ -29,6 +31,10 @@ Pos = tuple[int, int]
 
 #: The offset of a partition that has no ledger yet: everything it will ever hold is after it.
 EARLIEST: Pos = (-1, 0)
+
+#: The key of a stream's offset (beside the partitions' positions, whose names start ``persistent://``) that
+#: holds the name of the durable subscription the query moves: kept in the query's checkpoint with its offsets.
+SUBSCRIPTION_KEY = "subscription"
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,5 +235,6 @@ def positions_json(offsets: Mapping[str, Pos]) -> dict[str, list[int]]:
     return {k: [int(v[0]), int(v[1])] for k, v in sorted(offsets.items())}
 
 
-def positions_from_json(d: Mapping[str, Sequence[int]]) -> dict[str, Pos]:
-    return {str(k): (int(v[0]), int(v[1])) for k, v in d.items()}
+def positions_from_json(d: Mapping[str, Any]) -> dict[str, Pos]:
+    """The partitions' positions of an offset (its :data:`SUBSCRIPTION_KEY` left out)."""
+    return {str(k): (int(v[0]), int(v[1])) for k, v in d.items() if k != SUBSCRIPTION_KEY}

@@ -305,8 +305,8 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
         if not subscription or any(ord(c) < 0x20 for c in subscription):
             raise TopicOptionError("subscriptionName", f"invalid subscription name {sub_raw!r}")
     else:
-        # One stable name per query definition (never random per run): the same stream restarted from its
-        # checkpoint keeps using (and moving) the same durable subscription.
+        # The name of a stream whose checkpoint's offsets hold none (written before they kept it): one per query
+        # definition. A new stream takes a name of its own, kept in its offsets (TopicStreamReader).
         ident = json.dumps(
             [common.zk_root, list(topics), pattern, starting.to_json()], sort_keys=True
         ).encode()

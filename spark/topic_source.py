@@ -65,15 +65,17 @@ clients give it (the last chunk's, with the first chunk's as ``first_chunk_messa
 finds its earlier chunks before its range (in the ledger and the one before it, up to ``CHUNK_LOOKBACK_ENTRIES``
 entries back). Chunks of a message that never completes (its producer died) make no row, as for a Pulsar consumer.
 
-Streaming: the offset is ``{partition full name: [ledgerId, entryId]}``, the next position to read per partition.
-Partitions added to a topic while the query runs are picked up and read from their earliest entry.
-``commit(end)`` (and the planning of each micro-batch, whose start is the end of the completed previous one:
-Spark commits a batch only when it plans the next one with data) moves the durable subscription
-``subscriptionName`` (default ``spark-topic-<hash>`` of the query's
-zkRoot, topics and starting position: one stable name per query definition, never random per run, so a restart
-with one of those changed moves a new subscription and leaves the old one holding retention: give a long-lived
-query its own name; give two queries over the same topics different names; a subscription that exists and was not made by a topic query, an
-application's, is refused, naming the option) on every partition: its cursor znode
+Streaming: the offset is ``{partition full name: [ledgerId, entryId], "subscription": name}``, the next position to
+read per partition and the query's subscription. Partitions added to a topic while the query runs are picked up and
+read from their earliest entry. ``commit(end)`` (and the planning of each micro-batch, whose start is the end of the
+completed previous one: Spark commits a batch only when it plans the next one with data) moves the durable
+subscription ``subscriptionName`` (default: a name of the query's own, ``spark-topic-<16 hex digits>``, made when
+the query first starts and kept in its checkpoint with every batch's offset, so the query restarted from its
+checkpoint moves the same one whatever options changed, and two queries over the same topics, two checkpoints,
+never share one; an offset written before the name was kept names none, and the query then keeps the name hashed
+from zkRoot, topics and starting position, as it was; a query started without its checkpoint is a new one: the
+old subscription stays, holding retention, until deleted; a subscription that exists and was not made by a topic
+query, an application's, is refused, naming the option) on every partition: its cursor znode
 ``managed-ledgers/<ml>/cursors/<sub>`` (property ``spark-topic-query`` = 1 marks it as a query's) gets
 ``mark_delete`` = the position before the committed end, so retention (the broker trims only ledgers every
 cursor consumed) keeps what Spark has not processed; properties ``spark-topic-mark-ledger``/``-entry`` record that
@@ -87,6 +89,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -114,6 +117,7 @@ from pyspark.sql.types import (
 
 from spark._topic_offsets import (
     EARLIEST,
+    SUBSCRIPTION_KEY,
     LedgerSlot,
     Pos,
     Snapshot,
@@ -128,7 +132,13 @@ from spark._topic_offsets import (
     positions_json,
     resolve_start,
 )
-from spark._topic_options import OffsetSpec, TopicOptionError, TopicOptions, parse_topic_options
+from spark._topic_options import (
+    SUBSCRIPTION_PREFIX,
+    OffsetSpec,
+    TopicOptionError,
+    TopicOptions,
+    parse_topic_options,
+)
 from spark.ledger_source import _exists, check_bookie_access, credentials_checked, freeze_worker_heap
 from spark.options import BATCH_BYTES_MAX, client_config
 
@@ -224,6 +234,8 @@ class _Driver:
         from zk.client import MetadataStore
 
         self.opts = opts
+        #: the durable subscription a stream moves (its checkpoint's, set by the stream reader)
+        self.subscription = opts.subscription
         with credentials_checked(opts, TopicOptionError):
             self.store = MetadataStore.connect(opts.zk, opts.zk_root, auth=opts.zk_auth)
         self._bk: Any = None
@@ -464,7 +476,7 @@ class _Driver:
                 what = f"was deleted before entry {start[1]} on was read"
                 if stream and committed is None:
                     what += (
-                        f" (the query's subscription {self.opts.subscription}, which vouches for what it read, is "
+                        f" (the query's subscription {self.subscription}, which vouches for what it read, is "
                         "gone or was moved by another; a topic deleted and created again after the query had read "
                         "it all lost nothing)"
                     )
@@ -476,7 +488,7 @@ class _Driver:
         """Refuse a subscription that a topic query did not create: an application's, whose consumers the
         commits would disturb (and the broker serving them takes such a write for another owner's and stops
         serving the topic). Default names are ours even without the mark (made before it was set)."""
-        sub = self.opts.subscription
+        sub = self.subscription
         if SPARK_CURSOR_PROPERTY in info.properties or not self.opts.subscription_explicit:
             return
         raise TopicOptionError(
@@ -491,7 +503,7 @@ class _Driver:
         from zk.managed_ledgers import BrokerMetadataStore, CursorInfo
 
         bms = BrokerMetadataStore(self.store)
-        sub = self.opts.subscription
+        sub = self.subscription
         for _attempt in range(5):
             cur = asyncio.run(bms.get_cursor(part.ml_name, sub))
             if cur is not None:
@@ -520,7 +532,7 @@ class _Driver:
         from zk import layout
         from zk.managed_ledgers import CursorInfo
 
-        v = self.store.get_optional(layout.ml_cursor_path(part.ml_name, self.opts.subscription))
+        v = self.store.get_optional(layout.ml_cursor_path(part.ml_name, self.subscription))
         if v is None:
             return None
         info = CursorInfo.from_json(v.value)
@@ -534,7 +546,7 @@ class _Driver:
                 "%s: subscription %s stands at %s, past the query's %s: moved by another (message TTL, skip, "
                 "reset); ledgers trimmed since are checked as lost",
                 part.name,
-                self.opts.subscription,
+                self.subscription,
                 info.mark_delete,
                 own,
             )
@@ -816,6 +828,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._parts: dict[str, PartitionRef] = {}
         self._snaps: dict[str, Snapshot] = {}
         self._committed: dict[str, Pos | None] = {}
+        self._initial: dict[str, Any] | None = None  # the last initial offset given (a new query's start)
+        self._fresh: str | None = None  # a new query's subscription name, made once per run
 
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts, "schema": self.schema}
@@ -829,6 +843,27 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             self._drv = _Driver(self.opts)
         return self._drv
 
+    def _use_subscription(self, offset: dict[str, Any] | None, *, new_query: bool = False) -> str:
+        """The durable subscription the query moves, for an offset of its checkpoint: the one
+        ``subscriptionName`` names; else the one the offset holds (:data:`SUBSCRIPTION_KEY`, kept by every
+        batch's end); else, for a new query (``offset`` its initial offset), a new name of its own, so that two
+        queries (two checkpoints) never share one; else (offsets written before the name was kept in them) the
+        name hashed from the query's options."""
+        if self.opts.subscription_explicit:
+            sub = self.opts.subscription
+        elif isinstance((offset or {}).get(SUBSCRIPTION_KEY), str):
+            sub = str((offset or {})[SUBSCRIPTION_KEY])
+        elif new_query:
+            if self._fresh is None:
+                self._fresh = SUBSCRIPTION_PREFIX + secrets.token_hex(8)
+            sub = self._fresh
+        else:
+            sub = self.opts.subscription
+        if self.drv.subscription != sub:
+            self.drv.subscription = sub
+            self._committed.clear()
+        return sub
+
     def _refresh(self) -> dict[str, Snapshot]:
         parts = self.drv.partitions()
         self.drv.check_positions_name_partitions(parts)
@@ -838,12 +873,13 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
 
     def initialOffset(self) -> dict[str, Any]:
         snaps = self._refresh()
-        return positions_json(
+        self._initial = positions_json(
             {
                 name: self.drv.position(self._parts[name], snap, self.opts.starting, "startingOffsets")
                 for name, snap in snaps.items()
             }
         )
+        return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_entries_per_trigger is not None:
@@ -866,6 +902,10 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         # and stands on what Spark has processed even after AvailableNow's last batch. It comes after the
         # data-loss check, which takes the subscription's stored position: a ledger trimmed while the
         # subscription was gone (deleted, or never there) is a loss, and a failed check leaves it gone.
+        # A new query's initial offset is no commit: nothing is processed yet, and a query stopped before its
+        # first batch (waiting for messages) starts again with a new subscription name, leaving this one behind.
+        new_query = self._initial is not None and start == self._initial
+        sub = self._use_subscription(start, new_query=new_query)
         snaps = self._refresh()
         stored = {name: self._committed_mark(name) for name in snaps}
         begin = positions_from_json(start or {})
@@ -880,7 +920,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             if self._target is not None:
                 cap = min(cap, self._target[name])
             caps[name] = cap
-        self.commit(start or {})
+        if not new_query or self.opts.subscription_explicit:
+            self.commit(start or {})
         max_entries: float | None = None
         max_bytes: float | None = None
         if isinstance(limit, ReadMaxRows):
@@ -913,9 +954,10 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             moved = advance(snaps[n], starts[n], int(budget[n]), caps[n])
             if moved != starts[n] or n not in begin:
                 end[n] = moved
-        return positions_json(end)
+        return {**positions_json(end), SUBSCRIPTION_KEY: sub}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TopicRange]:
+        self._use_subscription(end)
         begin = positions_from_json(start or {})
         stop = positions_from_json(end)
         if not self._parts or any(n not in self._parts for n in stop):
@@ -940,6 +982,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         return read_range(self.opts, partition, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
+        self._use_subscription(end)
         for name, (lid, eid) in positions_from_json(end).items():
             part = self._parts.get(name)
             if part is None or lid < 0:
@@ -949,11 +992,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 continue
             try:
                 self.drv.commit(part, mark)
-                log.debug("%s: subscription %s at %s", name, self.opts.subscription, mark)
+                log.debug("%s: subscription %s at %s", name, self.drv.subscription, mark)
             except Exception as e:  # noqa: BLE001 - the next commit retries; retention waits meanwhile
-                log.warning(
-                    "%s: cannot move subscription %s to %s: %s", name, self.opts.subscription, mark, e
-                )
+                log.warning("%s: cannot move subscription %s to %s: %s", name, self.drv.subscription, mark, e)
                 continue
             self._committed[name] = mark
 
