@@ -177,6 +177,10 @@ class BookKeeper:
         import zk
 
         config = config or ClientConfig(**kw)
+        if config.freeze_heap:
+            # before this client's objects exist: frozen, its reference cycles (its ZooKeeper session's) were
+            # never collected once it was closed
+            freeze_heap_once()
         try:
             store = await asyncio.to_thread(
                 zk.MetadataStore.connect,
@@ -187,10 +191,7 @@ class BookKeeper:
             )
         except zk.MetadataError as e:
             raise E.MetadataStoreError(f"cannot connect to ZooKeeper at {zk_connect}: {e}") from e
-        bk = await asyncio.to_thread(cls, store, config)
-        if config.freeze_heap:
-            freeze_heap_once()
-        return bk
+        return await asyncio.to_thread(cls, store, config)
 
     # -- bookies ---------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:

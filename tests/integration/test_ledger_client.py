@@ -690,3 +690,32 @@ def test_first_connect_freezes_the_heap_unless_told_not_to(zk_connect, freeze: b
         assert second < first + 5000  # once per process: the second connect froze nothing more
     else:
         assert first == second == 0
+
+
+def test_a_closed_first_client_is_collected_with_the_heap_frozen(zk_connect) -> None:
+    """The heap is frozen before the first client's own objects exist: closed and dropped, they are collected.
+    Frozen with them, the cycles of its ZooKeeper session were never collected. In a fresh process, as above."""
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio, gc, sys, weakref\n"
+        "from ledger_client import BookKeeper, ClientConfig\n"
+        "async def main():\n"
+        "    bk = await BookKeeper.connect(sys.argv[1], config=ClientConfig(zk_root=sys.argv[2]))\n"
+        "    assert gc.get_freeze_count() > 0\n"
+        "    refs = weakref.ref(bk), weakref.ref(bk.store)\n"
+        "    await bk.close()\n"
+        "    return refs\n"
+        "refs = asyncio.run(main())\n"
+        "gc.collect()\n"
+        "print(*(r() is None for r in refs))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, zk_connect.connect_string, zk_connect.root],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert out == ["True", "True"]  # the client and its metadata store freed
