@@ -99,6 +99,9 @@ def verify_token(secret: bytes, token: str | bytes, *, now: float | None = None)
 
     The signature is checked (in constant time) before the header or payload is parsed, so an unsigned or
     forged token costs one HMAC and no JSON parsing. Only ``alg: HS256`` is accepted (never ``none``)."""
+    # a token is ASCII: an HTTP header's bytes that are not UTF-8 come as surrogates, which encode() refuses
+    if isinstance(token, str) and not token.isascii():
+        raise TokenError("token is not base64url")
     raw = token.encode() if isinstance(token, str) else bytes(token)
     if len(raw) > TOKEN_LEN_MAX:
         raise TokenError(f"token of {len(raw)} bytes (at most {TOKEN_LEN_MAX})")

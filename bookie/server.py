@@ -51,9 +51,28 @@ from .auth import TokenError, TokenVerifier
 from .core import ENTRY_HEAD, AddRow, BookieCore
 from .metrics import CONTENT_TYPE_LATEST, RateMeter, ServerMetrics
 from .server_gate import LOG_REFUSALS_EVERY_S as _LOG_REFUSALS_EVERY_S
-from .server_gate import ConnectionGate
+from .server_gate import ConnectionGate, refusal_json
 
 log = logging.getLogger("ledgerstore.bookie.server")
+
+
+class _RefusalLog:
+    """Warnings about refusals, at most one line per ``_LOG_REFUSALS_EVERY_S`` (a stranger retrying in a loop
+    must not flood the log), each saying how many were not logged since the one before."""
+
+    def __init__(self) -> None:
+        self._last = -_LOG_REFUSALS_EVERY_S
+        self._unlogged = 0
+
+    def warning(self, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < _LOG_REFUSALS_EVERY_S:
+            self._unlogged += 1
+            return
+        log.warning(msg + " (%d more since the last such line)", *args, self._unlogged)
+        self._last = now
+        self._unlogged = 0
+
 
 DEFAULT_INFLIGHT_MAX = 10_000
 DEFAULT_PARTIAL_FRAME_TIMEOUT_S = 30.0
@@ -597,8 +616,8 @@ class BookieServer:
         self.auth_ok = 0  # AUTH requests accepted
         self.auth_refused = 0  # connections refused by the AUTH step
         self.admin_refused = 0  # admin HTTP requests refused for want of a good token
-        self._last_auth_log = 0.0
-        self._auth_unlogged = 0
+        self._auth_log = _RefusalLog()
+        self._admin_log = _RefusalLog()
         self.connections: set[BookieConnection] = set()
         self.gate = ConnectionGate(
             f"bookie={core.bookie_id}",
@@ -645,19 +664,18 @@ class BookieServer:
         """Count a refusal and log it, at most one line per ``_LOG_REFUSALS_EVERY_S`` (a stranger retrying in
         a loop must not flood the log)."""
         self.auth_refused += 1
-        now = time.monotonic()
-        if now - self._last_auth_log >= _LOG_REFUSALS_EVERY_S:
-            log.warning(
-                "bookie=%s refusing connection from %s: unauthenticated: %s (%d more since the last such line)",
-                self.core.bookie_id,
-                peer,
-                why,
-                self._auth_unlogged,
-            )
-            self._last_auth_log = now
-            self._auth_unlogged = 0
-        else:
-            self._auth_unlogged += 1
+        self._auth_log.warning(
+            "bookie=%s refusing connection from %s: unauthenticated: %s", self.core.bookie_id, peer, why
+        )
+
+    def note_admin_refusal(self, method: str, path: str, peer: str | None, why: str) -> None:
+        """Count an admin HTTP request refused for want of a good token and log it, at most one line per
+        ``_LOG_REFUSALS_EVERY_S`` (as :meth:`note_auth_refusal`; the path as a Python literal, so that a
+        stranger's ``%0A`` writes no line of its own)."""
+        self.admin_refused += 1
+        self._admin_log.warning(
+            "bookie=%s admin %s %r from %s refused: %s", self.core.bookie_id, method, path, peer, why
+        )
 
     def release(self, conn: BookieConnection) -> None:
         if conn in self.connections:
@@ -761,15 +779,7 @@ def admin_app(
     ) -> web.StreamResponse:
         why = admin_auth.check(request.method, request.path, request.headers.get("Authorization"))
         if why:
-            server.admin_refused += 1
-            log.warning(
-                "bookie=%s admin %s %s from %s refused: %s",
-                core.bookie_id,
-                request.method,
-                request.path,
-                request.remote,
-                why,
-            )
+            server.note_admin_refusal(request.method, request.path, request.remote, why)
             return web.json_response(
                 {"error": f"unauthorized: {why}"}, status=401, headers={"WWW-Authenticate": "Bearer"}
             )
@@ -834,9 +844,15 @@ def admin_app(
     async def metadata_errors(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        """ZooKeeper away (or refusing) is an answer with the reason, not a 500 page and a traceback in the log."""
+        """ZooKeeper away (or refusing) is an answer with the reason, not a 500 page and a traceback in the log;
+        the HTTP server's own refusals (no such route, a method the route does not take) are JSON ``{"error"}``
+        as every other answer, not aiohttp's text ("404: Not Found")."""
         try:
             return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            return refusal_json(e, "error")
         except MetadataError as e:
             status = 503 if isinstance(e, MetadataConnectionError) else 500
             log.warning(

@@ -194,10 +194,27 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
             reason = " ".join(str(exc_info.message).split())
             self.debug(f"{msg}: %s %s", *args, exc_info.code, reason)
             return
+        if isinstance(exc_info, web.RequestPayloadError):
+            # a body aiohttp reads after the handler (one it did not read: a refused request) that does not decode
+            # as its Content-Encoding says, or is not chunked as it says: logged at ERROR with three tracebacks
+            self.debug(f"{msg}: %s", *args, " ".join(str(exc_info).split()))
+            return
         super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 _SERVER_LOG = _ServerLog(logging.getLogger("aiohttp.server"), {})
+
+
+def refusal_json(e: web.HTTPException, key: str) -> web.Response:
+    """aiohttp's own refusal (no such route, a method the route does not take, a body past the size limit) as a
+    JSON ``{key: reason}`` like the application's other refusals, not aiohttp's text ("404: Not Found")."""
+    reason = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        reason = f"{e.method} is not allowed here: {', '.join(sorted(e.allowed_methods))}"
+    response = web.json_response({key: reason}, status=e.status)
+    if "Allow" in e.headers:
+        response.headers["Allow"] = e.headers["Allow"]
+    return response
 
 
 class HttpService:

@@ -61,7 +61,7 @@ from prometheus_client.core import Metric
 
 import zk
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from bookie.server_gate import HTTP_IDLE_TIMEOUT_S, HttpService, serve_http
+from bookie.server_gate import HTTP_IDLE_TIMEOUT_S, HttpService, refusal_json, serve_http
 from ledger_client import errors as LE
 from zk import layout
 from zk.managed_ledgers import (
@@ -81,10 +81,10 @@ from . import pulsar_api_pb2 as pb
 from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
 from .compaction import COMPACTION_SUBSCRIPTION, CompactionRunningError
-from .cursor import InitialPosition, ManagedCursor, SubscriptionPropertiesTooLargeError
+from .cursor import InitialPosition, ManagedCursor
 from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
-from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName
+from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName, valid_segment
 from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
 from .wire import pulsar_date
 
@@ -159,13 +159,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _http_error(e: web.HTTPException) -> web.Response:
     """aiohttp's own refusals (no such route, a method the route does not take, a body past the size limit) with
     Pulsar's ``{"reason"}`` body as every other refusal, not aiohttp's text ("404: Not Found")."""
-    reason = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
-    if isinstance(e, web.HTTPMethodNotAllowed):
-        reason = f"{e.method} is not allowed here: {', '.join(sorted(e.allowed_methods))}"
-    response = _error(e.status, reason)
-    if "Allow" in e.headers:
-        response.headers["Allow"] = e.headers["Allow"]
-    return response
+    return refusal_json(e, "reason")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -392,29 +386,58 @@ BODY_TIMEOUT_S = HTTP_IDLE_TIMEOUT_S
 
 
 async def _body_json(request: web.Request) -> Any:
+    """The request's JSON body (None when empty); 400 for a body that is not text in its charset or not JSON
+    (nested deeper than the parser goes, a number of more digits than Python converts, as Jackson refuses
+    both), 408 for one that does not arrive."""
     try:
-        text = await asyncio.wait_for(request.text(), BODY_TIMEOUT_S)
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
     except TimeoutError:
         raise AdminError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     except ConnectionResetError:  # the client went away first: nobody to answer, nothing to log but a line
         log.info("admin %s %s: the client left before its body arrived", request.method, request.path)
         raise AdminError(400, "the connection was lost before the body arrived") from None
+    except web.RequestPayloadError as e:  # not as its Content-Encoding or chunks say
+        raise AdminError(400, f"the body does not decode: {' '.join(str(e).split())}") from None
+    charset = request.charset or "utf-8"
+    try:
+        text = raw.decode(charset)
+    except LookupError:
+        raise AdminError(400, f"unknown charset {charset!r} in the Content-Type") from None
+    except UnicodeDecodeError as e:
+        raise AdminError(400, f"the body is not {charset} text: {e}") from None
     if not text.strip():
         return None
     try:
         return json.loads(text)
+    except RecursionError:
+        raise AdminError(400, "the body is not JSON: nested too deep") from None
     except json.JSONDecodeError as e:
-        raise AdminError(400, f"the body is not JSON: {e}") from e
+        raise AdminError(400, f"the body is not JSON: {e}") from None
+    except ValueError:  # an integer of more digits than int() converts
+        raise AdminError(400, "the body is not JSON: a number of over 4300 digits") from None
+
+
+def _utf8(text: str, what: str) -> bytes:
+    """``text`` of a JSON body as UTF-8; 400 for one holding a lone surrogate (JSON's ``"\\ud800"``), which no
+    UTF-8 encodes."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise AdminError(400, f"{what} is not Unicode text: it holds a lone surrogate") from None
 
 
 async def _checked_movable(sub: str) -> None:
     sub_ops.check_movable(sub)
 
 
-def _int_field(d: Mapping[str, Any], key: str, default: int) -> int:
+def _int_field(d: Mapping[str, Any], key: str, default: int, *, bits: int = 64) -> int:
+    """``d[key]`` (``default`` when absent): a JSON integer that fits Pulsar's field, a Java long (an int with
+    ``bits=32``); 400 otherwise, as Jackson answers a number out of its field's range."""
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
         raise AdminError(400, f"{key} must be an integer, got {v!r}")
+    if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
+        raise AdminError(400, f"{key} is out of range of a {bits}-bit integer")
     return v
 
 
@@ -617,6 +640,10 @@ class AdminApp:
         return _json(sorted(names))
 
     async def _tenant_exists(self, tenant: str) -> bool:
+        """Whether the tenant exists; 412 for a name no tenant may have (a percent-encoded ``/``, ``..``), as
+        Pulsar refuses it, rather than the znode layer's error."""
+        if not valid_segment(tenant):
+            raise AdminError(412, f"Tenant name is not valid: {tenant!r}")
         return await self.store.aexists(f"{layout.NAMESPACES}/{layout.check_znode_name(tenant, 'tenant')}")
 
     async def tenant_get(self, request: web.Request) -> web.Response:
@@ -713,7 +740,7 @@ class AdminApp:
         body = await _body_json(request)
         if not isinstance(body, dict):
             raise AdminError(400, 'expected {"retentionTimeInMinutes": M, "retentionSizeInMB": S}')
-        minutes = _int_field(body, "retentionTimeInMinutes", 0)
+        minutes = _int_field(body, "retentionTimeInMinutes", 0, bits=32)
         size = _int_field(body, "retentionSizeInMB", 0)
         if minutes < -1 or size < -1:
             raise AdminError(412, "retention values are -1 (infinite), 0 or positive")
@@ -820,9 +847,11 @@ class AdminApp:
         props = body.get("properties") or {}
         if not isinstance(props, dict) or not all(isinstance(v, str) for v in props.values()):
             raise AdminError(400, "properties must map names to strings")
+        for text in (*props, *props.values()):
+            _utf8(text, "a property")
         info = SchemaInfo(
             type=_schema_type_number(body.get("type")),
-            data=str(body.get("schema", "")).encode(),
+            data=_utf8(str(body.get("schema", "")), "the schema"),
             properties={str(k): v for k, v in props.items()},
             timestamp_ms=int(time.time() * 1000),
         )
@@ -897,7 +926,7 @@ class AdminApp:
         if not isinstance(body, dict):
             raise AdminError(400, 'expected {"limitSize": bytes, "limitTime": seconds, "policy": …}')
         limit_size = _int_field(body, "limitSize", _int_field(body, "limit", -1))
-        limit_time = _int_field(body, "limitTime", -1)
+        limit_time = _int_field(body, "limitTime", -1, bits=32)
         policy = body.get("policy", "producer_request_hold")
         if policy not in _QUOTA_POLICIES:
             raise AdminError(400, f"policy must be one of {', '.join(_QUOTA_POLICIES)}")
@@ -1863,10 +1892,7 @@ class AdminApp:
         topic = await self._owned_topic(request, name)
         async with topic._opening_subscription:
             _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
-            try:
-                await mc.set_subscription_properties(body)
-            except SubscriptionPropertiesTooLargeError as e:
-                raise AdminError(413, str(e)) from None
+            await mc.set_subscription_properties(body)
         return _no_content()
 
     async def _refuse_partitioned(self, name: TopicName, what: str) -> None:
@@ -2186,7 +2212,8 @@ def _auth_middleware(service: BrokerService) -> Any:
         token = _bearer(request)
         if token is not None:
             try:
-                request[PRINCIPAL] = service.authenticate("token", token.encode())
+                # the header's bytes as sent (aiohttp decodes those that are not UTF-8 to surrogates)
+                request[PRINCIPAL] = service.authenticate("token", token.encode("utf-8", "surrogateescape"))
             except AuthenticationFailed as e:
                 return _error(401, f"authentication failed: {e}")
         mutating = request.method not in _READ_METHODS

@@ -59,12 +59,23 @@ def check_strategy(name: str) -> str:
     return up
 
 
+def _loads(data: bytes, what: str) -> Any:
+    """``data`` parsed as UTF-8 JSON, or SchemaDefinitionError naming ``what`` it should be: a definition that
+    is not (bytes that are not UTF-8, nesting deeper than the parser goes, a number of more digits than int()
+    converts) is refused, never raised as any other error."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise SchemaDefinitionError(f"{what}: nested too deep") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SchemaDefinitionError(f"{what}: {e}") from e
+    except ValueError:  # an integer of more digits than int() converts
+        raise SchemaDefinitionError(f"{what}: a number of over 4300 digits") from None
+
+
 def parse_definition(data: bytes) -> Any:
     """The Avro definition in ``data`` (JSON text), or SchemaDefinitionError saying what is wrong with it."""
-    try:
-        d = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SchemaDefinitionError(f"the schema definition is not JSON: {e}") from e
+    d = _loads(data, "the schema definition is not JSON")
     _Names().register(d)
     return d
 
@@ -159,22 +170,14 @@ def key_value_json(data: bytes, properties: Mapping[str, str]) -> str:
         if kind not in STRUCT_TYPES:
             shown[part] = ""
             continue
-        try:
-            shown[part] = json.loads(definition.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SchemaDefinitionError(f"the {part}'s {kind} definition is not JSON: {e}") from e
+        shown[part] = _loads(definition, f"the {part}'s {kind} definition is not JSON")
     return json.dumps(shown)
 
 
 def key_value_from_json(text: bytes) -> bytes:
     """A KEY_VALUE definition as Pulsar's admin takes it (``{"key": ..., "value": ...}``, "" for a primitive
     part) in the form the clients declare it (:func:`split_key_value`), or SchemaDefinitionError."""
-    try:
-        d = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SchemaDefinitionError(
-            f'a KEY_VALUE definition is JSON {{"key": ..., "value": ...}}: {e}'
-        ) from e
+    d = _loads(text, 'a KEY_VALUE definition is JSON {"key": ..., "value": ...}')
     if not isinstance(d, dict) or set(d) != set(KV_PARTS):
         raise SchemaDefinitionError('a KEY_VALUE definition is {"key": ..., "value": ...}')
     key, value = (
