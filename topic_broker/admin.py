@@ -81,7 +81,7 @@ from . import pulsar_api_pb2 as pb
 from . import schema_compat, sub_ops, wire
 from .bookie_supply import BookiesShortError
 from .compaction import COMPACTION_SUBSCRIPTION, CompactionRunningError
-from .cursor import InitialPosition, ManagedCursor
+from .cursor import InitialPosition, ManagedCursor, SubscriptionPropertiesTooLargeError
 from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName, valid_segment
@@ -1892,7 +1892,10 @@ class AdminApp:
         topic = await self._owned_topic(request, name)
         async with topic._opening_subscription:
             _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
-            await mc.set_subscription_properties(body)
+            try:
+                await mc.set_subscription_properties(body)
+            except SubscriptionPropertiesTooLargeError as e:
+                raise AdminError(413, str(e)) from None
         return _no_content()
 
     async def _refuse_partitioned(self, name: TopicName, what: str) -> None:

@@ -20,6 +20,7 @@ import asyncio
 import bisect
 import contextlib
 import enum
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -45,13 +46,23 @@ _saves_failing = RateLimitedLog(log, LOG_EVERY_S)
 __all__ = [
     "DEFAULT_FLUSH_INTERVAL_S",
     "MAX_STORED_RANGES",
+    "SUBSCRIPTION_PROPERTIES_MAX_BYTES",
     "Cursor",
+    "SubscriptionPropertiesTooLargeError",
     "InitialPosition",
     "ManagedCursor",
 ]
 
 MAX_STORED_RANGES = 10_000
 DEFAULT_FLUSH_INTERVAL_S = 1.0
+#: The most a subscription's properties may take in its cursor's znode (JSON as stored, non-ASCII escaped): a tenth
+#: of a znode body, leaving the rest to the ranges. More and every save of the cursor would fail
+SUBSCRIPTION_PROPERTIES_MAX_BYTES = 100_000
+
+
+class SubscriptionPropertiesTooLargeError(ValueError):
+    """Subscription properties larger than :data:`SUBSCRIPTION_PROPERTIES_MAX_BYTES`."""
+
 
 NextPosition = Callable[[Position], Position]
 
@@ -368,10 +379,24 @@ class ManagedCursor:
         await self.flush()
 
     async def set_subscription_properties(self, properties: Mapping[str, str]) -> None:
-        """Pulsar's ``updateSubscriptionProperties``: the subscription's properties replaced, saved now."""
-        self.subscription_properties = dict(properties)
+        """Pulsar's ``updateSubscriptionProperties``: the subscription's properties replaced, saved now; the old
+        ones kept if the save fails (:exc:`SubscriptionPropertiesTooLargeError` before it for more than
+        :data:`SUBSCRIPTION_PROPERTIES_MAX_BYTES`)."""
+        new = dict(properties)
+        size = len(json.dumps(new, separators=(",", ":")))
+        if size > SUBSCRIPTION_PROPERTIES_MAX_BYTES:
+            raise SubscriptionPropertiesTooLargeError(
+                f"subscription properties of {size} bytes stored, more than the {SUBSCRIPTION_PROPERTIES_MAX_BYTES}"
+                " allowed"
+            )
+        old, self.subscription_properties = self.subscription_properties, new
         self._dirty = True
-        await self.flush()
+        try:
+            await self.flush()
+        except BaseException:
+            if self.subscription_properties is new:  # not saved: later saves carry the old ones, as before
+                self.subscription_properties = old
+            raise
 
     async def read_entries(self, max_entries: int) -> list[tuple[Position, bytes]]:
         """The next entries from ``read_position`` on that are not acknowledged yet; advances ``read_position``."""

@@ -320,3 +320,38 @@ def test_a_topics_permissions_are_its_namespaces_grants(bp: BrokerProcess) -> No
     assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}/permissions") == expected
     assert admin(bp, "GET", topic_path) == expected
     assert _http_status(bp, "GET", f"/admin/v2/persistent/public/no-such-ns-{ns}/t/permissions") == 404
+
+
+def test_subscription_properties_too_large_to_store_are_refused_and_leave_the_cursor_saving(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """Properties that the cursor's znode cannot hold (here 300,000 'é', stored escaped as 1.8 MB) are refused
+    with 413 and leave nothing behind: the old properties stay, and the subscription's acknowledgements are still
+    saved (the topic unloaded and loaded again has no backlog). Before, the PUT failed (500) with the properties
+    kept in memory, and every later save of the cursor failed on them: its acknowledgements were never stored."""
+    import json
+    import urllib.request
+
+    t = topic_name()
+    full = f"persistent://public/default/{t}"
+    sub_path = f"{BASE}/{t}/subscription/s"
+    consumer = c.subscribe(full, "s")
+    admin(bp, "PUT", f"{sub_path}/properties", {"owner": "billing"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{bp.http_port}{sub_path}/properties",
+        data=json.dumps({"k": "é" * 300_000}, ensure_ascii=False).encode(),  # 600 kB of UTF-8
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 413
+    assert admin(bp, "GET", f"{sub_path}/properties") == {"owner": "billing"}
+    producer = c.create_producer(full, batching_enabled=False)
+    producer.send(b"m")
+    consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+    wait_for(lambda: _stats(bp, t)["subscriptions"]["s"]["msgBacklog"] == 0, "the ack")
+    consumer.close()
+    admin(bp, "PUT", f"{BASE}/{t}/unload")  # the cursor saved as it closes, then read again
+    assert _stats(bp, t)["subscriptions"]["s"]["msgBacklog"] == 0
+    assert admin(bp, "GET", f"{sub_path}/properties") == {"owner": "billing"}
