@@ -41,7 +41,9 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read
   nothing and is refused naming the option.
 * ``failOnDataLoss`` (default true): a ledger deleted (trimmed by retention) before the query read it fails the
-  query naming the ledger; false skips it with a warning.
+  query naming the ledger; false skips it with a warning. So does a topic a stream has read that is deleted (a
+  topic never read is an option's error): false skips it, warning once, and reads it from its start once it is
+  made again.
 * streaming: ``maxEntriesPerTrigger`` (admission control counted in ledger entries: a batch entry counts once),
   ``maxBytesPerTrigger`` (estimated from each ledger's average entry size), ``subscriptionName``.
 * ``cryptoFailureAction`` (Pulsar's ``ConsumerCryptoFailureAction``; default ``FAIL``): what to do with an
@@ -91,7 +93,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -177,12 +179,14 @@ class CryptoFailureError(RuntimeError):
 
 
 class TopicDataLossError(RuntimeError):
-    """Entries the query was to read were deleted (a trimmed ledger) while ``failOnDataLoss`` is true."""
+    """Entries the query was to read were deleted (a trimmed ledger, or the topic: ``ledger_id`` None) while
+    ``failOnDataLoss`` is true."""
 
-    def __init__(self, topic: str, ledger_id: int, what: str) -> None:
+    def __init__(self, topic: str, ledger_id: int | None, what: str) -> None:
+        lost = "lost ledgers" if ledger_id is not None else "a deleted topic"
         super().__init__(
-            f"{topic}: ledger {ledger_id} {what} (failOnDataLoss is true; set option failOnDataLoss=false to "
-            "skip lost ledgers with a warning)"
+            f"{topic}: {'' if ledger_id is None else f'ledger {ledger_id} '}{what} (failOnDataLoss is true; set "
+            f"option failOnDataLoss=false to skip {lost} with a warning)"
         )
         self.topic = topic
         self.ledger_id = ledger_id
@@ -244,6 +248,8 @@ class _Driver:
         self.known_closed: dict[int, int] = {}
         #: ledgers whose metadata took ``password`` (checked once each, when a snapshot first lists them)
         self._password_ok: set[int] = set()
+        #: topics a stream read that were deleted since, skipped (failOnDataLoss=false): warned of once each
+        self._gone_warned: set[str] = set()
         try:  # a token the bookies refuse fails here, naming the option
             check_bookie_access(self.bk, opts, TopicOptionError)
         except BaseException:
@@ -269,7 +275,10 @@ class _Driver:
         self.store.close()
 
     # topics
-    def partitions(self) -> list[PartitionRef]:
+    def partitions(self, read: Collection[str] = (), *, skip_missing: bool = False) -> list[PartitionRef]:
+        """The partitions of the topics read. A named topic that does not exist fails naming the option; one that
+        a stream read (a partition of it in ``read``, the names of its offset) was deleted under it: a data loss
+        (the messages written after the stream's last batch); ``skip_missing`` leaves missing topics out."""
         from topic_broker.names import TopicName
         from zk import layout
         from zk.managed_ledgers import PartitionedTopicMetadata
@@ -285,6 +294,10 @@ class _Driver:
                     out += [PartitionRef(str(tn.partition(i)), i, tn.partition(i).ml_name) for i in range(n)]
                 elif self.store.exists(layout.ml_info_path(tn.ml_name)):
                     out.append(PartitionRef(str(tn), tn.partition_index, tn.ml_name))
+                elif skip_missing:
+                    continue
+                elif any(str(TopicName.parse(r).base) == str(tn.base) for r in read):
+                    self._topic_gone(str(tn))
                 else:
                     why = f"topic {full} does not exist"
                     if not self._namespace_exists(tn.tenant, tn.namespace):
@@ -320,6 +333,14 @@ class _Driver:
             # a typo in the pattern's namespace would otherwise read nothing, quietly
             raise TopicOptionError("topicsPattern", f"namespace {tenant}/{ns} does not exist")
         return out
+
+    def _topic_gone(self, topic: str) -> None:
+        what = "was deleted while the query read it (what was written to it after the query's last batch is lost)"
+        if self.opts.fail_on_data_loss:
+            raise TopicDataLossError(topic, None, what)
+        if topic not in self._gone_warned:
+            self._gone_warned.add(topic)
+            log.warning("%s %s; skipped until it exists again (failOnDataLoss=false)", topic, what)
 
     def _namespace_exists(self, tenant: str, ns: str) -> bool:
         """Does the namespace exist (its policies znode, created through the broker's admin, as in Pulsar)?"""
@@ -864,8 +885,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             self._committed.clear()
         return sub
 
-    def _refresh(self) -> dict[str, Snapshot]:
-        parts = self.drv.partitions()
+    def _refresh(self, read: Collection[str] = (), *, skip_missing: bool = False) -> dict[str, Snapshot]:
+        parts = self.drv.partitions(read, skip_missing=skip_missing)
         self.drv.check_positions_name_partitions(parts)
         self._parts = {p.name: p for p in parts}
         self._snaps = {p.name: self.drv.snapshot(p) for p in parts}
@@ -889,7 +910,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {name: snap.latest() for name, snap in self._refresh().items()}
+        # before the checkpoint's offset is known: a topic deleted since the query read it is for latestOffset to
+        # tell (it has no target: nothing of it is read), a topic that never existed for initialOffset
+        self._target = {name: snap.latest() for name, snap in self._refresh(skip_missing=True).items()}
 
     def _committed_mark(self, name: str) -> Pos | None:
         if name not in self._committed:
@@ -906,9 +929,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         # first batch (waiting for messages) starts again with a new subscription name, leaving this one behind.
         new_query = self._initial is not None and start == self._initial
         sub = self._use_subscription(start, new_query=new_query)
-        snaps = self._refresh()
-        stored = {name: self._committed_mark(name) for name in snaps}
         begin = positions_from_json(start or {})
+        snaps = self._refresh(begin)
+        stored = {name: self._committed_mark(name) for name in snaps}
         starts: dict[str, Pos] = {}
         caps: dict[str, Pos] = {}
         for name, snap in snaps.items():
@@ -961,7 +984,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         begin = positions_from_json(start or {})
         stop = positions_from_json(end)
         if not self._parts or any(n not in self._parts for n in stop):
-            self._refresh()
+            self._refresh(stop)
         out: list[TopicRange] = []
         for name, e in sorted(stop.items()):
             s = begin.get(name, EARLIEST)

@@ -48,3 +48,54 @@ def test_two_queries_of_one_topic_move_their_own_subscriptions_and_a_changed_res
     assert cluster.available_now(spark, tmp_path / "a", topics="twoq,twoq-more") == 25
     assert _backlogs(cluster, "twoq") == dict.fromkeys(subs, 0)
     assert _backlogs(cluster, "twoq-more") == {a_sub: 0}
+
+
+def test_a_topic_deleted_under_a_running_stream_fails_as_a_loss_or_is_skipped(
+    cluster: Cluster, spark: Any, tmp_path: Path
+) -> None:
+    """A ProcessingTime stream has read a topic's 10 messages when the topic is deleted. The stream failed with
+    "topic source option 'topic': topic … does not exist", as if the query named a topic that never was, and so
+    did one with failOnDataLoss=false. Now failOnDataLoss=true fails saying the topic was deleted while the query
+    read it; false goes on and reads the topic made again from its start."""
+    from pyspark.errors import StreamingQueryException
+
+    for fail in ("true", "false"):
+        local = f"gone-{fail}"
+        users.produce(cluster, local, 10, batching_enabled=False)
+        time.sleep(1.5)  # the explicit LAC
+        got: list[bytes] = []
+        q = (
+            spark.readStream.format("topic")
+            .option("zk", cluster.zk)
+            .option("zkRoot", cluster.root)
+            .options(topic=local, startingOffsets="earliest", failOnDataLoss=fail)
+            .load()
+            .writeStream.foreachBatch(
+                lambda df, _b, got=got: got.extend(bytes(r["value"]) for r in df.collect())
+            )
+            .option("checkpointLocation", str(tmp_path / local))
+            .trigger(processingTime="1 second")
+            .start()
+        )
+        try:
+            _wait(lambda got=got: len(got) == 10, "the first messages")
+            cluster.admin("DELETE", f"/admin/v2/persistent/public/default/{local}?force=true")
+            if fail == "true":
+                with pytest.raises(
+                    StreamingQueryException, match=f"{local}: was deleted while the query read it"
+                ):
+                    q.awaitTermination(120)
+            else:
+                time.sleep(3)  # a few triggers without the topic
+                users.produce(cluster, local, 4, batching_enabled=False)
+                _wait(lambda got=got: len(got) == 14, "the messages of the topic made again")
+                assert q.isActive
+        finally:
+            q.stop()
+
+
+def _wait(check: Any, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
