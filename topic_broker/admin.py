@@ -1535,6 +1535,26 @@ class AdminApp:
         await self.service.unload(name)
         return _no_content()
 
+    async def truncate(self, request: web.Request) -> web.Response:
+        """Pulsar's ``DELETE …/{topic}/truncate`` (``pulsar-admin topics truncate``): every subscription's backlog
+        dropped (each moved to the last message) and the topic's ledgers before a new current one deleted
+        (:func:`sub_ops.truncate`); 204. Each partition of a partitioned topic."""
+        name = self._topic_name(request)
+        if not name.is_partition and await self._partitions(name):
+            results = await self._each_partition(name, "DELETE", "/truncate", request=request)
+            self._check_partition_results(results)
+            return _no_content()
+        topic = await self._owned_topic(request, name)
+        try:
+            await sub_ops.truncate(topic)
+        except ManagedLedgerError as e:
+            raise AdminError(500, f"truncate of {name} failed: {e}") from e
+        return _no_content()
+
+    async def truncate_non_persistent(self, request: web.Request) -> web.Response:
+        """A non-persistent topic keeps no ledgers: 412, Pulsar's answer."""
+        raise AdminError(412, "unsupport truncate")
+
     async def compaction_trigger(self, request: web.Request) -> web.Response:
         """Start compacting the topic (``pulsar-admin topics compact``); 409 while a compaction runs."""
         topic = await self._owned_topic(request, self._topic_name(request))
@@ -1920,6 +1940,39 @@ class AdminApp:
         ml = topic.ml
         return _json(ml.estimate_bytes(pos, ml.last_confirmed_position()))
 
+    async def analyze_backlog(self, request: web.Request) -> web.Response:
+        """Pulsar's ``POST …/subscription/{sub}/analyzeBacklog`` (``pulsar-admin topics analyze-backlog``): the
+        subscription's backlog read and counted (:func:`sub_ops.analyze_backlog`, at most 10,000 entries or 2
+        minutes, ``aborted`` true when it stopped there), from the entry after its mark-delete or from the body's
+        MessageId (``{"ledgerId": l, "entryId": e}``, ResetCursorData); no entry filters here, so every entry is
+        accepted. 405 on a partitioned topic (analyze a partition)."""
+        name = self._topic_name(request)
+        body = await _body_json(request)
+        start = None
+        if isinstance(body, dict) and "ledgerId" in body:
+            start = Position(_int_field(body, "ledgerId", -1), _int_field(body, "entryId", -1))
+        elif body is not None and body != {}:
+            raise AdminError(400, 'expected no body or a MessageId, e.g. {"ledgerId": 12, "entryId": 3}')
+        await self._refuse_partitioned(name, "Analyze backlog")
+        topic = await self._owned_topic(request, name)
+        sub = request.match_info["subscription"]
+        scan = await self._on_subscription(sub, sub_ops.analyze_backlog(topic, sub, start))
+        out: dict[str, Any] = {
+            "entries": scan.entries,
+            "messages": scan.messages,
+            "filterAcceptedEntries": scan.entries,
+            "filterAcceptedMessages": scan.messages,
+            "filterRejectedEntries": 0,
+            "filterRejectedMessages": 0,
+            "filterRescheduledEntries": 0,
+            "filterRescheduledMessages": 0,
+            "aborted": scan.aborted,
+        }
+        if scan.first is not None and scan.last is not None:
+            out["firstMessageId"] = f"{scan.first.ledger_id}:{scan.first.entry_id}"
+            out["lastMessageId"] = f"{scan.last.ledger_id}:{scan.last.entry_id}"
+        return _json(out)
+
     @staticmethod
     async def _on_subscription(sub: str, call: Awaitable[T]) -> T:
         """``call`` (a ``sub_ops`` one on ``sub``), its refusals answered as Pulsar does."""
@@ -2155,6 +2208,11 @@ class AdminApp:
         r.add_get(t + "/messageid/{timestamp}", self.message_id_by_time)
         r.add_get(t + "/lastMessageId", self.last_message_id)
         r.add_put(t + "/unload", self.unload)
+        r.add_delete(t + "/truncate", self.truncate)
+        r.add_delete(
+            f"/admin/v2/{{domain:{NON_PERSISTENT}}}/{{tenant}}/{{namespace}}/{{topic}}/truncate",
+            self.truncate_non_persistent,
+        )
         r.add_post(t + "/terminate", self.terminate)
         r.add_post(t + "/terminate/partitions", self.terminate_partitions)
         r.add_put(t + "/compaction", self.compaction_trigger)
@@ -2179,6 +2237,8 @@ class AdminApp:
         r.add_post(s + "/expireMessages/{seconds}", self.expire_messages)
         r.add_get(s + "/properties", self.subscription_properties_get)
         r.add_put(s + "/properties", self.subscription_properties_set)
+        r.add_post(s + "/analyzeBacklog", self.analyze_backlog)
+        r.add_get(s + "/analyzeBacklog", self.analyze_backlog)
         r.add_put(t + "/backlogSize", self.backlog_size)
         r.add_get(t + "/permissions", self.permissions_get)
         r.add_post(t + "/all_subscription/expireMessages/{seconds}", self.expire_messages_all)

@@ -987,6 +987,20 @@ class ManagedLedger:
         log.info("ml=%s trimmed ledgers %s", self.name, doomed)
         return doomed
 
+    async def truncate(self) -> list[int]:
+        """Pulsar's ManagedLedger truncate, once the caller moved every cursor to the last confirmed entry: the
+        current ledger rolled over (when it holds entries and the ledger is not terminated), then every ledger
+        before the new current one that no cursor (attached or stored) still needs deleted, whatever retention
+        says; returns their ids."""
+        if self._state != _OPEN:
+            raise ManagedLedgerClosedError("managed ledger is not open", ml_name=self.name)
+        if self._info.value.terminated_position is None:
+            async with self._submit_lock:
+                if self._state == _OPEN and self._current_entries > 0:
+                    await self._rollover_locked()
+        await self.refresh_cursors()
+        return await self.trim(self.slowest_mark_delete(), 0, 0)
+
     async def refresh_cursors(self) -> None:
         """Read every cursor's znode again. Others may create or move a durable subscription's cursor at any
         time (the Spark topic source saves its subscription with ``BrokerMetadataStore.save_cursor``), so

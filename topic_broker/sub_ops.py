@@ -8,6 +8,10 @@ The rules are pure and take a :class:`LedgerView` (the positions of the stored e
 - :func:`skip_target`: the mark-delete after skipping n such entries (all of them when there are fewer).
 - :func:`entry_expired` and :func:`last_expired`: the newest entry after the mark-delete published more than a
   TTL ago, found by a binary search over the publish times (Pulsar's expiry monitor, ``findNewestMatching``).
+- :func:`truncate`: every subscription's backlog dropped and the ledgers before a new one deleted (Pulsar's
+  ``truncate``).
+- :func:`analyze_backlog`: the entries and messages of the backlog counted by reading it, bounded by a number
+  of entries and a time (Pulsar's ``analyzeBacklog``); moves nothing.
 
 :func:`skip` and :func:`expire` apply a new mark-delete on the topic's owner (:func:`advance`): to the live
 subscription's cursor and its dispatcher (entries before it are dropped from what its consumers hold
@@ -19,7 +23,10 @@ conflict and fence the topic).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import bisect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import wire
@@ -31,10 +38,12 @@ if TYPE_CHECKING:
     from .service import SubscriptionRuntime, Topic
 
 __all__ = [
+    "BacklogScan",
     "NotDurableError",
     "ReservedSubscriptionError",
     "SubscriptionNotFoundError",
     "advance",
+    "analyze_backlog",
     "check_movable",
     "entry_expired",
     "expire",
@@ -42,10 +51,18 @@ __all__ = [
     "last_expired",
     "nth_unacked",
     "peek",
+    "scan_backlog",
     "skip",
     "skip_target",
     "subscription_cursor",
+    "truncate",
 ]
+
+#: Pulsar's defaults for a backlog scan: subscriptionBacklogScanMaxEntries, subscriptionBacklogScanMaxTimeMs,
+#: and the entries read at a time (dispatcherMaxReadBatchSize)
+SCAN_MAX_ENTRIES = 10_000
+SCAN_MAX_TIME_S = 120.0
+SCAN_READ_BATCH = 100
 
 #: before every stored position: ``count_entries(_ORIGIN, p)`` is the number of entries at or before ``p``
 _ORIGIN = Position(-1, -1)
@@ -166,6 +183,90 @@ async def peek(topic: Topic, sub: str, n: int) -> Position | None:
         return nth_unacked(topic.ml.view(), mc.cursor, n)
 
 
+@dataclass
+class BacklogScan:
+    """What :func:`analyze_backlog` counted: entries, messages (a batch's members each), the first and last
+    entry read, and whether it stopped at its limit of entries or time with more of the backlog left."""
+
+    entries: int = 0
+    messages: int = 0
+    first: Position | None = None
+    last: Position | None = None
+    aborted: bool = False
+
+
+def _acked(ranges: Sequence[tuple[Position, Position]], starts: Sequence[Position], pos: Position) -> bool:
+    """``pos`` lies in one of the sorted, disjoint closed ``ranges`` (``starts``: their lower ends)."""
+    i = bisect.bisect_right(starts, pos) - 1
+    return i >= 0 and pos <= ranges[i][1]
+
+
+async def analyze_backlog(
+    topic: Topic,
+    sub: str,
+    start: Position | None = None,
+    *,
+    max_entries: int = SCAN_MAX_ENTRIES,
+    max_time_s: float = SCAN_MAX_TIME_S,
+) -> BacklogScan:
+    """Pulsar's ``analyzeBacklog``: the subscription's unacknowledged entries (after its mark-delete, or from
+    ``start`` on, individually acknowledged ones passed over) read ``SCAN_READ_BATCH`` at a time and counted,
+    at most ``max_entries`` of them and for at most ``max_time_s``; moves nothing and keeps no entry."""
+    async with topic._opening_subscription:
+        _rt, mc = await subscription_cursor(topic, sub)
+        mark_delete = mc.mark_delete
+        ranges = list(mc.cursor.individually_deleted)
+    ml = topic.ml
+    first = ml.next_position(mark_delete)
+    return await scan_backlog(
+        ml.read_entries,
+        ml.next_position,
+        first if start is None else max(start, first),
+        ranges,
+        max_entries=max_entries,
+        deadline=time.monotonic() + max_time_s,
+    )
+
+
+async def scan_backlog(
+    read: Callable[[Position, int], Awaitable[list[tuple[Position, bytes]]]],
+    next_position: Callable[[Position], Position],
+    start: Position,
+    acked: Sequence[tuple[Position, Position]],
+    *,
+    max_entries: int,
+    deadline: float,
+) -> BacklogScan:
+    """The entries ``read`` gives from ``start`` on, ``SCAN_READ_BATCH`` at a time, counted (those in the sorted
+    closed ``acked`` ranges passed over) until there are no more, ``max_entries`` were counted or
+    ``time.monotonic()`` passed ``deadline``; ``aborted`` when it stopped with more entries left to read."""
+    starts = [s for s, _e in acked]
+    pos = start
+    scan = BacklogScan()
+    while True:
+        batch = await read(pos, SCAN_READ_BATCH)
+        if not batch:
+            return scan
+        if scan.entries >= max_entries or time.monotonic() > deadline:
+            scan.aborted = True
+            return scan
+        for p, entry in batch:
+            if scan.entries >= max_entries:
+                break
+            pos = next_position(p)
+            if _acked(acked, starts, p):
+                continue
+            try:
+                md, _payload = wire.parse_entry(entry, verify_checksum=False)
+                n = wire.entry_message_count(md)
+            except wire.EntryFormatError:
+                n = 1
+            scan.entries += 1
+            scan.messages += n
+            scan.first = scan.first or p
+            scan.last = p
+
+
 async def advance(rt: SubscriptionRuntime | None, mc: ManagedCursor, mark_delete: Position) -> bool:
     """Everything up to ``mark_delete`` acknowledged (acks after it kept) and saved; the dispatcher drops what its
     consumers hold before it. False when the subscription was there already."""
@@ -223,3 +324,20 @@ async def expire_all(topic: Topic, ttl_s: int, now_ms: int) -> list[str]:
         except SubscriptionNotFoundError:
             continue
     return moved
+
+
+async def truncate(topic: Topic) -> list[int]:
+    """Pulsar's ``truncate``: every durable subscription (live or idle, the compactor's too, as Pulsar clears each
+    cursor's backlog) acknowledges everything up to the last confirmed entry, saved; then the managed ledger rolls
+    over and deletes the ledgers before the new one (:meth:`ManagedLedger.truncate`). Returns the deleted ids."""
+    ml = topic.ml
+    live = {s for s, rt in topic.subscriptions.items() if rt.durable}
+    stored = set(await ml.store.list_cursors(ml.name))
+    for sub in sorted(live | stored):
+        async with topic._opening_subscription:
+            try:
+                rt, mc = await subscription_cursor(topic, sub)
+            except (SubscriptionNotFoundError, NotDurableError):
+                continue  # deleted meanwhile
+            await advance(rt, mc, ml.last_confirmed_position())
+    return await ml.truncate()

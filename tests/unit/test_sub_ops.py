@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import time
 
 import pytest
 
 from bookie.config_file import ConfigError
 from topic_broker import pulsar_api_pb2 as pb
-from topic_broker import wire
+from topic_broker import sub_ops, wire
 from topic_broker.admin import pulsar_date
 from topic_broker.cursor import Cursor
 from topic_broker.main import add_serve_arguments, config_from_args
 from topic_broker.managed_ledger import LedgerView, Position
 from topic_broker.service import BrokerConfig
-from topic_broker.sub_ops import entry_expired, last_expired, nth_unacked, skip_target
+from topic_broker.sub_ops import entry_expired, last_expired, nth_unacked, scan_backlog, skip_target
 from zk import MetadataFormatError
 from zk.managed_ledgers import NamespacePolicies
 
@@ -70,6 +71,59 @@ def entry(publish_ms: int) -> bytes:
     return wire.make_entry(
         pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=publish_ms), b"x"
     )
+
+
+def _batch(n: int) -> bytes:
+    return wire.make_entry(
+        pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, num_messages_in_batch=n), b"x"
+    )
+
+
+async def _read_view(pos: Position, n: int) -> list[tuple[Position, bytes]]:
+    """VIEW's entries from ``pos`` on, at most ``n``: each a batch of (its entry id + 1) messages."""
+    out: list[tuple[Position, bytes]] = []
+    at = VIEW.resolve(pos)
+    while at is not None and len(out) < n and at <= ORDER[-1]:
+        out.append((at, _batch(at.entry_id + 1)))
+        at = VIEW.resolve(VIEW.next_position(at))
+    return out
+
+
+def _scan(start: Position, acked: list[tuple[Position, Position]], max_entries: int) -> sub_ops.BacklogScan:
+    deadline = time.monotonic() + 60
+    return asyncio.run(
+        scan_backlog(_read_view, VIEW.next_position, start, acked, max_entries=max_entries, deadline=deadline)
+    )
+
+
+def test_scan_backlog_counts_batched_messages_skips_acks_and_stops_at_its_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every entry after the start, across ledgers (an empty one passed), its batch's messages each; entries in
+    acknowledged ranges left out; at most ``max_entries`` (then ``aborted``, unless nothing was left), read a few
+    at a time (a backlog is never read whole); an expired deadline aborts before the next read."""
+    monkeypatch.setattr(sub_ops, "SCAN_READ_BATCH", 2)
+    whole = _scan(P(3, 0), [], 100)
+    assert (whole.entries, whole.messages, whole.aborted) == (9, 6 + 3 + 10, False)
+    assert (whole.first, whole.last) == (P(3, 0), P(9, 3))
+    acked = _scan(P(3, 0), [(P(3, 1), P(7, 0)), (P(9, 1), P(9, 1))], 100)
+    assert (acked.entries, acked.messages, acked.first, acked.last) == (
+        5,
+        1 + 2 + 1 + 3 + 4,
+        P(3, 0),
+        P(9, 3),
+    )
+    limited = _scan(P(3, 0), [], 4)
+    assert (limited.entries, limited.messages, limited.last, limited.aborted) == (
+        4,
+        1 + 2 + 3 + 1,
+        P(7, 0),
+        True,
+    )
+    exact = _scan(P(9, 0), [], 4)
+    assert (exact.entries, exact.aborted) == (4, False)
+    late = asyncio.run(scan_backlog(_read_view, VIEW.next_position, P(3, 0), [], max_entries=9, deadline=0.0))
+    assert (late.entries, late.aborted) == (0, True)
 
 
 def test_entry_expired_is_pulsars_rule() -> None:
