@@ -666,6 +666,31 @@ def test_a_body_that_is_not_json_text_is_refused_400_with_its_reason(hc: HttpClu
     hc.check("bodies")
 
 
+def test_a_charset_that_is_no_text_encoding_of_the_wire_is_refused_400(hc: HttpCluster) -> None:
+    """A body is decoded in the Unicode encodings and the common single-byte ones only. Python's 'punycode'
+    (quadratic: a 300 kB body held the broker's event loop for 30 s) decoded ``{}-`` to ``{}`` and the request was
+    served; its 'undefined' raised a UnicodeError that was not a UnicodeDecodeError: a 500 with a traceback."""
+    path = "/admin/v2/namespaces/hf/ns/retention"
+    before = hc.snapshot()
+    for body, charset in [(b"{}-", "punycode"), (b"{}", "undefined"), (b"{}", "unicode_escape")]:
+        req = Request(
+            "POST", path, [(b"Content-Type", f"application/json; charset={charset}".encode())], body
+        )
+        a = exchange(hc.open_broker.http_port, req)
+        assert a is not None and a.status == 400, (req.describe(), a)
+        assert f"unsupported charset {charset!r}" in json.loads(a.body)["reason"], (req.describe(), a)
+    for charset in ("UTF-16LE", "latin-1", "us-ascii", "windows-1252"):  # still decoded: not an object, 400
+        body = "[]".encode(charset)
+        req = Request(
+            "POST", path, [(b"Content-Type", f"application/json; charset={charset}".encode())], body
+        )
+        a = exchange(hc.open_broker.http_port, req)
+        assert a is not None and a.status == 400, (req.describe(), a)
+        assert json.loads(a.body)["reason"].startswith("expected {"), (req.describe(), a)
+    assert hc.snapshot() == before
+    hc.check("charsets")
+
+
 def test_an_authorization_header_that_is_not_utf8_is_refused_401(hc: HttpCluster) -> None:
     """aiohttp hands a header's bytes that are not UTF-8 over as surrogates, which the token check encoded:
     a UnicodeEncodeError, 500 and a traceback from the broker and from a bookie."""
@@ -731,3 +756,20 @@ def test_a_message_id_past_a_long_is_refused_400_and_moves_no_cursor(hc: HttpClu
 
     assert mark(after) == mark(before)
     hc.check("ids")
+
+
+def test_a_partition_count_past_an_int_is_refused_400_and_creates_nothing(hc: HttpCluster) -> None:
+    """4294967296 partitions were taken: the count was written (past the uint32 the binary protocol answers it
+    in), then one managed ledger per partition created for ever, the request unanswered (about 500 znodes a
+    second, going on after the client left)."""
+    for body, method in [(2**32, "PUT"), ({"partitions": 2**31}, "PUT"), (2**40, "POST")]:
+        name = f"/admin/v2/persistent/hf/ns/many-{uuid.uuid4().hex[:6]}"
+        a = hc.admin(method, f"{name}/partitions", body, broker=hc.open_broker)
+        assert a.status == 400 and "out of range" in json.loads(a.body)["reason"], (body, a)
+        assert json.loads(hc.admin("GET", f"{name}/partitions").body) == {"partitions": 0}
+    name = f"/admin/v2/persistent/hf/ns/grown-{uuid.uuid4().hex[:6]}"
+    assert hc.admin("PUT", f"{name}/partitions", 2, broker=hc.open_broker).status == 204
+    a = hc.admin("POST", f"{name}/partitions", 2**32, broker=hc.open_broker)
+    assert a.status == 400, a
+    assert json.loads(hc.admin("GET", f"{name}/partitions").body) == {"partitions": 2}
+    hc.check("partitions")
