@@ -1,7 +1,8 @@
 """The Spark sources on a user's fourth day: streams under faults and changes. Two streaming queries over one
 topic with the same options and their own checkpoints shared one durable subscription (its default name hashed
 the options), so each moved the other's; and a query restarted from its checkpoint with its topics changed moved
-a new subscription, leaving the old one behind holding retention (the cluster of ``test_user_scenarios``)."""
+a new subscription, leaving the old one behind holding retention. A topic deleted under a running stream failed
+it as a mistyped option, whatever failOnDataLoss said (the cluster of ``test_user_scenarios``)."""
 
 from __future__ import annotations
 
