@@ -218,7 +218,9 @@ def _message_id(pos: Position, partition: int, batch_index: int = -1) -> dict[st
 
 #: What an HTTP header name may hold (RFC 9110's token characters)
 _TCHAR = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-_CR_LF = str.maketrans("\r\n\0", "   ")
+#: The control characters no header value may hold (RFC 9110 allows tab alone; aiohttp refuses to write the
+#: others), each written as a space
+_CONTROLS = str.maketrans(dict.fromkeys([*range(0x09), *range(0x0A, 0x20), 0x7F], " "))
 
 
 def _header_name(name: str) -> str:
@@ -228,11 +230,12 @@ def _header_name(name: str) -> str:
 
 
 def sanitised_headers(headers: CIMultiDict[str]) -> CIMultiDict[str]:
-    """``headers`` that any HTTP client parses: a CR, LF or NUL in a value written as a space (as Pulsar's HTTP
-    server, Jetty, writes them), and a name's characters that no header name may hold (a property key with a
-    space, a colon, a line break or a letter outside ASCII) percent-encoded as UTF-8. Before, a line break made
-    aiohttp refuse the header (a 500), and a space in a name ended the headers for the client parsing them."""
-    return CIMultiDict((_header_name(k), v.translate(_CR_LF)) for k, v in headers.items())
+    """``headers`` that any HTTP client parses: a control character in a value but tab (CR and LF, as Pulsar's
+    HTTP server, Jetty, writes them, and NUL, ESC, DEL, ...) written as a space, and a name's characters that
+    no header name may hold (a property key with a space, a colon, a line break or a letter outside ASCII)
+    percent-encoded as UTF-8. Before, a control character made aiohttp refuse the header (a 500), and a space
+    in a name ended the headers for the client parsing them."""
+    return CIMultiDict((_header_name(k), v.translate(_CONTROLS)) for k, v in headers.items())
 
 
 def _more_message_headers(md: pb.MessageMetadata, single: pb.SingleMessageMetadata | None) -> dict[str, str]:
