@@ -29,8 +29,9 @@ NON_PERSISTENT = "non-persistent"
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
 PARTITION_SUFFIX = "-partition-"
-#: Pulsar's rule for tenant and namespace names.
-_SEGMENT_RE = re.compile(r"^[-=:.\w]+$")
+#: Pulsar's rule for tenant and namespace names (its NamedEntity's), whose Java ``\w`` is ASCII's: Python's took
+#: any letter, and one outside the Basic Multilingual Plane is a znode name ZooKeeper refuses (a 500 for a tenant)
+_SEGMENT_RE = re.compile(r"^[-=:.\w]+$", re.ASCII)
 _PARTITION_RE = re.compile(r"^(?P<base>.+)" + re.escape(PARTITION_SUFFIX) + r"(?P<index>0|[1-9]\d*)$")
 #: A generous bound: the managed-ledger name must fit a znode path.
 LOCAL_NAME_MAX = 1024

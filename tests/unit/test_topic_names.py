@@ -35,6 +35,8 @@ def test_parse_accepts_full_and_short_forms(given: str, full: str) -> None:
         "a/b/..",
         "a b/ns/t",
         "t\x00",
+        "persistent://\U0001d400/ns/t",  # ZooKeeper refuses a znode name outside the BMP (a 500 creating it)
+        "persistent://public/d\u00e9faut/t",  # Pulsar's \w is ASCII's
     ],
 )
 def test_parse_rejects_malformed_names(bad: str) -> None:
