@@ -122,6 +122,9 @@ def test_internal_info_of_a_terminated_topic_and_of_a_partitioned_one(bp: Broker
     """``topics info-internal``: a terminated topic's terminatedPosition, a closed ledger's size in bytes (as
     internalStats gives it), and a partitioned topic's partitions."""
     t = f"persistent://public/default/{topic_name()}"
+    # a subscription keeps the ledger: without one, retention (none set) lets the broker's housekeeping delete
+    # it once closed, before the two reads below
+    c.subscribe(t, "keeps-the-ledger")
     producer = c.create_producer(t, batching_enabled=False)
     ids = [producer.send(b"x" * 50) for _ in range(3)]
     admin(bp, "PUT", _path(t) + "/unload")  # the ledger closed, its size stored
