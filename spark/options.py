@@ -188,7 +188,9 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
 
 def client_config(opts: Any) -> Any:
     """The ledger client's configuration for a source's options (``LedgerOptions`` or the ``topic`` source's):
-    metadata root, read timeout and credentials."""
+    metadata root, read timeout and credentials. The client leaves the process's heap alone: planning connects
+    in the driver, a notebook's or an application's process whose objects (py4j proxies among them) must stay
+    collectable; the Python workers freeze their own heap after their imports (``freeze_worker_heap``)."""
     from ledger_client import ClientConfig
 
     return ClientConfig(
@@ -196,6 +198,7 @@ def client_config(opts: Any) -> Any:
         read_timeout_s=opts.read_timeout_ms / 1000,
         auth_token=opts.auth_token,
         zk_auth=opts.zk_auth,
+        freeze_heap=False,
     )
 
 

@@ -719,3 +719,28 @@ def test_a_closed_first_client_is_collected_with_the_heap_frozen(zk_connect) -> 
         check=True,
     ).stdout.split()
     assert out == ["True", "True"]  # the client and its metadata store freed
+
+
+def test_spark_planning_leaves_the_drivers_heap_alone(zk_connect) -> None:
+    """The Spark sources' client (planning connects in the driver: a notebook's or an application's process) does
+    not freeze the heap; the Python workers freeze their own (spark.ledger_source.freeze_worker_heap)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import gc, sys\n"
+        "from spark.ledger_source import _client\n"
+        "from spark.options import parse_ledger_options\n"
+        "opts = parse_ledger_options({'zk': sys.argv[1], 'zkRoot': sys.argv[2], 'ledgers': 'all'})\n"
+        "bk = _client(opts)\n"
+        "print(gc.get_freeze_count())\n"
+        "bk.close()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, zk_connect.connect_string, zk_connect.root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert int(out.split()[0]) == 0
