@@ -59,10 +59,11 @@ __all__ = [
 ]
 
 #: Pulsar's defaults for a backlog scan: subscriptionBacklogScanMaxEntries, subscriptionBacklogScanMaxTimeMs,
-#: and the entries read at a time (dispatcherMaxReadBatchSize)
+#: and the entries and bytes read at a time (dispatcherMaxReadBatchSize, dispatcherMaxReadSizeBytes)
 SCAN_MAX_ENTRIES = 10_000
 SCAN_MAX_TIME_S = 120.0
 SCAN_READ_BATCH = 100
+SCAN_READ_BYTES = 5 * 1024 * 1024
 
 #: before every stored position: ``count_entries(_ORIGIN, p)`` is the number of entries at or before ``p``
 _ORIGIN = Position(-1, -1)
@@ -210,7 +211,7 @@ async def analyze_backlog(
     max_time_s: float = SCAN_MAX_TIME_S,
 ) -> BacklogScan:
     """Pulsar's ``analyzeBacklog``: the subscription's unacknowledged entries (after its mark-delete, or from
-    ``start`` on, individually acknowledged ones passed over) read ``SCAN_READ_BATCH`` at a time and counted,
+    ``start`` on, individually acknowledged ones passed over) read a few at a time and counted,
     at most ``max_entries`` of them and for at most ``max_time_s``; moves nothing and keeps no entry."""
     async with topic._opening_subscription:
         _rt, mc = await subscription_cursor(topic, sub)
@@ -237,16 +238,21 @@ async def scan_backlog(
     max_entries: int,
     deadline: float,
 ) -> BacklogScan:
-    """The entries ``read`` gives from ``start`` on, ``SCAN_READ_BATCH`` at a time, counted (those in the sorted
-    closed ``acked`` ranges passed over) until there are no more, ``max_entries`` were counted or
-    ``time.monotonic()`` passed ``deadline``; ``aborted`` when it stopped with more entries left to read."""
+    """The entries ``read`` gives from ``start`` on, counted (those in the sorted closed ``acked`` ranges passed
+    over) until there are no more, ``max_entries`` were counted or ``time.monotonic()`` passed ``deadline``;
+    ``aborted`` when it stopped with more entries left to read. Read at most ``SCAN_READ_BATCH`` entries at a
+    time, and about ``SCAN_READ_BYTES``: one entry first, then as many as the last read's entries' mean size
+    fits (a backlog of 5 MB entries is read one at a time, not 100)."""
     starts = [s for s, _e in acked]
     pos = start
     scan = BacklogScan()
+    ask = 1
     while True:
-        batch = await read(pos, SCAN_READ_BATCH)
+        batch = await read(pos, ask)
         if not batch:
             return scan
+        size = sum(len(entry) for _p, entry in batch)
+        ask = max(1, min(SCAN_READ_BATCH, SCAN_READ_BYTES * len(batch) // max(1, size)))
         if scan.entries >= max_entries or time.monotonic() > deadline:
             scan.aborted = True
             return scan

@@ -191,3 +191,25 @@ def test_publish_time_header_is_written_as_pulsars_date_formatter() -> None:
     assert pulsar_date(253_402_300_799_999) == "9999-12-31T23:59:59.999Z"
     assert pulsar_date(1_700_000_000_123_456) == "+55840-11-08T22:15:23.456Z"
     assert pulsar_date(2**63 - 1) == "+292278994-08-17T07:12:55.807Z"
+
+
+def test_scan_backlog_reads_large_entries_a_few_at_a_time() -> None:
+    """A backlog of large entries is read about ``SCAN_READ_BYTES`` at a time (Pulsar's
+    dispatcherMaxReadSizeBytes), never ``SCAN_READ_BATCH`` entries of them at once; small entries still go
+    ``SCAN_READ_BATCH`` at a time."""
+    for entry_size, most in ((2 * 1024 * 1024, 2), (1024, sub_ops.SCAN_READ_BATCH)):
+        big = b"\x00" * entry_size
+        counts: list[int] = []
+
+        async def read(pos: Position, n: int, big: bytes = big, counts: list[int] = counts) -> list:
+            got = [(P(1, e), big) for e in range(pos.entry_id, min(pos.entry_id + n, 300))]
+            counts.append(len(got))
+            return got
+
+        scan = asyncio.run(
+            scan_backlog(
+                read, lambda p: P(p.ledger_id, p.entry_id + 1), P(1, 0), [], max_entries=1000, deadline=1e18
+            )
+        )
+        assert (scan.entries, scan.messages, scan.aborted) == (300, 300, False)
+        assert max(counts) == most
