@@ -97,6 +97,7 @@ from .subscription import (
     Subscription,
     SubType,
     cumulative_batch_index,
+    merge_ranges,
 )
 
 log = logging.getLogger(__name__)
@@ -549,19 +550,6 @@ def dedup_walk(
 
 
 _LO, _HI = operator.itemgetter(0), operator.itemgetter(1)  # a range's ends, as bisect's keys
-
-
-def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Closed id ranges sorted, with those that overlap or touch made one: the form ``Topic.skipped_ids`` keeps
-    (its binary searches need the ranges sorted and apart)."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            if hi > out[-1][1]:
-                out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
 
 
 def subtract_ranges(

@@ -79,6 +79,7 @@ __all__ = [
     "Subscription",
     "acked_mask",
     "key_hash",
+    "merge_ranges",
     "murmur3_32",
     "unacked_set",
 ]
@@ -162,14 +163,16 @@ def key_hash(key: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
 
 
-def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Inclusive ranges sorted, the adjacent and overlapping ones joined."""
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Closed integer ranges sorted, with those that overlap or touch made one (a Key_Shared consumer's hash
+    ranges; the form ``Topic.skipped_ids`` keeps, whose binary searches need the ranges sorted and apart)."""
     out: list[tuple[int, int]] = []
-    for start, end in sorted(ranges):
-        if out and start <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
         else:
-            out.append((start, end))
+            out.append((lo, hi))
     return out
 
 
@@ -392,7 +395,7 @@ class Subscription:
             return []
         c = self._consumers[consumer_id]
         if c.hash_ranges:
-            return _merged(c.hash_ranges)
+            return merge_ranges(c.hash_ranges)
         ring = self._ring
         arcs: list[tuple[int, int]] = []
         start = 0
@@ -402,7 +405,7 @@ class Subscription:
             start = max(start, point + 1)
         if ring and ring[0][1] == consumer_id and start < HASH_RANGE_SIZE:
             arcs.append((start, HASH_RANGE_SIZE - 1))
-        return _merged(arcs)
+        return merge_ranges(arcs)
 
     def consumer_for_key(self, key: bytes) -> int | None:
         """Key_Shared: the consumer a new entry with this key would go to."""
