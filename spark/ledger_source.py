@@ -46,7 +46,6 @@ import asyncio
 import bisect
 import contextlib
 import functools
-import gc
 import itertools
 import logging
 import os
@@ -314,18 +313,15 @@ def _plan_ledger(bk: Any, opts: LedgerOptions, lid: int) -> list[LedgerRange]:
     ]
 
 
-_heap_frozen = False
-
-
 def freeze_worker_heap() -> None:
     """Once per Python worker process, after the reader's imports: move the objects alive now (the modules of
-    pyspark, pyarrow, numpy and the client: some 50,000 objects) to the collector's permanent generation.
-    PySpark's worker daemon runs a full ``gc.collect()`` after every task (about 10 ms each over those objects
-    alone); frozen, they are no longer walked (they are still freed by reference counting when released)."""
-    global _heap_frozen
-    if not _heap_frozen:
-        _heap_frozen = True
-        gc.freeze()
+    pyspark, pyarrow, numpy and the client: some 50,000 objects) to the collector's permanent generation
+    (``ledger_client``'s ``freeze_heap_once``, which collects first and does it once per process). PySpark's
+    worker daemon runs a full ``gc.collect()`` after every task (about 10 ms each over those objects alone);
+    frozen, they are no longer walked (they are still freed by reference counting when released)."""
+    from ledger_client.client import freeze_heap_once
+
+    freeze_heap_once()
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
