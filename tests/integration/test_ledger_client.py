@@ -655,14 +655,22 @@ def test_ensemble_change_never_replaces_with_a_decommissioning_bookie(bookies) -
     asyncio.run(go())
 
 
+def _in_a_fresh_process(script: str, *args: str, timeout_s: float = 60) -> list[str]:
+    """The words ``script`` prints, run by a new Python process with ``args`` (the heap tests below need a process
+    in which no earlier connect of the test run decided anything)."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout_s, check=True
+    ).stdout.split()
+
+
 @pytest.mark.parametrize("freeze", [True, False])
 def test_first_connect_freezes_the_heap_unless_told_not_to(zk_connect, freeze: bool) -> None:
     """The first connect of a process moves the objects alive then to the collector's permanent generation
     (docs/client.md, "Many tasks and CPython's garbage collector"), once; ``freeze_heap=False`` leaves the collector
     alone. In a fresh process, so that no earlier connect of the test run decides it."""
-    import subprocess
-    import sys
-
     script = (
         "import asyncio, gc, sys\n"
         "from ledger_client import BookKeeper, ClientConfig\n"
@@ -677,13 +685,7 @@ def test_first_connect_freezes_the_heap_unless_told_not_to(zk_connect, freeze: b
         "    print(*counts)\n"
         "asyncio.run(main())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script, zk_connect.connect_string, zk_connect.root, "1" if freeze else "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
+    out = _in_a_fresh_process(script, zk_connect.connect_string, zk_connect.root, "1" if freeze else "0")
     first, second = map(int, out)
     if freeze:
         assert first > 1000  # the modules imported, at least
@@ -695,9 +697,6 @@ def test_first_connect_freezes_the_heap_unless_told_not_to(zk_connect, freeze: b
 def test_a_closed_first_client_is_collected_with_the_heap_frozen(zk_connect) -> None:
     """The heap is frozen before the first client's own objects exist: closed and dropped, they are collected.
     Frozen with them, the cycles of its ZooKeeper session were never collected. In a fresh process, as above."""
-    import subprocess
-    import sys
-
     script = (
         "import asyncio, gc, sys, weakref\n"
         "from ledger_client import BookKeeper, ClientConfig\n"
@@ -711,22 +710,13 @@ def test_a_closed_first_client_is_collected_with_the_heap_frozen(zk_connect) -> 
         "gc.collect()\n"
         "print(*(r() is None for r in refs))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script, zk_connect.connect_string, zk_connect.root],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.split()
+    out = _in_a_fresh_process(script, zk_connect.connect_string, zk_connect.root)
     assert out == ["True", "True"]  # the client and its metadata store freed
 
 
 def test_spark_planning_leaves_the_drivers_heap_alone(zk_connect) -> None:
     """The Spark sources' client (planning connects in the driver: a notebook's or an application's process) does
     not freeze the heap; the Python workers freeze their own (spark.ledger_source.freeze_worker_heap)."""
-    import subprocess
-    import sys
-
     script = (
         "import gc, sys\n"
         "from spark.ledger_source import _client\n"
@@ -736,11 +726,5 @@ def test_spark_planning_leaves_the_drivers_heap_alone(zk_connect) -> None:
         "print(gc.get_freeze_count())\n"
         "bk.close()\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script, zk_connect.connect_string, zk_connect.root],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    assert int(out.split()[0]) == 0
+    out = _in_a_fresh_process(script, zk_connect.connect_string, zk_connect.root, timeout_s=120)
+    assert int(out[0]) == 0
