@@ -2758,6 +2758,11 @@ class BrokerService:
             why = f"consumer {cmd.consumer_id} was closed before its creation completed"
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, why))
             return
+        if topic.unloaded:
+            # while this waited (a schema read, the cursor opened): attached now, the consumer sat on an instance
+            # nobody serves (its consumers' CLOSE_CONSUMER already sent), given nothing. The client looks it up again
+            s.send(wire.error(cmd.request_id, pb.ServiceNotReady, f"{topic.name} is not served here now"))
+            return
         if cmd.consumer_id in s.consumers:
             # the same id subscribed while this one waited (a SUBSCRIBE sent again before its answer): a repeat,
             # as above. Attaching it too took the id over, or (refused) off the connection, and the first

@@ -105,3 +105,34 @@ def test_a_producer_whose_connection_went_meanwhile_leaves_its_name_free(cluster
             p.send(b"m")
         finally:
             c.close()
+
+
+def test_a_subscribe_whose_topic_was_unloaded_meanwhile_is_refused(cluster: Brokers) -> None:
+    """The topic unloaded while the SUBSCRIBE waited for its cursor: answered ServiceNotReady (the client looks
+    the topic up again), not SUCCESS with the consumer on the instance unloaded, which nobody serves any more."""
+    with _serving(cluster) as (service, run):
+        name = f"persistent://public/default/unloaded-{uuid.uuid4().hex[:8]}"
+        topic = run(service.get_topic(TopicName.parse(name)))
+        gate = CursorReadGate(topic.ml.store, run, 1)  # the SUBSCRIBE's read of the stored cursor
+        s = socket.create_connection(("127.0.0.1", service.config.port), timeout=30)
+        try:
+            connect = T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+            s.sendall(wire.encode_command(connect))
+            dec = wire.FrameDecoder()
+            assert dec.feed(s.recv(65536))[0].command.type == T.CONNECTED
+            sub = pb.CommandSubscribe(topic=name, subscription="s", subType=pb.CommandSubscribe.Exclusive)
+            sub.consumer_id, sub.request_id = 1, 1
+            s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=sub)))
+            assert gate.reached.wait(30)
+            assert run(service.unload(TopicName.parse(name)))
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            done.set_result(None)
+            gate.release_after(done)
+            answer = None
+            while answer is None:
+                for f in dec.feed(s.recv(65536)):
+                    if f.command.type in (T.SUCCESS, T.ERROR):
+                        answer = f.command
+            assert answer.type == T.ERROR and answer.error.error == pb.ServiceNotReady, answer
+        finally:
+            s.close()
