@@ -75,6 +75,7 @@ from zk.managed_ledgers import (
     SchemaHistory,
     SchemaInfo,
     SchemaRefusedError,
+    TopicPolicies,
     policy_in_force,
 )
 
@@ -87,6 +88,7 @@ from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName, valid_segment
 from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
+from .subscription import DEFAULT_UNACKED_MESSAGES_MAX
 from .wire import pulsar_date
 
 if TYPE_CHECKING:
@@ -304,6 +306,7 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         "schema_compatibility_strategy": p.schema_compatibility_strategy,
         "compaction_threshold": p.compaction_threshold,
         "message_ttl_in_seconds": p.message_ttl_in_seconds,
+        **{policy: getattr(p, policy) for policy in _NAMESPACE_LIMITS.values()},
     }
 
 
@@ -327,8 +330,50 @@ def _ttl_from(body: Any) -> int:
     return body
 
 
-def _retention_json(p: NamespacePolicies) -> dict[str, int]:
-    return {"retentionTimeInMinutes": p.retention_time_minutes, "retentionSizeInMB": p.retention_size_mb}
+def _limit_from(body: Any, what: str) -> int:
+    """A limit's body (``maxProducers``, ``maxConsumersPerTopic``, …): a JSON integer of 0 (no limit) up to
+    Pulsar's Integer."""
+    if isinstance(body, bool) or not isinstance(body, int):
+        raise AdminError(400, f"expected {what} as a JSON integer, got {body!r}")
+    if not 0 <= body <= INT32_MAX:
+        raise AdminError(412, f"{what} must be 0 (no limit) or more, at most {INT32_MAX}, got {body}")
+    return body
+
+
+def _retention_from(body: Any) -> tuple[int, int]:
+    """A ``RetentionPolicies`` body: (minutes, MB), each -1 (infinite), 0 or more."""
+    if not isinstance(body, dict):
+        raise AdminError(400, 'expected {"retentionTimeInMinutes": M, "retentionSizeInMB": S}')
+    minutes = _int_field(body, "retentionTimeInMinutes", 0, bits=32)
+    size = _int_field(body, "retentionSizeInMB", 0)
+    if minutes < -1 or size < -1:
+        raise AdminError(412, "retention values are -1 (infinite), 0 or positive")
+    return minutes, size
+
+
+def _quota_from(request: web.Request, body: Any) -> BacklogQuota:
+    """A ``BacklogQuota`` body of ``?backlogQuotaType=destination_storage`` (the one type kept)."""
+    qtype = request.query.get("backlogQuotaType", "destination_storage")
+    if qtype != "destination_storage":
+        raise AdminError(412, f"backlog quota type {qtype!r} is not supported (destination_storage is)")
+    if not isinstance(body, dict):
+        raise AdminError(400, 'expected {"limitSize": bytes, "limitTime": seconds, "policy": …}')
+    limit_size = _int_field(body, "limitSize", _int_field(body, "limit", -1))
+    limit_time = _int_field(body, "limitTime", -1, bits=32)
+    policy = body.get("policy", "producer_request_hold")
+    if policy not in _QUOTA_POLICIES:
+        raise AdminError(400, f"policy must be one of {', '.join(_QUOTA_POLICIES)}")
+    return BacklogQuota(limit_size=limit_size, limit_time=limit_time, policy=policy)
+
+
+def _retention_json(p: NamespacePolicies | TopicPolicies) -> dict[str, int] | None:
+    if isinstance(p, TopicPolicies):
+        if p.retention is None:
+            return None
+        minutes, size = p.retention
+    else:
+        minutes, size = p.retention_time_minutes, p.retention_size_mb
+    return {"retentionTimeInMinutes": minutes, "retentionSizeInMB": size}
 
 
 def _quota_json(q: BacklogQuota) -> dict[str, Any]:
@@ -377,6 +422,22 @@ def _schema_json(version: int, info: SchemaInfo) -> dict[str, Any]:
 #: The actions a namespace permission can grant (Pulsar's AuthAction names we enforce).
 _ACTIONS = ("produce", "consume")
 _QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
+#: a namespace's limits: the route's name -> the policy (Pulsar's names of both)
+_NAMESPACE_LIMITS = {
+    "maxProducersPerTopic": "max_producers_per_topic",
+    "maxConsumersPerTopic": "max_consumers_per_topic",
+    "maxUnackedMessagesPerConsumer": "max_unacked_messages_per_consumer",
+}
+#: a topic's limits: the route's name -> its own policy, its namespace's, the broker's default (0: none)
+_TOPIC_LIMITS = {
+    "maxProducers": ("max_producers", "max_producers_per_topic", 0),
+    "maxConsumers": ("max_consumers", "max_consumers_per_topic", 0),
+    "maxUnackedMessagesOnConsumer": (
+        "max_unacked_messages_on_consumer",
+        "max_unacked_messages_per_consumer",
+        DEFAULT_UNACKED_MESSAGES_MAX,
+    ),
+}
 
 
 #: Connections the calls on a partitioned topic's partitions (``_each_partition``) open to one broker at most, the
@@ -725,7 +786,7 @@ class AdminApp:
 
     async def _set_policies(self, tenant: str, ns: str, p: NamespacePolicies) -> web.Response:
         await self.meta.set_policies(tenant, ns, p)
-        self._apply_retention(tenant, ns, p)
+        self._apply_policies(tenant, ns, p)
         return _no_content()
 
     async def namespace_get(self, request: web.Request) -> web.Response:
@@ -763,13 +824,7 @@ class AdminApp:
 
     async def retention_set(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
-        body = await _body_json(request)
-        if not isinstance(body, dict):
-            raise AdminError(400, 'expected {"retentionTimeInMinutes": M, "retentionSizeInMB": S}')
-        minutes = _int_field(body, "retentionTimeInMinutes", 0, bits=32)
-        size = _int_field(body, "retentionSizeInMB", 0)
-        if minutes < -1 or size < -1:
-            raise AdminError(412, "retention values are -1 (infinite), 0 or positive")
+        minutes, size = _retention_from(await _body_json(request))
         new = dataclasses.replace(p, retention_time_minutes=minutes, retention_size_mb=size)
         return await self._set_policies(tenant, ns, new)
 
@@ -945,31 +1000,36 @@ class AdminApp:
 
     async def quota_set(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
-        qtype = request.query.get("backlogQuotaType", "destination_storage")
-        if qtype != "destination_storage":
-            raise AdminError(412, f"backlog quota type {qtype!r} is not supported (destination_storage is)")
-        body = await _body_json(request)
-        if not isinstance(body, dict):
-            raise AdminError(400, 'expected {"limitSize": bytes, "limitTime": seconds, "policy": …}')
-        limit_size = _int_field(body, "limitSize", _int_field(body, "limit", -1))
-        limit_time = _int_field(body, "limitTime", -1, bits=32)
-        policy = body.get("policy", "producer_request_hold")
-        if policy not in _QUOTA_POLICIES:
-            raise AdminError(400, f"policy must be one of {', '.join(_QUOTA_POLICIES)}")
-        quota = BacklogQuota(limit_size=limit_size, limit_time=limit_time, policy=policy)
+        quota = _quota_from(request, await _body_json(request))
         return await self._set_policies(tenant, ns, dataclasses.replace(p, backlog_quota=quota))
 
     async def quota_delete(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
         return await self._set_policies(tenant, ns, dataclasses.replace(p, backlog_quota=BacklogQuota()))
 
-    def _apply_retention(self, tenant: str, ns: str, p: NamespacePolicies) -> None:
+    def _apply_policies(self, tenant: str, ns: str, p: NamespacePolicies) -> None:
+        """The namespace's new policies applied at once to its topics served here (with each one's own)."""
         for t in self._served_topics():
             if t.name.tenant == tenant and t.name.namespace == ns:
-                t.ml.retention_time_s = p.retention_time_s
-                t.ml.retention_size_bytes = p.retention_size_bytes
-                t.quota = p.backlog_quota
-                t.namespace_compaction_threshold = p.compaction_threshold
+                self.service.apply_policies(t, p, t.own_policies)
+
+    async def namespace_limit_get(self, request: web.Request) -> web.Response:
+        """``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxUnackedMessagesPerConsumer``: the
+        namespace's, ``null`` when not set (the broker's default)."""
+        _t, _n, p = await self._policies(request)
+        return _json(getattr(p, _NAMESPACE_LIMITS[request.match_info["limit"]]))
+
+    async def namespace_limit_set(self, request: web.Request) -> web.Response:
+        limit = request.match_info["limit"]
+        return await self._set_namespace_limit(request, _limit_from(await _body_json(request), limit))
+
+    async def namespace_limit_delete(self, request: web.Request) -> web.Response:
+        return await self._set_namespace_limit(request, None)
+
+    async def _set_namespace_limit(self, request: web.Request, value: int | None) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        change: dict[str, Any] = {_NAMESPACE_LIMITS[request.match_info["limit"]]: value}
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, **change))
 
     # -- topic lists and partitions --------------------------------------------------------------------------
 
@@ -1132,28 +1192,103 @@ class AdminApp:
             raise AdminError(404, f"Topic {name} not found")
         return name.base, layout.ml_info_path(name.ml_name)
 
-    async def _topic_policy_get(self, request: web.Request, field: str, broker_default: int) -> web.Response:
-        """A topic's own policy ``field`` (``null`` when not set); with ``applied=true`` the one that applies
-        (the topic's, else its namespace's, else the broker's: :func:`policy_in_force`)."""
+    async def _topic_policies(self, request: web.Request) -> tuple[TopicPolicies, NamespacePolicies, bool]:
+        """The topic's own policies (none set: empty), its namespace's, and whether the GET asked for the ones
+        ``applied`` (in force: the topic's, else its namespace's, else the broker's)."""
         name = await self._policies_topic(request)
-        own = await self.meta.get_topic_policies(name.ml_name)
-        value = None if own is None else getattr(own, field)
-        if request.query.get("applied", "false").lower() == "true":
-            ns = request.get(NAMESPACE_POLICIES) or await self.meta.get_policies(name.tenant, name.namespace)
-            value = policy_in_force(value, None if ns is None else getattr(ns, field), broker_default)
+        own = await self.meta.get_topic_policies(name.ml_name) or TopicPolicies()
+        ns = request.get(NAMESPACE_POLICIES) or await self.meta.get_policies(name.tenant, name.namespace)
+        applied = request.query.get("applied", "false").lower() == "true"
+        return own, ns or NamespacePolicies(), applied
+
+    async def _topic_policy_get(
+        self, request: web.Request, field: str, broker_default: int, ns_field: str | None = None
+    ) -> web.Response:
+        """A topic's own policy ``field`` (``null`` when not set); with ``applied=true`` the one that applies
+        (the topic's, else its namespace's ``ns_field`` (``field``), else the broker's: :func:`policy_in_force`)."""
+        own, ns, applied = await self._topic_policies(request)
+        value = getattr(own, field)
+        if applied:
+            value = policy_in_force(value, getattr(ns, ns_field or field), broker_default)
         return _json(value)
 
-    async def _topic_policy_set(
-        self, target: tuple[TopicName, str], field: str, value: int | None
-    ) -> web.Response:
-        """Sets (removes, with None) a topic's own policy ``field``, its other policies kept; 404 for a topic
-        deleted since :meth:`_policies_target` found it (nothing is written then)."""
+    async def _topic_policy_set(self, target: tuple[TopicName, str], field: str, value: Any) -> web.Response:
+        """Sets (removes, with None) a topic's own policy ``field`` (``value`` in its stored JSON form), its other
+        policies kept, and applies its policies at once to its partitions served here; 404 for a topic deleted
+        since :meth:`_policies_target` found it (nothing is written then)."""
         name, topic_znode = target
         try:
             await self.meta.update_topic_policy(name.ml_name, field, value, topic_znode=topic_znode)
         except zk.MetadataNotFoundError:
             raise AdminError(404, f"Topic {name} not found") from None
+        served = [t for t in self._served_topics() if t.name.base == name]
+        if served:
+            own = await self.meta.get_topic_policies(name.ml_name)
+            ns = await self.meta.get_policies(name.tenant, name.namespace)
+            for t in served:
+                self.service.apply_policies(t, ns, own)
         return _no_content()
+
+    async def topic_limit_get(self, request: web.Request) -> web.Response:
+        """``maxProducers``, ``maxConsumers``, ``maxUnackedMessagesOnConsumer``: the topic's own (``null`` when
+        not set), or ``applied``: the topic's, else its namespace's, else the broker's (0: no limit)."""
+        field, ns_field, default = _TOPIC_LIMITS[request.match_info["limit"]]
+        return await self._topic_policy_get(request, field, default, ns_field)
+
+    async def topic_limit_set(self, request: web.Request) -> web.Response:
+        target = await self._policies_target(request)
+        limit = request.match_info["limit"]
+        value = _limit_from(await _body_json(request), limit)
+        return await self._topic_policy_set(target, _TOPIC_LIMITS[limit][0], value)
+
+    async def topic_limit_delete(self, request: web.Request) -> web.Response:
+        target = await self._policies_target(request)
+        return await self._topic_policy_set(target, _TOPIC_LIMITS[request.match_info["limit"]][0], None)
+
+    async def topic_retention_get(self, request: web.Request) -> web.Response:
+        own, ns, applied = await self._topic_policies(request)
+        return _json(_retention_json(ns if applied and own.retention is None else own))
+
+    async def topic_retention_set(self, request: web.Request) -> web.Response:
+        target = await self._policies_target(request)
+        minutes, size = _retention_from(await _body_json(request))
+        value = {"retention_time_minutes": minutes, "retention_size_mb": size}
+        return await self._topic_policy_set(target, "retention", value)
+
+    async def topic_retention_delete(self, request: web.Request) -> web.Response:
+        return await self._topic_policy_set(await self._policies_target(request), "retention", None)
+
+    async def topic_dedup_get(self, request: web.Request) -> web.Response:
+        own, ns, applied = await self._topic_policies(request)
+        return _json(self.service.dedup_in_force(ns, own) if applied else own.deduplication_enabled)
+
+    async def topic_dedup_set(self, request: web.Request) -> web.Response:
+        target = await self._policies_target(request)
+        body = await _body_json(request)
+        if not isinstance(body, bool):
+            raise AdminError(400, "expected true or false")
+        return await self._topic_policy_set(target, "deduplication_enabled", body)
+
+    async def topic_dedup_delete(self, request: web.Request) -> web.Response:
+        return await self._topic_policy_set(
+            await self._policies_target(request), "deduplication_enabled", None
+        )
+
+    async def topic_quota_map(self, request: web.Request) -> web.Response:
+        """The topic's own backlog quotas (``{}`` when none), or ``applied``: else its namespace's."""
+        own, ns, applied = await self._topic_policies(request)
+        quota = ns.backlog_quota if applied and own.backlog_quota is None else own.backlog_quota
+        return _json({} if quota is None else {"destination_storage": _quota_json(quota)})
+
+    async def topic_quota_set(self, request: web.Request) -> web.Response:
+        target = await self._policies_target(request)
+        quota = _quota_from(request, await _body_json(request))
+        return await self._topic_policy_set(target, "backlog_quota", quota.to_json())
+
+    async def topic_quota_delete(self, request: web.Request) -> web.Response:
+        target = await self._policies_target(request)
+        _quota_from(request, {})  # the type checked
+        return await self._topic_policy_set(target, "backlog_quota", None)
 
     async def topic_compaction_threshold_get(self, request: web.Request) -> web.Response:
         default = self.service.config.compaction_threshold_bytes
@@ -2211,6 +2346,10 @@ class AdminApp:
         r.add_post(ns + "/messageTTL", self.message_ttl_set)
         r.add_delete(ns + "/messageTTL", self.message_ttl_delete)
         r.add_get(ns + "/backlogQuota", self.quota_get)
+        limits = ns + "/{limit:" + "|".join(_NAMESPACE_LIMITS) + "}"
+        r.add_route("GET", limits, self.namespace_limit_get)
+        r.add_route("POST", limits, self.namespace_limit_set)
+        r.add_route("DELETE", limits, self.namespace_limit_delete)
         r.add_get(ns + "/backlogQuotaMap", self.quota_map)
         r.add_post(ns + "/backlogQuota", self.quota_set)
         r.add_delete(ns + "/backlogQuota", self.quota_delete)
@@ -2251,6 +2390,23 @@ class AdminApp:
         r.add_get(t + "/messageTTL", self.topic_message_ttl_get)
         r.add_post(t + "/messageTTL", self.topic_message_ttl_set)
         r.add_delete(t + "/messageTTL", self.topic_message_ttl_delete)
+        # a topic's own policies: GET (its own, or ?applied=true), POST and DELETE each
+        for path, get, post, delete in (
+            (
+                "/{limit:" + "|".join(_TOPIC_LIMITS) + "}",
+                self.topic_limit_get,
+                self.topic_limit_set,
+                self.topic_limit_delete,
+            ),
+            ("/retention", self.topic_retention_get, self.topic_retention_set, self.topic_retention_delete),
+            ("/deduplicationEnabled", self.topic_dedup_get, self.topic_dedup_set, self.topic_dedup_delete),
+        ):
+            r.add_get(t + path, get)
+            r.add_post(t + path, post)
+            r.add_delete(t + path, delete)
+        r.add_get(t + "/backlogQuotaMap", self.topic_quota_map)
+        r.add_post(t + "/backlogQuota", self.topic_quota_set)
+        r.add_delete(t + "/backlogQuota", self.topic_quota_delete)
         r.add_get(t + "/examinemessage", self.examine_message)
         r.add_get(t + "/ledger/{ledger}/entry/{entry}", self.message_by_id)
         r.add_get(t + "/subscriptions", self.subscriptions)

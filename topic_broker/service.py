@@ -86,6 +86,7 @@ from .managed_ledger import (
 from .metrics import BrokerMetrics, Rates
 from .names import InvalidTopicName, TopicName
 from .subscription import (
+    DEFAULT_UNACKED_MESSAGES_MAX,
     ActiveConsumerChanged,
     Command,
     ConsumerAssignError,
@@ -1222,6 +1223,12 @@ class Topic:
         self.tick_failures = RateLimitedLog(log, LOG_EVERY_S)  # its housekeeping's failure lines
         self.compaction = TopicCompaction(ml, ml.bk)  # its compacted view and compactor
         self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
+        self.own_policies = TopicPolicies()  # its own (its partitioned topic's), applied with the others
+        #: the limits in force (``BrokerService.apply_policies``): producers, consumers (0: none), and the
+        #: unacknowledged messages a consumer may hold before it is sent nothing more
+        self.max_producers = 0
+        self.max_consumers = 0
+        self.max_unacked_on_consumer = DEFAULT_UNACKED_MESSAGES_MAX
         #: producer name -> ranges [lo, hi] of sequence ids its stored sends jumped over (``fills_skipped_id``)
         self.skipped_ids: dict[str, list[tuple[int, int]]] = {}
         self._skipped_dirty: set[str] = set()  # names whose skipped ids changed since record_skipped_ids
@@ -1647,7 +1654,9 @@ class Topic:
 
     async def _open_subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
         sub_type = SubType(s.subType)
-        core = Subscription(sub_type, partition=self.name.partition_index)
+        core = Subscription(
+            sub_type, partition=self.name.partition_index, unacked_messages_max=self.max_unacked_on_consumer
+        )
         if s.durable:
             initial = (
                 InitialPosition.EARLIEST
@@ -2159,24 +2168,53 @@ class BrokerService:
         by_ns: dict[tuple[str, str], list[Topic]] = {}
         for t in self.served_topics():
             by_ns.setdefault((t.name.tenant, t.name.namespace), []).append(t)
+        own = _OwnPolicies(self.meta)
         for (tenant, ns), topics in by_ns.items():
             policies = await self.meta.get_policies(tenant, ns)
             for t in topics:
-                self._apply_policies(t, policies)
+                self.apply_policies(t, policies, await own.of(t))
 
-    def _apply_policies(self, topic: Topic, policies: NamespacePolicies | None) -> None:
+    def dedup_in_force(self, p: NamespacePolicies, own: TopicPolicies) -> bool:
+        if own.deduplication_enabled is not None:
+            return own.deduplication_enabled
+        return self.config.dedup_enabled or p.deduplication_enabled
+
+    def apply_policies(
+        self, topic: Topic, policies: NamespacePolicies | None, own: TopicPolicies | None = None
+    ) -> None:
+        """The policies in force on ``topic``: each of its own (``own``: its partitioned topic's for a partition)
+        where set, else its namespace's (``policies``), else the broker's default (:func:`policy_in_force`):
+        retention, deduplication, the backlog quota, the limits of producers, consumers and unacknowledged
+        messages per consumer (the compaction threshold and message TTL are read by their monitors)."""
         p = policies or NamespacePolicies()
-        topic.ml.retention_time_s = p.retention_time_s
-        topic.ml.retention_size_bytes = p.retention_size_bytes
-        dedup = self.config.dedup_enabled or p.deduplication_enabled
+        tp = own or TopicPolicies()
+        topic.own_policies = tp
+        retention = (p.retention_time_s, p.retention_size_bytes)
+        if tp.retention_time_s is not None and tp.retention_size_bytes is not None:
+            retention = (tp.retention_time_s, tp.retention_size_bytes)
+        topic.ml.retention_time_s, topic.ml.retention_size_bytes = retention
+        dedup = self.dedup_in_force(p, tp)
         if dedup and not topic.dedup_enabled:
             # Turned on while served: the sequence ids seen since are not known, so the first SEND of each
             # producer after this is stored (as Pulsar does when dedup is enabled on a live topic).
             topic.dedup_enabled = True
         elif not dedup:
             topic.dedup_enabled = False
-        topic.quota = p.backlog_quota
+        topic.quota = p.backlog_quota if tp.backlog_quota is None else tp.backlog_quota
         topic.namespace_compaction_threshold = p.compaction_threshold
+        topic.max_producers = policy_in_force(tp.max_producers, p.max_producers_per_topic, 0)
+        topic.max_consumers = policy_in_force(tp.max_consumers, p.max_consumers_per_topic, 0)
+        unacked = policy_in_force(
+            tp.max_unacked_messages_on_consumer,
+            p.max_unacked_messages_per_consumer,
+            DEFAULT_UNACKED_MESSAGES_MAX,
+        )
+        topic.max_unacked_on_consumer = unacked if unacked > 0 else INT64_MAX  # 0: no limit
+        for rt in list(topic.subscriptions.values()):
+            raised = topic.max_unacked_on_consumer > rt.core.unacked_messages_max
+            rt.core.unacked_messages_max = topic.max_unacked_on_consumer
+            if raised and rt.consumers:  # a consumer held at the old limit is sent more now
+                rt.execute(rt.core.resume())
 
     async def enforce_quota(self, topic: Topic) -> None:
         """The namespace's backlog quota (``limit_size`` bytes of the slowest durable subscription's backlog):
@@ -2248,21 +2286,20 @@ class BrokerService:
         owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         if owner.broker_id != self.config.id:
             raise NotOwnerError(owner)
-        dedup = self.config.dedup_enabled or policies.deduplication_enabled
+        own = await self.meta.get_topic_policies(name.base.ml_name) or TopicPolicies()
+        dedup = self.dedup_in_force(policies, own)
         ml_config = dataclasses.replace(
             self.config.ml_config(),
             retention_time_s=policies.retention_time_s,
             retention_size_bytes=policies.retention_size_bytes,
         )
-        quota = policies.backlog_quota
         try:
             ml = await ManagedLedger.open(self.bk, self.meta, name.ml_name, ml_config)
         except BaseException:
             await self.meta.release_ownership(name.ml_name, self.config.id)
             raise
         topic = Topic(self, name, ml, dedup)
-        topic.quota = quota
-        topic.namespace_compaction_threshold = policies.compaction_threshold
+        self.apply_policies(topic, policies, own)
         try:
             await topic.compaction.load()
         except BaseException:
@@ -2563,6 +2600,11 @@ class BrokerService:
         if any(p.exclusive for p in topic.producers.values()):
             s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"{topic.name} has an exclusive producer"))
             return
+        if topic.max_producers and len(topic.producers) >= topic.max_producers:
+            # Pulsar's answer (maxProducersPerTopic): the client's create_producer fails with ProducerBusy
+            why = f"Topic {topic.name} reached max producers limit ({topic.max_producers})"
+            s.send(wire.error(cmd.request_id, pb.ProducerBusy, why))
+            return
         name = self._producer_name(cmd)
         if any(p.name == name for p in topic.producers.values()):
             s.send(wire.error(cmd.request_id, pb.ProducerBusy, f"producer {name} is already connected"))
@@ -2774,6 +2816,12 @@ class BrokerService:
         sticky = ksm is not None and ksm.keySharedMode == pb.STICKY
         if ksm is not None and sticky:
             ranges = [(rg.start, rg.end) for rg in ksm.hashRanges]
+        consumers = sum(len(rt.consumers) for rt in topic.subscriptions.values())
+        if topic.max_consumers and consumers >= topic.max_consumers:
+            # Pulsar's answer (maxConsumersPerTopic): the client's subscribe fails with ConsumerBusy
+            why = f"Topic {topic.name} reached max consumers limit ({topic.max_consumers})"
+            s.send(wire.error(cmd.request_id, pb.ConsumerBusy, why))
+            return
         c = Consumer(
             s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}
         )

@@ -322,6 +322,12 @@ class NamespacePolicies:
     # Pulsar's ``message_ttl_in_seconds``: the owner's expiry check acknowledges, for every subscription, the
     # messages published longer ago than this (0: never); None: not set
     message_ttl_in_seconds: int | None = None
+    # Pulsar's ``max_producers_per_topic``, ``max_consumers_per_topic`` and ``max_unacked_messages_per_consumer``:
+    # a topic's producers, its consumers (all subscriptions), a consumer's unacknowledged messages past which it
+    # is sent nothing more (0: no limit); None: not set, the broker's default
+    max_producers_per_topic: int | None = None
+    max_consumers_per_topic: int | None = None
+    max_unacked_messages_per_consumer: int | None = None
 
     @property
     def retention_time_s(self) -> float:
@@ -341,6 +347,7 @@ class NamespacePolicies:
             "schema_compatibility_strategy": self.schema_compatibility_strategy,
             "compaction_threshold": self.compaction_threshold,  # null kept: a removal merges over the old value
             "message_ttl_in_seconds": self.message_ttl_in_seconds,
+            **{key: getattr(self, key) for key in _NAMESPACE_LIMITS},
         }
 
     @classmethod
@@ -354,7 +361,18 @@ class NamespacePolicies:
             schema_compatibility_strategy=_field(d, "schema_compatibility_strategy", str, "UNDEFINED"),
             compaction_threshold=_optional_threshold(d),
             message_ttl_in_seconds=_optional_threshold(d, "message_ttl_in_seconds"),
+            max_producers_per_topic=_optional_threshold(d, "max_producers_per_topic"),
+            max_consumers_per_topic=_optional_threshold(d, "max_consumers_per_topic"),
+            max_unacked_messages_per_consumer=_optional_threshold(d, "max_unacked_messages_per_consumer"),
         )
+
+
+#: the namespace's limits of 0 (none) or more, None when not set (their names are Pulsar's ``Policies`` fields)
+_NAMESPACE_LIMITS = (
+    "max_producers_per_topic",
+    "max_consumers_per_topic",
+    "max_unacked_messages_per_consumer",
+)
 
 
 def _optional_threshold(d: Mapping[str, Any], key: str = "compaction_threshold") -> int | None:
@@ -371,28 +389,75 @@ def _optional_threshold(d: Mapping[str, Any], key: str = "compaction_threshold")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicPolicies:
     """A topic's own policies (Pulsar's topic-level ``TopicPolicies``): each set one takes the place of its
-    namespace's (:func:`policy_in_force`). ``compaction_threshold`` and ``message_ttl_in_seconds``: as the
-    namespace's, None when not set on the topic."""
+    namespace's (:func:`policy_in_force`), None when not set on the topic. ``compaction_threshold``,
+    ``message_ttl_in_seconds`` and the limits (``max_producers``, ``max_consumers``,
+    ``max_unacked_messages_on_consumer``; 0: none) are integers of 0 or more; ``retention`` is (minutes, MB) as
+    the namespace's (-1: infinite); ``deduplication_enabled`` a boolean; ``backlog_quota`` a quota. Stored in
+    their JSON form under these names (``update_topic_policy`` writes one)."""
 
     compaction_threshold: int | None = None
     message_ttl_in_seconds: int | None = None
+    max_producers: int | None = None
+    max_consumers: int | None = None
+    max_unacked_messages_on_consumer: int | None = None
+    retention: tuple[int, int] | None = None
+    deduplication_enabled: bool | None = None
+    backlog_quota: BacklogQuota | None = None
 
     @property
     def empty(self) -> bool:
-        return self.compaction_threshold is None and self.message_ttl_in_seconds is None
+        return all(getattr(self, name) is None for name in TopicPolicies.__dataclass_fields__)
+
+    @property
+    def retention_time_s(self) -> float | None:
+        if self.retention is None:
+            return None
+        return -1.0 if self.retention[0] < 0 else self.retention[0] * 60.0
+
+    @property
+    def retention_size_bytes(self) -> int | None:
+        if self.retention is None:
+            return None
+        return -1 if self.retention[1] < 0 else self.retention[1] * 1024 * 1024
 
     def to_json(self) -> JsonDict:
-        return {
-            "compaction_threshold": self.compaction_threshold,
-            "message_ttl_in_seconds": self.message_ttl_in_seconds,
-        }
+        out: JsonDict = {name: getattr(self, name) for name in _TOPIC_LIMITS}
+        out["retention"] = None if self.retention is None else _retention_to_json(*self.retention)
+        out["deduplication_enabled"] = self.deduplication_enabled
+        out["backlog_quota"] = None if self.backlog_quota is None else self.backlog_quota.to_json()
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TopicPolicies:
+        retention, dedup, quota = d.get("retention"), d.get("deduplication_enabled"), d.get("backlog_quota")
         return cls(
             compaction_threshold=_optional_threshold(d),
             message_ttl_in_seconds=_optional_threshold(d, "message_ttl_in_seconds"),
+            max_producers=_optional_threshold(d, "max_producers"),
+            max_consumers=_optional_threshold(d, "max_consumers"),
+            max_unacked_messages_on_consumer=_optional_threshold(d, "max_unacked_messages_on_consumer"),
+            retention=None if retention is None else _retention_from_json(_field(d, "retention", dict)),
+            deduplication_enabled=None if dedup is None else _field(d, "deduplication_enabled", bool),
+            backlog_quota=None if quota is None else BacklogQuota.from_json(_field(d, "backlog_quota", dict)),
         )
+
+
+#: the topic's own policies that are integers of 0 or more
+_TOPIC_LIMITS = (
+    "compaction_threshold",
+    "message_ttl_in_seconds",
+    "max_producers",
+    "max_consumers",
+    "max_unacked_messages_on_consumer",
+)
+
+
+def _retention_to_json(minutes: int, size_mb: int) -> JsonDict:
+    return {"retention_time_minutes": minutes, "retention_size_mb": size_mb}
+
+
+def _retention_from_json(d: Mapping[str, Any]) -> tuple[int, int]:
+    return (_field(d, "retention_time_minutes", int), _field(d, "retention_size_mb", int))
 
 
 def policy_in_force(topic: int | None, namespace: int | None, broker: int) -> int:
@@ -756,9 +821,10 @@ class BrokerMetadataStore:
         )
 
     async def update_topic_policy(
-        self, ml_name: str, field_name: str, value: int | None, *, topic_znode: str | None = None
+        self, ml_name: str, field_name: str, value: Any, *, topic_znode: str | None = None
     ) -> None:
-        """One of the topic's own policies set (``value``) or removed (None), the others kept, in one
+        """One of the topic's own policies set (``value``, in its JSON form: :meth:`TopicPolicies.to_json`) or
+        removed (None), the others kept, in one
         compare-and-set of its znode; the znode is removed when none is set any more. With ``topic_znode`` (the
         topic's managed-ledger or partitioned-topic znode) the write is made only while that znode exists, in
         one transaction with the check: MetadataNotFoundError, nothing written, for a topic deleted meanwhile

@@ -1,0 +1,214 @@
+"""The admin REST API as a ``pulsar-admin`` user meets it, tenth part: the topic-level policies (``pulsar-admin
+topics set-max-producers``, ``set-max-consumers``, ``set-max-unacked-messages-per-consumer``, ``set-retention``,
+``set-deduplication``, ``set-backlog-quota``) and the namespace limits under them, each set, read (its own and
+``applied``) and enforced on the official ``pulsar-client``: a topic's own policy over its namespace's over the
+broker's default.
+
+One broker on 3 bookies (the eighth part's fixture, its housekeeping tick every second) is shared by the module;
+every test uses its own topics and namespaces; every wait is bounded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ledgerstore.cluster import BrokerProcess
+from tests.integration.test_broker_admin8 import BASE, _http_status, _stats, bp, brokers
+from tests.integration.test_broker_client_features3 import admin, c
+from tests.integration.test_broker_client_features4 import wait_for
+from tests.integration.test_broker_pulsar_client import topic_name
+
+pulsar = pytest.importorskip("pulsar")
+__all__ = ["bp", "brokers", "c"]  # the eighth part's broker (one per module) and the third part's client
+
+
+def _namespace(bp: BrokerProcess) -> str:
+    ns = f"ns-{topic_name()}"
+    admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")
+    return ns
+
+
+def test_max_producers_refuses_the_producer_past_the_limit_topic_over_namespace(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """``set-max-producers-per-topic`` on the namespace and ``topics set-max-producers`` (before: 404, no such
+    routes): the producer past the limit in force is refused with ProducerBusy; the topic's own limit takes the
+    namespace's place, and removed the namespace's applies again."""
+    ns = _namespace(bp)
+    t = topic_name()
+    topic = f"persistent://public/{ns}/{t}"
+    path = f"/admin/v2/persistent/public/{ns}/{t}/maxProducers"
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}")
+    assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}/maxProducersPerTopic") is None
+    assert admin(bp, "GET", path) is None
+    assert admin(bp, "GET", path + "?applied=true") == 0  # the broker's default: no limit
+
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxProducersPerTopic", 1)
+    assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}/maxProducersPerTopic") == 1
+    assert admin(bp, "GET", path + "?applied=true") == 1
+    first = c.create_producer(topic)
+    with pytest.raises(pulsar.ProducerBusy):
+        c.create_producer(topic)
+
+    admin(bp, "POST", path, 2)  # the topic's own, over the namespace's
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (2, 2)
+    second = c.create_producer(topic)
+    with pytest.raises(pulsar.ProducerBusy):
+        c.create_producer(topic)
+    second.close()
+
+    admin(bp, "DELETE", path)  # the namespace's 1 again: one producer is left, none more is taken
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (None, 1)
+    with pytest.raises(pulsar.ProducerBusy):
+        c.create_producer(topic)
+    first.send(b"still served")
+
+    assert _http_status(bp, "POST", path, -1) == 412
+    assert _http_status(bp, "POST", path, "many") == 400
+    assert _http_status(bp, "GET", f"/admin/v2/persistent/public/{ns}/no-such-{t}/maxProducers") == 404
+
+
+def test_max_consumers_refuses_the_consumer_past_the_limit(bp: BrokerProcess, c: Any) -> None:
+    """``topics set-max-consumers``: the topic's consumers (of all its subscriptions) past the limit are refused
+    with ConsumerBusy; on a partitioned topic the limit is each partition's."""
+    t = topic_name()
+    topic = f"persistent://public/default/{t}"
+    admin(bp, "PUT", f"{BASE}/{t}")
+    admin(bp, "POST", f"{BASE}/{t}/maxConsumers", 1)
+    assert admin(bp, "GET", f"{BASE}/{t}/maxConsumers") == 1
+    first = c.subscribe(topic, "a", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.ConsumerBusy):
+        c.subscribe(topic, "b")
+    with pytest.raises(pulsar.ConsumerBusy):
+        c.subscribe(topic, "a", consumer_type=pulsar.ConsumerType.Shared)
+    first.close()
+    c.subscribe(topic, "b").close()  # the place freed
+    admin(bp, "DELETE", f"{BASE}/{t}/maxConsumers")
+    both = [c.subscribe(topic, s) for s in ("a", "b")]
+    for consumer in both:
+        consumer.close()
+
+    pt = topic_name()
+    admin(bp, "PUT", f"{BASE}/{pt}/partitions", 2)
+    admin(bp, "POST", f"{BASE}/{pt}-partition-1/maxConsumers", 1)  # a partition's: the partitioned topic's
+    assert admin(bp, "GET", f"{BASE}/{pt}/maxConsumers") == 1
+    kept = c.subscribe(f"persistent://public/default/{pt}", "a")
+    with pytest.raises(pulsar.ConsumerBusy):
+        c.subscribe(f"persistent://public/default/{pt}", "b")
+    kept.close()
+
+
+def test_max_unacked_messages_on_consumer_holds_dispatch_until_acks(bp: BrokerProcess, c: Any) -> None:
+    """``topics set-max-unacked-messages-per-consumer``: a consumer holding that many unacknowledged messages is
+    sent nothing more (``blockedConsumerOnUnackedMsgs``) until it acknowledges; removed, the namespace's (here
+    the broker's 50,000) applies and the rest is delivered at once."""
+    t = topic_name()
+    topic = f"persistent://public/default/{t}"
+    admin(bp, "PUT", f"{BASE}/{t}")
+    path = f"{BASE}/{t}/maxUnackedMessagesOnConsumer"
+    assert admin(bp, "GET", path + "?applied=true") == 50_000
+    admin(bp, "POST", path, 2)
+    consumer = c.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+    producer = c.create_producer(topic, batching_enabled=False)
+    for i in range(6):
+        producer.send(f"m-{i}".encode())
+    got = [consumer.receive(timeout_millis=10_000) for _ in range(2)]
+    wait_for(
+        lambda: _stats(bp, topic)["subscriptions"]["s"]["consumers"][0]["blockedConsumerOnUnackedMsgs"],
+        "the consumer blocked on its unacked messages",
+    )
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1_000)
+    consumer.acknowledge(got[0])
+    got.append(consumer.receive(timeout_millis=10_000))  # one acknowledged: one more sent
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1_000)
+    admin(bp, "DELETE", path)
+    assert admin(bp, "GET", path) is None
+    got += [consumer.receive(timeout_millis=10_000) for _ in range(3)]
+    assert sorted(m.data() for m in got) == [f"m-{i}".encode() for i in range(6)]
+
+
+def test_a_topics_retention_keeps_its_consumed_ledgers(bp: BrokerProcess, c: Any) -> None:
+    """``topics set-retention``: a topic's own retention (here infinite) keeps the ledgers its subscriptions
+    have consumed, where its namespace's (none) lets them go at the next tick; ``applied`` is the namespace's
+    until it is set."""
+    kept, control = topic_name(), topic_name()
+    for t in (kept, control):
+        admin(bp, "PUT", f"{BASE}/{t}")
+    assert admin(bp, "GET", f"{BASE}/{kept}/retention") is None
+    namespace_retention = {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
+    assert admin(bp, "GET", f"{BASE}/{kept}/retention?applied=true") == namespace_retention
+    infinite = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+    admin(bp, "POST", f"{BASE}/{kept}/retention", infinite)
+    assert admin(bp, "GET", f"{BASE}/{kept}/retention") == infinite
+    assert admin(bp, "GET", f"{BASE}/{kept}/retention?applied=true") == infinite
+    first: dict[str, int] = {}
+    for t in (kept, control):
+        consumer = c.subscribe(f"persistent://public/default/{t}", "s")
+        producer = c.create_producer(f"persistent://public/default/{t}")
+        producer.send(b"x")
+        consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+        first[t] = admin(bp, "GET", f"{BASE}/{t}/internalStats")["ledgers"][0]["ledgerId"]
+        producer.close()
+        consumer.close()
+        admin(bp, "PUT", f"{BASE}/{t}/unload")  # the ledger closed: retention decides
+
+    def ledgers(t: str) -> list[int]:
+        return [lg["ledgerId"] for lg in admin(bp, "GET", f"{BASE}/{t}/internalStats")["ledgers"]]
+
+    # served again, the kept topic first: a tick that trims the control topic has been over the kept one
+    c.create_producer(f"persistent://public/default/{kept}").close()
+    c.create_producer(f"persistent://public/default/{control}").close()
+    wait_for(lambda: first[control] not in ledgers(control), "the control topic's consumed ledger deleted")
+    assert first[kept] in ledgers(kept)
+    assert _http_status(bp, "POST", f"{BASE}/{kept}/retention", {"retentionTimeInMinutes": -2}) == 412
+
+
+def test_a_topics_deduplication_turned_off_stores_a_resent_sequence_id(bp: BrokerProcess, c: Any) -> None:
+    """``topics set-deduplication --disable``: the broker deduplicates by default (``applied`` true, nothing set
+    on the topic or its namespace); off on the topic, a message sent again with a sequence id already stored is
+    stored again, where a topic of the defaults drops it."""
+    t, control = topic_name(), topic_name()
+    path = f"{BASE}/{t}/deduplicationEnabled"
+    for name in (t, control):
+        admin(bp, "PUT", f"{BASE}/{name}")
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (None, True)
+    admin(bp, "POST", path, False)
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (False, False)
+    for name, expected in ((t, 5), (control, 3)):
+        topic = f"persistent://public/default/{name}"
+        consumer = c.subscribe(topic, "s")
+        producer = c.create_producer(topic, producer_name=f"p-{name}", batching_enabled=False)
+        for seq in (1, 2, 2, 1, 3):
+            producer.send(f"seq-{seq}".encode(), sequence_id=seq)
+        got = [consumer.receive(timeout_millis=10_000).data() for _ in range(expected)]
+        assert len(got) == expected
+        assert _stats(bp, topic)["subscriptions"]["s"]["msgBacklog"] == expected
+    admin(bp, "DELETE", path)
+    assert admin(bp, "GET", path + "?applied=true") is True
+    assert _http_status(bp, "POST", path, "yes") == 400
+
+
+def test_a_topics_backlog_quota_evicts_its_backlog(bp: BrokerProcess, c: Any) -> None:
+    """``topics set-backlog-quota``: a topic's own quota (here 1 byte, consumer_backlog_eviction) is enforced at
+    the next tick where its namespace has none: the subscription's backlog is evicted."""
+    t = topic_name()
+    topic = f"persistent://public/default/{t}"
+    admin(bp, "PUT", f"{BASE}/{t}")
+    assert admin(bp, "GET", f"{BASE}/{t}/backlogQuotaMap") == {}
+    quota = {"limitSize": 1, "limitTime": -1, "policy": "consumer_backlog_eviction"}
+    admin(bp, "POST", f"{BASE}/{t}/backlogQuota?backlogQuotaType=destination_storage", quota)
+    assert admin(bp, "GET", f"{BASE}/{t}/backlogQuotaMap") == {"destination_storage": quota}
+    c.subscribe(topic, "s")
+    producer = c.create_producer(topic)
+    for i in range(5):
+        producer.send(f"m-{i}".encode())
+    wait_for(lambda: _stats(bp, topic)["subscriptions"]["s"]["msgBacklog"] == 0, "the backlog evicted")
+    admin(bp, "DELETE", f"{BASE}/{t}/backlogQuota")
+    assert admin(bp, "GET", f"{BASE}/{t}/backlogQuotaMap") == {}
+    default_quota = {"limitSize": -1, "limitTime": -1, "policy": "producer_request_hold"}
+    assert admin(bp, "GET", f"{BASE}/{t}/backlogQuotaMap?applied=true") == {
+        "destination_storage": default_quota
+    }
