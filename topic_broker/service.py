@@ -292,33 +292,37 @@ class _Creation:
 
 class _Creations:
     """A connection's producers (or consumers) being created, by id, as Pulsar's ``ServerCnx`` keeps each id's
-    future before it is complete: a close of the id while one is created ends it closed. Begun as the command is
-    read (before the connection's next command is handled), ended when its handling ends."""
+    future before it is complete: a close of the id while one is created ends it closed, and another request of
+    the id meanwhile is refused (:meth:`busy`). Begun as the command is read (before the connection's next
+    command is handled), ended when its handling ends."""
 
     __slots__ = ("_by_id",)
 
     def __init__(self) -> None:
-        self._by_id: dict[int, list[_Creation]] = {}
+        self._by_id: dict[int, _Creation] = {}
+
+    def busy(self, id_: int) -> bool:
+        """A creation of ``id_`` is under way (and not closed)."""
+        return id_ in self._by_id
 
     def run(self, id_: int, create: Callable[[_Creation], Awaitable[None]]) -> Coroutine[Any, Any, None]:
-        """A creation of ``id_`` begun now: the coroutine that awaits ``create`` of it and then ends it."""
-        c = _Creation()
-        self._by_id.setdefault(id_, []).append(c)
+        """A creation of ``id_`` (not :meth:`busy`) begun now: the coroutine that awaits ``create`` of it and then
+        ends it."""
+        c = self._by_id[id_] = _Creation()
         return self._run(id_, c, create(c))
 
     async def _run(self, id_: int, c: _Creation, work: Awaitable[None]) -> None:
         try:
             await work
         finally:
-            pending = self._by_id.get(id_)
-            if pending is not None and c in pending:
-                pending.remove(c)
-                if not pending:
-                    del self._by_id[id_]
+            if self._by_id.get(id_) is c:
+                del self._by_id[id_]
 
     def close(self, id_: int) -> None:
-        """The id is closed: whatever is being created under it ends without its producer or consumer."""
-        for c in self._by_id.pop(id_, ()):
+        """The id is closed: what is being created under it ends without its producer or consumer, and the id is
+        free for a new request."""
+        c = self._by_id.pop(id_, None)
+        if c is not None:
             c.closed = True
 
 
@@ -2495,8 +2499,18 @@ class BrokerService:
             s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} cannot be served now: {e}"))
         return None
 
-    def on_producer(self, s: Session, r: Request) -> Coroutine[Any, Any, None]:
+    def on_producer(self, s: Session, r: Request) -> Coroutine[Any, Any, None] | None:
         cmd: pb.CommandProducer = r.body  # type: ignore[assignment]
+        if s.creating_producers.busy(cmd.producer_id) or cmd.producer_id in s.waiting:
+            # as Pulsar's ServerCnx: a PRODUCER of an id whose creation is pending (a client that sent it again
+            # before its answer; a WaitForExclusive one queued) is refused, to be retried; once the first is
+            # created, a repeat is answered with its name (in _create_producer)
+            s.send(
+                wire.error(
+                    cmd.request_id, pb.ServiceNotReady, "Producer is already present on the connection"
+                )
+            )
+            return None
         # begun now, before the connection's next command: a CLOSE_PRODUCER right behind it must find it
         return s.creating_producers.run(cmd.producer_id, lambda c: self._create_producer(s, cmd, c))
 
@@ -2764,8 +2778,15 @@ class BrokerService:
         policies = await self.meta.get_policies(name.tenant, name.namespace)
         return policies.schema_compatibility_strategy if policies is not None else "UNDEFINED"
 
-    def on_subscribe(self, s: Session, r: Request) -> Coroutine[Any, Any, None]:
+    def on_subscribe(self, s: Session, r: Request) -> Coroutine[Any, Any, None] | None:
         cmd: pb.CommandSubscribe = r.body  # type: ignore[assignment]
+        if s.creating_consumers.busy(cmd.consumer_id):  # (as on_producer's)
+            s.send(
+                wire.error(
+                    cmd.request_id, pb.ServiceNotReady, "Consumer is already present on the connection"
+                )
+            )
+            return None
         # (begun now, as on_producer's)
         return s.creating_consumers.run(cmd.consumer_id, lambda c: self._create_consumer(s, cmd, c))
 
@@ -2804,12 +2825,6 @@ class BrokerService:
             # while this waited (a schema read, the cursor opened): attached now, the consumer sat on an instance
             # nobody serves (its consumers' CLOSE_CONSUMER already sent), given nothing. The client looks it up again
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, f"{topic.name} is not served here now"))
-            return
-        if cmd.consumer_id in s.consumers:
-            # the same id subscribed while this one waited (a SUBSCRIBE sent again before its answer): a repeat,
-            # as above. Attaching it too took the id over, or (refused) off the connection, and the first
-            # consumer stayed on its subscription after the connection closed
-            s.send(wire.success(cmd.request_id))
             return
         ranges: list[tuple[int, int]] = []
         ksm = cmd.keySharedMeta if cmd.HasField("keySharedMeta") else None

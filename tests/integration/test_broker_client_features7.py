@@ -268,10 +268,11 @@ def _answers(conn: socket.socket, n: int) -> dict[int, str]:
 def test_a_producer_id_taken_while_the_liveness_check_waits_is_not_taken_over(
     bp: BrokerProcess, c: Any
 ) -> None:
-    """A PRODUCER waiting for the liveness check of its name's holder (up to 5 s) is judged on the connection
-    as it is after the wait: a producer created meanwhile on the same connection under the same producer id
-    (of another topic) keeps it. Before, the waiting one took the id over, and the other producer, no longer
-    the connection's, held its name on its topic after the connection closed: ProducerBusy for good."""
+    """A PRODUCER waiting for the liveness check of its name's holder (up to 5 s) keeps its producer id: another
+    PRODUCER of the id on the same connection (of another topic) is refused ServiceNotReady at once, as Pulsar's
+    ServerCnx refuses an id whose creation is pending; once created, the id of another topic is refused too.
+    Before an earlier fix, the waiting one took the id over, and the other producer, no longer the connection's,
+    held its name on its topic after the connection closed: ProducerBusy for good."""
     t1, t2 = (f"persistent://public/default/{topic_name()}" for _ in range(2))
     silent = _raw_producer(bp, [(t1, 1, 1, "p")])  # holds p on t1, then reads and answers nothing
     try:
@@ -279,7 +280,10 @@ def test_a_producer_id_taken_while_the_liveness_check_waits_is_not_taken_over(
         # p is held by the silent connection: the broker PINGs it and waits; meanwhile q on t2, producer id 1
         raw = _raw_producer(bp, [(t1, 1, 1, "p"), (t2, 1, 2, "q")])
         with contextlib.closing(raw):
-            assert _answers(raw, 2) == {2: "PRODUCER_SUCCESS", 1: "ServiceNotReady"}
+            assert _answers(raw, 2) == {2: "ServiceNotReady", 1: "PRODUCER_SUCCESS"}
+            cmd = pb.CommandProducer(topic=t2, producer_id=1, request_id=3, producer_name="q")
+            raw.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+            assert _answers(raw, 1) == {3: "ServiceNotReady"}  # the id is p's on t1
     finally:
         silent.close()
     c.create_producer(t2, producer_name="q").send(b"q is free again")
@@ -373,18 +377,19 @@ def test_a_message_whose_event_time_is_past_year_9999_is_examined(bp: BrokerProc
         assert r.headers["X-Pulsar-event-time"] == "+55840-11-08T22:15:23.456Z"
 
 
-def test_a_subscribe_repeated_before_the_first_is_answered_leaves_no_consumer_behind(
+def test_a_subscribe_repeated_before_the_first_is_answered_is_refused_until_it_is(
     bp: BrokerProcess, c: Any
 ) -> None:
-    """Two SUBSCRIBEs of one consumer id sent at once (a client resending before its answer) make one
-    consumer: the second is answered as a repeat once the first is attached. Before, both were attached while
-    the topic and cursor opened; the second's ConsumerBusy took the id off the connection, and the first stayed on
-    the Exclusive subscription after the connection closed: ConsumerBusy for every consumer after it."""
+    """Two SUBSCRIBEs of one consumer id sent at once (a client resending before its answer) make one consumer,
+    as Pulsar's ServerCnx: the second, come while the first is pending, is refused ServiceNotReady ("Consumer is
+    already present on the connection", the client retries); once the first is attached, a third is answered
+    SUCCESS as a repeat. Before, the second waited for the first and was answered SUCCESS; before that, both
+    were attached and the first stayed on the Exclusive subscription after the connection closed."""
     t = f"persistent://public/default/{topic_name()}"
     raw = socket.create_connection(("127.0.0.1", bp.port), timeout=30)
     with contextlib.closing(raw):
-        frames = [T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))]
-        for request_id in (1, 2):
+
+        def subscribe(request_id: int) -> bytes:
             sub = pb.CommandSubscribe(
                 topic=t,
                 subscription="s",
@@ -392,19 +397,41 @@ def test_a_subscribe_repeated_before_the_first_is_answered_leaves_no_consumer_be
                 consumer_id=1,
                 request_id=request_id,
             )
-            frames.append(T(type=T.SUBSCRIBE, subscribe=sub))
-        raw.sendall(b"".join(wire.encode_command(f) for f in frames))  # at once: both wait for the topic
-        dec, answers = wire.FrameDecoder(), {}
-        while len(answers) < 2:
-            for f in dec.feed(raw.recv(65536)):
-                if f.command.type == T.SUCCESS:
-                    answers[f.command.success.request_id] = "SUCCESS"
-                elif f.command.type == T.ERROR:
-                    answers[f.command.error.request_id] = pb.ServerError.Name(f.command.error.error)
-        assert answers == {1: "SUCCESS", 2: "SUCCESS"}
+            return wire.encode_command(T(type=T.SUBSCRIBE, subscribe=sub))
+
+        connect = pb.CommandConnect(client_version="t", protocol_version=20)
+        # at once: the second is read while the first waits for the topic and cursor
+        raw.sendall(wire.encode_command(T(type=T.CONNECT, connect=connect)) + subscribe(1) + subscribe(2))
+        assert _answers(raw, 2) == {1: "SUCCESS", 2: "ServiceNotReady"}
+        raw.sendall(subscribe(3))
+        assert _answers(raw, 1) == {3: "SUCCESS"}
+        assert len(_stats(bp, t)["subscriptions"]["s"]["consumers"]) == 1
     got: list[Any] = []  # the connection's close reaches the broker a moment later
     wait_for(lambda: got.append(_subscribed_or_none(c, t)) or got[-1] is not None, "the subscription free")
     got[-1].close()
+
+
+def test_a_producer_repeated_before_the_first_is_answered_is_refused_until_it_is(bp: BrokerProcess) -> None:
+    """Two PRODUCERs of one producer id sent at once: the second, come while the first is pending, is refused
+    ServiceNotReady ("Producer is already present on the connection"), as Pulsar's ServerCnx; once the first is
+    created, a third is answered PRODUCER_SUCCESS with the first one's name. Before, the second waited for the
+    first and was answered PRODUCER_SUCCESS."""
+    t = f"persistent://public/default/{topic_name()}"
+    raw = _raw_producer(bp, [(t, 1, 1, "p"), (t, 1, 2, "p")])  # at once: the second while the topic opens
+    with contextlib.closing(raw):
+        assert _answers(raw, 2) == {1: "PRODUCER_SUCCESS", 2: "ServiceNotReady"}
+        cmd = pb.CommandProducer(topic=t, producer_id=1, request_id=3)  # no name asked: the first one's given
+        raw.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+        dec = wire.FrameDecoder()
+        while not (frames := dec.feed(raw.recv(65536))):
+            pass
+        (answer,) = frames
+        assert answer.command.type == T.PRODUCER_SUCCESS
+        assert (
+            answer.command.producer_success.request_id,
+            answer.command.producer_success.producer_name,
+        ) == (3, "p")
+        assert [p["producerName"] for p in _stats(bp, t)["publishers"]] == ["p"]
 
 
 def _subscribed_or_none(c: Any, t: str) -> Any:
