@@ -2804,6 +2804,10 @@ class BrokerService:
         if refusal is not None:
             s.send(wire.error(cmd.request_id, pb.NotAllowedError, refusal))
             return
+        if self._consumers_refused(s, topic, cmd.request_id):
+            # before the subscription is made, as Pulsar: a durable one made for a consumer refused held the
+            # topic's backlog from then on with no consumer to read it
+            return
         try:
             refused = await self._schema_refused(topic, cmd.schema) if cmd.HasField("schema") else None
             if refused is not None:
@@ -2831,11 +2835,7 @@ class BrokerService:
         sticky = ksm is not None and ksm.keySharedMode == pb.STICKY
         if ksm is not None and sticky:
             ranges = [(rg.start, rg.end) for rg in ksm.hashRanges]
-        consumers = sum(len(rt.consumers) for rt in topic.subscriptions.values())
-        if topic.max_consumers and consumers >= topic.max_consumers:
-            # Pulsar's answer (maxConsumersPerTopic): the client's subscribe fails with ConsumerBusy
-            why = f"Topic {topic.name} reached max consumers limit ({topic.max_consumers})"
-            s.send(wire.error(cmd.request_id, pb.ConsumerBusy, why))
+        if self._consumers_refused(s, topic, cmd.request_id):  # (again: more may have come while this waited)
             return
         c = Consumer(
             s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}
@@ -2858,6 +2858,17 @@ class BrokerService:
             s.send(wire.error(cmd.request_id, code, str(e)))
             return
         s.send(wire.success(cmd.request_id))
+
+    @staticmethod
+    def _consumers_refused(s: Session, topic: Topic, request_id: int) -> bool:
+        """The topic has its limit of consumers (all subscriptions'): refused with Pulsar's answer to
+        maxConsumersPerTopic, ConsumerBusy (the client's subscribe fails)."""
+        consumers = sum(len(rt.consumers) for rt in topic.subscriptions.values())
+        if not topic.max_consumers or consumers < topic.max_consumers:
+            return False
+        why = f"Topic {topic.name} reached max consumers limit ({topic.max_consumers})"
+        s.send(wire.error(request_id, pb.ConsumerBusy, why))
+        return True
 
     def _consumer(self, s: Session, consumer_id: int) -> Consumer | None:
         return s.consumers.get(consumer_id)

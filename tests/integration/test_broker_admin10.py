@@ -212,3 +212,18 @@ def test_a_topics_backlog_quota_evicts_its_backlog(bp: BrokerProcess, c: Any) ->
     assert admin(bp, "GET", f"{BASE}/{t}/backlogQuotaMap?applied=true") == {
         "destination_storage": default_quota
     }
+
+
+def test_a_subscribe_refused_past_max_consumers_creates_no_subscription(bp: BrokerProcess, c: Any) -> None:
+    """A SUBSCRIBE refused ConsumerBusy for the topic's consumers limit leaves no subscription behind, as
+    Pulsar checks the limit before it creates one: a durable one made for it held the topic's backlog from then
+    on (retention and the backlog quota counted it) with no consumer to ever read it."""
+    t = topic_name()
+    topic = f"persistent://public/default/{t}"
+    admin(bp, "PUT", f"{BASE}/{t}")
+    admin(bp, "POST", f"{BASE}/{t}/maxConsumers", 1)
+    first = c.subscribe(topic, "a")
+    with pytest.raises(pulsar.ConsumerBusy):
+        c.subscribe(topic, "refused")
+    assert sorted(_stats(bp, topic)["subscriptions"]) == ["a"]
+    first.close()
