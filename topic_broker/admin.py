@@ -298,7 +298,10 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         "backlog_quota_map": {"destination_storage": _quota_json(p.backlog_quota)},
         "auth_policies": {
             "namespace_auth": {role: sorted(a) for role, a in sorted(p.permissions.items())},
-            "destination_auth": {},
+            "destination_auth": {
+                topic: {role: sorted(a) for role, a in sorted(grants.items())}
+                for topic, grants in sorted(p.topic_permissions.items())
+            },
             "subscription_auth_roles": {},
         },
         "replication_clusters": [CLUSTER_NAME],
@@ -338,6 +341,16 @@ def _limit_from(body: Any, what: str) -> int:
     if not 0 <= body <= INT32_MAX:
         raise AdminError(412, f"{what} must be 0 (no limit) or more, at most {INT32_MAX}, got {body}")
     return body
+
+
+def _actions_from(body: Any) -> tuple[str, ...]:
+    """A grant's body: a JSON list of actions (``produce``, ``consume``)."""
+    if not isinstance(body, list) or not all(isinstance(a, str) for a in body):
+        raise AdminError(400, 'expected a list of actions, e.g. ["produce", "consume"]')
+    unknown = sorted(set(body) - set(_ACTIONS))
+    if unknown:
+        raise AdminError(400, f"unknown actions {unknown}: the actions are {', '.join(_ACTIONS)}")
+    return tuple(a for a in _ACTIONS if a in body)
 
 
 def _retention_from(body: Any) -> tuple[int, int]:
@@ -973,13 +986,7 @@ class AdminApp:
     async def permission_grant(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
         role = request.match_info["role"]
-        body = await _body_json(request)
-        if not isinstance(body, list) or not all(isinstance(a, str) for a in body):
-            raise AdminError(400, 'expected a list of actions, e.g. ["produce", "consume"]')
-        unknown = sorted(set(body) - set(_ACTIONS))
-        if unknown:
-            raise AdminError(400, f"unknown actions {unknown}: the actions are {', '.join(_ACTIONS)}")
-        perms = {**p.permissions, role: tuple(a for a in _ACTIONS if a in body)}
+        perms = {**p.permissions, role: _actions_from(await _body_json(request))}
         return await self._set_policies(tenant, ns, dataclasses.replace(p, permissions=perms))
 
     async def permission_revoke(self, request: web.Request) -> web.Response:
@@ -989,6 +996,51 @@ class AdminApp:
             raise AdminError(404, f"{role} has no permissions on {tenant}/{ns}")
         perms = {r: a for r, a in p.permissions.items() if r != role}
         return await self._set_policies(tenant, ns, dataclasses.replace(p, permissions=perms))
+
+    async def topic_permissions_get(self, request: web.Request) -> web.Response:
+        """``pulsar-admin topics permissions``: what each role may do on the topic, its namespace's grants and
+        the topic's own (a partition's: its partitioned topic's) together, as Pulsar's getPermissionsOnTopic."""
+        name = self._topic_name(request).base
+        _t, _n, p = await self._policies(request)
+        merged = {role: set(actions) for role, actions in p.permissions.items()}
+        for role, actions in p.topic_permissions.get(str(name), {}).items():
+            merged.setdefault(role, set()).update(actions)
+        return _json({role: sorted(actions) for role, actions in sorted(merged.items())})
+
+    async def topic_permission_grant(self, request: web.Request) -> web.Response:
+        """``pulsar-admin topics grant-permission``: the role's actions on this topic (on each partition of a
+        partitioned one), beside what its namespace grants; replaces the role's earlier grant on the topic."""
+        name = self._topic_name(request).base
+        tenant, ns, p = await self._policies(request)
+        role = request.match_info["role"]
+        actions = _actions_from(await _body_json(request))
+        grants = {**p.topic_permissions.get(str(name), {}), role: actions}
+        topic_perms = {**p.topic_permissions, str(name): grants}
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, topic_permissions=topic_perms))
+
+    async def topic_permission_revoke(self, request: web.Request) -> web.Response:
+        """``pulsar-admin topics revoke-permission``: the role's grant on the topic removed (what its namespace
+        grants stays); 412 when the topic grants the role nothing, as Pulsar answers."""
+        name = self._topic_name(request).base
+        tenant, ns, p = await self._policies(request)
+        role = request.match_info["role"]
+        grants = dict(p.topic_permissions.get(str(name), {}))
+        if grants.pop(role, None) is None:
+            raise AdminError(412, f"Permissions are not set at the topic level: {role} on {name}")
+        topic_perms = {t: g for t, g in p.topic_permissions.items() if t != str(name)}
+        if grants:
+            topic_perms[str(name)] = grants
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, topic_permissions=topic_perms))
+
+    async def _revoke_topic_grants(self, name: TopicName) -> None:
+        """A deleted topic's own grants go with it (as in Pulsar): a topic made again under its name starts
+        with its namespace's only."""
+        p = await self.meta.get_policies(name.tenant, name.namespace)
+        if p is not None and str(name) in p.topic_permissions:
+            topic_perms = {t: g for t, g in p.topic_permissions.items() if t != str(name)}
+            await self.meta.set_policies(
+                name.tenant, name.namespace, dataclasses.replace(p, topic_permissions=topic_perms)
+            )
 
     async def quota_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
@@ -1138,6 +1190,7 @@ class AdminApp:
         # Pulsar); before its metadata, so that a call failing in between can be made again
         await self.meta.delete_schemas(name.ml_name)
         await self.meta.delete_topic_policies(name.ml_name)
+        await self._revoke_topic_grants(name)
         await self.meta.delete_partitioned_topic(name.ml_name)
         # and after it: a policy written in between (while the partitioned-topic znode was there) goes too
         await self.meta.delete_topic_policies(name.ml_name)
@@ -1172,6 +1225,8 @@ class AdminApp:
     async def _delete_topic(self, topic: Topic) -> None:
         if not await self.service.delete_topic(topic.name):
             raise AdminError(409, f"{topic.name} stopped being served here while it was deleted; try again")
+        if not topic.name.is_partition:
+            await self._revoke_topic_grants(topic.name)
 
     async def _policies_topic(self, request: web.Request) -> TopicName:
         """A topic-level policy's topic: the base name of a partitioned topic (whose policies are every
@@ -2424,7 +2479,9 @@ class AdminApp:
         r.add_post(s + "/analyzeBacklog", self.analyze_backlog)
         r.add_get(s + "/analyzeBacklog", self.analyze_backlog)
         r.add_put(t + "/backlogSize", self.backlog_size)
-        r.add_get(t + "/permissions", self.permissions_get)
+        r.add_get(t + "/permissions", self.topic_permissions_get)
+        r.add_post(t + "/permissions/{role}", self.topic_permission_grant)
+        r.add_delete(t + "/permissions/{role}", self.topic_permission_revoke)
         r.add_post(t + "/all_subscription/expireMessages/{seconds}", self.expire_messages_all)
         r.add_get("/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", self.lookup)
 

@@ -1876,17 +1876,23 @@ class BrokerService:
         actions: tuple[str, ...],
         known: NamespacePolicies | None = None,
     ) -> bool:
-        """May ``role`` do one of ``actions`` (``produce``, ``consume``) on the topic's namespace? Always yes
-        without ``--auth-required``; superusers may do everything; otherwise the namespace's permissions
-        decide (Pulsar's ``grant-permission``): ``known``, the namespace's policies the caller has just read,
-        else read here."""
+        """May ``role`` do one of ``actions`` (``produce``, ``consume``) on the topic? Always yes without
+        ``--auth-required``; superusers may do everything; otherwise what the namespace's permissions grant the
+        role (Pulsar's ``namespaces grant-permission``) and what the topic's own grant it (``topics
+        grant-permission``; a partition's are its partitioned topic's) decide: ``known``, the namespace's
+        policies the caller has just read, else read here."""
         if not self.checks_permissions(role):
             return True
         if role is None:
             return False
         assert self.meta is not None
         policies = known if known is not None else await self.meta.get_policies(name.tenant, name.namespace)
-        granted = policies.permissions.get(role, ()) if policies is not None else ()
+        if policies is None:
+            return False
+        granted = (
+            *policies.permissions.get(role, ()),
+            *policies.topic_permissions.get(str(name.base), {}).get(role, ()),
+        )
         return any(a in granted for a in actions)
 
     async def _authorized(

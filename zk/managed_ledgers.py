@@ -314,6 +314,9 @@ class NamespacePolicies:
     # Pulsar's namespace ``auth_policies``: role (a token's subject) -> the actions granted ("produce",
     # "consume"); written by ``grant-permission``/``revoke-permission``. Absent in older znodes: nobody
     permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Pulsar's ``auth_policies.destination_auth``: a topic's own grants (its base name, ``persistent://t/ns/x``,
+    # a partitioned topic's for its partitions) -> role -> actions; a role may do what either level grants
+    topic_permissions: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
     # Pulsar's ``schema_compatibility_strategy``: UNDEFINED means the broker's default (FULL)
     schema_compatibility_strategy: str = "UNDEFINED"
     # Pulsar's ``compaction_threshold``: the bytes of backlog past which the topic's owner compacts it (0: never);
@@ -344,6 +347,10 @@ class NamespacePolicies:
             "deduplication_enabled": self.deduplication_enabled,
             "backlog_quota": self.backlog_quota.to_json(),
             "permissions": {role: list(actions) for role, actions in sorted(self.permissions.items())},
+            "topic_permissions": {
+                topic: {role: list(actions) for role, actions in sorted(grants.items())}
+                for topic, grants in sorted(self.topic_permissions.items())
+            },
             "schema_compatibility_strategy": self.schema_compatibility_strategy,
             "compaction_threshold": self.compaction_threshold,  # null kept: a removal merges over the old value
             "message_ttl_in_seconds": self.message_ttl_in_seconds,
@@ -358,6 +365,7 @@ class NamespacePolicies:
             deduplication_enabled=_field(d, "deduplication_enabled", bool, False),
             backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
             permissions=_permissions(_field(d, "permissions", dict, {})),
+            topic_permissions=_topic_permissions(_field(d, "topic_permissions", dict, {})),
             schema_compatibility_strategy=_field(d, "schema_compatibility_strategy", str, "UNDEFINED"),
             compaction_threshold=_optional_threshold(d),
             message_ttl_in_seconds=_optional_threshold(d, "message_ttl_in_seconds"),
@@ -469,6 +477,15 @@ def policy_in_force(topic: int | None, namespace: int | None, broker: int) -> in
     if namespace is not None:
         return namespace
     return broker
+
+
+def _topic_permissions(d: Mapping[str, Any]) -> dict[str, dict[str, tuple[str, ...]]]:
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for topic, grants in d.items():
+        if not isinstance(grants, dict):
+            raise MetadataFormatError(f"permissions of topic {topic!r} are not an object: {grants!r}")
+        out[str(topic)] = _permissions(grants)
+    return out
 
 
 def _permissions(d: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:

@@ -9,12 +9,16 @@ every test uses its own topics and namespaces; every wait is bounded."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
 from tests.integration.test_broker_admin8 import BASE, _http_status, _stats, bp, brokers
+from tests.integration.test_broker_auth import SUPERUSER, SecureCluster, secure_cluster
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import wait_for
 from tests.integration.test_broker_pulsar_client import topic_name
@@ -227,3 +231,55 @@ def test_a_subscribe_refused_past_max_consumers_creates_no_subscription(bp: Brok
         c.subscribe(topic, "refused")
     assert sorted(_stats(bp, topic)["subscriptions"]) == ["a"]
     first.close()
+
+
+@pytest.fixture
+def secure(bookies: Any, tmp_path: Path) -> Iterator[SecureCluster]:
+    yield from secure_cluster(bookies, tmp_path)
+
+
+def test_a_topics_own_grants_authorize_on_that_topic_only(secure: SecureCluster) -> None:
+    """``pulsar-admin topics grant-permission`` / ``revoke-permission`` (``POST|DELETE …/{topic}/permissions/{role}``;
+    before: 404): the broker's authorization lets a role do on the topic (each partition of a partitioned one) what
+    the topic grants it, beside its namespace's grants, and nowhere else; ``topics permissions`` answers both
+    levels; revoked, refused again; a deleted topic's grants go with it."""
+    su, alice = secure.tokens[SUPERUSER], secure.tokens["alice"]
+    local, other, pt = (f"g-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    topic = f"persistent://public/default/{local}"
+    path = f"{BASE}/{local}/permissions"
+    assert secure.http("PUT", f"{BASE}/{local}", token=su)[0] == 204
+    assert secure.http("PUT", f"{BASE}/{pt}/partitions", 2, token=su)[0] == 204
+    secure.grant("bob", ["consume"])  # a namespace grant, shown with the topic's
+
+    c = secure.client(alice)
+    try:
+        with pytest.raises(pulsar.AuthorizationError):
+            c.create_producer(topic)
+        assert secure.http("POST", f"{path}/alice", ["produce"], token=alice)[0] == 403  # not a superuser
+        assert secure.http("POST", f"{path}/alice", ["produce"], token=su)[0] == 204
+        assert secure.http("POST", f"{BASE}/{pt}/permissions/alice", ["produce"], token=su)[0] == 204
+        assert secure.http("GET", path, token=su) == (200, {"alice": ["produce"], "bob": ["consume"]})
+        status, ns_perms = secure.http("GET", "/admin/v2/namespaces/public/default/permissions", token=su)
+        assert (status, ns_perms) == (200, {"bob": ["consume"]})  # the namespace's own are unchanged
+        status, policies = secure.http("GET", "/admin/v2/namespaces/public/default", token=su)
+        assert policies["auth_policies"]["destination_auth"][topic] == {"alice": ["produce"]}
+
+        c.create_producer(topic).send(b"granted")
+        c.create_producer(f"persistent://public/default/{pt}").send(b"each partition", partition_key="k")
+        with pytest.raises(pulsar.AuthorizationError):
+            c.create_producer(f"persistent://public/default/{other}")  # another topic of the namespace
+        with pytest.raises(pulsar.AuthorizationError):
+            c.subscribe(topic, "s")  # consume is not granted
+
+        assert secure.http("DELETE", f"{path}/alice", token=su)[0] == 204
+        with pytest.raises(pulsar.AuthorizationError):
+            c.create_producer(topic)
+        assert secure.http("DELETE", f"{path}/alice", token=su)[0] == 412
+        assert secure.http("POST", f"{path}/alice", ["fly"], token=su)[0] == 400
+    finally:
+        c.close()
+
+    assert secure.http("POST", f"{path}/alice", ["produce"], token=su)[0] == 204
+    assert secure.http("DELETE", f"{BASE}/{local}", token=su)[0] == 204
+    assert secure.http("PUT", f"{BASE}/{local}", token=su)[0] == 204
+    assert secure.http("GET", path, token=su) == (200, {"bob": ["consume"]})

@@ -70,8 +70,11 @@ def _write_secret(path: Path, secret: bytes) -> Path:
     return path
 
 
-@pytest.fixture
-def secure(bookies, tmp_path: Path) -> Iterator[SecureCluster]:
+def secure_cluster(
+    bookies: Any, tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[SecureCluster]:
+    """3 bookies and a broker with ``--auth-required`` (superusers: admin and ops), ``env`` added to the broker's
+    environment; tokens for the superuser, alice and bob. Stopped at the end."""
     secret = new_secret()
     secret_file = _write_secret(tmp_path / "token-secret", secret)
     tokens = {name: create_token(secret, name, expires_in_s=3600) for name in (SUPERUSER, "alice", "bob")}
@@ -89,6 +92,7 @@ def secure(bookies, tmp_path: Path) -> Iterator[SecureCluster]:
         f"{SUPERUSER},ops",
         "--bookie-auth-token-file",
         str(broker_token),
+        env=env,
     )
     bp.wait_ready(60)
     try:
@@ -98,6 +102,11 @@ def secure(bookies, tmp_path: Path) -> Iterator[SecureCluster]:
             bp.stop()
         except Exception:
             bp.kill9()
+
+
+@pytest.fixture
+def secure(bookies, tmp_path: Path) -> Iterator[SecureCluster]:
+    yield from secure_cluster(bookies, tmp_path)
 
 
 def _topic() -> str:
