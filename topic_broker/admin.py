@@ -1125,11 +1125,19 @@ class AdminApp:
             raise AdminError(400, f"the number of partitions is out of range of a 32-bit integer: {body}")
         return body
 
+    def _partition_limit(self) -> int:
+        """``--max-partitions-per-topic`` (Pulsar's ``maxNumPartitionsPerPartitionedTopic``; 0: none), checked
+        before anything is written: each partition's managed ledger is created as the count is set."""
+        return self.service.config.max_partitions_per_topic
+
     async def partitions_create(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         n = await self._partition_count_from(request)
         if name.is_partition:
             raise AdminError(412, f"{name} is a partition; a partitioned topic needs a base name")
+        limit = self._partition_limit()
+        if limit and n > limit:  # Pulsar's answer
+            raise AdminError(406, f"Number of partitions should be less than or equal to {limit}")
         if await self._exists(name):
             raise AdminError(409, "This topic already exists")
         try:
@@ -1152,6 +1160,9 @@ class AdminApp:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
         if n < current:
             raise AdminError(409, f"The number of partitions can only grow ({current} now, asked {n})")
+        limit = self._partition_limit()
+        if limit and n > limit:  # Pulsar's answer, its words
+            raise AdminError(422, f"Expect partitions {n} grater than maximum partitions per topic {limit}")
         try:
             await self.meta.update_partitions(name.ml_name, n)
         except ValueError as e:

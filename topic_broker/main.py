@@ -33,6 +33,7 @@ from .service import (
     DEFAULT_ENSEMBLE_SIZE,
     DEFAULT_HTTP_PORT,
     DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_PARTITIONS_PER_TOPIC,
     DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S,
     DEFAULT_PORT,
     DEFAULT_TICK_INTERVAL_S,
@@ -197,6 +198,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="the message TTL in seconds of a topic where neither the topic nor its namespace sets one (Pulsar's "
         "ttlDurationDefaultInSeconds; 0: none)",
     )
+    p.add_argument(
+        "--max-partitions-per-topic",
+        type=int,
+        default=DEFAULT_MAX_PARTITIONS_PER_TOPIC,
+        help="the most partitions a partitioned topic may be created or grown to through this broker (Pulsar's "
+        "maxNumPartitionsPerPartitionedTopic; each partition is a managed ledger created at once; 0: no limit)",
+    )
     a = p.add_argument
     a(
         "--auth-secret-file",
@@ -318,6 +326,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     ttl_default = int(getattr(args, "ttl_duration_default_s", DEFAULT_TTL_DURATION_S))
     if not 0 <= ttl_default <= 2**31 - 1:  # Pulsar's Integer
         raise ConfigError(f"--ttl-duration-default-s {ttl_default}: must be 0 (none) to {2**31 - 1} seconds")
+    max_partitions = int(getattr(args, "max_partitions_per_topic", DEFAULT_MAX_PARTITIONS_PER_TOPIC))
+    if not 0 <= max_partitions <= 2**31 - 1:  # Pulsar's int, as a partition count
+        raise ConfigError(f"--max-partitions-per-topic {max_partitions}: must be 0 (no limit) to {2**31 - 1}")
     tls_port, tls_cert, tls_key = _tls_settings(args)
     superusers = tuple(
         r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
@@ -351,6 +362,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_monitor_interval_s=interval,
         message_expiry_check_interval_s=expiry,
         ttl_duration_default_s=ttl_default,
+        max_partitions_per_topic=max_partitions,
         tls_port=tls_port,
         tls_cert_file=tls_cert,
         tls_key_file=tls_key,

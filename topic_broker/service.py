@@ -129,6 +129,11 @@ DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S = 300.0
 #: Pulsar's ``ttlDurationDefaultInSeconds`` (0: none): the message TTL of a topic where neither the topic nor its
 #: namespace sets one
 DEFAULT_TTL_DURATION_S = 0
+#: Pulsar's ``maxNumPartitionsPerPartitionedTopic`` (Pulsar's default 0, no limit): the partitions a partitioned
+#: topic may have, checked where a count is set (docs/broker.md). Each partition is a managed ledger created as the
+#: count is set, one ZooKeeper write each (about 500 a second), and a client opens a producer or consumer on each:
+#: 1024 is a few seconds of writes and beyond what a topic needs; 0 turns the limit off
+DEFAULT_MAX_PARTITIONS_PER_TOPIC = 1024
 #: A topic opened again right after this broker stopped serving it waits up to this long for the old instance's
 #: close (BrokerService.get_topic)
 CLOSE_WAIT_S = 10.0
@@ -197,6 +202,7 @@ class BrokerConfig:
     compaction_monitor_interval_s: float = DEFAULT_COMPACTION_MONITOR_INTERVAL_S
     message_expiry_check_interval_s: float = DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S
     ttl_duration_default_s: int = DEFAULT_TTL_DURATION_S
+    max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC  # 0: no limit
     zk_session_timeout_s: float = 10.0
     # How long the broker's ledger client tries to replace a failed bookie of a topic's ledger before it fails
     # the ledger's appends, and the topic rolls over to a new ledger (docs/broker.md, "Bookies failing")

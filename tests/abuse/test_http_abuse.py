@@ -773,3 +773,22 @@ def test_a_partition_count_past_an_int_is_refused_400_and_creates_nothing(hc: Ht
     assert a.status == 400, a
     assert json.loads(hc.admin("GET", f"{name}/partitions").body) == {"partitions": 2}
     hc.check("partitions")
+
+
+def test_a_partition_count_past_the_brokers_limit_is_refused_and_creates_nothing(hc: HttpCluster) -> None:
+    """--max-partitions-per-topic (default 1024, Pulsar's maxNumPartitionsPerPartitionedTopic): a count within the
+    int range but past it was taken, one managed ledger per partition created while the request waited (10**6:
+    about half an hour of ZooKeeper writes). Refused as Pulsar refuses it: 406 on create, 422 on growing, nothing
+    written."""
+    name = f"/admin/v2/persistent/hf/ns/wide-{uuid.uuid4().hex[:6]}"
+    for n in (1025, 10**6):
+        a = hc.admin("PUT", f"{name}/partitions", n, broker=hc.open_broker)
+        assert a.status == 406, (n, a)
+        assert json.loads(a.body)["reason"] == "Number of partitions should be less than or equal to 1024"
+        assert json.loads(hc.admin("GET", f"{name}/partitions").body) == {"partitions": 0}
+    name = f"/admin/v2/persistent/hf/ns/grown-{uuid.uuid4().hex[:6]}"
+    assert hc.admin("PUT", f"{name}/partitions", 2, broker=hc.open_broker).status == 204
+    a = hc.admin("POST", f"{name}/partitions", 1025, broker=hc.open_broker)
+    assert a.status == 422 and "maximum partitions per topic 1024" in json.loads(a.body)["reason"], a
+    assert json.loads(hc.admin("GET", f"{name}/partitions").body) == {"partitions": 2}
+    hc.check("partition limit")

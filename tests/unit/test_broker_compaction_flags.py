@@ -30,6 +30,8 @@ def test_defaults_are_pulsars_and_flags_are_taken() -> None:
         c.ttl_duration_default_s == 0
         and config_from_args(_args("--ttl-duration-default-s", "60")).ttl_duration_default_s == 60
     )
+    assert c.max_partitions_per_topic == 1024  # docs/broker.md says why (Pulsar's 0 is no limit)
+    assert config_from_args(_args("--max-partitions-per-topic", "0")).max_partitions_per_topic == 0
 
 
 @pytest.mark.parametrize(
@@ -40,6 +42,8 @@ def test_defaults_are_pulsars_and_flags_are_taken() -> None:
         (("--compaction-monitor-interval-s", "-5"), "--compaction-monitor-interval-s"),
         (("--ttl-duration-default-s", "-1"), "--ttl-duration-default-s"),
         (("--ttl-duration-default-s", str(2**31)), "--ttl-duration-default-s"),
+        (("--max-partitions-per-topic", "-1"), "--max-partitions-per-topic"),
+        (("--max-partitions-per-topic", str(2**31)), "--max-partitions-per-topic"),
     ],
 )
 def test_values_that_cannot_work_are_refused(argv: tuple[str, ...], flag: str) -> None:
