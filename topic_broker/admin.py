@@ -1780,6 +1780,34 @@ class AdminApp:
             raise AdminError(500, f"truncate of {name} failed: {e}") from e
         return _no_content()
 
+    async def trim(self, request: web.Request) -> web.Response:
+        """Pulsar's ``POST …/{topic}/trim`` (``pulsar-admin topics trim-topic``): the ledgers the topic's
+        subscriptions have consumed and its retention lets go are deleted now, as the owner's next tick would
+        (``ManagedLedger.trim_by_retention``); 204. Each partition of a partitioned topic."""
+        name = self._topic_name(request)
+        if not name.is_partition and await self._partitions(name):
+            results = await self._each_partition(name, "POST", "/trim", request=request)
+            self._check_partition_results(results)
+            return _no_content()
+        topic = await self._owned_topic(request, name)
+        try:
+            await topic.ml.trim_by_retention()
+        except ManagedLedgerError as e:
+            raise AdminError(500, f"trim of {name} failed: {e}") from e
+        return _no_content()
+
+    async def create_missed_partitions(self, request: web.Request) -> web.Response:
+        """Pulsar's ``POST …/{topic}/createMissedPartitions`` (``pulsar-admin topics create-missed-partitions``):
+        each partition of the partitioned topic whose managed ledger is missing (a partition deleted by name) is
+        created again, empty; the others are left as they are. 409 "Topic is not partitioned topic" otherwise,
+        Pulsar's answer."""
+        name = self._topic_name(request)
+        n = 0 if name.is_partition else await self._partitions(name)
+        if n == 0:
+            raise AdminError(409, "Topic is not partitioned topic")
+        await self._create_partition_mls(name, 0, n)
+        return _no_content()
+
     async def truncate_non_persistent(self, request: web.Request) -> web.Response:
         """A non-persistent topic keeps no ledgers: 412, Pulsar's answer."""
         raise AdminError(412, "unsupport truncate")
@@ -2442,6 +2470,8 @@ class AdminApp:
         r.add_get(t + "/lastMessageId", self.last_message_id)
         r.add_put(t + "/unload", self.unload)
         r.add_delete(t + "/truncate", self.truncate)
+        r.add_post(t + "/trim", self.trim)
+        r.add_post(t + "/createMissedPartitions", self.create_missed_partitions)
         r.add_delete(
             f"/admin/v2/{{domain:{NON_PERSISTENT}}}/{{tenant}}/{{namespace}}/{{topic}}/truncate",
             self.truncate_non_persistent,

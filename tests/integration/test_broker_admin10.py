@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import module_cluster
 from tests.integration.test_broker_admin8 import BASE, _http_status, _stats, bp, brokers
 from tests.integration.test_broker_auth import SUPERUSER, SecureCluster, secure_cluster
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import wait_for
-from tests.integration.test_broker_pulsar_client import topic_name
+from tests.integration.test_broker_pulsar_client import client, topic_name
 
 pulsar = pytest.importorskip("pulsar")
 __all__ = ["bp", "brokers", "c"]  # the eighth part's broker (one per module) and the third part's client
@@ -283,3 +284,55 @@ def test_a_topics_own_grants_authorize_on_that_topic_only(secure: SecureCluster)
     assert secure.http("DELETE", f"{BASE}/{local}", token=su)[0] == 204
     assert secure.http("PUT", f"{BASE}/{local}", token=su)[0] == 204
     assert secure.http("GET", path, token=su) == (200, {"bob": ["consume"]})
+
+
+@pytest.fixture(scope="module")
+def idle(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker whose housekeeping tick (which trims by retention) does not come during the module."""
+    with module_cluster(zk_server, tmp_path_factory.mktemp("admin10"), "--tick-interval-s", "3600") as b:
+        yield b.procs[0]
+
+
+def test_trim_deletes_the_consumed_ledgers_now(idle: BrokerProcess) -> None:
+    """``pulsar-admin topics trim-topic`` (``POST …/{topic}/trim``; before: 404): the ledgers its subscriptions
+    consumed, which retention (none here) lets go, are deleted at once, not at the owner's next tick (an hour
+    away on this broker); the unconsumed current ledger stays. Each partition of a partitioned topic."""
+    t, pt = topic_name(), topic_name()
+    admin(idle, "PUT", f"{BASE}/{pt}/partitions", 2)
+    c = client(idle)
+    try:
+        for name in (t, f"{pt}-partition-0"):
+            consumer = c.subscribe(f"persistent://public/default/{name}", "s")
+            c.create_producer(f"persistent://public/default/{name}").send(b"x")
+            consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+            consumer.close()
+            admin(idle, "PUT", f"{BASE}/{name}/unload")  # its ledger closed, consumed
+            c.create_producer(f"persistent://public/default/{name}").close()  # served again, a new ledger
+    finally:
+        c.close()
+
+    def ledgers(name: str) -> list[int]:
+        return [lg["ledgerId"] for lg in admin(idle, "GET", f"{BASE}/{name}/internalStats")["ledgers"]]
+
+    before = {name: ledgers(name) for name in (t, f"{pt}-partition-0")}
+    assert all(len(ids) == 2 for ids in before.values()), before  # nothing trimmed them yet
+    admin(idle, "POST", f"{BASE}/{t}/trim")
+    assert ledgers(t) == before[t][1:]
+    admin(idle, "POST", f"{BASE}/{pt}/trim")
+    assert ledgers(f"{pt}-partition-0") == before[f"{pt}-partition-0"][1:]
+
+
+def test_create_missed_partitions_makes_the_missing_ones_again(bp: BrokerProcess) -> None:
+    """``pulsar-admin topics create-missed-partitions`` (``POST …/{topic}/createMissedPartitions``; before: 404):
+    a partition of a partitioned topic deleted by name is made again, empty, the others left as they are; 409
+    "Topic is not partitioned topic" for a topic that is not one."""
+    pt, t = topic_name(), topic_name()
+    admin(bp, "PUT", f"{BASE}/{pt}/partitions", 3)
+    partitions = [f"persistent://public/default/{pt}-partition-{i}" for i in range(3)]
+    admin(bp, "DELETE", f"{BASE}/{pt}-partition-1")
+    assert [p for p in partitions if p in admin(bp, "GET", BASE)] == [partitions[0], partitions[2]]
+    admin(bp, "POST", f"{BASE}/{pt}/createMissedPartitions")
+    assert [p for p in partitions if p in admin(bp, "GET", BASE)] == partitions
+    admin(bp, "POST", f"{BASE}/{pt}/createMissedPartitions")  # none missing: nothing to do
+    admin(bp, "PUT", f"{BASE}/{t}")
+    assert _http_status(bp, "POST", f"{BASE}/{t}/createMissedPartitions") == 409
