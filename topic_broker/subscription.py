@@ -107,6 +107,11 @@ class SubType(enum.IntEnum):
     KEY_SHARED = 3
 
 
+#: The types whose consumers acknowledge each message, the ones the unacked limit binds (Pulsar's
+#: ``Subscription.isIndividualAckMode``).
+_INDIVIDUAL_ACK = frozenset({SubType.SHARED, SubType.KEY_SHARED})
+
+
 class ConsumerBusyError(Exception):
     """The subscription refuses this consumer (Pulsar's ConsumerBusy)."""
 
@@ -375,8 +380,10 @@ class Subscription:
 
     def blocked_on_unacked(self, consumer_id: int) -> bool:
         """The consumer holds ``unacked_messages_max`` unacknowledged messages: it is sent nothing more until it
-        acknowledges some (Pulsar's ``blockedConsumerOnUnackedMsgs``)."""
-        return self._consumers[consumer_id].unacked_messages >= self.unacked_messages_max
+        acknowledges some (Pulsar's ``blockedConsumerOnUnackedMsgs``). Shared and Key_Shared only, as Pulsar
+        (:meth:`_ready`)."""
+        c = self._consumers[consumer_id]
+        return c.unacked_messages >= self.unacked_messages_max and self.sub_type in _INDIVIDUAL_ACK
 
     def key_shared_mode(self) -> tuple[str, bool] | None:
         """A Key_Shared subscription's mode (``STICKY`` or ``AUTO_SPLIT``) and allowOutOfOrderDelivery, as its
@@ -830,7 +837,14 @@ class Subscription:
     _messages_per_entry = 1
 
     def _ready(self, c: _Consumer) -> bool:
-        return c.writable and c.permits > 0 and c.unacked_messages < self.unacked_messages_max
+        # the unacked limit binds Shared and Key_Shared consumers only, as Pulsar's (isIndividualAckMode): an
+        # Exclusive or Failover one acknowledging cumulatively every N messages, N over the limit, would wait
+        # for the N-th for ever
+        return (
+            c.writable
+            and c.permits > 0
+            and (c.unacked_messages < self.unacked_messages_max or self.sub_type not in _INDIVIDUAL_ACK)
+        )
 
     def _dispatch(self) -> list[Command]:
         if self.reading or not self._consumers:

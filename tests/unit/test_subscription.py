@@ -440,6 +440,19 @@ def test_unacked_limit_stops_dispatch_until_acks() -> None:
     assert [p for _, p, _ in out] == [(1, 2), (1, 3)]
 
 
+@pytest.mark.parametrize("sub_type", [SubType.EXCLUSIVE, SubType.FAILOVER])
+def test_unacked_limit_leaves_exclusive_and_failover_consumers_alone(sub_type: SubType) -> None:
+    """As Pulsar, which counts unacked messages on Shared and Key_Shared only (its isIndividualAckMode): an
+    Exclusive or Failover consumer past the limit is sent on, so one that acknowledges cumulatively every N
+    messages, N over a topic's maxUnackedMessagesOnConsumer, is not stalled for good waiting for the N-th."""
+    sub = Subscription(sub_type, read_position=(1, 0), unacked_messages_max=2)
+    log = FakeLog(5)
+    sub.add_consumer(1, "a")
+    out = delivered(run(sub, log, sub.flow(1, 100)))
+    assert [p for _, p, _ in out] == [(1, i) for i in range(5)]
+    assert not sub.blocked_on_unacked(1)
+
+
 @pytest.mark.parametrize("sub_type", [SubType.SHARED, SubType.KEY_SHARED])
 def test_delayed_entries_wait_for_their_time_without_holding_back_others(sub_type: SubType) -> None:
     sub = Subscription(sub_type, read_position=(1, 0))
