@@ -2535,8 +2535,10 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: the subject's ``consume`` permission on the topic's namespace, as a consumer would (Pulsar's peek and
 #: examine need it too). A stranger must not read through HTTP what it may not subscribe to.
 PAYLOAD_ROUTES = ("/examinemessage", "/ledger/{ledger}/entry/{entry}", "/position/{position}")
-PRINCIPAL = "principal"  # request key: the subject of the request's token, when it carried a good one
-NAMESPACE_POLICIES = "namespace_policies"  # request key: the topic's namespace policies check_namespace read
+#: request keys (typed: aiohttp warns NotAppKeyWarning of a string key): the subject of the request's token,
+#: when it carried a good one; the topic's namespace policies check_namespace read
+PRINCIPAL = web.RequestKey("principal", str)
+NAMESPACE_POLICIES = web.RequestKey("namespace_policies", NamespacePolicies)
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -336,3 +336,26 @@ def test_create_missed_partitions_makes_the_missing_ones_again(bp: BrokerProcess
     admin(bp, "POST", f"{BASE}/{pt}/createMissedPartitions")  # none missing: nothing to do
     admin(bp, "PUT", f"{BASE}/{t}")
     assert _http_status(bp, "POST", f"{BASE}/{t}/createMissedPartitions") == 409
+
+
+@pytest.fixture
+def strict(bookies: Any, tmp_path: Path) -> Iterator[SecureCluster]:
+    """:func:`secure_cluster` with aiohttp's NotAppKeyWarning an error in the broker (``PYTHONWARNINGS``)."""
+    yield from secure_cluster(
+        bookies, tmp_path, env={"PYTHONWARNINGS": "error:It is recommended to use web."}
+    )
+
+
+def test_authenticated_admin_calls_store_their_request_state_under_typed_keys(strict: SecureCluster) -> None:
+    """The admin keeps a request's principal and namespace policies under ``web.RequestKey``s: a string key
+    makes aiohttp warn (NotAppKeyWarning) at the first request that stores one, which, that warning an error in
+    the broker, failed that authenticated call with 500 (a grant, a topic call after its namespace check)."""
+    su = strict.tokens[SUPERUSER]
+    local = f"k-{uuid.uuid4().hex[:8]}"
+    assert strict.http("PUT", f"{BASE}/{local}", token=su)[0] == 204
+    assert strict.http("POST", f"{BASE}/{local}/permissions/alice", ["produce"], token=su)[0] == 204
+    assert strict.http("GET", f"{BASE}/{local}/permissions", token=su) == (200, {"alice": ["produce"]})
+    status, _ = strict.http(
+        "GET", f"/lookup/v2/topic/persistent/public/default/{local}", token=strict.tokens["alice"]
+    )
+    assert status == 200
