@@ -56,6 +56,24 @@ class Rates:
 
 
 @dataclass(slots=True)
+class ClientCounters:
+    """A producer's or consumer's own counters: since when it is connected, the messages (a batch counts its
+    messages) and bytes it published (a producer) or was sent (a consumer), and their rates."""
+
+    connected_since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    messages: int = 0
+    bytes: int = 0
+    rates: Rates = field(default_factory=Rates)
+
+    def sampled(self, direction: str, now: float | None = None) -> dict[str, float]:
+        """Pulsar's ``msgRate<direction>`` and ``msgThroughput<direction>`` (``In``, ``Out``), sampled now."""
+        return {
+            f"msgRate{direction}": self.rates.rate("messages", self.messages, now),
+            f"msgThroughput{direction}": self.rates.rate("bytes", self.bytes, now),
+        }
+
+
+@dataclass(slots=True)
 class TopicCounters:
     """What a topic (partition) did on this broker since the broker started serving it."""
 

@@ -83,7 +83,7 @@ from .managed_ledger import (
     Position,
     QueuedEntry,
 )
-from .metrics import BrokerMetrics, Rates
+from .metrics import BrokerMetrics, ClientCounters
 from .names import InvalidTopicName, TopicName
 from .subscription import (
     DEFAULT_UNACKED_MESSAGES_MAX,
@@ -605,11 +605,8 @@ class Producer:
     #: what the stats show of it (Pulsar's ``accessMode``, ``metadata``: the PRODUCER's properties)
     access_mode: int = pb.Shared
     metadata: dict[str, str] = field(default_factory=dict)
-    connected_since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    #: messages (a batch counts its messages) and bytes it published, and their rates (Pulsar's ``msgRateIn`` …)
-    msg_in: int = 0
-    bytes_in: int = 0
-    rates: Rates = field(default_factory=Rates)
+    #: what it published (Pulsar's ``msgRateIn``, ``msgThroughputIn``, ``averageMsgSize``)
+    counters: ClientCounters = field(default_factory=ClientCounters)
     receipts: deque[_Receipt] = field(default_factory=deque)
     closed: bool = False
     #: SENDs held behind a batch whose dedup walk runs in a worker thread (``Topic.publish``), in their order
@@ -660,11 +657,8 @@ class Consumer:
     sub_key: int = -1
     #: the consumer's properties (SUBSCRIBE ``metadata``), shown in stats as Pulsar's ``metadata``
     metadata: dict[str, str] = field(default_factory=dict)
-    connected_since_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    #: messages (a batch counts its messages) and bytes dispatched to it, Pulsar's ``msgOutCounter`` …
-    msg_out: int = 0
-    bytes_out: int = 0
-    rates: Rates = field(default_factory=Rates)
+    #: what was dispatched to it (Pulsar's ``msgOutCounter``, ``bytesOutCounter``, ``msgRateOut`` …)
+    counters: ClientCounters = field(default_factory=ClientCounters)
     #: Unix ms of its last ack, of the last messages sent to it, of its last FLOW (0: none yet), Pulsar's
     #: ``lastAckedTimestamp``, ``lastConsumedTimestamp`` and ``lastConsumedFlowTimestamp``
     last_acked_ms: int = 0
@@ -672,18 +666,11 @@ class Consumer:
     last_flow_ms: int = 0
 
 
-def _producer_rates(p: Producer, now: float | None = None) -> dict[str, float]:
-    return {
-        "msgRateIn": p.rates.rate("msg_in", p.msg_in, now),
-        "msgThroughputIn": p.rates.rate("bytes_in", p.bytes_in, now),
-    }
-
-
 def _consumer_rates(c: Consumer, now: float | None = None) -> dict[str, float]:
+    redelivered = c.sub.core.redelivered_messages(c.sub_key)
     return {
-        "msgRateOut": c.rates.rate("msg_out", c.msg_out, now),
-        "msgThroughputOut": c.rates.rate("bytes_out", c.bytes_out, now),
-        "msgRateRedeliver": c.rates.rate("redeliver", c.sub.core.redelivered_messages(c.sub_key), now),
+        **c.counters.sampled("Out", now),
+        "msgRateRedeliver": c.counters.rates.rate("redeliver", redelivered, now),
     }
 
 
@@ -695,12 +682,12 @@ def _key_hash_ranges(core: Subscription, key: int) -> dict[str, list[str]]:
     return {"keyHashRanges": [f"[{start}, {end}]" for start, end in core.key_hash_ranges(key)]}
 
 
-def _client_stats(session: Session, connected_since_ms: int) -> dict[str, str]:
+def _client_stats(session: Session, counters: ClientCounters) -> dict[str, str]:
     """What Pulsar's stats say of a producer's or consumer's connection (``/127.0.0.1:54321`` as Java writes a
     socket address)."""
     return {
         "address": f"/{session.peer}",
-        "connectedSince": wire.pulsar_date(connected_since_ms),
+        "connectedSince": wire.pulsar_date(counters.connected_since_ms),
         "clientVersion": session.conn.client_version,
     }
 
@@ -850,8 +837,8 @@ class SubscriptionRuntime:
                     )
                     session.send(entry.data)
                 size = len(entry.data) if entry.data else 0
-                c.msg_out += entry.num_messages
-                c.bytes_out += size
+                c.counters.messages += entry.num_messages
+                c.counters.bytes += size
                 c.last_consumed_ms = self.last_consumed_ms = now_ms
                 self.topic.service.metrics.dispatched(self.topic.key, self.name, entry.num_messages, size)
             elif isinstance(cmd, Read):
@@ -1097,15 +1084,15 @@ class SubscriptionRuntime:
                     "availablePermits": self.core.permits(k),
                     "unackedMessages": self.core.unacked_messages(k),
                     "blockedConsumerOnUnackedMsgs": self.core.blocked_on_unacked(k),
-                    "msgOutCounter": c.msg_out,
-                    "bytesOutCounter": c.bytes_out,
+                    "msgOutCounter": c.counters.messages,
+                    "bytesOutCounter": c.counters.bytes,
                     **_consumer_rates(c),
                     "lastAckedTimestamp": c.last_acked_ms,
                     "lastConsumedTimestamp": c.last_consumed_ms,
                     "lastConsumedFlowTimestamp": c.last_flow_ms,
                     **_key_hash_ranges(self.core, k),
                     "metadata": dict(c.metadata),
-                    **_client_stats(c.session, c.connected_since_ms),
+                    **_client_stats(c.session, c.counters),
                 }
                 for k, c in self.consumers.items()
             ],
@@ -1429,8 +1416,8 @@ class Topic:
             self.last_sequence[p.name] = max(last, rec.dedup_id)
         self.msg_in += num_messages
         self.bytes_in += len(entry)
-        p.msg_in += num_messages
-        p.bytes_in += len(entry)
+        p.counters.messages += num_messages
+        p.counters.bytes += len(entry)
         self._queue.append((entry, functools.partial(self._appended, p, rec), num_messages))
         if not self._appending:
             self._appending = True
@@ -1730,7 +1717,7 @@ class Topic:
         consumers'), taken at each tick so that the first read of the stats has a window to measure."""
         self.service.metrics.topic(self.key).topic_rates(self.msg_in, self.bytes_in, now)
         for p in self.producers.values():
-            _producer_rates(p, now)
+            p.counters.sampled("In", now)
         for sub in self.subscriptions.values():
             for c in sub.consumers.values():
                 _consumer_rates(c, now)
@@ -1744,10 +1731,10 @@ class Topic:
                     "producerName": p.name,
                     "producerId": p.producer_id,
                     "accessMode": pb.ProducerAccessMode.Name(p.access_mode),
-                    **_producer_rates(p),
-                    "averageMsgSize": p.bytes_in / p.msg_in if p.msg_in else 0.0,
+                    **p.counters.sampled("In"),
+                    "averageMsgSize": p.counters.bytes / p.counters.messages if p.counters.messages else 0.0,
                     "metadata": dict(p.metadata),
-                    **_client_stats(p.session, p.connected_since_ms),
+                    **_client_stats(p.session, p.counters),
                 }
                 for p in self.producers.values()
             ],
