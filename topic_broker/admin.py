@@ -343,6 +343,15 @@ def _limit_from(body: Any, what: str) -> int:
     return body
 
 
+def _message_id_from(body: Any, missing: int = -1, expected: str = "a MessageId") -> Position:
+    """The position of a MessageId body (Pulsar's ``{"ledgerId", "entryId", …}``: ResetCursorData, MessageIdImpl;
+    its other fields ignored), ``missing`` for a field left out; 400 for a body that is not an object (saying
+    ``expected``) or a field that is not a Java long."""
+    if not isinstance(body, dict):
+        raise AdminError(400, f'expected {expected}, e.g. {{"ledgerId": 12, "entryId": 3}}')
+    return Position(_int_field(body, "ledgerId", missing), _int_field(body, "entryId", missing))
+
+
 def _actions_from(body: Any) -> tuple[str, ...]:
     """A grant's body: a JSON list of actions (``produce``, ``consume``)."""
     if not isinstance(body, list) or not all(isinstance(a, str) for a in body):
@@ -1996,11 +2005,7 @@ class AdminApp:
             return None
         if body == "earliest":
             return ml.first_position()
-        if not isinstance(body, dict):
-            raise AdminError(
-                400, 'expected a MessageId {"ledgerId": L, "entryId": E}, "earliest" or "latest"'
-            )
-        lid, eid = _int_field(body, "ledgerId", INT64_MAX), _int_field(body, "entryId", INT64_MAX)
+        lid, eid = _message_id_from(body, INT64_MAX, 'a MessageId, "earliest" or "latest"')
         if lid == INT64_MAX or eid == INT64_MAX:
             return None
         if lid < 0 or eid < 0:
@@ -2188,10 +2193,7 @@ class AdminApp:
         bytes of the entries after the MessageId of the body (the position a subscription's mark-delete would
         be), as a subscription's ``backlogSize`` is estimated; 405 on a partitioned topic (ask a partition)."""
         name = self._topic_name(request)
-        body = await _body_json(request)
-        if not isinstance(body, dict):
-            raise AdminError(400, 'expected a MessageId, e.g. {"ledgerId": 12, "entryId": 3}')
-        pos = Position(_int_field(body, "ledgerId", -1), _int_field(body, "entryId", -1))
+        pos = _message_id_from(await _body_json(request))
         await self._refuse_partitioned(name, "Get backlog size by message id")
         topic = await self._owned_topic(request, name)
         ml = topic.ml
@@ -2206,10 +2208,10 @@ class AdminApp:
         name = self._topic_name(request)
         body = await _body_json(request)
         start = None
-        if isinstance(body, dict) and "ledgerId" in body:
-            start = Position(_int_field(body, "ledgerId", -1), _int_field(body, "entryId", -1))
-        elif body is not None and body != {}:
-            raise AdminError(400, 'expected no body or a MessageId, e.g. {"ledgerId": 12, "entryId": 3}')
+        if body is not None and body != {}:
+            if isinstance(body, dict) and "ledgerId" not in body:
+                raise AdminError(400, 'expected no body or a MessageId, e.g. {"ledgerId": 12, "entryId": 3}')
+            start = _message_id_from(body, expected="no body or a MessageId")
         await self._refuse_partitioned(name, "Analyze backlog")
         topic = await self._owned_topic(request, name)
         sub = request.match_info["subscription"]
