@@ -71,7 +71,7 @@ Streaming: the offset is ``{partition full name: [ledgerId, entryId], "subscript
 read per partition and the query's subscription. Partitions added to a topic while the query runs are picked up and
 read from their earliest entry. ``commit(end)`` (and the planning of each micro-batch, whose start is the end of the
 completed previous one: Spark commits a batch only when it plans the next one with data) moves the durable
-subscription ``subscriptionName`` (default: a name of the query's own, ``spark-topic-<16 hex digits>``, made when
+subscription ``subscriptionName`` (default: a name of the query's own, ``spark-topic-<16 hex digits>``, taken when
 the query first starts and kept in its checkpoint with every batch's offset, so the query restarted from its
 checkpoint moves the same one whatever options changed, and two queries over the same topics, two checkpoints,
 never share one; an offset written before the name was kept names none, and the query then keeps the name hashed
@@ -83,7 +83,9 @@ query, an application's, is refused, naming the option) on every partition: its 
 cursor consumed) keeps what Spark has not processed; properties ``spark-topic-mark-ledger``/``-entry`` record that
 position too, so a restart tells the query's own commit from a move by another (the message TTL, a skip, a reset),
 after which a trimmed ledger is checked as lost. ``Trigger.AvailableNow`` reads up to the latest positions
-seen when the query starts, in as many micro-batches as the read limit makes.
+seen when the query starts, in as many micro-batches as the read limit makes. A new query makes its subscription
+when its initial offset is chosen, at that position, before any batch reads (a new name that no batch Spark logged
+came to name is deleted when the query stops).
 """
 
 from __future__ import annotations
@@ -851,6 +853,10 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._committed: dict[str, Pos | None] = {}
         self._initial: dict[str, Any] | None = None  # the last initial offset given (a new query's start)
         self._fresh: str | None = None  # a new query's subscription name, made once per run
+        #: whether a batch Spark logged (planned or committed) names ``_fresh``: then the checkpoint keeps it
+        self._fresh_logged = False
+        #: partitions (full name -> managed ledger) where ``_fresh`` was made
+        self._fresh_made: dict[str, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts, "schema": self.schema}
@@ -877,6 +883,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         elif new_query:
             if self._fresh is None:
                 self._fresh = SUBSCRIPTION_PREFIX + secrets.token_hex(8)
+                self._fresh_logged = False
             sub = self._fresh
         else:
             sub = self.opts.subscription
@@ -893,6 +900,11 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         return self._snaps
 
     def initialOffset(self) -> dict[str, Any]:
+        """A new query's start (Spark asks only when its checkpoint holds no offset). Its subscription is made
+        here, durably, at that start on every partition, before any batch reads: retention keeps from then on what
+        the first batch reads. The name is not in this offset (the first batch's end holds it), so the first
+        trigger always logs a batch that names it; a new name that no logged batch came to name is deleted
+        again when the query stops (:meth:`stop`), so a query stopped first leaves nothing behind."""
         snaps = self._refresh()
         self._initial = positions_json(
             {
@@ -900,6 +912,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 for name, snap in snaps.items()
             }
         )
+        self._use_subscription(None, new_query=True)
+        self._move_subscription(self._initial, strict=True)
         return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -925,8 +939,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         # and stands on what Spark has processed even after AvailableNow's last batch. It comes after the
         # data-loss check, which takes the subscription's stored position: a ledger trimmed while the
         # subscription was gone (deleted, or never there) is a loss, and a failed check leaves it gone.
-        # A new query's initial offset is no commit: nothing is processed yet, and a query stopped before its
-        # first batch (waiting for messages) starts again with a new subscription name, leaving this one behind.
+        # A new query's subscription was made at its initial offset (initialOffset): nothing to move yet.
         new_query = self._initial is not None and start == self._initial
         sub = self._use_subscription(start, new_query=new_query)
         begin = positions_from_json(start or {})
@@ -943,7 +956,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             if self._target is not None:
                 cap = min(cap, self._target[name])
             caps[name] = cap
-        if not new_query or self.opts.subscription_explicit:
+        if not new_query:
             self.commit(start or {})
         max_entries: float | None = None
         max_bytes: float | None = None
@@ -979,7 +992,14 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 end[n] = moved
         return {**positions_json(end), SUBSCRIPTION_KEY: sub}
 
+    def _logged(self, end: dict[str, Any]) -> None:
+        """``end`` is a batch's end that Spark logged in the checkpoint (it plans or commits that batch only
+        then): a new name it holds stays with the query."""
+        if self._fresh is not None and end.get(SUBSCRIPTION_KEY) == self._fresh:
+            self._fresh_logged = True
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TopicRange]:
+        self._logged(end)
         self._use_subscription(end)
         begin = positions_from_json(start or {})
         stop = positions_from_json(end)
@@ -1005,7 +1025,13 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         return read_range(self.opts, partition, self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
+        self._logged(end)
         self._use_subscription(end)
+        self._move_subscription(end, strict=False)
+
+    def _move_subscription(self, end: dict[str, Any], *, strict: bool) -> None:
+        """The subscription to the position before ``end`` on each partition; a failure raises when
+        ``strict``, else is logged (the next commit retries; retention waits meanwhile)."""
         for name, (lid, eid) in positions_from_json(end).items():
             part = self._parts.get(name)
             if part is None or lid < 0:
@@ -1016,15 +1042,41 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             try:
                 self.drv.commit(part, mark)
                 log.debug("%s: subscription %s at %s", name, self.drv.subscription, mark)
-            except Exception as e:  # noqa: BLE001 - the next commit retries; retention waits meanwhile
+            except Exception as e:
+                if strict:
+                    raise
                 log.warning("%s: cannot move subscription %s to %s: %s", name, self.drv.subscription, mark, e)
                 continue
             self._committed[name] = mark
+            if self.drv.subscription == self._fresh:
+                self._fresh_made[name] = part.ml_name
 
     def stop(self) -> None:
         if self._drv is not None:
-            self._drv.close()
-            self._drv = None
+            try:
+                self._forget_unlogged()
+            finally:
+                self._drv.close()
+                self._drv = None
+
+    def _forget_unlogged(self) -> None:
+        """A new name made at the initial offset that no logged batch named: the query restarted from its
+        checkpoint would take another, so this one is deleted rather than left holding retention."""
+        if self._fresh is None or self._fresh_logged or not self._fresh_made:
+            return
+        from zk import layout
+
+        for name, ml in sorted(self._fresh_made.items()):
+            try:
+                self.drv.store.delete(layout.ml_cursor_path(ml, self._fresh), missing_ok=True)
+            except Exception as e:  # noqa: BLE001 - stopping goes on; the subscription is then left behind
+                log.warning(
+                    "%s: cannot delete subscription %s of a query stopped before its first batch: %s",
+                    name,
+                    self._fresh,
+                    e,
+                )
+        self._fresh_made.clear()
 
 
 # --- the source -----------------------------------------------------------------------------------------------------

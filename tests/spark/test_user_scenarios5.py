@@ -1,0 +1,119 @@
+"""The Spark sources' leftovers after their fourth day, one test each: the stream's subscription, its commits,
+the topic source's password check, and the jobs' flags. The cluster of ``test_user_scenarios`` (ZooKeeper, 3
+bookies, a broker rolling its ledgers every 20 entries); most tests drive the stream reader or its driver side
+directly, without a query (Spark tests are slow)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.spark import test_user_scenarios as users
+from tests.spark.test_user_scenarios import Cluster
+
+pytest.importorskip("pyspark")
+cluster = users.cluster  # the module's own cluster, built as that module builds it
+
+
+@pytest.fixture
+def store(cluster: Cluster) -> Iterator[Any]:
+    from zk.client import MetadataStore
+
+    s = MetadataStore.connect(cluster.zk, cluster.root)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _ml(local: str) -> str:
+    return f"public/default/persistent/{local}"
+
+
+def _cursors(store: Any, local: str) -> dict[str, Any]:
+    """The topic's Spark subscriptions as stored in ZooKeeper: name -> CursorInfo."""
+    from zk import layout
+    from zk.managed_ledgers import CursorInfo
+
+    out: dict[str, Any] = {}
+    try:
+        names = store.children(layout.ml_cursors_path(_ml(local)))
+    except Exception:  # noqa: BLE001 - no cursors znode: none
+        return out
+    for encoded in names:
+        name = layout.decode_name(encoded)
+        v = store.get_optional(layout.ml_cursor_path(_ml(local), name))
+        if v is not None and name.startswith("spark-topic-"):
+            out[name] = CursorInfo.from_json(v.value)
+    return out
+
+
+def _options(cluster: Cluster, local: str, **more: str) -> Any:
+    from spark._topic_options import parse_topic_options
+
+    return parse_topic_options(
+        {"zk": cluster.zk, "zkRoot": cluster.root, "topic": local, "startingOffsets": "earliest", **more},
+        streaming=True,
+    )
+
+
+def test_a_new_streams_subscription_exists_at_its_start_when_its_first_batch_reads(
+    cluster: Cluster, spark: Any, store: Any, tmp_path: Path
+) -> None:
+    """The first batch (batch 0) of a new AvailableNow stream finds the query's subscription stored at the
+    stream's start (everything it reads is backlog that retention keeps); before, the subscription was made
+    at that batch's commit, after it had read (batch 0 saw none)."""
+    local = "first-batch"
+    users.produce(cluster, local, 10, batching_enabled=False)
+    time.sleep(1.5)  # the explicit LAC
+    seen: dict[int, dict[str, Any]] = {}
+    q = (
+        spark.readStream.format("topic")
+        .option("zk", cluster.zk)
+        .option("zkRoot", cluster.root)
+        .options(topic=local, startingOffsets="earliest")
+        .load()
+        .writeStream.foreachBatch(
+            lambda df, b: seen.setdefault(b, {**_cursors(store, local), "n": df.count()})
+        )
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        q.awaitTermination(180)
+    finally:
+        q.stop()
+    first = seen[0]
+    assert first.pop("n") == 10
+    (sub,) = first
+    assert first[sub].mark_delete[1] == -1, first  # before the first entry of the first ledger
+    assert _cursors(store, local)[sub].mark_delete == (first[sub].mark_delete[0], 9)
+
+
+def test_a_new_name_no_logged_batch_named_is_deleted_when_the_stream_stops(
+    cluster: Cluster, store: Any
+) -> None:
+    """A new query's subscription is made at its initial offset; stopped before Spark logged a batch naming
+    it, the query leaves it behind no more (restarted, it would take another name); once a batch naming it is
+    planned (logged in the checkpoint), it stays."""
+    from spark.topic_source import TOPIC_SCHEMA, TopicStreamReader
+
+    local = "unlogged"
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    r = TopicStreamReader(_options(cluster, local), TOPIC_SCHEMA)
+    r.initialOffset()
+    assert len(_cursors(store, local)) == 1
+    r.stop()
+    assert _cursors(store, local) == {}
+    r = TopicStreamReader(_options(cluster, local), TOPIC_SCHEMA)
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert len(r.partitions(start, end)) == 1
+    r.stop()
+    assert list(_cursors(store, local)) == [end["subscription"]]
