@@ -85,12 +85,12 @@ position too, so a restart tells the query's own commit from a move by another (
 after which a trimmed ledger is checked as lost. ``Trigger.AvailableNow`` reads up to the latest positions
 seen when the query starts, in as many micro-batches as the read limit makes. A new query makes its subscription
 when its initial offset is chosen, at that position, before any batch reads (a new name that no batch Spark logged
-came to name is deleted when the query stops).
+came to name is deleted when the query stops); a commit writes nothing for a topic deleted meanwhile (one
+ZooKeeper transaction checking its managed ledger's znode).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import secrets
@@ -521,32 +521,42 @@ class _Driver:
             "the query a subscription name of its own",
         )
 
-    def commit(self, part: PartitionRef, mark_delete: Pos) -> None:
-        from zk.errors import MetadataExistsError, MetadataVersionError
-        from zk.managed_ledgers import BrokerMetadataStore, CursorInfo
+    def commit(self, part: PartitionRef, mark_delete: Pos) -> bool:
+        """The query's subscription on ``part`` to ``mark_delete``, made if need be; False (nothing written)
+        when the topic is gone. The write is one ZooKeeper transaction with a check that the partition's
+        managed-ledger znode is there: a topic deleted since the trigger read its metadata gets no cursor (nor
+        its managed-ledger znode, empty, as the cursor's parent) made again."""
+        from zk import layout
+        from zk.errors import MetadataNotFoundError
+        from zk.managed_ledgers import CursorInfo
 
-        bms = BrokerMetadataStore(self.store)
-        sub = self.subscription
-        for _attempt in range(5):
-            cur = asyncio.run(bms.get_cursor(part.ml_name, sub))
+        def moved(stored: dict[str, Any]) -> dict[str, Any]:
+            cur = CursorInfo.from_json(stored) if "mark_delete" in stored else None  # else: none yet
             if cur is not None:
-                self._check_ours(part, cur.value)
+                self._check_ours(part, cur)
             info = CursorInfo(
                 mark_delete=mark_delete,
                 properties={
-                    **(cur.value.properties if cur is not None else {}),
+                    **(cur.properties if cur is not None else {}),
                     SPARK_CURSOR_PROPERTY: 1,
                     SPARK_MARK_LEDGER_PROPERTY: mark_delete[0],
                     SPARK_MARK_ENTRY_PROPERTY: mark_delete[1],
                 },
                 last_active_ms=int(time.time() * 1000),
             )
-            try:
-                asyncio.run(bms.save_cursor(part.ml_name, sub, info, -1 if cur is None else cur.version))
-                return
-            except (MetadataExistsError, MetadataVersionError):
-                continue  # written meanwhile (the broker flushing it): read again and retry
-        raise RuntimeError(f"{part.name}: subscription {sub} keeps changing under the commit")
+            return info.to_json()
+
+        try:
+            self.store.update_guarded(
+                layout.ml_cursor_path(part.ml_name, self.subscription),
+                moved,
+                guard=layout.ml_info_path(part.ml_name),
+                default={},
+            )
+        except MetadataNotFoundError:
+            log.info("%s: deleted; subscription %s not moved", part.name, self.subscription)
+            return False
+        return True
 
     def committed(self, part: PartitionRef) -> Pos | None:
         """What the query itself committed on the partition, as its subscription stores it; None when the
@@ -1040,7 +1050,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             if self._committed.get(name) == mark:
                 continue
             try:
-                self.drv.commit(part, mark)
+                if not self.drv.commit(part, mark):
+                    continue  # the topic is gone: the next planning tells
                 log.debug("%s: subscription %s at %s", name, self.drv.subscription, mark)
             except Exception as e:
                 if strict:

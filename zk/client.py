@@ -721,7 +721,7 @@ class MetadataStore(CompareAndSetUpdate):
                 return current
             data = encode_body(new)
             if current is None:
-                self.ensure(path.rpartition("/")[0])  # (a transaction's create makes no parents)
+                self._ensure_parent(path, guard, guard_full)  # (a transaction's create makes no parents)
             with self._translated(full):
                 tx = self._client.transaction()
                 tx.check(guard_full, -1)  # any version: it exists
@@ -740,6 +740,27 @@ class MetadataStore(CompareAndSetUpdate):
                 raise translate(written, full)
             attempt += 1  # a conflict (changed, created or deleted since the read): read again
             _after_conflict(attempt, retries, path)
+
+    def _ensure_parent(self, path: str, guard: str, guard_full: str) -> None:
+        """The parents of ``path`` made for :meth:`update_guarded`. Those below ``guard`` (a managed ledger's
+        ``cursors`` under its znode) are made one by one without their parents, so that a guard that is gone
+        is never made again as their parent: :class:`MetadataNotFoundError` for ``guard`` instead."""
+        parent = path.rpartition("/")[0]
+        inside = guard.rstrip("/") + "/"
+        if not (parent + "/").startswith(inside):
+            self.ensure(parent)
+            return
+        below = parent[len(inside) :].split("/") if parent + "/" != inside else []
+        at = guard.rstrip("/")
+        for part in below:
+            at = f"{at}/{part}"
+            full = self.abs_path(at)
+            try:
+                self._wait(self._client.create_async(full, b"", acl=self._new_acl(), makepath=False), full)
+            except MetadataExistsError:
+                continue
+            except MetadataNotFoundError:
+                raise MetadataNotFoundError("znode does not exist", path=guard_full) from None
 
     async def aupdate_guarded(
         self,

@@ -117,3 +117,26 @@ def test_a_new_name_no_logged_batch_named_is_deleted_when_the_stream_stops(
     assert len(r.partitions(start, end)) == 1
     r.stop()
     assert list(_cursors(store, local)) == [end["subscription"]]
+
+
+def test_a_commit_after_the_topic_was_deleted_makes_nothing_again(cluster: Cluster, store: Any) -> None:
+    """The topic is deleted between a trigger's metadata read and its commit: the commit writes nothing
+    (before: the cursor znode was created with its parents, the topic's managed-ledger znode among them,
+    empty, where the topic then seemed to exist)."""
+    from spark.topic_source import _Driver
+    from zk import layout
+
+    local = "gone-before-commit"
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    drv = _Driver(_options(cluster, local))
+    try:
+        drv.subscription = "spark-topic-0000000000000001"
+        (part,) = drv.partitions()
+        lid = drv.snapshot(part).earliest()[0]
+        cluster.admin("DELETE", f"/admin/v2/persistent/public/default/{local}?force=true")
+        assert not store.exists(layout.ml_info_path(part.ml_name))
+        assert drv.commit(part, (lid, 2)) is False
+        assert not store.exists(layout.ml_info_path(part.ml_name))
+    finally:
+        drv.close()
