@@ -85,8 +85,9 @@ position too, so a restart tells the query's own commit from a move by another (
 after which a trimmed ledger is checked as lost. ``Trigger.AvailableNow`` reads up to the latest positions
 seen when the query starts, in as many micro-batches as the read limit makes. A new query makes its subscription
 when its initial offset is chosen, at that position, before any batch reads (a new name that no batch Spark logged
-came to name is deleted when the query stops); a commit writes nothing for a topic deleted meanwhile (one
-ZooKeeper transaction checking its managed ledger's znode).
+came to name is deleted when the query stops); a commit keeps the cursor's other contents (the subscription
+properties set through the admin) and writes nothing for a topic deleted meanwhile (one ZooKeeper transaction
+checking its managed ledger's znode).
 """
 
 from __future__ import annotations
@@ -525,7 +526,8 @@ class _Driver:
         """The query's subscription on ``part`` to ``mark_delete``, made if need be; False (nothing written)
         when the topic is gone. The write is one ZooKeeper transaction with a check that the partition's
         managed-ledger znode is there: a topic deleted since the trigger read its metadata gets no cursor (nor
-        its managed-ledger znode, empty, as the cursor's parent) made again."""
+        its managed-ledger znode, empty, as the cursor's parent) made again. What else the cursor holds (the
+        subscription properties set through the admin REST) stays."""
         from zk import layout
         from zk.errors import MetadataNotFoundError
         from zk.managed_ledgers import CursorInfo
@@ -543,6 +545,7 @@ class _Driver:
                     SPARK_MARK_ENTRY_PROPERTY: mark_delete[1],
                 },
                 last_active_ms=int(time.time() * 1000),
+                subscription_properties=cur.subscription_properties if cur is not None else {},
             )
             return info.to_json()
 

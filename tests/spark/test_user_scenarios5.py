@@ -140,3 +140,29 @@ def test_a_commit_after_the_topic_was_deleted_makes_nothing_again(cluster: Clust
         assert not store.exists(layout.ml_info_path(part.ml_name))
     finally:
         drv.close()
+
+
+def test_a_commit_keeps_the_subscription_properties_the_admin_set(cluster: Cluster, store: Any) -> None:
+    """Properties set on the query's subscription through the admin REST (``PUT …/subscription/{sub}/
+    properties``) are still there after the query's next commit (before: the commit wrote the cursor without
+    them)."""
+    from spark.topic_source import _Driver
+
+    local = "kept-properties"
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    sub = "spark-topic-0000000000000002"
+    drv = _Driver(_options(cluster, local))
+    try:
+        drv.subscription = sub
+        (part,) = drv.partitions()
+        lid = drv.snapshot(part).earliest()[0]
+        assert drv.commit(part, (lid, 1))
+        path = f"/admin/v2/persistent/public/default/{local}/subscription/{sub}/properties"
+        cluster.admin("PUT", path, {"owner": "billing"})
+        assert _cursors(store, local)[sub].subscription_properties == {"owner": "billing"}
+        assert drv.commit(part, (lid, 3))
+    finally:
+        drv.close()
+    stored = _cursors(store, local)[sub]
+    assert stored.mark_delete == (lid, 3) and stored.subscription_properties == {"owner": "billing"}
