@@ -15,7 +15,9 @@ payloads compressed with LZ4, ZLIB, ZSTD or SNAPPY, as the Pulsar clients write 
 
 Options (names case-insensitive; every mistake fails when the query is defined/started, naming the option):
 
-* ``zk``, ``zkRoot`` (default ``/ledgerstore``), ``password``: the managed-ledger password (default empty).
+* ``zk``, ``zkRoot`` (default ``/ledgerstore``), ``password``: the managed-ledger password (default empty),
+  checked once per query at planning against the first ledger listed (a salted PBKDF2 each); a ledger of another
+  password fails where it is opened, naming the option too.
 * ``authTokenFile``, ``zkAuthFile``: files holding the bookies' token and ZooKeeper's ``user:password`` for a
   secured cluster, read where the query is planned, their contents shipped with the tasks (default: each
   process's environment, ``LEDGERSTORE_AUTH_TOKEN[_FILE]`` and ``LEDGERSTORE_ZK_AUTH[_FILE]``); a credential
@@ -195,6 +197,14 @@ class TopicDataLossError(RuntimeError):
         self.ledger_id = ledger_id
 
 
+def _wrong_password(ledger_id: int, topic: str) -> TopicOptionError:
+    return TopicOptionError(
+        "password",
+        f"wrong password for ledger {ledger_id} of {topic} (give the broker's managed-ledger password: its "
+        "--managed-ledger-password, empty by default)",
+    )
+
+
 def _data_loss(opts: TopicOptions, topic: str, ledger_id: int, what: str) -> None:
     if opts.fail_on_data_loss:
         raise TopicDataLossError(topic, ledger_id, what)
@@ -249,8 +259,10 @@ class _Driver:
         self._open_handles: dict[int, Any] = {}
         #: ledger id -> entries of ledgers seen closed (fixed for good): tells a trimmed ledger from a loss
         self.known_closed: dict[int, int] = {}
-        #: ledgers whose metadata took ``password`` (checked once each, when a snapshot first lists them)
-        self._password_ok: set[int] = set()
+        #: whether ``password`` was checked against a ledger's digest (once per query: a salted PBKDF2, about
+        #: 40 ms of CPU each; the ledgers of a topic take its broker's one password, and a ledger that takes
+        #: another fails where it is opened, naming the option too)
+        self._password_ok = False
         #: topics a stream read that were deleted since, skipped (failOnDataLoss=false): warned of once each
         self._gone_warned: set[str] = set()
         try:  # a token the bookies refuse fails here, naming the option
@@ -374,7 +386,7 @@ class _Driver:
         for i, li in enumerate(info.ledgers):
             last = i == len(info.ledgers) - 1
             if li.entries > 0 or not last:
-                if li.ledger_id not in self._password_ok:
+                if not self._password_ok:
                     try:
                         self._check_password(part, li.ledger_id, self.bk.ledger_metadata(li.ledger_id))
                     except NoSuchLedgerError:
@@ -389,19 +401,16 @@ class _Driver:
         return Snapshot(tuple(slots))
 
     def _check_password(self, part: PartitionRef, ledger_id: int, md: Any) -> None:
-        """A wrong ``password`` fails the plan naming the option (tasks would each fail on it, unnamed)."""
-        if ledger_id in self._password_ok:
+        """A wrong ``password`` fails the plan naming the option (tasks would each fail on it, unnamed): checked
+        against the first ledger the query lists, once per query."""
+        if self._password_ok:
             return
         if not md.check_password(self.opts.password):
-            raise TopicOptionError(
-                "password",
-                f"wrong password for ledger {ledger_id} of {part.name} (give the broker's managed-ledger "
-                "password: its --managed-ledger-password, empty by default)",
-            )
-        self._password_ok.add(ledger_id)
+            raise _wrong_password(ledger_id, part.name)
+        self._password_ok = True
 
     def _open_slot(self, part: PartitionRef, ledger_id: int) -> LedgerSlot:
-        from ledger_client import NoSuchLedgerError
+        from ledger_client import NoSuchLedgerError, UnauthorizedError
 
         md = self.bk.ledger_metadata(ledger_id)
         self._check_password(part, ledger_id, md)
@@ -411,7 +420,10 @@ class _Driver:
             return LedgerSlot(ledger_id, md.last_entry_id + 1, md.length, True)
         h = self._open_handles.get(ledger_id)
         if h is None:
-            h = self.bk.open_ledger(ledger_id, self.opts.password, recovery=False)  # never fences the broker
+            try:  # never fences the broker; the client checks the password (a ledger of another one)
+                h = self.bk.open_ledger(ledger_id, self.opts.password, recovery=False)
+            except UnauthorizedError:
+                raise _wrong_password(ledger_id, part.name) from None
             self._open_handles[ledger_id] = h
             for old in [k for k in self._open_handles if k != ledger_id and k < ledger_id]:
                 self._drop_handle(old)
@@ -622,7 +634,7 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from ledger_client import NoSuchEntryError, NoSuchLedgerError
+    from ledger_client import NoSuchEntryError, NoSuchLedgerError, UnauthorizedError
     from topic_broker import pulsar_api_pb2 as pb
     from topic_broker.wire import EntryFormatError, iter_batch, parse_entry
 
@@ -778,6 +790,8 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
         except NoSuchLedgerError:
             _data_loss(opts, part.topic, part.ledger_id, "was deleted before it was read")
             return
+        except UnauthorizedError:  # planning checked the password against one ledger of the query
+            raise _wrong_password(part.ledger_id, part.topic) from None
         if lh.last_add_confirmed < part.last_entry_id:
             lh.read_last_add_confirmed()  # planned from a LAC; it never goes backwards
         expected = part.first_entry_id

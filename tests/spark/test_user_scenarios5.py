@@ -166,3 +166,35 @@ def test_a_commit_keeps_the_subscription_properties_the_admin_set(cluster: Clust
         drv.close()
     stored = _cursors(store, local)[sub]
     assert stored.mark_delete == (lid, 3) and stored.subscription_properties == {"owner": "billing"}
+
+
+def test_planning_hashes_the_password_once_for_the_query_not_once_per_ledger(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic of several closed ledgers and an open one: planning checks the password against one ledger (a
+    salted PBKDF2, about 40 ms each), and the client's open of the current ledger checks that one; before,
+    every closed ledger of the chain was checked too (what the process remembers as checked counts them).
+    A wrong password still fails naming the first ledger."""
+    from spark._topic_options import TopicOptionError
+    from spark.topic_source import _Driver
+    from zk import ledger_metadata
+
+    local = "many-ledgers"
+    users.produce(cluster, local, 90, batching_enabled=False)
+    time.sleep(1.5)
+    monkeypatch.setattr(ledger_metadata, "_VERIFIED", {})
+    drv = _Driver(_options(cluster, local))
+    try:
+        (part,) = drv.partitions()
+        snap = drv.snapshot(part)
+    finally:
+        drv.close()
+    closed = [s.ledger_id for s in snap.ledgers if s.closed]
+    assert len(closed) >= 3 and not snap.ledgers[-1].closed, snap
+    assert len(ledger_metadata._VERIFIED) == 2  # the first ledger's check and the open ledger's
+    drv = _Driver(_options(cluster, local, password="secret"))
+    try:
+        with pytest.raises(TopicOptionError, match=f"wrong password for ledger {closed[0]} of "):
+            drv.snapshot(drv.partitions()[0])
+    finally:
+        drv.close()
