@@ -350,10 +350,12 @@ def run(args: argparse.Namespace) -> int:
     from bookie.main import install_uvloop
     from ledgerstore.bench import _print, local_cluster
     from ledgerstore.cli import CommandError
+    from ledgerstore.spark_cmd import _check_master
     from spark.jobs.common import local_session
 
     if args.size_mb < 1 or args.entry_size < 16 or args.ledgers < 1 or args.runs < 1:
         raise CommandError("--size-mb, --runs and --ledgers must be >= 1, --entry-size >= 16")
+    _check_master(args.master, "--master")  # before the cluster is made and written: Spark would try a minute
     install_uvloop()
     entries = args.size_mb * 1024 * 1024 // args.entry_size
     load_before = os.getloadavg()[0]

@@ -100,10 +100,11 @@ def _session(args: argparse.Namespace) -> Any:
 MASTER_CONNECT_TIMEOUT_S = 5.0
 
 
-def _check_master(master: str) -> None:
+def _check_master(master: str, given_by: str = "--master or $LEDGERSTORE_SPARK_MASTER") -> None:
     """A ``spark://`` master (or any of an HA list) that takes no connection fails here, in one line: Spark
     itself tried three times 20 s apart, printed pages of JVM traces, and failed with 'Cannot call methods on
-    a stopped SparkContext'."""
+    a stopped SparkContext'. ``given_by``: where the user gave the master, for the message (``bench spark``
+    takes ``--master`` alone)."""
     import socket
 
     from ledgerstore.cli import EXIT_UNAVAILABLE, CommandError
@@ -121,8 +122,7 @@ def _check_master(master: str) -> None:
         except OSError as e:
             refused.append(f"{hostport.strip()}: {e.strerror or e}")
     raise CommandError(
-        f"no Spark master answers at {master} ({'; '.join(refused)}): is it running? (--master or "
-        "$LEDGERSTORE_SPARK_MASTER)",
+        f"no Spark master answers at {master} ({'; '.join(refused)}): is it running? ({given_by})",
         EXIT_UNAVAILABLE,
     )
 

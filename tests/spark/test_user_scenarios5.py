@@ -5,6 +5,8 @@ directly, without a query (Spark tests are slow)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,9 @@ from tests.spark.test_user_scenarios import Cluster
 
 pytest.importorskip("pyspark")
 cluster = users.cluster  # the module's own cluster, built as that module builds it
+
+#: a port of this module's range where nothing listens (a Spark master that is down)
+DOWN_PORT = 28001
 
 
 @pytest.fixture
@@ -198,3 +203,19 @@ def test_planning_hashes_the_password_once_for_the_query_not_once_per_ledger(
             drv.snapshot(drv.partitions()[0])
     finally:
         drv.close()
+
+
+def test_bench_spark_against_a_spark_master_that_is_down_fails_at_once_in_one_line(tmp_path: Path) -> None:
+    """``bench spark --master spark://…`` where nothing listens: exit 5 and one line naming the master, before
+    it makes a cluster (before: it made and wrote one, then Spark tried the master for about a minute)."""
+    master = f"spark://127.0.0.1:{DOWN_PORT}"
+    argv = ["bench", "spark", "--size-mb", "1", "--runs", "1", "--master", master]
+    r = subprocess.run(
+        [sys.executable, "-m", "ledgerstore.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    said = f"no Spark master answers at {master} (127.0.0.1:{DOWN_PORT}: Connection refused): is it running?"
+    assert (r.returncode, r.stderr.splitlines()) == (5, [f"ledgerstore: {said} (--master)"]), r.stderr[-2000:]
