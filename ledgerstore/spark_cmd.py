@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerstore.cli import add_password_arguments, password_of
+from spark._topic_options import CRYPTO_FAILURE_ACTIONS
 
 DEFAULT_MASTER = "local[2]"
 _PY_ERROR = re.compile(r"^[\w.]*(Error|Exception): ")
@@ -35,6 +36,7 @@ _FLAGS = {
     "entriesPerPartition": "--entries-per-partition",
     "authTokenFile": "--auth-token-file",
     "zkAuthFile": "$LEDGERSTORE_ZK_AUTH_FILE",
+    "cryptoFailureAction": "--crypto-failure-action",
 }
 _SOURCE_OPTION = re.compile(r"\b(?:ledger|topic) source option '([-\w]+)'")
 _OPTION_NAMED = re.compile(r"\boption '([-\w]+)'")
@@ -66,6 +68,14 @@ def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None
         help="topic jobs: a regex over full topic names (bare: in public/default; default: every topic there)",
     )
     p.add_argument("--entries-per-partition", type=int, default=None, help="entries per Spark partition")
+    p.add_argument(
+        "--crypto-failure-action",
+        type=str.upper,
+        choices=CRYPTO_FAILURE_ACTIONS,
+        default=None,
+        help="topic jobs: end-to-end encrypted messages, which the job cannot decrypt: FAIL the job (the topic "
+        "source's default), DISCARD them or CONSUME them as stored (the source's cryptoFailureAction)",
+    )
     p.add_argument("--out", type=Path, default=Path("spark-out"), help="where the chart and report go")
     p.add_argument(
         "--executor-python",
@@ -127,14 +137,12 @@ def _check_master(master: str, given_by: str = "--master or $LEDGERSTORE_SPARK_M
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from ledgerstore.cli import CommandError, emit
-    from spark._topic_options import TopicOptionError, parse_topic_options
-    from spark.jobs import JOBS, JobOptions
-    from spark.options import LedgerOptionError, parse_ledger_options
+def job_options(args: argparse.Namespace) -> Any:
+    """The job's :class:`spark.jobs.JobOptions` from the command's flags."""
+    from spark.jobs import JobOptions
     from zk.acl import ENV_AUTH_FILE
 
-    opts = JobOptions(
+    return JobOptions(
         zk=args.zk,
         zk_root=args.zk_root,
         ledgers=args.ledgers,
@@ -146,7 +154,17 @@ def run(args: argparse.Namespace) -> int:
         # the files --auth-token-file and the environment name (the job's executors may have neither)
         auth_token_file=os.environ.get("LEDGERSTORE_AUTH_TOKEN_FILE") or None,
         zk_auth_file=os.environ.get(ENV_AUTH_FILE) or None,
+        crypto_failure_action=args.crypto_failure_action,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ledgerstore.cli import CommandError, emit
+    from spark._topic_options import TopicOptionError, parse_topic_options
+    from spark.jobs import JOBS
+    from spark.options import LedgerOptionError, parse_ledger_options
+
+    opts = job_options(args)
     try:  # a wrong flag fails here, before Spark starts (seconds, half a GiB)
         parse_ledger_options(opts.source_options())
         if args.job.startswith("topic-"):
@@ -173,6 +191,7 @@ def _in_flags(line: str) -> str:
         line = pattern.sub(
             lambda m: f"option {_FLAGS[m.group(1)]}" if m.group(1) in _FLAGS else m.group(0), line
         )
+    line = line.replace("set option cryptoFailureAction=", "give --crypto-failure-action ")
     advice = " (leave it out with --ledgers)" if "LedgerDataLossError" in line else ""
     return _SKIP_ADVICE.sub(advice, line)
 

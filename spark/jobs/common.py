@@ -37,6 +37,8 @@ class JobOptions:
     #: the environment (``ledgerstore spark`` takes them from ``--auth-token-file`` and the environment)
     auth_token_file: str | None = None
     zk_auth_file: str | None = None
+    #: topic jobs: the ``topic`` source's ``cryptoFailureAction`` (None: its default, FAIL)
+    crypto_failure_action: str | None = None
 
     def _credentials(self) -> dict[str, str]:
         opts = {}
@@ -63,6 +65,8 @@ class JobOptions:
             opts["topicsPattern"] = self.topics_pattern or ".*"
         if self.entries_per_partition is not None:
             opts["entriesPerPartition"] = str(self.entries_per_partition)
+        if self.crypto_failure_action is not None:
+            opts["cryptoFailureAction"] = self.crypto_failure_action
         return opts
 
 

@@ -219,3 +219,27 @@ def test_bench_spark_against_a_spark_master_that_is_down_fails_at_once_in_one_li
     )
     said = f"no Spark master answers at {master} (127.0.0.1:{DOWN_PORT}: Connection refused): is it running?"
     assert (r.returncode, r.stderr.splitlines()) == (5, [f"ledgerstore: {said} (--master)"]), r.stderr[-2000:]
+
+
+def test_the_topic_jobs_take_crypto_failure_action() -> None:
+    """``ledgerstore spark topic-volume --crypto-failure-action discard`` hands the topic source
+    ``cryptoFailureAction=DISCARD`` (there was no way to give it); a wrong value is a usage error, and the
+    source's advice names the flag."""
+    from ledgerstore.cli import UsageError, build_parser
+    from ledgerstore.spark_cmd import _in_flags, job_options
+    from spark._topic_options import parse_topic_options
+
+    parser = build_parser()
+    args = parser.parse_args(["spark", "topic-volume", "--topics", "t", "--crypto-failure-action", "discard"])
+    opts = job_options(args).topic_source_options()
+    assert opts["cryptoFailureAction"] == "DISCARD"
+    assert parse_topic_options(opts, streaming=False).crypto_failure_action == "DISCARD"
+    default = job_options(parser.parse_args(["spark", "topic-volume", "--topics", "t"]))
+    assert "cryptoFailureAction" not in default.topic_source_options()
+    with pytest.raises(UsageError, match="--crypto-failure-action: invalid choice: 'DECRYPT'"):
+        parser.parse_args(["spark", "topic-volume", "--crypto-failure-action", "decrypt"])
+    line = (
+        "CryptoFailureError: t: entry 5:0 is end-to-end encrypted (keys: k) and the topic source holds no keys "
+        "to decrypt it: set option cryptoFailureAction=DISCARD to skip encrypted messages or CONSUME to read"
+    )
+    assert "give --crypto-failure-action DISCARD to skip" in _in_flags(line)
