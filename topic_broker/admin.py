@@ -88,7 +88,7 @@ from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName, valid_segment
 from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
-from .subscription import DEFAULT_UNACKED_MESSAGES_MAX
+from .subscription import DEFAULT_UNACKED_MESSAGES_MAX, DEFAULT_UNACKED_SUBSCRIPTION_MAX
 from .wire import pulsar_date
 
 if TYPE_CHECKING:
@@ -449,6 +449,7 @@ _NAMESPACE_LIMITS = {
     "maxProducersPerTopic": "max_producers_per_topic",
     "maxConsumersPerTopic": "max_consumers_per_topic",
     "maxUnackedMessagesPerConsumer": "max_unacked_messages_per_consumer",
+    "maxUnackedMessagesPerSubscription": "max_unacked_messages_per_subscription",
 }
 #: a topic's limits: the route's name -> its own policy, its namespace's, the broker's default (0: none)
 _TOPIC_LIMITS = {
@@ -458,6 +459,11 @@ _TOPIC_LIMITS = {
         "max_unacked_messages_on_consumer",
         "max_unacked_messages_per_consumer",
         DEFAULT_UNACKED_MESSAGES_MAX,
+    ),
+    "maxUnackedMessagesOnSubscription": (
+        "max_unacked_messages_on_subscription",
+        "max_unacked_messages_per_subscription",
+        DEFAULT_UNACKED_SUBSCRIPTION_MAX,
     ),
 }
 
@@ -1478,7 +1484,7 @@ class AdminApp:
                 "msgOutCounter": counters.sub_msg_out.get(sub, 0),
                 "bytesOutCounter": counters.sub_bytes_out.get(sub, 0),
                 "unackedMessages": sum(c.get("unackedMessages", 0) for c in consumers),
-                "blockedSubscriptionOnUnackedMsgs": False,  # no per-subscription limit here: per consumer only
+                "blockedSubscriptionOnUnackedMsgs": rt.core.blocked_subscription_on_unacked(),
                 "msgDelayed": s.get("msgDelayed", 0),
                 "nonContiguousDeletedMessagesRanges": s.get("nonContiguousDeletedMessagesRanges", 0),
                 # the subscription's own, kept while it is served here, and its consumers' latest (as Pulsar)

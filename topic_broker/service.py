@@ -87,6 +87,7 @@ from .metrics import BrokerMetrics, ClientCounters
 from .names import InvalidTopicName, TopicName
 from .subscription import (
     DEFAULT_UNACKED_MESSAGES_MAX,
+    DEFAULT_UNACKED_SUBSCRIPTION_MAX,
     ActiveConsumerChanged,
     Command,
     ConsumerAssignError,
@@ -1226,6 +1227,7 @@ class Topic:
         self.max_producers = 0
         self.max_consumers = 0
         self.max_unacked_on_consumer = DEFAULT_UNACKED_MESSAGES_MAX
+        self.max_unacked_on_subscription = DEFAULT_UNACKED_SUBSCRIPTION_MAX
         #: producer name -> ranges [lo, hi] of sequence ids its stored sends jumped over (``fills_skipped_id``)
         self.skipped_ids: dict[str, list[tuple[int, int]]] = {}
         self._skipped_dirty: set[str] = set()  # names whose skipped ids changed since record_skipped_ids
@@ -1654,6 +1656,7 @@ class Topic:
         core = Subscription(
             sub_type, partition=self.name.partition_index, unacked_messages_max=self.max_unacked_on_consumer
         )
+        core.unacked_subscription_max = self.max_unacked_on_subscription
         if s.durable:
             initial = (
                 InitialPosition.EARLIEST
@@ -2213,9 +2216,20 @@ class BrokerService:
             DEFAULT_UNACKED_MESSAGES_MAX,
         )
         topic.max_unacked_on_consumer = unacked if unacked > 0 else INT64_MAX  # 0: no limit
+        on_sub = policy_in_force(
+            tp.max_unacked_messages_on_subscription,
+            p.max_unacked_messages_per_subscription,
+            DEFAULT_UNACKED_SUBSCRIPTION_MAX,
+        )
+        topic.max_unacked_on_subscription = on_sub if on_sub > 0 else INT64_MAX
         for rt in list(topic.subscriptions.values()):
-            raised = topic.max_unacked_on_consumer > rt.core.unacked_messages_max
-            rt.core.unacked_messages_max = topic.max_unacked_on_consumer
+            core = rt.core
+            raised = (
+                topic.max_unacked_on_consumer > core.unacked_messages_max
+                or topic.max_unacked_on_subscription > core.unacked_subscription_max
+            )
+            core.unacked_messages_max = topic.max_unacked_on_consumer
+            core.unacked_subscription_max = topic.max_unacked_on_subscription
             if raised and rt.consumers:  # a consumer held at the old limit is sent more now
                 rt.execute(rt.core.resume())
 

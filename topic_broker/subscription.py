@@ -64,6 +64,7 @@ __all__ = [
     "DEFAULT_READ_ENTRIES_MAX",
     "DEFAULT_REPLAY_ENTRIES_MAX",
     "DEFAULT_UNACKED_MESSAGES_MAX",
+    "DEFAULT_UNACKED_SUBSCRIPTION_MAX",
     "HASH_RANGE_SIZE",
     "KEY_HASH_MURMUR_MAX",
     "AckOutcome",
@@ -92,6 +93,9 @@ DEFAULT_READ_ENTRIES_MAX = 100
 DEFAULT_REPLAY_ENTRIES_MAX = 10_000
 #: Pulsar's maxUnackedMessagesPerConsumer: a consumer holding this many unacked messages receives nothing more.
 DEFAULT_UNACKED_MESSAGES_MAX = 50_000
+#: Pulsar's maxUnackedMessagesPerSubscription: a Shared or Key_Shared subscription whose consumers together hold
+#: this many unacked messages sends nothing more to any of them.
+DEFAULT_UNACKED_SUBSCRIPTION_MAX = 200_000
 #: Key_Shared hash space (Pulsar's DEFAULT_HASH_RANGE_SIZE).
 HASH_RANGE_SIZE = 65536
 #: Points per consumer on the auto-split hash ring.
@@ -322,6 +326,8 @@ class Subscription:
         self.read_entries_max = read_entries_max
         self.replay_entries_max = replay_entries_max
         self.unacked_messages_max = unacked_messages_max
+        self.unacked_subscription_max = DEFAULT_UNACKED_SUBSCRIPTION_MAX
+        self._unacked_total = 0  # the consumers' unacked_messages together (kept with each one's)
         self.epoch = 0
         self.reading = False
         self.caught_up = False
@@ -384,6 +390,14 @@ class Subscription:
         (:meth:`_ready`)."""
         c = self._consumers[consumer_id]
         return c.unacked_messages >= self.unacked_messages_max and self.sub_type in _INDIVIDUAL_ACK
+
+    def blocked_subscription_on_unacked(self) -> bool:
+        """The consumers together hold ``unacked_subscription_max`` unacknowledged messages: none is sent anything
+        more until some are acknowledged (Pulsar's ``blockedSubscriptionOnUnackedMsgs``). Shared and Key_Shared
+        only, as the consumers' limit."""
+        if self.sub_type not in _INDIVIDUAL_ACK:
+            return False
+        return self._unacked_total >= self.unacked_subscription_max
 
     def key_shared_mode(self) -> tuple[str, bool] | None:
         """A Key_Shared subscription's mode (``STICKY`` or ``AUTO_SPLIT``) and allowOutOfOrderDelivery, as its
@@ -704,6 +718,7 @@ class Subscription:
             c = self._consumers[cid]
             n = c.pending.pop(pos)
             c.unacked_messages -= n
+            self._unacked_total -= n
             self._unpin_key(pos)
         if pos in self._replay:
             self._drop_replay(pos)
@@ -733,6 +748,7 @@ class Subscription:
         for c in self._consumers.values():
             c.pending.clear()
             c.unacked_messages = 0
+        self._unacked_total = 0
         self._owner.clear()
         self._info.clear()
         self._replay.clear()
@@ -753,6 +769,7 @@ class Subscription:
             if n is None:
                 continue
             c.unacked_messages -= n
+            self._unacked_total -= n
             del self._owner[pos]
             self._unpin_key(pos)
             if bump and self.sub_type in (SubType.SHARED, SubType.KEY_SHARED):
@@ -844,6 +861,7 @@ class Subscription:
             c.writable
             and c.permits > 0
             and (c.unacked_messages < self.unacked_messages_max or self.sub_type not in _INDIVIDUAL_ACK)
+            and not self.blocked_subscription_on_unacked()
         )
 
     def _dispatch(self) -> list[Command]:
@@ -953,6 +971,7 @@ class Subscription:
         self._info[pos] = _Info(e.num_messages, e.key)
         c.pending[pos] = e.num_messages
         c.unacked_messages += e.num_messages
+        self._unacked_total += e.num_messages
         c.permits -= e.num_messages
         self._owner[pos] = c.consumer_id
         if self.sub_type == SubType.KEY_SHARED:

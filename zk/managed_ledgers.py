@@ -325,12 +325,14 @@ class NamespacePolicies:
     # Pulsar's ``message_ttl_in_seconds``: the owner's expiry check acknowledges, for every subscription, the
     # messages published longer ago than this (0: never); None: not set
     message_ttl_in_seconds: int | None = None
-    # Pulsar's ``max_producers_per_topic``, ``max_consumers_per_topic`` and ``max_unacked_messages_per_consumer``:
-    # a topic's producers, its consumers (all subscriptions), a consumer's unacknowledged messages past which it
-    # is sent nothing more (0: no limit); None: not set, the broker's default
+    # Pulsar's ``max_producers_per_topic``, ``max_consumers_per_topic``, ``max_unacked_messages_per_consumer``
+    # and ``…_per_subscription``: a topic's producers, its consumers (all subscriptions), the unacknowledged
+    # messages a consumer (a subscription's consumers together) may hold before it is (they are) sent nothing
+    # more (0: no limit); None: not set, the broker's default
     max_producers_per_topic: int | None = None
     max_consumers_per_topic: int | None = None
     max_unacked_messages_per_consumer: int | None = None
+    max_unacked_messages_per_subscription: int | None = None
 
     @property
     def retention_time_s(self) -> float:
@@ -372,6 +374,9 @@ class NamespacePolicies:
             max_producers_per_topic=_optional_threshold(d, "max_producers_per_topic"),
             max_consumers_per_topic=_optional_threshold(d, "max_consumers_per_topic"),
             max_unacked_messages_per_consumer=_optional_threshold(d, "max_unacked_messages_per_consumer"),
+            max_unacked_messages_per_subscription=_optional_threshold(
+                d, "max_unacked_messages_per_subscription"
+            ),
         )
 
 
@@ -380,6 +385,7 @@ _NAMESPACE_LIMITS = (
     "max_producers_per_topic",
     "max_consumers_per_topic",
     "max_unacked_messages_per_consumer",
+    "max_unacked_messages_per_subscription",
 )
 
 
@@ -399,7 +405,7 @@ class TopicPolicies:
     """A topic's own policies (Pulsar's topic-level ``TopicPolicies``): each set one takes the place of its
     namespace's (:func:`policy_in_force`), None when not set on the topic. ``compaction_threshold``,
     ``message_ttl_in_seconds`` and the limits (``max_producers``, ``max_consumers``,
-    ``max_unacked_messages_on_consumer``; 0: none) are integers of 0 or more; ``retention`` is (minutes, MB) as
+    ``max_unacked_messages_on_consumer``, ``max_unacked_messages_on_subscription``; 0: none) are integers of 0 or more; ``retention`` is (minutes, MB) as
     the namespace's (-1: infinite); ``deduplication_enabled`` a boolean; ``backlog_quota`` a quota. Stored in
     their JSON form under these names (``update_topic_policy`` writes one)."""
 
@@ -408,6 +414,7 @@ class TopicPolicies:
     max_producers: int | None = None
     max_consumers: int | None = None
     max_unacked_messages_on_consumer: int | None = None
+    max_unacked_messages_on_subscription: int | None = None
     retention: tuple[int, int] | None = None
     deduplication_enabled: bool | None = None
     backlog_quota: BacklogQuota | None = None
@@ -444,6 +451,9 @@ class TopicPolicies:
             max_producers=_optional_threshold(d, "max_producers"),
             max_consumers=_optional_threshold(d, "max_consumers"),
             max_unacked_messages_on_consumer=_optional_threshold(d, "max_unacked_messages_on_consumer"),
+            max_unacked_messages_on_subscription=_optional_threshold(
+                d, "max_unacked_messages_on_subscription"
+            ),
             retention=None if retention is None else _retention_from_json(_field(d, "retention", dict)),
             deduplication_enabled=None if dedup is None else _field(d, "deduplication_enabled", bool),
             backlog_quota=None if quota is None else BacklogQuota.from_json(_field(d, "backlog_quota", dict)),
@@ -457,6 +467,7 @@ _TOPIC_LIMITS = (
     "max_producers",
     "max_consumers",
     "max_unacked_messages_on_consumer",
+    "max_unacked_messages_on_subscription",
 )
 
 

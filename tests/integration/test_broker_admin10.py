@@ -135,6 +135,44 @@ def test_max_unacked_messages_on_consumer_holds_dispatch_until_acks(bp: BrokerPr
     assert sorted(m.data() for m in got) == [f"m-{i}".encode() for i in range(6)]
 
 
+def test_max_unacked_messages_on_subscription_holds_all_its_consumers(bp: BrokerProcess, c: Any) -> None:
+    """``topics set-max-unacked-messages-per-subscription`` (``…/maxUnackedMessagesOnSubscription``; the
+    namespace's ``…/maxUnackedMessagesPerSubscription``): a Shared subscription whose consumers together hold
+    that many unacknowledged messages sends neither of them more (``blockedSubscriptionOnUnackedMsgs``) until
+    one acknowledges; removed, the broker's 200,000 applies and the rest is delivered."""
+    ns = _namespace(bp)
+    t = topic_name()
+    topic = f"persistent://public/{ns}/{t}"
+    path = f"/admin/v2/persistent/public/{ns}/{t}/maxUnackedMessagesOnSubscription"
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}")
+    assert admin(bp, "GET", path + "?applied=true") == 200_000
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxUnackedMessagesPerSubscription", 3)
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (None, 3)
+    consumers = [c.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared) for _ in range(2)]
+    producer = c.create_producer(topic, batching_enabled=False)
+    for i in range(8):
+        producer.send(f"m-{i}".encode())
+
+    def stats() -> dict[str, Any]:
+        return admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/stats")["subscriptions"]["s"]
+
+    wait_for(lambda: stats()["blockedSubscriptionOnUnackedMsgs"], "the subscription blocked on its unacked")
+    got: list[Any] = []
+    for consumer in consumers:
+        while True:
+            try:
+                got.append((consumer, consumer.receive(timeout_millis=500)))
+            except pulsar.Timeout:
+                break
+    assert len(got) == 3 and stats()["unackedMessages"] == 3
+    consumer, msg = got[0]
+    consumer.acknowledge(msg)
+    wait_for(lambda: stats()["unackedMessages"] == 3 and stats()["msgBacklog"] == 7, "one more sent")
+    admin(bp, "DELETE", f"/admin/v2/namespaces/public/{ns}/maxUnackedMessagesPerSubscription")
+    wait_for(lambda: stats()["unackedMessages"] == 7, "the rest sent")
+    assert not stats()["blockedSubscriptionOnUnackedMsgs"]
+
+
 def test_a_topics_retention_keeps_its_consumed_ledgers(bp: BrokerProcess, c: Any) -> None:
     """``topics set-retention``: a topic's own retention (here infinite) keeps the ledgers its subscriptions
     have consumed, where its namespace's (none) lets them go at the next tick; ``applied`` is the namespace's

@@ -440,6 +440,29 @@ def test_unacked_limit_stops_dispatch_until_acks() -> None:
     assert [p for _, p, _ in out] == [(1, 2), (1, 3)]
 
 
+def test_the_subscriptions_unacked_limit_holds_all_its_consumers_until_acks() -> None:
+    """maxUnackedMessagesOnSubscription: a Shared subscription whose consumers together hold the limit sends
+    nothing more to any of them (blockedSubscriptionOnUnackedMsgs), each under its own limit; an ack lets one
+    more go; a consumer leaving gives its messages back to the count; a reset clears it."""
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    sub.unacked_subscription_max = 3
+    log = FakeLog(8)
+    sub.add_consumer(1, "a")
+    sub.add_consumer(2, "b")
+    out = delivered(run(sub, log, sub.flow(1, 100) + sub.flow(2, 100)))
+    assert len(out) == 3 and {cid for cid, _, _ in out} == {1, 2}
+    assert sub.blocked_subscription_on_unacked() and not sub.blocked_on_unacked(1)
+    first = out[0][1]
+    out = delivered(run(sub, log, sub.ack_individual([(first, -1, None)]).commands))
+    assert len(out) == 1 and sub.blocked_subscription_on_unacked()
+    held_by_2 = len(sub.pending(2))
+    run(sub, log, sub.remove_consumer(2))  # its messages are the other's to take, within the limit
+    assert len(sub.pending(1)) == 3 and sub.blocked_subscription_on_unacked()
+    assert held_by_2 > 0
+    run(sub, log, sub.reset((1, 0)))
+    assert len(sub.pending(1)) == 3
+
+
 @pytest.mark.parametrize("sub_type", [SubType.EXCLUSIVE, SubType.FAILOVER])
 def test_unacked_limit_leaves_exclusive_and_failover_consumers_alone(sub_type: SubType) -> None:
     """As Pulsar, which counts unacked messages on Shared and Key_Shared only (its isIndividualAckMode): an
