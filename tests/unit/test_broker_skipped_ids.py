@@ -189,10 +189,9 @@ def test_the_binary_searches_agree_with_a_walk_of_every_range(sends: list[tuple[
         assert t.fills_skipped_id("p", seq, high) == want
         assert t.skipped_ids.get("p", []) == model
         end = seq if high is None else high
-        if fails:
+        if fails and want:  # (Topic._appended puts back the ids a failed fill took, and only then merges)
             model = merge_ranges([*model, *want])
-            if want:
-                t._skipped_ranges("p")[:] = merge_ranges([*t.skipped_ids.get("p", []), *want])
+            t._skipped_ranges("p")[:] = merge_ranges([*t.skipped_ids.get("p", []), *want])
         elif end > last:
             t.last_sequence["p"] = end
 
