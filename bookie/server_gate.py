@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -222,12 +223,18 @@ class HttpService:
     the connections closed on arrival."""
 
     def __init__(
-        self, name: str, runner: web.AppRunner, server: asyncio.AbstractServer, gate: ConnectionGate
+        self,
+        name: str,
+        runner: web.AppRunner,
+        server: asyncio.AbstractServer,
+        gate: ConnectionGate,
+        tls_server: asyncio.AbstractServer | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
         self._server = server
         self._gate = gate
+        self._tls_server = tls_server
 
     @property
     def refused(self) -> int:
@@ -240,6 +247,8 @@ class HttpService:
 
     async def cleanup(self) -> None:
         self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         await self.runner.cleanup()
 
 
@@ -253,10 +262,12 @@ async def serve_http(
     per_peer_max: int = HTTP_CONNECTIONS_PER_PEER_MAX,
     idle_timeout_s: float = HTTP_IDLE_TIMEOUT_S,
     write_stall_s: float | None = None,
+    tls: tuple[int, ssl.SSLContext] | None = None,
     **runner_kw: Any,
 ) -> HttpService:
     """Serve ``app`` (``runner_kw`` go to ``web.AppRunner``); ``name`` heads the refusal log lines.
-    ``write_stall_s``: :data:`HTTP_WRITE_STALL_S` when None."""
+    ``write_stall_s``: :data:`HTTP_WRITE_STALL_S` when None. ``tls``: (port, context) serves the same app over
+    https on that port too, behind the same limits."""
     stall_s = HTTP_WRITE_STALL_S if write_stall_s is None else write_stall_s
     runner_kw.setdefault("logger", _SERVER_LOG)
     runner = web.AppRunner(app, keepalive_timeout=idle_timeout_s, **runner_kw)
@@ -265,11 +276,24 @@ async def serve_http(
     assert handlers is not None
     gate = ConnectionGate(name, connections_max, per_peer_max)
     loop = asyncio.get_running_loop()
+    server: asyncio.AbstractServer | None = None
     try:
         server = await loop.create_server(
             lambda: _GatedHttpConnection(gate, handlers, stall_s), host, port, reuse_address=True
         )
+        tls_server = None
+        if tls is not None:
+            tls_server = await loop.create_server(
+                lambda: _GatedHttpConnection(gate, handlers, stall_s),
+                host,
+                tls[0],
+                reuse_address=True,
+                ssl=tls[1],
+                ssl_handshake_timeout=HTTP_IDLE_TIMEOUT_S,
+            )
     except BaseException:
+        if server is not None:
+            server.close()
         await runner.cleanup()
         raise
-    return HttpService(name, runner, server, gate)
+    return HttpService(name, runner, server, gate, tls_server)

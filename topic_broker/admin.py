@@ -730,6 +730,7 @@ class AdminApp:
         return _json(
             {
                 "serviceUrl": cfg.web_service_url,
+                "serviceUrlTls": cfg.web_service_url_tls,
                 "brokerServiceUrl": cfg.service_url,
                 "brokerServiceUrlTls": cfg.service_url_tls,
                 "peerClusterNames": [],
@@ -2623,10 +2624,18 @@ class AdminServer:
 
     async def start(self) -> None:
         # connection limits and idle timeout: bookie/server_gate.py
+        cfg = self.service.config
+        tls = self.service.tls
+        # https on --admin-tls-port too (Pulsar's webServicePortTls): the Pulsar TLS port's context, reloads too
+        https = None
+        if cfg.admin_tls_port is not None and tls is not None:
+            https = (cfg.admin_tls_port, tls.context)
         self._runner = await serve_http(
-            f"broker={self.service.config.id} admin HTTP", self.app, self.host, self.port, access_log=None
+            f"broker={cfg.id} admin HTTP", self.app, self.host, self.port, tls=https, access_log=None
         )
-        log.info("broker=%s admin REST on http://%s:%d", self.service.config.id, self.host, self.port)
+        log.info("broker=%s admin REST on http://%s:%d", cfg.id, self.host, self.port)
+        if https is not None:
+            log.info("broker=%s admin REST on https://%s:%d", cfg.id, self.host, https[0])
 
     async def stop(self) -> None:
         await self.admin.close()

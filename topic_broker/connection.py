@@ -25,6 +25,9 @@ States: AWAITING_CONNECT --CONNECT--> CONNECTED --error/close--> CLOSED.
   checked by it; the subject becomes :attr:`ProtocolConnection.principal`. A token that does not verify is
   refused whether or not authentication is required; with ``auth_required`` so is a CONNECT without a token.
   No callback: tokens are ignored.
+- Client certificates (Pulsar's ``AuthenticationProviderTls``): a CONNECT with ``auth_method_name="tls"`` takes
+  :attr:`ProtocolConnection.tls_role`, the CN of the certificate the TLS port verified, as its principal (never
+  expiring); without one (plaintext, no certificate) it is refused as a bad token is.
 - How a refusal is answered: Pulsar's broker sends ERROR AuthenticationError to the CONNECT and closes, but the
   C++-based clients (``pulsar-client`` for Python among them) drop any answer to CONNECT but CONNECTED and retry
   until their operation timeout, so the user sees a timeout. ``refuse_after_connected`` (on by default) answers
@@ -63,8 +66,10 @@ MIN_CLIENT_PROTOCOL_VERSION = 12
 DEFAULT_MAX_MESSAGE_SIZE = wire.DEFAULT_MAX_MESSAGE_SIZE  # what fits one ledger entry (wire.py)
 DEFAULT_KEEPALIVE_INTERVAL_S = 30.0
 SERVER_VERSION = "ledgerstore-broker"
-#: The one authentication method served (Pulsar's ``AuthenticationToken`` sends this name).
+#: The authentication methods served: Pulsar's ``AuthenticationToken`` sends the first name, ``AuthenticationTls``
+#: (a client certificate the TLS port verified; its CN is the role) the second.
 AUTH_METHOD_TOKEN = "token"
+AUTH_METHOD_TLS = "tls"
 
 
 class AuthenticationFailed(Exception):
@@ -137,6 +142,9 @@ class ProtocolConnection:
         self.principal: str | None = None  # the token's subject, once CONNECT carried a good one
         self.refused: str | None = None  # authentication failed: the first request is answered with this
         self.auth_expires_at: float | None = None  # Unix seconds when the principal's token expires
+        #: the CN of the client certificate the TLS port verified (set by the server before any data): the role
+        #: a CONNECT with auth method ``tls`` gets; None on plaintext or without a verified certificate
+        self.tls_role: str | None = None
         self._supports_auth_refresh = False  # the client answers AUTH_CHALLENGE (its CONNECT's feature flags)
         self._challenge_sent_at: float | None = None
         self._connected_at = now
@@ -249,8 +257,16 @@ class ProtocolConnection:
             if not self.config.auth_required:
                 return True
             return self._refuse("authentication is required: connect with a token")
+        if method == AUTH_METHOD_TLS:
+            if self.tls_role is None:
+                return self._refuse(
+                    "authentication failed: auth method tls needs a client certificate verified by the broker's "
+                    "TLS port (its --tls-trust-certs), and this connection has none"
+                )
+            self.principal, self.auth_expires_at = self.tls_role, None
+            return True
         if method not in ("", AUTH_METHOD_TOKEN):
-            return self._refuse(f"authentication method {method!r} is not supported (token is)")
+            return self._refuse(f"authentication method {method!r} is not supported (token and tls are)")
         try:
             self.principal, self.auth_expires_at = authenticate(AUTH_METHOD_TOKEN, data)
         except AuthenticationFailed as e:

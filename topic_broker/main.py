@@ -12,6 +12,7 @@ import signal
 import ssl
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bookie.bk_http import add_config_routes
@@ -42,6 +43,7 @@ from .service import (
     BrokerConfig,
     BrokerService,
 )
+from .tls import broker_tls_context
 
 __all__ = ["add_serve_arguments", "config_from_args", "main", "serve"]
 
@@ -252,6 +254,34 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the TLS port's private key (PEM, unencrypted; Pulsar's tlsKeyFilePath)",
     )
+    a(
+        "--tls-trust-certs",
+        default=None,
+        help="CA certificates (PEM) the TLS port verifies client certificates against: clients are asked for one, "
+        "and a client connecting with auth method tls (AuthenticationTLS) gets its certificate's CN as its role "
+        "(Pulsar's tlsTrustCertsFilePath; needs --tls-port; tokens keep working beside it)",
+    )
+    a(
+        "--tls-require-trusted-client-cert",
+        action="store_true",
+        help="the TLS handshake fails without a client certificate the --tls-trust-certs CA signed (Pulsar's "
+        "tlsRequireTrustedClientCertOnConnect)",
+    )
+    a(
+        "--tls-cert-refresh-check-s",
+        type=float,
+        default=300.0,
+        help="how often the housekeeping reads --tls-cert, --tls-key and --tls-trust-certs again: changed files "
+        "serve the connections accepted from then on, ones that do not load are logged and the certificate in use "
+        "kept (Pulsar's tlsCertRefreshCheckDurationSec; 0: at every housekeeping pass, each second)",
+    )
+    a(
+        "--admin-tls-port",
+        type=int,
+        default=None,
+        help="serve the admin HTTP API over https on this port too, with the --tls-cert certificate (Pulsar's "
+        "webServicePortTls; needs --tls-port); the plain --http-port stays",
+    )
     enable_config_file(p, what="broker")  # --config FILE, LEDGERSTORE_<SETTING>; after the last flag
 
 
@@ -270,16 +300,42 @@ def _managed_ledger_password(args: argparse.Namespace) -> bytes:
     return str(args.managed_ledger_password or "").encode()
 
 
-def _tls_settings(args: argparse.Namespace) -> tuple[int | None, str | None, str | None]:
-    """--tls-port, --tls-cert, --tls-key, checked: the three go together, the port is one, and the certificate and
-    key load (a broker that would fail every TLS handshake does not start)."""
+@dataclass(frozen=True)
+class _Tls:
+    port: int | None = None
+    cert: str | None = None
+    key: str | None = None
+    trust: str | None = None
+    require: bool = False
+    refresh_check_s: float = 300.0
+    admin_port: int | None = None
+
+
+def _tls_settings(args: argparse.Namespace) -> _Tls:
+    """The TLS flags, checked: --tls-port, --tls-cert and --tls-key go together, the ports are ports of their
+    own, the certificate, key and trusted client CA load (a broker that would fail every TLS handshake does not
+    start), the client certificate flags and the admin's TLS port need the TLS port."""
     port = getattr(args, "tls_port", None)
     cert = getattr(args, "tls_cert", None) or None
     key = getattr(args, "tls_key", None) or None
+    trust = getattr(args, "tls_trust_certs", None) or None
+    require = bool(getattr(args, "tls_require_trusted_client_cert", False))
+    refresh = float(getattr(args, "tls_cert_refresh_check_s", 300.0))
+    admin_port = getattr(args, "admin_tls_port", None)
+    if not refresh >= 0:
+        raise ConfigError(
+            f"--tls-cert-refresh-check-s {refresh}: must be 0 (every housekeeping pass) or more"
+        )
+    if require and not trust:
+        raise ConfigError("--tls-require-trusted-client-cert needs --tls-trust-certs (the CA client certificates "
+                          "are verified against)")  # fmt: skip
     if port is None:
-        if cert or key:
-            raise ConfigError("--tls-cert and --tls-key need --tls-port (the port that serves pulsar+ssl://)")
-        return None, None, None
+        given = [f for f, v in (("--tls-cert", cert), ("--tls-key", key), ("--tls-trust-certs", trust)) if v]
+        given += ["--admin-tls-port"] if admin_port is not None else []
+        if given:
+            verb = "need" if len(given) > 1 else "needs"
+            raise ConfigError(f"{' and '.join(given)} {verb} --tls-port (the port that serves pulsar+ssl://)")
+        return _Tls()
     port = int(port)
     if not (cert and key):
         raise ConfigError(
@@ -287,11 +343,22 @@ def _tls_settings(args: argparse.Namespace) -> tuple[int | None, str | None, str
         )
     if not 0 < port < 65536 or port == args.port:
         raise ConfigError(f"--tls-port {port}: must be 1..65535 and not the plaintext --port")
+    if admin_port is not None and (
+        not 0 < int(admin_port) < 65536 or int(admin_port) in (args.port, port, args.http_port)
+    ):
+        raise ConfigError(
+            f"--admin-tls-port {admin_port}: must be 1..65535 and none of --port, --tls-port, --http-port"
+        )
     try:
         server_tls_context(cert, key)
     except (OSError, ssl.SSLError) as e:  # a missing file, not PEM, a key of another certificate
         raise ConfigError(f"--tls-cert {cert} / --tls-key {key} do not load: {e}") from e
-    return port, cert, key
+    if trust:
+        try:
+            broker_tls_context(cert, key, trust, require)
+        except (OSError, ssl.SSLError) as e:  # a missing file, no certificate in it
+            raise ConfigError(f"--tls-trust-certs {trust} does not load: {e}") from e
+    return _Tls(port, cert, key, trust, require, refresh, None if admin_port is None else int(admin_port))
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -329,7 +396,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     max_partitions = int(getattr(args, "max_partitions_per_topic", DEFAULT_MAX_PARTITIONS_PER_TOPIC))
     if not 0 <= max_partitions <= 2**31 - 1:  # Pulsar's int, as a partition count
         raise ConfigError(f"--max-partitions-per-topic {max_partitions}: must be 0 (no limit) to {2**31 - 1}")
-    tls_port, tls_cert, tls_key = _tls_settings(args)
+    tls = _tls_settings(args)
     superusers = tuple(
         r.strip() for r in (getattr(args, "superuser_roles", "") or "").split(",") if r.strip()
     )
@@ -363,9 +430,13 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         message_expiry_check_interval_s=expiry,
         ttl_duration_default_s=ttl_default,
         max_partitions_per_topic=max_partitions,
-        tls_port=tls_port,
-        tls_cert_file=tls_cert,
-        tls_key_file=tls_key,
+        tls_port=tls.port,
+        tls_cert_file=tls.cert,
+        tls_key_file=tls.key,
+        tls_trust_certs_file=tls.trust,
+        tls_require_trusted_client_cert=tls.require,
+        tls_cert_refresh_check_s=tls.refresh_check_s,
+        admin_tls_port=tls.admin_port,
     )
 
 

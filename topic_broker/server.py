@@ -8,11 +8,11 @@ import time
 import weakref
 from typing import Any, cast
 
-from bookie.server import server_tls_context
 from bookie.server_gate import ConnectionGate
 from zk.ratelog import RateLimitedLog
 
 from .service import BrokerService, Session
+from .tls import client_role
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class BrokerProtocol(asyncio.Protocol):
             cast(asyncio.Transport, transport).abort()
             return
         self.session = Session(self.service, transport, f"{peer[0]}:{peer[1]}" if peer else "?")
+        self.session.conn.tls_role = client_role(transport)  # a verified client certificate's CN, else None
         self.service.sessions.add(self.session)
         cast(asyncio.Transport, transport).set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self.session.reading_changed = self.update_reading
@@ -154,13 +155,13 @@ class BrokerServer:
         )
         log.info("broker=%s listening on %s:%d", cfg.id, cfg.listen_address, cfg.port)
         if cfg.tls_port is not None:
-            assert cfg.tls_cert_file and cfg.tls_key_file  # broker serve refuses a TLS port without them
+            assert self.service.tls is not None  # broker serve refuses a TLS port without its files
             self._tls_server = await loop.create_server(
                 self._tls_protocol,
                 cfg.listen_address,
                 cfg.tls_port,
                 reuse_address=True,
-                ssl=server_tls_context(cfg.tls_cert_file, cfg.tls_key_file),
+                ssl=self.service.tls.context,  # the context in force for each new connection (reloads)
                 ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
             )
             log.info("broker=%s listening on %s:%d (TLS)", cfg.id, cfg.listen_address, cfg.tls_port)
@@ -177,12 +178,18 @@ class BrokerServer:
 
     def _handshake_failed(self) -> None:
         self.tls_handshake_failures += 1
+        cfg = self.service.config
+        clients = ""
+        if cfg.tls_trust_certs_file:
+            required = " (or none, where one is required)" if cfg.tls_require_trusted_client_cert else ""
+            clients = f" a client certificate that --tls-trust-certs does not verify{required},"
         _handshake_failures.warning(
             "broker=%s a connection to the TLS port closed before its TLS handshake completed (%d so far): a "
-            "plaintext client, a client that does not trust the certificate, or a handshake over %g s; said at "
+            "plaintext client, a client that does not trust the certificate,%s or a handshake over %g s; said at "
             "most once per 10 s",
-            self.service.config.id,
+            cfg.id,
             self.tls_handshake_failures,
+            clients,
             TLS_HANDSHAKE_TIMEOUT_S,
         )
 

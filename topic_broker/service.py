@@ -101,6 +101,7 @@ from .subscription import (
     cumulative_batch_index,
     merge_ranges,
 )
+from .tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,14 @@ class BrokerConfig:
     tls_port: int | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # Client certificates on that port (Pulsar's tlsTrustCertsFilePath, tlsRequireTrustedClientCertOnConnect): the
+    # CA they are verified against (None: none asked for), whether one is required; the files read again every
+    # so often on the housekeeping (tlsCertRefreshCheckDurationSec; topic_broker/tls.py)
+    tls_trust_certs_file: str | None = None
+    tls_require_trusted_client_cert: bool = False
+    tls_cert_refresh_check_s: float = 300.0
+    # TLS on the admin HTTP port too (Pulsar's webServicePortTls), with the same certificate: None serves none
+    admin_tls_port: int | None = None
 
     @property
     def id(self) -> str:
@@ -239,6 +248,12 @@ class BrokerConfig:
     @property
     def web_service_url(self) -> str:
         return f"http://{self.advertised_address}:{self.http_port}"
+
+    @property
+    def web_service_url_tls(self) -> str:
+        """``https://`` URL of the admin's TLS port (Pulsar's webServiceUrlTls), "" where there is none."""
+        port = self.admin_tls_port
+        return f"https://{self.advertised_address}:{port}" if port is not None else ""
 
     def ml_config(self) -> ManagedLedgerConfig:
         return ManagedLedgerConfig(
@@ -1814,6 +1829,17 @@ class BrokerService:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.verifier = TokenVerifier(config.auth_secret) if config.auth_secret is not None else None
+        #: the TLS port's context and its reload on the housekeeping (None: no TLS port)
+        self.tls: TlsFiles | None = None
+        if config.tls_port is not None and config.tls_cert_file and config.tls_key_file:
+            self.tls = TlsFiles(
+                config.id,
+                config.tls_cert_file,
+                config.tls_key_file,
+                config.tls_trust_certs_file,
+                config.tls_require_trusted_client_cert,
+                config.tls_cert_refresh_check_s,
+            )
         self.conn_config = ConnectionConfig(
             max_message_size=config.max_message_size,
             authenticate=self.authenticate_token if self.verifier is not None else None,
@@ -2066,6 +2092,8 @@ class BrokerService:
             self.bookie_supply.remind()
             for s in list(self.sessions):
                 s.tick(now)
+            if self.tls is not None:
+                self.tls.check(now)
             if now < next_topic_tick:
                 continue
             next_topic_tick = now + self.config.tick_interval_s
