@@ -1408,7 +1408,10 @@ class Topic:
         )
         p.receipts.append(rec)
         last = self.last_sequence.get(p.name, -1)
-        if self.dedup_enabled and dedup and not fills and rec.dedup_id <= last:
+        # a chunk before the last of a message whose last chunk is stored (or on its way) is a resend too (the
+        # producer reconnected and sends the message again): stored again, it would be a partial copy after the
+        # whole message, which the client holds as an incomplete message (Pulsar stores it)
+        if self.dedup_enabled and (dedup or seq <= last) and not fills and rec.dedup_id <= last:
             # a resend of what is stored (or on its way): answered in its turn, with no position (-1:-1), on a
             # terminated topic too, as Pulsar's publishMessage asks its dedup before its managed ledger
             if rec.dedup_id > self.persisted_sequence.get(p.name, last) and not self._sent_before(p, rec):
