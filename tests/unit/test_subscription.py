@@ -710,3 +710,17 @@ def test_a_consumer_at_the_unacked_limit_is_reported_blocked_until_it_acks() -> 
     assert sub.pending(1) == [(1, 0), (1, 1)] and sub.blocked_on_unacked(1)
     run(sub, log, sub.ack_individual([((1, 0), -1, None)]).commands)
     assert sub.pending(1) == [(1, 1)] and not sub.blocked_on_unacked(1)
+
+
+def test_the_dispatch_core_keeps_its_attributes_in_slots() -> None:
+    """Every attribute a subscription sets, dispatching, acknowledging and replaying, is one of its slots: an
+    instance dict of 30 names or more (CPython 3.11) made every attribute access of the dispatch a dict lookup."""
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(6, batch=2)
+    sub.add_consumer(1, "a")
+    sub.add_consumer(2, "b")
+    out = delivered(run(sub, log, sub.flow(1, 4) + sub.flow(2, 4)))
+    assert out
+    sub.ack_individual([(out[0][1], -1, None)])
+    run(sub, log, sub.remove_consumer(2))  # its entries replayed to the other
+    assert not hasattr(sub, "__dict__")
