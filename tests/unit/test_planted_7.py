@@ -35,7 +35,7 @@ def _tls_args(**kw: object) -> argparse.Namespace:
 
 @pytest.mark.parametrize("given", [{"tls_cert": "c.pem"}, {"tls_key": "k.pem"}])
 def test_a_tls_certificate_or_key_without_a_tls_port_is_refused(given: dict[str, str]) -> None:
-    with pytest.raises(ConfigError, match="need --tls-port"):
+    with pytest.raises(ConfigError, match="needs? --tls-port"):
         _tls_settings(_tls_args(**given))
 
 
