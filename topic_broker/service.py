@@ -165,6 +165,10 @@ SKIPPED_IDS_PRODUCERS_MAX = 1000
 SKIPPED_IDS_PERSISTED_MAX = 64
 #: The property prefix of a producer's persisted skipped ids: ``lo-hi,lo-hi,…`` (empty: none)
 SKIPPED_IDS_PROPERTY = "dedup-skipped/"
+#: Positions of orphaned chunks a topic remembers (``Topic.orphans``, the newest kept) and keeps in its properties
+#: (``chunk-orphans``: ``ledger:entry,…``)
+ORPHAN_CHUNKS_MAX = 256
+ORPHAN_CHUNKS_PROPERTY = "chunk-orphans"
 #: Bytes one dispatcher read takes at most, by the topic's average entry size (Pulsar's
 #: ``dispatcherMaxReadSizeBytes``): what a consumer is sent beyond its connection's high-water mark
 READ_BYTES_MAX = 5 * 1024 * 1024
@@ -535,6 +539,7 @@ class _Receipt:
     dedup_id: int = -1  # the id deduplication keeps for it (dedup_sequence_id)
     #: the skipped ids it fills (Topic.fills_skipped_id): put back if its write fails
     fills: tuple[tuple[int, int], ...] = ()
+    chunk: wire.Chunk | None = None  # a chunk's (uuid, chunk id, chunks of its message)
 
 
 def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, entry: bytes) -> int:
@@ -609,6 +614,7 @@ class _HeldSend:
     dedup: bool
     dedup_id: int | Callable[[], int]  # (dedup_walk's answer)
     started: float
+    chunk: wire.Chunk | None
 
 
 @dataclass(slots=True, eq=False)
@@ -734,6 +740,8 @@ class SubscriptionRuntime:
         self.last_acked_ms = 0
         self.last_consumed_ms = 0
         self.last_flow_ms = 0
+        #: consumer key -> uuid of a message whose orphaned chunks it was sent (:meth:`_restarts_chunks`)
+        self._chunk_restarts: dict[int, str] = {}
 
     @property
     def durable(self) -> bool:
@@ -777,6 +785,7 @@ class SubscriptionRuntime:
         if key not in self.consumers:
             return
         del self.consumers[key]
+        self._chunk_restarts.pop(key, None)
         self.execute(self.core.remove_consumer(key))
         self._by_key.pop(key, None)
         if self.cursor is not None and not self.consumers:
@@ -827,31 +836,9 @@ class SubscriptionRuntime:
                 if c is None:
                     continue
                 entry = cmd.entry
-                pos = entry.position
-                session = c.session
-                if cmd.ack_set is not None:  # a batch partly acknowledged: the client skips what its set says
-                    session.send(
-                        wire.message(
-                            c.consumer_id,
-                            pos[0],
-                            pos[1],
-                            entry.data,
-                            redelivery_count=cmd.redelivery_count,
-                            ack_set=cmd.ack_set,
-                        )
-                    )
-                else:
-                    # the frame's head, then the stored entry as it is (two buffers, no copy)
-                    session.send(
-                        wire.message_head(
-                            c.consumer_id,
-                            pos[0],
-                            pos[1],
-                            len(entry.data),
-                            redelivery_count=cmd.redelivery_count,
-                        )
-                    )
-                    session.send(entry.data)
+                self._send_message(c, cmd)
+                if self._chunk_restarts and self._restarts_chunks(cmd):
+                    self._send_message(c, cmd)
                 size = len(entry.data) if entry.data else 0
                 c.counters.messages += entry.num_messages
                 c.counters.bytes += size
@@ -879,6 +866,54 @@ class SubscriptionRuntime:
                 c = self._by_key.get(cmd.consumer_id)
                 if c is not None:
                     c.session.send(wire.active_consumer_change(c.consumer_id, cmd.is_active))
+
+    @staticmethod
+    def _send_message(c: Consumer, cmd: Deliver) -> None:
+        entry = cmd.entry
+        pos = entry.position
+        session = c.session
+        if cmd.ack_set is not None:  # a batch partly acknowledged: the client skips what its set says
+            session.send(
+                wire.message(
+                    c.consumer_id,
+                    pos[0],
+                    pos[1],
+                    entry.data,
+                    redelivery_count=cmd.redelivery_count,
+                    ack_set=cmd.ack_set,
+                )
+            )
+        else:
+            # the frame's head, then the stored entry as it is (two buffers, no copy)
+            session.send(
+                wire.message_head(
+                    c.consumer_id,
+                    pos[0],
+                    pos[1],
+                    len(entry.data),
+                    redelivery_count=cmd.redelivery_count,
+                )
+            )
+            session.send(entry.data)
+
+    def _restarts_chunks(self, cmd: Deliver) -> bool:
+        """Whether ``cmd`` is the first chunk of the message sent again whose orphaned chunks its consumer was
+        sent (:meth:`ack_orphans`): it is then sent twice. pulsar-client 3.13's C++ consumer holds those chunks
+        as the start of the message and drops the first copy ('a chunk whose chunk id is invalid'), which clears
+        them; the second starts the message. A client that starts a message over at a chunk 0 that comes again
+        does so twice."""
+        uuid = self._chunk_restarts.get(cmd.consumer_id)
+        if uuid is None:
+            return False
+        try:
+            md, _ = wire.parse_entry(cmd.entry.data, verify_checksum=False)
+        except wire.EntryFormatError:
+            return False
+        chunk = wire.chunk_of(md)
+        if chunk is None or chunk[0] != uuid or chunk[1] != 0:
+            return False
+        del self._chunk_restarts[cmd.consumer_id]
+        return True
 
     def _within_read_bytes(self, cmd: Read) -> Read:
         """``cmd`` with no more entries than make ``READ_BYTES_MAX`` at the topic's average entry size (at least
@@ -1009,9 +1044,31 @@ class SubscriptionRuntime:
         self.execute(self.core.on_replay_read(cmd.epoch, out))
 
     def _acked(self, pos: Position) -> bool:
+        orphans = self.topic.orphans
+        if (
+            orphans and pos in orphans
+        ):  # never dispatched; acknowledged on a durable subscription that reaches it
+            if self.cursor is not None:
+                self.cursor.ack_individual(pos)
+            return True
         if self.cursor is not None:
             return self.cursor.is_acked(pos)
         return pos <= self.mark_delete
+
+    def ack_orphans(self, positions: list[Position], uuid: str) -> None:
+        """Orphaned chunks (:meth:`Topic._orphan`) of the message of ``uuid`` acknowledged as a consumer's
+        individual acks are (an orphan a consumer was sent is no longer its to acknowledge; it is sent the first
+        chunk of the message sent again twice, :meth:`_restarts_chunks`); a reader's skip them when it reads
+        them."""
+        for pos in positions:
+            holder = self.core.consumer_of(pos)
+            if holder is not None:
+                self._chunk_restarts[holder] = uuid
+        out = self.core.ack_individual([(pos, -1, None) for pos in positions])
+        if self.cursor is not None:
+            for pos in positions:
+                self.cursor.ack_individual(pos)
+        self.execute(out.commands)
 
     def ack(self, ack: pb.CommandAck) -> None:
         if ack.ack_type == pb.CommandAck.Cumulative:
@@ -1285,6 +1342,10 @@ class Topic:
         self.skipped_ids: dict[str, list[tuple[int, int]]] = {}
         self._skipped_dirty: set[str] = set()  # names whose skipped ids changed since record_skipped_ids
         ml.before_list_write = self.record_skipped_ids
+        #: producer name -> its chunked message being stored: (uuid, positions of its chunks stored so far)
+        self.open_chunks: dict[str, tuple[str, list[Position]]] = {}
+        #: chunks of messages never completed (:meth:`_track_chunks`): acknowledged, never dispatched
+        self.orphans: set[Position] = self._restore_orphans()
 
     # -- producers ------------------------------------------------------------------------------------------
 
@@ -1375,6 +1436,70 @@ class Topic:
             if good:
                 self._skipped_ranges(name)[:] = good[-SKIPPED_IDS_MAX:]
 
+    # -- orphaned chunks --------------------------------------------------------------------------------------
+
+    def _track_chunks(self, name: str, chunk: wire.Chunk | None, position: Position) -> None:
+        """Producer ``name``'s entry stored at ``position`` (``chunk``: a chunk's uuid, id and count). A chunked
+        message whose first chunks were stored and whose last was not (the connection went, or the broker was
+        killed, before the producer had their receipts) is sent again whole, chunk 0 first: the chunks stored
+        before are orphans, which pulsar-client 3.13's C++ consumer cannot get past (reading chunks 0, 1 and then
+        chunk 0 of the same uuid again, it drops the message, each time). Pulsar's broker stores them too; here
+        a chunk 0, another message's chunk or a message not chunked from that producer while one of its chunk
+        sequences is open makes its positions orphans (:meth:`_orphan`)."""
+        open_ = self.open_chunks.get(name)
+        if chunk is None:
+            if open_ is not None:
+                del self.open_chunks[name]
+                self._orphan(open_[1], open_[0])
+            return
+        uuid, chunk_id, chunks = chunk
+        if open_ is not None and (chunk_id == 0 or open_[0] != uuid):
+            del self.open_chunks[name]
+            self._orphan(open_[1], open_[0])
+            open_ = None
+        if chunk_id >= chunks - 1:  # the last: the message is whole
+            self.open_chunks.pop(name, None)
+            return
+        if open_ is None:
+            open_ = self.open_chunks[name] = (uuid, [])
+        open_[1].append(position)
+
+    def _orphan(self, positions: list[Position], uuid: str) -> None:
+        """Orphaned chunks: acknowledged on every durable subscription (a subscription or reader that reaches
+        them later skips them, :meth:`SubscriptionRuntime._acked`), remembered in the topic's properties (the
+        newest ``ORPHAN_CHUNKS_MAX``) so that a later owner skips them too."""
+        if self.orphans.issuperset(positions):  # (known: a new owner reading the tail ledger again)
+            return
+        log.info("topic=%s chunks at %s of a message never completed: skipped", self.name, positions)
+        self.orphans.update(positions)
+        if len(self.orphans) > ORPHAN_CHUNKS_MAX:
+            for pos in sorted(self.orphans)[: len(self.orphans) - ORPHAN_CHUNKS_MAX]:
+                self.orphans.discard(pos)
+        self.ml.set_property(ORPHAN_CHUNKS_PROPERTY, ",".join(f"{lo}:{e}" for lo, e in sorted(self.orphans)))
+        for sub in list(self.subscriptions.values()):
+            sub.ack_orphans(positions, uuid)
+        if not self.unloaded:
+            self.service.spawn(self._save_orphans())
+
+    async def _save_orphans(self) -> None:
+        try:
+            await self.ml.save_properties()
+        except ManagedLedgerError as e:  # (written with the next change of the ledger list)
+            log.warning("topic=%s orphaned chunks not saved now: %s", self.name, e)
+
+    def _restore_orphans(self) -> set[Position]:
+        """The orphaned chunks the topic's properties recorded (a value that does not parse: none)."""
+        value = self.ml.properties.get(ORPHAN_CHUNKS_PROPERTY)
+        if not value:
+            return set()
+        try:
+            return {Position(int(lo), int(e)) for lo, e in (p.split(":", 1) for p in value.split(","))}
+        except ValueError:
+            log.warning(
+                "topic %s: property %s=%r is not a list of positions", self.key, ORPHAN_CHUNKS_PROPERTY, value
+            )
+            return set()
+
     def add_producer(self, p: Producer) -> None:
         self.producers[id(p)] = p
 
@@ -1385,20 +1510,28 @@ class Topic:
             self.service.grant_waiting_producer(self)
 
     def publish(
-        self, p: Producer, send: pb.CommandSend, entry: bytes, num_messages: int, *, dedup: bool = True
+        self,
+        p: Producer,
+        send: pb.CommandSend,
+        entry: bytes,
+        num_messages: int,
+        *,
+        dedup: bool = True,
+        chunk: wire.Chunk | None = None,
     ) -> None:
         """``dedup`` False: the SEND's sequence id takes no part in deduplication (a chunk before the last).
+        ``chunk``: a chunk's (uuid, chunk id, chunks of its message), for :meth:`_track_chunks`.
         A batch whose dedup walk inflates much (:func:`dedup_walk`) is walked in a worker thread, and the
         producer's later SENDs are held behind it, to be taken in their order."""
         seq = send.sequence_id
         declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
         dedup_id = dedup_walk(seq, declared, num_messages, entry) if self.dedup_enabled and dedup else seq
         if p.held or not isinstance(dedup_id, int):
-            p.held.append(_HeldSend(send, entry, num_messages, dedup, dedup_id, time.monotonic()))
+            p.held.append(_HeldSend(send, entry, num_messages, dedup, dedup_id, time.monotonic(), chunk))
             if len(p.held) == 1:
                 self.service.spawn(self._publish_held(p))
             return
-        self._publish(p, send, entry, num_messages, dedup, dedup_id, time.monotonic())
+        self._publish(p, send, entry, num_messages, dedup, dedup_id, time.monotonic(), chunk)
 
     async def _publish_held(self, p: Producer) -> None:
         """The producer's held SENDs, in their order, each batch walked in a worker thread first."""
@@ -1418,7 +1551,7 @@ class Topic:
                 held.clear()
                 return
             held.popleft()
-            self._publish(p, h.send, h.entry, h.num_messages, h.dedup, h.dedup_id, h.started)
+            self._publish(p, h.send, h.entry, h.num_messages, h.dedup, h.dedup_id, h.started, h.chunk)
 
     def _publish(
         self,
@@ -1429,6 +1562,7 @@ class Topic:
         dedup: bool,
         dedup_id: int,
         started: float,
+        chunk: wire.Chunk | None = None,
     ) -> None:
         seq = send.sequence_id
         # in the producer's order, held SENDs (a batch walked in a thread) included
@@ -1443,6 +1577,7 @@ class Topic:
             dedup=dedup,
             dedup_id=dedup_id,
             fills=fills,
+            chunk=chunk,
         )
         p.receipts.append(rec)
         last = self.last_sequence.get(p.name, -1)
@@ -1534,6 +1669,10 @@ class Topic:
                 self.ml.set_property(f"dedup/{p.name}", str(persisted))
                 self.persisted_sequence[p.name] = persisted
             self.last_entry_messages = None
+            if (
+                rec.chunk is not None or self.open_chunks
+            ) and position is not None:  # (a topic without chunks)
+                self._track_chunks(p.name, rec.chunk, position)
             for sub in self.subscriptions.values():
                 sub.on_new_entries()
         rec.done = True
@@ -1571,13 +1710,15 @@ class Topic:
             got = [(p, d) for p, d in got if p.ledger_id == lid]
             if not got:
                 break
-            for _p, data in got:
+            for at, data in got:
                 try:
                     md, _ = wire.parse_entry(data, verify_checksum=False)
                 except wire.EntryFormatError:
                     counts.append(1)
                     continue
                 counts.append(md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1)
+                # a chunk sequence still open at the tail: its chunk 0 sent again orphans it
+                self._track_chunks(md.producer_name, wire.chunk_of(md), at)
                 if self.dedup_enabled and wire.counts_for_dedup(md):
                     declared = md.highest_sequence_id if md.HasField("highest_sequence_id") else None
                     found = dedup_walk(md.sequence_id, declared, counts[-1], data)
@@ -2798,6 +2939,7 @@ class BrokerService:
             return
         # the client marks chunks on the SEND
         dedup = wire.counts_for_dedup(metadata) if cmd.is_chunk else True
+        chunk = wire.chunk_of(metadata) if cmd.is_chunk else None
         # the messages the entry holds, as a consumer's client counts them (and a reload of the ledger), not the
         # SEND's num_messages: a count above that took permits the client never gives back
         messages = max(1, wire.entry_message_count(metadata))
@@ -2811,7 +2953,7 @@ class BrokerService:
             return
         p.pending_bytes += len(entry)
         s.publish_bytes += len(entry)
-        p.topic.publish(p, cmd, entry, messages, dedup=dedup)
+        p.topic.publish(p, cmd, entry, messages, dedup=dedup, chunk=chunk)
         if s.publish_bytes > PUBLISH_BYTES_MAX and not s.publish_paused:
             s.check_publishing()
 

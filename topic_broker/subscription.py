@@ -415,6 +415,10 @@ class Subscription:
     def replay_positions(self) -> list[Position]:
         return sorted(self._replay)
 
+    def consumer_of(self, position: Position) -> int | None:
+        """The consumer ``position`` was sent to and that has not acknowledged it, or None."""
+        return self._owner.get(position)
+
     def redelivery_count(self, position: Position) -> int:
         return self._redeliveries.get(position, 0)
 

@@ -884,6 +884,19 @@ def highest_sequence_id(sequence_id: int, highest: int | None, num_messages: int
     return max(sequence_id + max(num_messages, 1) - 1, sequence_id if highest is None else highest)
 
 
+#: A chunk's (uuid, chunk id, chunks of its message)
+Chunk = tuple[str, int, int]
+
+
+def chunk_of(metadata: pb.MessageMetadata) -> Chunk | None:
+    """The chunk a message's metadata says it is, or None (not a chunk of a message of several)."""
+    if not metadata.HasField("chunk_id") or not metadata.HasField("num_chunks_from_msg"):
+        return None
+    if metadata.num_chunks_from_msg <= 1:
+        return None
+    return metadata.uuid, metadata.chunk_id, metadata.num_chunks_from_msg
+
+
 def counts_for_dedup(metadata: pb.MessageMetadata) -> bool:
     """Whether the message's sequence id takes part in deduplication. Every chunk of a chunked message carries
     the message's sequence id: only its last chunk counts (Pulsar's rule), or the chunks after the first would
