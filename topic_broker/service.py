@@ -1293,6 +1293,8 @@ class Topic:
         "msg_in",
         "name",
         "namespace_compaction_threshold",
+        "open_chunks",
+        "orphans",
         "own_policies",
         "persisted_sequence",
         "producers",
