@@ -876,7 +876,7 @@ class AdminApp:
 
     async def dedup_delete(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=False))
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=None))
 
     async def compaction_threshold_get(self, request: web.Request) -> web.Response:
         """The namespace's ``compaction_threshold`` (bytes), ``null`` when not set (the broker's default)."""

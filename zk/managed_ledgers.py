@@ -309,7 +309,7 @@ class NamespacePolicies:
 
     retention_time_minutes: int = 0
     retention_size_mb: int = 0
-    deduplication_enabled: bool = False
+    deduplication_enabled: bool | None = None  # None: not set here (the broker's default applies)
     backlog_quota: BacklogQuota = field(default_factory=BacklogQuota)
     # Pulsar's namespace ``auth_policies``: role (a token's subject) -> the actions granted ("produce",
     # "consume"); written by ``grant-permission``/``revoke-permission``. Absent in older znodes: nobody
@@ -364,7 +364,7 @@ class NamespacePolicies:
         return cls(
             retention_time_minutes=_field(d, "retention_time_minutes", int, 0),
             retention_size_mb=_field(d, "retention_size_mb", int, 0),
-            deduplication_enabled=_field(d, "deduplication_enabled", bool, False),
+            deduplication_enabled=_optional_bool(d, "deduplication_enabled"),
             backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
             permissions=_permissions(_field(d, "permissions", dict, {})),
             topic_permissions=_topic_permissions(_field(d, "topic_permissions", dict, {})),
@@ -387,6 +387,11 @@ _NAMESPACE_LIMITS = (
     "max_unacked_messages_per_consumer",
     "max_unacked_messages_per_subscription",
 )
+
+
+def _optional_bool(d: Mapping[str, Any], key: str) -> bool | None:
+    """A boolean field that may be absent or null (not set)."""
+    return None if d.get(key) is None else bool(_field(d, key, bool))
 
 
 def _optional_threshold(d: Mapping[str, Any], key: str = "compaction_threshold") -> int | None:

@@ -93,7 +93,7 @@ def test_clusters_tenants_namespaces_and_their_policies_round_trip(broker: Broke
 
     pol = ok(broker, "GET", "/admin/v2/namespaces/public/default")
     assert pol["retention_policies"] == {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
-    assert pol["deduplicationEnabled"] is False
+    assert pol["deduplicationEnabled"] is None  # not set: the broker's default
 
     ns = "/admin/v2/namespaces/public/default"
     ok(broker, "POST", ns + "/retention", {"retentionTimeInMinutes": 60, "retentionSizeInMB": 100})

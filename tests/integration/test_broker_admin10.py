@@ -234,6 +234,35 @@ def test_a_topics_deduplication_turned_off_stores_a_resent_sequence_id(bp: Broke
     assert _http_status(bp, "POST", path, "yes") == 400
 
 
+def test_a_namespaces_deduplication_turned_off_overrides_the_brokers_default(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """``namespaces set-deduplication --disable`` on a broker that deduplicates by default: its topics store a
+    message sent again with a sequence id already stored (Pulsar's namespace ``deduplicationEnabled`` false).
+    Before, the namespace's false was also its never-set value, and the broker's default stayed in force."""
+    ns = _namespace(bp)
+    path = f"/admin/v2/namespaces/public/{ns}/deduplication"
+    t = topic_name()
+    topic = f"persistent://public/{ns}/{t}"
+    assert admin(bp, "GET", path) is None
+    admin(bp, "POST", path, False)
+    assert admin(bp, "GET", path) is False
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}")
+    assert (
+        admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/deduplicationEnabled?applied=true") is False
+    )
+    consumer = c.subscribe(topic, "s")
+    producer = c.create_producer(topic, producer_name=f"p-{t}", batching_enabled=False)
+    for seq in (1, 2, 2, 1, 3):
+        producer.send(f"seq-{seq}".encode(), sequence_id=seq)
+    assert len([consumer.receive(timeout_millis=10_000) for _ in range(5)]) == 5
+    stats = admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/stats")
+    assert stats["subscriptions"]["s"]["msgBacklog"] == 5
+    admin(bp, "DELETE", path)
+    assert admin(bp, "GET", path) is None
+    assert admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/deduplicationEnabled?applied=true") is True
+
+
 def test_a_topics_backlog_quota_evicts_its_backlog(bp: BrokerProcess, c: Any) -> None:
     """``topics set-backlog-quota``: a topic's own quota (here 1 byte, consumer_backlog_eviction) is enforced at
     the next tick where its namespace has none: the subscription's backlog is evicted."""

@@ -31,7 +31,7 @@ def test_namespace_policies_left_out_or_removed_are_pulsars_defaults_not_kept_or
     assert ok(broker, "GET", ns + "/retention") == {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
     ok(broker, "POST", ns + "/deduplication", True)
     ok(broker, "DELETE", ns + "/deduplication")
-    assert ok(broker, "GET", ns + "/deduplication") is False
+    assert ok(broker, "GET", ns + "/deduplication") is None  # not set: the broker's default
     ok(broker, "POST", ns + "/backlogQuota", {"limitSize": 1 << 20})
     assert ok(broker, "GET", ns + "/backlogQuota")["policy"] == "producer_request_hold"
     ok(broker, "DELETE", ns)
