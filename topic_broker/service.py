@@ -11,8 +11,8 @@ Decisions live in the pure cores (``connection.py`` for the protocol state, ``su
   land on the new owner; nothing more is acknowledged (invariant 9).
 - SEND: one entry per SEND, stored as received (checksum verified: ChecksumError on mismatch); appends are
   pipelined by one appender task per topic; receipts leave strictly in order per producer.
-- Dedup (namespace policy ``deduplication_enabled``, or the broker's default): by (producer name, highest
-  sequence id); the last ids are kept in the managed ledger's properties (``dedup/<name>``, written with every
+- Dedup (``deduplication_enabled``: the topic's own policy, else its namespace's, else the broker's default):
+  by (producer name, highest sequence id); the last ids are kept in the managed ledger's properties (``dedup/<name>``, written with every
   ledger-list change) and a new owner rebuilds them from those plus the metadata of the tail ledger's entries.
 - Automatic compaction (``compaction_threshold``: the topic's own policy, else its namespace's, else
   ``--compaction-threshold-bytes``): every ``--compaction-monitor-interval-s`` each topic served here (each
@@ -2395,7 +2395,9 @@ class BrokerService:
     def dedup_in_force(self, p: NamespacePolicies, own: TopicPolicies) -> bool:
         if own.deduplication_enabled is not None:
             return own.deduplication_enabled
-        return self.config.dedup_enabled or p.deduplication_enabled
+        if p.deduplication_enabled is not None:  # the namespace's, either way (Pulsar's deduplicationEnabled)
+            return p.deduplication_enabled
+        return self.config.dedup_enabled
 
     def apply_policies(
         self, topic: Topic, policies: NamespacePolicies | None, own: TopicPolicies | None = None
