@@ -1393,6 +1393,14 @@ class Topic:
         self._skipped_dirty.add(name)
         return taken
 
+    def _is_skipped_id(self, name: str, seq: int) -> bool:
+        """Whether ``seq`` is one of producer ``name``'s skipped ids (:meth:`fills_skipped_id`), left there."""
+        ranges = self.skipped_ids.get(name)
+        if not ranges:
+            return False
+        i = bisect.bisect_left(ranges, seq, key=_HI)  # the first range that ends at seq or later
+        return i < len(ranges) and ranges[i][0] <= seq
+
     def _skipped_ranges(self, name: str) -> list[tuple[int, int]]:
         """Producer ``name``'s list in ``skipped_ids``, made when it has none; the oldest producer's is forgotten
         when that would make more than ``SKIPPED_IDS_PRODUCERS_MAX``."""
@@ -1586,7 +1594,13 @@ class Topic:
         # a chunk before the last of a message whose last chunk is stored (or on its way) is a resend too (the
         # producer reconnected and sends the message again): stored again, it would be a partial copy after the
         # whole message, which the client holds as an incomplete message (Pulsar stores it)
-        if self.dedup_enabled and (dedup or seq <= last) and not fills and rec.dedup_id <= last:
+        # (unless its id is one the producer's stored sends jumped over: it fills that id, as its last chunk does)
+        if (
+            self.dedup_enabled
+            and (dedup or (seq <= last and not self._is_skipped_id(p.name, seq)))
+            and not fills
+            and rec.dedup_id <= last
+        ):
             # a resend of what is stored (or on its way): answered in its turn, with no position (-1:-1), on a
             # terminated topic too, as Pulsar's publishMessage asks its dedup before its managed ledger
             if rec.dedup_id > self.persisted_sequence.get(p.name, last) and not self._sent_before(p, rec):

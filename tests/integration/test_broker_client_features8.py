@@ -13,7 +13,13 @@ from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import bp, c, receive_all
 from tests.integration.test_broker_client_features4 import topic_stats, wait_for
-from tests.integration.test_broker_pulsar_client import _raw_answer, _raw_producer, drain, topic_name
+from tests.integration.test_broker_pulsar_client import (
+    _raw_answer,
+    _raw_producer,
+    _raw_send,
+    drain,
+    topic_name,
+)
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 
@@ -65,3 +71,31 @@ def test_a_chunked_message_sent_again_after_it_was_stored_is_stored_once(bp: Bro
     consumer.acknowledge(got[0])
     assert receive_all(consumer, 500) == []
     wait_for(lambda: topic_stats(bp, t)["subscriptions"]["s"]["msgBacklogEntries"] == 0, "an empty backlog")
+
+
+def test_a_chunked_message_filling_a_skipped_id_is_stored_whole(bp: BrokerProcess, c: Any) -> None:
+    """A chunked message whose sequence id is one its producer's stored sends jumped over (id 5 stored first,
+    then the message of id 2) fills that id: stored whole, all its chunks. The chunks before the last, which
+    take no part in deduplication, were taken for resends of a message stored (2 <= 5) and dropped, while the
+    last chunk filled the id and was stored: the message acknowledged, and only its last chunk in the topic."""
+    t = f"persistent://public/default/{topic_name()}"
+    consumer = c.subscribe(t, "s")
+    s, dec = _raw_producer(bp, t, "skp")
+    try:
+        _raw_send(s, 5, b"m5")
+        assert _raw_answer(s, dec).type == T.SEND_RECEIPT
+        parts = [b"aaaa", b"AAAA"]
+        answers = []
+        for chunk_id, part in enumerate(parts):
+            md = pb.MessageMetadata(producer_name="skp", sequence_id=2, publish_time=int(time.time() * 1000))
+            md.uuid, md.chunk_id, md.num_chunks_from_msg = "skp-2", chunk_id, len(parts)
+            md.total_chunk_msg_size = sum(map(len, parts))
+            send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=2, is_chunk=True))
+            s.sendall(wire.encode_send(send, md, part))
+            answers.append(_raw_answer(s, dec))
+    finally:
+        s.close()
+    assert [a.type for a in answers] == [T.SEND_RECEIPT, T.SEND_RECEIPT]
+    assert all(a.send_receipt.message_id.entryId != 2**64 - 1 for a in answers), answers  # both stored
+    assert topic_stats(bp, t)["subscriptions"]["s"]["msgBacklogEntries"] == 3
+    assert sorted(m.data() for m in drain(consumer, 2)) == [b"aaaaAAAA", b"m5"]
