@@ -347,6 +347,8 @@ class NamespacePolicies:
             "retention_time_minutes": self.retention_time_minutes,
             "retention_size_mb": self.retention_size_mb,
             "deduplication_enabled": self.deduplication_enabled,
+            # (a znode without it was written when false also meant never set: its false is read as not set)
+            "deduplication_set": self.deduplication_enabled is not None,
             "backlog_quota": self.backlog_quota.to_json(),
             "permissions": {role: list(actions) for role, actions in sorted(self.permissions.items())},
             "topic_permissions": {
@@ -364,7 +366,7 @@ class NamespacePolicies:
         return cls(
             retention_time_minutes=_field(d, "retention_time_minutes", int, 0),
             retention_size_mb=_field(d, "retention_size_mb", int, 0),
-            deduplication_enabled=_optional_bool(d, "deduplication_enabled"),
+            deduplication_enabled=_namespace_dedup(d),
             backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
             permissions=_permissions(_field(d, "permissions", dict, {})),
             topic_permissions=_topic_permissions(_field(d, "topic_permissions", dict, {})),
@@ -387,6 +389,17 @@ _NAMESPACE_LIMITS = (
     "max_unacked_messages_per_consumer",
     "max_unacked_messages_per_subscription",
 )
+
+
+def _namespace_dedup(d: Mapping[str, Any]) -> bool | None:
+    """A namespace's ``deduplication_enabled``, None when not set. A znode written before the policy could be
+    unset (no ``deduplication_set``) holds false for every namespace that never set it, which meant the
+    broker's default: read as not set, not as deduplication turned off (every namespace made before, the
+    default one among them, would have lost it on a broker whose default is on)."""
+    value = _optional_bool(d, "deduplication_enabled")
+    if value is False and "deduplication_set" not in d:
+        return None
+    return value
 
 
 def _optional_bool(d: Mapping[str, Any], key: str) -> bool | None:
