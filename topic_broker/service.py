@@ -2002,6 +2002,19 @@ class TopicChecksFailedError(Exception):
         self.failed = failed
 
 
+#: what makes one namespace's or topic's policies unreadable, not ZooKeeper's (a znode that does not parse, a
+#: value of the wrong shape, ACLs): the policy refresh passes it over and goes on with the others
+_UNREADABLE = (
+    zk.MetadataFormatError,
+    zk.InvalidMetadataError,
+    zk.MetadataAuthError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+)
+
+
 class _OwnPolicies:
     """The topics' own policies (``topic-policies/<ml>``) for one pass of a monitor over the topics served here,
     by base name (the partitions of one topic share them). Which topics have any is known by one listing per
@@ -2062,6 +2075,7 @@ class BrokerService:
         self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
+        self._tick_failing = RateLimitedLog(log, LOG_EVERY_S)  # (a housekeeping step that raised)
         self._expiry_monitor: asyncio.Task[None] | None = None
 
     # -- authentication and authorization ---------------------------------------------------------------------
@@ -2287,15 +2301,18 @@ class BrokerService:
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
-            self.bookie_supply.remind()
+            # (nothing here may end the loop: every topic's rollover, retention and quota hang on it)
+            with self._tick_failing.catching(Exception, "housekeeping: bookies or TLS files not checked"):
+                self.bookie_supply.remind()
+                if self.tls is not None:
+                    self.tls.check(now)
             for s in list(self.sessions):
-                s.tick(now)
-            if self.tls is not None:
-                self.tls.check(now)
+                with self._tick_failing.catching(Exception, "housekeeping: a connection's keep-alive failed"):
+                    s.tick(now)
             if now < next_topic_tick:
                 continue
             next_topic_tick = now + self.config.tick_interval_s
-            with self._policies_failing.catching(zk.MetadataError, "namespace policies not refreshed"):
+            with self._policies_failing.catching(Exception, "namespace policies not refreshed"):
                 await self.refresh_policies()
             for topic in self.served_topics():
                 # the time of the sample itself: the topics before it may have waited on ZooKeeper or bookies
@@ -2402,9 +2419,20 @@ class BrokerService:
             by_ns.setdefault((t.name.tenant, t.name.namespace), []).append(t)
         own = _OwnPolicies(self.meta)
         for (tenant, ns), topics in by_ns.items():
-            policies = await self.meta.get_policies(tenant, ns)
+            # one namespace's or topic's policies unreadable (a znode that does not parse) leave what is applied
+            # to it as it was, and the others are still applied; ZooKeeper away ends the pass (the next tick tries)
+            try:
+                policies = await self.meta.get_policies(tenant, ns)
+            except _UNREADABLE as e:
+                self._policies_failing.warning("namespace %s/%s: policies not refreshed: %r", tenant, ns, e)
+                continue
             for t in topics:
-                self.apply_policies(t, policies, await own.of(t))
+                try:
+                    tp = await own.of(t)
+                except _UNREADABLE as e:
+                    self._policies_failing.warning("topic %s: its own policies not refreshed: %r", t.name, e)
+                    tp = t.own_policies
+                self.apply_policies(t, policies, tp)
 
     def dedup_in_force(self, p: NamespacePolicies, own: TopicPolicies) -> bool:
         if own.deduplication_enabled is not None:

@@ -9,12 +9,14 @@ every test uses its own topics and namespaces; every wait is bounded."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kazoo.client import KazooClient
 
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import module_cluster
@@ -23,6 +25,9 @@ from tests.integration.test_broker_auth import SUPERUSER, SecureCluster, secure_
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import wait_for
 from tests.integration.test_broker_pulsar_client import client, topic_name
+from zk.acl import resolve_auth
+from zk.layout import namespace_policies_path
+from zk.managed_ledgers import TOPIC_POLICIES
 
 pulsar = pytest.importorskip("pulsar")
 __all__ = ["bp", "brokers", "c"]  # the eighth part's broker (one per module) and the third part's client
@@ -426,3 +431,48 @@ def test_authenticated_admin_calls_store_their_request_state_under_typed_keys(st
         "GET", f"/lookup/v2/topic/persistent/public/default/{local}", token=strict.tokens["alice"]
     )
     assert status == 200
+
+
+def test_one_topics_unreadable_policies_leave_the_other_topics_policies_applied(brokers: Any, c: Any) -> None:
+    """A topic's own policies znode that does not parse (written by hand, or by another version) is logged and
+    passed over at the housekeeping tick: a namespace limit changed in ZooKeeper still reaches the namespace's
+    other topics. Before, the tick's policy refresh stopped at the topic whose policies raised, and every topic
+    served after it kept its old policies."""
+    bp = brokers.procs[0]
+    ns = _namespace(bp)
+    broken, other = topic_name(), topic_name()
+    for t in (broken, other):
+        admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}")
+    admin(bp, "POST", f"/admin/v2/persistent/public/{ns}/{broken}/maxProducers", 5)
+    producers = [
+        c.create_producer(f"persistent://public/{ns}/{t}") for t in (broken, other)
+    ]  # served, in order
+    auth = resolve_auth()
+    k = KazooClient(
+        hosts=brokers.bookies.zk,
+        auth_data=None if auth is None else [("digest", f"{auth.user}:{auth.password}")],
+    )
+    k.start(30)
+    try:
+        root = brokers.bookies.root
+        own = f"{root}/{TOPIC_POLICIES}/public/{ns}/persistent"
+        (child,) = k.get_children(own)
+        k.set(f"{own}/{child}", b"{not json")
+        path = f"{root}/{namespace_policies_path('public', ns)}"
+        policies = json.loads(k.get(path)[0])
+        policies["max_producers_per_topic"] = 1  # as another broker's admin would write it
+        k.set(path, json.dumps(policies).encode())
+    finally:
+        k.stop()
+        k.close()
+
+    def refused() -> bool:
+        try:
+            c.create_producer(f"persistent://public/{ns}/{other}").close()
+        except pulsar.ProducerBusy:
+            return True
+        return False
+
+    wait_for(refused, "the namespace's producer limit applied to the topic after the broken one")
+    for p in producers:
+        p.close()
