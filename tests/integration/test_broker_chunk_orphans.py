@@ -5,7 +5,6 @@ its chunks 0 and 1 ('a chunk whose chunk id is invalid'), receives the message s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,9 +14,14 @@ from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import bp, c, receive_all
 from tests.integration.test_broker_client_features4 import topic_stats, wait_for
-from tests.integration.test_broker_pulsar_client import _raw_answer, _raw_producer, client, drain, topic_name
+from tests.integration.test_broker_pulsar_client import (
+    _raw_producer,
+    _raw_send_chunks,
+    client,
+    drain,
+    topic_name,
+)
 from topic_broker import pulsar_api_pb2 as pb
-from topic_broker import wire
 
 pulsar = pytest.importorskip("pulsar")
 __all__ = ["bp", "c"]  # the fixtures of the third part, on this module's broker
@@ -36,14 +40,7 @@ def _send_chunks(bp: BrokerProcess, topic: str, chunk_ids: list[int]) -> list[An
     """Chunks ``chunk_ids`` of one message of ``PARTS`` (sequence id 0, uuid cho-0) by a raw producer named cho
     on a connection of its own, closed after its receipts; the answers, one per chunk."""
     s, dec = _raw_producer(bp, topic, "cho")
-    answers = []
-    for chunk_id in chunk_ids:
-        md = pb.MessageMetadata(producer_name="cho", sequence_id=0, publish_time=int(time.time() * 1000))
-        md.uuid, md.chunk_id, md.num_chunks_from_msg = "cho-0", chunk_id, len(PARTS)
-        md.total_chunk_msg_size = sum(map(len, PARTS))
-        send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=0, is_chunk=True))
-        s.sendall(wire.encode_send(send, md, PARTS[chunk_id]))
-        answers.append(_raw_answer(s, dec))
+    answers = _raw_send_chunks(s, dec, "cho", 0, PARTS, chunk_ids)
     s.close()
     assert [a.type for a in answers] == [T.SEND_RECEIPT] * len(chunk_ids)
     return answers

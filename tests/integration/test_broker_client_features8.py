@@ -3,7 +3,6 @@ chunked message sent again by a producer that reconnected after it was stored.""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,11 +16,11 @@ from tests.integration.test_broker_pulsar_client import (
     _raw_answer,
     _raw_producer,
     _raw_send,
+    _raw_send_chunks,
     drain,
     topic_name,
 )
 from topic_broker import pulsar_api_pb2 as pb
-from topic_broker import wire
 
 pulsar = pytest.importorskip("pulsar")
 __all__ = ["bp", "c"]  # the fixtures of the third part, on this module's broker
@@ -39,14 +38,7 @@ def _send_chunked(bp: BrokerProcess, topic: str, parts: list[bytes]) -> list[Any
     """One message of ``parts`` as chunks (sequence id 0, uuid chp-0) by a raw producer named chp on a connection
     of its own, closed after; the answers, one per chunk."""
     s, dec = _raw_producer(bp, topic, "chp")
-    answers = []
-    for chunk_id, part in enumerate(parts):
-        md = pb.MessageMetadata(producer_name="chp", sequence_id=0, publish_time=int(time.time() * 1000))
-        md.uuid, md.chunk_id, md.num_chunks_from_msg = "chp-0", chunk_id, len(parts)
-        md.total_chunk_msg_size = sum(map(len, parts))
-        send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=0, is_chunk=True))
-        s.sendall(wire.encode_send(send, md, part))
-        answers.append(_raw_answer(s, dec))
+    answers = _raw_send_chunks(s, dec, "chp", 0, parts)
     s.close()
     return answers
 
@@ -84,15 +76,7 @@ def test_a_chunked_message_filling_a_skipped_id_is_stored_whole(bp: BrokerProces
     try:
         _raw_send(s, 5, b"m5")
         assert _raw_answer(s, dec).type == T.SEND_RECEIPT
-        parts = [b"aaaa", b"AAAA"]
-        answers = []
-        for chunk_id, part in enumerate(parts):
-            md = pb.MessageMetadata(producer_name="skp", sequence_id=2, publish_time=int(time.time() * 1000))
-            md.uuid, md.chunk_id, md.num_chunks_from_msg = "skp-2", chunk_id, len(parts)
-            md.total_chunk_msg_size = sum(map(len, parts))
-            send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=2, is_chunk=True))
-            s.sendall(wire.encode_send(send, md, part))
-            answers.append(_raw_answer(s, dec))
+        answers = _raw_send_chunks(s, dec, "skp", 2, [b"aaaa", b"AAAA"])
     finally:
         s.close()
     assert [a.type for a in answers] == [T.SEND_RECEIPT, T.SEND_RECEIPT]

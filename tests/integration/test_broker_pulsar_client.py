@@ -729,6 +729,27 @@ def _raw_answer(s: socket.socket, dec: wire.FrameDecoder) -> Any:
     return unread.popleft()
 
 
+def _raw_send_chunks(
+    s: socket.socket,
+    dec: wire.FrameDecoder,
+    name: str,
+    seq: int,
+    parts: list[bytes],
+    chunk_ids: list[int] | None = None,
+) -> list[Any]:
+    """Chunks ``chunk_ids`` (all by default) of one message of ``parts`` (sequence id ``seq``, uuid
+    ``<name>-<seq>``) by the raw producer 1 named ``name`` on ``s``; the answers, one per chunk."""
+    answers = []
+    for chunk_id in range(len(parts)) if chunk_ids is None else chunk_ids:
+        md = pb.MessageMetadata(producer_name=name, sequence_id=seq, publish_time=int(time.time() * 1000))
+        md.uuid, md.chunk_id, md.num_chunks_from_msg = f"{name}-{seq}", chunk_id, len(parts)
+        md.total_chunk_msg_size = sum(map(len, parts))
+        send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=seq, is_chunk=True))
+        s.sendall(wire.encode_send(send, md, parts[chunk_id]))
+        answers.append(_raw_answer(s, dec))
+    return answers
+
+
 def test_a_resend_of_a_message_still_being_stored_is_not_acknowledged_before_it_is(cluster: Brokers) -> None:
     """Dedup takes a resend for a duplicate only once its first send is stored. A producer's connection gone
     while its send was being written (the bookies slow), the producer sends it again on a new connection: the
