@@ -1784,32 +1784,37 @@ class AdminApp:
         """Pulsar's ``DELETE …/{topic}/truncate`` (``pulsar-admin topics truncate``): every subscription's backlog
         dropped (each moved to the last message) and the topic's ledgers before a new current one deleted
         (:func:`sub_ops.truncate`); 204. Each partition of a partitioned topic."""
-        name = self._topic_name(request)
-        if not name.is_partition and await self._partitions(name):
-            results = await self._each_partition(name, "DELETE", "/truncate", request=request)
-            self._check_partition_results(results)
-            return _no_content()
-        topic = await self._owned_topic(request, name)
-        try:
-            await sub_ops.truncate(topic)
-        except ManagedLedgerError as e:
-            raise AdminError(500, f"truncate of {name} failed: {e}") from e
-        return _no_content()
+        return await self._on_topic_or_partitions(
+            request, "DELETE", "/truncate", "truncate", sub_ops.truncate
+        )
 
     async def trim(self, request: web.Request) -> web.Response:
         """Pulsar's ``POST …/{topic}/trim`` (``pulsar-admin topics trim-topic``): the ledgers the topic's
         subscriptions have consumed and its retention lets go are deleted now, as the owner's next tick would
         (``ManagedLedger.trim_by_retention``); 204. Each partition of a partitioned topic."""
+        return await self._on_topic_or_partitions(
+            request, "POST", "/trim", "trim", lambda topic: topic.ml.trim_by_retention()
+        )
+
+    async def _on_topic_or_partitions(
+        self,
+        request: web.Request,
+        method: str,
+        tail: str,
+        what: str,
+        op: Callable[[Topic], Awaitable[object]],
+    ) -> web.Response:
+        """``op`` on the topic served here (a managed-ledger error answered 500, naming ``what``), or the same
+        request (``method`` on ``…/{partition}{tail}``) sent to each partition of a partitioned topic; 204."""
         name = self._topic_name(request)
         if not name.is_partition and await self._partitions(name):
-            results = await self._each_partition(name, "POST", "/trim", request=request)
-            self._check_partition_results(results)
+            self._check_partition_results(await self._each_partition(name, method, tail, request=request))
             return _no_content()
         topic = await self._owned_topic(request, name)
         try:
-            await topic.ml.trim_by_retention()
+            await op(topic)
         except ManagedLedgerError as e:
-            raise AdminError(500, f"trim of {name} failed: {e}") from e
+            raise AdminError(500, f"{what} of {name} failed: {e}") from e
         return _no_content()
 
     async def create_missed_partitions(self, request: web.Request) -> web.Response:
