@@ -12,8 +12,9 @@ Decisions live in the pure cores (``connection.py`` for the protocol state, ``su
 - SEND: one entry per SEND, stored as received (checksum verified: ChecksumError on mismatch); appends are
   pipelined by one appender task per topic; receipts leave strictly in order per producer.
 - Dedup (``deduplication_enabled``: the topic's own policy, else its namespace's, else the broker's default):
-  by (producer name, highest sequence id); the last ids are kept in the managed ledger's properties (``dedup/<name>``, written with every
-  ledger-list change) and a new owner rebuilds them from those plus the metadata of the tail ledger's entries.
+  by (producer name, highest sequence id); the last ids are kept in the managed ledger's properties
+  (``dedup/<name>``, written with every ledger-list change) and a new owner rebuilds them from those plus the
+  metadata of the tail ledger's entries.
 - Automatic compaction (``compaction_threshold``: the topic's own policy, else its namespace's, else
   ``--compaction-threshold-bytes``): every ``--compaction-monitor-interval-s`` each topic served here (each
   partition by itself) whose backlog exceeds it is compacted, unless a compaction of it runs already.

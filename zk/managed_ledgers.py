@@ -423,9 +423,10 @@ class TopicPolicies:
     """A topic's own policies (Pulsar's topic-level ``TopicPolicies``): each set one takes the place of its
     namespace's (:func:`policy_in_force`), None when not set on the topic. ``compaction_threshold``,
     ``message_ttl_in_seconds`` and the limits (``max_producers``, ``max_consumers``,
-    ``max_unacked_messages_on_consumer``, ``max_unacked_messages_on_subscription``; 0: none) are integers of 0 or more; ``retention`` is (minutes, MB) as
-    the namespace's (-1: infinite); ``deduplication_enabled`` a boolean; ``backlog_quota`` a quota. Stored in
-    their JSON form under these names (``update_topic_policy`` writes one)."""
+    ``max_unacked_messages_on_consumer``, ``max_unacked_messages_on_subscription``; 0: none) are integers of 0
+    or more; ``retention`` is (minutes, MB) as the namespace's (-1: infinite); ``deduplication_enabled`` a
+    boolean; ``backlog_quota`` a quota. Stored in their JSON form under these names (``update_topic_policy``
+    writes one)."""
 
     compaction_threshold: int | None = None
     message_ttl_in_seconds: int | None = None
@@ -462,7 +463,7 @@ class TopicPolicies:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TopicPolicies:
-        retention, dedup, quota = d.get("retention"), d.get("deduplication_enabled"), d.get("backlog_quota")
+        retention, quota = d.get("retention"), d.get("backlog_quota")
         return cls(
             compaction_threshold=_optional_threshold(d),
             message_ttl_in_seconds=_optional_threshold(d, "message_ttl_in_seconds"),
@@ -473,7 +474,7 @@ class TopicPolicies:
                 d, "max_unacked_messages_on_subscription"
             ),
             retention=None if retention is None else _retention_from_json(_field(d, "retention", dict)),
-            deduplication_enabled=None if dedup is None else _field(d, "deduplication_enabled", bool),
+            deduplication_enabled=_optional_bool(d, "deduplication_enabled"),
             backlog_quota=None if quota is None else BacklogQuota.from_json(_field(d, "backlog_quota", dict)),
         )
 
