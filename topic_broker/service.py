@@ -2436,11 +2436,7 @@ class BrokerService:
                 self.apply_policies(t, policies, tp)
 
     def dedup_in_force(self, p: NamespacePolicies, own: TopicPolicies) -> bool:
-        if own.deduplication_enabled is not None:
-            return own.deduplication_enabled
-        if p.deduplication_enabled is not None:  # the namespace's, either way (Pulsar's deduplicationEnabled)
-            return p.deduplication_enabled
-        return self.config.dedup_enabled
+        return policy_in_force(own.deduplication_enabled, p.deduplication_enabled, self.config.dedup_enabled)
 
     def apply_policies(
         self, topic: Topic, policies: NamespacePolicies | None, own: TopicPolicies | None = None

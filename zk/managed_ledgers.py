@@ -23,7 +23,7 @@ import base64
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from zk import layout
 from zk.client import JsonDict, MetadataStore
@@ -498,10 +498,13 @@ def _retention_from_json(d: Mapping[str, Any]) -> tuple[int, int]:
     return (_field(d, "retention_time_minutes", int), _field(d, "retention_size_mb", int))
 
 
-def policy_in_force(topic: int | None, namespace: int | None, broker: int) -> int:
-    """The value of a policy that applies to a topic (a compaction threshold, a message TTL; 0: off): its own if
-    set, else its namespace's if set, else the broker's default, in Pulsar's order (a topic's 0 turns it off
-    whatever its namespace says)."""
+_V = TypeVar("_V")
+
+
+def policy_in_force(topic: _V | None, namespace: _V | None, broker: _V) -> _V:
+    """The value of a policy that applies to a topic (a compaction threshold, a message TTL, 0: off;
+    deduplication): its own if set, else its namespace's if set, else the broker's default, in Pulsar's order (a
+    topic's 0 or false turns it off whatever its namespace says)."""
     if topic is not None:
         return topic
     if namespace is not None:
