@@ -727,12 +727,17 @@ class AdminApp:
         if request.match_info["cluster"] != CLUSTER_NAME:
             raise AdminError(404, "Cluster does not exist")
         cfg = self.service.config
+        web_tls, broker_tls = cfg.web_service_url_tls, cfg.service_url_tls
+        # where this broker serves none, another registered broker's: the cluster's data is one per cluster
+        if not (web_tls and broker_tls):
+            for _, b in sorted((await self.meta.list_brokers()).items()):
+                web_tls, broker_tls = web_tls or b.web_service_url_tls, broker_tls or b.service_url_tls
         return _json(
             {
                 "serviceUrl": cfg.web_service_url,
-                "serviceUrlTls": cfg.web_service_url_tls,
+                "serviceUrlTls": web_tls,
                 "brokerServiceUrl": cfg.service_url,
-                "brokerServiceUrlTls": cfg.service_url_tls,
+                "brokerServiceUrlTls": broker_tls,
                 "peerClusterNames": [],
             }
         )
@@ -2356,7 +2361,7 @@ class AdminApp:
                 "brokerUrl": owner.service_url,
                 "brokerUrlTls": owner.service_url_tls,
                 "httpUrl": owner.web_service_url,
-                "httpUrlTls": "",
+                "httpUrlTls": owner.web_service_url_tls,
                 "nativeUrl": owner.service_url,
             }
         )

@@ -2230,6 +2230,7 @@ class BrokerService:
                 service_url=self.config.service_url,
                 web_service_url=self.config.web_service_url,
                 service_url_tls=self.config.service_url_tls,
+                web_service_url_tls=self.config.web_service_url_tls,
             ),
         )
 
@@ -2588,6 +2589,7 @@ class BrokerService:
             service_url=self.config.service_url,
             web_service_url=self.config.web_service_url,
             service_url_tls=self.config.service_url_tls,
+            web_service_url_tls=self.config.web_service_url_tls,
         )
 
     def topic_lost(self, topic: Topic, reason: str) -> None:

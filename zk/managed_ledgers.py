@@ -239,11 +239,14 @@ class BrokerInfo:
     service_url: str
     web_service_url: str
     service_url_tls: str = ""  # pulsar+ssl:// of its TLS port, "" where it serves none
+    web_service_url_tls: str = ""  # https:// of its admin's TLS port, "" where it serves none
 
     def to_json(self) -> JsonDict:
         d: JsonDict = {"service_url": self.service_url, "web_service_url": self.web_service_url}
         if self.service_url_tls:
             d["service_url_tls"] = self.service_url_tls
+        if self.web_service_url_tls:
+            d["web_service_url_tls"] = self.web_service_url_tls
         return d
 
     @classmethod
@@ -252,6 +255,7 @@ class BrokerInfo:
             service_url=_field(d, "service_url", str),
             web_service_url=_field(d, "web_service_url", str, ""),
             service_url_tls=_field(d, "service_url_tls", str, ""),
+            web_service_url_tls=_field(d, "web_service_url_tls", str, ""),
         )
 
 
@@ -261,6 +265,7 @@ class OwnershipInfo:
     service_url: str
     web_service_url: str
     service_url_tls: str = ""  # the owner's pulsar+ssl:// URL: where a lookup over TLS sends the client
+    web_service_url_tls: str = ""  # the owner's https:// admin URL (the lookup's httpUrlTls), "" for none
 
     def to_json(self) -> JsonDict:
         d: JsonDict = {
@@ -270,6 +275,8 @@ class OwnershipInfo:
         }
         if self.service_url_tls:
             d["service_url_tls"] = self.service_url_tls
+        if self.web_service_url_tls:
+            d["web_service_url_tls"] = self.web_service_url_tls
         return d
 
     @classmethod
@@ -279,6 +286,7 @@ class OwnershipInfo:
             service_url=_field(d, "service_url", str),
             web_service_url=_field(d, "web_service_url", str, ""),
             service_url_tls=_field(d, "service_url_tls", str, ""),
+            web_service_url_tls=_field(d, "web_service_url_tls", str, ""),
         )
 
 

@@ -1,0 +1,78 @@
+"""The admin REST API as a Pulsar operator meets it, eleventh part: https on ``--admin-tls-port`` as a TLS
+deployment uses it (the owner's https URL in the HTTP lookup and the cluster's data, ``pulsar-client`` over an
+``https://`` service URL, client certificates on the https port) and the namespace-wide operations of
+``pulsar-admin namespaces``, each checked with the official ``pulsar-client`` and plain HTTP.
+
+The TLS tests start their own brokers (3 bookies each); the namespace tests share the eighth part's broker (its
+housekeeping tick every second). Every wait is bounded."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledgerstore.cluster import BrokerProcess, free_port
+from tests.broker_testing import Brokers, produce_consume
+from tests.integration.test_broker_tls import _client, _tls_broker, _topic
+from tests.tls_testing import needs_openssl, self_signed
+
+pulsar = pytest.importorskip("pulsar")
+
+
+def _https_broker(cluster: Brokers, cert: Path, key: Path, *extra: str) -> tuple[BrokerProcess, str, str]:
+    """A broker with a TLS port and https on its admin port (``cert``): it, its pulsar+ssl:// and https:// URLs."""
+    admin_tls_port = free_port()
+    bp, tls_url = _tls_broker(cluster, cert, key, "--admin-tls-port", str(admin_tls_port), *extra)
+    return bp, tls_url, f"https://127.0.0.1:{admin_tls_port}"
+
+
+def _get(url: str, ca: Path, headers: dict[str, str] | None = None, cert: Any = None) -> Any:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        ctx.load_cert_chain(*(str(p) for p in cert))
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=15, context=ctx) as r:
+        body = r.read()
+        return json.loads(body) if body else None
+
+
+@needs_openssl
+def test_the_http_lookup_answers_the_owners_https_url_and_an_https_client_works_on_either_broker(
+    cluster: Brokers, tmp_path: Path
+) -> None:
+    """``httpUrlTls`` of ``/lookup/v2/topic/...`` is the owner's https URL (before: always ""), asked of the owner
+    or of another broker; the cluster's ``serviceUrlTls`` too on a broker without https; and pulsar-client over
+    an ``https://`` service URL (lookup over https, then the owner's pulsar+ssl:// port) works through either."""
+    cert, key = self_signed(tmp_path, "broker")
+    owner, owner_tls, owner_https = _https_broker(cluster, cert, key)
+    other, other_tls, other_https = _https_broker(cluster, cert, key)
+    topic = _topic()
+    local = topic.rsplit("/", 1)[-1]
+    first = _client(owner_https, cert)  # the first lookup, on `owner`, makes it the owner
+    try:
+        assert produce_consume(first, topic, 2) == [b"m-0", b"m-1"]
+        for base in (owner_https, other_https):
+            looked_up = _get(f"{base}/lookup/v2/topic/persistent/public/default/{local}", cert)
+            assert (looked_up["brokerUrlTls"], looked_up["httpUrlTls"]) == (owner_tls, owner_https)
+            assert looked_up["httpUrl"] == f"http://127.0.0.1:{owner.http_port}"
+    finally:
+        first.close()
+    second = _client(other_https, cert)  # knows only the other broker, over https
+    try:
+        assert produce_consume(second, topic, 3) == [b"m-0", b"m-1", b"m-2"]
+    finally:
+        second.close()
+    plain = cluster.start()  # no https of its own: the cluster's is another broker's
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{plain.http_port}/admin/v2/clusters/ledgerstore", timeout=15
+    ) as r:
+        data = json.loads(r.read())
+    assert data["serviceUrlTls"] in (owner_https, other_https)
+    assert data["brokerServiceUrlTls"] in (owner_tls, other_tls)
+    assert data["serviceUrl"] == f"http://127.0.0.1:{plain.http_port}"
