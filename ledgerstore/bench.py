@@ -227,15 +227,21 @@ async def _loopback_rate(seconds: float = 1.0, size: int = 1024, window: int = 1
 
 
 def machine_limits(directory: Path) -> dict[str, float]:
+    """The machine's probes (the loopback one on uvloop when installed). The caller's event loop policy is left
+    as it was: ``bench ledger --loop asyncio`` runs its client on asyncio's own loop after these."""
     from bookie.main import install_uvloop
 
+    policy = asyncio.get_event_loop_policy()
     install_uvloop()
-    return {
-        "fsync_1k_per_s": round(fsync_rate(directory)),
-        "seq_write_fsync_4mib_bytes_per_s": round(sequential_write_rate(directory)),
-        "seq_overwrite_fsync_4mib_bytes_per_s": round(sequential_write_rate(directory, overwrite=True)),
-        "loopback_framed_1k_msgs_per_s": round(asyncio.run(_loopback_rate())),
-    }
+    try:
+        return {
+            "fsync_1k_per_s": round(fsync_rate(directory)),
+            "seq_write_fsync_4mib_bytes_per_s": round(sequential_write_rate(directory)),
+            "seq_overwrite_fsync_4mib_bytes_per_s": round(sequential_write_rate(directory, overwrite=True)),
+            "loopback_framed_1k_msgs_per_s": round(asyncio.run(_loopback_rate())),
+        }
+    finally:
+        asyncio.set_event_loop_policy(policy)
 
 
 #: Bytes a bookie writes per stored entry besides the payload: entry header + digest (36), the journal's
