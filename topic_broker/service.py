@@ -1282,6 +1282,7 @@ class Topic:
         "_skipped_dirty",
         "bytes_in",
         "compaction",
+        "consumers_creating",
         "dedup_enabled",
         "key",
         "last_entry_messages",
@@ -1339,6 +1340,9 @@ class Topic:
         #: unacknowledged messages a consumer may hold before it is sent nothing more
         self.max_producers = 0
         self.max_consumers = 0
+        #: SUBSCRIBEs past the consumers limit's first check and not yet attached or refused: counted by that
+        #: check (``BrokerService._consumers_refused``) as the consumers they are about to be
+        self.consumers_creating = 0
         self.max_unacked_on_consumer = DEFAULT_UNACKED_MESSAGES_MAX
         self.max_unacked_on_subscription = DEFAULT_UNACKED_SUBSCRIPTION_MAX
         #: producer name -> ranges [lo, hi] of sequence ids its stored sends jumped over (``fills_skipped_id``)
@@ -3077,6 +3081,17 @@ class BrokerService:
             # before the subscription is made, as Pulsar: a durable one made for a consumer refused held the
             # topic's backlog from then on with no consumer to read it
             return
+        # counted against the limit until attached or refused: two SUBSCRIBEs at once past the first check, the
+        # second's subscription was made while the first attached, then refused at the second check, left behind
+        topic.consumers_creating += 1
+        try:
+            await self._subscribe_consumer(s, cmd, creation, topic)
+        finally:
+            topic.consumers_creating -= 1
+
+    async def _subscribe_consumer(
+        self, s: Session, cmd: pb.CommandSubscribe, creation: _Creation, topic: Topic
+    ) -> None:
         try:
             refused = await self._schema_refused(topic, cmd.schema) if cmd.HasField("schema") else None
             if refused is not None:
@@ -3104,7 +3119,8 @@ class BrokerService:
         sticky = ksm is not None and ksm.keySharedMode == pb.STICKY
         if ksm is not None and sticky:
             ranges = [(rg.start, rg.end) for rg in ksm.hashRanges]
-        if self._consumers_refused(s, topic, cmd.request_id):  # (again: more may have come while this waited)
+        # (again, this one's creation aside: the limit may have been lowered while this waited)
+        if self._consumers_refused(s, topic, cmd.request_id, creating=1):
             return
         c = Consumer(
             s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}
@@ -3129,10 +3145,12 @@ class BrokerService:
         s.send(wire.success(cmd.request_id))
 
     @staticmethod
-    def _consumers_refused(s: Session, topic: Topic, request_id: int) -> bool:
-        """The topic has its limit of consumers (all subscriptions'): refused with Pulsar's answer to
-        maxConsumersPerTopic, ConsumerBusy (the client's subscribe fails)."""
+    def _consumers_refused(s: Session, topic: Topic, request_id: int, creating: int = 0) -> bool:
+        """The topic has its limit of consumers (all subscriptions', those being created counted, less
+        ``creating``: the caller's own): refused with Pulsar's answer to maxConsumersPerTopic, ConsumerBusy (the
+        client's subscribe fails)."""
         consumers = sum(len(rt.consumers) for rt in topic.subscriptions.values())
+        consumers += topic.consumers_creating - creating
         if not topic.max_consumers or consumers < topic.max_consumers:
             return False
         why = f"Topic {topic.name} reached max consumers limit ({topic.max_consumers})"

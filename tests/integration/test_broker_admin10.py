@@ -24,7 +24,9 @@ from tests.integration.test_broker_admin8 import BASE, _http_status, _stats, bp,
 from tests.integration.test_broker_auth import SUPERUSER, SecureCluster, secure_cluster
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import wait_for
-from tests.integration.test_broker_pulsar_client import client, topic_name
+from tests.integration.test_broker_pulsar_client import T, _connect, _raw, client, topic_name
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
 from zk.acl import resolve_auth
 from zk.layout import namespace_policies_path
 from zk.managed_ledgers import TOPIC_POLICIES
@@ -304,6 +306,43 @@ def test_a_subscribe_refused_past_max_consumers_creates_no_subscription(bp: Brok
         c.subscribe(topic, "refused")
     assert sorted(_stats(bp, topic)["subscriptions"]) == ["a"]
     first.close()
+
+
+def test_subscribes_at_once_past_max_consumers_leave_no_subscription(bp: BrokerProcess) -> None:
+    """Two SUBSCRIBEs of new subscriptions at once (one connection, one write) on a topic of one consumer at
+    most: one is attached, the other refused ConsumerBusy, and only the first's subscription is there. Both
+    passed the limit's first check before either was attached; the second's cursor was made while the first
+    attached, and the second check refused it with its subscription left behind."""
+    t = topic_name()
+    topic = f"persistent://public/default/{t}"
+    admin(bp, "PUT", f"{BASE}/{t}")
+    admin(bp, "POST", f"{BASE}/{t}/maxConsumers", 1)
+    s = _raw(bp)
+    try:
+        _connect(s)
+        subscribes = [
+            pb.CommandSubscribe(
+                topic=topic,
+                subscription=name,
+                subType=pb.CommandSubscribe.Shared,
+                consumer_id=i,
+                request_id=i,
+            )
+            for i, name in ((1, "a"), (2, "b"))
+        ]
+        s.sendall(b"".join(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=cmd)) for cmd in subscribes))
+        dec, answers = wire.FrameDecoder(), {}
+        s.settimeout(30)
+        while len(answers) < 2:
+            for f in dec.feed(s.recv(65536)):
+                if f.command.type == T.SUCCESS:
+                    answers[f.command.success.request_id] = "SUCCESS"
+                elif f.command.type == T.ERROR:
+                    answers[f.command.error.request_id] = pb.ServerError.Name(f.command.error.error)
+        assert answers == {1: "SUCCESS", 2: "ConsumerBusy"}
+        assert sorted(_stats(bp, topic)["subscriptions"]) == ["a"]
+    finally:
+        s.close()
 
 
 @pytest.fixture
