@@ -89,6 +89,7 @@ from .metrics import BrokerMetrics, Families
 from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName, valid_segment
 from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
 from .subscription import DEFAULT_UNACKED_MESSAGES_MAX, DEFAULT_UNACKED_SUBSCRIPTION_MAX
+from .tls import client_role
 from .wire import pulsar_date
 
 if TYPE_CHECKING:
@@ -2570,6 +2571,9 @@ def _auth_middleware(service: BrokerService) -> Any:
     from .connection import AuthenticationFailed
 
     cfg = service.config
+    needs_auth = "authentication required: send Authorization: Bearer <token>"
+    if cfg.admin_tls_port is not None and cfg.tls_trust_certs_file:
+        needs_auth += f" (or a client certificate on https port {cfg.admin_tls_port})"
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -2582,12 +2586,14 @@ def _auth_middleware(service: BrokerService) -> Any:
                 request[PRINCIPAL] = service.authenticate("token", token.encode("utf-8", "surrogateescape"))
             except AuthenticationFailed as e:
                 return _error(401, f"authentication failed: {e}")
+        elif (role := _certificate_role(request)) is not None:  # a client certificate the https port verified
+            request[PRINCIPAL] = role
         mutating = request.method not in _READ_METHODS
         lookup = request.path.startswith("/lookup/")
         payload = _reads_payloads(request)
         needed = mutating or payload or cfg.admin_read_auth or (lookup and cfg.auth_required)
         if needed and PRINCIPAL not in request:
-            return _error(401, "authentication required: send Authorization: Bearer <token>")
+            return _error(401, needs_auth)
         if mutating and cfg.superuser_roles and not service.is_superuser(request[PRINCIPAL]):
             return _error(403, f"{request[PRINCIPAL]} is not a superuser")
         if payload:
@@ -2598,6 +2604,14 @@ def _auth_middleware(service: BrokerService) -> Any:
         return await handler(request)
 
     return auth
+
+
+def _certificate_role(request: web.Request) -> str | None:
+    """The CN of the client certificate the https port (``--admin-tls-port`` with ``--tls-trust-certs``) verified
+    for this request's connection, as the TLS port's CONNECT with auth method ``tls`` takes it; None on plain
+    http, or where the client sent none."""
+    transport = request.transport
+    return client_role(transport) if transport is not None else None
 
 
 def _reads_payloads(request: web.Request) -> bool:

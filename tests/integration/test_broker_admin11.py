@@ -19,8 +19,10 @@ import pytest
 
 from ledgerstore.cluster import BrokerProcess, free_port
 from tests.broker_testing import Brokers, produce_consume
+from tests.integration.test_broker_auth import SUPERUSER
 from tests.integration.test_broker_tls import _client, _tls_broker, _topic
-from tests.tls_testing import needs_openssl, self_signed
+from tests.integration.test_broker_tls2 import _secure_tls_broker
+from tests.tls_testing import needs_openssl, self_signed, signed_by
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -32,14 +34,29 @@ def _https_broker(cluster: Brokers, cert: Path, key: Path, *extra: str) -> tuple
     return bp, tls_url, f"https://127.0.0.1:{admin_tls_port}"
 
 
-def _get(url: str, ca: Path, headers: dict[str, str] | None = None, cert: Any = None) -> Any:
+def _call(
+    method: str, url: str, ca: Path, cert: tuple[Path, Path] | None = None, token: str | None = None
+) -> tuple[int, Any]:
+    """``method url`` over https trusting ``ca``, with a client certificate and key, a token: status and body."""
     ctx = ssl.create_default_context(cafile=str(ca))
     if cert is not None:
-        ctx.load_cert_chain(*(str(p) for p in cert))
-    req = urllib.request.Request(url, headers=headers or {})
-    with urllib.request.urlopen(req, timeout=15, context=ctx) as r:
-        body = r.read()
-        return json.loads(body) if body else None
+        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    req = urllib.request.Request(url, method=method, data=b"{}" if method in ("PUT", "POST") else None)
+    req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=15, context=ctx) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()
+    return status, json.loads(body) if body else None
+
+
+def _get(url: str, ca: Path) -> Any:
+    status, data = _call("GET", url, ca)
+    assert status == 200, (status, data)
+    return data
 
 
 @needs_openssl
@@ -76,3 +93,41 @@ def test_the_http_lookup_answers_the_owners_https_url_and_an_https_client_works_
     assert data["serviceUrlTls"] in (owner_https, other_https)
     assert data["brokerServiceUrlTls"] in (owner_tls, other_tls)
     assert data["serviceUrl"] == f"http://127.0.0.1:{plain.http_port}"
+
+
+@needs_openssl
+def test_a_client_certificate_on_the_https_port_authenticates_by_its_cn(
+    cluster: Brokers, tmp_path: Path
+) -> None:
+    """With ``--tls-trust-certs``, the admin's https port takes a verified client certificate's CN as the role
+    (before: only tokens, 401 without one): a superuser's CN may change anything, alice's is refused a change
+    (403) and her lookup until she is granted, and pulsar-client over ``https://`` with ``AuthenticationTLS``
+    then works; a token still works there, and no certificate nor token is 401."""
+    ca = self_signed(tmp_path, "ca")
+    alice = signed_by(ca, tmp_path, "alice", "alice")
+    root = signed_by(ca, tmp_path, "root", SUPERUSER)
+    https_port = free_port()
+    secure, _, broker_cert = _secure_tls_broker(cluster, tmp_path, "--admin-tls-port", str(https_port))
+    base = f"https://127.0.0.1:{https_port}"
+    tenants = f"{base}/admin/v2/tenants"
+    assert _call("PUT", f"{tenants}/by-cert", broker_cert, cert=root)[0] == 204
+    assert _call("PUT", f"{tenants}/by-alice", broker_cert, cert=alice) == (
+        403,
+        {"reason": "alice is not a superuser"},
+    )
+    status, body = _call("PUT", f"{tenants}/by-nobody", broker_cert)
+    assert status == 401 and "client certificate" in body["reason"]
+    assert _call("PUT", f"{tenants}/by-token", broker_cert, token=secure.tokens[SUPERUSER])[0] == 204
+    assert sorted(_get(tenants, broker_cert)) == ["by-cert", "by-token", "public"]
+
+    topic = _topic()
+    lookup = f"{base}/lookup/v2/topic/persistent/public/default/{topic.rsplit('/', 1)[-1]}"
+    assert _call("GET", lookup, broker_cert, cert=alice)[0] == 403  # authenticated, not granted
+    secure.grant("alice", ["produce", "consume"])
+    assert _call("GET", lookup, broker_cert, cert=alice)[0] == 200
+    auth = pulsar.AuthenticationTLS(str(alice[0]), str(alice[1]))
+    c = _client(base, broker_cert, authentication=auth)
+    try:  # the lookup over https and the owner's TLS port, both by alice's certificate
+        assert produce_consume(c, topic, 2) == [b"m-0", b"m-1"]
+    finally:
+        c.close()
