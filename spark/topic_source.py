@@ -86,10 +86,10 @@ cursor consumed) keeps what Spark has not processed; properties ``spark-topic-ma
 position too, so a restart tells the query's own commit from a move by another (the message TTL, a skip, a reset),
 after which a trimmed ledger is checked as lost. ``Trigger.AvailableNow`` reads up to the latest positions
 seen when the query starts, in as many micro-batches as the read limit makes. A new query makes its subscription
-when its initial offset is chosen, at that position, before any batch reads (a new name that no batch Spark logged
-came to name is deleted when the query stops); a commit keeps the cursor's other contents (the subscription
-properties set through the admin) and writes nothing for a topic deleted meanwhile (one ZooKeeper transaction
-checking its managed ledger's znode).
+when its initial offset is chosen, at that position (a partition with no entry yet at ``(-1, -1)``), before any
+batch reads (a new name that no batch Spark logged came to name is deleted when the query stops); a commit keeps
+the cursor's other contents (the subscription properties set through the admin) and writes nothing for a topic
+deleted meanwhile (one ZooKeeper transaction checking its managed ledger's znode).
 """
 
 from __future__ import annotations
@@ -880,7 +880,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._committed: dict[str, Pos | None] = {}
         self._initial: dict[str, Any] | None = None  # the last initial offset given (a new query's start)
         self._fresh: str | None = None  # a new query's subscription name, made once per run
-        #: whether a batch Spark logged (planned or committed) names ``_fresh``: then the checkpoint keeps it
+        #: whether a batch's end Spark logs (latestOffset's, planned, committed) names ``_fresh``: then the
+        #: checkpoint keeps it
         self._fresh_logged = False
         #: partitions (full name -> managed ledger) where ``_fresh`` was made
         self._fresh_made: dict[str, str] = {}
@@ -927,8 +928,10 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         return self._snaps
 
     def initialOffset(self) -> dict[str, Any]:
-        """A new query's start (Spark asks only when its checkpoint holds no offset). Its subscription is made
-        here, durably, at that start on every partition, before any batch reads: retention keeps from then on what
+        """A new query's start (Spark asks when its checkpoint holds no offset, and again as batch 0's start
+        whenever it runs that batch, a restart re-running a batch 0 logged by an earlier run too). Its
+        subscription is made here, durably, at that start on every partition (a partition with no entry yet at
+        ``(-1, -1)``, before every ledger it will have), before any batch reads: retention keeps from then on what
         the first batch reads. The name is not in this offset (the first batch's end holds it), so the first
         trigger always logs a batch that names it; a new name that no logged batch came to name is deleted
         again when the query stops (:meth:`stop`), so a query stopped first leaves nothing behind."""
@@ -1017,13 +1020,25 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             moved = advance(snaps[n], starts[n], int(budget[n]), caps[n])
             if moved != starts[n] or n not in begin:
                 end[n] = moved
-        return {**positions_json(end), SUBSCRIPTION_KEY: sub}
+        out = {**positions_json(end), SUBSCRIPTION_KEY: sub}
+        self._logged(out)
+        return out
 
     def _logged(self, end: dict[str, Any]) -> None:
-        """``end`` is a batch's end that Spark logged in the checkpoint (it plans or commits that batch only
-        then): a new name it holds stays with the query."""
-        if self._fresh is not None and end.get(SUBSCRIPTION_KEY) == self._fresh:
+        """``end`` is a batch's end that Spark logs in the checkpoint: a new name it holds stays with the query.
+        Called where latestOffset answers it, not only where Spark plans or commits that batch: Spark logs
+        every end latestOffset gives for batch 0 (it always differs from the initial offset, which names no
+        subscription) before it plans the batch, and a query stopped between the two restarts with that name.
+        A logged end naming another name is the checkpoint's (a restart re-running a batch 0 logged by an
+        earlier run, for which Spark asks for an initial offset again): the new name made then is not the
+        query's, and is deleted now rather than holding retention at that start until the query stops."""
+        name = end.get(SUBSCRIPTION_KEY)
+        if self._fresh is None or not isinstance(name, str):
+            return
+        if name == self._fresh:
             self._fresh_logged = True
+        elif not self._fresh_logged:
+            self._forget_unlogged()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TopicRange]:
         self._logged(end)
@@ -1061,9 +1076,11 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         ``strict``, else is logged (the next commit retries; retention waits meanwhile)."""
         for name, (lid, eid) in positions_from_json(end).items():
             part = self._parts.get(name)
-            if part is None or lid < 0:
+            if part is None:
                 continue
-            mark = (lid, eid - 1)
+            # a partition with no entry yet (EARLIEST): (-1, -1), before every ledger it will ever have, so
+            # retention keeps all of them until the query has read them
+            mark = (lid, eid - 1) if lid >= 0 else (EARLIEST[0], EARLIEST[1] - 1)
             if self._committed.get(name) == mark:
                 continue
             try:

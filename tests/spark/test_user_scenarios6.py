@@ -1,0 +1,77 @@
+"""The Spark sources' leftovers after their fifth day, and what a Spark user's day on a cluster with faults
+found. The cluster of ``test_user_scenarios`` (ZooKeeper, 3 bookies, a broker rolling its ledgers every 20
+entries, infinite retention); the tests drive the stream reader directly, without a query (Spark tests are
+slow), as Spark calls it."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.spark import test_user_scenarios as users
+from tests.spark.test_user_scenarios import Cluster
+from tests.spark.test_user_scenarios5 import _cursors, _options, store
+
+pytest.importorskip("pyspark")
+cluster = users.cluster  # the module's own cluster, built as that module builds it
+__all__ = ["store"]  # the fixture, used by name
+
+
+def _reader(cluster: Cluster, topic: str, **more: str) -> Any:
+    from spark.topic_source import TOPIC_SCHEMA, TopicStreamReader
+
+    return TopicStreamReader(_options(cluster, topic, **more), TOPIC_SCHEMA)
+
+
+def test_a_partition_empty_at_the_start_gets_the_subscription_there_too(cluster: Cluster, store: Any) -> None:
+    """A 2-partition topic whose partition 1 has no entry (no ledger) when a new stream starts: the
+    subscription is made on it too, at (-1, -1), before every ledger it will have, and the broker counts what
+    is written there as its backlog (before: partition 1 got it only at the first commit, and retention could
+    trim what was written there meanwhile)."""
+    base = "empty-at-start"
+    cluster.admin("PUT", f"/admin/v2/persistent/public/default/{base}/partitions", 2)
+    users.produce(cluster, f"{base}-partition-0", 5, batching_enabled=False)
+    time.sleep(1.5)  # the explicit LAC
+    r = _reader(cluster, base)
+    try:
+        r.initialOffset()
+        (sub,) = _cursors(store, f"{base}-partition-0")
+        assert _cursors(store, f"{base}-partition-1")[sub].mark_delete == (-1, -1)
+        users.produce(cluster, f"{base}-partition-1", 3, batching_enabled=False)
+        stats = json.loads(
+            cluster.admin("GET", f"/admin/v2/persistent/public/default/{base}-partition-1/stats")
+        )
+        assert stats["subscriptions"][sub]["msgBacklog"] == 3, stats["subscriptions"]
+    finally:
+        r.stop()
+
+
+def test_a_name_latest_offset_gave_stays_when_the_stream_stops_before_planning_it(
+    cluster: Cluster, store: Any
+) -> None:
+    """Spark logs batch 0's end (naming the new subscription) as soon as latestOffset gives it, and plans the
+    batch after: a query stopped in between keeps its name (before: stop() deleted the subscription the
+    checkpoint names). The restart, asked for an initial offset again to re-run that batch 0, makes another
+    new name, which is deleted as soon as the logged batch shows it is not the query's (before: it held
+    retention at the start until the query stopped)."""
+    local = "logged-not-planned"
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    r = _reader(cluster, local)
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    r.stop()
+    logged = end["subscription"]
+    assert list(_cursors(store, local)) == [logged]
+    again = _reader(cluster, local)
+    try:
+        restart = again.initialOffset()
+        assert len(_cursors(store, local)) == 2
+        assert len(again.partitions(restart, end)) == 1
+        assert list(_cursors(store, local)) == [logged]
+    finally:
+        again.stop()
+    assert list(_cursors(store, local)) == [logged]
