@@ -311,6 +311,7 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         "compaction_threshold": p.compaction_threshold,
         "message_ttl_in_seconds": p.message_ttl_in_seconds,
         **{policy: getattr(p, policy) for policy in _NAMESPACE_LIMITS.values()},
+        "subscription_expiration_time_minutes": p.subscription_expiration_time_minutes,
     }
 
 
@@ -331,6 +332,17 @@ def _ttl_from(body: Any) -> int:
         raise AdminError(400, f"expected the message TTL in seconds as a JSON integer, got {body!r}")
     if not 0 <= body <= INT32_MAX:  # Pulsar's Integer
         raise AdminError(412, f"Invalid value for message TTL: {body} (0 to {INT32_MAX} seconds)")
+    return body
+
+
+def _expiration_from(body: Any) -> int:
+    """A ``subscriptionExpirationTime`` body: minutes, an integer of 0 (never) up to Pulsar's Integer."""
+    if isinstance(body, bool) or not isinstance(body, int):
+        raise AdminError(
+            400, f"expected the subscription expiration time in minutes as a JSON integer, got {body!r}"
+        )
+    if not 0 <= body <= INT32_MAX:
+        raise AdminError(412, "Invalid value for subscription expiration time")
     return body
 
 
@@ -913,6 +925,26 @@ class AdminApp:
     async def message_ttl_delete(self, request: web.Request) -> web.Response:
         tenant, ns, p = await self._policies(request)
         return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=None))
+
+    async def expiration_get(self, request: web.Request) -> web.Response:
+        """The namespace's ``subscription_expiration_time_minutes``, ``null`` when not set (never)."""
+        _t, _n, p = await self._policies(request)
+        return _json(p.subscription_expiration_time_minutes)
+
+    async def expiration_set(self, request: web.Request) -> web.Response:
+        """Pulsar's ``set-subscription-expiration-time``: a JSON integer of minutes, 0 for never; the topics'
+        owners delete the subscriptions idle that long at their housekeeping (``expire_inactive_subscriptions``)."""
+        tenant, ns, p = await self._policies(request)
+        minutes = _expiration_from(await _body_json(request))
+        return await self._set_policies(
+            tenant, ns, dataclasses.replace(p, subscription_expiration_time_minutes=minutes)
+        )
+
+    async def expiration_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        return await self._set_policies(
+            tenant, ns, dataclasses.replace(p, subscription_expiration_time_minutes=None)
+        )
 
     async def schema_strategy_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
@@ -2063,11 +2095,7 @@ class AdminApp:
             if rt.consumers and not force:
                 raise AdminError(412, "Subscription has active connected consumers")
             self._disconnect(rt)
-            topic.subscriptions.pop(sub, None)
-            if rt.cursor is not None:
-                await rt.cursor.delete()
-        topic.ml.detach_cursor(sub)
-        await self.meta.delete_cursor(name.ml_name, sub)
+        await sub_ops.delete(topic, sub, rt)
         return _no_content()
 
     @staticmethod
@@ -2459,6 +2487,9 @@ class AdminApp:
         r.add_get(ns + "/messageTTL", self.message_ttl_get)
         r.add_post(ns + "/messageTTL", self.message_ttl_set)
         r.add_delete(ns + "/messageTTL", self.message_ttl_delete)
+        r.add_get(ns + "/subscriptionExpirationTime", self.expiration_get)
+        r.add_post(ns + "/subscriptionExpirationTime", self.expiration_set)
+        r.add_delete(ns + "/subscriptionExpirationTime", self.expiration_delete)
         r.add_get(ns + "/backlogQuota", self.quota_get)
         limits = ns + "/{limit:" + "|".join(_NAMESPACE_LIMITS) + "}"
         r.add_route("GET", limits, self.namespace_limit_get)

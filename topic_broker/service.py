@@ -2082,6 +2082,8 @@ class BrokerService:
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
         self._tick_failing = RateLimitedLog(log, LOG_EVERY_S)  # (a housekeeping step that raised)
         self._expiry_monitor: asyncio.Task[None] | None = None
+        #: topic -> subscription -> when the subscription expiration check last saw a consumer on it (ms)
+        self._consumers_seen_ms: dict[str, dict[str, int]] = {}
 
     # -- authentication and authorization ---------------------------------------------------------------------
 
@@ -2320,6 +2322,8 @@ class BrokerService:
             next_topic_tick = now + self.config.tick_interval_s
             with self._policies_failing.catching(Exception, "namespace policies not refreshed"):
                 await self.refresh_policies()
+            with self._tick_failing.catching(Exception, "housekeeping: subscription expiration not checked"):
+                await self.expire_inactive_subscriptions()
             for topic in self.served_topics():
                 # the time of the sample itself: the topics before it may have waited on ZooKeeper or bookies
                 topic.sample_rates(time.monotonic())
@@ -2415,6 +2419,46 @@ class BrokerService:
                 log.info("topic=%s message TTL %d s: subscriptions %s expired", topic.name, ttl, moved)
         if failed:
             raise TopicChecksFailedError(failed)
+
+    async def expire_inactive_subscriptions(self) -> None:
+        """Pulsar's subscription expiration, on each housekeeping pass: in each namespace whose
+        ``subscription_expiration_time_minutes`` is over 0, each topic served here deletes the durable
+        subscriptions (the compactor's aside) with no consumer that were last active longer ago than that
+        (:func:`sub_ops.delete_inactive`; last active: the cursor's last save, or the last pass that saw a
+        consumer on it). A topic whose check fails is logged (rate limited) and the others are checked."""
+        assert self.meta is not None
+        now_ms = int(time.time() * 1000)
+        served = self.served_topics()
+        seen = self._consumers_seen_ms
+        for key in set(seen) - {str(t.name) for t in served}:
+            del seen[key]
+        minutes_of: dict[tuple[str, str], int] = {}
+        for topic in served:
+            mine = seen.setdefault(str(topic.name), {})
+            mine.update((sub, now_ms) for sub, rt in topic.subscriptions.items() if rt.consumers)
+            ns = (topic.name.tenant, topic.name.namespace)
+            try:
+                if ns not in minutes_of:
+                    p = await self.meta.get_policies(*ns)
+                    minutes_of[ns] = (None if p is None else p.subscription_expiration_time_minutes) or 0
+                if minutes_of[ns] <= 0 or topic.unloaded or topic.ml.closed:
+                    continue
+                deleted = await sub_ops.delete_inactive(topic, minutes_of[ns] * 60_000, now_ms, mine)
+            except ManagedLedgerFencedError as e:
+                self.topic_lost(topic, str(e))
+                continue
+            except Exception as e:
+                self._tick_failing.warning("topic=%s subscription expiration not checked: %r", topic.name, e)
+                continue
+            for sub in deleted:
+                mine.pop(sub, None)
+            if deleted:
+                log.info(
+                    "topic=%s subscriptions %s deleted: no consumer for over %d minutes (subscriptionExpirationTime)",
+                    topic.name,
+                    deleted,
+                    minutes_of[ns],
+                )
 
     async def refresh_policies(self) -> None:
         """Read the policies of every namespace with a topic served here and apply them (changes made through

@@ -45,6 +45,8 @@ __all__ = [
     "advance",
     "analyze_backlog",
     "check_movable",
+    "delete",
+    "delete_inactive",
     "entry_expired",
     "expire",
     "expire_all",
@@ -330,6 +332,46 @@ async def expire_all(topic: Topic, ttl_s: int, now_ms: int) -> list[str]:
         except SubscriptionNotFoundError:
             continue
     return moved
+
+
+async def delete(topic: Topic, sub: str, rt: SubscriptionRuntime | None) -> None:
+    """The subscription removed (unsubscribe): its dispatcher ``rt`` (whose consumers the caller closed, or
+    None when it has none here) dropped, its cursor detached and its znode deleted."""
+    if rt is not None:
+        topic.subscriptions.pop(sub, None)
+        if rt.cursor is not None:
+            await rt.cursor.delete()
+    topic.ml.detach_cursor(sub)
+    await topic.ml.store.delete_cursor(topic.ml.name, sub)
+
+
+async def delete_inactive(
+    topic: Topic, expiration_ms: int, now_ms: int, seen_ms: dict[str, int]
+) -> list[str]:
+    """Pulsar's subscription expiration (``subscriptionExpirationTimeMinutes``): each durable subscription but
+    the compactor's that has no consumer here and was last active more than ``expiration_ms`` before ``now_ms``
+    is deleted. Last active: the later of its cursor's stored ``last_active_ms`` (written with each save of
+    its position) and ``seen_ms[sub]``, when the caller last saw a consumer on it; a cursor stored without that
+    time (0) counts as active when first checked (``seen_ms`` records it). The deleted ones."""
+    ml = topic.ml
+    deleted = []
+    for sub in sorted(set(await ml.store.list_cursors(ml.name)) - {COMPACTION_SUBSCRIPTION}):
+        rt = topic.subscriptions.get(sub)
+        if rt is not None and (rt.consumers or not rt.durable):
+            continue
+        stored = await ml.store.get_cursor(ml.name, sub)
+        if stored is None:
+            continue
+        last = stored.value.last_active_ms or seen_ms.setdefault(sub, now_ms)
+        if now_ms - max(last, seen_ms.get(sub, 0)) <= expiration_ms:
+            continue
+        async with topic._opening_subscription:  # no consumer attaching meanwhile
+            rt = topic.subscriptions.get(sub)
+            if rt is not None and rt.consumers:
+                continue
+            await delete(topic, sub, rt)
+        deleted.append(sub)
+    return deleted
 
 
 async def truncate(topic: Topic) -> list[int]:

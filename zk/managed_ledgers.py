@@ -341,6 +341,9 @@ class NamespacePolicies:
     max_consumers_per_topic: int | None = None
     max_unacked_messages_per_consumer: int | None = None
     max_unacked_messages_per_subscription: int | None = None
+    # Pulsar's ``subscription_expiration_time_minutes``: a subscription with no consumer for this long is deleted
+    # by the topic's owner (0: never); None: not set, never (Pulsar's broker default, 0)
+    subscription_expiration_time_minutes: int | None = None
 
     @property
     def retention_time_s(self) -> float:
@@ -367,6 +370,7 @@ class NamespacePolicies:
             "compaction_threshold": self.compaction_threshold,  # null kept: a removal merges over the old value
             "message_ttl_in_seconds": self.message_ttl_in_seconds,
             **{key: getattr(self, key) for key in _NAMESPACE_LIMITS},
+            "subscription_expiration_time_minutes": self.subscription_expiration_time_minutes,
         }
 
     @classmethod
@@ -386,6 +390,9 @@ class NamespacePolicies:
             max_unacked_messages_per_consumer=_optional_threshold(d, "max_unacked_messages_per_consumer"),
             max_unacked_messages_per_subscription=_optional_threshold(
                 d, "max_unacked_messages_per_subscription"
+            ),
+            subscription_expiration_time_minutes=_optional_threshold(
+                d, "subscription_expiration_time_minutes"
             ),
         )
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +21,18 @@ import pytest
 
 from ledgerstore.cluster import BrokerProcess, free_port
 from tests.broker_testing import Brokers, produce_consume
+from tests.integration.test_broker_admin8 import _http_status, bp, brokers
 from tests.integration.test_broker_auth import SUPERUSER
+from tests.integration.test_broker_client_features3 import admin, c
+from tests.integration.test_broker_client_features4 import wait_for
+from tests.integration.test_broker_pulsar_client import topic_name
 from tests.integration.test_broker_tls import _client, _tls_broker, _topic
 from tests.integration.test_broker_tls2 import _secure_tls_broker
 from tests.tls_testing import needs_openssl, self_signed, signed_by
+from zk.client import MetadataStore
 
 pulsar = pytest.importorskip("pulsar")
+__all__ = ["bp", "brokers", "c"]  # the eighth part's broker (one per module) and the third part's client
 
 
 def _https_broker(cluster: Brokers, cert: Path, key: Path, *extra: str) -> tuple[BrokerProcess, str, str]:
@@ -131,3 +139,54 @@ def test_a_client_certificate_on_the_https_port_authenticates_by_its_cn(
         assert produce_consume(c, topic, 2) == [b"m-0", b"m-1"]
     finally:
         c.close()
+
+
+# -- namespace policies (the eighth part's broker) ------------------------------------------------------
+
+
+def _namespace(bp: BrokerProcess) -> str:
+    ns = f"ns-{topic_name()}"
+    admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")
+    return ns
+
+
+@pytest.fixture
+def store(brokers: Brokers) -> Iterator[MetadataStore]:
+    """A metadata store on the module's broker's ZooKeeper and root (paths relative to it)."""
+    s = MetadataStore.connect(brokers.bookies.zk, brokers.bookies.root)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_subscription_expiration_time_deletes_subscriptions_without_consumers_for_that_long(
+    bp: BrokerProcess, c: Any, store: MetadataStore
+) -> None:
+    """``pulsar-admin namespaces set-subscription-expiration-time`` (before: 404): set, read, removed; the
+    owner's housekeeping deletes a subscription whose last activity (its cursor's last save) is older than that
+    many minutes and that has no consumer, and keeps one as old with a consumer connected and a fresh one."""
+    ns = _namespace(bp)
+    t = topic_name()
+    path = f"/admin/v2/namespaces/public/{ns}/subscriptionExpirationTime"
+    assert admin(bp, "GET", path) is None
+    assert _http_status(bp, "POST", path, -1) == 412
+    assert _http_status(bp, "POST", path, "soon") == 400
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}")
+    for sub in ("old", "busy", "fresh"):
+        admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}/subscription/{sub}")
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    for sub in ("old", "busy"):  # last active an hour ago, as a subscription left by its consumers then
+        cursor = f"managed-ledgers/public/{ns}/persistent/{t}/cursors/{sub}"
+        stored = store.get(cursor)
+        store.set(cursor, {**stored.value, "last_active_ms": hour_ago}, stored.version)
+    consumer = c.subscribe(f"persistent://public/{ns}/{t}", "busy")
+    admin(bp, "POST", path, 30)
+    assert admin(bp, "GET", path) == 30
+    assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}")["subscription_expiration_time_minutes"] == 30
+    subs = f"/admin/v2/persistent/public/{ns}/{t}/subscriptions"
+    wait_for(lambda: "old" not in admin(bp, "GET", subs), "the subscription idle for an hour deleted")
+    assert admin(bp, "GET", subs) == ["busy", "fresh"]
+    consumer.close()
+    admin(bp, "DELETE", path)
+    assert admin(bp, "GET", path) is None
