@@ -61,6 +61,7 @@ from multidict import CIMultiDict
 from prometheus_client.core import Metric
 
 import zk
+from bookie.auth import create_token
 from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from bookie.server_gate import HTTP_IDLE_TIMEOUT_S, HttpService, refusal_json, serve_http
 from ledger_client import errors as LE
@@ -683,12 +684,47 @@ class AdminApp:
                 out.append(t)
         return out
 
-    def _partition_path(self, name: TopicName, index: int, suffix: str) -> str:
-        p = name.partition(index)
+    def _topic_url(self, name: TopicName, suffix: str) -> str:
+        """The admin URL of a call on ``name`` (``suffix``: the path after the topic's) on this broker's HTTP port."""
         return (
             f"{self.service.config.web_service_url.rstrip('/')}/admin/v2/persistent/"
-            f"{quote(p.tenant, safe='')}/{quote(p.namespace, safe='')}/{quote(p.local, safe='')}{suffix}"
+            f"{quote(name.tenant, safe='')}/{quote(name.namespace, safe='')}/{quote(name.local, safe='')}{suffix}"
         )
+
+    def _forwarded_auth(self, request: web.Request | None) -> str | None:
+        """The ``Authorization`` a call made on behalf of ``request`` carries: the request's own, or for one
+        authenticated by a client certificate alone a token of its role minted for a minute (a certificate is
+        not sent on; the brokers share the token secret)."""
+        if request is None:
+            return None
+        header = request.headers.get("Authorization")
+        role = request.get(PRINCIPAL)
+        secret = self.service.config.auth_secret
+        if header is None and role is not None and secret is not None:
+            return f"Bearer {create_token(secret, role, expires_in_s=60)}"
+        return header
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        auth_header: str | None,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """One admin call (following redirects to the topic's owner): its status and parsed body."""
+        kw: dict[str, Any] = {"params": dict(params or {})}
+        if auth_header:
+            kw["headers"] = {"Authorization": auth_header}
+        if body is not None:
+            kw["json"] = body
+        async with self.http().request(method, url, **kw) as r:
+            text = await r.text()
+            try:
+                data = json.loads(text) if text else None
+            except json.JSONDecodeError:
+                data = text
+            return r.status, data
 
     async def _each_partition(
         self,
@@ -705,22 +741,11 @@ class AdminApp:
         n = await self._partitions(name)
         if n == 0:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
-        auth_header = request.headers.get("Authorization") if request is not None else None
+        auth_header = self._forwarded_auth(request)
 
         async def one(i: int) -> tuple[int, int, Any]:
-            url = self._partition_path(name, i, suffix)
-            kw: dict[str, Any] = {"params": dict(params or {})}
-            if auth_header:
-                kw["headers"] = {"Authorization": auth_header}
-            if body is not None:
-                kw["json"] = body
-            async with self.http().request(method, url, **kw) as r:
-                text = await r.text()
-                try:
-                    data = json.loads(text) if text else None
-                except json.JSONDecodeError:
-                    data = text
-                return i, r.status, data
+            url = self._topic_url(name.partition(i), suffix)
+            return i, *await self._send(method, url, auth_header, body, params)
 
         return list(await asyncio.gather(*(one(i) for i in (range(n) if indexes is None else indexes))))
 
@@ -945,6 +970,82 @@ class AdminApp:
         return await self._set_policies(
             tenant, ns, dataclasses.replace(p, subscription_expiration_time_minutes=None)
         )
+
+    # -- namespace-wide operations: each topic's own call, sent to its owner ----------------------------------
+
+    async def _on_each_topic(
+        self, request: web.Request, method: str, suffixes: Callable[[TopicName], Awaitable[list[str]]]
+    ) -> list[tuple[TopicName, int, Any]]:
+        """Each of the namespace's topics (a partitioned topic's partitions each) sent ``method`` on each of
+        ``suffixes(topic)`` (its paths after the topic's), through this broker's HTTP port as a partition's
+        call is, following redirects to each topic's owner: (topic, status, parsed body) per call. 404 for a
+        namespace that does not exist."""
+        tenant, ns, _p = await self._policies(request)
+        auth = self._forwarded_auth(request)
+
+        async def one(name: TopicName) -> list[tuple[TopicName, int, Any]]:
+            out = []
+            for suffix in await suffixes(name):
+                status, data = await self._send(method, self._topic_url(name, suffix), auth)
+                out.append((name, status, data))
+            return out
+
+        topics = [TopicName.parse(t) for t in await self._list_topics(tenant, ns)]
+        return [r for rs in await asyncio.gather(*(one(t) for t in topics)) for r in rs]
+
+    @staticmethod
+    def _check_topic_results(results: list[tuple[TopicName, int, Any]], ok: tuple[int, ...] = (404,)) -> None:
+        """The first refusal (a status of 300 or more, but those of ``ok``: a topic deleted meanwhile, one
+        without the subscription) answered as it was, naming its topic; 412 as Pulsar words it."""
+        for name, status, data in results:
+            if status >= 300 and status not in ok:
+                reason = data.get("reason") if isinstance(data, dict) else data
+                if status == 412 and reason == "Subscription has active connected consumers":
+                    raise AdminError(412, reason)
+                raise AdminError(status, f"{name}: {reason}")
+
+    async def namespace_clear_backlog(self, request: web.Request) -> web.Response:
+        """Pulsar's ``namespaces clear-backlog`` (``POST …/clearBacklog``, ``…/clearBacklog/{subscription}``):
+        every subscription of every topic of the namespace (or that one, on the topics that have it) skips its
+        whole backlog, as ``skip_all`` does; the compactor's is left alone. 204."""
+        sub = request.match_info.get("subscription")
+
+        async def suffixes(name: TopicName) -> list[str]:
+            if sub is not None:
+                subs = [sub]
+            else:
+                status, data = await self._send(
+                    "GET", self._topic_url(name, "/subscriptions"), self._forwarded_auth(request)
+                )
+                subs = [s for s in data if s != COMPACTION_SUBSCRIPTION] if status == 200 else []
+            return [f"/subscription/{quote(s, safe='')}/skip_all" for s in subs]
+
+        # (every subscription: a reader's, which has no stored position to move, is passed over, 405)
+        ok = (404,) if sub is not None else (404, 405)
+        self._check_topic_results(await self._on_each_topic(request, "POST", suffixes), ok)
+        return _no_content()
+
+    async def namespace_unsubscribe(self, request: web.Request) -> web.Response:
+        """Pulsar's ``namespaces unsubscribe -s SUB`` (``POST …/unsubscribe/{subscription}``): the subscription
+        deleted from every topic of the namespace that has it; one with consumers connected is not (412
+        "Subscription has active connected consumers", as Pulsar answers; the others are deleted). 204."""
+        tail = f"/subscription/{quote(request.match_info['subscription'], safe='')}"
+
+        async def suffixes(name: TopicName) -> list[str]:
+            return [tail]
+
+        self._check_topic_results(await self._on_each_topic(request, "DELETE", suffixes))
+        return _no_content()
+
+    async def namespace_unload(self, request: web.Request) -> web.Response:
+        """Pulsar's ``namespaces unload`` (``PUT …/unload``): every topic of the namespace that a broker serves is
+        unloaded there (its clients reconnect and look it up again); topics nobody serves stay so. 204."""
+
+        async def suffixes(name: TopicName) -> list[str]:
+            return ["/unload"] if await self.meta.get_owner(name.ml_name) is not None else []
+
+        self._check_topic_results(await self._on_each_topic(request, "PUT", suffixes))
+        return _no_content()
 
     async def schema_strategy_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
@@ -2490,6 +2591,10 @@ class AdminApp:
         r.add_get(ns + "/subscriptionExpirationTime", self.expiration_get)
         r.add_post(ns + "/subscriptionExpirationTime", self.expiration_set)
         r.add_delete(ns + "/subscriptionExpirationTime", self.expiration_delete)
+        r.add_post(ns + "/clearBacklog", self.namespace_clear_backlog)
+        r.add_post(ns + "/clearBacklog/{subscription}", self.namespace_clear_backlog)
+        r.add_post(ns + "/unsubscribe/{subscription}", self.namespace_unsubscribe)
+        r.add_put(ns + "/unload", self.namespace_unload)
         r.add_get(ns + "/backlogQuota", self.quota_get)
         limits = ns + "/{limit:" + "|".join(_NAMESPACE_LIMITS) + "}"
         r.add_route("GET", limits, self.namespace_limit_get)

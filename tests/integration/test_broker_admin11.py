@@ -139,15 +139,93 @@ def test_a_client_certificate_on_the_https_port_authenticates_by_its_cn(
         assert produce_consume(c, topic, 2) == [b"m-0", b"m-1"]
     finally:
         c.close()
+    # a call the broker sends on to each topic (here to itself) carries a token of the certificate's role
+    clear = f"{base}/admin/v2/namespaces/public/default/clearBacklog"
+    assert _call("POST", clear, broker_cert, cert=root)[0] == 204
 
 
-# -- namespace policies (the eighth part's broker) ------------------------------------------------------
+# -- namespace-wide operations (the eighth part's broker) ------------------------------------------------------
 
 
 def _namespace(bp: BrokerProcess) -> str:
     ns = f"ns-{topic_name()}"
     admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")
     return ns
+
+
+def _backlogs(bp: BrokerProcess, ns: str, topics: list[str]) -> dict[str, dict[str, int]]:
+    """Each topic's (partition's) subscriptions and their ``msgBacklog``."""
+    out = {}
+    for t in topics:
+        stats = admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/stats")
+        out[t] = {sub: s["msgBacklog"] for sub, s in stats["subscriptions"].items()}
+    return out
+
+
+def _topics_with_backlog(bp: BrokerProcess, c: Any, ns: str, subs: tuple[str, ...]) -> list[str]:
+    """A topic and a partitioned topic of 2 partitions in ``ns``, each with the subscriptions ``subs`` and 4
+    messages published: the topic and the two partitions."""
+    t, pt = topic_name(), topic_name()
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}")
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{pt}/partitions", 2)
+    for name in (t, pt):
+        for sub in subs:
+            admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{name}/subscription/{sub}")
+        producer = c.create_producer(f"persistent://public/{ns}/{name}", batching_enabled=False)
+        for i in range(4):
+            producer.send(f"m-{i}".encode(), partition_key=str(i))
+        producer.close()
+    return [t, f"{pt}-partition-0", f"{pt}-partition-1"]
+
+
+def test_namespace_clear_backlog_of_one_subscription_then_of_all(bp: BrokerProcess, c: Any) -> None:
+    """``pulsar-admin namespaces clear-backlog [-s SUB]`` (before: 404, no such routes): ``POST
+    …/clearBacklog/{sub}`` skips that subscription's backlog on every topic and partition of the namespace,
+    the others' untouched; ``POST …/clearBacklog`` every subscription's; a consumer then gets only what comes
+    after. 404 for a namespace that does not exist."""
+    ns = _namespace(bp)
+    topics = _topics_with_backlog(bp, c, ns, ("a", "b"))
+    before = _backlogs(bp, ns, topics)
+    assert sum(b["a"] for b in before.values()) == 8 and sum(b["b"] for b in before.values()) == 8
+    assert _http_status(bp, "POST", f"/admin/v2/namespaces/public/{ns}/clearBacklog/a") == 200  # 204
+    after = _backlogs(bp, ns, topics)
+    assert {t: b["a"] for t, b in after.items()} == dict.fromkeys(topics, 0)
+    assert {t: b["b"] for t, b in after.items()} == {t: b["b"] for t, b in before.items()}
+
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/clearBacklog")
+    assert _backlogs(bp, ns, topics) == {t: {"a": 0, "b": 0} for t in topics}
+    consumer = c.subscribe(f"persistent://public/{ns}/{topics[0]}", "b")
+    producer = c.create_producer(f"persistent://public/{ns}/{topics[0]}")
+    producer.send(b"after")
+    assert consumer.receive(timeout_millis=15_000).data() == b"after"  # not one of the skipped
+    consumer.close()
+    producer.close()
+    assert _http_status(bp, "POST", f"/admin/v2/namespaces/public/no-such-{ns}/clearBacklog") == 404
+
+
+def test_namespace_unsubscribe_deletes_the_subscription_everywhere_unless_consumers_are_connected(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """``pulsar-admin namespaces unsubscribe -s SUB`` (before: 404): ``POST …/unsubscribe/{sub}`` deletes the
+    subscription from every topic and partition of the namespace that has it, the others kept; with a
+    consumer connected on one topic, 412 "Subscription has active connected consumers", as Pulsar answers."""
+    ns = _namespace(bp)
+    topics = _topics_with_backlog(bp, c, ns, ("gone", "kept"))
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/unsubscribe/gone")
+    assert {t: sorted(b) for t, b in _backlogs(bp, ns, topics).items()} == dict.fromkeys(topics, ["kept"])
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/unsubscribe/nobody-has-it")  # 204: nothing to do
+
+    consumer = c.subscribe(f"persistent://public/{ns}/{topics[0]}", "kept")
+    url = f"http://127.0.0.1:{bp.http_port}/admin/v2/namespaces/public/{ns}/unsubscribe/kept"
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 412
+    assert json.loads(e.value.read()) == {"reason": "Subscription has active connected consumers"}
+    assert "kept" in _backlogs(bp, ns, topics[:1])[topics[0]]
+    consumer.close()
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/unsubscribe/kept")
+    assert _backlogs(bp, ns, topics) == {t: {} for t in topics}
 
 
 @pytest.fixture
@@ -158,6 +236,32 @@ def store(brokers: Brokers) -> Iterator[MetadataStore]:
         yield s
     finally:
         s.close()
+
+
+def test_namespace_unload_lets_go_of_every_topic_served(
+    bp: BrokerProcess, c: Any, store: MetadataStore
+) -> None:
+    """``pulsar-admin namespaces unload`` (before: 404): ``PUT …/unload`` unloads every topic of the namespace
+    served: an idle topic's ownership is let go (nobody takes it again), a producer's topic is looked up again
+    by its client and the producer goes on sending."""
+    ns = _namespace(bp)
+    idle, busy = topic_name(), topic_name()
+    owned = f"ownership/public/{ns}/persistent"
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{idle}")
+    admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{idle}/stats")  # served: owned
+    producer = c.create_producer(f"persistent://public/{ns}/{busy}")
+    producer.send(b"before")
+    assert sorted(store.children(owned)) == sorted([idle, busy])
+    admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}/unload")
+    wait_for(lambda: idle not in store.children(owned), "the idle topic's ownership let go")
+    producer.send(b"after")  # reconnected to the topic served again
+    consumer = c.subscribe(
+        f"persistent://public/{ns}/{busy}", "s", initial_position=pulsar.InitialPosition.Earliest
+    )
+    assert [consumer.receive(timeout_millis=15_000).data() for _ in range(2)] == [b"before", b"after"]
+    consumer.close()
+    producer.close()
+    assert _http_status(bp, "PUT", f"/admin/v2/namespaces/public/no-such-{ns}/unload") == 404
 
 
 def test_subscription_expiration_time_deletes_subscriptions_without_consumers_for_that_long(
