@@ -527,12 +527,28 @@ class _Driver:
         sub = self.subscription
         if SPARK_CURSOR_PROPERTY in info.properties or not self.opts.subscription_explicit:
             return
+        if self._copied_from_ours(part):
+            return
         raise TopicOptionError(
             "subscriptionName",
             f"subscription {sub!r} of {part.name} exists and was not created by a Spark topic query (an "
             "application's?): moving it would disturb its consumers and fence the topic at its broker; give "
             "the query a subscription name of its own",
         )
+
+    def _copied_from_ours(self, part: PartitionRef) -> bool:
+        """Whether the subscription on a partition added to a partitioned topic is the partition update's copy
+        of the query's: the update makes the topic's subscriptions on its new partitions, at their start and
+        without their properties (as Pulsar's does); the query's own on partition 0 makes the copy its own."""
+        from topic_broker.names import TopicName
+        from zk import layout
+        from zk.managed_ledgers import CursorInfo
+
+        if part.index <= 0:
+            return False
+        first = TopicName.parse(part.name).base.partition(0)
+        v = self.store.get_optional(layout.ml_cursor_path(first.ml_name, self.subscription))
+        return v is not None and SPARK_CURSOR_PROPERTY in CursorInfo.from_json(v.value).properties
 
     def commit(self, part: PartitionRef, mark_delete: Pos) -> bool:
         """The query's subscription on ``part`` to ``mark_delete``, made if need be; False (nothing written)

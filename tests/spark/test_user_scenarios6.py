@@ -75,3 +75,37 @@ def test_a_name_latest_offset_gave_stays_when_the_stream_stops_before_planning_i
     finally:
         again.stop()
     assert list(_cursors(store, local)) == [logged]
+
+
+def test_a_named_subscription_the_partition_update_copied_to_a_new_partition_is_the_querys(
+    cluster: Cluster, store: Any
+) -> None:
+    """A stream with ``subscriptionName`` over a partitioned topic that grows: the partition update makes the
+    topic's subscriptions on the new partition (at its start, without their properties, as Pulsar's does), and
+    the query takes that copy of its own subscription as its own and moves it (before: its next trigger failed,
+    'subscription ... of <topic>-partition-2 exists and was not created by a Spark topic query', and the query
+    stopped for good)."""
+    from spark.topic_source import SPARK_CURSOR_PROPERTY
+
+    base = "grown-named"
+    cluster.admin("PUT", f"/admin/v2/persistent/public/default/{base}/partitions", 2)
+    r = _reader(cluster, base, subscriptionName="named-query")
+    try:
+        start = r.initialOffset()
+        cluster.admin("POST", f"/admin/v2/persistent/public/default/{base}/partitions", 3)
+        users.produce(cluster, f"{base}-partition-2", 4, batching_enabled=False)
+        time.sleep(1.5)
+        end = r.latestOffset(start, r.getDefaultReadLimit())
+        new = f"persistent://public/default/{base}-partition-2"
+        assert sum(t.last_entry_id - t.first_entry_id + 1 for t in r.partitions(start, end)) == 4
+        r.commit(end)
+    finally:
+        r.stop()
+    from zk import layout
+    from zk.managed_ledgers import CursorInfo
+
+    v = store.get_optional(
+        layout.ml_cursor_path(f"public/default/persistent/{base}-partition-2", "named-query")
+    )
+    cursor = CursorInfo.from_json(v.value)
+    assert SPARK_CURSOR_PROPERTY in cursor.properties and cursor.mark_delete == (end[new][0], end[new][1] - 1)
