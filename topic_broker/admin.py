@@ -69,6 +69,7 @@ from zk import layout
 from zk.managed_ledgers import (
     SCHEMAS,
     TOPIC_POLICIES,
+    AutoTopicCreation,
     BacklogQuota,
     CursorInfo,
     ManagedLedgerInfo,
@@ -313,7 +314,47 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         "message_ttl_in_seconds": p.message_ttl_in_seconds,
         **{policy: getattr(p, policy) for policy in _NAMESPACE_LIMITS.values()},
         "subscription_expiration_time_minutes": p.subscription_expiration_time_minutes,
+        "autoTopicCreationOverride": _auto_topic_creation_json(p.auto_topic_creation),
     }
+
+
+def _auto_topic_creation_json(auto: AutoTopicCreation | None) -> dict[str, Any] | None:
+    """Pulsar's ``AutoTopicCreationOverride``; None when not set."""
+    if auto is None:
+        return None
+    return {
+        "allowAutoTopicCreation": auto.allow,
+        "topicType": auto.topic_type,
+        "defaultNumPartitions": auto.default_num_partitions,
+    }
+
+
+def _auto_topic_creation_from(body: Any) -> AutoTopicCreation:
+    """An ``autoTopicCreation`` body, checked as Pulsar's ``AutoTopicCreationOverrideImpl.validateOverride``
+    (412 with its words)."""
+    if not isinstance(body, dict) or not isinstance(body.get("allowAutoTopicCreation"), bool):
+        raise AdminError(
+            400, f'expected {{"allowAutoTopicCreation": true|false, "topicType", …}}, got {body!r}'
+        )
+    allow, kind, n = body["allowAutoTopicCreation"], body.get("topicType"), body.get("defaultNumPartitions")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n > INT32_MAX):
+        raise AdminError(400, f"expected defaultNumPartitions as a JSON integer, got {n!r}")
+    why = None
+    if allow and kind not in ("partitioned", "non-partitioned"):
+        why = f"Unknown topic type [{kind}]"
+    elif allow and kind == "partitioned" and n is None:
+        why = "[defaultNumPartitions] cannot be null when the type is partitioned."
+    elif allow and kind == "partitioned" and n is not None and n <= 0:
+        why = "[defaultNumPartitions] cannot be less than 1 for partition type."
+    elif allow and kind == "non-partitioned" and n is not None:
+        why = "[defaultNumPartitions] is not allowed to be set when the type is non-partition."
+    if why is not None:
+        raise AdminError(412, f"Invalid configuration for autoTopicCreationOverride. the detail is {why}")
+    return AutoTopicCreation(
+        allow=allow,
+        topic_type=kind if isinstance(kind, str) else None,
+        default_num_partitions=n if kind == "partitioned" else None,
+    )
 
 
 def _threshold_from(body: Any) -> int:
@@ -971,6 +1012,26 @@ class AdminApp:
             tenant, ns, dataclasses.replace(p, subscription_expiration_time_minutes=None)
         )
 
+    async def auto_topic_creation_get(self, request: web.Request) -> web.Response:
+        """The namespace's ``autoTopicCreationOverride``, ``null`` when not set (the broker's: created
+        non-partitioned)."""
+        _t, _n, p = await self._policies(request)
+        return _json(_auto_topic_creation_json(p.auto_topic_creation))
+
+    async def auto_topic_creation_set(self, request: web.Request) -> web.Response:
+        """Pulsar's ``set-auto-topic-creation``: whether a topic a client names that does not exist is created
+        in the namespace, and how (a partitioned one's count within ``--max-partitions-per-topic``: else 406)."""
+        tenant, ns, p = await self._policies(request)
+        auto = _auto_topic_creation_from(await _body_json(request))
+        limit = self._partition_limit()
+        if auto.topic_type == "partitioned" and limit and (auto.default_num_partitions or 0) > limit:
+            raise AdminError(406, f"Number of partitions should be less than or equal to {limit}")
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, auto_topic_creation=auto))
+
+    async def auto_topic_creation_delete(self, request: web.Request) -> web.Response:
+        tenant, ns, p = await self._policies(request)
+        return await self._set_policies(tenant, ns, dataclasses.replace(p, auto_topic_creation=None))
+
     # -- namespace-wide operations: each topic's own call, sent to its owner ----------------------------------
 
     async def _on_each_topic(
@@ -1268,7 +1329,10 @@ class AdminApp:
         if request.match_info.get("domain", PERSISTENT) != PERSISTENT:
             # pulsar-client's first call on a non-persistent topic through an http:// URL (``lookup``)
             return _json({"partitions": 0})
-        return _json({"partitions": await self._partitions(name)})
+        n = await self._partitions(name)
+        if not n and not name.is_partition and request.query.get("checkAllowAutoCreation") == "true":
+            n = await self.service.auto_partitioned(name)  # a client's metadata request (http:// service URL)
+        return _json({"partitions": n})
 
     async def _partition_count_from(self, request: web.Request) -> int:
         body = await _body_json(request)
@@ -2591,6 +2655,9 @@ class AdminApp:
         r.add_get(ns + "/subscriptionExpirationTime", self.expiration_get)
         r.add_post(ns + "/subscriptionExpirationTime", self.expiration_set)
         r.add_delete(ns + "/subscriptionExpirationTime", self.expiration_delete)
+        r.add_get(ns + "/autoTopicCreation", self.auto_topic_creation_get)
+        r.add_post(ns + "/autoTopicCreation", self.auto_topic_creation_set)
+        r.add_delete(ns + "/autoTopicCreation", self.auto_topic_creation_delete)
         r.add_post(ns + "/clearBacklog", self.namespace_clear_backlog)
         r.add_post(ns + "/clearBacklog/{subscription}", self.namespace_clear_backlog)
         r.add_post(ns + "/unsubscribe/{subscription}", self.namespace_unsubscribe)

@@ -53,6 +53,7 @@ from zk.managed_ledgers import (
     BacklogQuota,
     BrokerInfo,
     BrokerMetadataStore,
+    ManagedLedgerInfo,
     NamespacePolicies,
     OwnershipInfo,
     SchemaHistory,
@@ -302,6 +303,17 @@ class NamespaceNotFoundError(Exception):
 
     def __init__(self, name: TopicName) -> None:
         super().__init__(f"{NAMESPACE_NOT_FOUND}: {name.namespace_name} (topic {name})")
+        self.name = name
+
+
+class TopicNotFoundError(Exception):
+    """A topic that does not exist, named by a client in a namespace whose ``autoTopicCreation`` does not let
+    it be created (Pulsar's TopicNotFound "Topic does not exist")."""
+
+    def __init__(self, name: TopicName) -> None:
+        super().__init__(
+            f"Topic {name} does not exist (the namespace's autoTopicCreation does not allow creating it)"
+        )
         self.name = name
 
 
@@ -2602,6 +2614,9 @@ class BrokerService:
         policies = known if known is not None else await self.meta.get_policies(name.tenant, name.namespace)
         if policies is None:
             raise NamespaceNotFoundError(name)
+        auto = policies.auto_topic_creation
+        if auto is not None and not auto.allow and not await self._topic_exists(name):
+            raise TopicNotFoundError(name)
         owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         if owner.broker_id != self.config.id:
             raise NotOwnerError(owner)
@@ -2629,6 +2644,47 @@ class BrokerService:
         await topic.scan_tail()
         log.info("broker=%s now serves topic=%s", self.config.id, name)
         return topic
+
+    async def _topic_exists(self, name: TopicName) -> bool:
+        """Does the topic exist: its managed ledger, or for a partition its partitioned topic's count covering it?"""
+        assert self.meta is not None
+        if await self.meta.get_ml_info(name.ml_name) is not None:
+            return True
+        if not name.is_partition:
+            return False
+        meta = await self.meta.get_partitions(name.base.ml_name)
+        return meta is not None and name.partition_index < meta.partitions
+
+    async def auto_partitioned(self, name: TopicName) -> int:
+        """The partitions of a topic a client names (a PARTITIONED_METADATA) that does not exist, in a namespace
+        whose ``autoTopicCreation`` makes such topics partitioned: created with ``defaultNumPartitions`` (each
+        partition's managed ledger too, as the admin's create does), as Pulsar's broker does at that request.
+        0 otherwise (a topic served here, one that exists non-partitioned, another namespace's policy)."""
+        assert self.meta is not None
+        if self.serves(name):
+            return 0
+        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        auto = None if policies is None else policies.auto_topic_creation
+        if (
+            auto is None
+            or not auto.allow
+            or auto.topic_type != "partitioned"
+            or not auto.default_num_partitions
+        ):
+            return 0
+        if await self.meta.get_ml_info(name.ml_name) is not None:
+            return 0
+        n = auto.default_num_partitions
+        try:
+            await self.meta.create_partitioned_topic(name.ml_name, n)
+        except zk.MetadataExistsError:  # another client's request made it first
+            meta = await self.meta.get_partitions(name.ml_name)
+            return meta.partitions if meta else 0
+        for i in range(n):
+            with contextlib.suppress(zk.MetadataExistsError):
+                await self.meta.create_ml_info(name.partition(i).ml_name, ManagedLedgerInfo())
+        log.info("broker=%s topic=%s created with %d partitions (autoTopicCreation)", self.config.id, name, n)
+        return n
 
     def ownership(self) -> OwnershipInfo:
         """This broker's ownership record (what an ``ownership/<ml>`` znode it holds says)."""
@@ -2760,7 +2816,16 @@ class BrokerService:
             return
         assert self.meta is not None
         meta = await self.meta.get_partitions(name.base.ml_name) if not name.is_partition else None
-        s.send(wire.partitioned_metadata_response(cmd.request_id, meta.partitions if meta else 0))
+        try:
+            n = meta.partitions if meta else 0 if name.is_partition else await self.auto_partitioned(name)
+        except zk.MetadataError as e:
+            s.send(
+                wire.partitioned_metadata_response(
+                    cmd.request_id, error_code=pb.MetadataError, message=str(e)
+                )
+            )
+            return
+        s.send(wire.partitioned_metadata_response(cmd.request_id, n))
 
     async def on_lookup(self, s: Session, r: Request) -> None:
         cmd: pb.CommandLookupTopic = r.body  # type: ignore[assignment]
@@ -2809,6 +2874,8 @@ class BrokerService:
         except NamespaceNotFoundError as e:
             log.info("broker=%s %s", self.config.id, e)
             s.send(wire.error(request_id, pb.TopicNotFound, NAMESPACE_NOT_FOUND))
+        except TopicNotFoundError as e:
+            s.send(wire.error(request_id, pb.TopicNotFound, str(e)))
         except NotOwnerError as e:
             s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} is served by {e.owner.service_url}"))
         except (ManagedLedgerError, zk.MetadataError) as e:

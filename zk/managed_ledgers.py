@@ -31,6 +31,7 @@ from zk.errors import MetadataExistsError, MetadataFormatError, MetadataNotFound
 from zk.versioned import Versioned
 
 __all__ = [
+    "AutoTopicCreation",
     "BacklogQuota",
     "BrokerInfo",
     "BrokerMetadataStore",
@@ -291,6 +292,31 @@ class OwnershipInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AutoTopicCreation:
+    """Pulsar's ``AutoTopicCreationOverride`` of a namespace: whether a topic a client names that does not exist
+    is created, and how (``topic_type`` "non-partitioned", or "partitioned" with ``default_num_partitions``)."""
+
+    allow: bool = True
+    topic_type: str | None = "non-partitioned"  # None: not given (with allow false)
+    default_num_partitions: int | None = None
+
+    def to_json(self) -> JsonDict:
+        return {
+            "allow": self.allow,
+            "topic_type": self.topic_type,
+            "default_num_partitions": self.default_num_partitions,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> AutoTopicCreation:
+        return cls(
+            allow=_field(d, "allow", bool, True),
+            topic_type=_field(d, "topic_type", (str, type(None)), "non-partitioned"),
+            default_num_partitions=_optional_threshold(d, "default_num_partitions"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BacklogQuota:
     """Pulsar's backlog quota: ``limit_size`` bytes (−1 = none), ``limit_time`` seconds (−1 = none), and what
     happens at the limit (``producer_request_hold`` | ``producer_exception`` | ``consumer_backlog_eviction``)."""
@@ -344,6 +370,9 @@ class NamespacePolicies:
     # Pulsar's ``subscription_expiration_time_minutes``: a subscription with no consumer for this long is deleted
     # by the topic's owner (0: never); None: not set, never (Pulsar's broker default, 0)
     subscription_expiration_time_minutes: int | None = None
+    # Pulsar's ``autoTopicCreationOverride``: None, not set (the broker's: a topic a client names is created
+    # non-partitioned)
+    auto_topic_creation: AutoTopicCreation | None = None
 
     @property
     def retention_time_s(self) -> float:
@@ -371,6 +400,9 @@ class NamespacePolicies:
             "message_ttl_in_seconds": self.message_ttl_in_seconds,
             **{key: getattr(self, key) for key in _NAMESPACE_LIMITS},
             "subscription_expiration_time_minutes": self.subscription_expiration_time_minutes,
+            "auto_topic_creation": None
+            if self.auto_topic_creation is None
+            else self.auto_topic_creation.to_json(),
         }
 
     @classmethod
@@ -393,6 +425,11 @@ class NamespacePolicies:
             ),
             subscription_expiration_time_minutes=_optional_threshold(
                 d, "subscription_expiration_time_minutes"
+            ),
+            auto_topic_creation=(
+                None
+                if d.get("auto_topic_creation") is None
+                else AutoTopicCreation.from_json(_field(d, "auto_topic_creation", dict))
             ),
         )
 

@@ -294,3 +294,62 @@ def test_subscription_expiration_time_deletes_subscriptions_without_consumers_fo
     consumer.close()
     admin(bp, "DELETE", path)
     assert admin(bp, "GET", path) is None
+
+
+def test_auto_topic_creation_of_a_namespace_takes_the_place_of_the_brokers(bp: BrokerProcess, c: Any) -> None:
+    """``pulsar-admin namespaces set-auto-topic-creation`` (before: 404): refused as Pulsar refuses a bad
+    override (412 with its words, 406 past ``--max-partitions-per-topic``); off, a producer or consumer naming a
+    topic that does not exist is refused TopicNotFound while an existing topic is served; partitioned, the topic
+    a producer names is created with that many partitions; removed, the broker's (non-partitioned) again."""
+    ns = _namespace(bp)
+    path = f"/admin/v2/namespaces/public/{ns}/autoTopicCreation"
+    assert admin(bp, "GET", path) is None
+    for bad, status in (
+        ({"allowAutoTopicCreation": True, "topicType": "partitioned"}, 412),
+        ({"allowAutoTopicCreation": True, "topicType": "partitioned", "defaultNumPartitions": 0}, 412),
+        ({"allowAutoTopicCreation": True, "topicType": "sharded"}, 412),
+        ({"allowAutoTopicCreation": True, "topicType": "non-partitioned", "defaultNumPartitions": 2}, 412),
+        ({"allowAutoTopicCreation": True, "topicType": "partitioned", "defaultNumPartitions": 5000}, 406),
+        ("yes", 400),
+    ):
+        assert _http_status(bp, "POST", path, bad) == status, bad
+
+    admin(bp, "POST", path, {"allowAutoTopicCreation": False})
+    assert admin(bp, "GET", path) == {
+        "allowAutoTopicCreation": False,
+        "topicType": None,
+        "defaultNumPartitions": None,
+    }
+    with pytest.raises(pulsar.TopicNotFound):
+        c.create_producer(f"persistent://public/{ns}/{topic_name()}")
+    with pytest.raises(pulsar.TopicNotFound):
+        c.subscribe(f"persistent://public/{ns}/{topic_name()}", "s")
+    made = topic_name()
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{made}")
+    c.create_producer(f"persistent://public/{ns}/{made}").send(b"an existing topic is served")
+    assert admin(bp, "GET", f"/admin/v2/persistent/public/{ns}") == [f"persistent://public/{ns}/{made}"]
+
+    auto = {"allowAutoTopicCreation": True, "topicType": "partitioned", "defaultNumPartitions": 3}
+    admin(bp, "POST", path, auto)
+    assert admin(bp, "GET", path) == auto
+    assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}")["autoTopicCreationOverride"] == auto
+    t = topic_name()
+    producer = c.create_producer(f"persistent://public/{ns}/{t}")
+    producer.send(b"m")
+    producer.close()
+    over_http = pulsar.Client(f"http://127.0.0.1:{bp.http_port}", operation_timeout_seconds=30)
+    try:  # the client's metadata request through an http:// service URL creates it too
+        t_http = topic_name()
+        over_http.create_producer(f"persistent://public/{ns}/{t_http}").send(b"m")
+    finally:
+        over_http.close()
+    for name in (t, t_http):
+        assert admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{name}/partitions") == {"partitions": 3}
+    partitioned = admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/partitioned")
+    assert partitioned == sorted(f"persistent://public/{ns}/{name}" for name in (t, t_http))
+
+    admin(bp, "DELETE", path)
+    assert admin(bp, "GET", path) is None
+    u = topic_name()
+    c.create_producer(f"persistent://public/{ns}/{u}").close()
+    assert admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{u}/partitions") == {"partitions": 0}
