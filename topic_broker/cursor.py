@@ -270,6 +270,9 @@ class ManagedCursor:
         self.subscription_properties: dict[str, str] = {}
         self.read_position = ml.next_position(cursor.mark_delete)
         self._version = version
+        #: the ``last_active_ms`` its znode holds (as far as this instance knows): the subscription expiration
+        #: counts a subscription's inactivity from it on a broker that has not seen its consumers
+        self.last_active_ms = 0
         self._flush_interval_s = flush_interval_s
         self._dirty = False
         self._last_flush = 0.0
@@ -299,6 +302,7 @@ class ManagedCursor:
             cursor = Cursor.from_info(stored.value, ml.next_position)
             mc = cls(ml, name, cursor, stored.version, stored.value.properties, flush_interval_s)
             mc.subscription_properties = dict(stored.value.subscription_properties)
+            mc.last_active_ms = stored.value.last_active_ms
         else:
             if initial_position is InitialPosition.EARLIEST:
                 md = ml.first_position().previous()
@@ -413,6 +417,11 @@ class ManagedCursor:
         if self._flush_task is None and not self._closed:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
 
+    def touch(self) -> None:
+        """Saved with the next delayed flush even if nothing else changed: its ``last_active_ms`` becomes now."""
+        if not self._closed:
+            self._changed()
+
     async def _flush_later(self) -> None:
         delay = self._last_flush + self._flush_interval_s - time.monotonic()
         try:
@@ -447,6 +456,7 @@ class ManagedCursor:
             self.cursor = Cursor.from_info(stored.value, self.ml.next_position)
             self.properties = dict(stored.value.properties)
             self.subscription_properties = dict(stored.value.subscription_properties)
+            self.last_active_ms = stored.value.last_active_ms
             self._version = stored.version
             self.read_position = self.ml.next_position(self.cursor.mark_delete)
             self.moved = True
@@ -479,6 +489,7 @@ class ManagedCursor:
                 self._dirty = True
                 raise
             self._version = saved.version
+            self.last_active_ms = info.last_active_ms
             self._unconfirmed.clear()
             self._last_flush = time.monotonic()
 

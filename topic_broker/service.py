@@ -327,8 +327,6 @@ class _Creation:
 
     #: a CLOSE_PRODUCER or CLOSE_CONSUMER of its id came meanwhile: it ends without the producer or consumer
     closed: bool = False
-    #: set when its handling ends (:meth:`_Creations.ended`)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Creations:
@@ -356,15 +354,8 @@ class _Creations:
         try:
             await work
         finally:
-            c.done.set()
             if self._by_id.get(id_) is c:
                 del self._by_id[id_]
-
-    async def ended(self, id_: int) -> None:
-        """Returns once the creation of ``id_`` under way (if any) has ended."""
-        c = self._by_id.get(id_)
-        if c is not None:
-            await c.done.wait()
 
     def close(self, id_: int) -> None:
         """The id is closed: what is being created under it ends without its producer or consumer, and the id is
@@ -2464,6 +2455,18 @@ class BrokerService:
                     minutes_of[ns] = (None if p is None else p.subscription_expiration_time_minutes) or 0
                 if minutes_of[ns] <= 0 or topic.unloaded or topic.ml.closed:
                     continue
+                # a subscription with consumers has its activity saved every half expiration time: the seen
+                # times are this broker's, and another owner (or this one serving the topic again) reads the
+                # cursor's last_active_ms, which only an acknowledgement moved, so a consumer attached for long
+                # without acknowledging had its subscription deleted when the topic moved before it reconnected
+                for rt in topic.subscriptions.values():
+                    cursor = rt.cursor
+                    if (
+                        rt.consumers
+                        and cursor is not None
+                        and now_ms - cursor.last_active_ms > minutes_of[ns] * 30_000
+                    ):
+                        cursor.touch()
                 deleted = await sub_ops.delete_inactive(topic, minutes_of[ns] * 60_000, now_ms, mine)
             except ManagedLedgerFencedError as e:
                 self.topic_lost(topic, str(e))
@@ -3280,15 +3283,6 @@ class BrokerService:
     def _consumer(self, s: Session, consumer_id: int) -> Consumer | None:
         return s.consumers.get(consumer_id)
 
-    async def _consumer_subscribed(self, s: Session, consumer_id: int) -> Consumer | None:
-        """The connection's consumer ``consumer_id`` once its SUBSCRIBE under way (if any) is answered. The C++
-        client takes a new connection for its consumer's as it sends the SUBSCRIBE, so a GET_LAST_MESSAGE_ID, SEEK
-        or UNSUBSCRIBE it sends meanwhile (a reader's ``has_message_available()`` as it reconnects after its broker
-        went) follows the SUBSCRIBE on the connection: answered ConsumerNotFound, the application got the error
-        (Pulsar's broker answers it MetadataError "Consumer not found"), where its answer can wait."""
-        await s.creating_consumers.ended(consumer_id)
-        return s.consumers.get(consumer_id)
-
     def on_flow(self, s: Session, r: Request) -> None:
         cmd: pb.CommandFlow = r.body  # type: ignore[assignment]
         c = self._consumer(s, cmd.consumer_id)
@@ -3315,7 +3309,7 @@ class BrokerService:
 
     async def on_unsubscribe(self, s: Session, r: Request) -> None:
         cmd: pb.CommandUnsubscribe = r.body  # type: ignore[assignment]
-        c = await self._consumer_subscribed(s, cmd.consumer_id)
+        c = self._consumer(s, cmd.consumer_id)
         if c is None:
             s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
@@ -3344,7 +3338,7 @@ class BrokerService:
 
     async def on_seek(self, s: Session, r: Request) -> None:
         cmd: pb.CommandSeek = r.body  # type: ignore[assignment]
-        c = await self._consumer_subscribed(s, cmd.consumer_id)
+        c = self._consumer(s, cmd.consumer_id)
         if c is None:
             s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
@@ -3383,7 +3377,7 @@ class BrokerService:
 
     async def on_get_last_message_id(self, s: Session, r: Request) -> None:
         cmd: pb.CommandGetLastMessageId = r.body  # type: ignore[assignment]
-        c = await self._consumer_subscribed(s, cmd.consumer_id)
+        c = self._consumer(s, cmd.consumer_id)
         if c is None:
             s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
             return

@@ -10,6 +10,7 @@ every test uses its own topics and namespaces; every wait is bounded."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from kazoo.client import KazooClient
 from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import module_cluster
 from tests.integration.test_broker_admin8 import BASE, _http_status, _stats, bp, brokers
+from tests.integration.test_broker_admin11 import store
 from tests.integration.test_broker_auth import SUPERUSER, SecureCluster, secure_cluster
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import wait_for
@@ -32,7 +34,12 @@ from zk.layout import namespace_policies_path
 from zk.managed_ledgers import TOPIC_POLICIES
 
 pulsar = pytest.importorskip("pulsar")
-__all__ = ["bp", "brokers", "c"]  # the eighth part's broker (one per module) and the third part's client
+__all__ = [
+    "bp",
+    "brokers",
+    "c",
+    "store",
+]  # the eighth part's broker (one per module), the third part's client
 
 
 def _namespace(bp: BrokerProcess) -> str:
@@ -515,3 +522,63 @@ def test_one_topics_unreadable_policies_leave_the_other_topics_policies_applied(
     wait_for(refused, "the namespace's producer limit applied to the topic after the broken one")
     for p in producers:
         p.close()
+
+
+def test_a_subscription_whose_consumer_never_acknowledged_outlives_a_move_of_its_topic(
+    bp: BrokerProcess, store: Any
+) -> None:
+    """With a subscription expiration time, a subscription whose consumer stayed attached without acknowledging
+    (no message came) is not deleted when its topic is served again before the consumer is back: its cursor's
+    last_active_ms is saved while a consumer is attached. It was saved by acknowledgements only, and the times a
+    broker saw consumers are its own and are dropped when the topic stops being served, so the next owner took
+    the subscription for idle since its last acknowledgement and deleted it at its first housekeeping pass."""
+    ns = _namespace(bp)
+    base = f"/admin/v2/persistent/public/{ns}"
+    t, clock = topic_name(), topic_name()
+
+    def subscriptions(topic: str) -> list[str]:
+        return list(admin(bp, "GET", f"{base}/{topic}/subscriptions"))
+
+    def last_active_an_hour_ago(topic: str, sub: str) -> None:
+        cursor = f"managed-ledgers/public/{ns}/persistent/{topic}/cursors/{sub}"
+        stored = store.get(cursor)
+        store.set(
+            cursor, {**stored.value, "last_active_ms": int(time.time() * 1000) - 3_600_000}, stored.version
+        )
+
+    admin(bp, "PUT", f"{base}/{t}")
+    for sub in ("live", "zz-one"):
+        admin(bp, "PUT", f"{base}/{t}/subscription/{sub}")
+    admin(bp, "PUT", f"{base}/{t}/unload")
+    for sub in ("live", "zz-one"):  # as a consumer attached an hour ago, and nothing to acknowledge since
+        last_active_an_hour_ago(t, sub)
+    s = _raw(bp)
+    try:
+        _connect(s)
+        cmd = pb.CommandSubscribe(
+            topic=f"persistent://public/{ns}/{t}", subscription="live", subType=pb.CommandSubscribe.Shared,
+            consumer_id=1, request_id=1,
+        )  # fmt: skip
+        s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=cmd)))
+        dec, got = wire.FrameDecoder(), []
+        s.settimeout(30)
+        while not got:
+            got = [f.command for f in dec.feed(s.recv(65536)) if f.command.type in (T.SUCCESS, T.ERROR)]
+        assert got[0].type == T.SUCCESS, got
+        admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/subscriptionExpirationTime", 30)
+        # a housekeeping pass with the consumer attached: zz-one (idle) deleted, live kept
+        wait_for(lambda: "zz-one" not in subscriptions(t), "the idle subscription deleted")
+        assert subscriptions(t) == ["live"]
+        admin(bp, "PUT", f"{base}/{t}/unload")  # the consumer (it does not reconnect) closed with it
+    finally:
+        s.close()
+    # a pass while the topic is not served (another topic's idle subscription deleted): its seen times go
+    admin(bp, "PUT", f"{base}/{clock}")
+    admin(bp, "PUT", f"{base}/{clock}/subscription/old")
+    last_active_an_hour_ago(clock, "old")
+    wait_for(lambda: subscriptions(clock) == [], "another topic's idle subscription deleted")
+    # served again; the pass that deletes zz-two (idle) checks live (before it, in name order) too
+    admin(bp, "PUT", f"{base}/{t}/subscription/zz-two")
+    last_active_an_hour_ago(t, "zz-two")
+    wait_for(lambda: "zz-two" not in subscriptions(t), "the idle subscription deleted")
+    assert subscriptions(t) == ["live"]
