@@ -327,6 +327,8 @@ class _Creation:
 
     #: a CLOSE_PRODUCER or CLOSE_CONSUMER of its id came meanwhile: it ends without the producer or consumer
     closed: bool = False
+    #: set when its handling ends (:meth:`_Creations.ended`)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Creations:
@@ -354,8 +356,15 @@ class _Creations:
         try:
             await work
         finally:
+            c.done.set()
             if self._by_id.get(id_) is c:
                 del self._by_id[id_]
+
+    async def ended(self, id_: int) -> None:
+        """Returns once the creation of ``id_`` under way (if any) has ended."""
+        c = self._by_id.get(id_)
+        if c is not None:
+            await c.done.wait()
 
     def close(self, id_: int) -> None:
         """The id is closed: what is being created under it ends without its producer or consumer, and the id is
@@ -3283,6 +3292,15 @@ class BrokerService:
     def _consumer(self, s: Session, consumer_id: int) -> Consumer | None:
         return s.consumers.get(consumer_id)
 
+    async def _consumer_subscribed(self, s: Session, consumer_id: int) -> Consumer | None:
+        """The connection's consumer ``consumer_id`` once its SUBSCRIBE under way (if any) is answered. The C++
+        client takes a new connection for its consumer's as it sends the SUBSCRIBE, so a GET_LAST_MESSAGE_ID, SEEK
+        or UNSUBSCRIBE it sends meanwhile (a reader's ``has_message_available()`` as it reconnects after its broker
+        went) follows the SUBSCRIBE on the connection: answered ConsumerNotFound, the application got the error
+        (Pulsar's broker answers it MetadataError "Consumer not found"), where its answer can wait."""
+        await s.creating_consumers.ended(consumer_id)
+        return s.consumers.get(consumer_id)
+
     def on_flow(self, s: Session, r: Request) -> None:
         cmd: pb.CommandFlow = r.body  # type: ignore[assignment]
         c = self._consumer(s, cmd.consumer_id)
@@ -3309,7 +3327,7 @@ class BrokerService:
 
     async def on_unsubscribe(self, s: Session, r: Request) -> None:
         cmd: pb.CommandUnsubscribe = r.body  # type: ignore[assignment]
-        c = self._consumer(s, cmd.consumer_id)
+        c = await self._consumer_subscribed(s, cmd.consumer_id)
         if c is None:
             s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
@@ -3338,7 +3356,7 @@ class BrokerService:
 
     async def on_seek(self, s: Session, r: Request) -> None:
         cmd: pb.CommandSeek = r.body  # type: ignore[assignment]
-        c = self._consumer(s, cmd.consumer_id)
+        c = await self._consumer_subscribed(s, cmd.consumer_id)
         if c is None:
             s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
@@ -3377,7 +3395,7 @@ class BrokerService:
 
     async def on_get_last_message_id(self, s: Session, r: Request) -> None:
         cmd: pb.CommandGetLastMessageId = r.body  # type: ignore[assignment]
-        c = self._consumer(s, cmd.consumer_id)
+        c = await self._consumer_subscribed(s, cmd.consumer_id)
         if c is None:
             s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
             return

@@ -1,0 +1,66 @@
+"""Pulsar client features under faults, ninth part, on a broker of its own (the fixtures of the third part): what
+a client sends for a consumer whose SUBSCRIBE is still being handled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.broker_testing import Brokers, module_cluster
+from tests.integration.test_broker_client_features3 import bp
+from tests.integration.test_broker_pulsar_client import _connect, _raw, topic_name
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+
+__all__ = ["bp"]  # the fixture of the third part, on this module's broker
+
+T = pb.BaseCommand
+
+
+@pytest.fixture(scope="module")
+def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
+    with module_cluster(zk_server, tmp_path_factory.mktemp("features9")) as b:
+        yield b
+
+
+def test_requests_for_a_consumer_sent_behind_its_subscribe_wait_for_it(bp: Any) -> None:
+    """The C++ client takes a new connection for its consumer's as it sends the SUBSCRIBE, so a reader's
+    has_message_available() as it reconnects sends GET_LAST_MESSAGE_ID right behind it: answered once the
+    consumer is there, not ConsumerNotFound (which the application got as an error)."""
+    s = _raw(bp)
+    _connect(s)
+    t = f"persistent://public/default/{topic_name()}"
+    sub = pb.CommandSubscribe(topic=t, subscription="s", subType=pb.CommandSubscribe.Exclusive)
+    sub.consumer_id, sub.request_id = 1, 1
+    s.sendall(  # in one write: the topic is not open yet when the others are read
+        wire.encode_command(T(type=T.SUBSCRIBE, subscribe=sub))
+        + wire.encode_command(
+            T(
+                type=T.GET_LAST_MESSAGE_ID,
+                getLastMessageId=pb.CommandGetLastMessageId(consumer_id=1, request_id=2),
+            )
+        )
+        + wire.encode_command(
+            T(type=T.SEEK, seek=pb.CommandSeek(consumer_id=1, request_id=3, message_publish_time=1))
+        )
+    )
+    dec = wire.FrameDecoder()
+    answers: dict[int, Any] = {}
+    s.settimeout(30)
+    while len(answers) < 3:
+        data = s.recv(65536)
+        assert data, f"connection closed with answers {answers}"
+        for f in dec.feed(data):
+            cmd = f.command
+            if cmd.type == T.SUCCESS:
+                answers[cmd.success.request_id] = cmd
+            elif cmd.type == T.ERROR:
+                answers[cmd.error.request_id] = cmd
+            elif cmd.type == T.GET_LAST_MESSAGE_ID_RESPONSE:
+                answers[cmd.getLastMessageIdResponse.request_id] = cmd
+    s.close()
+    assert answers[1].type == T.SUCCESS
+    assert answers[2].type == T.GET_LAST_MESSAGE_ID_RESPONSE, answers[2]
+    assert answers[3].type == T.SUCCESS, answers[3]
