@@ -109,3 +109,33 @@ def test_a_named_subscription_the_partition_update_copied_to_a_new_partition_is_
     )
     cursor = CursorInfo.from_json(v.value)
     assert SPARK_CURSOR_PROPERTY in cursor.properties and cursor.mark_delete == (end[new][0], end[new][1] - 1)
+
+
+def test_a_new_stream_starting_in_a_trimmed_ledger_is_a_data_loss(cluster: Cluster, store: Any) -> None:
+    """``startingOffsets`` JSON naming a position in a ledger that is gone (the topic truncated, as retention
+    trims) fails a new stream at its start with failOnDataLoss true, as a batch read fails; false starts at the
+    next ledger. Before, the subscription the stream makes at its start vouched at its first batch that the
+    ledger had ended there, and an AvailableNow run read nothing and finished without a word."""
+    from spark.topic_source import TopicDataLossError
+
+    local = "trimmed-start"
+    users.produce(cluster, local, 45, batching_enabled=False)
+    time.sleep(1.5)
+    stats = json.loads(cluster.admin("GET", f"/admin/v2/persistent/public/default/{local}/internalStats"))
+    first = stats["ledgers"][0]["ledgerId"]
+    cluster.admin("DELETE", f"/admin/v2/persistent/public/default/{local}/truncate")
+    start = json.dumps({f"persistent://public/default/{local}": [first, 10]})
+    r = _reader(cluster, local, startingOffsets=start)
+    try:
+        with pytest.raises(
+            TopicDataLossError, match=f"ledger {first} was deleted before entry 10 on was read"
+        ):
+            r.initialOffset()
+    finally:
+        r.stop()
+    r = _reader(cluster, local, startingOffsets=start, failOnDataLoss="false")
+    try:
+        (pos,) = [p for k, p in r.initialOffset().items() if k != "subscription"]
+        assert pos[0] > first and pos[1] == 0, pos
+    finally:
+        r.stop()
