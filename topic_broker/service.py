@@ -576,16 +576,23 @@ def dedup_sequence_id(sequence_id: int, highest: int | None, num_messages: int, 
 
 
 def dedup_walk(
-    sequence_id: int, highest: int | None, num_messages: int, entry: bytes
+    sequence_id: int,
+    highest: int | None,
+    num_messages: int,
+    entry: bytes,
+    walked: tuple[int | None] | None = None,
 ) -> int | Callable[[], int]:
     """:func:`dedup_sequence_id`'s id, or, when it takes inflating a compressed batch over
     ``wire.INFLATE_ON_LOOP_MAX`` (``wire.batch_walk_off_loop``), the walk that finds it: a function of no
-    arguments, for a worker thread (up to 5 MiB inflated, ~17 ms, would block the event loop)."""
+    arguments, for a worker thread (up to 5 MiB inflated, ~17 ms, would block the event loop). ``walked``: the
+    batch's ``wire.batch_last_sequence_id`` (in a 1-tuple) when it was walked already, not walked again."""
     if highest is not None:
         return max(sequence_id, highest)
     end = sequence_id + max(num_messages, 1) - 1
     if end == sequence_id:
         return sequence_id
+    if walked is not None:
+        return end if walked[0] == end else sequence_id
     try:
         md, payload = wire.parse_entry(entry, verify_checksum=False)
     except wire.EntryFormatError:
@@ -1554,14 +1561,18 @@ class Topic:
         *,
         dedup: bool = True,
         chunk: wire.Chunk | None = None,
+        walked: tuple[int | None] | None = None,
     ) -> None:
         """``dedup`` False: the SEND's sequence id takes no part in deduplication (a chunk before the last).
         ``chunk``: a chunk's (uuid, chunk id, chunks of its message), for :meth:`_track_chunks`.
+        ``walked``: the batch's last sequence id stated, when :meth:`BrokerService.on_send` walked it (a 1-tuple).
         A batch whose dedup walk inflates much (:func:`dedup_walk`) is walked in a worker thread, and the
         producer's later SENDs are held behind it, to be taken in their order."""
         seq = send.sequence_id
         declared = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
-        dedup_id = dedup_walk(seq, declared, num_messages, entry) if self.dedup_enabled and dedup else seq
+        dedup_id = (
+            dedup_walk(seq, declared, num_messages, entry, walked) if self.dedup_enabled and dedup else seq
+        )
         if p.held or not isinstance(dedup_id, int):
             p.held.append(_HeldSend(send, entry, num_messages, dedup, dedup_id, time.monotonic(), chunk))
             if len(p.held) == 1:
@@ -3132,9 +3143,22 @@ class BrokerService:
             why = f"sequence id over {INT64_MAX}"
             s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, why))
             return
+        walked: tuple[int | None] | None = None
+        batch = metadata.HasField("num_messages_in_batch")
+        if batch and metadata.compression == pb.NONE and not metadata.encryption_keys:  # (not a cipher text)
+            # pulsar-client reads a batch by its count and sizes without checking them against the payload:
+            # one that overran it crashed the consumer's process (a segfault) or had it hand out bytes of its
+            # own memory as messages, at each delivery, to every consumer of the topic. Walked once here, for
+            # deduplication too
+            try:
+                walked = (wire.batch_last_sequence_id(metadata, frame.payload),)
+            except wire.EntryFormatError as e:
+                why = f"invalid message: {e}"
+                s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, why))
+                return
         p.pending_bytes += len(entry)
         s.publish_bytes += len(entry)
-        p.topic.publish(p, cmd, entry, messages, dedup=dedup, chunk=chunk)
+        p.topic.publish(p, cmd, entry, messages, dedup=dedup, chunk=chunk, walked=walked)
         if s.publish_bytes > PUBLISH_BYTES_MAX and not s.publish_paused:
             s.check_publishing()
 

@@ -1,20 +1,22 @@
 """Pulsar client features under faults, ninth part, on a broker of its own (the fixtures of the third part): what
-a client sends for a consumer whose SUBSCRIBE is still being handled."""
+a client sends for a consumer whose SUBSCRIBE is still being handled; batches whose count or sizes lie."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.broker_testing import Brokers, module_cluster
-from tests.integration.test_broker_client_features3 import bp
-from tests.integration.test_broker_pulsar_client import _connect, _raw, topic_name
+from tests.integration.test_broker_client_features3 import bp, c
+from tests.integration.test_broker_pulsar_client import _connect, _raw, _raw_answer, _raw_producer, topic_name
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 
-__all__ = ["bp"]  # the fixture of the third part, on this module's broker
+pulsar = pytest.importorskip("pulsar")
+__all__ = ["bp", "c"]  # the fixtures of the third part, on this module's broker
 
 T = pb.BaseCommand
 
@@ -64,3 +66,39 @@ def test_requests_for_a_consumer_sent_behind_its_subscribe_wait_for_it(bp: Any) 
     assert answers[1].type == T.SUCCESS
     assert answers[2].type == T.GET_LAST_MESSAGE_ID_RESPONSE, answers[2]
     assert answers[3].type == T.SUCCESS, answers[3]
+
+
+def _single(i: int) -> bytes:
+    """Message ``b<i>`` of a batch: its size, its SingleMessageMetadata, its payload."""
+    meta = pb.SingleMessageMetadata(payload_size=len(b"b%d" % i)).SerializeToString()
+    return struct.pack(">I", len(meta)) + meta + b"b%d" % i
+
+
+def test_a_batch_whose_count_or_sizes_overrun_its_payload_is_refused(bp: Any, c: Any) -> None:
+    """pulsar-client reads a batch by its count and sizes without checking them against the payload: stored, a
+    batch claiming 5 messages of 2 crashed a Shared consumer's process (a segfault), one of garbage every
+    consumer's, and a size past the payload had it hand out bytes of its own memory, at each delivery."""
+    t = f"persistent://public/default/{topic_name()}"
+    consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+    s, dec = _raw_producer(bp, t, "liar")
+    overrun = pb.SingleMessageMetadata(payload_size=9999).SerializeToString()
+    batches = [
+        (5, _single(0) + _single(1)),  # a lie, ...
+        (3, b"\x00\x00\x00\x05garbage!"),
+        (1, struct.pack(">I", len(overrun)) + overrun + b"zz"),
+        (2, _single(0) + _single(1)),  # ... and the truth
+    ]
+    for seq, (count, payload) in enumerate(batches):
+        md = pb.MessageMetadata(
+            producer_name="liar", sequence_id=seq, publish_time=1, num_messages_in_batch=count
+        )
+        send = T(type=T.SEND, send=pb.CommandSend(producer_id=1, sequence_id=seq, num_messages=count))
+        s.sendall(wire.encode_send(send, md, payload))
+        got = _raw_answer(s, dec)
+        if seq < 3:
+            assert got.type == T.SEND_ERROR and "invalid message" in got.send_error.message, (seq, got)
+        else:
+            assert got.type == T.SEND_RECEIPT, got
+    s.close()
+    c.create_producer(t).send(b"after")
+    assert [consumer.receive(timeout_millis=20_000).data() for _ in range(3)] == [b"b0", b"b1", b"after"]
