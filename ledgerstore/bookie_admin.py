@@ -83,7 +83,7 @@ def recover_line(r: Any) -> str:
     if r.status in ("done", "planned"):
         to = ", ".join(f"ensemble {k} -> {b}" for k, b in sorted(r.replacements.items()))
         verb = "copied" if r.status == "done" else "to copy"
-        return f"  ledger {r.ledger_id}: {r.entries_copied} entries {verb}; {to}"
+        return f"  ledger {r.ledger_id}: {counted(r.entries_copied, 'entry', 'entries')} {verb}; {to}"
     if r.status == "open":
         return (
             f"  ledger {r.ledger_id}: not closed, left to its writer (or close it: ledgerstore ledger recover "

@@ -55,6 +55,7 @@ class ServiceProcess:
     proc: subprocess.Popen[bytes] | None
     log_path: Path | None
     env: dict[str, str]
+    log_start = 0  # the log's size when the latest start began (the log is appended to across starts)
 
     @property
     def id(self) -> str:
@@ -75,6 +76,7 @@ class ServiceProcess:
     def _spawn(self, log_path: Path) -> None:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_start = log_path.stat().st_size if log_path.exists() else 0
         logf = open(log_path, "ab")  # noqa: SIM115 - the child owns it
         try:
             self.proc = subprocess.Popen(
@@ -92,12 +94,12 @@ class ServiceProcess:
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"{self.kind} {self.id} exited with {self.proc.returncode}: {self.log_tail()}"
+                    f"{self.kind} {self.id} exited with {self.proc.returncode}: {self.started_log_tail()}"
                 )
             if ready():
                 return
             time.sleep(0.05)
-        raise TimeoutError(f"{self.kind} {self.id} not {what} after {timeout_s}s: {self.log_tail()}")
+        raise TimeoutError(f"{self.kind} {self.id} not {what} after {timeout_s}s: {self.started_log_tail()}")
 
     def wait_exit(self, timeout_s: float = 30.0) -> int:
         assert self.proc is not None
@@ -107,6 +109,15 @@ class ServiceProcess:
         if self.log_path is None or not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def started_log_tail(self, n: int = 20) -> str:
+        """The last ``n`` lines the process of the latest start wrote to its log (none of an earlier run's)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            text = f.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-n:])
 
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
