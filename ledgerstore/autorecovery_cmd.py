@@ -428,7 +428,8 @@ def _decommission(args: argparse.Namespace) -> int:
 
     store = _store(args)
     try:
-        known = args.bookie in BookieRegistry(store).all() or read_zk_cookie(store, args.bookie) is not None
+        running = args.bookie in BookieRegistry(store).all()
+        known = running or read_zk_cookie(store, args.bookie) is not None
     finally:
         store.close()
     if not known:
@@ -485,7 +486,11 @@ def _decommission(args: argparse.Namespace) -> int:
             + ("decommissioned" if result.complete else "NOT decommissioned (timed out)")
             + f" in {result.seconds:.1f}s: {counted(len(result.ledgers_moved), 'ledger')} moved, "
             f"{counted(result.entries_copied, 'entry', 'entries')} ({result.bytes_copied / 2**20:.1f} MiB) copied"
-            + ("; cookie deleted (stop the bookie now)" if result.cookie_deleted else "")
+            + (
+                f"; cookie deleted ({'stop the bookie now' if running else 'it was not running'})"
+                if result.cookie_deleted
+                else ""
+            )
         )
         return "\n".join(
             [head, *(f"  ledger {lid}: still names it: {why}" for lid, why in sorted(result.waiting.items()))]
