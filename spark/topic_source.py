@@ -945,13 +945,18 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
 
     def initialOffset(self) -> dict[str, Any]:
         """A new query's start (Spark asks when its checkpoint holds no offset, and again as batch 0's start
-        whenever it runs that batch, a restart re-running a batch 0 logged by an earlier run too). Its
+        whenever it runs that batch, a restart re-running a batch 0 logged by an earlier run too; within a run
+        the answer is the first one). Its
         subscription is made here, durably, at that start on every partition (a partition with no entry yet at
         ``(-1, -1)``, before every ledger it will have), before any batch reads: retention keeps from then on what
         the first batch reads. A start in a ledger already gone is a data loss (``failOnDataLoss``; false
         starts at the next ledger). The name is not in this offset (the first batch's end holds it), so the first
         trigger always logs a batch that names it; a new name that no logged batch came to name is deleted
         again when the query stops (:meth:`stop`), so a query stopped first leaves nothing behind."""
+        if self._initial is not None:
+            # Spark asks again for batch 0's start when it runs that batch (after latestOffset chose its end):
+            # the start chosen, not a later 'latest', which would skip what was written in between
+            return dict(self._initial)
         snaps = self._refresh()
         # a start in a ledger already gone (startingOffsets naming a ledger retention trimmed) is a loss, told
         # here: the subscription made at it next would vouch for it at the first batch, as if it had held it

@@ -139,3 +139,24 @@ def test_a_new_stream_starting_in_a_trimmed_ledger_is_a_data_loss(cluster: Clust
         assert pos[0] > first and pos[1] == 0, pos
     finally:
         r.stop()
+
+
+def test_spark_asking_again_for_the_initial_offset_gets_the_same_start(cluster: Cluster, store: Any) -> None:
+    """Spark asks for a new query's initial offset when it chooses batch 0's end and again when it runs the
+    batch (its start): with startingOffsets=latest the second answer was the newer latest, and batch 0 read
+    nothing of what was written between the two (here 3 messages, its whole range), the subscription moved
+    past them too."""
+    local = "latest-asked-twice"
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    r = _reader(cluster, local, startingOffsets="latest")
+    try:
+        first = r.initialOffset()
+        users.produce(cluster, local, 3, batching_enabled=False)
+        time.sleep(1.5)
+        end = r.latestOffset(first, r.getDefaultReadLimit())
+        again = r.initialOffset()
+        assert again == first
+        assert sum(t.last_entry_id - t.first_entry_id + 1 for t in r.partitions(again, end)) == 3
+    finally:
+        r.stop()
