@@ -1331,8 +1331,22 @@ class AdminApp:
             return _json({"partitions": 0})
         n = await self._partitions(name)
         if not n and not name.is_partition and request.query.get("checkAllowAutoCreation") == "true":
-            n = await self.service.auto_partitioned(name)  # a client's metadata request (http:// service URL)
+            # a client's metadata request (http:// service URL), which may create the topic: authorized as the
+            # binary PARTITIONED_METADATA is (a GET is otherwise a read, open to anyone)
+            await self._check_lookup_allowed(request, name)
+            n = await self.service.auto_partitioned(name)
         return _json({"partitions": n})
+
+    async def _check_lookup_allowed(self, request: web.Request, name: TopicName) -> None:
+        """Under ``--auth-required``: the request's role may produce or consume on ``name`` (a superuser may),
+        else 401 (no role) or 403."""
+        role = request.get(PRINCIPAL)
+        if not self.service.checks_permissions(role):
+            return
+        if role is None:
+            raise AdminError(401, "authentication required: send Authorization: Bearer <token>")
+        if not await self.service.can(role, name, ("produce", "consume")):
+            raise AdminError(403, f"{role} is not authorized to look up {name}")
 
     async def _partition_count_from(self, request: web.Request) -> int:
         body = await _body_json(request)

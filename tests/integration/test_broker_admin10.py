@@ -582,3 +582,38 @@ def test_a_subscription_whose_consumer_never_acknowledged_outlives_a_move_of_its
     last_active_an_hour_ago(t, "zz-two")
     wait_for(lambda: "zz-two" not in subscriptions(t), "the idle subscription deleted")
     assert subscriptions(t) == ["live"]
+
+
+def test_a_partitioned_topic_made_by_an_http_metadata_request_needs_the_lookups_authorization(
+    secure: SecureCluster,
+) -> None:
+    """``GET …/{topic}/partitions?checkAllowAutoCreation=true`` (pulsar-client's metadata request through an
+    ``http://`` service URL) creates a topic that does not exist where its namespace's autoTopicCreation says
+    partitioned, so under ``--auth-required`` it takes the binary PARTITIONED_METADATA's authorization (produce or
+    consume on the topic): anonymous 401, a role without a grant 403, and nothing is created; granted, 200 and
+    the topic made. It was a read (GET) to the admin's authentication: anyone made topics of up to
+    ``--max-partitions-per-topic`` partitions each, as many as names."""
+    su, alice = secure.tokens[SUPERUSER], secure.tokens["alice"]
+    ns = f"auto-{uuid.uuid4().hex[:8]}"
+    assert secure.http("PUT", f"/admin/v2/namespaces/public/{ns}", token=su)[0] == 204
+    auto = {"allowAutoTopicCreation": True, "topicType": "partitioned", "defaultNumPartitions": 2}
+    assert (
+        secure.http("POST", f"/admin/v2/namespaces/public/{ns}/autoTopicCreation", auto, token=su)[0] == 204
+    )
+    t = f"persistent://public/{ns}/made-by-lookup"
+    metadata = f"/admin/v2/persistent/public/{ns}/made-by-lookup/partitions?checkAllowAutoCreation=true"
+
+    def partitioned() -> Any:
+        return secure.http("GET", f"/admin/v2/persistent/public/{ns}/partitioned", token=su)
+
+    assert secure.http("GET", metadata)[0] == 401
+    assert secure.http("GET", metadata, token=alice)[0] == 403
+    assert partitioned() == (200, [])
+    granted = {"alice": ["produce"]}
+    assert (
+        secure.http("POST", f"/admin/v2/namespaces/public/{ns}/permissions/alice", ["produce"], token=su)[0]
+        == 204
+    )
+    assert secure.http("GET", f"/admin/v2/namespaces/public/{ns}/permissions", token=su) == (200, granted)
+    assert secure.http("GET", metadata, token=alice) == (200, {"partitions": 2})
+    assert partitioned() == (200, [t])
