@@ -736,8 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument(
             "--bookie-http-port",
             type=int,
-            default=8000,
-            help="the first bookie's admin HTTP port (/health, /metrics; the others follow)",
+            default=None,
+            help="the first bookie's admin HTTP port (/health, /metrics; the others follow; default 8000, with "
+            "--docker 8001 as in docker/compose.yaml)",
         )
     one_piece = {
         "stop": "stop one piece of the cluster (SIGTERM; --kill: SIGKILL, a crash)",

@@ -321,7 +321,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
                 f"`ledgerstore cluster start TARGET --state-dir {state_dir}` the stopped ones, or "
                 f"`ledgerstore cluster down --state-dir {state_dir}` first, then `cluster up` again"
             )
-    bookie_http = getattr(args, "bookie_http_port", 8000)
+    bookie_http = getattr(args, "bookie_http_port", None) or 8000
     # this directory's ZooKeeper, from a `zk start` or an earlier up
     zk_was_running = launcher.status(state_dir).running
     starts_zk = not getattr(args, "zk_given", False) and not zk_was_running

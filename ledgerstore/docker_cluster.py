@@ -117,20 +117,28 @@ def answers_health(url: str) -> bool:
         return False
 
 
+def compose_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment docker/compose.yaml is run with: host mode, and the ports the flags give."""
+    env = {
+        **os.environ,
+        "LEDGERSTORE_ADVERTISED_HOST": "127.0.0.1",
+        "ZK_PORT": str(args.zk_port),
+        **{f"BOOKIE{i}_PORT": str(args.base_port + i) for i in range(3)},
+        "BROKER_PORT": str(int(getattr(args, "broker_port", 6650))),
+        "BROKER_HTTP_PORT": str(int(getattr(args, "broker_http_port", 8080))),
+    }
+    if getattr(args, "bookie_http_port", None) is not None:  # else compose's (8001..) or the environment's
+        env.update({f"BOOKIE{i}_HTTP_PORT": str(args.bookie_http_port + i) for i in range(3)})
+    return env
+
+
 def command(args: argparse.Namespace) -> int:
     if not COMPOSE_FILE.exists():
         raise CommandError(f"{COMPOSE_FILE} not found (run from a source checkout)")
     brokers = int(getattr(args, "brokers", 1))
     broker_port = int(getattr(args, "broker_port", 6650))
     broker_http_port = int(getattr(args, "broker_http_port", 8080))
-    env = {
-        **os.environ,
-        "LEDGERSTORE_ADVERTISED_HOST": "127.0.0.1",
-        "ZK_PORT": str(args.zk_port),
-        **{f"BOOKIE{i}_PORT": str(args.base_port + i) for i in range(3)},
-        "BROKER_PORT": str(broker_port),
-        "BROKER_HTTP_PORT": str(broker_http_port),
-    }
+    env = compose_env(args)
     if "ZOOKEEPER_IMAGE" not in env and _image_exists("ledgerstore/zookeeper:dev"):
         env["ZOOKEEPER_IMAGE"] = "ledgerstore/zookeeper:dev"  # built offline by docker/build-offline.sh
     if args.bookies != 3:

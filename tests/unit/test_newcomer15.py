@@ -53,3 +53,31 @@ def test_bookie_recover_counts_one_entry_in_the_singular() -> None:
         status="planned", ledger_id=2, entries_copied=67, replacements={0: "127.0.0.1:3184"}
     )
     assert recover_line(two) == "  ledger 2: 67 entries to copy; ensemble 0 -> 127.0.0.1:3184"
+
+
+def test_cluster_up_docker_publishes_the_bookies_admin_ports_bookie_http_port_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ledgerstore import cli
+    from ledgerstore.docker_cluster import compose_env
+
+    args = cli.build_parser().parse_args(
+        [
+            "cluster",
+            "up",
+            "--docker",
+            "--zk-port",
+            "30181",
+            "--base-port",
+            "30281",
+            "--bookie-http-port",
+            "30301",
+        ]
+    )
+    env = compose_env(args)
+    assert [env[f"BOOKIE{i}_HTTP_PORT"] for i in range(3)] == ["30301", "30302", "30303"]
+    assert [env[f"BOOKIE{i}_PORT"] for i in range(3)] == ["30281", "30282", "30283"]
+    for i in range(3):
+        monkeypatch.delenv(f"BOOKIE{i}_HTTP_PORT", raising=False)
+    default = compose_env(cli.build_parser().parse_args(["cluster", "up", "--docker"]))
+    assert "BOOKIE0_HTTP_PORT" not in default  # compose's own: 8001..8003
