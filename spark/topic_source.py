@@ -22,6 +22,9 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   secured cluster, read where the query is planned, their contents shipped with the tasks (default: each
   process's environment, ``LEDGERSTORE_AUTH_TOKEN[_FILE]`` and ``LEDGERSTORE_ZK_AUTH[_FILE]``); a credential
   missing or refused fails the planning naming the option (:mod:`spark.options`).
+* pulsar-spark's names (the source is ``format("pulsar")`` too): ``admin.url`` (no ``zk``: the metadata store the
+  broker names), ``service.url`` (checked, unused), ``predefinedSubscription``, ``pulsar.client.authParams``' token
+  (:mod:`spark._pulsar_options`).
 * exactly one of ``topic`` (a name: ``t``, ``tenant/ns/t`` or ``persistent://tenant/ns/t``), ``topics`` (a comma
   list) or ``topicsPattern`` (a regex matched against full names ``persistent://tenant/ns/<topic>``; the namespace
   is the pattern's ``persistent://tenant/ns/`` prefix, ``public/default`` for a bare regex). A partitioned topic
@@ -122,6 +125,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from spark._pulsar_options import parse_source_options
 from spark._topic_offsets import (
     EARLIEST,
     SUBSCRIPTION_KEY,
@@ -144,7 +148,6 @@ from spark._topic_options import (
     OffsetSpec,
     TopicOptionError,
     TopicOptions,
-    parse_topic_options,
 )
 from spark.ledger_source import _exists, check_bookie_access, credentials_checked, freeze_worker_heap
 from spark.options import BATCH_BYTES_MAX, client_config
@@ -1164,17 +1167,17 @@ class TopicDataSource(DataSource):  # type: ignore[misc]
         return "topic"
 
     def schema(self) -> StructType:
-        parse_topic_options(self.options, streaming=False)  # bad options fail when the DataFrame is defined
+        parse_source_options(self.options, streaming=False)  # bad options fail when the DataFrame is defined
         return TOPIC_SCHEMA
 
     def reader(self, schema: StructType) -> TopicReader:
-        opts = parse_topic_options(self.options, streaming=False)
+        opts = parse_source_options(self.options, streaming=False)
         _check_schema(schema)
         return TopicReader(opts, schema)
 
     def streamReader(self, schema: StructType) -> TopicStreamReader:
         try:
-            opts = parse_topic_options(self.options, streaming=True)
+            opts = parse_source_options(self.options, streaming=True)
             _check_schema(schema)
         except TopicOptionError as e:
             # PySpark's streaming runner stops the reader in a ``finally`` even when making it failed, and its

@@ -827,6 +827,30 @@ class AdminApp:
         brokers = await self.meta.list_brokers()
         return _json(sorted(b.web_service_url.split("://", 1)[-1] for b in brokers.values()))
 
+    async def internal_configuration(self, request: web.Request) -> web.Response:
+        """Pulsar's InternalConfigurationData: where the metadata store is (``metadataStoreUrl``, ``zk:`` and the
+        broker's ``--zk``) and the ledgers' root under it (``ledgersRootPath``, ``--zk-root`` + ``/ledgers``), what
+        a tool holding only the admin URL needs to read the store itself (the Spark ``topic`` source's
+        ``admin.url``). A superuser's call, as Pulsar's ``validateSuperUserAccess``: with authentication on, a
+        token (401 without) whose subject is in ``--superuser-roles`` when that is set (403 otherwise)."""
+        if self.service.verifier is not None:
+            role = request.get(PRINCIPAL)
+            if role is None:
+                raise AdminError(401, "authentication required: send Authorization: Bearer <token>")
+            if self.service.config.superuser_roles and not self.service.is_superuser(role):
+                raise AdminError(403, f"{role} is not a superuser")
+        cfg = self.service.config
+        store = f"zk:{cfg.zk}"
+        return _json(
+            {
+                "metadataStoreUrl": store,
+                "configurationMetadataStoreUrl": store,
+                "ledgersRootPath": cfg.zk_root.rstrip("/") + "/" + layout.LEDGERS,
+                "bookkeeperMetadataServiceUri": None,
+                "stateStorageServiceUrl": None,
+            }
+        )
+
     async def health(self, request: web.Request) -> web.Response:
         if self.service.meta is None or getattr(self.service, "_session_lost", False):
             return web.Response(status=503, text="not connected to ZooKeeper")
@@ -2630,6 +2654,8 @@ class AdminApp:
         r.add_get("/metrics/", self.prometheus)
         r.add_get("/admin/v2/clusters", self.clusters)
         r.add_get("/admin/v2/clusters/{cluster}", self.cluster)
+        # before brokers/{cluster}, which would take "internal-configuration" for a cluster's name
+        r.add_get("/admin/v2/brokers/internal-configuration", self.internal_configuration)
         r.add_get("/admin/v2/brokers/{cluster}", self.brokers)
         r.add_get("/admin/v2/tenants", self.tenants)
         r.add_get("/admin/v2/tenants/{tenant}", self.tenant_get)
