@@ -92,7 +92,7 @@ def add_spark_command(sub: Any, common: Callable[[argparse.ArgumentParser], None
 def _session(args: argparse.Namespace) -> Any:
     from spark.jobs.common import local_session
 
-    conf: list[tuple[str, str]] = []
+    conf = progress_conf(args)  # before the user's --conf, which may say otherwise
     for kv in args.conf:
         key, sep, value = kv.partition("=")
         if not sep or not key:
@@ -104,6 +104,14 @@ def _session(args: argparse.Namespace) -> Any:
     return local_session(
         f"ledgerstore {args.job}", args.master, executor_python=args.executor_python, conf=conf
     )
+
+
+def progress_conf(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """On a terminal (and not with --json), Spark's console progress bar on stderr, each stage's tasks done:
+    a job runs a minute or more, which it spent in silence (local_session turns the bar off)."""
+    from ledgerstore.cli import progress_disabled
+
+    return [] if progress_disabled(args) else [("spark.ui.showConsoleProgress", "true")]
 
 
 #: Seconds a connection to a standalone master may take before it counts as not answering.
@@ -171,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
             parse_topic_options(opts.topic_source_options(), streaming=False)
     except (LedgerOptionError, TopicOptionError) as e:
         raise CommandError(_in_flags(str(e))) from None
+    if progress_conf(args):
+        print(f"ledgerstore spark {args.job}: starting Spark ({args.master})", file=sys.stderr, flush=True)
     session = _session(args)
     try:
         result = JOBS[args.job].run(session, opts)

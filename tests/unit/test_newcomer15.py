@@ -81,3 +81,21 @@ def test_cluster_up_docker_publishes_the_bookies_admin_ports_bookie_http_port_na
         monkeypatch.delenv(f"BOOKIE{i}_HTTP_PORT", raising=False)
     default = compose_env(cli.build_parser().parse_args(["cluster", "up", "--docker"]))
     assert "BOOKIE0_HTTP_PORT" not in default  # compose's own: 8001..8003
+
+
+def test_spark_jobs_show_sparks_progress_bar_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from ledgerstore import cli
+    from ledgerstore.spark_cmd import progress_conf
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    args = cli.build_parser().parse_args(["spark", "ledger-health"])
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert progress_conf(args) == [("spark.ui.showConsoleProgress", "true")]
+    assert progress_conf(cli.build_parser().parse_args(["spark", "ledger-health", "--json"])) == []
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a pipe or a log file: no bar
+    assert progress_conf(args) == []
