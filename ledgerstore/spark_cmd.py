@@ -24,6 +24,7 @@ from spark._topic_options import CRYPTO_FAILURE_ACTIONS
 
 DEFAULT_MASTER = "local[2]"
 _PY_ERROR = re.compile(r"^[\w.]*(Error|Exception): ")
+_OUR_ERROR = re.compile(r"^(?:\w+\.)*((?:Ledger|Topic)(?:Option|DataLoss)Error): ")
 #: a source option a job passes -> the flag its user gives it with
 _FLAGS = {
     "zk": "--zk",
@@ -214,10 +215,9 @@ def _one_line(e: BaseException) -> str:
         ln for ln in lines if _PY_ERROR.match(ln) and not ln.startswith(("org.", "java.", "py4j."))
     ]
     for ln in python_errors:
-        if ln.startswith(
-            ("LedgerOptionError", "LedgerDataLossError", "TopicOptionError", "TopicDataLossError")
-        ):
-            return ln
+        ours = _OUR_ERROR.match(ln)  # raised in a Python worker, it comes module-qualified (spark.options.…)
+        if ours:
+            return ln[ours.start(1) :]
     if python_errors:
         return python_errors[-1]
     return lines[0] if lines else type(e).__name__

@@ -99,3 +99,22 @@ def test_spark_jobs_show_sparks_progress_bar_on_a_terminal_only(monkeypatch: pyt
     assert progress_conf(cli.build_parser().parse_args(["spark", "ledger-health", "--json"])) == []
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # a pipe or a log file: no bar
     assert progress_conf(args) == []
+
+
+def test_a_spark_jobs_failure_is_told_by_the_sources_own_error_line() -> None:
+    from ledgerstore.spark_cmd import _in_flags, _one_line
+
+    wrapped = RuntimeError(
+        "An error occurred while calling o52.load.\n"
+        ": org.apache.spark.SparkException: Python worker failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "/work/main/spark/ledger_source.py", line 293, in _plan_ledger\n'
+        "spark.options.LedgerOptionError: option 'password': wrong password for ledger 2 (one query reads "
+        "ledgers of one password: select the ones it opens with option 'ledgers')\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:572)\n"
+        "pyspark.errors.exceptions.captured.PythonException: [PYTHON_DATA_SOURCE_ERROR] planning failed\n"
+    )
+    assert _in_flags(_one_line(wrapped)) == (
+        "LedgerOptionError: option --password: wrong password for ledger 2 (one query reads ledgers of one "
+        "password: select the ones it opens with option --ledgers)"
+    )
