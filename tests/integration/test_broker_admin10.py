@@ -9,6 +9,7 @@ every test uses its own topics and namespaces; every wait is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -479,11 +480,27 @@ def test_authenticated_admin_calls_store_their_request_state_under_typed_keys(st
     assert status == 200
 
 
+@contextlib.contextmanager
+def zookeeper(brokers: Any) -> Iterator[tuple[KazooClient, str]]:
+    """A ZooKeeper session of the cluster's (as another broker's admin, or a hand, writes) and its root."""
+    auth = resolve_auth()
+    k = KazooClient(
+        hosts=brokers.bookies.zk,
+        auth_data=None if auth is None else [("digest", f"{auth.user}:{auth.password}")],
+    )
+    k.start(30)
+    try:
+        yield k, brokers.bookies.root
+    finally:
+        k.stop()
+        k.close()
+
+
 def test_one_topics_unreadable_policies_leave_the_other_topics_policies_applied(brokers: Any, c: Any) -> None:
     """A topic's own policies znode that does not parse (written by hand, or by another version) is logged and
     passed over at the housekeeping tick: a namespace limit changed in ZooKeeper still reaches the namespace's
-    other topics. Before, the tick's policy refresh stopped at the topic whose policies raised, and every topic
-    served after it kept its old policies."""
+    other topics, and the broken one keeps the own policies it had. Before, the tick's policy refresh stopped at
+    the topic whose policies raised, and every topic served after it kept its old policies."""
     bp = brokers.procs[0]
     ns = _namespace(bp)
     broken, other = topic_name(), topic_name()
@@ -493,14 +510,7 @@ def test_one_topics_unreadable_policies_leave_the_other_topics_policies_applied(
     producers = [
         c.create_producer(f"persistent://public/{ns}/{t}") for t in (broken, other)
     ]  # served, in order
-    auth = resolve_auth()
-    k = KazooClient(
-        hosts=brokers.bookies.zk,
-        auth_data=None if auth is None else [("digest", f"{auth.user}:{auth.password}")],
-    )
-    k.start(30)
-    try:
-        root = brokers.bookies.root
+    with zookeeper(brokers) as (k, root):
         own = f"{root}/{TOPIC_POLICIES}/public/{ns}/persistent"
         (child,) = k.get_children(own)
         k.set(f"{own}/{child}", b"{not json")
@@ -508,9 +518,6 @@ def test_one_topics_unreadable_policies_leave_the_other_topics_policies_applied(
         policies = json.loads(k.get(path)[0])
         policies["max_producers_per_topic"] = 1  # as another broker's admin would write it
         k.set(path, json.dumps(policies).encode())
-    finally:
-        k.stop()
-        k.close()
 
     def refused() -> bool:
         try:
@@ -520,6 +527,8 @@ def test_one_topics_unreadable_policies_leave_the_other_topics_policies_applied(
         return False
 
     wait_for(refused, "the namespace's producer limit applied to the topic after the broken one")
+    # the broken topic keeps the own policies it had (its 5), not its namespace's 1: a second producer taken
+    producers.append(c.create_producer(f"persistent://public/{ns}/{broken}"))
     for p in producers:
         p.close()
 
