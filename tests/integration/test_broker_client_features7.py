@@ -239,15 +239,18 @@ def test_a_producer_name_held_by_a_silent_connection_is_freed_for_its_reconnecti
 
 
 def _raw_producer(bp: BrokerProcess, requests: list[tuple[str, int, int, str]]) -> socket.socket:
-    """A connection of the protocol's frames that asks for producers (topic, producer id, request id, name)."""
+    """A connection of the protocol's frames that asks for producers (topic, producer id, request id, name), all
+    in one write: the broker reads them together, so a later request comes while an earlier one is pending even on
+    a busy machine (a write each let the first be created before the second was sent)."""
     conn = socket.create_connection(("127.0.0.1", bp.port), timeout=30)
     connect = pb.CommandConnect(client_version="t", protocol_version=20)
-    conn.sendall(wire.encode_command(T(type=T.CONNECT, connect=connect)))
+    frames = [wire.encode_command(T(type=T.CONNECT, connect=connect))]
     for topic, producer_id, request_id, name in requests:
         cmd = pb.CommandProducer(
             topic=topic, producer_id=producer_id, request_id=request_id, producer_name=name
         )
-        conn.sendall(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+        frames.append(wire.encode_command(T(type=T.PRODUCER, producer=cmd)))
+    conn.sendall(b"".join(frames))
     return conn
 
 
