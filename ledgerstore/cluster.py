@@ -440,11 +440,28 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
                 if recovery
                 else ""
             )
+            + env_hint(zk, args.zk_root, state["brokers"])
             + f"\n  (logs in {state_dir})"
         ),
         state,
     )
     return 0
+
+
+def env_hint(zk: str, zk_root: str, brokers: list[dict[str, Any]]) -> str:
+    """``cluster up``'s line naming the variables the other commands need to find this cluster, when it is not
+    where they look by default (--zk-port, --zk, --zk-root, --broker-port, --broker-http-port); else ""."""
+    from ledgerstore.cli import DEFAULT_ZK, DEFAULT_ZK_ROOT
+    from ledgerstore.topic_cmd import DEFAULT_ADMIN_URL, DEFAULT_SERVICE_URL
+
+    wanted = [("LEDGERSTORE_ZK", zk, DEFAULT_ZK), ("LEDGERSTORE_ZK_ROOT", zk_root, DEFAULT_ZK_ROOT)]
+    if brokers:
+        wanted += [
+            ("LEDGERSTORE_BROKER_URL", brokers[0]["service_url"], DEFAULT_SERVICE_URL),
+            ("LEDGERSTORE_BROKER_HTTP", brokers[0]["web_service_url"], DEFAULT_ADMIN_URL),
+        ]
+    pairs = [f"{name}={value}" for name, value, default in wanted if value != default]
+    return f"\n  for the other commands: export {' '.join(pairs)}" if pairs else ""
 
 
 def _broker_row(port: int, http_port: int, log: Path, bookies: int) -> dict[str, Any]:

@@ -118,3 +118,19 @@ def test_a_spark_jobs_failure_is_told_by_the_sources_own_error_line() -> None:
         "LedgerOptionError: option --password: wrong password for ledger 2 (one query reads ledgers of one "
         "password: select the ones it opens with option --ledgers)"
     )
+
+
+def test_cluster_up_on_other_ports_says_how_the_other_commands_find_it() -> None:
+    from ledgerstore.cluster import env_hint
+
+    moved = [{"service_url": "pulsar://127.0.0.1:30650", "web_service_url": "http://127.0.0.1:30080"}]
+    assert env_hint("127.0.0.1:30181", "/ledgerstore", moved) == (
+        "\n  for the other commands: export LEDGERSTORE_ZK=127.0.0.1:30181 "
+        "LEDGERSTORE_BROKER_URL=pulsar://127.0.0.1:30650 LEDGERSTORE_BROKER_HTTP=http://127.0.0.1:30080"
+    )
+    usual = [{"service_url": "pulsar://127.0.0.1:6650", "web_service_url": "http://127.0.0.1:8080"}]
+    assert env_hint("127.0.0.1:2181", "/ledgerstore", usual) == ""
+    assert (
+        env_hint("127.0.0.1:2181", "/other", [])
+        == "\n  for the other commands: export LEDGERSTORE_ZK_ROOT=/other"
+    )
