@@ -398,6 +398,12 @@ def _limit_from(body: Any, what: str) -> int:
     return body
 
 
+def past_partition_limit(n: int, limit: int) -> bool:
+    """Whether a count of ``n`` partitions is past ``--max-partitions-per-topic`` ``limit`` (0: no limit): as
+    Pulsar's ``maxNumPartitionsPerPartitionedTopic``, a count equal to the limit is taken."""
+    return limit > 0 and n > limit
+
+
 def _message_id_from(body: Any, missing: int = -1, expected: str = "a MessageId") -> Position:
     """The position of a MessageId body (Pulsar's ``{"ledgerId", "entryId", …}``: ResetCursorData, MessageIdImpl;
     its other fields ignored), ``missing`` for a field left out; 400 for a body that is not an object (saying
@@ -1047,8 +1053,8 @@ class AdminApp:
         in the namespace, and how (a partitioned one's count within ``--max-partitions-per-topic``: else 406)."""
         tenant, ns, p = await self._policies(request)
         auto = _auto_topic_creation_from(await _body_json(request))
-        limit = self._partition_limit()
-        if auto.topic_type == "partitioned" and limit and (auto.default_num_partitions or 0) > limit:
+        limit = self._partition_limit(auto.default_num_partitions or 0)
+        if auto.topic_type == "partitioned" and limit is not None:
             raise AdminError(406, f"Number of partitions should be less than or equal to {limit}")
         return await self._set_policies(tenant, ns, dataclasses.replace(p, auto_topic_creation=auto))
 
@@ -1382,18 +1388,19 @@ class AdminApp:
             raise AdminError(400, f"the number of partitions is out of range of a 32-bit integer: {body}")
         return body
 
-    def _partition_limit(self) -> int:
-        """``--max-partitions-per-topic`` (Pulsar's ``maxNumPartitionsPerPartitionedTopic``; 0: none), checked
-        before anything is written: each partition's managed ledger is created as the count is set."""
-        return self.service.config.max_partitions_per_topic
+    def _partition_limit(self, n: int) -> int | None:
+        """``--max-partitions-per-topic`` when ``n`` partitions are past it, else None (:func:`past_partition_limit`),
+        checked before anything is written: each partition's managed ledger is created as the count is set."""
+        limit = self.service.config.max_partitions_per_topic
+        return limit if past_partition_limit(n, limit) else None
 
     async def partitions_create(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         n = await self._partition_count_from(request)
         if name.is_partition:
             raise AdminError(412, f"{name} is a partition; a partitioned topic needs a base name")
-        limit = self._partition_limit()
-        if limit and n > limit:  # Pulsar's answer
+        limit = self._partition_limit(n)
+        if limit is not None:  # Pulsar's answer
             raise AdminError(406, f"Number of partitions should be less than or equal to {limit}")
         if await self._exists(name):
             raise AdminError(409, "This topic already exists")
@@ -1417,8 +1424,8 @@ class AdminApp:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
         if n < current:
             raise AdminError(409, f"The number of partitions can only grow ({current} now, asked {n})")
-        limit = self._partition_limit()
-        if limit and n > limit:  # Pulsar's answer, its words
+        limit = self._partition_limit(n)
+        if limit is not None:  # Pulsar's answer, its words
             raise AdminError(422, f"Expect partitions {n} grater than maximum partitions per topic {limit}")
         try:
             await self.meta.update_partitions(name.ml_name, n)

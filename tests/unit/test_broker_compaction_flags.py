@@ -10,6 +10,7 @@ import pytest
 from bookie.config_file import ConfigError
 from ledgerstore.cli import CommandError
 from ledgerstore.topic_cmd import parse_size
+from topic_broker.admin import past_partition_limit
 from topic_broker.main import add_serve_arguments, config_from_args
 
 
@@ -32,6 +33,13 @@ def test_defaults_are_pulsars_and_flags_are_taken() -> None:
     )
     assert c.max_partitions_per_topic == 1024  # docs/broker.md says why (Pulsar's 0 is no limit)
     assert config_from_args(_args("--max-partitions-per-topic", "0")).max_partitions_per_topic == 0
+
+
+def test_a_partition_count_equal_to_the_limit_is_taken() -> None:
+    """The create, grow and auto-creation checks' one rule: past the limit refused, the limit itself taken (a user
+    asking for 1024 partitions of a 1024 limit gets them), 0 no limit."""
+    assert [past_partition_limit(n, 4) for n in (1, 3, 4, 5, 2**31 - 1)] == [False, False, False, True, True]
+    assert not past_partition_limit(2**31 - 1, 0)
 
 
 @pytest.mark.parametrize(
