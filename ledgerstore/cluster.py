@@ -543,6 +543,13 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     st = _read_state(state_dir) or {"bookies": []}
     if "zk" in st:
         _check_recorded_zk(args, st, state_dir)
+    # pieces already gone (killed, crashed): named, so "2 bookies stopped" of a cluster of 3 is not a puzzle
+    gone = [
+        f"{kind} {row.get('id', row['pid'])}"
+        for kind, rows in (("broker", st.get("brokers", [])), ("bookie", st["bookies"]))
+        for row in rows
+        if not _pid_alive(row["pid"])
+    ]
     if st.get("autorecovery"):  # first: bookies stopping one by one must not look lost to it
         _stop_pid(st["autorecovery"]["pid"])
     brokers_stopped = sum(_stop_pid(b["pid"]) for b in st.get("brokers", []))  # before the bookies
@@ -554,7 +561,7 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
         zk_said = f"{st['zk']} left running (cluster up did not start it)"
     human = (
         f"cluster down: {counted(brokers_stopped, 'broker')} and {counted(stopped, 'bookie')} stopped, "
-        f"ZooKeeper {zk_said}"
+        f"ZooKeeper {zk_said}" + (f" (not running already: {', '.join(gone)})" if gone else "")
     )
     if "zk" not in st:  # no cluster.json: at most a ZooKeeper of `zk start` in this directory
         human = f"{_no_cluster(state_dir)}: nothing to stop" + (
