@@ -342,6 +342,19 @@ class SubscriptionMachine(RuleBasedStateMachine):
             assert self.sub.permits(cid) == m["permits"]
 
     @invariant()
+    def ready_permits_agree(self) -> None:
+        """The permits a Shared or Key_Shared dispatch may spend, kept as they change (not summed at each
+        dispatch): those of the writable consumers under their unacked limit, by the model."""
+        unacked = {cid: 0 for cid in self.consumers}
+        for pos, cid in self.held.items():
+            unacked[cid] += self._entry(pos).num_messages
+        assert self.sub._ready_permits == sum(
+            int(m["permits"])
+            for cid, m in self.consumers.items()
+            if m["writable"] and int(m["permits"]) > 0 and unacked[cid] < self.consumer_max
+        )
+
+    @invariant()
     def one_read_at_a_time(self) -> None:
         current = [c for c in self.inflight if c.epoch == self.sub.epoch]
         assert len(current) <= 1
