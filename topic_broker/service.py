@@ -896,11 +896,11 @@ class SubscriptionRuntime:
                 if c is not None:
                     c.session.send(wire.active_consumer_change(c.consumer_id, cmd.is_active))
 
-    @staticmethod
-    def _send_message(c: Consumer, cmd: Deliver) -> None:
+    def _send_message(self, c: Consumer, cmd: Deliver) -> None:
         entry = cmd.entry
         pos = entry.position
         session = c.session
+        partition = self.core.partition  # the topic's partition index in the message id, as Pulsar's broker
         if cmd.ack_set is not None:  # a batch partly acknowledged: the client skips what its set says
             session.send(
                 wire.message(
@@ -909,6 +909,7 @@ class SubscriptionRuntime:
                     pos[1],
                     entry.data,
                     redelivery_count=cmd.redelivery_count,
+                    partition=partition,
                     ack_set=cmd.ack_set,
                 )
             )
@@ -921,6 +922,7 @@ class SubscriptionRuntime:
                     pos[1],
                     len(entry.data),
                     redelivery_count=cmd.redelivery_count,
+                    partition=partition,
                 )
             )
             session.send(entry.data)
@@ -3464,6 +3466,7 @@ class BrokerService:
                 last.ledger_id,
                 last.entry_id,
                 batch_index=batch_index,
+                partition=topic.name.partition_index,
                 mark_delete_position=tuple(c.sub.mark_position),  # type: ignore[arg-type]
             )
         )

@@ -482,11 +482,14 @@ def _varint(value: int, out: bytearray) -> None:
     out.append(value)
 
 
-def _mid_bytes(ledger_id: int, entry_id: int) -> bytearray:
+def _mid_bytes(ledger_id: int, entry_id: int, partition: int = -1) -> bytearray:
     mid = bytearray(b"\x08")  # ledgerId = 1 (varint)
     _varint(ledger_id & _U64, mid)
     mid.append(0x10)  # entryId = 2
     _varint(entry_id & _U64, mid)
+    if partition >= 0:
+        mid.append(0x18)  # partition = 3
+        _varint(partition, mid)
     return mid
 
 
@@ -549,11 +552,18 @@ def send_error(producer_id: int, sequence_id: int, code: pb.ServerError, message
 
 
 def message_head(
-    consumer_id: int, ledger_id: int, entry_id: int, entry_size: int, *, redelivery_count: int = 0
+    consumer_id: int,
+    ledger_id: int,
+    entry_id: int,
+    entry_size: int,
+    *,
+    redelivery_count: int = 0,
+    partition: int = -1,
 ) -> bytes:
     """The start of a MESSAGE frame (its sizes and command) for a stored entry of ``entry_size`` bytes at
     (ledger_id, entry_id), which follows it unchanged: the dispatcher writes the two as separate buffers, so
-    the entry is not copied into the frame."""
+    the entry is not copied into the frame. ``partition``: the topic's partition index, carried in the message
+    id as Pulsar's broker does (the client's MessageId then equals the one its producer was given)."""
     if consumer_id < 0 or not 0 <= redelivery_count < 2**32 or entry_size < _ENTRY_HEADER_SIZE:
         raise ValueError(
             f"no MESSAGE head for consumer {consumer_id}, redelivery count {redelivery_count}, "
@@ -561,7 +571,7 @@ def message_head(
         )
     m = bytearray(b"\x08")  # consumer_id = 1
     _varint(consumer_id, m)
-    _with_field(m, 0x12, _mid_bytes(ledger_id, entry_id))  # message_id = 2
+    _with_field(m, 0x12, _mid_bytes(ledger_id, entry_id, partition))  # message_id = 2
     if redelivery_count:
         m.append(0x18)  # redelivery_count = 3
         _varint(redelivery_count, m)
@@ -581,15 +591,16 @@ def message(
     consumer_epoch: int | None = None,
 ) -> bytes:
     """A MESSAGE frame delivering the stored ``entry`` (unchanged) at (ledger_id, entry_id)."""
-    if (
-        partition < 0
-        and ack_set is None
-        and consumer_epoch is None
-        and consumer_id >= 0
-        and 0 <= redelivery_count < 2**32
-    ):
+    if ack_set is None and consumer_epoch is None and consumer_id >= 0 and 0 <= redelivery_count < 2**32:
         assert bytes(entry[:2]) == _CHECKSUM_MAGIC_BYTES, "a stored entry starts with the checksum magic"
-        head = message_head(consumer_id, ledger_id, entry_id, len(entry), redelivery_count=redelivery_count)
+        head = message_head(
+            consumer_id,
+            ledger_id,
+            entry_id,
+            len(entry),
+            redelivery_count=redelivery_count,
+            partition=partition,
+        )
         return b"".join((head, entry))
     command = _T(
         type=_T.MESSAGE,

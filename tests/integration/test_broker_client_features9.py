@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import struct
 import sys
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -148,3 +149,27 @@ def test_a_producer_is_added_without_walking_the_topics_producers(brokers: Broke
         s.close()
         run(server.stop())
     assert not {"_create_producer", "_free_name_of_dead_connection"} & set(walked.walkers), walked.walkers
+
+
+def test_a_partitions_messages_carry_the_ids_their_producer_was_given(bp: Any, c: Any) -> None:
+    """A message received from a partitioned topic has the MessageId its producer was given, partition index
+    included, as with Pulsar's broker (which names the partition in each MESSAGE and GET_LAST_MESSAGE_ID answer):
+    an application comparing the two, or storing one to seek to, finds them equal. Before, the broker sent no
+    partition, and every received id read partition -1: `(6,99,-1,-1)` against the producer's `(6,99,1,-1)`."""
+    t = f"persistent://public/default/{topic_name()}"
+    admin_put = f"http://127.0.0.1:{bp.http_port}/admin/v2/persistent/public/default/{t.rsplit('/', 1)[-1]}"
+    _http_put(admin_put + "/partitions", b"3")
+    producer = c.create_producer(t, batching_enabled=False)
+    sent = {str(producer.send(f"m{i}".encode(), partition_key=f"k{i}")): i for i in range(12)}
+    consumer = c.subscribe(t, "ids", initial_position=pulsar.InitialPosition.Earliest)
+    got = [consumer.receive(timeout_millis=30_000) for _ in range(12)]
+    assert {str(m.message_id()): int(m.data()[1:]) for m in got} == sent
+    assert {m.message_id().partition() for m in got} == {0, 1, 2}
+    part = c.subscribe(f"{t}-partition-2", "last", initial_position=pulsar.InitialPosition.Earliest)
+    assert part.get_last_message_id().partition() == 2
+
+
+def _http_put(url: str, body: bytes) -> None:
+    req = urllib.request.Request(url, data=body, method="PUT", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 204

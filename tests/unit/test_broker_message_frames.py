@@ -28,6 +28,24 @@ def test_head_and_entry_make_the_message_frame(redelivery_count: int) -> None:
     assert m.redelivery_count == redelivery_count
 
 
+@pytest.mark.parametrize("partition", [0, 3, 200])
+def test_a_partitions_message_id_carries_its_index(partition: int) -> None:
+    """A partition's MESSAGE names the partition in its id, as Pulsar's broker sends it (the client's MessageId
+    then equals the one the producer was given); the hand-built head is protobuf's encoding of the same fields."""
+    entry = _entry(1)
+    head = wire.message_head(4, 9, 2, len(entry), partition=partition)
+    assert head + entry == wire.message(4, 9, 2, entry, partition=partition)
+    cmd = T(
+        type=T.MESSAGE,
+        message=pb.CommandMessage(
+            consumer_id=4, message_id=pb.MessageIdData(ledgerId=9, entryId=2, partition=partition)
+        ),
+    )
+    assert (head + entry) == wire.encode_message(cmd, entry)
+    (frame,) = wire.FrameDecoder().feed(head + entry)
+    assert frame.command.message.message_id.partition == partition
+
+
 def test_a_head_is_refused_for_what_no_frame_can_carry() -> None:
     with pytest.raises(ValueError, match="consumer -1"):
         wire.message_head(-1, 1, 1, 100)
