@@ -949,7 +949,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
     def initialOffset(self) -> dict[str, Any]:
         """A new query's start (Spark asks when its checkpoint holds no offset, and again as batch 0's start
         whenever it runs that batch, a restart re-running a batch 0 logged by an earlier run too; within a run
-        the answer is the first one). Its
+        the answer is the first one; a re-run batch 0 is planned from where the checkpoint's subscription was
+        made, :meth:`_made_at`). Its
         subscription is made here, durably, at that start on every partition (a partition with no entry yet at
         ``(-1, -1)``, before every ledger it will have), before any batch reads: retention keeps from then on what
         the first batch reads. A start in a ledger already gone is a data loss (``failOnDataLoss``; false
@@ -1074,6 +1075,15 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TopicRange]:
         self._logged(end)
+        # batch 0 of a checkpoint a restart runs again: its end names the earlier run's new subscription, its
+        # start is this run's initial offset (Spark asks anew), a newer 'latest' than the earlier run's
+        rerun = (
+            self._fresh is not None
+            and self._initial is not None
+            and start == self._initial
+            and isinstance(end.get(SUBSCRIPTION_KEY), str)
+            and end[SUBSCRIPTION_KEY] != self._fresh
+        )
         self._use_subscription(end)
         begin = positions_from_json(start or {})
         stop = positions_from_json(end)
@@ -1082,6 +1092,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         out: list[TopicRange] = []
         for name, e in sorted(stop.items()):
             s = begin.get(name, EARLIEST)
+            if rerun and name in self._parts:
+                s = self._made_at(name, s, e)
             if s == e or name not in self._parts:
                 continue
             part = self._parts[name]
@@ -1092,6 +1104,17 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             for lid, first, last in entry_ranges(snap, s, e, self.opts.entries_per_partition):
                 out.append(TopicRange(name, part.index, lid, first, last, _prev_ledger(snap, lid)))
         return out
+
+    def _made_at(self, name: str, start: Pos, end: Pos) -> Pos:
+        """Where the checkpoint's subscription was made on partition ``name`` (its mark-delete + 1): the start
+        of a logged batch 0 its earlier run chose, that run's initial offset, which no commit has moved since
+        (Spark commits batch 0 before any later batch). ``start`` when the subscription lacks the partition,
+        another moved it, or it stands past ``end``."""
+        mark = self._committed_mark(name)
+        if mark is None:
+            return start
+        made = (mark[0], mark[1] + 1)
+        return made if made <= end else start
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, TopicRange):

@@ -160,3 +160,35 @@ def test_spark_asking_again_for_the_initial_offset_gets_the_same_start(cluster: 
         assert sum(t.last_entry_id - t.first_entry_id + 1 for t in r.partitions(again, end)) == 3
     finally:
         r.stop()
+
+
+def test_a_restart_running_a_logged_batch_0_from_latest_starts_where_the_first_run_did(
+    cluster: Cluster, store: Any
+) -> None:
+    """startingOffsets=latest, the query stopped after Spark logged batch 0's end (latestOffset) and before it
+    committed the batch: the restart runs batch 0 again and asks for an initial offset again, a newer latest.
+    The batch starts where the first run's subscription was made (its start) and covers the 3 messages written
+    before the logged end (before: it started at the newer latest, past that end, 2 messages later, and
+    covered nothing)."""
+    local = "latest-restarted-before-commit"
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    r = _reader(cluster, local, startingOffsets="latest")
+    start = r.initialOffset()
+    users.produce(cluster, local, 3, batching_enabled=False)
+    time.sleep(1.5)
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    r.stop()
+    users.produce(cluster, local, 2, batching_enabled=False)
+    time.sleep(1.5)
+    again = _reader(cluster, local, startingOffsets="latest")
+    try:
+        restart = again.initialOffset()
+        assert restart != start
+        ranges = again.partitions(restart, end)
+        assert [(t.ledger_id, t.first_entry_id, t.last_entry_id) for t in ranges] == [
+            (start[f"persistent://public/default/{local}"][0], 5, 7)
+        ]
+        assert list(_cursors(store, local)) == [end["subscription"]]
+    finally:
+        again.stop()
