@@ -2202,37 +2202,30 @@ class BrokerService:
         fut = self.topics.get(str(name))
         return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
 
-    async def namespace_exists(self, name: TopicName) -> bool:
-        """Does the topic's tenant/namespace exist (its policies znode, created through the admin)? A topic this
-        broker serves needs no read."""
-        if self.serves(name):
-            return True
-        assert self.meta is not None
-        return await self.meta.get_policies(name.tenant, name.namespace) is not None
-
     async def _lookup_refusal(
         self, s: Session, name: TopicName, what: str
-    ) -> tuple[pb.ServerError, str] | None:
+    ) -> tuple[tuple[pb.ServerError, str] | None, NamespacePolicies | None]:
         """Why ``what`` (a PARTITIONED_METADATA or LOOKUP) of ``name`` is refused: (AuthorizationError, why) when
         the session's role may neither produce nor consume there, (TopicNotFound, "Namespace not found") when its
         namespace does not exist; None when it is not. As Pulsar, the role is authorized first: a namespace that
         does not exist grants nothing, so a role whose permissions are checked is refused there as anywhere it
         has no grant, and learns nothing of which namespaces exist. The namespace's policies are read once for
-        both (not at all for a topic served here when permissions are not checked)."""
+        both (not at all for a topic served here when permissions are not checked), and given back beside the
+        answer (None when not read) for the request's next step."""
         known: NamespacePolicies | None = None
-        if self.checks_permissions(s.conn.principal):
+        if self.checks_permissions(s.conn.principal) or not self.serves(name):
             assert self.meta is not None
             known = await self.meta.get_policies(name.tenant, name.namespace)
-            if known is None:
-                return pb.AuthorizationError, self._refused(s, name, EITHER)
-            exists = True
+            if known is None and self.checks_permissions(s.conn.principal):
+                return (pb.AuthorizationError, self._refused(s, name, EITHER)), None
+            exists = known is not None
         else:
-            exists = await self.namespace_exists(name)
+            exists = True  # a topic served here: its namespace exists (it cannot be deleted under a topic)
         if not exists:
             log.info("broker=%s %s of %s: namespace not found", self.config.id, what, name)
-            return pb.TopicNotFound, NAMESPACE_NOT_FOUND
+            return (pb.TopicNotFound, NAMESPACE_NOT_FOUND), None
         refused = await self._authorized(s, name, EITHER, known)
-        return None if refused is None else (pb.AuthorizationError, refused)
+        return (None if refused is None else (pb.AuthorizationError, refused)), known
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -2700,15 +2693,16 @@ class BrokerService:
         meta = await self.meta.get_partitions(name.base.ml_name)
         return meta is not None and name.partition_index < meta.partitions
 
-    async def auto_partitioned(self, name: TopicName) -> int:
+    async def auto_partitioned(self, name: TopicName, known: NamespacePolicies | None = None) -> int:
         """The partitions of a topic a client names (a PARTITIONED_METADATA) that does not exist, in a namespace
         whose ``autoTopicCreation`` makes such topics partitioned: created with ``defaultNumPartitions`` (each
         partition's managed ledger too, as the admin's create does), as Pulsar's broker does at that request.
-        0 otherwise (a topic served here, one that exists non-partitioned, another namespace's policy)."""
+        0 otherwise (a topic served here, one that exists non-partitioned, another namespace's policy).
+        ``known``: the namespace's policies when the request already read them."""
         assert self.meta is not None
         if self.serves(name):
             return 0
-        policies = await self.meta.get_policies(name.tenant, name.namespace)
+        policies = known if known is not None else await self.meta.get_policies(name.tenant, name.namespace)
         auto = None if policies is None else policies.auto_topic_creation
         if (
             auto is None
@@ -2854,7 +2848,7 @@ class BrokerService:
         except InvalidTopicName as e:
             s.send(wire.partitioned_metadata_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
             return
-        refusal = await self._lookup_refusal(s, name, "partitioned metadata")
+        refusal, known = await self._lookup_refusal(s, name, "partitioned metadata")
         if refusal is not None:
             code, why = refusal
             s.send(wire.partitioned_metadata_response(cmd.request_id, error_code=code, message=why))
@@ -2862,7 +2856,13 @@ class BrokerService:
         assert self.meta is not None
         meta = await self.meta.get_partitions(name.base.ml_name) if not name.is_partition else None
         try:
-            n = meta.partitions if meta else 0 if name.is_partition else await self.auto_partitioned(name)
+            n = (
+                meta.partitions
+                if meta
+                else 0
+                if name.is_partition
+                else await self.auto_partitioned(name, known)
+            )
         except zk.MetadataError as e:
             s.send(
                 wire.partitioned_metadata_response(
@@ -2879,7 +2879,7 @@ class BrokerService:
         except InvalidTopicName as e:
             s.send(wire.lookup_response(cmd.request_id, error_code=BAD_NAME, message=str(e)))
             return
-        refusal = await self._lookup_refusal(s, name, "lookup")
+        refusal, _known = await self._lookup_refusal(s, name, "lookup")
         if refusal is not None:
             code, why = refusal
             s.send(wire.lookup_response(cmd.request_id, error_code=code, message=why))
