@@ -457,7 +457,8 @@ def trim_first_ledger(broker: Broker, topic: str) -> int:
         ({"topic": "a", "maxEntriesPerTrigger": "0"}, "maxEntriesPerTrigger"),
         ({"topic": "a", "maxBytesPerTrigger": "lots"}, "maxBytesPerTrigger"),
         ({"topic": "a", "zk": "nohost"}, "zk"),
-        ({"topic": "a", "service.url": "pulsar://x:6650"}, "service.url"),
+        ({"topic": "a", "service.url": "x:6650"}, "service.url"),  # pulsar-spark's, taken when well formed
+        ({"topic": "a", "serviceUrl": "pulsar://x:6650"}, "serviceurl"),
     ],
 )
 def test_bad_options_fail_when_the_dataframe_is_defined_naming_the_option(
