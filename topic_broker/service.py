@@ -123,6 +123,10 @@ DEFAULT_WRITE_QUORUM = 2
 DEFAULT_ACK_QUORUM = 2
 DEFAULT_ENSEMBLE_CHANGE_TIMEOUT_S = 5.0
 DEFAULT_TICK_INTERVAL_S = 5.0
+#: how long a reader's subscription outlives its consumer after a seek: the C++ client resubscribes a reader that
+#: sought a time without a start message id, and comes back to it at the position sought (as to Pulsar's, which
+#: keeps it over a cursor reset)
+READER_SEEK_GRACE_S = 60.0
 DEFAULT_DEDUP_ENABLED = True
 #: Pulsar's ``brokerServiceCompactionThresholdInBytes`` (0: no automatic compaction unless a policy asks) and
 #: ``brokerServiceCompactionMonitorIntervalInSeconds``
@@ -822,12 +826,21 @@ class SubscriptionRuntime:
         if not self.consumers and not self.durable:
             self.topic.subscriptions.pop(self.name, None)
 
-    def disconnect_consumers(self) -> None:
-        """CLOSE_CONSUMER to every consumer (they reconnect); a reader's subscription goes with them."""
+    def disconnect_consumers(self, keep: bool = False) -> None:
+        """CLOSE_CONSUMER to every consumer (they reconnect); a reader's subscription goes with them, unless
+        ``keep`` (a seek's: it stays, for :data:`READER_SEEK_GRACE_S`, for its reader to come back to)."""
         for c in list(self.consumers.values()):
             c.session.consumers.pop(c.consumer_id, None)
             self.remove_consumer(c)
             c.session.send(wire.close_consumer(c.consumer_id, 0))
+        if keep and not self.durable and self.name not in self.topic.subscriptions:
+            self.topic.subscriptions[self.name] = self
+            asyncio.get_running_loop().call_later(READER_SEEK_GRACE_S, self._drop_unclaimed)
+
+    def _drop_unclaimed(self) -> None:
+        """A reader's subscription kept by a seek is dropped when its reader has not come back."""
+        if not self.consumers and self.topic.subscriptions.get(self.name) is self:
+            del self.topic.subscriptions[self.name]
 
     def key_of(self, c: Consumer) -> int:
         return c.sub_key
@@ -3417,8 +3430,9 @@ class BrokerService:
         # Like Pulsar: the consumers are closed first (they reconnect, and start over with fresh permits and an
         # empty queue), then the cursor is reset, then the seek is answered. A client that has its consumer closed
         # before the answer resubscribes at the position sought; one answered first would take its reconnection
-        # for an ordinary one, and a reader would resubscribe after the message it last read (the seek lost).
-        sub.disconnect_consumers()
+        # for an ordinary one, and a reader would resubscribe after the message it last read (the seek lost). A
+        # reader's subscription stays (it comes back to it without a start message id after a seek by time).
+        sub.disconnect_consumers(keep=True)
         try:
             await sub.seek(pos)
         except (ManagedLedgerError, zk.MetadataError) as e:
