@@ -59,6 +59,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client.core import Metric
+from yarl import URL
 
 import zk
 from bookie.auth import create_token
@@ -533,6 +534,8 @@ _TOPIC_LIMITS = {
 #: others waiting their turn: well under the admin port's cap from one address (64, bookie/server_gate.py), which
 #: refused this broker's own calls beyond it (a topic of 100 partitions: 500 "Connection reset by peer").
 FAN_OUT_CONNECTIONS = 16
+#: Redirects a call sent on to a topic's owner follows (aiohttp's default) before it is given up (503)
+FORWARD_REDIRECTS_MAX = 10
 
 #: A request body must arrive whole within this long (as a connection may idle): a client that announces a body
 #: and sends it slowly, or never, is answered 408 rather than holding its connection and handler for ever.
@@ -759,19 +762,31 @@ class AdminApp:
         body: Any = None,
         params: Mapping[str, str] | None = None,
     ) -> tuple[int, Any]:
-        """One admin call (following redirects to the topic's owner): its status and parsed body."""
-        kw: dict[str, Any] = {"params": dict(params or {})}
+        """One admin call (following redirects to the topic's owner): its status and parsed body. The redirects
+        are followed here, the ``Authorization`` kept: aiohttp drops it on a redirect to another origin, and an
+        owner is another broker's port, so a call on a topic another broker served was refused 401 there."""
+        kw: dict[str, Any] = {"params": dict(params or {}), "allow_redirects": False}
         if auth_header:
             kw["headers"] = {"Authorization": auth_header}
         if body is not None:
             kw["json"] = body
-        async with self.http().request(method, url, **kw) as r:
-            text = await r.text()
-            try:
-                data = json.loads(text) if text else None
-            except json.JSONDecodeError:
-                data = text
-            return r.status, data
+        for _ in range(FORWARD_REDIRECTS_MAX + 1):
+            async with self.http().request(method, url, **kw) as r:
+                location = r.headers.get("Location")
+                # (_redirect_if_not_owner's, to the owner's admin URL)
+                if r.status in (307, 308) and location:
+                    url = str(r.url.join(URL(location)))
+                    kw["params"] = {}  # (the location has the query)
+                    continue
+                text = await r.text()
+                try:
+                    data = json.loads(text) if text else None
+                except json.JSONDecodeError:
+                    data = text
+                return r.status, data
+        raise AdminError(
+            503, f"{url}: still redirected after {FORWARD_REDIRECTS_MAX} redirects (its owner moving)"
+        )
 
     async def _each_partition(
         self,

@@ -1,0 +1,78 @@
+"""Admin calls a broker sends on to a topic's owner (a partitioned topic's partitions, a namespace's topics) on a
+cluster of two brokers with ``--auth-required``: real ZooKeeper, 3 bookies, two broker processes, pulsar-client."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bookie.auth import create_token, new_secret
+from tests.broker_testing import Brokers
+from tests.integration.test_broker_auth import SUPERUSER, SecureCluster
+
+pulsar = pytest.importorskip("pulsar")
+
+
+@pytest.fixture
+def two_secured(bookies: Any, tmp_path: Path) -> Iterator[tuple[SecureCluster, SecureCluster]]:
+    """Two brokers requiring tokens (superuser: admin) on 3 bookies, each as a :class:`SecureCluster`."""
+    secret = new_secret()
+    secret_file = tmp_path / "token-secret"
+    secret_file.write_bytes(secret)
+    secret_file.chmod(0o600)
+    bookies.start_many(3)
+    brokers = Brokers(bookies, tmp_path)
+    try:
+        args = ("--auth-secret-file", str(secret_file), "--auth-required", "--superuser-roles", SUPERUSER)
+        tokens = {SUPERUSER: create_token(secret, SUPERUSER, expires_in_s=3600)}
+        a, b = brokers.start(*args), brokers.start(*args)
+        yield SecureCluster(a, secret, tokens), SecureCluster(b, secret, tokens)
+    finally:
+        brokers.stop_all()
+
+
+def test_calls_sent_on_to_another_owner_keep_their_token(
+    two_secured: tuple[SecureCluster, SecureCluster],
+) -> None:
+    """A namespace's clearBacklog and unload, and a partitioned topic's skip_all, asked of broker A for topics
+    broker B serves: each call A sends on is redirected to B and must reach it with the request's token (aiohttp
+    drops the Authorization header on a redirect to another origin: they were 401 there)."""
+    a, b = two_secured
+    token = a.tokens[SUPERUSER]
+    topic = f"persistent://public/default/owned-by-b-{uuid.uuid4().hex[:6]}"
+    parted = f"persistent://public/default/parted-{uuid.uuid4().hex[:6]}"
+    status, body = a.http(
+        "PUT", f"/admin/v2/persistent/public/default/{parted.rsplit('/', 1)[1]}/partitions", 2, token
+    )
+    assert status == 204, body
+    c = b.client(token)  # B looks the topics up, so B serves them
+    try:
+        for t in (topic, parted):
+            consumer = c.subscribe(t, "s")
+            producer = c.create_producer(t)
+            for _ in range(3):
+                producer.send(b"m")
+            consumer.close()
+            producer.close()
+    finally:
+        c.close()
+
+    def backlog(t: str) -> int:
+        status, stats = a.http(
+            "GET", f"/admin/v2/persistent/public/default/{t.rsplit('/', 1)[1]}/stats", None, token
+        )
+        assert status == 200, stats
+        return int(stats["subscriptions"]["s"]["msgBacklog"])
+
+    assert backlog(topic) == 3
+    status, body = a.http("POST", "/admin/v2/namespaces/public/default/clearBacklog/s", None, token)
+    assert status == 204, body
+    assert backlog(topic) == 0
+    skip = f"/admin/v2/persistent/public/default/{parted.rsplit('/', 1)[1]}/subscription/s/skip_all"
+    assert a.http("POST", skip, None, token)[0] == 204
+    status, body = a.http("PUT", "/admin/v2/namespaces/public/default/unload", None, token)
+    assert status == 204, body
