@@ -37,6 +37,7 @@ from .service import (
     DEFAULT_MAX_PARTITIONS_PER_TOPIC,
     DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S,
     DEFAULT_PORT,
+    DEFAULT_SUBSCRIPTION_EXPIRY_CHECK_INTERVAL_S,
     DEFAULT_TICK_INTERVAL_S,
     DEFAULT_TTL_DURATION_S,
     DEFAULT_WRITE_QUORUM,
@@ -192,6 +193,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S,
         help="how often the broker applies the message TTL of its topics (Pulsar's "
         "messageExpiryCheckIntervalInMinutes: 5 min)",
+    )
+    p.add_argument(
+        "--subscription-expiry-check-interval-s",
+        type=float,
+        default=DEFAULT_SUBSCRIPTION_EXPIRY_CHECK_INTERVAL_S,
+        help="how often the broker deletes the subscriptions of its topics idle longer than their namespace's "
+        "subscriptionExpirationTime (Pulsar's subscriptionExpiryCheckIntervalInMinutes: 5 min)",
     )
     p.add_argument(
         "--ttl-duration-default-s",
@@ -390,6 +398,11 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     expiry = float(getattr(args, "message_expiry_check_interval_s", DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S))
     if not expiry > 0:
         raise ConfigError(f"--message-expiry-check-interval-s {expiry}: must be more than 0")
+    sub_expiry = float(
+        getattr(args, "subscription_expiry_check_interval_s", DEFAULT_SUBSCRIPTION_EXPIRY_CHECK_INTERVAL_S)
+    )
+    if not sub_expiry > 0:
+        raise ConfigError(f"--subscription-expiry-check-interval-s {sub_expiry}: must be more than 0")
     ttl_default = int(getattr(args, "ttl_duration_default_s", DEFAULT_TTL_DURATION_S))
     if not 0 <= ttl_default <= 2**31 - 1:  # Pulsar's Integer
         raise ConfigError(f"--ttl-duration-default-s {ttl_default}: must be 0 (none) to {2**31 - 1} seconds")
@@ -428,6 +441,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         compaction_threshold_bytes=threshold,
         compaction_monitor_interval_s=interval,
         message_expiry_check_interval_s=expiry,
+        subscription_expiry_check_interval_s=sub_expiry,
         ttl_duration_default_s=ttl_default,
         max_partitions_per_topic=max_partitions,
         tls_port=tls.port,

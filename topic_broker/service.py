@@ -22,6 +22,9 @@ Decisions live in the pure cores (``connection.py`` for the protocol state, ``su
   ``--ttl-duration-default-s``): every ``--message-expiry-check-interval-s`` each durable subscription (but the
   compactor's) of the topics served here acknowledges the messages published longer ago than the TTL
   (``sub_ops.expire_all``).
+- Subscription expiration (the namespace's ``subscription_expiration_time_minutes``): every
+  ``--subscription-expiry-check-interval-s`` the subscriptions without consumers idle longer than that are
+  deleted (``sub_ops.delete_inactive``).
 
 The admin side (``admin.py``) uses :meth:`BrokerService.topic_names`, :meth:`topic_stats`,
 :meth:`internal_stats`, :meth:`subscriptions`, :meth:`get_topic` and :meth:`unload`.
@@ -134,6 +137,9 @@ DEFAULT_COMPACTION_THRESHOLD_BYTES = 0
 DEFAULT_COMPACTION_MONITOR_INTERVAL_S = 60.0
 #: Pulsar's ``messageExpiryCheckIntervalInMinutes`` (5): how often an owner applies its namespaces' message TTL
 DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S = 300.0
+#: Pulsar's ``subscriptionExpiryCheckIntervalInMinutes`` (5): how often an owner deletes the subscriptions idle
+#: longer than their namespace's ``subscription_expiration_time_minutes``
+DEFAULT_SUBSCRIPTION_EXPIRY_CHECK_INTERVAL_S = 300.0
 #: Pulsar's ``ttlDurationDefaultInSeconds`` (0: none): the message TTL of a topic where neither the topic nor its
 #: namespace sets one
 DEFAULT_TTL_DURATION_S = 0
@@ -213,6 +219,7 @@ class BrokerConfig:
     compaction_threshold_bytes: int = DEFAULT_COMPACTION_THRESHOLD_BYTES
     compaction_monitor_interval_s: float = DEFAULT_COMPACTION_MONITOR_INTERVAL_S
     message_expiry_check_interval_s: float = DEFAULT_MESSAGE_EXPIRY_CHECK_INTERVAL_S
+    subscription_expiry_check_interval_s: float = DEFAULT_SUBSCRIPTION_EXPIRY_CHECK_INTERVAL_S
     ttl_duration_default_s: int = DEFAULT_TTL_DURATION_S
     max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC  # 0: no limit
     zk_session_timeout_s: float = 10.0
@@ -771,6 +778,9 @@ class SubscriptionRuntime:
         self.read_compacted = False
         #: Unix ms of the last ack, messages sent and FLOW of any of its consumers while served here (0: none)
         self.last_acked_ms = 0
+        #: Unix ms its last consumer left it here (0: none did), Pulsar's ``updateLastActive`` on a consumer's
+        #: removal: the subscription expiration counts its inactivity from then at the earliest
+        self.idle_since_ms = 0
         self.last_consumed_ms = 0
         self.last_flow_ms = 0
         #: consumer key -> uuid of a message whose orphaned chunks it was sent (:meth:`_restarts_chunks`)
@@ -823,6 +833,7 @@ class SubscriptionRuntime:
         self._by_key.pop(key, None)
         if self.cursor is not None and not self.consumers:
             self.cursor.active = False
+            self.idle_since_ms = int(time.time() * 1000)
         if not self.consumers and not self.durable:
             self.topic.subscriptions.pop(self.name, None)
 
@@ -1918,14 +1929,19 @@ class Topic:
         at a time: two consumers subscribing a new subscription at once must not both create its cursor (the
         second creation would conflict and fence the topic)."""
         rt = self.subscriptions.get(s.subscription)
-        if rt is None:
-            async with self._opening_subscription:
-                rt = self.subscriptions.get(s.subscription)
-                if rt is None:
-                    return await self._open_subscription(s)
-        if rt.cursor is not None and not rt.consumers:
-            await rt.cursor.refresh()  # idle: another writer may have moved it (it restarts from there)
-        return rt
+        if rt is not None and (rt.consumers or rt.cursor is None):
+            return rt
+        # an idle one too is taken under the lock: the subscription expiration (``sub_ops.delete_inactive``)
+        # deletes an idle subscription under it, and the caller attaches its consumer before anything else runs
+        # once this returns; refreshed outside it, the expiry deleted the subscription meanwhile and the
+        # consumer was attached to a subscription gone from the topic and from ZooKeeper
+        async with self._opening_subscription:
+            rt = self.subscriptions.get(s.subscription)
+            if rt is None:
+                return await self._open_subscription(s)
+            if rt.cursor is not None and not rt.consumers:
+                await rt.cursor.refresh()  # idle: another writer may have moved it (it restarts from there)
+            return rt
 
     async def _open_subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
         sub_type = SubType(s.subType)
@@ -2140,6 +2156,7 @@ class BrokerService:
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
         self._tick_failing = RateLimitedLog(log, LOG_EVERY_S)  # (a housekeeping step that raised)
         self._expiry_monitor: asyncio.Task[None] | None = None
+        self._subscription_expiry_monitor: asyncio.Task[None] | None = None
         #: topic -> subscription -> when the subscription expiration check last saw a consumer on it (ms)
         self._consumers_seen_ms: dict[str, dict[str, int]] = {}
 
@@ -2277,6 +2294,13 @@ class BrokerService:
                 "message TTLs not applied",
             )
         )
+        self._subscription_expiry_monitor = loop.create_task(
+            self._every(
+                self.config.subscription_expiry_check_interval_s,
+                self.expire_inactive_subscriptions,
+                "subscription expiration not checked",
+            )
+        )
         log.info("broker=%s serving %s", self.config.id, self.config.service_url)
 
     async def _register(self) -> None:
@@ -2298,6 +2322,8 @@ class BrokerService:
             self._compaction_monitor.cancel()
         if self._expiry_monitor is not None:
             self._expiry_monitor.cancel()
+        if self._subscription_expiry_monitor is not None:
+            self._subscription_expiry_monitor.cancel()
         self.bookie_supply.close()
         for s in list(self.sessions):
             s.transport.close()
@@ -2373,8 +2399,6 @@ class BrokerService:
             next_topic_tick = now + self.config.tick_interval_s
             with self._policies_failing.catching(Exception, "namespace policies not refreshed"):
                 await self.refresh_policies()
-            with self._tick_failing.catching(Exception, "housekeeping: subscription expiration not checked"):
-                await self.expire_inactive_subscriptions()
             for topic in self.served_topics():
                 # the time of the sample itself: the topics before it may have waited on ZooKeeper or bookies
                 topic.sample_rates(time.monotonic())
@@ -2472,11 +2496,13 @@ class BrokerService:
             raise TopicChecksFailedError(failed)
 
     async def expire_inactive_subscriptions(self) -> None:
-        """Pulsar's subscription expiration, on each housekeeping pass: in each namespace whose
-        ``subscription_expiration_time_minutes`` is over 0, each topic served here deletes the durable
-        subscriptions (the compactor's aside) with no consumer that were last active longer ago than that
-        (:func:`sub_ops.delete_inactive`; last active: the cursor's last save, or the last pass that saw a
-        consumer on it). A topic whose check fails is logged (rate limited) and the others are checked."""
+        """Pulsar's subscription expiration, every ``--subscription-expiry-check-interval-s`` (Pulsar's
+        ``subscriptionExpiryCheckIntervalInMinutes``; a ZooKeeper list and a read per subscription of each topic,
+        not at each housekeeping tick): in each namespace whose ``subscription_expiration_time_minutes`` is over
+        0, each topic served here deletes the durable subscriptions (the compactor's aside) with no consumer that
+        were last active longer ago than that (:func:`sub_ops.delete_inactive`; last active: the cursor's last
+        save, its last consumer leaving it here, or the last pass that saw a consumer on it). A topic whose check
+        fails is logged (rate limited) and the others are checked."""
         assert self.meta is not None
         now_ms = int(time.time() * 1000)
         served = self.served_topics()

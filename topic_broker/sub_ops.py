@@ -350,9 +350,11 @@ async def delete_inactive(
 ) -> list[str]:
     """Pulsar's subscription expiration (``subscriptionExpirationTimeMinutes``): each durable subscription but
     the compactor's that has no consumer here and was last active more than ``expiration_ms`` before ``now_ms``
-    is deleted. Last active: the later of its cursor's stored ``last_active_ms`` (written with each save of
-    its position) and ``seen_ms[sub]``, when the caller last saw a consumer on it; a cursor stored without that
-    time (0) counts as active when first checked (``seen_ms`` records it). The deleted ones."""
+    is deleted. Last active: the latest of its cursor's stored ``last_active_ms`` (written with each save of
+    its position), ``seen_ms[sub]``, when the caller last saw a consumer on it, and when its last consumer left
+    it here (``idle_since_ms``); a cursor stored without that time (0) counts as active when first checked
+    (``seen_ms`` records it). Checked again under the topic's subscription lock, which a consumer subscribing
+    holds until it is attached: a subscription a consumer attaches to meanwhile is kept. The deleted ones."""
     ml = topic.ml
     deleted = []
     for sub in sorted(set(await ml.store.list_cursors(ml.name)) - {COMPACTION_SUBSCRIPTION}):
@@ -367,7 +369,7 @@ async def delete_inactive(
             continue
         async with topic._opening_subscription:  # no consumer attaching meanwhile
             rt = topic.subscriptions.get(sub)
-            if rt is not None and rt.consumers:
+            if rt is not None and (rt.consumers or now_ms - rt.idle_since_ms <= expiration_ms):
                 continue
             await delete(topic, sub, rt)
         deleted.append(sub)

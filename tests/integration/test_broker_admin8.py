@@ -2,8 +2,8 @@
 read (Pulsar's TopicStats, SubscriptionStats and ConsumerStats names), checked against what the topic holds and
 what its clients did, and the topic routes ``pulsar-admin topics`` calls daily.
 
-One broker on 3 bookies (its housekeeping tick every second) is shared by the module; every test uses its own
-topics; every wait is bounded."""
+One broker on 3 bookies (its housekeeping tick and its subscription expiration check every second) is shared by
+the module; every test uses its own topics; every wait is bounded."""
 
 from __future__ import annotations
 
@@ -30,7 +30,11 @@ BASE = "/admin/v2/persistent/public/default"
 
 @pytest.fixture(scope="module")
 def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
-    with module_cluster(zk_server, tmp_path_factory.mktemp("admin8"), "--tick-interval-s", "1") as b:
+    with module_cluster(
+        zk_server,
+        tmp_path_factory.mktemp("admin8"),
+        *("--tick-interval-s", "1", "--subscription-expiry-check-interval-s", "1"),
+    ) as b:
         yield b
 
 

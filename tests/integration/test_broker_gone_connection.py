@@ -44,11 +44,12 @@ def _send_and_close(port: int, command: Any, held: threading.Event, service: Any
 
 
 @contextlib.contextmanager
-def _serving(cluster: Brokers) -> Iterator[tuple[Any, Callable[[Any], Any]]]:
-    """An in-process broker serving its Pulsar port."""
+def _serving(cluster: Brokers, **config: Any) -> Iterator[tuple[Any, Callable[[Any], Any]]]:
+    """An in-process broker serving its Pulsar port, ``config`` its ``BrokerConfig`` fields (its housekeeping
+    tick once an hour unless given)."""
     from topic_broker.server import BrokerServer
 
-    with in_process_broker(cluster, tick_interval_s=3600.0) as (service, run):
+    with in_process_broker(cluster, **{"tick_interval_s": 3600.0, **config}) as (service, run):
         server = BrokerServer(service)
         run(server.start())
         try:

@@ -168,17 +168,22 @@ def test_message_ttl_policy_is_stored_as_pulsars_field() -> None:
             NamespacePolicies.from_json({"message_ttl_in_seconds": bad})
 
 
-def test_message_expiry_check_interval_flag() -> None:
+@pytest.mark.parametrize("check", ["message_expiry", "subscription_expiry"])
+def test_expiry_check_interval_flags(check: str) -> None:
+    """--message-expiry-check-interval-s and --subscription-expiry-check-interval-s: Pulsar's
+    messageExpiryCheckIntervalInMinutes and subscriptionExpiryCheckIntervalInMinutes, 5 minutes by default."""
+
     def config(*argv: str) -> BrokerConfig:
         p = argparse.ArgumentParser()
         add_serve_arguments(p)
         return config_from_args(p.parse_args(list(argv)))
 
-    assert config().message_expiry_check_interval_s == 300.0  # Pulsar's 5 minutes
-    assert config("--message-expiry-check-interval-s", "0.5").message_expiry_check_interval_s == 0.5
+    flag, field = f"--{check.replace('_', '-')}-check-interval-s", f"{check}_check_interval_s"
+    assert getattr(config(), field) == 300.0  # Pulsar's 5 minutes
+    assert getattr(config(flag, "0.5"), field) == 0.5
     for bad in ("0", "-1"):
-        with pytest.raises(ConfigError, match="--message-expiry-check-interval-s"):
-            config("--message-expiry-check-interval-s", bad)
+        with pytest.raises(ConfigError, match=flag):
+            config(flag, bad)
 
 
 def test_publish_time_header_is_written_as_pulsars_date_formatter() -> None:
