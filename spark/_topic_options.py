@@ -27,6 +27,7 @@ from spark.options import parse_ledger_options as _parse_common
 __all__ = [
     "CRYPTO_FAILURE_ACTIONS",
     "DEFAULT_ENTRIES_PER_PARTITION",
+    "PULSAR_SPARK_OPTIONS",
     "OffsetSpec",
     "TopicOptionError",
     "TopicOptions",
@@ -56,6 +57,24 @@ KNOWN_OPTIONS = (
     "readTimeoutMs",
     "cryptoFailureAction",
     *CREDENTIAL_OPTIONS,
+)
+#: pulsar-spark's option names the source takes too (:mod:`spark._pulsar_options` maps, checks or accepts them;
+#: ``pulsar.client.*`` and the like are prefixes): an unknown option's message lists them beside
+#: :data:`KNOWN_OPTIONS`, so that a job coming from pulsar-spark sees the names it can keep
+PULSAR_SPARK_OPTIONS = (
+    "service.url",
+    "admin.url",
+    "predefinedSubscription",
+    "pollTimeoutMs",
+    "allowDifferentTopicSchemas",
+    "pulsar.client.authPluginClassName",
+    "pulsar.client.authParams",
+    "pulsar.admin.authPluginClassName",
+    "pulsar.admin.authParams",
+    "pulsar.client.*",
+    "pulsar.reader.*",
+    "pulsar.admin.*",
+    "pulsar.producer.*",
 )
 #: What a reader does with an end-to-end encrypted message (it holds no keys), named as Pulsar's
 #: ``ConsumerCryptoFailureAction``: fail the query, skip the message, or give its payload as stored.
@@ -232,7 +251,9 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
     known = {k.lower(): k for k in KNOWN_OPTIONS}
     unknown = sorted(k for k in opts if k not in known)
     if unknown:
-        raise TopicOptionError(unknown[0], unknown_option(unknown[0], KNOWN_OPTIONS))
+        raise TopicOptionError(
+            unknown[0], unknown_option(unknown[0], KNOWN_OPTIONS, pulsar_spark=PULSAR_SPARK_OPTIONS)
+        )
     try:
         common = _parse_common({k: v for k, v in options.items() if str(k).lower() in _COMMON_OPTIONS})
         fail = _bool(opts, "failOnDataLoss", True)

@@ -153,12 +153,15 @@ def parse_ledgers(text: str, option: str = "ledgers") -> LedgerSelection:
     return LedgerSelection(ids=tuple(dict.fromkeys(ids)), ranges=tuple(ranges))
 
 
-def unknown_option(name: str, known: tuple[str, ...]) -> str:
-    """The message for an unknown option ``name``: the known option it most likely misspells, and every one."""
-    by_lower = {k.lower(): k for k in known}
+def unknown_option(name: str, known: tuple[str, ...], *, pulsar_spark: tuple[str, ...] = ()) -> str:
+    """The message for an unknown option ``name``: the known option it most likely misspells, and every one;
+    ``pulsar_spark``, pulsar-spark's names the source takes too (``….*`` a prefix), are listed after them and
+    may be the one it misspells."""
+    by_lower = {k.lower(): k for k in (*known, *pulsar_spark) if not k.endswith("*")}
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
     hint = f"did you mean '{by_lower[close[0]]}'? " if close else ""
-    return f"unknown option; {hint}known options: {', '.join(known)}"
+    also = f"; pulsar-spark's: {', '.join(pulsar_spark)}" if pulsar_spark else ""
+    return f"unknown option; {hint}known options: {', '.join(known)}{also}"
 
 
 def _int(opts: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:

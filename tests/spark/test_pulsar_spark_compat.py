@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from spark._pulsar_options import TOKEN_PLUGIN, parse_source_options, split_pulsar_options
-from spark._topic_options import TopicOptionError
+from spark._topic_options import PULSAR_SPARK_OPTIONS, TopicOptionError
 from tests.broker_testing import Brokers, module_cluster
 
 TOPIC = "persistent://public/default/from-pulsar-spark"
@@ -53,6 +53,37 @@ def test_pulsar_spark_names_map_to_the_sources_own() -> None:
         "pulsar.client.operationTimeoutMs",
         "pulsar.reader.receiverQueueSize",
     )
+
+
+def test_an_unknown_option_names_the_pulsar_spark_options_taken_too() -> None:
+    """An unknown option's message lists pulsar-spark's names beside the source's own and may name one as the
+    option meant (it listed the source's own only: a job from pulsar-spark misspelling service.url was told
+    zk, zkRoot, … and not that service.url is taken); each name listed is taken."""
+    with pytest.raises(TopicOptionError, match="did you mean 'service.url'") as e:
+        parse_source_options({"topic": "t", "serviceUrl": "pulsar://b:6650"}, streaming=True)
+    assert e.value.option == "serviceurl"
+    assert str(e.value).endswith(
+        "; pulsar-spark's: service.url, admin.url, predefinedSubscription, pollTimeoutMs, "
+        "allowDifferentTopicSchemas, pulsar.client.authPluginClassName, pulsar.client.authParams, "
+        "pulsar.admin.authPluginClassName, pulsar.admin.authParams, pulsar.client.*, pulsar.reader.*, "
+        "pulsar.admin.*, pulsar.producer.*"
+    )
+    assert "known options: zk, zkRoot," in str(e.value)
+    taken = {
+        "service.url": "pulsar://b:6650",
+        "admin.url": "http://b:8080",
+        "predefinedSubscription": "etl",
+        "pollTimeoutMs": "1",
+        "allowDifferentTopicSchemas": "true",
+        "pulsar.client.authPluginClassName": TOKEN_PLUGIN,
+        "pulsar.client.authParams": "token:a.b",
+        "pulsar.admin.authPluginClassName": TOKEN_PLUGIN,
+        "pulsar.admin.authParams": "token:a.b",
+    }
+    listed = {name.replace("*", "x") for name in PULSAR_SPARK_OPTIONS}
+    assert listed == {*taken, "pulsar.client.x", "pulsar.reader.x", "pulsar.admin.x", "pulsar.producer.x"}
+    options = {"topic": "t", **taken, **{n: "1" for n in listed - set(taken)}}
+    assert split_pulsar_options(options).native == {"topic": "t", "subscriptionName": "etl"}
 
 
 @pytest.mark.parametrize(
