@@ -75,6 +75,7 @@ from zk.managed_ledgers import (
     CursorInfo,
     ManagedLedgerInfo,
     NamespacePolicies,
+    OwnershipInfo,
     SchemaHistory,
     SchemaInfo,
     SchemaRefusedError,
@@ -687,7 +688,7 @@ class AdminApp:
         if owner is not None and owner.broker_id != self.service.config.id:
             if not owner.web_service_url:
                 raise AdminError(503, f"{name} is served by {owner.broker_id}, which has no web service URL")
-            raise web.HTTPTemporaryRedirect(owner.web_service_url.rstrip("/") + request.raw_path)
+            raise web.HTTPTemporaryRedirect(_owner_url(request, owner) + request.raw_path)
 
     async def _exists(self, name: TopicName) -> bool:
         return await self.store.aexists(layout.ml_info_path(name.ml_name))
@@ -715,8 +716,7 @@ class AdminApp:
         try:
             return await self.service.get_topic(name, request.get(NAMESPACE_POLICIES))
         except NotOwnerError as e:  # lost a race for ownership
-            url = e.owner.web_service_url.rstrip("/")
-            raise web.HTTPTemporaryRedirect(url + request.raw_path) from e
+            raise web.HTTPTemporaryRedirect(_owner_url(request, e.owner) + request.raw_path) from e
 
     def _served(self, name: TopicName) -> Topic | None:
         fut = self.service.topics.get(str(name))
@@ -2869,6 +2869,14 @@ def _auth_middleware(service: BrokerService) -> Any:
         return await handler(request)
 
     return auth
+
+
+def _owner_url(request: web.Request, owner: OwnershipInfo) -> str:
+    """Where a call on a topic ``owner`` serves is redirected: its https URL for a request that came over https,
+    as Pulsar's validateTopicOwnership (redirected to plain http, the request's token went in clear and its
+    client certificate was not asked for, 401), else (or where the owner serves no https) its http URL."""
+    url = owner.web_service_url_tls if request.secure and owner.web_service_url_tls else owner.web_service_url
+    return url.rstrip("/")
 
 
 def _certificate_role(request: web.Request) -> str | None:

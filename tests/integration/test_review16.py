@@ -3,6 +3,9 @@ cluster of two brokers with ``--auth-required``: real ZooKeeper, 3 bookies, two 
 
 from __future__ import annotations
 
+import ssl
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +14,11 @@ from typing import Any
 import pytest
 
 from bookie.auth import create_token, new_secret
-from tests.broker_testing import Brokers
+from tests.broker_testing import Brokers, produce_consume
+from tests.integration.test_broker_admin11 import _https_broker
 from tests.integration.test_broker_auth import SUPERUSER, SecureCluster
+from tests.integration.test_broker_tls import _client
+from tests.tls_testing import needs_openssl, self_signed
 
 pulsar = pytest.importorskip("pulsar")
 
@@ -76,3 +82,38 @@ def test_calls_sent_on_to_another_owner_keep_their_token(
     assert a.http("POST", skip, None, token)[0] == 204
     status, body = a.http("PUT", "/admin/v2/namespaces/public/default/unload", None, token)
     assert status == 204, body
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kw: Any) -> None:
+        return None  # the 307 is raised as an HTTPError, its Location read by the test
+
+
+@needs_openssl
+def test_an_https_request_is_redirected_to_the_owners_https_url(cluster: Brokers, tmp_path: Path) -> None:
+    """A call over https on a topic another broker serves is redirected to that broker's https URL, as Pulsar's
+    validateTopicOwnership does (before: to its http one, where the request's token went in clear and a client
+    certificate, the request's credential, is not asked for: 401 under --auth-required)."""
+    cert, key = self_signed(tmp_path, "broker")
+    owner, _owner_tls, owner_https = _https_broker(cluster, cert, key)
+    _other, _other_tls, other_https = _https_broker(cluster, cert, key)
+    topic = f"persistent://public/default/https-{uuid.uuid4().hex[:6]}"
+    c = _client(owner_https, cert)  # its lookup on `owner` makes it the owner
+    try:
+        assert produce_consume(c, topic, 2) == [b"m-0", b"m-1"]
+    finally:
+        c.close()
+    path = f"/admin/v2/persistent/public/default/{topic.rsplit('/', 1)[1]}/stats"
+    opener = urllib.request.build_opener(
+        _NoRedirect, urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(cert)))
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        opener.open(other_https + path, timeout=15)
+    assert e.value.code == 307
+    assert e.value.headers["Location"] == owner_https + path
+    # over http the owner's http URL, as before
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.build_opener(_NoRedirect).open(
+            f"http://127.0.0.1:{_other.http_port}{path}", timeout=15
+        )
+    assert e.value.headers["Location"] == f"http://127.0.0.1:{owner.http_port}{path}"
