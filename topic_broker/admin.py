@@ -1539,9 +1539,17 @@ class AdminApp:
 
     async def _topic_policies(self, request: web.Request) -> tuple[TopicPolicies, NamespacePolicies, bool]:
         """The topic's own policies (none set: empty), its namespace's, and whether the GET asked for the ones
-        ``applied`` (in force: the topic's, else its namespace's, else the broker's)."""
+        ``applied`` (in force: the topic's, else its namespace's, else the broker's). Own policies whose znode
+        does not parse are 409, saying so (the topic's owner takes them as absent; a policy set replaces them)."""
         name = await self._policies_topic(request)
-        own = await self.meta.get_topic_policies(name.ml_name) or TopicPolicies()
+        try:
+            own = await self.meta.get_topic_policies(name.ml_name) or TopicPolicies()
+        except zk.MetadataFormatError as e:
+            raise AdminError(
+                409,
+                f"the stored policies of topic {name} are unreadable ({e}): its owner takes them as absent; "
+                "setting a policy of the topic replaces them, removing one removes them",
+            ) from None
         ns = request.get(NAMESPACE_POLICIES) or await self.meta.get_policies(name.tenant, name.namespace)
         applied = request.query.get("applied", "false").lower() == "true"
         return own, ns or NamespacePolicies(), applied

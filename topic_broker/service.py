@@ -1353,6 +1353,7 @@ class Topic:
         "open_chunks",
         "orphans",
         "own_policies",
+        "own_policies_unreadable",
         "persisted_sequence",
         "producer_names",
         "producers",
@@ -1396,6 +1397,8 @@ class Topic:
         self.compaction = TopicCompaction(ml, ml.bk)  # its compacted view and compactor
         self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
         self.own_policies = TopicPolicies()  # its own (its partitioned topic's), applied with the others
+        #: its own policies' znode did not parse when last read (said once, until it parses again)
+        self.own_policies_unreadable = False
         #: the limits in force (``BrokerService.apply_policies``): producers, consumers (0: none), and the
         #: unacknowledged messages a consumer may hold before it is sent nothing more
         self.max_producers = 0
@@ -2569,8 +2572,12 @@ class BrokerService:
                 try:
                     tp = await own.of(t)
                 except _UNREADABLE as e:
-                    self._policies_failing.warning("topic %s: its own policies not refreshed: %r", t.name, e)
+                    if not t.own_policies_unreadable:  # said once (the topic's opening may have said it)
+                        log.warning("topic %s: its own policies not refreshed: %r", t.name, e)
+                    t.own_policies_unreadable = True
                     tp = t.own_policies
+                else:
+                    t.own_policies_unreadable = False
                 self.apply_policies(t, policies, tp)
 
     def dedup_in_force(self, p: NamespacePolicies, own: TopicPolicies) -> bool:
@@ -2697,7 +2704,13 @@ class BrokerService:
         owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         if owner.broker_id != self.config.id:
             raise NotOwnerError(owner)
-        own = await self.meta.get_topic_policies(name.base.ml_name) or TopicPolicies()
+        try:
+            own = await self.meta.get_topic_policies(name.base.ml_name) or TopicPolicies()
+            unreadable: zk.MetadataFormatError | None = None
+        except zk.MetadataFormatError as e:
+            # a znode that does not parse (written by hand, or by another version) kept the topic from opening
+            # at all; it opens as one without policies of its own, and setting one through the admin replaces it
+            own, unreadable = TopicPolicies(), e
         dedup = self.dedup_in_force(policies, own)
         ml_config = dataclasses.replace(
             self.config.ml_config(),
@@ -2710,6 +2723,14 @@ class BrokerService:
             await self.meta.release_ownership(name.ml_name, self.config.id)
             raise
         topic = Topic(self, name, ml, dedup)
+        if unreadable is not None:
+            topic.own_policies_unreadable = True
+            log.warning(
+                "topic=%s its own policies are unreadable, taken as absent (its namespace's and the broker's "
+                "apply) until a policy set through the admin replaces them: %s",
+                name,
+                unreadable,
+            )
         self.apply_policies(topic, policies, own)
         try:
             await topic.compaction.load()

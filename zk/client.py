@@ -898,6 +898,9 @@ class MetadataStore(CompareAndSetUpdate):
     async def aexists(self, path: str) -> bool:
         return await self._run(self.exists, path)
 
+    async def astat(self, path: str) -> NodeStat | None:
+        return await self._run(self.stat, path)
+
     async def acreate(
         self,
         path: str,

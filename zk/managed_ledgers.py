@@ -899,9 +899,16 @@ class BrokerMetadataStore:
         )
 
     async def get_topic_policies(self, ml_name: str) -> TopicPolicies | None:
-        """The topic's own policies (``ml_name``: the base name of a partitioned topic), None if it has none."""
-        v = await self.store.aget_optional(topic_policies_path(ml_name))
-        return None if v is None else TopicPolicies.from_json(v.value)
+        """The topic's own policies (``ml_name``: the base name of a partitioned topic), None if it has none;
+        :class:`MetadataFormatError` naming the znode when what it holds is not policies."""
+        path = topic_policies_path(ml_name)
+        v = await self.store.aget_optional(path)
+        if v is None:
+            return None
+        try:
+            return TopicPolicies.from_json(v.value)
+        except MetadataFormatError as e:
+            raise MetadataFormatError(str(e), path=self.store.abs_path(path)) from e
 
     async def topics_with_policies(self, tenant: str, namespace: str) -> set[str]:
         """The managed-ledger names (base names) of the namespace's topics that have policies of their own, by one
@@ -934,7 +941,17 @@ class BrokerMetadataStore:
         if field_name not in TopicPolicies.__dataclass_fields__:
             raise ValueError(f"no topic policy {field_name!r}")
         path = topic_policies_path(ml_name)
-        if value is None and await self.store.aget_optional(path) is None:
+        try:
+            stored = await self.get_topic_policies(ml_name)
+        except MetadataFormatError:
+            # unreadable (not JSON, or not policies): the write replaces it, as the only way back; that version
+            # only, so that policies written meanwhile are read and kept
+            stat = await self.store.astat(path)
+            if stat is not None:
+                with contextlib.suppress(MetadataVersionError):
+                    await self.store.adelete(path, stat.version, missing_ok=True)
+            stored = None
+        if value is None and stored is None:
             return
 
         def change(cur: JsonDict) -> JsonDict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.error
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -529,6 +530,54 @@ def test_one_topics_unreadable_policies_leave_the_other_topics_policies_applied(
     wait_for(refused, "the namespace's producer limit applied to the topic after the broken one")
     # the broken topic keeps the own policies it had (its 5), not its namespace's 1: a second producer taken
     producers.append(c.create_producer(f"persistent://public/{ns}/{broken}"))
+    for p in producers:
+        p.close()
+
+
+def test_a_topic_whose_own_policies_do_not_parse_opens_with_none_of_its_own(brokers: Any, c: Any) -> None:
+    """A topic whose own policies znode does not parse opens, as one without policies of its own (its
+    namespace's limit applies), with one warning in the broker's log however many ticks pass; the admin's GET of
+    its policies says they are unreadable (409); setting a policy replaces them. Before, opening the topic raised:
+    no producer or consumer could use it (ServiceNotReady, MetadataFormatError), and the GET was 500 with a
+    traceback in the log."""
+    bp = brokers.procs[0]
+    ns = _namespace(bp)
+    t = topic_name()
+    topic, path = f"persistent://public/{ns}/{t}", f"/admin/v2/persistent/public/{ns}/{t}/maxProducers"
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}")
+    admin(bp, "POST", path, 5)
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxProducersPerTopic", 2)
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}/unload")
+    with zookeeper(brokers) as (k, root):
+        own = f"{root}/{TOPIC_POLICIES}/public/{ns}/persistent"
+        (child,) = k.get_children(own)
+        k.set(f"{own}/{child}", b"{not json")
+        producers = [c.create_producer(topic), c.create_producer(topic)]
+        with pytest.raises(pulsar.ProducerBusy):  # the namespace's 2, not the topic's unreadable 5
+            c.create_producer(topic)
+        # a housekeeping refresh later (the namespace's limit, changed by hand, applied): still one warning
+        ns_path = f"{root}/{namespace_policies_path('public', ns)}"
+        k.set(ns_path, json.dumps({**json.loads(k.get(ns_path)[0]), "max_producers_per_topic": 3}).encode())
+
+        def third_taken() -> bool:
+            try:
+                producers.append(c.create_producer(topic))
+            except pulsar.ProducerBusy:
+                return False
+            return True
+
+        wait_for(third_taken, "the namespace's 3 applied")
+    assert bp.log_path is not None
+    log = bp.log_path.read_bytes()[bp.log_start :].decode(errors="replace")
+    assert [line for line in log.splitlines() if t in line and "unreadable" in line] != []
+    assert len([line for line in log.splitlines() if t in line and "policies" in line]) == 1, log[-3000:]
+    with pytest.raises(urllib.error.HTTPError) as got:
+        admin(bp, "GET", path)
+    assert got.value.code == 409
+    assert "unreadable" in json.loads(got.value.read())["reason"]
+    admin(bp, "POST", path, 4)  # replaces them
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (4, 4)
+    producers.append(c.create_producer(topic))
     for p in producers:
         p.close()
 
