@@ -2615,9 +2615,7 @@ class AdminApp:
         if domain == NON_PERSISTENT:
             owner = self.service.ownership()
         else:
-            owner = await self.meta.get_owner(name.ml_name)
-            if owner is None:
-                owner = await self.meta.acquire_ownership(name.ml_name, self.service.ownership())
+            owner = await self.service.lookup_owner(name)
         return _json(
             {
                 "brokerUrl": owner.service_url,

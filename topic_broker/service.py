@@ -130,6 +130,8 @@ DEFAULT_TICK_INTERVAL_S = 5.0
 #: sought a time without a start message id, and comes back to it at the position sought (as to Pulsar's, which
 #: keeps it over a cursor reset)
 READER_SEEK_GRACE_S = 60.0
+#: how long the ownership a LOOKUP took of a topic nobody opened here is held before it is released
+DEFAULT_LOOKUP_OWNERSHIP_HOLD_S = 60.0
 DEFAULT_DEDUP_ENABLED = True
 #: Pulsar's ``brokerServiceCompactionThresholdInBytes`` (0: no automatic compaction unless a policy asks) and
 #: ``brokerServiceCompactionMonitorIntervalInSeconds``
@@ -248,6 +250,9 @@ class BrokerConfig:
     tls_cert_refresh_check_s: float = 300.0
     # TLS on the admin HTTP port too (Pulsar's webServicePortTls), with the same certificate: None serves none
     admin_tls_port: int | None = None
+    # How long the ownership a lookup took of a topic not opened here is kept (docs/broker.md, "Housekeeping and
+    # ownership rules"): released at the first housekeeping tick after, unless a client opened the topic
+    lookup_ownership_hold_s: float = DEFAULT_LOOKUP_OWNERSHIP_HOLD_S
 
     @property
     def id(self) -> str:
@@ -2144,6 +2149,8 @@ class BrokerService:
         self.topics: dict[str, asyncio.Future[Topic]] = {}
         #: topics no longer served whose close (their ledger list's last write) is under way, by name
         self._closing: dict[str, asyncio.Task[None]] = {}
+        #: topic -> (its name, when a lookup last found it owned here but not open): see :meth:`lookup_owner`
+        self._looked_up: dict[str, tuple[TopicName, float]] = {}
         self.sessions: set[Session] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         #: names for producers that bring none: unique across this broker's restarts too (Pulsar draws them
@@ -2400,6 +2407,7 @@ class BrokerService:
             if now < next_topic_tick:
                 continue
             next_topic_tick = now + self.config.tick_interval_s
+            self._release_looked_up(now)
             with self._policies_failing.catching(Exception, "namespace policies not refreshed"):
                 await self.refresh_policies()
             for topic in self.served_topics():
@@ -2795,6 +2803,43 @@ class BrokerService:
             web_service_url_tls=self.config.web_service_url_tls,
         )
 
+    async def lookup_owner(self, name: TopicName) -> OwnershipInfo:
+        """The topic's owner for a lookup (binary or HTTP), ownership taken when nobody holds it. Ownership so
+        taken of a topic nobody then opens here is released after ``lookup_ownership_hold_s`` (by
+        :meth:`_release_looked_up`): held until the broker stopped, each name ever looked up (a flood of random
+        names, a typo in a loop) left its ownership znode, one per name, for good."""
+        assert self.meta is not None
+        owner = await self.meta.get_owner(name.ml_name)
+        if owner is None:
+            owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
+        key = str(name)
+        if owner.broker_id == self.config.id and key not in self.topics:
+            self._looked_up[key] = (name, time.monotonic())
+        return owner
+
+    def _release_looked_up(self, now: float) -> None:
+        """The ownership lookups took of topics not opened here within ``lookup_ownership_hold_s`` released;
+        each release stands in ``_closing`` meanwhile, so that an open of the topic waits for it (as for a
+        close) and takes the ownership anew, not the znode being deleted."""
+        for key, (name, since) in list(self._looked_up.items()):
+            if key in self.topics or key in self._closing:
+                del self._looked_up[key]  # opened (or closing): the topic's own ownership
+            elif now - since >= self.config.lookup_ownership_hold_s:
+                del self._looked_up[key]
+                if self.meta is not None and not self._session_lost:
+                    release = self._closing[key] = self.spawn(self._release_ownership(name))
+
+                    def released(task: asyncio.Task[None], key: str = key) -> None:
+                        if self._closing.get(key) is task:
+                            del self._closing[key]
+
+                    release.add_done_callback(released)
+
+    async def _release_ownership(self, name: TopicName) -> None:
+        assert self.meta is not None
+        with contextlib.suppress(Exception):
+            await self.meta.release_ownership(name.ml_name, self.config.id)
+
     def topic_lost(self, topic: Topic, reason: str) -> None:
         """Stop serving: clients are told to reconnect (and look the topic up again)."""
         if topic.unloaded:
@@ -2944,11 +2989,8 @@ class BrokerService:
             code, why = refusal
             s.send(wire.lookup_response(cmd.request_id, error_code=code, message=why))
             return
-        assert self.meta is not None
         try:
-            owner = await self.meta.get_owner(name.ml_name)
-            if owner is None:
-                owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
+            owner = await self.lookup_owner(name)
         except zk.MetadataError as e:
             s.send(wire.lookup_response(cmd.request_id, error_code=pb.MetadataError, message=str(e)))
             return
