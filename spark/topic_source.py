@@ -904,6 +904,11 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         self._fresh_logged = False
         #: partitions (full name -> managed ledger) where ``_fresh`` was made
         self._fresh_made: dict[str, str] = {}
+        #: a named subscription's own position on each partition (``committed``) before the initial offset moved
+        #: it: where an earlier run of the checkpoint made it, for a batch 0 that run logged (:meth:`_rerun`)
+        self._prior: dict[str, Pos | None] = {}
+        #: the batch ends this run's latestOffset gave from the initial offset (a logged batch 0 is none of them)
+        self._first_ends: list[dict[str, Pos]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts, "schema": self.schema}
@@ -976,6 +981,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             }
         )
         self._use_subscription(None, new_query=True)
+        if self.opts.subscription_explicit:  # (the query's own position: refused here if not the query's)
+            self._prior = {name: self._committed_mark(name) for name in snaps}
         self._move_subscription(self._initial, strict=True)
         return dict(self._initial)
 
@@ -1055,6 +1062,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 end[n] = moved
         out = {**positions_json(end), SUBSCRIPTION_KEY: sub}
         self._logged(out)
+        if new_query:
+            self._first_ends.append(end)
         return out
 
     def _logged(self, end: dict[str, Any]) -> None:
@@ -1075,15 +1084,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TopicRange]:
         self._logged(end)
-        # batch 0 of a checkpoint a restart runs again: its end names the earlier run's new subscription, its
-        # start is this run's initial offset (Spark asks anew), a newer 'latest' than the earlier run's
-        rerun = (
-            self._fresh is not None
-            and self._initial is not None
-            and start == self._initial
-            and isinstance(end.get(SUBSCRIPTION_KEY), str)
-            and end[SUBSCRIPTION_KEY] != self._fresh
-        )
+        rerun = self._rerun(start, end)
         self._use_subscription(end)
         begin = positions_from_json(start or {})
         stop = positions_from_json(end)
@@ -1105,12 +1106,24 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 out.append(TopicRange(name, part.index, lid, first, last, _prev_ledger(snap, lid)))
         return out
 
+    def _rerun(self, start: dict[str, Any], end: dict[str, Any]) -> bool:
+        """Is this batch 0 of a checkpoint that a restart runs again? Its start is this run's initial offset (as
+        Spark asks anew: a newer 'latest' than the earlier run's), and its end the earlier run's: with a default
+        name, it names the earlier run's new subscription, not this run's; with ``subscriptionName``, it is none
+        of the ends this run's latestOffset gave from the initial offset."""
+        if self._initial is None or start != self._initial or not isinstance(end.get(SUBSCRIPTION_KEY), str):
+            return False
+        if self.opts.subscription_explicit:
+            return positions_from_json(end) not in self._first_ends
+        return self._fresh is not None and end[SUBSCRIPTION_KEY] != self._fresh
+
     def _made_at(self, name: str, start: Pos, end: Pos) -> Pos:
         """Where the checkpoint's subscription was made on partition ``name`` (its mark-delete + 1): the start
         of a logged batch 0 its earlier run chose, that run's initial offset, which no commit has moved since
-        (Spark commits batch 0 before any later batch). ``start`` when the subscription lacks the partition,
-        another moved it, or it stands past ``end``."""
-        mark = self._committed_mark(name)
+        (Spark commits batch 0 before any later batch). A default name's is the logged subscription's position
+        now; a named one's, the position it had before this run's initial offset moved it (:attr:`_prior`).
+        ``start`` when the subscription lacks the partition, another moved it, or it stands past ``end``."""
+        mark = self._prior.get(name) if self.opts.subscription_explicit else self._committed_mark(name)
         if mark is None:
             return start
         made = (mark[0], mark[1] + 1)

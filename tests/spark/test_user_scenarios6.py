@@ -192,3 +192,37 @@ def test_a_restart_running_a_logged_batch_0_from_latest_starts_where_the_first_r
         assert list(_cursors(store, local)) == [end["subscription"]]
     finally:
         again.stop()
+
+
+def test_a_restart_running_a_logged_batch_0_of_a_named_subscription_starts_where_the_first_run_did(
+    cluster: Cluster, store: Any
+) -> None:
+    """The same restart with ``subscriptionName``: the named subscription was made at the first run's start,
+    and the restart's initial offset moves it to the newer latest; batch 0 is planned from where it stood
+    before (the 3 messages before the logged end; before: from the newer latest, nothing). A batch 0 of the
+    restart's own (an end its latestOffset gave) starts at its own initial offset, as a new query's does."""
+    local = "named-latest-restarted-before-commit"
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    r = _reader(cluster, local, startingOffsets="latest", subscriptionName="etl-restarted")
+    start = r.initialOffset()
+    users.produce(cluster, local, 3, batching_enabled=False)
+    time.sleep(1.5)
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    r.stop()
+    users.produce(cluster, local, 2, batching_enabled=False)
+    time.sleep(1.5)
+    again = _reader(cluster, local, startingOffsets="latest", subscriptionName="etl-restarted")
+    ledger = start[f"persistent://public/default/{local}"][0]
+    try:
+        restart = again.initialOffset()
+        assert restart != start
+        ranges = again.partitions(restart, end)
+        assert [(t.ledger_id, t.first_entry_id, t.last_entry_id) for t in ranges] == [(ledger, 5, 7)]
+        users.produce(cluster, local, 1, batching_enabled=False)
+        time.sleep(1.5)
+        own = again.latestOffset(restart, again.getDefaultReadLimit())
+        ranges = again.partitions(restart, own)
+        assert [(t.ledger_id, t.first_entry_id, t.last_entry_id) for t in ranges] == [(ledger, 10, 10)]
+    finally:
+        again.stop()
