@@ -162,6 +162,23 @@ def test_spark_asking_again_for_the_initial_offset_gets_the_same_start(cluster: 
         r.stop()
 
 
+def _batch_0_logged_then_stopped(cluster: Cluster, local: str, **more: str) -> tuple[Any, Any]:
+    """A stream from latest over 5 messages, 3 more written, batch 0's end logged (latestOffset), the stream
+    stopped before the batch committed, 2 more written; then a new reader (``more`` its options) and the first
+    run's start and logged end."""
+    users.produce(cluster, local, 5, batching_enabled=False)
+    time.sleep(1.5)
+    r = _reader(cluster, local, startingOffsets="latest", **more)
+    start = r.initialOffset()
+    users.produce(cluster, local, 3, batching_enabled=False)
+    time.sleep(1.5)
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    r.stop()
+    users.produce(cluster, local, 2, batching_enabled=False)
+    time.sleep(1.5)
+    return _reader(cluster, local, startingOffsets="latest", **more), (start, end)
+
+
 def test_a_restart_running_a_logged_batch_0_from_latest_starts_where_the_first_run_did(
     cluster: Cluster, store: Any
 ) -> None:
@@ -171,17 +188,7 @@ def test_a_restart_running_a_logged_batch_0_from_latest_starts_where_the_first_r
     before the logged end (before: it started at the newer latest, past that end, 2 messages later, and
     covered nothing)."""
     local = "latest-restarted-before-commit"
-    users.produce(cluster, local, 5, batching_enabled=False)
-    time.sleep(1.5)
-    r = _reader(cluster, local, startingOffsets="latest")
-    start = r.initialOffset()
-    users.produce(cluster, local, 3, batching_enabled=False)
-    time.sleep(1.5)
-    end = r.latestOffset(start, r.getDefaultReadLimit())
-    r.stop()
-    users.produce(cluster, local, 2, batching_enabled=False)
-    time.sleep(1.5)
-    again = _reader(cluster, local, startingOffsets="latest")
+    again, (start, end) = _batch_0_logged_then_stopped(cluster, local)
     try:
         restart = again.initialOffset()
         assert restart != start
@@ -202,17 +209,7 @@ def test_a_restart_running_a_logged_batch_0_of_a_named_subscription_starts_where
     before (the 3 messages before the logged end; before: from the newer latest, nothing). A batch 0 of the
     restart's own (an end its latestOffset gave) starts at its own initial offset, as a new query's does."""
     local = "named-latest-restarted-before-commit"
-    users.produce(cluster, local, 5, batching_enabled=False)
-    time.sleep(1.5)
-    r = _reader(cluster, local, startingOffsets="latest", subscriptionName="etl-restarted")
-    start = r.initialOffset()
-    users.produce(cluster, local, 3, batching_enabled=False)
-    time.sleep(1.5)
-    end = r.latestOffset(start, r.getDefaultReadLimit())
-    r.stop()
-    users.produce(cluster, local, 2, batching_enabled=False)
-    time.sleep(1.5)
-    again = _reader(cluster, local, startingOffsets="latest", subscriptionName="etl-restarted")
+    again, (start, end) = _batch_0_logged_then_stopped(cluster, local, subscriptionName="etl-restarted")
     ledger = start[f"persistent://public/default/{local}"][0]
     try:
         restart = again.initialOffset()
