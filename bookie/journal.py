@@ -172,6 +172,7 @@ __all__ = [
     "bench_journal",
     "bench_journal_async",
     "crc_seed",
+    "never_written",
 ]
 
 logger = logging.getLogger(__name__)
@@ -257,6 +258,17 @@ _TYPES: dict[int, RecordType] = {int(t): t for t in RecordType}
 # with a pause between them spreads that work over many small commits.
 DELETE_STEP_BYTES = 8 * 1024 * 1024
 DELETE_STEP_PAUSE_S = 0.005
+
+
+def never_written(directory: Path) -> bool:
+    """No segment, free segment file or checkpoint mark in ``directory``: no journal was ever written there. A
+    bookie that started once always leaves a mark there (it checkpoints as it starts), so a directory holding its
+    cookie and nothing of this is a journal that was deleted."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return True
+    return not any(n == MARK_FILE or _SEGMENT_NAME.match(n) or _FREE_NAME.match(n) for n in names)
 
 
 def _shrink_gently(path: Path, step: int, pause_s: float) -> None:

@@ -55,7 +55,7 @@ from .bk_http import add_bookkeeper_routes
 from .config_file import ConfigError, Effective, resolve
 from .core import BookieCore, _is_enospc
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
-from .journal import Journal
+from .journal import Journal, never_written
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
@@ -174,6 +174,12 @@ class CookieRefusal(StartRefusal):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"cookie mismatch: {message}")
+
+
+class JournalWipedRefusal(StartRefusal):
+    """The cookies match but the journal directory holds no journal at all (see the message)."""
+
+    exit_status = EXIT_COOKIE_MISMATCH
 
 
 class NoClusterRefusal(StartRefusal):
@@ -468,6 +474,17 @@ class Bookie:
             cookies.write_local_cookie(cfg.journal_dir, expected)
             cookies.write_local_cookie(cfg.ledger_dir, expected)
             log.info("bookie=%s new cookie written (instance %s)", cfg.id, self.instance_id)
+        elif never_written(cfg.journal_dir):
+            # its cookies match, but the journal is gone (segments and mark deleted, the cookie file left):
+            # what it acknowledged since its last checkpoint is lost, and it would answer NO_LEDGER for it
+            raise JournalWipedRefusal(
+                f"bookie {cfg.id}: its journal directory {cfg.journal_dir} holds its cookie but no journal (no "
+                "*.jnl segment, no lastmark; a bookie that started once always leaves them): the journal was "
+                "deleted, and with it every entry acknowledged since the last checkpoint. Answering NO_ENTRY for "
+                "them during recovery could lose acknowledged data for good, so it will not start. Restore the "
+                "journal; if it is gone for good, wipe the data directories, run "
+                f"`{cookies.format_hint(cfg.id)}` and let the ledgers be re-replicated."
+            )
 
     # ------------------------------------------------------------------------------------------ running
     def info(self) -> dict[str, Any]:

@@ -309,7 +309,7 @@ def delete_local_cookie(directory: str | os.PathLike[str]) -> bool:
 # --- the decision (pure) --------------------------------------------------------------------------------------
 
 
-def _format_hint(bookie_id: str) -> str:
+def format_hint(bookie_id: str) -> str:
     return f"ledgerstore bookie format --delete-cookie --bookie-id {bookie_id}"
 
 
@@ -324,7 +324,7 @@ def _compare(found: Cookie, expected: Cookie, where: str) -> None:
             f"bookie {bid}: {where} belongs to cluster instance {found.instance_id}, but the ZooKeeper this bookie "
             f"uses is cluster instance {expected.instance_id}. The bookie points at the wrong ZooKeeper (check "
             "--zk and the root), or the cluster metadata was re-created. Refusing to start. If the old cluster is "
-            f"gone for good, wipe this bookie's data directories and run `{_format_hint(bid)}`."
+            f"gone for good, wipe this bookie's data directories and run `{format_hint(bid)}`."
         )
     if found.bookie_id != expected.bookie_id:
         raise CookieMismatchError(
@@ -337,7 +337,7 @@ def _compare(found: Cookie, expected: Cookie, where: str) -> None:
         raise CookieMismatchError(
             f"bookie {bid}: {where} records {_dirs_text(found)}, but this start uses {_dirs_text(expected)}. "
             "Directories were added, removed or moved. Start with the recorded directories; to change the "
-            f"layout, drain the bookie, wipe it and run `{_format_hint(bid)}`."
+            f"layout, drain the bookie, wipe it and run `{format_hint(bid)}`."
         )
 
 
@@ -365,7 +365,7 @@ def verify_cookies(zk: Cookie | None, locals: Sequence[Cookie | None], expected:
             f"(cookies/{bid}). Either this bookie points at a different ZooKeeper than the one that registered "
             "it (check --zk and the root), the cluster metadata was wiped, or the ZooKeeper cookie was deleted. "
             "Its data may belong to another cluster, so it will not start. Point it at the right ZooKeeper; to "
-            f"reuse this machine as a new, empty bookie, wipe its data directories and run `{_format_hint(bid)}`."
+            f"reuse this machine as a new, empty bookie, wipe its data directories and run `{format_hint(bid)}`."
         )
     for d, c in present:
         _compare(c, expected, f"the cookie in {d}")
@@ -375,7 +375,7 @@ def verify_cookies(zk: Cookie | None, locals: Sequence[Cookie | None], expected:
             "directory looks wiped or swapped (a new disk, a reformatted volume, or a wrong --data-dir). It may "
             "have lost entries it acknowledged, and a wiped bookie answering NO_ENTRY during recovery could lose "
             "acknowledged data for good, so it will not start. Restore the original directory; if you are "
-            f"replacing this bookie on purpose, run `{_format_hint(bid)}` first (and let the ledgers be "
+            f"replacing this bookie on purpose, run `{format_hint(bid)}` first (and let the ledgers be "
             "re-replicated)."
         )
     _compare(zk, expected, f"its ZooKeeper cookie (cookies/{bid})")
