@@ -518,7 +518,8 @@ class BookieCore:
         return p.encode_add_response(rid, status, lid, eid)
 
     def _journal_failed(self, exc: BaseException) -> None:
-        log.error("bookie=%s journal write failed: %s", self.bookie_id, exc)
+        # called for each record of a failed batch (or whose storage write failed): the journal and the bookie
+        # say what failed, once; a line here was one more ERROR for every record in flight
         if _is_enospc(exc):
             self.readonly = True
             if self.on_readonly_error is not None:

@@ -1208,9 +1208,11 @@ class Journal:
         is called again with the error, so whatever it answers is an error (it had not answered yet: answering is
         its last step), and ``on_error`` is told."""
         self.stats["callback_errors"] = self.stats.get("callback_errors", 0) + 1
-        logger.error(
-            "journal: completion callback failed on a durable record: %r; answering it with the error", exc
-        )
+        if self.on_error is None:  # else its owner says it (the bookie: one line as it fails)
+            logger.error(
+                "journal: completion callback failed on a durable record: %r; answering it with the error",
+                exc,
+            )
         try:
             cb(exc)
         except Exception:

@@ -211,7 +211,8 @@ class Bookie:
         self.restart_when_space = False  # the failure came from a full disk: restart once there is room again
         self.restart_requested = False
         self.stop_requested = asyncio.Event()
-        self._disk_full_log = RateLimitedLog(log, LOG_EVERY_S)  # a checkpoint's "still full" lines
+        # a failed bookie's "failed again" and "checkpoint skipped" lines
+        self._still_failed_log = RateLimitedLog(log, LOG_EVERY_S)
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -679,22 +680,26 @@ class Bookie:
             mark = self.journal.mark
             await asyncio.to_thread(self.storage.flush)
         except Exception as e:
-            if not _no_space(e):
-                self.fail(f"storage flush failed: {e!r}")
-                raise
-            # a full disk: the first time fails the bookie (one ERROR line, read-only until there is room, then
-            # it restarts itself); after that, one warning line a minute, not a traceback every checkpoint
-            if not self.failed:
-                self.fail(f"storage flush failed: {e!r}", disk_full=True)
-                self._disk_full_log.said()
-            else:
-                self._disk_full_log.warning(
-                    "bookie=%s checkpoint skipped: the disk is still full (%s); read-only meanwhile",
-                    self.config.id,
-                    e,
-                )
-            return
-        await asyncio.to_thread(self.journal.checkpoint, mark)
+            return self._checkpoint_failed("storage flush", e)
+        try:
+            await asyncio.to_thread(self.journal.checkpoint, mark)
+        except Exception as e:  # (writing the journal's mark: its directory read-only, its disk full)
+            self._checkpoint_failed("journal checkpoint", e)
+
+    def _checkpoint_failed(self, what: str, e: Exception) -> None:
+        """The first time fails the bookie (one ERROR line: read-only and unhealthy; on a full disk until there is
+        room, then it restarts itself; otherwise, a read-only or failing disk, until it is restarted); after that,
+        one warning line a minute, not an ERROR and a traceback every checkpoint."""
+        full = _no_space(e)
+        if not self.failed:
+            self.fail(f"{what} failed: {e!r}", disk_full=full)
+        else:
+            self._still_failed_log.warning(
+                "bookie=%s checkpoint skipped: %s (%s); read-only meanwhile",
+                self.config.id,
+                "the disk is still full" if full else "the bookie failed",
+                e,
+            )
 
     # ------------------------------------------------------------------------------------------ failing
     def _on_journal_error(self, exc: BaseException, in_callback: bool) -> None:
@@ -710,13 +715,14 @@ class Bookie:
         module docstring). ``disk_full``: the error was a full disk, so the bookie restarts itself once the disk
         has room again (only when that was the first failure: any other error waits for an operator)."""
         self.failures += 1
-        if self.failed:
-            log.error("bookie=%s failed again: %s", self.config.id, why)
+        if self.failed:  # (each record in flight may report it: a line a minute)
+            self._still_failed_log.warning("bookie=%s failed again: %s", self.config.id, why)
             return
         self.failed = why
         self.restart_when_space = disk_full
         until = "the disk has room again" if disk_full else "restarted"
         log.error("bookie=%s FAILED, now read-only and unhealthy until %s: %s", self.config.id, until, why)
+        self._still_failed_log.said()
         if self.core is not None:
             self._set_readonly(True, why)
         if self.server is not None:

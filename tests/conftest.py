@@ -38,9 +38,11 @@ class BookieFactory:
         port: int | None = None,
         bookie_id: str | None = None,
         autorecovery: bool = False,
+        process: type[BookieProcess] = BookieProcess,
     ) -> BookieProcess:
+        """``process``: a subclass of BookieProcess (one that runs the bookie under another command, say)."""
         port = port or free_port()
-        bp = BookieProcess(
+        bp = process(
             zk=self.zk,
             zk_root=self.root,
             data_dir=data_dir or self.tmp / f"bookie-{port}",
