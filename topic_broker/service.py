@@ -132,6 +132,10 @@ DEFAULT_TICK_INTERVAL_S = 5.0
 READER_SEEK_GRACE_S = 60.0
 #: how long the ownership a LOOKUP took of a topic nobody opened here is held before it is released
 DEFAULT_LOOKUP_OWNERSHIP_HOLD_S = 60.0
+#: topics one connection's PRODUCERs and SUBSCRIBEs open at once (the others wait their turn): each open is a
+#: series of ZooKeeper and bookie requests, and those of a thousand opens at once, queued together, held every
+#: other connection's open of a new topic until the last of them was done
+TOPIC_OPENS_PER_CONNECTION = 16
 DEFAULT_DEDUP_ENABLED = True
 #: Pulsar's ``brokerServiceCompactionThresholdInBytes`` (0: no automatic compaction unless a policy asks) and
 #: ``brokerServiceCompactionMonitorIntervalInSeconds``
@@ -405,6 +409,9 @@ class Session:
         #: PRODUCERs and SUBSCRIBEs being handled, by producer and consumer id
         self.creating_producers = _Creations()
         self.creating_consumers = _Creations()
+        #: its PRODUCERs' and SUBSCRIBEs' opens of topics not served here yet, at most TOPIC_OPENS_PER_CONNECTION
+        #: at once: one connection's flood of new topics must not stand before every other connection's open
+        self.topic_opens = asyncio.Semaphore(TOPIC_OPENS_PER_CONNECTION)
         self.closed_by_quota: dict[int, bool] = {}  # producer ids closed by a backlog quota or a terminate
         self._flush_scheduled = False
         self.closed = False
@@ -3015,7 +3022,10 @@ class BrokerService:
                 if refused is not None:
                     s.send(wire.error(request_id, pb.AuthorizationError, refused))
                     return None
-            return await self.get_topic(name, known)
+            if str(name) in self.topics:  # served (or being opened) already
+                return await self.get_topic(name, known)
+            async with s.topic_opens:
+                return await self.get_topic(name, known)
         except InvalidTopicName as e:
             s.send(wire.error(request_id, BAD_NAME, str(e)))
         except NamespaceNotFoundError as e:
