@@ -3025,6 +3025,8 @@ class BrokerService:
             if str(name) in self.topics:  # served (or being opened) already
                 return await self.get_topic(name, known)
             async with s.topic_opens:
+                if s.closed:  # gone while this waited its turn: nobody to open the topic for
+                    return None
                 return await self.get_topic(name, known)
         except InvalidTopicName as e:
             s.send(wire.error(request_id, BAD_NAME, str(e)))

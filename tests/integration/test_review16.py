@@ -3,6 +3,7 @@ cluster of two brokers with ``--auth-required``: real ZooKeeper, 3 bookies, two 
 
 from __future__ import annotations
 
+import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -14,13 +15,18 @@ from typing import Any
 import pytest
 
 from bookie.auth import create_token, new_secret
-from tests.broker_testing import Brokers, produce_consume
+from tests.broker_testing import Brokers, in_process_broker, produce_consume, topic_opening_commands
 from tests.integration.test_broker_admin11 import _https_broker
 from tests.integration.test_broker_auth import SUPERUSER, SecureCluster
+from tests.integration.test_broker_client_features4 import wait_for
 from tests.integration.test_broker_tls import _client
 from tests.tls_testing import needs_openssl, self_signed
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+from topic_broker.server import BrokerServer
 
 pulsar = pytest.importorskip("pulsar")
+T = pb.BaseCommand
 
 
 @pytest.fixture
@@ -117,3 +123,46 @@ def test_an_https_request_is_redirected_to_the_owners_https_url(cluster: Brokers
             f"http://127.0.0.1:{_other.http_port}{path}", timeout=15
         )
     assert e.value.headers["Location"] == f"http://127.0.0.1:{owner.http_port}{path}"
+
+
+def test_a_closed_connections_queued_topic_opens_are_not_run(cluster: Brokers) -> None:
+    """A connection that opens 40 new topics (PRODUCERs) and goes: the 16 opens under way finish, the 24 waiting
+    their turn (TOPIC_OPENS_PER_CONNECTION) are dropped, not run one batch after another for nobody (before:
+    all 40 opened, each topic's managed ledger and a ledger made; a flood of 100,000 then gone kept the broker
+    opening topics for hours)."""
+    import asyncio
+
+    from topic_broker.service import TOPIC_OPENS_PER_CONNECTION
+
+    n, began = 40, []
+
+    async def on_loop() -> tuple[asyncio.Event, asyncio.AbstractEventLoop, BrokerServer]:
+        return asyncio.Event(), asyncio.get_running_loop(), BrokerServer(service)
+
+    with in_process_broker(cluster) as (service, run):
+        opened, loop, server = run(on_loop())
+        run(server.start())
+        open_topic = service._open_topic
+
+        async def held_open(name: Any, known: Any = None) -> Any:
+            began.append(str(name))
+            await opened.wait()
+            return await open_topic(name, known)
+
+        service._open_topic = held_open
+        try:
+            s = socket.create_connection(("127.0.0.1", service.config.port), timeout=60)
+            cmds = [T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))]
+            for i in range(n):  # a PRODUCER of each (its open goes through the same turns as a SUBSCRIBE's)
+                producer = topic_opening_commands(f"persistent://public/default/gone-{uuid.uuid4().hex}")[2]
+                producer.producer.producer_id = producer.producer.request_id = i + 1
+                cmds.append(producer)
+            s.sendall(b"".join(wire.encode_command(c) for c in cmds))
+            wait_for(lambda: len(began) >= TOPIC_OPENS_PER_CONNECTION, "the first opens to begin")
+            s.close()
+            wait_for(lambda: not service.sessions, "the broker to see the connection closed")
+            loop.call_soon_threadsafe(opened.set)
+            wait_for(lambda: not service._tasks, "the connection's PRODUCERs to end")
+            assert len(began) == TOPIC_OPENS_PER_CONNECTION
+        finally:
+            run(server.stop())
