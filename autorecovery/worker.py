@@ -33,7 +33,7 @@ from ledger_client.rereplication import lost_fragments, swapped
 from ledger_client.rereplicator import _fence, _read_verified, _write, copy_fragment
 from zk import racks as zk_racks
 from zk.ledger_metadata import LedgerMetadata
-from zk.ratelog import LOG_EVERY_S, RateLimitedLog
+from zk.ratelog import LOG_EVERY_S, Every, RateLimitedLog
 from zk.underreplication import UnderReplicationManager
 
 from .config import AutoRecoveryConfig
@@ -79,6 +79,9 @@ class ReplicationWorker:
         self._bucket = TokenBucket(config.throttle_bytes_per_s, clock())
         self._passwords = PasswordBook(config.passwords)
         self._said_no_password: set[int] = set()  # ledgers whose missing password was logged (once each)
+        # ledgers whose re-replication keeps failing (both copies of an entry down): a line a minute each, not
+        # one per pass (a pass a second)
+        self._failing: dict[int, Every] = {}
 
     async def _zk(self, fn: Callable[..., object], *args: object) -> object:
         return await _meta(functools.partial(fn, *args))
@@ -118,10 +121,19 @@ class ReplicationWorker:
         if not await _meta(functools.partial(self.manager.try_lock, ledger_id, self.owner)):
             return Outcome(ledger_id, "locked")
         try:
-            return await self._process_locked(ledger_id)
+            out = await self._process_locked(ledger_id)
         except (E.LedgerError, ValueError) as e:
-            log.warning("ledger=%d re-replication failed (mark kept): %s", ledger_id, e)
+            every = self._failing.setdefault(ledger_id, Every(LOG_EVERY_S, clock=self._clock))
+            if every.due():
+                log.warning(
+                    "ledger=%d re-replication failed (mark kept; said again at most once a minute): %s",
+                    ledger_id,
+                    e,
+                )
             return Outcome(ledger_id, "failed", why=str(e))
+        else:
+            self._failing.pop(ledger_id, None)
+            return out
         finally:
             try:
                 await _meta(functools.partial(self.manager.unlock, ledger_id))
