@@ -785,6 +785,8 @@ class SubscriptionRuntime:
         self.mark_delete: Position = cursor.mark_delete if cursor else self._before(start)
         self._delay_timer: asyncio.TimerHandle | None = None
         self._delay_timer_at = 0  # Unix ms the timer is set for
+        #: a reader's subscription kept by its latest seek: the timer that drops it if its reader does not come back
+        self._seek_grace: asyncio.TimerHandle | None = None
         #: a consumer subscribed with read_compacted: reads up to the compaction horizon come from the
         #: compacted ledger (``_read_compacted``)
         self.read_compacted = False
@@ -858,10 +860,15 @@ class SubscriptionRuntime:
             c.session.send(wire.close_consumer(c.consumer_id, 0))
         if keep and not self.durable and self.name not in self.topic.subscriptions:
             self.topic.subscriptions[self.name] = self
-            asyncio.get_running_loop().call_later(READER_SEEK_GRACE_S, self._drop_unclaimed)
+            if self._seek_grace is not None:  # an earlier seek's grace: this seek's runs from now
+                self._seek_grace.cancel()
+            self._seek_grace = asyncio.get_running_loop().call_later(
+                READER_SEEK_GRACE_S, self._drop_unclaimed
+            )
 
     def _drop_unclaimed(self) -> None:
         """A reader's subscription kept by a seek is dropped when its reader has not come back."""
+        self._seek_grace = None
         if not self.consumers and self.topic.subscriptions.get(self.name) is self:
             del self.topic.subscriptions[self.name]
 
