@@ -106,6 +106,8 @@ class ReplicationWorker:
             return 0
         ids = await _meta(self.manager.list_ids)
         locked = await _meta(self.manager.locks)
+        for gone in self._failing.keys() - set(ids):  # marks cleared or ledgers deleted: their limiters go
+            del self._failing[gone]
         done = 0
         for lid in ids:
             if lid in locked:

@@ -1,6 +1,6 @@
 """A ledger whose re-replication keeps failing (every copy of an entry down) is said once a minute per worker, not
 at every pass (a pass a second): the first failure at once, the next after LOG_EVERY_S, and at once again after a
-pass that succeeded."""
+pass that succeeded. A ledger whose mark is gone leaves no limiter behind."""
 
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ def test_a_ledger_that_keeps_failing_is_said_once_a_minute(bookies, caplog: pyte
                 caplog.clear()
                 assert (await worker.process(42)).status == "failed"
                 seen.append(sum("re-replication failed" in r.getMessage() for r in caplog.records))
+            assert 42 in worker._failing
+            await _meta(lambda: manager.clear(42))  # the ledger deleted (its mark with it): its limiter goes
+            await worker.run_once()
+            assert 42 not in worker._failing
             return seen
         finally:
             await bk.close()
