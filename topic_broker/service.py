@@ -2841,13 +2841,7 @@ class BrokerService:
             elif now - since >= self.config.lookup_ownership_hold_s:
                 del self._looked_up[key]
                 if self.meta is not None and not self._session_lost:
-                    release = self._closing[key] = self.spawn(self._release_ownership(name))
-
-                    def released(task: asyncio.Task[None], key: str = key) -> None:
-                        if self._closing.get(key) is task:
-                            del self._closing[key]
-
-                    release.add_done_callback(released)
+                    self._closing_as(key, self._release_ownership(name))
 
     async def _release_ownership(self, name: TopicName) -> None:
         assert self.meta is not None
@@ -2865,7 +2859,11 @@ class BrokerService:
         if fut is not None and fut.done() and not fut.exception() and fut.result() is topic:
             del self.topics[key]
         self._disconnect_clients(topic)
-        closing = self._closing[key] = self.spawn(self._close_topic(topic))
+        self._closing_as(key, self._close_topic(topic))
+
+    def _closing_as(self, key: str, close: Coroutine[Any, Any, None]) -> None:
+        """``close`` run as topic ``key``'s close under way (an open of the topic waits for it), until it ends."""
+        closing = self._closing[key] = self.spawn(close)
 
         def closed(task: asyncio.Task[None]) -> None:
             if self._closing.get(key) is task:
