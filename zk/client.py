@@ -603,7 +603,11 @@ class MetadataStore(CompareAndSetUpdate):
         full = self.abs_path(path)
         with self._translated(full):
             data, stat = self._wait(self._client.get_async(full), full)
-        return Versioned(decode_body(data, full), stat.version)
+        try:
+            return Versioned(decode_body(data, full), stat.version)
+        except MetadataFormatError as e:
+            e.version = stat.version
+            raise
 
     def get_optional(self, path: str) -> Versioned[JsonDict] | None:
         try:
@@ -897,9 +901,6 @@ class MetadataStore(CompareAndSetUpdate):
 
     async def aexists(self, path: str) -> bool:
         return await self._run(self.exists, path)
-
-    async def astat(self, path: str) -> NodeStat | None:
-        return await self._run(self.stat, path)
 
     async def acreate(
         self,

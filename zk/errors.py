@@ -69,6 +69,9 @@ class MetadataFormatError(MetadataError):
     """The znode body is not a JSON object with a supported format_version."""
 
     code = "METADATA_FORMAT"
+    #: the version of the znode whose body was read, when a read raised it: a writer that replaces what it could
+    #: not read deletes that version only (a value written meanwhile is kept)
+    version: int | None = None
 
 
 class InvalidMetadataError(MetadataError, ValueError):

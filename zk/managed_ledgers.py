@@ -908,7 +908,9 @@ class BrokerMetadataStore:
         try:
             return TopicPolicies.from_json(v.value)
         except MetadataFormatError as e:
-            raise MetadataFormatError(str(e), path=self.store.abs_path(path)) from e
+            unreadable = MetadataFormatError(str(e), path=self.store.abs_path(path))
+            unreadable.version = v.version
+            raise unreadable from e
 
     async def topics_with_policies(self, tenant: str, namespace: str) -> set[str]:
         """The managed-ledger names (base names) of the namespace's topics that have policies of their own, by one
@@ -943,13 +945,12 @@ class BrokerMetadataStore:
         path = topic_policies_path(ml_name)
         try:
             stored = await self.get_topic_policies(ml_name)
-        except MetadataFormatError:
-            # unreadable (not JSON, or not policies): the write replaces it, as the only way back; that version
-            # only, so that policies written meanwhile are read and kept
-            stat = await self.store.astat(path)
-            if stat is not None:
+        except MetadataFormatError as e:
+            # unreadable (not JSON, or not policies): the write replaces it, as the only way back; the version
+            # read only, so that policies written meanwhile are read and kept
+            if e.version is not None:
                 with contextlib.suppress(MetadataVersionError):
-                    await self.store.adelete(path, stat.version, missing_ok=True)
+                    await self.store.adelete(path, e.version, missing_ok=True)
             stored = None
         if value is None and stored is None:
             return
