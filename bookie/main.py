@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -59,6 +58,7 @@ from .journal import Journal, never_written
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
+from .signals import add_stop_handlers, remove_stop_handlers
 from .storage import DEFAULT_CACHE_MB, MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
 
 log = logging.getLogger("ledgerstore.bookie")
@@ -841,11 +841,10 @@ def _disk_usage(cfg: BookieConfig) -> float:
 
 
 async def _wait_for_room(cfg: BookieConfig) -> bool:
-    """Until the disks' usage is below the low-water mark (True), or SIGTERM/SIGINT (False)."""
+    """Until the disks' usage is below the low-water mark (True), or a stop signal (False; bookie.signals)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    sigs = add_stop_handlers(loop, stop.set, f"bookie={cfg.id}")
     try:
         while _disk_usage(cfg) >= cfg.disk_usage_lwm:
             with contextlib.suppress(TimeoutError):
@@ -854,8 +853,7 @@ async def _wait_for_room(cfg: BookieConfig) -> bool:
                 return False
         return True
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        remove_stop_handlers(loop, sigs)
 
 
 def _no_room_to_start(cfg: BookieConfig) -> str:
@@ -1128,8 +1126,7 @@ async def run_until_signalled(
             if not await _wait_for_room(config):
                 return 0
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, bookie.stop_requested.set)
+    add_stop_handlers(loop, bookie.stop_requested.set, f"bookie={config.id}")
     running = await _start_companions(bookie, companions)
     await bookie.stop_requested.wait()
     for c in reversed(running):  # first: a companion may be using the bookie (its worker copying to it)

@@ -8,13 +8,13 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bookie.signals import add_stop_handlers
 from ledgerstore.cli import (
     EXIT_NOT_FOUND,
     EXIT_USAGE,
@@ -274,8 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
     async def go() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        add_stop_handlers(loop, stop.set, "autorecovery")
         await run_autorecovery(config, stop)
 
     try:

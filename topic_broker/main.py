@@ -1,4 +1,4 @@
-"""``ledgerstore broker serve``: run a topic broker (Pulsar protocol) until SIGTERM/SIGINT."""
+"""``ledgerstore broker serve``: run a topic broker (Pulsar protocol) until SIGTERM/SIGINT/SIGHUP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import ssl
 import time
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from bookie.config_file import enable as enable_config_file
 from bookie.config_file import resolve as resolve_config
 from bookie.server import server_tls_context
 from bookie.server_gate import HTTP_CONNECTIONS_MAX, raise_open_files_limit
+from bookie.signals import add_stop_handlers
 from zk.cookies import NoClusterError
 
 from . import wire
@@ -94,7 +94,7 @@ async def _loop_watch(interval_s: float = 0.05) -> None:
 async def serve(
     config: BrokerConfig, stop: asyncio.Event | None = None, settings: Effective | None = None
 ) -> int:
-    """Serve until ``stop`` is set (or SIGTERM/SIGINT when none is given); ``settings``: what ``broker serve``
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT/SIGHUP when none is given); ``settings``: what ``broker serve``
     resolved from flags, environment and ``--config``, shown (redacted) by the admin API."""
     service = BrokerService(config)
     try:
@@ -121,9 +121,8 @@ async def serve(
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+        with contextlib.suppress(NotImplementedError):
+            add_stop_handlers(loop, stop.set, f"broker={config.id}")
     await stop.wait()
     watch.cancel()
     gc.callbacks.remove(_gc_watch)
