@@ -172,6 +172,7 @@ __all__ = [
     "bench_journal",
     "bench_journal_async",
     "crc_seed",
+    "mark_new_journal",
     "never_written",
 ]
 
@@ -262,13 +263,41 @@ DELETE_STEP_PAUSE_S = 0.005
 
 def never_written(directory: Path) -> bool:
     """No segment, free segment file or checkpoint mark in ``directory``: no journal was ever written there. A
-    bookie that started once always leaves a mark there (it checkpoints as it starts), so a directory holding its
-    cookie and nothing of this is a journal that was deleted."""
+    new bookie writes a mark there before its cookie (:func:`mark_new_journal`), so a directory holding its cookie
+    and nothing of this is a journal that was deleted."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return True
     return not any(n == MARK_FILE or _SEGMENT_NAME.match(n) or _FREE_NAME.match(n) for n in names)
+
+
+def mark_new_journal(directory: Path) -> None:
+    """A new bookie's journal directory given its checkpoint mark, the start of an empty journal, before its
+    cookie is written there: a directory holding its cookie then always holds a mark (:func:`never_written`),
+    however early its first start stopped (its ledger storage would not open, it was killed): such a start
+    acknowledged nothing, and was refused at the next as a journal deleted."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (directory / MARK_FILE).exists():
+        _store_mark(directory, JournalMark(0, 0), fsync=True, fsync_dir=_fsync_dir)
+
+
+def _store_mark(
+    directory: Path, mark: JournalMark, *, fsync: bool, fsync_dir: Callable[[Path], None]
+) -> None:
+    """``mark`` written as ``directory``'s checkpoint mark, atomically (a temp file renamed over it)."""
+    raw = _MARK.pack(_MARK_MAGIC, _MARK_VERSION, 0, mark.seq, mark.offset)
+    raw += _MARK_CRC.pack(_crc(raw))
+    tmp = directory / (MARK_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        _pwrite_all(fd, raw, 0)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, directory / MARK_FILE)
+    fsync_dir(directory)
 
 
 def _shrink_gently(path: Path, step: int, pause_s: float) -> None:
@@ -661,18 +690,7 @@ class Journal:
         return JournalMark(seq, offset)
 
     def _write_mark(self, mark: JournalMark) -> None:
-        raw = _MARK.pack(_MARK_MAGIC, _MARK_VERSION, 0, mark.seq, mark.offset)
-        raw += _MARK_CRC.pack(_crc(raw))
-        tmp = self.directory / (MARK_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            _pwrite_all(fd, raw, 0)
-            if self._fsync_enabled:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.directory / MARK_FILE)
-        self._fsync_dir(self.directory)
+        _store_mark(self.directory, mark, fsync=self._fsync_enabled, fsync_dir=self._fsync_dir)
 
     def _check_header(self, path: Path, seq: int) -> tuple[str | None, int, bool]:
         """(None if the segment header is valid else what is wrong with it, its version, whether the header

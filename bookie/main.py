@@ -54,7 +54,7 @@ from .bk_http import add_bookkeeper_routes
 from .config_file import ConfigError, Effective, resolve
 from .core import BookieCore, _is_enospc
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
-from .journal import Journal, never_written
+from .journal import Journal, mark_new_journal, never_written
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
@@ -471,6 +471,9 @@ class Bookie:
                     ) from None
             raise CookieRefusal(str(e)) from None
         if verdict == cookies.CookieVerdict.NEW:
+            # its journal's mark first: a start that stops before the journal opens (the ledger storage would
+            # not open, a kill) leaves a cookie and a mark, not a journal that looks deleted at the next start
+            mark_new_journal(cfg.journal_dir)
             cookies.write_zk_cookie(self.store, expected)
             cookies.write_local_cookie(cfg.journal_dir, expected)
             cookies.write_local_cookie(cfg.ledger_dir, expected)
@@ -480,7 +483,7 @@ class Bookie:
             # what it acknowledged since its last checkpoint is lost, and it would answer NO_LEDGER for it
             raise JournalWipedRefusal(
                 f"bookie {cfg.id}: its journal directory {cfg.journal_dir} holds its cookie but no journal (no "
-                "*.jnl segment, no lastmark; a bookie that started once always leaves them): the journal was "
+                "*.jnl segment, no lastmark; a new bookie writes its lastmark before its cookie): the journal was "
                 "deleted, and with it every entry acknowledged since the last checkpoint. Answering NO_ENTRY for "
                 "them during recovery could lose acknowledged data for good, so it will not start. Restore the "
                 "journal; if it is gone for good, wipe the data directories, run "

@@ -316,8 +316,22 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
             raise TopicOptionError("endingOffsets", "'earliest' would read nothing; use 'latest' or JSON")
         if any(p[1] == -2 for p in ending.positions):
             raise TopicOptionError("endingOffsets", "'earliest' for a partition would read nothing from it")
-    if any(p[1] == -3 for p in starting.positions) and not streaming:
-        pass  # 'latest' as a batch start simply reads nothing from that partition
+    if not streaming:
+        # a batch reads to the latest entry at most: a start at 'latest' reads nothing (Kafka's and pulsar-spark's
+        # sources refuse it too), a mistake like an end at or before the start
+        if starting.kind == "latest":
+            raise TopicOptionError(
+                "startingOffsets",
+                "'latest' would read nothing in a batch query (it reads up to the latest entry); use 'earliest', "
+                "JSON positions or startingTime",
+            )
+        for name, lid, _ in starting.positions:
+            if lid == -3:
+                raise TopicOptionError(
+                    "startingOffsets",
+                    f"'latest' for {name} would read nothing from it in a batch query; to leave a partition out, "
+                    "name the partitions to read in option 'topics' ('t-partition-0,t-partition-2')",
+                )
     _check_ending_after_starting(starting, ending)
 
     sub_raw = opts.get("subscriptionname")

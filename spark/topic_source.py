@@ -35,7 +35,8 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
 * ``startingOffsets``: ``earliest`` (batch default), ``latest`` (streaming default) or JSON
   ``{"persistent://public/default/t-partition-0": [ledgerId, entryId], ...}``: per partition, the position of the
   first entry to read (inclusive); a value may also be ``"earliest"``/``"latest"``; partitions not named start at
-  ``earliest``. ``endingOffsets`` (batch only): ``latest`` (default) or the same JSON, the position *after* the last
+  ``earliest``. A batch query refuses ``latest``, whole or for a partition (it reads up to the latest entry, so
+  it would read nothing; to leave partitions out, name the others in ``topics``). ``endingOffsets`` (batch only): ``latest`` (default) or the same JSON, the position *after* the last
   entry to read (exclusive; partitions not named read to ``latest``). Positions are Pulsar's MessageIdData
   ``(ledgerId, entryId)``, the ``__ledgerId``/``__entryId`` columns: to resume after a row, start at
   ``[ledgerId, entryId + 1]``.

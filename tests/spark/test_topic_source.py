@@ -279,7 +279,8 @@ def test_batch_reads_every_message_with_offsets_and_times_and_never_fences_the_o
     t1, t2 = msgs[12].publish, msgs[44].publish
     df = read(spark, bookies, topics=f"{topic}", startingTime=t1, endingTime=t2)
     assert rows(df) == expected([m for m in msgs if t1 <= m.publish < t2], topic)
-    assert read(spark, bookies, topic=topic, startingOffsets="latest").count() == 0
+    with pytest.raises(Exception, match="option 'startingOffsets': 'latest' would read nothing"):
+        read(spark, bookies, topic=topic, startingOffsets="latest").count()
 
 
 def test_partitioned_topic_by_name_and_by_pattern(broker: Broker, bookies: Any, spark: Any) -> None:
@@ -307,12 +308,7 @@ def test_partitioned_topic_by_name_and_by_pattern(broker: Broker, bookies: Any, 
     with pytest.raises(Exception, match="nor does its namespace nosuch/ns"):
         read(spark, bookies, topic="persistent://nosuch/ns/clicks").count()
     assert read(spark, bookies, topicsPattern="public/default/nothing-matches.*").count() == 0
-    one = read(
-        spark,
-        bookies,
-        topic="clicks",
-        startingOffsets=json.dumps({"persistent://public/default/clicks-partition-1": "latest"}),
-    )
+    one = read(spark, bookies, topics="clicks-partition-0,clicks-partition-2")
     assert {r[0] for r in one.groupBy("__partition").count().collect()} == {0, 2}
 
 
@@ -451,6 +447,8 @@ def trim_first_ledger(broker: Broker, topic: str) -> int:
         ({"topic": "a", "startingOffsets": "soonest"}, "startingOffsets"),
         ({"topic": "a", "startingOffsets": '{"a": [1]}'}, "startingOffsets"),
         ({"topic": "a", "endingOffsets": "earliest"}, "endingOffsets"),
+        ({"topic": "a", "startingOffsets": "latest"}, "startingOffsets"),  # a batch query: reads nothing
+        ({"topic": "a", "startingOffsets": '{"a": "latest"}'}, "startingOffsets"),
         ({"topic": "a", "startingOffsets": "earliest", "startingTime": "5"}, "startingTime"),
         ({"topic": "a", "endingTime": "yesterday"}, "endingTime"),
         ({"topic": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
@@ -483,6 +481,14 @@ def test_streaming_options_and_the_default_subscription_is_stable() -> None:
     assert a.subscription.startswith("spark-topic-") and not a.subscription_explicit
     assert parse_topic_options({"topic": "a"}, streaming=True).starting.kind == "latest"
     assert parse_topic_options({"topic": "a"}, streaming=False).starting.kind == "earliest"
+    # 'latest' starts a stream; a batch reads up to the latest entry, so from 'latest' it would read nothing
+    latest_of_a = '{"a": "latest"}'
+    assert parse_topic_options(
+        {"topic": "a", "startingOffsets": latest_of_a}, streaming=True
+    ).starting.positions
+    for value in ("latest", " LATEST ", latest_of_a):
+        with pytest.raises(TopicOptionError, match="option 'startingOffsets': 'latest' .*would read nothing"):
+            parse_topic_options({"topic": "a", "startingOffsets": value}, streaming=False)
 
 
 def test_position_arithmetic_across_ledgers() -> None:
