@@ -189,6 +189,8 @@ class BookKeeper:
                 session_timeout_s=config.zk_session_timeout_s,
                 auth=config.zk_auth,
             )
+        except zk.ZkConnectStringError:
+            raise  # a bad argument (a ValueError), not a store that failed
         except zk.MetadataError as e:
             raise E.MetadataStoreError(f"cannot connect to ZooKeeper at {zk_connect}: {e}") from e
         return await asyncio.to_thread(cls, store, config)

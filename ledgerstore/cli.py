@@ -71,6 +71,7 @@ _STATUS_OF_ERROR_CODE: dict[str, int] = {
         EXIT_UNAVAILABLE,
     ),
     **dict.fromkeys(("UNAUTHORIZED", "METADATA_AUTH"), EXIT_UNAUTHORIZED),
+    "ZK_CONNECT_STRING": EXIT_USAGE,
 }
 
 
@@ -136,6 +137,8 @@ def classify(exc: BaseException) -> tuple[int, str, str]:
             # the client's wrapper repeats the address the store's own error already names
             message = message[message.index("could not connect to ZooKeeper") :]
             message += "; is it running? (`ledgerstore cluster status`; --zk HOST:PORT or $LEDGERSTORE_ZK)"
+        elif code == "ZK_CONNECT_STRING":
+            message += " (--zk or $LEDGERSTORE_ZK)"
         return _STATUS_OF_ERROR_CODE.get(code, EXIT_ERROR), code, message
     if isinstance(exc, ConnectionError | TimeoutError):
         return EXIT_UNAVAILABLE, "UNAVAILABLE", str(exc) or type(exc).__name__

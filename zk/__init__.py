@@ -42,6 +42,7 @@ from zk.errors import (
     MetadataSessionExpiredError,
     MetadataTransitionError,
     MetadataVersionError,
+    ZkConnectStringError,
 )
 from zk.idgen import IdGenerator
 from zk.launcher import ZooKeeperLaunchError, ZooKeeperServer, cli_start, cli_stop, four_letter
@@ -85,6 +86,7 @@ __all__ = [
     "NodeStat",
     "SessionState",
     "Versioned",
+    "ZkConnectStringError",
     "ZooKeeperLaunchError",
     "ZkAuth",
     "ZooKeeperServer",

@@ -51,6 +51,7 @@ from zk.errors import (
     MetadataNotEmptyError,
     MetadataNotFoundError,
     MetadataVersionError,
+    ZkConnectStringError,
     translate,
 )
 from zk.ratelog import LOG_EVERY_S, RepeatedLinesFilter
@@ -322,13 +323,20 @@ class MetadataStore(CompareAndSetUpdate):
         """
         _check_root(root)
         creds = resolve_auth(auth)
-        client = KazooClient(
-            hosts=connect_string,
-            timeout=session_timeout_s,
-            auth_data=[("digest", creds.credential)] if creds is not None else None,
-            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
-            logger=KAZOO_LOG,
-        )
+        # kazoo parses the hosts here: its "Port could not be cast to integer value as '2181x'" alone said nothing
+        # of what to fix, and the ledger client took it for an unreachable ZooKeeper
+        try:
+            client = KazooClient(
+                hosts=connect_string,
+                timeout=session_timeout_s,
+                auth_data=[("digest", creds.credential)] if creds is not None else None,
+                connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+                logger=KAZOO_LOG,
+            )
+        except ValueError as e:
+            raise ZkConnectStringError(
+                f"{connect_string!r} is not a ZooKeeper connect string ({e}): HOST:PORT[,HOST:PORT...]"
+            ) from None
         _bound_waiting_requests(client)
         try:
             client.start(timeout=timeout_s)

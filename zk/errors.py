@@ -80,6 +80,13 @@ class InvalidMetadataError(MetadataError, ValueError):
     code = "METADATA_INVALID"
 
 
+class ZkConnectStringError(MetadataError, ValueError):
+    """The ZooKeeper connect string does not parse (``HOST:PORT[,HOST:PORT...][/chroot]``): a usage error, not an
+    unreachable ZooKeeper."""
+
+    code = "ZK_CONNECT_STRING"
+
+
 class MetadataTransitionError(MetadataError):
     """A metadata update breaks the ledger state machine (docs/architecture.md invariant 5)."""
 
