@@ -1080,24 +1080,41 @@ class AdminApp:
     # -- namespace-wide operations: each topic's own call, sent to its owner ----------------------------------
 
     async def _on_each_topic(
-        self, request: web.Request, method: str, suffixes: Callable[[TopicName], Awaitable[list[str]]]
+        self,
+        request: web.Request,
+        method: str,
+        suffixes: Callable[[TopicName, bool], Awaitable[list[str]]],
     ) -> list[tuple[TopicName, int, Any]]:
         """Each of the namespace's topics (a partitioned topic's partitions each) sent ``method`` on each of
-        ``suffixes(topic)`` (its paths after the topic's), through this broker's HTTP port as a partition's
-        call is, following redirects to each topic's owner: (topic, status, parsed body) per call. 404 for a
-        namespace that does not exist."""
+        ``suffixes(topic, owned)`` (its paths after the topic's; ``owned``: some broker holds the topic's
+        ownership, read once for the namespace), through this broker's HTTP port as a partition's call is,
+        following redirects to each topic's owner: (topic, status, parsed body) per call. A topic ``suffixes``
+        gives no path is not called, so not opened anywhere. 404 for a namespace that does not exist."""
         tenant, ns, _p = await self._policies(request)
         auth = self._forwarded_auth(request)
+        owned = await self._owned_in(tenant, ns)
 
         async def one(name: TopicName) -> list[tuple[TopicName, int, Any]]:
             out = []
-            for suffix in await suffixes(name):
+            for suffix in await suffixes(name, name.local in owned):
                 status, data = await self._send(method, self._topic_url(name, suffix), auth)
                 out.append((name, status, data))
             return out
 
         topics = [TopicName.parse(t) for t in await self._list_topics(tenant, ns)]
         return [r for rs in await asyncio.gather(*(one(t) for t in topics)) for r in rs]
+
+    async def _owned_in(self, tenant: str, ns: str) -> set[str]:
+        """The local names of the namespace's topics some broker owns (one read of their ownership znodes)."""
+        try:
+            names = await self.store.achildren(f"{layout.OWNERSHIP}/{tenant}/{ns}/persistent")
+        except zk.MetadataNotFoundError:
+            return set()
+        return {unquote(n) for n in names}
+
+    async def _stored_subscription(self, name: TopicName, sub: str) -> bool:
+        """The topic has a stored cursor of ``sub`` (every durable subscription has one from its creation)."""
+        return sub in await self.meta.list_cursors(name.ml_name)
 
     @staticmethod
     def _check_topic_results(results: list[tuple[TopicName, int, Any]], ok: tuple[int, ...] = (404,)) -> None:
@@ -1116,14 +1133,18 @@ class AdminApp:
         whole backlog, as ``skip_all`` does; the compactor's is left alone. 204."""
         sub = request.match_info.get("subscription")
 
-        async def suffixes(name: TopicName) -> list[str]:
+        async def suffixes(name: TopicName, owned: bool) -> list[str]:
+            # A topic nobody serves is asked only for the subscriptions it has stored: one without any is not
+            # opened for nothing (a served one's owner answers, a reader's subscription among them)
             if sub is not None:
-                subs = [sub]
-            else:
+                subs = [sub] if owned or await self._stored_subscription(name, sub) else []
+            elif owned:
                 status, data = await self._send(
                     "GET", self._topic_url(name, "/subscriptions"), self._forwarded_auth(request)
                 )
                 subs = [s for s in data if s != COMPACTION_SUBSCRIPTION] if status == 200 else []
+            else:
+                subs = [s for s in await self.meta.list_cursors(name.ml_name) if s != COMPACTION_SUBSCRIPTION]
             return [f"/subscription/{quote(s, safe='')}/skip_all" for s in subs]
 
         # (every subscription: a reader's, which has no stored position to move, is passed over, 405)
@@ -1135,10 +1156,12 @@ class AdminApp:
         """Pulsar's ``namespaces unsubscribe -s SUB`` (``POST …/unsubscribe/{subscription}``): the subscription
         deleted from every topic of the namespace that has it; one with consumers connected is not (412
         "Subscription has active connected consumers", as Pulsar answers; the others are deleted). 204."""
-        tail = f"/subscription/{quote(request.match_info['subscription'], safe='')}"
+        sub = request.match_info["subscription"]
+        tail = f"/subscription/{quote(sub, safe='')}"
 
-        async def suffixes(name: TopicName) -> list[str]:
-            return [tail]
+        async def suffixes(name: TopicName, owned: bool) -> list[str]:
+            # a topic nobody serves only if it has the subscription stored: the others are not opened
+            return [tail] if owned or await self._stored_subscription(name, sub) else []
 
         self._check_topic_results(await self._on_each_topic(request, "DELETE", suffixes))
         return _no_content()
@@ -1147,8 +1170,8 @@ class AdminApp:
         """Pulsar's ``namespaces unload`` (``PUT …/unload``): every topic of the namespace that a broker serves is
         unloaded there (its clients reconnect and look it up again); topics nobody serves stay so. 204."""
 
-        async def suffixes(name: TopicName) -> list[str]:
-            return ["/unload"] if await self.meta.get_owner(name.ml_name) is not None else []
+        async def suffixes(name: TopicName, owned: bool) -> list[str]:
+            return ["/unload"] if owned else []
 
         self._check_topic_results(await self._on_each_topic(request, "PUT", suffixes))
         return _no_content()
