@@ -831,6 +831,9 @@ class SubscriptionRuntime:
         self.consumers[key] = c
         self._by_key[key] = c
         c.sub_key = key
+        if self._seek_grace is not None:  # a reader back after its seek: the subscription is its own again
+            self._seek_grace.cancel()
+            self._seek_grace = None
         if not c.session.writable:
             self.core.set_writable(key, False)
         if cursor is not None:
@@ -870,6 +873,15 @@ class SubscriptionRuntime:
         """A reader's subscription kept by a seek is dropped when its reader has not come back."""
         self._seek_grace = None
         if not self.consumers and self.topic.subscriptions.get(self.name) is self:
+            del self.topic.subscriptions[self.name]
+
+    def drop_if_unused(self) -> None:
+        """A reader's subscription that a SUBSCRIBE made, or came back to, and then attached no consumer to (its
+        connection gone, its creation closed, refused) goes, as when its last reader leaves; it stayed on the
+        topic with no reader until the topic was unloaded. Not one a seek keeps for its reader to come back to
+        (its grace drops it)."""
+        unused = not self.consumers and not self.durable and self._seek_grace is None
+        if unused and self.topic.subscriptions.get(self.name) is self:
             del self.topic.subscriptions[self.name]
 
     def key_of(self, c: Consumer) -> int:
@@ -3386,12 +3398,14 @@ class BrokerService:
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, str(e)))
             return
         if s.closed:  # gone while the topic or its cursor was opened: attached now, it would stay for good
+            sub.drop_if_unused()
             return
         if creation.closed:
             # CLOSE_CONSUMER came while this waited (a client whose SUBSCRIBE timed out sends it): attached now,
             # the consumer stayed on its subscription until the connection closed (an Exclusive one busy)
             why = f"consumer {cmd.consumer_id} was closed before its creation completed"
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, why))
+            sub.drop_if_unused()
             return
         if topic.unloaded:
             # while this waited (a schema read, the cursor opened): attached now, the consumer sat on an instance
@@ -3405,6 +3419,7 @@ class BrokerService:
             ranges = [(rg.start, rg.end) for rg in ksm.hashRanges]
         # (again, this one's creation aside: the limit may have been lowered while this waited)
         if self._consumers_refused(s, topic, cmd.request_id, creating=1):
+            sub.drop_if_unused()
             return
         c = Consumer(
             s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}

@@ -43,6 +43,30 @@ def _send_and_close(port: int, command: Any, held: threading.Event, service: Any
     assert wait_for(lambda: not service.sessions, 30)
 
 
+def _sent_and_closed_while_opening(service: Any, run: Callable[[Any], Any], command: Any) -> None:
+    """``command`` sent on a raw connection closed while the topic it names opens (held at the opening's read of
+    its namespace policies); returns once the open has been let go on."""
+    assert service.meta is not None
+    held, opened = threading.Event(), asyncio.Event()
+    read: Callable[..., Any] = service.meta.get_policies
+
+    async def gated(*args: Any) -> Any:  # the topic opening's read of its namespace policies
+        held.set()
+        await opened.wait()
+        return await read(*args)
+
+    service.meta.get_policies = gated
+    try:
+        _send_and_close(service.config.port, command, held, service)
+    finally:
+        service.meta.get_policies = read
+
+    async def release() -> None:
+        opened.set()
+
+    run(release())
+
+
 @contextlib.contextmanager
 def _serving(cluster: Brokers, **config: Any) -> Iterator[tuple[Any, Callable[[Any], Any]]]:
     """An in-process broker serving its Pulsar port, ``config`` its ``BrokerConfig`` fields (its housekeeping
@@ -80,26 +104,8 @@ def test_a_subscribe_whose_connection_went_meanwhile_attaches_no_consumer(cluste
 def test_a_producer_whose_connection_went_meanwhile_leaves_its_name_free(cluster: Brokers) -> None:
     with _serving(cluster) as (service, run):
         name = f"persistent://public/default/gone-{uuid.uuid4().hex[:8]}"
-        assert service.meta is not None
-        held, opened = threading.Event(), asyncio.Event()
-        read: Callable[..., Any] = service.meta.get_policies
-
-        async def gated(*args: Any) -> Any:  # the topic opening's read of its namespace policies
-            held.set()
-            await opened.wait()
-            return await read(*args)
-
-        service.meta.get_policies = gated
-        try:
-            cmd = pb.CommandProducer(topic=name, producer_id=1, request_id=1, producer_name="p1")
-            _send_and_close(service.config.port, T(type=T.PRODUCER, producer=cmd), held, service)
-        finally:
-            service.meta.get_policies = read
-
-        async def release() -> None:
-            opened.set()
-
-        run(release())
+        cmd = pb.CommandProducer(topic=name, producer_id=1, request_id=1, producer_name="p1")
+        _sent_and_closed_while_opening(service, run, T(type=T.PRODUCER, producer=cmd))
         c = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
         try:
             p = c.create_producer(name, producer_name="p1")  # ProducerBusy with the gone one attached
@@ -137,3 +143,26 @@ def test_a_subscribe_whose_topic_was_unloaded_meanwhile_is_refused(cluster: Brok
             assert answer.type == T.ERROR and answer.error.error == pb.ServiceNotReady, answer
         finally:
             s.close()
+
+
+def test_a_reader_whose_connection_went_while_its_topic_opened_leaves_no_subscription(
+    cluster: Brokers,
+) -> None:
+    """A reader's SUBSCRIBE (non-durable) whose connection went while its topic was opening: its subscription,
+    made once the open came back and then given no consumer, stayed on the topic until the topic was unloaded
+    (a reader subscription with no reader, listed by the stats; one more for each such reader). It goes, as
+    the subscription of a reader that leaves does."""
+    with _serving(cluster) as (service, run):
+        name = f"persistent://public/default/gone-{uuid.uuid4().hex[:8]}"
+        sub = pb.CommandSubscribe(
+            topic=name, subscription="reader-1", subType=pb.CommandSubscribe.Exclusive, durable=False
+        )
+        sub.consumer_id, sub.request_id = 1, 1
+        _sent_and_closed_while_opening(service, run, T(type=T.SUBSCRIBE, subscribe=sub))
+        topic = run(service.get_topic(TopicName.parse(name)))
+
+        async def subscriptions() -> list[str]:  # once the SUBSCRIBE's step after the open has run
+            await asyncio.sleep(0.2)
+            return list(topic.subscriptions)
+
+        assert run(subscriptions()) == []  # before: ['reader-1']
