@@ -417,6 +417,8 @@ class LedgerHandle(WriterSendPath):
         self._codec = EntryCodec(md.ledger_id, DigestType(md.digest_type), self._key)
         self._loop = asyncio.get_running_loop()
         self._lac = -1
+        #: (entry id, cumulative ledger length through it) of the newest entry a LAC read saw (a reader's)
+        self._tail: tuple[int, int] | None = None
         self._pipe: WritePipeline | None = None
         self._state = HandleStateMachine(
             HandleState.OPEN if writer else HandleState.CLOSED, ledger_id=self.ledger_id
@@ -442,6 +444,14 @@ class LedgerHandle(WriterSendPath):
         if self._pipe is not None:
             return self._pipe.length
         return int(self.metadata.length)
+
+    @property
+    def tail_length(self) -> tuple[int, int] | None:
+        """``(entry id, cumulative ledger length through that entry)`` from the header of the newest entry a
+        :meth:`read_last_add_confirmed` got back (None before one got an entry): what a reader of an OPEN ledger,
+        whose metadata has no length yet (``length`` 0), can tell of its size (the average entry size is
+        ``length / (entry id + 1)``). Read from the header unverified: an estimate, not for the data path."""
+        return self._tail
 
     @property
     def is_closed(self) -> bool:
@@ -788,7 +798,12 @@ class LedgerHandle(WriterSendPath):
             lac = resp.lac
             if resp.status == p.Status.OK:
                 with contextlib.suppress(Exception):
-                    lac = max(lac, peek_header(resp.entry).lac)
+                    header = peek_header(resp.entry)
+                    lac = max(lac, header.lac)
+                    if header.ledger_id == self.ledger_id and (
+                        self._tail is None or header.entry_id > self._tail[0]
+                    ):
+                        self._tail = (header.entry_id, header.length)
             return i, resp.status, lac
 
         tasks = [self._loop.create_task(ask(i, b)) for i, b in enumerate(bookies)]

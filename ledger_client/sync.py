@@ -63,6 +63,10 @@ class LedgerHandle:
     def length(self) -> int:
         return self._h.length
 
+    @property
+    def tail_length(self) -> tuple[int, int] | None:
+        return self._h.tail_length
+
     def append(self, data: bytes) -> int:
         return self._loop.run(self._h.append(data))
 

@@ -51,7 +51,8 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   topic never read is an option's error): false skips it, warning once, and reads it from its start once it is
   made again.
 * streaming: ``maxEntriesPerTrigger`` (admission control counted in ledger entries: a batch entry counts once),
-  ``maxBytesPerTrigger`` (estimated from each ledger's average entry size), ``subscriptionName``.
+  ``maxBytesPerTrigger`` (estimated from each ledger's average entry size: a closed ledger's length, an open
+  one's from its newest entry's header), ``subscriptionName``.
 * ``cryptoFailureAction`` (Pulsar's ``ConsumerCryptoFailureAction``; default ``FAIL``): what to do with an
   end-to-end encrypted message (a producer with an encryption key), which the source cannot decrypt: ``FAIL``
   fails the query naming the entry and its key names; ``DISCARD`` skips it (a warning counts them per range);
@@ -436,7 +437,7 @@ class _Driver:
         except NoSuchLedgerError:
             self._drop_handle(ledger_id)
             raise
-        return LedgerSlot(ledger_id, lac + 1, max(0, h.length), False)
+        return LedgerSlot(ledger_id, lac + 1, _open_size(h, lac), False)
 
     def _drop_handle(self, ledger_id: int) -> None:
         h = self._open_handles.pop(ledger_id, None)
@@ -623,6 +624,19 @@ class _Driver:
 
 
 # --- executor side: entries to Arrow rows ---------------------------------------------------------------------------
+
+
+def _open_size(h: Any, lac: int) -> int:
+    """Estimated bytes of entries 0..``lac`` of an OPEN ledger, whose metadata has no length yet (a reader's
+    ``length`` is 0): the ledger's average entry size by the newest entry's header (its cumulative length)
+    times the entries. ``maxBytesPerTrigger`` counts with it; without it, a topic whose ledgers are all open
+    had its entries counted at 1 KiB each, whatever their size."""
+    size = max(0, h.length)
+    tail = h.tail_length
+    if size == 0 and lac >= 0 and tail is not None and tail[1] > 0:
+        entry_id, length = tail
+        size = round(length * (lac + 1) / (entry_id + 1))
+    return size
 
 
 def _prev_ledger(snap: Snapshot, ledger_id: int) -> int:
