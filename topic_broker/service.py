@@ -2745,6 +2745,10 @@ class BrokerService:
             # a znode that does not parse (written by hand, or by another version) kept the topic from opening
             # at all; it opens as one without policies of its own, and setting one through the admin replaces it
             own, unreadable = TopicPolicies(), e
+        except BaseException:  # (ZooKeeper failing): the ownership taken goes, as on the failures below
+            with contextlib.suppress(Exception):
+                await self.meta.release_ownership(name.ml_name, self.config.id)
+            raise
         dedup = self.dedup_in_force(policies, own)
         ml_config = dataclasses.replace(
             self.config.ml_config(),
@@ -2773,7 +2777,13 @@ class BrokerService:
                 await ml.close()
             await self.meta.release_ownership(name.ml_name, self.config.id)
             raise
-        await topic.scan_tail()
+        try:
+            await topic.scan_tail()
+        except BaseException:
+            # (its tail ledger unreadable): held, the ownership routed every lookup of the topic here, where
+            # nothing served it, until the broker stopped
+            await self._close_topic(topic)
+            raise
         log.info("broker=%s now serves topic=%s", self.config.id, name)
         return topic
 

@@ -1,0 +1,43 @@
+"""A topic whose open failed after it took the topic's ownership (ZooKeeper failing the read of its policies,
+its tail ledger unreadable) lets the ownership go: it held it until the broker stopped, every other broker's
+lookup of the topic routed here, and nothing here served it. In-process broker, real ZooKeeper and bookies; the
+failure raised once in place of the read."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+import zk
+from tests.broker_testing import Brokers
+from tests.integration.test_broker_gone_connection import _serving
+from topic_broker import service as service_mod
+from topic_broker.managed_ledger import ManagedLedgerError
+from topic_broker.names import TopicName
+
+
+async def _policies_unreadable(*args: Any) -> Any:
+    raise zk.MetadataError("ZooKeeper connection lost")
+
+
+async def _tail_unreadable(self: Any) -> None:
+    raise ManagedLedgerError("no readable copy of the tail ledger")
+
+
+@pytest.mark.parametrize("step", ["policies", "tail"])
+def test_an_open_that_failed_after_taking_ownership_lets_it_go(
+    cluster: Brokers, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    with _serving(cluster) as (service, run):
+        name = TopicName.parse(f"persistent://public/default/open-fails-{uuid.uuid4().hex[:8]}")
+        with monkeypatch.context() as m:
+            if step == "policies":
+                m.setattr(service.meta, "get_topic_policies", _policies_unreadable)
+            else:
+                m.setattr(service_mod.Topic, "scan_tail", _tail_unreadable)
+            with pytest.raises((zk.MetadataError, ManagedLedgerError)):
+                run(service.get_topic(name))
+        assert run(service.meta.get_owner(name.ml_name)) is None  # before: this broker's, until it stopped
+        assert run(service.get_topic(name)).name == name  # opened once the failure is gone
