@@ -425,6 +425,19 @@ class Bookie:
             should_stop=lambda: self.stopping,
         )
 
+    def _refuse_ports_in_use(self) -> None:
+        """A new bookie whose port or admin HTTP port another process listens on is refused before its cookie
+        is written: the listener's bind failed only after it, which left a cookie in ZooKeeper (`cluster info`:
+        a bookie DOWN for good) and in the directories (the start with the port corrected: cookie mismatch)."""
+        cfg = self.config
+        host = cfg.listen_address or cfg.advertised_address
+        busy = server_gate.ports_in_use(host, {"--port": cfg.port, "--http-port": cfg.http_port})
+        if busy:
+            raise StartRefusal(
+                f"{' and '.join(busy)} on {host} in use by another process; nothing written (no cookie): stop "
+                "it, or give this bookie a free one"
+            )
+
     def _check_cookies(self) -> None:
         from zk import cookies
 
@@ -471,6 +484,7 @@ class Bookie:
                     ) from None
             raise CookieRefusal(str(e)) from None
         if verdict == cookies.CookieVerdict.NEW:
+            self._refuse_ports_in_use()  # before a cookie names an id that could not serve
             # its journal's mark first: a start that stops before the journal opens (the ledger storage would
             # not open, a kill) leaves a cookie and a mark, not a journal that looks deleted at the next start
             mark_new_journal(cfg.journal_dir)

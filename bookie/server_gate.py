@@ -4,7 +4,9 @@ to import, so the broker uses them too without the bookie's storage."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -94,6 +96,30 @@ HTTP_IDLE_TIMEOUT_S = 30.0
 #: is closed: a stranger that asks for a large answer (a peeked message) and never reads held its connection, and
 #: the handler writing to it, for ever.
 HTTP_WRITE_STALL_S = HTTP_IDLE_TIMEOUT_S
+
+
+def ports_in_use(host: str | None, ports: dict[str, int]) -> list[str]:
+    """The ``ports`` (flag -> port) another process listens on at ``host`` (None: every address), as
+    ``"port N (--flag)"``: tried with a bind as the server's listener makes it (SO_REUSEADDR), closed at once. Only
+    a port in use counts; any other bind error is left for the listener to report."""
+    busy = []
+    for flag, port in ports.items():
+        if port == 0:
+            continue
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except OSError:
+            continue
+        for family, kind, proto, _, addr in infos:
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(addr)
+                except OSError as e:
+                    if e.errno == errno.EADDRINUSE:
+                        busy.append(f"port {port} ({flag})")
+                        break
+    return busy
 
 
 def raise_open_files_limit(needed: int, what: str) -> int:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import signal
+import socket
 
-from ledgerstore.cluster import BrokerProcess
+from ledgerstore.cluster import BrokerProcess, free_port
 from tests.conftest import BookieFactory
 
 
@@ -32,3 +33,29 @@ def test_sighup_stops_a_broker_cleanly(broker: BrokerProcess) -> None:
     broker.proc.send_signal(signal.SIGHUP)
     assert broker.wait_exit(30) == 0, broker.log_tail(20)
     assert "SIGHUP" in broker.log_tail(20)
+
+
+def test_a_new_bookie_on_a_port_in_use_writes_no_cookie(bookies: BookieFactory) -> None:
+    """A typo'd --port that another process listens on: refused in one line naming the port and flag, with no
+    cookie written. The bind failed after the cookie before: `cluster info` then showed the id DOWN for good, and
+    the start with the port corrected was refused as a cookie mismatch of the same data directory."""
+    from zk import MetadataStore
+    from zk.cookies import read_zk_cookie
+
+    squatter = socket.create_server(("127.0.0.1", free_port()))
+    busy = squatter.getsockname()[1]
+    store = MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        bookies.start()  # the cluster exists: the refusal is not a new cluster's
+        data_dir = bookies.tmp / "typo"
+        bp = bookies.start(data_dir=data_dir, port=busy, wait=False)
+        assert bp.wait_exit(30) == 1
+        log = bp.log_tail(5)
+        assert f"refusing to start: port {busy} (--port) on 127.0.0.1 in use by another process" in log, log
+        assert "Traceback" not in log
+        assert read_zk_cookie(store, bp.id) is None
+        fixed = bookies.start(data_dir=data_dir)  # the same directory, a free port
+        assert fixed.alive
+    finally:
+        squatter.close()
+        store.close()
