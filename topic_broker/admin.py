@@ -942,8 +942,19 @@ class AdminApp:
             raise AdminError(404, "Namespace does not exist")
         return tenant, ns, p
 
-    async def _set_policies(self, tenant: str, ns: str, p: NamespacePolicies) -> web.Response:
-        await self.meta.set_policies(tenant, ns, p)
+    async def _update_policies(
+        self, tenant: str, ns: str, change: Callable[[NamespacePolicies], NamespacePolicies]
+    ) -> web.Response:
+        """One admin's change of the namespace's policies: ``change`` made on those stored and written at their
+        version, made again on a version conflict (``update_policies``), so that another admin's change of
+        another field meanwhile is kept; the policies stored then applied to the topics served here. 404 for a
+        namespace deleted meanwhile, 409 as Pulsar's "Concurrent modification" when conflicts never end."""
+        try:
+            p = await self.meta.update_policies(tenant, ns, change)
+        except zk.MetadataNotFoundError:
+            raise AdminError(404, "Namespace does not exist") from None
+        except zk.MetadataVersionError:
+            raise AdminError(409, "Concurrent modification") from None
         self._apply_policies(tenant, ns, p)
         return _no_content()
 
@@ -981,15 +992,18 @@ class AdminApp:
         return _json(_retention_json(p))
 
     async def retention_set(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         minutes, size = _retention_from(await _body_json(request))
-        new = dataclasses.replace(p, retention_time_minutes=minutes, retention_size_mb=size)
-        return await self._set_policies(tenant, ns, new)
+        return await self._update_policies(
+            tenant,
+            ns,
+            lambda q: dataclasses.replace(q, retention_time_minutes=minutes, retention_size_mb=size),
+        )
 
     async def retention_delete(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
-        return await self._set_policies(
-            tenant, ns, dataclasses.replace(p, retention_time_minutes=0, retention_size_mb=0)
+        tenant, ns, _p = await self._policies(request)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, retention_time_minutes=0, retention_size_mb=0)
         )
 
     async def dedup_get(self, request: web.Request) -> web.Response:
@@ -997,15 +1011,19 @@ class AdminApp:
         return _json(p.deduplication_enabled)
 
     async def dedup_set(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         body = await _body_json(request)
         if not isinstance(body, bool):
             raise AdminError(400, "expected true or false")
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=body))
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, deduplication_enabled=body)
+        )
 
     async def dedup_delete(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, deduplication_enabled=None))
+        tenant, ns, _p = await self._policies(request)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, deduplication_enabled=None)
+        )
 
     async def compaction_threshold_get(self, request: web.Request) -> web.Response:
         """The namespace's ``compaction_threshold`` (bytes), ``null`` when not set (the broker's default)."""
@@ -1013,13 +1031,17 @@ class AdminApp:
         return _json(p.compaction_threshold)
 
     async def compaction_threshold_set(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         threshold = _threshold_from(await _body_json(request))
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, compaction_threshold=threshold))
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, compaction_threshold=threshold)
+        )
 
     async def compaction_threshold_delete(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, compaction_threshold=None))
+        tenant, ns, _p = await self._policies(request)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, compaction_threshold=None)
+        )
 
     async def message_ttl_get(self, request: web.Request) -> web.Response:
         """The namespace's ``message_ttl_in_seconds``, ``null`` when not set (no TTL)."""
@@ -1029,13 +1051,17 @@ class AdminApp:
     async def message_ttl_set(self, request: web.Request) -> web.Response:
         """Pulsar's ``set-message-ttl``: a JSON integer of seconds, 0 for none; applied by each topic owner's
         expiry check (``--message-expiry-check-interval-s``)."""
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         ttl = _ttl_from(await _body_json(request))
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=ttl))
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, message_ttl_in_seconds=ttl)
+        )
 
     async def message_ttl_delete(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, message_ttl_in_seconds=None))
+        tenant, ns, _p = await self._policies(request)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, message_ttl_in_seconds=None)
+        )
 
     async def expiration_get(self, request: web.Request) -> web.Response:
         """The namespace's ``subscription_expiration_time_minutes``, ``null`` when not set (never)."""
@@ -1045,16 +1071,16 @@ class AdminApp:
     async def expiration_set(self, request: web.Request) -> web.Response:
         """Pulsar's ``set-subscription-expiration-time``: a JSON integer of minutes, 0 for never; the topics'
         owners delete the subscriptions idle that long at their housekeeping (``expire_inactive_subscriptions``)."""
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         minutes = _expiration_from(await _body_json(request))
-        return await self._set_policies(
-            tenant, ns, dataclasses.replace(p, subscription_expiration_time_minutes=minutes)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, subscription_expiration_time_minutes=minutes)
         )
 
     async def expiration_delete(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
-        return await self._set_policies(
-            tenant, ns, dataclasses.replace(p, subscription_expiration_time_minutes=None)
+        tenant, ns, _p = await self._policies(request)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, subscription_expiration_time_minutes=None)
         )
 
     async def auto_topic_creation_get(self, request: web.Request) -> web.Response:
@@ -1066,16 +1092,20 @@ class AdminApp:
     async def auto_topic_creation_set(self, request: web.Request) -> web.Response:
         """Pulsar's ``set-auto-topic-creation``: whether a topic a client names that does not exist is created
         in the namespace, and how (a partitioned one's count within ``--max-partitions-per-topic``: else 406)."""
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         auto = _auto_topic_creation_from(await _body_json(request))
         limit = self._partition_limit(auto.default_num_partitions or 0)
         if auto.topic_type == "partitioned" and limit is not None:
             raise AdminError(406, f"Number of partitions should be less than or equal to {limit}")
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, auto_topic_creation=auto))
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, auto_topic_creation=auto)
+        )
 
     async def auto_topic_creation_delete(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, auto_topic_creation=None))
+        tenant, ns, _p = await self._policies(request)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, auto_topic_creation=None)
+        )
 
     # -- namespace-wide operations: each topic's own call, sent to its owner ----------------------------------
 
@@ -1181,14 +1211,14 @@ class AdminApp:
         return _json(p.schema_compatibility_strategy)
 
     async def schema_strategy_set(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         body = await _body_json(request)
         try:
             strategy = schema_compat.check_strategy(body if isinstance(body, str) else "")
         except ValueError as e:
             raise AdminError(400, f"expected a strategy as a JSON string: {e}") from e
-        return await self._set_policies(
-            tenant, ns, dataclasses.replace(p, schema_compatibility_strategy=strategy)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, schema_compatibility_strategy=strategy)
         )
 
     # -- /admin/v2/schemas/{tenant}/{namespace}/{topic}/… (a partitioned topic's partitions share its record)
@@ -1268,18 +1298,23 @@ class AdminApp:
         return _json({role: sorted(actions) for role, actions in sorted(p.permissions.items())})
 
     async def permission_grant(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         role = request.match_info["role"]
-        perms = {**p.permissions, role: _actions_from(await _body_json(request))}
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, permissions=perms))
+        actions = _actions_from(await _body_json(request))
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, permissions={**q.permissions, role: actions})
+        )
 
     async def permission_revoke(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         role = request.match_info["role"]
-        if role not in p.permissions:
-            raise AdminError(404, f"{role} has no permissions on {tenant}/{ns}")
-        perms = {r: a for r, a in p.permissions.items() if r != role}
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, permissions=perms))
+
+        def revoke(q: NamespacePolicies) -> NamespacePolicies:
+            if role not in q.permissions:
+                raise AdminError(404, f"{role} has no permissions on {tenant}/{ns}")
+            return dataclasses.replace(q, permissions={r: a for r, a in q.permissions.items() if r != role})
+
+        return await self._update_policies(tenant, ns, revoke)
 
     async def topic_permissions_get(self, request: web.Request) -> web.Response:
         """``pulsar-admin topics permissions``: what each role may do on the topic, its namespace's grants and
@@ -1295,36 +1330,46 @@ class AdminApp:
         """``pulsar-admin topics grant-permission``: the role's actions on this topic (on each partition of a
         partitioned one), beside what its namespace grants; replaces the role's earlier grant on the topic."""
         name = self._topic_name(request).base
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         role = request.match_info["role"]
         actions = _actions_from(await _body_json(request))
-        grants = {**p.topic_permissions.get(str(name), {}), role: actions}
-        topic_perms = {**p.topic_permissions, str(name): grants}
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, topic_permissions=topic_perms))
+
+        def grant(q: NamespacePolicies) -> NamespacePolicies:
+            grants = {**q.topic_permissions.get(str(name), {}), role: actions}
+            return dataclasses.replace(q, topic_permissions={**q.topic_permissions, str(name): grants})
+
+        return await self._update_policies(tenant, ns, grant)
 
     async def topic_permission_revoke(self, request: web.Request) -> web.Response:
         """``pulsar-admin topics revoke-permission``: the role's grant on the topic removed (what its namespace
         grants stays); 412 when the topic grants the role nothing, as Pulsar answers."""
         name = self._topic_name(request).base
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         role = request.match_info["role"]
-        grants = dict(p.topic_permissions.get(str(name), {}))
-        if grants.pop(role, None) is None:
-            raise AdminError(412, f"Permissions are not set at the topic level: {role} on {name}")
-        topic_perms = {t: g for t, g in p.topic_permissions.items() if t != str(name)}
-        if grants:
-            topic_perms[str(name)] = grants
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, topic_permissions=topic_perms))
+
+        def revoke(q: NamespacePolicies) -> NamespacePolicies:
+            grants = dict(q.topic_permissions.get(str(name), {}))
+            if grants.pop(role, None) is None:
+                raise AdminError(412, f"Permissions are not set at the topic level: {role} on {name}")
+            topic_perms = {t: g for t, g in q.topic_permissions.items() if t != str(name)}
+            if grants:
+                topic_perms[str(name)] = grants
+            return dataclasses.replace(q, topic_permissions=topic_perms)
+
+        return await self._update_policies(tenant, ns, revoke)
 
     async def _revoke_topic_grants(self, name: TopicName) -> None:
         """A deleted topic's own grants go with it (as in Pulsar): a topic made again under its name starts
         with its namespace's only."""
         p = await self.meta.get_policies(name.tenant, name.namespace)
         if p is not None and str(name) in p.topic_permissions:
-            topic_perms = {t: g for t, g in p.topic_permissions.items() if t != str(name)}
-            await self.meta.set_policies(
-                name.tenant, name.namespace, dataclasses.replace(p, topic_permissions=topic_perms)
-            )
+
+            def revoke(q: NamespacePolicies) -> NamespacePolicies:
+                topic_perms = {t: g for t, g in q.topic_permissions.items() if t != str(name)}
+                return dataclasses.replace(q, topic_permissions=topic_perms)
+
+            with contextlib.suppress(zk.MetadataNotFoundError):  # the namespace deleted meanwhile
+                await self.meta.update_policies(name.tenant, name.namespace, revoke)
 
     async def quota_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
@@ -1335,13 +1380,15 @@ class AdminApp:
         return _json({"destination_storage": _quota_json(p.backlog_quota)})
 
     async def quota_set(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         quota = _quota_from(request, await _body_json(request))
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, backlog_quota=quota))
+        return await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, backlog_quota=quota))
 
     async def quota_delete(self, request: web.Request) -> web.Response:
-        tenant, ns, p = await self._policies(request)
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, backlog_quota=BacklogQuota()))
+        tenant, ns, _p = await self._policies(request)
+        return await self._update_policies(
+            tenant, ns, lambda q: dataclasses.replace(q, backlog_quota=BacklogQuota())
+        )
 
     def _apply_policies(self, tenant: str, ns: str, p: NamespacePolicies) -> None:
         """The namespace's new policies applied at once to its topics served here (with each one's own)."""
@@ -1363,9 +1410,9 @@ class AdminApp:
         return await self._set_namespace_limit(request, None)
 
     async def _set_namespace_limit(self, request: web.Request, value: int | None) -> web.Response:
-        tenant, ns, p = await self._policies(request)
+        tenant, ns, _p = await self._policies(request)
         change: dict[str, Any] = {_NAMESPACE_LIMITS[request.match_info["limit"]]: value}
-        return await self._set_policies(tenant, ns, dataclasses.replace(p, **change))
+        return await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, **change))
 
     # -- topic lists and partitions --------------------------------------------------------------------------
 

@@ -892,11 +892,28 @@ class BrokerMetadataStore:
         return None if v is None else NamespacePolicies.from_json(v.value)
 
     async def set_policies(self, tenant: str, namespace: str, policies: NamespacePolicies) -> None:
+        """Every field written from ``policies`` (the namespace created when missing): for a record made whole,
+        not for one admin's change of a field, which :meth:`update_policies` makes."""
         await self.store.aupdate(
             layout.namespace_policies_path(tenant, namespace),
             lambda cur: {**cur, **policies.to_json()},
             default={},
         )
+
+    async def update_policies(
+        self, tenant: str, namespace: str, change: Callable[[NamespacePolicies], NamespacePolicies]
+    ) -> NamespacePolicies:
+        """The namespace's policies as ``change`` makes them from those stored, in the store's compare-and-set
+        loop (:meth:`MetadataStore.update`): on a version conflict ``change`` runs again on the policies another
+        writer stored meanwhile, so two admins changing different fields at once both keep their change.
+        ``change`` runs in a worker thread and may raise to abort (nothing written). Fields this version does not
+        know are kept. MetadataNotFoundError for a namespace that does not exist (a delete is not undone)."""
+
+        def fn(cur: JsonDict) -> JsonDict:
+            return {**cur, **change(NamespacePolicies.from_json(cur)).to_json()}
+
+        v = await self.store.aupdate(layout.namespace_policies_path(tenant, namespace), fn)
+        return NamespacePolicies.from_json(v.value)
 
     async def get_topic_policies(self, ml_name: str) -> TopicPolicies | None:
         """The topic's own policies (``ml_name``: the base name of a partitioned topic), None if it has none;
