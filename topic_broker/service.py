@@ -326,6 +326,25 @@ class NamespaceNotFoundError(Exception):
         self.name = name
 
 
+def past_partition_limit(n: int, limit: int) -> bool:
+    """Whether a count of ``n`` partitions is past ``--max-partitions-per-topic`` ``limit`` (0: no limit): as
+    Pulsar's ``maxNumPartitionsPerPartitionedTopic``, a count equal to the limit is taken."""
+    return limit > 0 and n > limit
+
+
+class PartitionLimitError(Exception):
+    """A topic a client names that its namespace's ``autoTopicCreation`` would create partitioned with more
+    partitions than this broker's ``--max-partitions-per-topic`` (a policy set on a broker with a higher limit,
+    or before the limit was lowered): not created, as Pulsar refuses it."""
+
+    def __init__(self, name: TopicName, n: int, limit: int) -> None:
+        super().__init__(
+            f"Number of partitions should be less than or equal to {limit}: the autoTopicCreation of namespace "
+            f"{name.namespace_name} would create {name} with {n} partitions, past --max-partitions-per-topic "
+            f"{limit}; nothing created (set the namespace's defaultNumPartitions to {limit} or fewer)"
+        )
+
+
 class TopicNotFoundError(Exception):
     """A topic that does not exist, named by a client in a namespace whose ``autoTopicCreation`` does not let
     it be created (Pulsar's TopicNotFound "Topic does not exist")."""
@@ -2782,7 +2801,7 @@ class BrokerService:
         except BaseException:
             # (its tail ledger unreadable): held, the ownership routed every lookup of the topic here, where
             # nothing served it, until the broker stopped
-            await self._close_topic(topic)
+            await self._close_topic(topic, failed_open=True)
             raise
         log.info("broker=%s now serves topic=%s", self.config.id, name)
         return topic
@@ -2818,6 +2837,8 @@ class BrokerService:
         if await self.meta.get_ml_info(name.ml_name) is not None:
             return 0
         n = auto.default_num_partitions
+        if past_partition_limit(n, self.config.max_partitions_per_topic):
+            raise PartitionLimitError(name, n, self.config.max_partitions_per_topic)
         try:
             await self.meta.create_partitioned_topic(name.ml_name, n)
         except zk.MetadataExistsError:  # another client's request made it first
@@ -2865,8 +2886,14 @@ class BrokerService:
                 if self.meta is not None and not self._session_lost:
                     self._closing_as(key, self._release_ownership(name))
 
-    async def _release_ownership(self, name: TopicName) -> None:
-        assert self.meta is not None
+    async def _release_ownership(self, name: TopicName, *, failed_open: bool = False) -> None:
+        """The topic's ownership znode deleted, if this broker holds it, unless the topic was opened here again
+        meanwhile (``failed_open``: but by the open that failed): an open waits CLOSE_WAIT_S for a close or a
+        release under way, then opens anyway on the znode still there, and a close stuck longer (its ledger's
+        close waiting on bookies) deleted it as it ended, leaving the topic served here with no ownership for
+        any broker's lookup to take."""
+        if self.meta is None or self._session_lost or (not failed_open and str(name) in self.topics):
+            return
         with contextlib.suppress(Exception):
             await self.meta.release_ownership(name.ml_name, self.config.id)
 
@@ -2912,14 +2939,13 @@ class BrokerService:
         assert self.meta is not None
         return list(await self.meta.list_cursors(topic.name.ml_name))
 
-    async def _close_topic(self, topic: Topic) -> None:
+    async def _close_topic(self, topic: Topic, *, failed_open: bool = False) -> None:
+        """``failed_open``: the topic's own open failed (the entry in ``topics`` is that open's)."""
         with contextlib.suppress(Exception):
             await topic.compaction.close()
         with contextlib.suppress(Exception):
             await topic.ml.close()
-        if self.meta is not None and not self._session_lost:
-            with contextlib.suppress(Exception):
-                await self.meta.release_ownership(topic.name.ml_name, self.config.id)
+        await self._release_ownership(topic.name, failed_open=failed_open)
 
     async def delete_topic(self, name: TopicName | str) -> bool:
         """Delete a topic this broker serves: its clients are disconnected, its storage (every ledger, the
@@ -3006,6 +3032,14 @@ class BrokerService:
             s.send(
                 wire.partitioned_metadata_response(
                     cmd.request_id, error_code=pb.MetadataError, message=str(e)
+                )
+            )
+            return
+        except PartitionLimitError as e:
+            # NotAllowedError: the client fails at once with the message, not retrying to its timeout
+            s.send(
+                wire.partitioned_metadata_response(
+                    cmd.request_id, error_code=pb.NotAllowedError, message=str(e)
                 )
             )
             return

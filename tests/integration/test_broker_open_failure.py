@@ -5,6 +5,7 @@ failure raised once in place of the read."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -41,3 +42,38 @@ def test_an_open_that_failed_after_taking_ownership_lets_it_go(
                 run(service.get_topic(name))
         assert run(service.meta.get_owner(name.ml_name)) is None  # before: this broker's, until it stopped
         assert run(service.get_topic(name)).name == name  # opened once the failure is gone
+
+
+def test_a_close_that_ends_after_the_topic_opened_again_leaves_its_ownership(
+    cluster: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic unloaded whose close is stuck (its ledger's close waiting on bookies) past CLOSE_WAIT_S is opened
+    again meanwhile (an open waits that long, then opens anyway), on the ownership znode the old instance still
+    held; the old close, ending later, released that znode: the topic served here with no ownership, which any
+    broker's lookup could then take. Its release leaves a znode an instance opened since holds."""
+    monkeypatch.setattr(service_mod, "CLOSE_WAIT_S", 0.5)
+    with _serving(cluster) as (service, run):
+        name = TopicName.parse(f"persistent://public/default/reopened-{uuid.uuid4().hex[:8]}")
+        old = run(service.get_topic(name))
+        stuck = asyncio.Event()
+        close = old.ml.close
+
+        async def stuck_close() -> None:
+            await stuck.wait()
+            await close()
+
+        old.ml.close = stuck_close
+        assert run(service.unload(name))
+        new = run(service.get_topic(name))  # after CLOSE_WAIT_S, the old close still under way
+        assert new is not old
+
+        async def let_go() -> None:
+            stuck.set()
+            for _ in range(100):  # the old close ends
+                if str(name) not in service._closing:
+                    return
+                await asyncio.sleep(0.05)
+
+        run(let_go())
+        owner = run(service.meta.get_owner(name.ml_name))
+        assert owner is not None and owner.broker_id == service.config.id  # before: None
