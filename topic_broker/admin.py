@@ -91,7 +91,13 @@ from .cursor import InitialPosition, ManagedCursor, SubscriptionPropertiesTooLar
 from .managed_ledger import ManagedLedger, ManagedLedgerError, Position
 from .metrics import BrokerMetrics, Families
 from .names import NON_PERSISTENT, PERSISTENT, InvalidTopicName, TopicName, valid_segment
-from .service import NAMESPACE_NOT_FOUND, NamespaceNotFoundError, schema_refusal
+from .service import (
+    NAMESPACE_NOT_FOUND,
+    NamespaceNotFoundError,
+    PartitionLimitError,
+    past_partition_limit,
+    schema_refusal,
+)
 from .subscription import DEFAULT_UNACKED_MESSAGES_MAX, DEFAULT_UNACKED_SUBSCRIPTION_MAX
 from .tls import client_role
 from .wire import pulsar_date
@@ -398,12 +404,6 @@ def _limit_from(body: Any, what: str) -> int:
     if not 0 <= body <= INT32_MAX:
         raise AdminError(412, f"{what} must be 0 (no limit) or more, at most {INT32_MAX}, got {body}")
     return body
-
-
-def past_partition_limit(n: int, limit: int) -> bool:
-    """Whether a count of ``n`` partitions is past ``--max-partitions-per-topic`` ``limit`` (0: no limit): as
-    Pulsar's ``maxNumPartitionsPerPartitionedTopic``, a count equal to the limit is taken."""
-    return limit > 0 and n > limit
 
 
 def _message_id_from(body: Any, missing: int = -1, expected: str = "a MessageId") -> Position:
@@ -1449,7 +1449,10 @@ class AdminApp:
             # a client's metadata request (http:// service URL), which may create the topic: authorized as the
             # binary PARTITIONED_METADATA is (a GET is otherwise a read, open to anyone)
             await self._check_lookup_allowed(request, name)
-            n = await self.service.auto_partitioned(name)
+            try:
+                n = await self.service.auto_partitioned(name)
+            except PartitionLimitError as e:
+                raise AdminError(406, str(e)) from None
         return _json({"partitions": n})
 
     async def _check_lookup_allowed(self, request: web.Request, name: TopicName) -> None:
