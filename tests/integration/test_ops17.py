@@ -59,3 +59,33 @@ def test_a_new_bookie_on_a_port_in_use_writes_no_cookie(bookies: BookieFactory) 
     finally:
         squatter.close()
         store.close()
+
+
+def test_a_second_broker_on_a_running_brokers_port_leaves_its_registration(broker: BrokerProcess) -> None:
+    """A second `broker serve` with the running broker's --port (its id): refused before registering. It
+    registered first before, deleting the running broker's brokers/<id> ("a stale registration") for its own,
+    then failed to bind and exited: once its session expired `cluster info` said `brokers: 0`, the broker serving
+    on unregistered."""
+    from zk import MetadataStore, layout
+
+    store = MetadataStore.connect(broker.zk, root=broker.zk_root)
+    try:
+        before = store.stat(layout.broker_path(broker.id))
+        assert before is not None and before.ephemeral
+        second = BrokerProcess(
+            zk=broker.zk,
+            zk_root=broker.zk_root,
+            port=broker.port,
+            http_port=free_port(),
+            log_path=broker.log_path.with_name("second.log") if broker.log_path else None,
+        ).start(wait=False)
+        assert second.wait_exit(30) == 1
+        log = second.log_tail(5)
+        assert (
+            f"refusing to start: port {broker.port} (--port) on 0.0.0.0 in use by another process" in log
+        ), log
+        after = store.stat(layout.broker_path(broker.id))
+        assert after is not None and after.ephemeral_owner == before.ephemeral_owner, "the running broker's"
+        assert broker.alive
+    finally:
+        store.close()
