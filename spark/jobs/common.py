@@ -211,6 +211,17 @@ def new_figure(ncols: int, title: str) -> tuple[Any, Any]:
     return fig, axes[0]
 
 
+def empty_panel(ax: Any, text: str) -> None:
+    """A panel with nothing to draw says so, in place of bare axes (matplotlib draws ticks of -0.04 to 0.04, and
+    a legend of nothing, for an empty bar chart)."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    legend = ax.get_legend()
+    if legend is not None:
+        legend.remove()
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.4")
+
+
 def save_figure(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 

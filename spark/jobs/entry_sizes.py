@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spark.jobs import common
 from spark.jobs.common import Job, JobOptions, JobResult, Table, ledger_frame, new_figure, save_figure
 
 __all__ = ["JOB", "run"]
@@ -62,11 +63,11 @@ def run(session: Any, opts: JobOptions) -> JobResult:
             Table("Entry size distribution", ["size (bytes)", "entries"], dist),
         ],
     )
-    result.chart = _chart(opts, rows, dist)
+    result.chart = save_figure(_figure(rows, dist), opts.out_dir / "entry-sizes.png")
     return result
 
 
-def _chart(opts: JobOptions, rows: list[list[Any]], dist: list[list[Any]]) -> Any:
+def _figure(rows: list[list[Any]], dist: list[list[Any]]) -> Any:
     fig, (left, right) = new_figure(2, "entry sizes")
     left.bar([d[0] for d in dist], [d[1] for d in dist], color="tab:blue")
     left.set_xlabel("entry size, bytes (power-of-two buckets)")
@@ -82,7 +83,11 @@ def _chart(opts: JobOptions, rows: list[list[Any]], dist: list[list[Any]]) -> An
     right.set_ylabel("bytes")
     right.set_title("percentiles per ledger")
     right.legend()
-    return save_figure(fig, opts.out_dir / "entry-sizes.png")
+    if not dist:
+        common.empty_panel(left, "no entries")
+    if not ledgers:
+        common.empty_panel(right, "no ledgers")
+    return fig
 
 
 JOB = Job("entry-sizes", "entry size percentiles and volume per ledger, and the size distribution", run)

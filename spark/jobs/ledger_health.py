@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from spark.jobs import common
 from spark.jobs.common import Job, JobOptions, JobResult, Table, ledger_frame, new_figure, save_figure
 from spark.options import parse_ledgers
 from spark.planning import replicas_per_bookie
@@ -98,11 +99,11 @@ def run(session: Any, opts: JobOptions) -> JobResult:
         result.notes.append(
             f"bookies holding replicas but not registered: {', '.join(gone)} (see `ledgerstore bookie recover`)"
         )
-    result.chart = _chart(opts, ledger_rows, bookie_rows)
+    result.chart = save_figure(_figure(ledger_rows, bookie_rows), opts.out_dir / "ledger-health.png")
     return result
 
 
-def _chart(opts: JobOptions, ledger_rows: list[list[Any]], bookie_rows: list[list[Any]]) -> Any:
+def _figure(ledger_rows: list[list[Any]], bookie_rows: list[list[Any]]) -> Any:
     fig, (left, right) = new_figure(2, "ledger health")
     labels = [str(r[0]) for r in ledger_rows]
     left.bar(labels, [r[4] / 1e6 for r in ledger_rows], color="tab:blue")
@@ -115,7 +116,11 @@ def _chart(opts: JobOptions, ledger_rows: list[list[Any]], bookie_rows: list[lis
     right.barh([str(r[0]) for r in bookie_rows], [r[2] for r in bookie_rows], color=colors)
     right.set_xlabel("share of entry replicas, %")
     right.set_title("replicas per bookie (red: not registered)")
-    return save_figure(fig, opts.out_dir / "ledger-health.png")
+    if not ledger_rows:
+        common.empty_panel(left, "no ledgers")
+    if not bookie_rows:
+        common.empty_panel(right, "no entry replicas")
+    return fig
 
 
 JOB = Job("ledger-health", "entries and bytes per ledger, replicas per bookie, ensemble changes", run)

@@ -17,7 +17,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from spark.jobs.common import Job, JobOptions, JobResult, Table, new_figure, save_figure, topic_frame
+from spark.jobs.common import (
+    Job,
+    JobOptions,
+    JobResult,
+    Table,
+    empty_panel,
+    new_figure,
+    save_figure,
+    topic_frame,
+)
 
 __all__ = ["JOB", "MINUTES_SHOWN", "TOP_KEYS", "run"]
 
@@ -196,7 +205,9 @@ def run(session: Any, opts: JobOptions) -> JobResult:
             f"per-minute rows of {', '.join(cut)} start {MINUTES_SHOWN} minutes before the last one"
         )
     hist = [(int(r["b"]), int(r["count"])) for r in lag_hist]
-    result.chart = _chart(opts, [r for r in topic_rows if r[1]], per_minute, hist)
+    result.chart = save_figure(
+        _figure([r for r in topic_rows if r[1]], per_minute, hist), opts.out_dir / "topic-volume.png"
+    )
     return result
 
 
@@ -224,12 +235,7 @@ def _bucket_label(b: int) -> str:
     return f"{'-' if b < 0 else ''}{lo}"
 
 
-def _chart(
-    opts: JobOptions,
-    topic_rows: list[list[Any]],
-    per_minute: list[Any],
-    hist: list[tuple[int, int]],
-) -> Any:
+def _figure(topic_rows: list[list[Any]], per_minute: list[Any], hist: list[tuple[int, int]]) -> Any:
     fig, (left, middle, right) = new_figure(3, "topic volume")
     topics = [r[0] for r in topic_rows]
     short = {t: t.removeprefix("persistent://") for t in topics}
@@ -245,7 +251,7 @@ def _chart(
             )
     from datetime import timedelta
 
-    from matplotlib.dates import DateFormatter
+    from matplotlib.dates import DateFormatter, MinuteLocator
 
     left.xaxis.set_major_formatter(DateFormatter("%m-%d %H:%M"))
     minutes = sorted({r["minute"] for r in per_minute})
@@ -253,6 +259,7 @@ def _chart(
         lo = datetime.fromtimestamp(minutes[0] * 60, UTC) - timedelta(minutes=2)
         hi = datetime.fromtimestamp(minutes[-1] * 60, UTC) + timedelta(minutes=2)
         left.set_xlim(lo, hi)
+        left.xaxis.set_major_locator(MinuteLocator())  # (half-minute ticks read as minutes, each twice)
     left.set_ylim(bottom=0)
     left.set_xlabel("publish minute (UTC)")
     left.set_ylabel("messages per minute")
@@ -280,7 +287,13 @@ def _chart(
     right.set_ylabel("messages")
     right.set_title("event-to-publish lag")
     right.tick_params(axis="x", labelrotation=45)
-    return save_figure(fig, opts.out_dir / "topic-volume.png")
+    if not left.lines:
+        empty_panel(left, "no messages")
+    if not topic_rows:
+        empty_panel(middle, "no messages")
+    if not hist:
+        empty_panel(right, "no message has an event time" if topic_rows else "no messages")
+    return fig
 
 
 JOB = Job(
