@@ -34,10 +34,12 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   namespace that does not exist (a typo would otherwise read nothing).
 * ``startingOffsets``: ``earliest`` (batch default), ``latest`` (streaming default) or JSON
   ``{"persistent://public/default/t-partition-0": [ledgerId, entryId], ...}``: per partition, the position of the
-  first entry to read (inclusive); a value may also be ``"earliest"``/``"latest"``; partitions not named start at
-  ``earliest``. A batch query refuses ``latest``, whole or for a partition (it reads up to the latest entry, so
-  it would read nothing; to leave partitions out, name the others in ``topics``). ``endingOffsets`` (batch only): ``latest`` (default) or the same JSON, the position *after* the last
-  entry to read (exclusive; partitions not named read to ``latest``). Positions are Pulsar's MessageIdData
+  first entry to read (inclusive); a value may also be ``"earliest"``/``"latest"``; partitions not named start
+  where the query's default does, as in pulsar-spark: ``earliest`` in a batch, ``latest`` in a stream (a stream
+  that means to read the others from their start names them ``"earliest"``). A batch query refuses ``latest``,
+  whole or for a partition (it reads up to the latest entry, so it would read nothing; to leave partitions out,
+  name the others in ``topics``). ``endingOffsets`` (batch only): ``latest`` (default) or the same JSON, the
+  position *after* the last entry to read (exclusive; partitions not named read to ``latest``). Positions are Pulsar's MessageIdData
   ``(ledgerId, entryId)``, the ``__ledgerId``/``__entryId`` columns: to resume after a row, start at
   ``[ledgerId, entryId + 1]``.
 * ``startingTime`` / ``endingTime`` (ms since the epoch, publish time; a value of seconds, 10^9 to 10^11, is

@@ -483,6 +483,10 @@ def test_streaming_options_and_the_default_subscription_is_stable() -> None:
     assert parse_topic_options({"topic": "a"}, streaming=False).starting.kind == "earliest"
     # 'latest' starts a stream; a batch reads up to the latest entry, so from 'latest' it would read nothing
     latest_of_a = '{"a": "latest"}'
+    # partitions a JSON start does not name start at the query's default, as pulsar-spark's
+    for streaming, default in ((True, "latest"), (False, "earliest")):
+        spec = parse_topic_options({"topic": "a", "startingOffsets": '{"a": [1, 2]}'}, streaming=streaming)
+        assert spec.starting.default == default
     assert parse_topic_options(
         {"topic": "a", "startingOffsets": latest_of_a}, streaming=True
     ).starting.positions
