@@ -169,6 +169,7 @@ def test_a_consumer_that_subscribes_on_a_connection_over_its_mark_is_sent_nothin
         {},
         count(),
     )
+    rt._seek_grace = None
     rt.execute = lambda cmds: None  # type: ignore[method-assign]
     consumer = Consumer(session, 1, "c", rt)
     rt.add_consumer(consumer, SubType.SHARED, 0, [])
