@@ -20,9 +20,11 @@ import pytest
 from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
 from tests.integration.test_broker_admin11 import _https_broker
 from tests.integration.test_broker_client_features4 import wait_for
+from tests.integration.test_broker_subscription_expiry import _idle_topic
 from tests.integration.test_review16 import _NoRedirect
 from tests.tls_testing import needs_openssl, self_signed
 from topic_broker.names import TopicName
+from topic_broker.server import BrokerServer
 from zk.client import MetadataStore
 from zk.errors import MetadataFormatError
 from zk.managed_ledgers import BrokerMetadataStore, TopicPolicies, topic_policies_path
@@ -177,3 +179,29 @@ def test_a_served_topic_keeps_its_policies_when_their_znode_stops_parsing(cluste
         store.set(path, {"max_producers": 2}, store.get(path).version)
         wait_for(lambda: topic.max_producers == 2, "the mended policies applied")
         assert not topic.own_policies_unreadable
+
+
+def test_the_subscription_expiry_runs_at_its_interval_not_at_each_tick(cluster: Brokers) -> None:  # noqa: F811
+    """The monitor checks the subscription expiration every ``subscription_expiry_check_interval_s`` (here an
+    hour), not every housekeeping tick (here a second): an idle subscription past its namespace's expiration is
+    still there three ticks on. Checked at each tick, every served topic's cursors were listed and read each
+    second, the load the interval was made to spare ZooKeeper."""
+    with (
+        in_process_broker(cluster, tick_interval_s=1.0, subscription_expiry_check_interval_s=3600.0) as (
+            service,
+            run,
+        ),
+        MetadataStore.connect(cluster.bookies.zk, cluster.bookies.root) as store,
+    ):
+        server = BrokerServer(service)
+        run(server.start())
+        try:
+            _t, topic, client = _idle_topic(service, run, store)
+            topic.subscriptions["s"].idle_since_ms -= 3_600_000  # its consumer left an hour ago
+            time.sleep(3.5)
+            assert list(run(topic.ml.store.list_cursors(topic.ml.name))) == ["s"]
+            run(service.expire_inactive_subscriptions())  # (what the monitor runs: it is expired)
+            assert list(run(topic.ml.store.list_cursors(topic.ml.name))) == []
+            client.s.close()
+        finally:
+            run(server.stop())

@@ -1,13 +1,16 @@
 """Tests for the bugs planted in the audit of 2026-11-30 against 0260c38 that the tests of the time let through
-(docs/architecture.md §11): each fails with its bug planted and passes without it. No cluster: the broker's own
-code on what it is given."""
+(docs/architecture.md §11): each fails with its bug planted and passes without it. No cluster: the broker's and
+the journal's own code on what it is given."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from pathlib import Path
 
 import pytest
 
+from bookie.journal import Journal, RecordType
 from tests.unit.test_reader_seek_grace import _reader_subscription
 from topic_broker import service
 
@@ -28,3 +31,41 @@ def test_a_reader_that_came_back_within_the_grace_keeps_its_subscription(
         return sub.topic.subscriptions.get(sub.name) is sub
 
     assert asyncio.run(run())
+
+
+@pytest.mark.parametrize("owner", [False, True])
+def test_a_completion_that_failed_is_said_by_the_journal_unless_its_owner_is_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, owner: bool
+) -> None:
+    """A completion callback that raised on a durable record (storing it failed) is answered with the error and
+    said once: by the journal's ERROR line when nobody else is told, by its ``on_error`` owner (the bookie, which
+    fails in one line) when it has one, the journal then silent. Said by neither, a journal without an owner let
+    a failed store pass unlogged; by both, each record in flight added a line to the bookie's."""
+    told: list[tuple[BaseException, bool]] = []
+
+    async def run() -> list[BaseException | None]:
+        tmp_path.joinpath("journal").mkdir()
+        j = Journal(tmp_path / "journal")
+        await j.start()
+        if owner:
+            j.on_error = lambda exc, in_callback: told.append((exc, in_callback))
+        answers: list[BaseException | None] = []
+
+        def stored(exc: BaseException | None) -> None:
+            answers.append(exc)
+            if exc is None:
+                raise OSError("the storage write failed")
+
+        j.append(RecordType.ENTRY, 1, 0, b"x", stored)
+        for _ in range(500):
+            if len(answers) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await j.close()
+        return answers
+
+    with caplog.at_level(logging.ERROR, logger="bookie.journal"):
+        answers = asyncio.run(run())
+    assert answers[0] is None and isinstance(answers[1], OSError)  # answered again, with the error
+    said = [r for r in caplog.records if "completion callback failed" in r.getMessage()]
+    assert (len(said), [t[1] for t in told]) == ((0, [True]) if owner else (1, []))
