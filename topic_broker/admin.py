@@ -1146,6 +1146,28 @@ class AdminApp:
         """The topic has a stored cursor of ``sub`` (every durable subscription has one from its creation)."""
         return sub in await self.meta.list_cursors(name.ml_name)
 
+    async def _with_stored_backlog(self, name: TopicName, subs: list[str]) -> list[str]:
+        """Of the stored subscriptions ``subs`` of a topic nobody serves, those that may have a backlog, read from
+        its stored records without opening it: every one when a ledger of its managed ledger is still open (its
+        owner did not close it: its end is known only by recovering it, which the topic's open does); else those
+        whose stored mark-delete position is before the last entry the closed ledgers record (none when they
+        record no entry). A subscription whose cursor is gone meanwhile has nothing to clear."""
+        versioned = await self.meta.get_ml_info(name.ml_name)
+        if versioned is None:
+            return []  # (deleted meanwhile)
+        ledgers = versioned.value.ledgers
+        if any(li.timestamp_ms == 0 for li in ledgers):
+            return subs
+        last = max(((li.ledger_id, li.entries - 1) for li in ledgers if li.entries > 0), default=None)
+        if last is None:
+            return []
+        out = []
+        for sub in subs:
+            cursor = await self.meta.get_cursor(name.ml_name, sub)
+            if cursor is not None and tuple(cursor.value.mark_delete) < last:
+                out.append(sub)
+        return out
+
     @staticmethod
     def _check_topic_results(results: list[tuple[TopicName, int, Any]], ok: tuple[int, ...] = (404,)) -> None:
         """The first refusal (a status of 300 or more, but those of ``ok``: a topic deleted meanwhile, one
@@ -1166,15 +1188,18 @@ class AdminApp:
         async def suffixes(name: TopicName, owned: bool) -> list[str]:
             # A topic nobody serves is asked only for the subscriptions it has stored: one without any is not
             # opened for nothing (a served one's owner answers, a reader's subscription among them)
-            if sub is not None:
-                subs = [sub] if owned or await self._stored_subscription(name, sub) else []
+            # (and of those only the ones its stored records do not show at the end already)
+            if sub is not None and owned:
+                subs = [sub]
             elif owned:
                 status, data = await self._send(
                     "GET", self._topic_url(name, "/subscriptions"), self._forwarded_auth(request)
                 )
                 subs = [s for s in data if s != COMPACTION_SUBSCRIPTION] if status == 200 else []
             else:
-                subs = [s for s in await self.meta.list_cursors(name.ml_name) if s != COMPACTION_SUBSCRIPTION]
+                stored = await self.meta.list_cursors(name.ml_name)
+                wanted = [s for s in stored if s != COMPACTION_SUBSCRIPTION] if sub is None else [sub]
+                subs = await self._with_stored_backlog(name, [s for s in wanted if s in stored])
             return [f"/subscription/{quote(s, safe='')}/skip_all" for s in subs]
 
         # (every subscription: a reader's, which has no stored position to move, is passed over, 405)
