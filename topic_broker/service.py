@@ -326,6 +326,24 @@ class NamespaceNotFoundError(Exception):
         self.name = name
 
 
+def _save_attached_activity(topic: Topic, expiration_minutes: int, now_ms: int) -> None:
+    """The subscription expiration's record of activity kept for the next owner: each subscription of ``topic``
+    with consumers attached has its cursor's ``last_active_ms`` saved once older than half ``expiration_minutes``
+    (at each housekeeping tick, and at the expiry check). The times a check saw consumers are this broker's, and
+    another owner (or this one serving the topic again) reads the cursor's, which only an acknowledgement moves
+    otherwise: a consumer attached for long without acknowledging had its subscription deleted when the topic
+    moved before it reconnected. Saved at the expiry check only (every 300 s by default), it was older than an
+    expiration of a few minutes at such a move."""
+    for rt in topic.subscriptions.values():
+        cursor = rt.cursor
+        if (
+            rt.consumers
+            and cursor is not None
+            and now_ms - cursor.last_active_ms > expiration_minutes * 30_000
+        ):
+            cursor.touch()
+
+
 def past_partition_limit(n: int, limit: int) -> bool:
     """Whether a count of ``n`` partitions is past ``--max-partitions-per-topic`` ``limit`` (0: no limit): as
     Pulsar's ``maxNumPartitionsPerPartitionedTopic``, a count equal to the limit is taken."""
@@ -2576,18 +2594,7 @@ class BrokerService:
                     minutes_of[ns] = (None if p is None else p.subscription_expiration_time_minutes) or 0
                 if minutes_of[ns] <= 0 or topic.unloaded or topic.ml.closed:
                     continue
-                # a subscription with consumers has its activity saved every half expiration time: the seen
-                # times are this broker's, and another owner (or this one serving the topic again) reads the
-                # cursor's last_active_ms, which only an acknowledgement moved, so a consumer attached for long
-                # without acknowledging had its subscription deleted when the topic moved before it reconnected
-                for rt in topic.subscriptions.values():
-                    cursor = rt.cursor
-                    if (
-                        rt.consumers
-                        and cursor is not None
-                        and now_ms - cursor.last_active_ms > minutes_of[ns] * 30_000
-                    ):
-                        cursor.touch()
+                _save_attached_activity(topic, minutes_of[ns], now_ms)
                 deleted = await sub_ops.delete_inactive(topic, minutes_of[ns] * 60_000, now_ms, mine)
             except ManagedLedgerFencedError as e:
                 self.topic_lost(topic, str(e))
@@ -2632,6 +2639,10 @@ class BrokerService:
                 else:
                     t.own_policies_unreadable = False
                 self.apply_policies(t, policies, tp)
+                if policies is not None and policies.subscription_expiration_time_minutes:
+                    _save_attached_activity(
+                        t, policies.subscription_expiration_time_minutes, int(time.time() * 1000)
+                    )
 
     def dedup_in_force(self, p: NamespacePolicies, own: TopicPolicies) -> bool:
         return policy_in_force(own.deduplication_enabled, p.deduplication_enabled, self.config.dedup_enabled)

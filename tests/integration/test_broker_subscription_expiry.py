@@ -165,3 +165,24 @@ def test_a_subscribe_racing_the_expiry_of_its_subscription_keeps_it(
     rt = topic.subscriptions.get("s")
     assert rt is not None and [c.consumer_id for c in rt.consumers.values()] == [2]
     client.s.close()
+
+
+def test_an_attached_consumers_activity_is_saved_between_two_checks(
+    broker: tuple[Any, Any], store: MetadataStore
+) -> None:
+    """A subscription with a consumer attached has its stored activity (``last_active_ms``, which the next
+    broker to serve the topic goes by) saved once it is older than half the expiration time, at the housekeeping
+    tick: at the expiry check only (every 300 s by default), an expiration of a few minutes had it older than
+    that when the topic moved, and the new owner's first check deleted the subscription before its consumer was
+    back (the consumer then came back to a new one at the latest message, its backlog skipped)."""
+    service, run = broker  # its tick every second, its expiry check once an hour
+    t, topic, client = _idle_topic(service, run, store)  # stored last active an hour ago, 1 minute expiration
+    client.send_subscribe(t, 2)
+    assert client.answer().type == T.SUCCESS
+    cursor = f"managed-ledgers/{topic.ml.name}/cursors/s"
+    wait_for(  # before: an hour old until the next check
+        lambda: store.get(cursor).value["last_active_ms"] > int(time.time() * 1000) - 30_000,
+        "the attached consumer's activity saved",
+        timeout_s=15.0,
+    )
+    client.s.close()
