@@ -6,6 +6,7 @@ habits work; the bookie's own routes (``/health``, ``/api/v1/info``, ``PUT /api/
 | ``GET /heartbeat`` | ``OK`` (text) while the process serves HTTP |
 | ``GET /api/v1/bookie/info`` | ``freeSpace``, ``totalSpace`` (bytes) and the bookie's own ``/api/v1/info`` |
 | ``GET /api/v1/bookie/state`` | ``running``, ``readOnly``, ``shuttingDown``, ``availableForHighPriorityWrites`` |
+| ``GET|PUT /api/v1/bookie/state/readonly`` | ``{"readOnly": bool}``; a PUT of it sets it (an operator's read-only, kept until set writable again or restarted; 409 when it stays read-only: failed, disk full) |
 | ``GET /api/v1/bookie/is_ready`` | 200 ``OK`` once registered in ZooKeeper; 503 before, failed or stopping |
 | ``GET /api/v1/bookie/last_log_mark`` | ``{journal dir: "LastLogMark: Journal Id - N(segment), Pos - P"}`` |
 | ``PUT /api/v1/bookie/gc`` | a garbage-collection round now (``PUT /api/v1/gc``) |
@@ -80,6 +81,26 @@ def add_bookkeeper_routes(app: web.Application, bookie: Bookie) -> None:
                 "availableForHighPriorityWrites": not bookie.failed and not bookie.stopping,
             }
         )
+
+    async def readonly_get(_: web.Request) -> web.Response:
+        core = bookie.core
+        return web.json_response({"readOnly": bool(core is not None and core.readonly)})
+
+    async def readonly_put(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("readOnly"), bool):
+            return web.json_response(
+                {"error": 'the body is {"readOnly": true} or {"readOnly": false}'}, status=400
+            )
+        if bookie.core is None or bookie.stopping:
+            return web.json_response({"error": "the bookie is not serving"}, status=503)
+        why = bookie.set_admin_readonly(body["readOnly"])
+        if why:
+            return web.json_response({"error": f"stays read-only: {why}", "readOnly": True}, status=409)
+        return web.json_response({"readOnly": bookie.core.readonly})
 
     async def is_ready(_: web.Request) -> web.Response:
         why = ""
@@ -175,6 +196,8 @@ def add_bookkeeper_routes(app: web.Application, bookie: Bookie) -> None:
     r.add_get("/heartbeat", heartbeat)
     r.add_get("/api/v1/bookie/info", info)
     r.add_get("/api/v1/bookie/state", state)
+    r.add_get("/api/v1/bookie/state/readonly", readonly_get)
+    r.add_put("/api/v1/bookie/state/readonly", readonly_put)
     r.add_get("/api/v1/bookie/is_ready", is_ready)
     r.add_get("/api/v1/bookie/last_log_mark", last_log_mark)
     r.add_put("/api/v1/bookie/gc", gc_put)

@@ -201,6 +201,9 @@ class Bookie:
         self._http: server_gate.HttpService | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._registered_readonly: bool | None = None
+        # read-only by an operator's word (PUT /api/v1/bookie/state/readonly, `bookie readonly`) until told
+        # otherwise or restarted: the disk check does not make it writable again
+        self.admin_readonly = False
         self.started_at = time.time()
         self.instance_id = ""
         self.collector: LedgerCollector | None = None
@@ -636,9 +639,35 @@ class Bookie:
         usage = _disk_usage(self.config)
         if not self.core.readonly and usage >= self.config.disk_usage_threshold:
             self._set_readonly(True, f"disk usage {usage:.1%} >= {self.config.disk_usage_threshold:.0%}")
-        elif self.core.readonly and usage < self.config.disk_usage_lwm and not self.failed:
+        elif (
+            self.core.readonly
+            and usage < self.config.disk_usage_lwm
+            and not self.failed
+            and not self.admin_readonly
+        ):
             self._set_readonly(False, f"disk usage {usage:.1%} < {self.config.disk_usage_lwm:.0%}")
         return usage
+
+    def set_admin_readonly(self, readonly: bool) -> str:
+        """An operator's read-only (True) or writable (False) again, BookKeeper's PUT
+        /api/v1/bookie/state/readonly: "" when the bookie is now so, else why it stays read-only (failed, or
+        its disk is over the threshold). Read-only, it answers adds READONLY and registers under
+        bookies/readonly, so writers replace it and new ledgers leave it out; it still serves reads."""
+        assert self.core is not None
+        self.admin_readonly = readonly
+        if readonly:
+            self._set_readonly(True, "set read-only by an operator (until set writable again or restarted)")
+            return ""
+        if self.failed:
+            return f"it failed ({self.failed}) and stays read-only until restarted"
+        usage = _disk_usage(self.config)
+        if usage >= self.config.disk_usage_threshold:
+            return (
+                f"its disk usage {usage:.1%} is at or over --disk-usage-threshold "
+                f"{self.config.disk_usage_threshold:.0%}: it goes writable once below --disk-usage-lwm"
+            )
+        self._set_readonly(False, "set writable by an operator")
+        return ""
 
     def _set_readonly(self, readonly: bool, why: str) -> None:
         assert self.core is not None

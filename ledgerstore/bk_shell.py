@@ -39,6 +39,16 @@ def add_bookkeeper_verbs(bookie: Any, cluster: Any, common: Common) -> None:
     mark.add_argument("--bookie-id", action="append", default=None, help="only this bookie (repeatable)")
     mark.set_defaults(func=lastmark)
 
+    ro = bookie.add_parser(
+        "readonly",
+        help="make a bookie read-only (it serves reads, refuses adds, new ledgers leave it out) or, with "
+        "--off, writable again (PUT /api/v1/bookie/state/readonly); until restarted",
+    )
+    common(ro)
+    ro.add_argument("bookie_id", metavar="BOOKIE", help="the bookie's id (HOST:PORT), registered")
+    ro.add_argument("--off", action="store_true", help="writable again")
+    ro.set_defaults(func=bookie_readonly)
+
     sanity = bookie.add_parser(
         "sanity",
         help="BookKeeper's bookiesanity: on each bookie alone (E=Qw=Qa=1) create a ledger, write, read back "
@@ -167,6 +177,40 @@ def lastmark(args: argparse.Namespace) -> int:
 
     emit(args, lambda: "\n".join(line(b, r) for b, r in results.items()), results)
     return 1 if any("error" in r for r in results.values()) else 0
+
+
+# ------------------------------------------------------------------------------------------------ readonly
+def bookie_readonly(args: argparse.Namespace) -> int:
+    from ledger_client.client import ClientConfig, resolve_auth_token
+    from ledgerstore.bookie_admin import admin_url, registered_bookies
+    from ledgerstore.cli import EXIT_UNAVAILABLE, exit_status_for_http
+
+    info = registered_bookies(argparse.Namespace(**{**vars(args), "bookie_id": [args.bookie_id]}))
+    req = urllib.request.Request(
+        admin_url(info[args.bookie_id], "/api/v1/bookie/state/readonly"),
+        data=json.dumps({"readOnly": not args.off}).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    token = resolve_auth_token(ClientConfig())
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            answer = json.load(r)
+    except urllib.error.HTTPError as e:
+        try:
+            why = json.load(e).get("error", e.reason)
+        except ValueError:
+            why = e.reason
+        raise CommandError(f"bookie {args.bookie_id}: {why}", exit_status_for_http(e.code)) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise CommandError(
+            f"bookie {args.bookie_id}: admin HTTP unreachable ({e})", EXIT_UNAVAILABLE
+        ) from None
+    state = "read-only" if answer.get("readOnly") else "writable"
+    emit(args, f"bookie {args.bookie_id}: {state}", {"bookie": args.bookie_id, **answer})
+    return 0
 
 
 # ------------------------------------------------------------------------------------------------ sanity

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
+import time
 
 from ledgerstore.cluster import BrokerProcess, free_port
 from tests.conftest import BookieFactory
@@ -87,5 +90,38 @@ def test_a_second_broker_on_a_running_brokers_port_leaves_its_registration(broke
         after = store.stat(layout.broker_path(broker.id))
         assert after is not None and after.ephemeral_owner == before.ephemeral_owner, "the running broker's"
         assert broker.alive
+    finally:
+        store.close()
+
+
+def test_an_operator_makes_a_bookie_read_only_and_writable_again(bookies: BookieFactory) -> None:
+    """`bookie readonly ID` (PUT /api/v1/bookie/state/readonly, BookKeeper's): registered read-only, adds
+    refused, kept over disk checks (which made a bookie writable again whenever its disk had room); --off
+    undoes it. There was no way to do it but filling the disk."""
+    from zk import BookieRegistry, MetadataStore
+
+    bp = bookies.start()
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "ledgerstore.cli", *argv, "--zk", bookies.zk, "--zk-root", bookies.root]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    store = MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        reg = BookieRegistry(store)
+        r = cli("bookie", "readonly", bp.id)
+        assert r.returncode == 0 and f"bookie {bp.id}: read-only" in r.stdout, r.stdout + r.stderr
+        time.sleep(2.5)  # disk checks (one a second): the disk has room, the operator's word stands
+        assert bp.id in reg.readonly() and bp.id not in reg.available()
+        r = cli("ledger", "write", "-E", "1", "-W", "1", "-A", "1", "-n", "1")
+        assert r.returncode == 5 and "NOT_ENOUGH_BOOKIES" in r.stderr, r.stdout + r.stderr
+        r = cli("bookie", "readonly", bp.id, "--off")
+        assert r.returncode == 0 and f"bookie {bp.id}: writable" in r.stdout, r.stdout + r.stderr
+        deadline = time.monotonic() + 10
+        while bp.id not in reg.available() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert bp.id in reg.available()
+        r = cli("ledger", "write", "-E", "1", "-W", "1", "-A", "1", "-n", "1")
+        assert r.returncode == 0, r.stdout + r.stderr
     finally:
         store.close()
