@@ -911,7 +911,10 @@ class AdminApp:
             raise AdminError(404, "Tenant does not exist")
         if await self.meta.list_namespaces(tenant):
             raise AdminError(409, "The tenant still has namespaces")
-        await self.store.adelete(f"{layout.NAMESPACES}/{tenant}", missing_ok=True)
+        try:
+            await self.store.adelete(f"{layout.NAMESPACES}/{tenant}", missing_ok=True)
+        except zk.MetadataNotEmptyError:  # a namespace created since the check: it stays, and the tenant
+            raise AdminError(409, "The tenant still has namespaces") from None
         await self._prune_empty([tenant])
         return _no_content()
 
@@ -968,11 +971,14 @@ class AdminApp:
         if not await self._tenant_exists(tenant):
             raise AdminError(404, "Tenant does not exist")
         try:
+            # not makepath: a tenant deleted since the check is not made again as the namespace's parent
             await self.store.acreate(
-                layout.namespace_policies_path(tenant, ns), NamespacePolicies().to_json()
+                layout.namespace_policies_path(tenant, ns), NamespacePolicies().to_json(), makepath=False
             )
         except zk.MetadataExistsError:
             raise AdminError(409, "Namespace already exists") from None
+        except zk.MetadataNotFoundError:
+            raise AdminError(404, "Tenant does not exist") from None
         return _no_content()
 
     async def namespace_delete(self, request: web.Request) -> web.Response:
