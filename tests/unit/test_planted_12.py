@@ -33,6 +33,27 @@ def test_a_reader_that_came_back_within_the_grace_keeps_its_subscription(
     assert asyncio.run(run())
 
 
+def test_a_seeks_grace_ending_drops_only_the_subscription_it_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grace timer of a subscription kept by a seek drops that subscription only: one its reader came back to
+    and left (a reader's subscription goes with its last consumer) and that a new reader of the same name made
+    anew meanwhile is another, with a consumer, and stays. Dropped by name, the new reader was left on a
+    subscription gone from its topic."""
+    monkeypatch.setattr(service, "READER_SEEK_GRACE_S", 0.2)
+
+    async def run() -> bool:
+        kept = _reader_subscription()
+        kept.disconnect_consumers(keep=True)  # the seek
+        subs = kept.topic.subscriptions
+        subs.pop(kept.name)  # its reader came back and closed (remove_consumer)
+        anew = _reader_subscription()
+        anew.topic, anew.consumers = kept.topic, {1: object()}  # type: ignore[dict-item]
+        subs[anew.name] = anew  # a reader of the same name subscribed again
+        await asyncio.sleep(0.4)  # past the kept one's grace
+        return subs.get(anew.name) is anew
+
+    assert asyncio.run(run())
+
+
 @pytest.mark.parametrize("owner", [False, True])
 def test_a_completion_that_failed_is_said_by_the_journal_unless_its_owner_is_told(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, owner: bool
