@@ -301,7 +301,15 @@ class BookKeeper:
                 raise ValueError(f"an ensemble of {ensemble_size} distinct bookies is needed, got {bookies}")
         else:
             available, draining, racks = await _meta(self._placement_inputs)
-            bookies = choose_ensemble(ensemble_size, available, exclude=draining, rng=self._rng, racks=racks)
+            try:
+                bookies = choose_ensemble(
+                    ensemble_size, available, exclude=draining, rng=self._rng, racks=racks
+                )
+            except E.NotEnoughBookiesError:
+                # bookies/available leaves the read-only ones out: name them ("read-only: []" said none were)
+                readonly = set(await _meta(self.registry.readonly)) - available
+                choose_ensemble(ensemble_size, available, readonly=readonly, exclude=draining)  # raises
+                raise
         versioned = await _meta(
             functools.partial(
                 self.ledgers.create,

@@ -115,6 +115,7 @@ def test_an_operator_makes_a_bookie_read_only_and_writable_again(bookies: Bookie
         assert bp.id in reg.readonly() and bp.id not in reg.available()
         r = cli("ledger", "write", "-E", "1", "-W", "1", "-A", "1", "-n", "1")
         assert r.returncode == 5 and "NOT_ENOUGH_BOOKIES" in r.stderr, r.stdout + r.stderr
+        assert f"(read-only: ['{bp.id}']" in r.stderr, r.stderr  # it said "read-only: []"
         r = cli("bookie", "readonly", bp.id, "--off")
         assert r.returncode == 0 and f"bookie {bp.id}: writable" in r.stdout, r.stdout + r.stderr
         deadline = time.monotonic() + 10
