@@ -43,7 +43,8 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   ``(ledgerId, entryId)``, the ``__ledgerId``/``__entryId`` columns: to resume after a row, start at
   ``[ledgerId, entryId + 1]``.
 * ``startingTime`` / ``endingTime`` (ms since the epoch, publish time; a value of seconds, 10^9 to 10^11, is
-  refused naming the option): start at the first entry published at or
+  refused naming the option; no message published before ``startingTime`` makes a row, so a stream given a
+  time still ahead reads from there, not from when it started): start at the first entry published at or
   after ``startingTime``; stop before the first entry published at or after ``endingTime`` (found by binary search
   over each partition's entries; the messages of a batch entry share its publish time). An ``endingTime`` not after
   ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read
@@ -750,6 +751,10 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
         return p.first, b"".join(p.parts)
 
     discarded = 0
+    #: ``startingTime``: no message published before it makes a row. The range starts at the first entry
+    #: published at or after it (or, for a stream whose startingTime was still ahead, at the latest entry when
+    #: the query started: the entries written from then until that time are left out here)
+    not_before = opts.starting.time_ms if opts.starting.kind == "time" else 0
 
     def encrypted(entry_id: int, meta: Any) -> bool:
         """An end-to-end encrypted entry (the source holds no keys): whether it makes a row, as
@@ -778,6 +783,10 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
                 if whole is None:
                     return
                 first_chunk, payload = whole
+            if (
+                meta.publish_time < not_before
+            ):  # (a chunked message: its last chunk's, as the clients give it)
+                return
             if meta.encryption_keys:
                 if not encrypted(entry_id, meta):
                     return

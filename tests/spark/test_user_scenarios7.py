@@ -49,3 +49,51 @@ def test_max_bytes_per_trigger_counts_an_open_ledgers_entries_at_their_size(clus
         assert stop[0] == begin[0] and stop[1] - begin[1] == 2
     finally:
         r.stop()
+
+
+def _send(cluster: Cluster, topic: str, n: int) -> None:
+    client = cluster.client()
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(n):
+            producer.send(f"m{i}".encode())
+        producer.close()
+    finally:
+        client.close()
+
+
+def test_a_stream_given_a_starting_time_still_ahead_reads_nothing_published_before_it(
+    cluster: Cluster,
+) -> None:
+    """startingTime 3 s ahead when a new stream starts: its first batch holds the 2 messages published after that
+    time, not the 3 published between the query's start and it. The start position is the latest entry when
+    the query starts (no entry was published at or after the time yet); before, every message from there on
+    made a row (5, 3 of them published before startingTime)."""
+    from spark._topic_options import parse_topic_options
+    from spark.topic_source import TOPIC_SCHEMA, TopicStreamReader, read_range
+
+    topic = "starting-time-ahead"
+    _send(cluster, topic, 4)
+    time.sleep(1.5)  # the explicit LAC
+    at = int(time.time() * 1000) + 3000
+    opts = parse_topic_options(
+        {"zk": cluster.zk, "zkRoot": cluster.root, "topic": topic, "startingTime": str(at)}, streaming=True
+    )
+    r = TopicStreamReader(opts, TOPIC_SCHEMA)
+    try:
+        start = r.initialOffset()
+        _send(cluster, topic, 3)
+        time.sleep(max(0.0, at / 1000 + 0.05 - time.time()))
+        _send(cluster, topic, 2)
+        time.sleep(1.5)
+        end = r.latestOffset(start, r.getDefaultReadLimit())
+        rows = [
+            x
+            for p in r.partitions(start, end)
+            for b in read_range(r.opts, p, TOPIC_SCHEMA)
+            for x in b.to_pylist()
+        ]
+        assert [bytes(x["value"]) for x in rows] == [b"m0", b"m1"]
+        assert all(x["__publishTime"].timestamp() * 1000 >= at for x in rows)
+    finally:
+        r.stop()
