@@ -35,7 +35,8 @@ def test_sighup_stops_a_broker_cleanly(broker: BrokerProcess) -> None:
     assert broker.proc is not None
     broker.proc.send_signal(signal.SIGHUP)
     assert broker.wait_exit(30) == 0, broker.log_tail(20)
-    assert "SIGHUP" in broker.log_tail(20)
+    log = broker.log_tail(20)
+    assert "SIGHUP" in log and "shutting down" in log and "stopped in" in log, log
 
 
 def test_a_new_bookie_on_a_port_in_use_writes_no_cookie(bookies: BookieFactory) -> None:
