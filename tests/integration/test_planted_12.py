@@ -1,8 +1,9 @@
 """Tests for the bugs planted in the audit of 2026-11-30 against 0260c38 that the tests of the time let through
-(docs/architecture.md §11, "The planted-bug audit of the lookups' ownership, the per-connection opens, https
-redirects, unreadable topic policies, the subscription expiry, the bookie's wiped journal and AutoRecovery's log
-limiter"): each fails with its bug planted and passes without it. ZooKeeper and 3 bookies, a broker in this
-process (``in_process_broker``) or broker processes."""
+(docs/architecture.md §11, "The planted-bug audit of the reader's seek grace, the lookups' ownership, the
+per-connection opens, https redirects, unreadable topic policies, the subscription expiry, the bookie's wiped
+journal, AutoRecovery's log limiter and the Spark stream's named restarts"): each fails with its bug planted and
+passes without it. ZooKeeper and 3 bookies, a broker in this process (``in_process_broker``) or broker
+processes."""
 
 from __future__ import annotations
 
