@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bookie.journal import Journal, RecordType
+from bookie.main import Bookie, BookieConfig
 from tests.unit.test_reader_seek_grace import _reader_subscription
 from topic_broker import service
 
@@ -90,3 +91,20 @@ def test_a_completion_that_failed_is_said_by_the_journal_unless_its_owner_is_tol
     assert answers[0] is None and isinstance(answers[1], OSError)  # answered again, with the error
     said = [r for r in caplog.records if "completion callback failed" in r.getMessage()]
     assert (len(said), [t[1] for t in told]) == ((0, [True]) if owner else (1, []))
+
+
+def test_a_failed_bookie_says_so_in_one_line_whatever_reports_it_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bookie fails in one ERROR line; the same failure reported again by each record in flight and by the
+    next checkpoints is a warning a minute, the first of them a minute on: none here. Before, each report was an
+    ERROR line of its own (or the first checkpoint's warning came at once)."""
+    bookie = Bookie(BookieConfig(zk="127.0.0.1:1", data_dir=tmp_path))
+    with caplog.at_level(logging.WARNING, logger="ledgerstore.bookie"):
+        for _ in range(3):  # the records in flight, each told of the failed write
+            bookie.fail("journal write failed: OSError(5, 'Input/output error')")
+        for _ in range(3):  # the next checkpoints
+            bookie._checkpoint_failed("storage flush", OSError(5, "Input/output error"))
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "ledgerstore.bookie"]
+    assert len(lines) == 1 and lines[0][0] == "ERROR" and "FAILED" in lines[0][1], lines
+    assert bookie.failures == 3 and bookie.failed.startswith("journal write failed")
