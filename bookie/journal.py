@@ -262,14 +262,15 @@ DELETE_STEP_PAUSE_S = 0.005
 
 
 def never_written(directory: Path) -> bool:
-    """No segment, free segment file or checkpoint mark in ``directory``: no journal was ever written there. A
-    new bookie writes a mark there before its cookie (:func:`mark_new_journal`), so a directory holding its cookie
-    and nothing of this is a journal that was deleted."""
+    """No segment and no checkpoint mark in ``directory``: no journal there. A new bookie writes a mark there
+    before its cookie (:func:`mark_new_journal`), so a directory holding its cookie and neither of these is a
+    journal that was deleted. Free segment files (``<seq>-<hex>.free``, retired segments kept to be written
+    over) do not count: nothing in them is replayed, and ``rm journal/*.jnl journal/lastmark`` leaves them."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return True
-    return not any(n == MARK_FILE or _SEGMENT_NAME.match(n) or _FREE_NAME.match(n) for n in names)
+    return not any(n == MARK_FILE or _SEGMENT_NAME.match(n) for n in names)
 
 
 def mark_new_journal(directory: Path) -> None:
