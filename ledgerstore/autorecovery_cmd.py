@@ -186,7 +186,7 @@ def add_autorecovery_settings(p: argparse.ArgumentParser, *, in_bookie: bool) ->
             "--autorecovery-password",
             action="append",
             default=None,
-            help="a ledger password AutoRecovery may open ledgers with (repeatable; none given: the empty one; "
+            help="a ledger password AutoRecovery may open ledgers with (repeatable; the empty one always too; "
             "prefer --autorecovery-password-file: a flag shows in `ps`)",
         )
         p.add_argument(
@@ -210,7 +210,8 @@ def autorecovery_config(args: argparse.Namespace, *, in_bookie: bool) -> Any:
         found = list(args.autorecovery_password or [])
         for path in args.autorecovery_password_file or []:
             found += [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
-        passwords = tuple(pw.encode() for pw in found) or (b"",)
+        # the empty one always, last (the brokers' ledgers'), as passwords_of does
+        passwords = tuple(dict.fromkeys([*(pw.encode() for pw in found if pw), b""]))
     else:
         passwords = _passwords(args)
     return AutoRecoveryConfig(

@@ -309,7 +309,7 @@ def add_passwords_arguments(p: argparse.ArgumentParser, help_text: str) -> None:
         action="append",
         default=None,
         help=f"{help_text} (repeatable; visible in `ps`: prefer --password-file or env {PASSWORD_ENV}; "
-        "default: the empty password)",
+        "the empty password, the brokers' ledgers', is always tried too)",
     )
     p.add_argument(
         "--password-file",
@@ -322,7 +322,9 @@ def add_passwords_arguments(p: argparse.ArgumentParser, help_text: str) -> None:
 
 
 def passwords_of(args: argparse.Namespace) -> list[str]:
-    """The passwords of a command with add_passwords_arguments (the empty one when none is given)."""
+    """The passwords of a command with add_passwords_arguments, the empty one always among them (last): the
+    brokers' ledgers have it, and a `bookie decommission --password pw` could not move them (their ledgers
+    "still name it: none of the configured passwords is the ledger's", the decommission never finished)."""
     found = list(getattr(args, "password", None) or [])
     for path in getattr(args, "password_file", None) or []:
         try:
@@ -331,7 +333,7 @@ def passwords_of(args: argparse.Namespace) -> list[str]:
             raise CommandError(f"--password-file: {e}", EXIT_ERROR) from e
     if not found and PASSWORD_ENV in os.environ:
         found = [os.environ[PASSWORD_ENV]]
-    return found or [""]
+    return [pw for pw in dict.fromkeys(found) if pw] + [""]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -26,3 +26,19 @@ def test_a_connect_string_that_does_not_parse_is_a_usage_error() -> None:
         first = r.stderr.splitlines()[0]
         assert "is not a ZooKeeper connect string" in first and "--zk or $LEDGERSTORE_ZK" in first, r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_autorecovery_always_tries_the_empty_password_the_brokers_ledgers_have() -> None:
+    """`--password pw` (autorecovery serve, bookie decommission) and `--autorecovery-password pw` (bookie serve)
+    replaced the empty password: the brokers' ledgers could not be opened, stayed marked, and a decommission
+    never finished ("none of the configured passwords is the ledger's")."""
+    from ledgerstore.autorecovery_cmd import autorecovery_config
+    from ledgerstore.cli import build_parser
+
+    parser = build_parser()
+    serve = parser.parse_args(["autorecovery", "serve", "--password", "pw"])
+    assert autorecovery_config(serve, in_bookie=False).passwords == (b"pw", b"")
+    bookie = parser.parse_args(["bookie", "serve", "--data-dir", "/nowhere", "--autorecovery-password", "pw"])
+    assert autorecovery_config(bookie, in_bookie=True).passwords == (b"pw", b"")
+    bookie = parser.parse_args(["bookie", "serve", "--data-dir", "/nowhere", "--autorecovery-password", ""])
+    assert autorecovery_config(bookie, in_bookie=True).passwords == (b"",)  # as `cluster up` gives it
