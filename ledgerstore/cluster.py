@@ -298,6 +298,27 @@ def _check_ports_free(ports: list[tuple[int, str]]) -> None:
         )
 
 
+def _not_as_asked(args: argparse.Namespace, st: dict[str, Any]) -> list[str]:
+    """The options of a `cluster up` that a running cluster's ``cluster.json`` does not match, as
+    ``--flag <what runs>``."""
+    bookies, brokers = st.get("bookies") or [], st.get("brokers") or []
+    runs: list[tuple[str, object, object]] = [
+        ("--bookies", args.bookies, len(bookies)),
+        ("--brokers", getattr(args, "brokers", len(brokers)), len(brokers)),
+    ]
+    if not st.get("zk_external") and not getattr(args, "zk_given", False):
+        runs.append(("--zk-port", args.zk_port, int(str(st["zk"]).rpartition(":")[2])))
+    if bookies:
+        runs.append(("--base-port", args.base_port, bookies[0]["port"]))
+        http = getattr(args, "bookie_http_port", None)
+        if http is not None:
+            runs.append(("--bookie-http-port", http, bookies[0]["http_port"]))
+    if brokers:
+        runs.append(("--broker-port", args.broker_port, brokers[0]["port"]))
+        runs.append(("--broker-http-port", args.broker_http_port, brokers[0]["http_port"]))
+    return [f"{flag} {running}" for flag, asked, running in runs if asked != running]
+
+
 def _up(args: argparse.Namespace, state_dir: Path) -> int:
     from zk import launcher
 
@@ -305,6 +326,13 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     st = _read_state(state_dir)
     if st and all(_pid_alive(b["pid"]) for b in st.get("bookies", [])) and st.get("bookies"):
         emit(args, f"cluster already running from {state_dir}: ZooKeeper {st['zk']}", st)  # idempotent
+        differ = _not_as_asked(args, st)
+        if differ:  # the ports a script then uses would be the wrong ones: say which run
+            print(
+                f"(not as asked: it runs with {', '.join(differ)}, as {state_dir / 'cluster.json'} records; "
+                "`cluster down` first to start it otherwise)",
+                file=sys.stderr,
+            )
         return 0
     if st:
         up = [

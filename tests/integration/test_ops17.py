@@ -7,9 +7,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from ledgerstore.cluster import BrokerProcess, free_port
 from tests.conftest import BookieFactory
+from tests.integration.test_cluster_cli import _ls, _ports
 
 
 def test_sighup_stops_a_bookie_cleanly(bookies: BookieFactory) -> None:
@@ -127,3 +129,22 @@ def test_an_operator_makes_a_bookie_read_only_and_writable_again(bookies: Bookie
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         store.close()
+
+
+def test_cluster_up_on_a_running_cluster_says_which_ports_it_runs_with(tmp_path: Path) -> None:
+    """`cluster up` again on a running state directory with other ports is a no-op (exit 0) that said only
+    "cluster already running … ZooKeeper …": a script then used the ports it had asked for, where nothing ran."""
+    state = tmp_path / "cluster"
+    first = _ports(state, free_port())
+    r = _ls("cluster", "up", *first)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        again = _ls("cluster", "up", *first)
+        assert again.returncode == 0 and "not as asked" not in again.stderr, again.stderr
+        base = first[first.index("--base-port") + 1]
+        other = [*first[: first.index("--base-port")], "--base-port", str(free_port()), *first[-2:]]
+        r = _ls("cluster", "up", *other, "--bookies", "3")
+        assert r.returncode == 0 and "cluster already running" in r.stdout, r.stdout + r.stderr
+        assert f"(not as asked: it runs with --bookies 2, --base-port {base}, as " in r.stderr, r.stderr
+    finally:
+        _ls("cluster", "down", "--state-dir", str(state))
