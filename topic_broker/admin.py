@@ -323,6 +323,7 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
         **{policy: getattr(p, policy) for policy in _NAMESPACE_LIMITS.values()},
         "subscription_expiration_time_minutes": p.subscription_expiration_time_minutes,
         "autoTopicCreationOverride": _auto_topic_creation_json(p.auto_topic_creation),
+        "deleted": p.deleted,
     }
 
 
@@ -982,8 +983,25 @@ class AdminApp:
         return _no_content()
 
     async def namespace_delete(self, request: web.Request) -> web.Response:
+        """As Pulsar's: the namespace marked ``deleted`` first, so that no topic is created in it any more (a
+        topic's znode is created only while its namespace is not so marked, in one transaction with that check),
+        then its topics looked for: none, it is deleted; some (created before the mark), 409 and the mark
+        taken back. A topic created meanwhile was left behind (its managed ledger, its ledgers, its ownership)
+        in a namespace that no longer existed."""
         tenant, ns, _p = await self._policies(request)
-        if await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns):
+        await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, deleted=True))
+        try:
+            busy = bool(await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns))
+        except BaseException:
+            busy = True
+            raise
+        finally:
+            if busy:  # (or the look failed): the mark taken back, the namespace as it was
+                with contextlib.suppress(zk.MetadataNotFoundError):  # (another delete ended meanwhile)
+                    await self.meta.update_policies(
+                        tenant, ns, lambda q: dataclasses.replace(q, deleted=False)
+                    )
+        if busy:
             raise AdminError(409, "Cannot delete non empty namespace")
         await self.store.adelete(layout.namespace_policies_path(tenant, ns), missing_ok=True)
         await self._prune_empty([tenant, ns])

@@ -57,6 +57,7 @@ from zk.managed_ledgers import (
     BrokerInfo,
     BrokerMetadataStore,
     ManagedLedgerInfo,
+    NamespaceGoneError,
     NamespacePolicies,
     OwnershipInfo,
     SchemaHistory,
@@ -2345,7 +2346,7 @@ class BrokerService:
         )
         # a mistyped --zk-root is refused (NoClusterError) before anything is written under it
         await asyncio.to_thread(zk.cookies.existing_instance_id, self.bk.store)
-        self.meta = BrokerMetadataStore(self.bk.store)
+        self.meta = BrokerMetadataStore(self.bk.store, namespaces=True)
         await self.meta.ensure_default_namespace()
         await self._register()
         await self.bookie_supply.watch(self.bk.registry)
@@ -2760,7 +2761,7 @@ class BrokerService:
         assert self.meta is not None and self.bk is not None
         # before anything is written (ownership, the managed ledger, a ledger on the bookies)
         policies = known if known is not None else await self.meta.get_policies(name.tenant, name.namespace)
-        if policies is None:
+        if policies is None or policies.deleted:  # (deleted: its delete under way)
             raise NamespaceNotFoundError(name)
         auto = policies.auto_topic_creation
         if auto is not None and not auto.allow and not await self._topic_exists(name):
@@ -2787,8 +2788,11 @@ class BrokerService:
         )
         try:
             ml = await ManagedLedger.open(self.bk, self.meta, name.ml_name, ml_config)
-        except BaseException:
+        except BaseException as e:
             await self.meta.release_ownership(name.ml_name, self.config.id)
+            if isinstance(e, NamespaceGoneError):  # deleted (or its delete begun) since the read above
+                await self.meta.prune_ownership_dirs(name.tenant, name.namespace)
+                raise NamespaceNotFoundError(name) from e
             raise
         topic = Topic(self, name, ml, dedup)
         if unreadable is not None:

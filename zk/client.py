@@ -753,6 +753,33 @@ class MetadataStore(CompareAndSetUpdate):
             attempt += 1  # a conflict (changed, created or deleted since the read): read again
             _after_conflict(attempt, retries, path)
 
+    def create_checked(self, path: str, value: Mapping[str, Any], *, guard: str, guard_version: int) -> None:
+        """Create ``path`` (its missing parents first) in one ZooKeeper transaction with a check that the znode
+        ``guard`` is still at ``guard_version``, so that nothing is created once ``guard`` changed or went since
+        the caller read it (a namespace marked deleted meanwhile). Raises :class:`MetadataVersionError` (changed)
+        or :class:`MetadataNotFoundError` for ``guard`` (gone), :class:`MetadataExistsError` for ``path``;
+        nothing created then (the parents made may stay, empty)."""
+        full, guard_full = self.abs_path(path), self.abs_path(guard)
+        parent = path.rpartition("/")[0]
+        if parent:
+            self.ensure(parent)  # (a transaction's create makes no parents)
+        data = encode_body(value)
+        with self._translated(full):
+            tx = self._client.transaction()
+            tx.check(guard_full, guard_version)
+            tx.create(full, data, acl=self._new_acl())
+        checked, created = self._wait(tx.commit_async(), full)
+        if isinstance(checked, Exception) and not isinstance(checked, kex.RolledBackError):
+            raise translate(checked, guard_full)
+        if isinstance(created, Exception):
+            raise translate(created, full)
+
+    async def acreate_checked(
+        self, path: str, value: Mapping[str, Any], *, guard: str, guard_version: int
+    ) -> None:
+        """:meth:`create_checked` in a worker thread."""
+        await self._run(self.create_checked, path, value, guard=guard, guard_version=guard_version)
+
     def _ensure_parent(self, path: str, guard: str, guard_full: str) -> None:
         """The parents of ``path`` made for :meth:`update_guarded`. Those below ``guard`` (a managed ledger's
         ``cursors`` under its znode) are made one by one without their parents, so that a guard that is gone

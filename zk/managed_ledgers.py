@@ -27,7 +27,13 @@ from typing import Any, TypeVar
 
 from zk import layout
 from zk.client import JsonDict, MetadataStore
-from zk.errors import MetadataExistsError, MetadataFormatError, MetadataNotFoundError, MetadataVersionError
+from zk.errors import (
+    MetadataExistsError,
+    MetadataFormatError,
+    MetadataNotEmptyError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+)
 from zk.versioned import Versioned
 
 __all__ = [
@@ -373,6 +379,9 @@ class NamespacePolicies:
     # Pulsar's ``autoTopicCreationOverride``: None, not set (the broker's: a topic a client names is created
     # non-partitioned)
     auto_topic_creation: AutoTopicCreation | None = None
+    # Pulsar's ``deleted``: the namespace's delete under way (set first, before it looks for topics): no topic
+    # is created in it any more (:meth:`BrokerMetadataStore.create_ml_info`), so none is left behind
+    deleted: bool = False
 
     @property
     def retention_time_s(self) -> float:
@@ -403,6 +412,7 @@ class NamespacePolicies:
             "auto_topic_creation": None
             if self.auto_topic_creation is None
             else self.auto_topic_creation.to_json(),
+            "deleted": self.deleted,
         }
 
     @classmethod
@@ -431,6 +441,7 @@ class NamespacePolicies:
                 if d.get("auto_topic_creation") is None
                 else AutoTopicCreation.from_json(_field(d, "auto_topic_creation", dict))
             ),
+            deleted=bool(_optional_bool(d, "deleted")),
         )
 
 
@@ -690,11 +701,24 @@ class SchemaHistory:
 # --- the store -------------------------------------------------------------------------------------------------
 
 
-class BrokerMetadataStore:
-    """Async access to the broker's znodes. zk errors propagate (``MetadataVersionError`` on a CAS conflict)."""
+class NamespaceGoneError(MetadataNotFoundError):
+    """A topic's znode not created: its namespace does not exist, or its delete is under way (marked
+    ``deleted``)."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, tenant: str, namespace: str, *, path: str | None = None) -> None:
+        super().__init__(f"Namespace {tenant}/{namespace} does not exist or is being deleted", path=path)
+        self.tenant, self.namespace = tenant, namespace
+
+
+class BrokerMetadataStore:
+    """Async access to the broker's znodes. zk errors propagate (``MetadataVersionError`` on a CAS conflict).
+    ``namespaces``: a topic's managed ledger or partitioned topic is created only in a namespace that exists and
+    is not being deleted (:meth:`_create_in_namespace`), as a broker's are; without it (a managed ledger used
+    alone, a tool writing the layout) anywhere."""
+
+    def __init__(self, store: MetadataStore, *, namespaces: bool = False) -> None:
         self.store = store
+        self.namespaces = namespaces
 
     # managed ledgers
     async def get_ml_info(self, ml_name: str) -> Versioned[ManagedLedgerInfo] | None:
@@ -702,9 +726,52 @@ class BrokerMetadataStore:
         return None if v is None else v.map(ManagedLedgerInfo.from_json)
 
     async def create_ml_info(self, ml_name: str, info: ManagedLedgerInfo) -> Versioned[ManagedLedgerInfo]:
-        """Raises ``MetadataExistsError`` if another broker created it first."""
-        await self.store.acreate(layout.ml_info_path(ml_name), info.to_json())
+        """Raises ``MetadataExistsError`` if another broker created it first; with ``namespaces``
+        :class:`NamespaceGoneError` when its namespace does not exist or is being deleted
+        (:meth:`_create_in_namespace`)."""
+        await self._create_in_namespace(layout.ml_info_path(ml_name), info.to_json(), ml_name)
         return Versioned(info, 0)
+
+    async def _create_in_namespace(self, path: str, body: JsonDict, ml_name: str) -> None:
+        """A topic's znode (``path``) created only while its namespace exists and is not being deleted, in one
+        transaction with a check of the namespace's policies at the version read: a namespace delete marks
+        them ``deleted`` before it looks for topics, so a create either lands before the mark (and the delete
+        finds the topic) or is refused (:class:`NamespaceGoneError`; the empty directories it made removed);
+        a policy written meanwhile only makes it read again. Without ``namespaces``, created as it is."""
+        if not self.namespaces:
+            await self.store.acreate(path, body)
+            return
+        tenant, namespace = layout.check_ml_name(ml_name).split("/")[:2]
+        guard = layout.namespace_policies_path(tenant, namespace)
+        attempt = 0
+        while True:
+            v = await self.store.aget_optional(guard)
+            if v is None or v.value.get("deleted"):
+                await self._prune_parents(path, f"{tenant}/{namespace}")
+                raise NamespaceGoneError(tenant, namespace, path=self.store.abs_path(guard))
+            try:
+                await self.store.acreate_checked(path, body, guard=guard, guard_version=v.version)
+                return
+            except MetadataNotFoundError as e:
+                if e.path != self.store.abs_path(guard):
+                    raise
+            except MetadataVersionError:
+                pass
+            attempt += 1  # the policies changed or went since the read: read them again
+            if attempt > 100:
+                raise MetadataVersionError("namespace policies keep changing", path=guard)
+
+    async def _prune_parents(self, path: str, namespace: str) -> None:
+        """The directories above ``path`` down to the namespace's removed where empty (a refused create made
+        them)."""
+        root = path.split("/", 1)[0]
+        at = path.rpartition("/")[0]
+        while at.startswith(f"{root}/{namespace}/") or at == f"{root}/{namespace}":
+            try:
+                await self.store.adelete(at, missing_ok=True)
+            except MetadataNotEmptyError:
+                return
+            at = at.rpartition("/")[0]
 
     async def set_ml_info(
         self, ml_name: str, info: ManagedLedgerInfo, version: int
@@ -750,9 +817,10 @@ class BrokerMetadataStore:
         return None if v is None else PartitionedTopicMetadata.from_json(v.value)
 
     async def create_partitioned_topic(self, ml_name: str, partitions: int) -> None:
-        """Raises ``MetadataExistsError`` if the topic is already partitioned."""
-        await self.store.acreate(
-            layout.partitioned_topic_path(ml_name), PartitionedTopicMetadata(partitions).to_json()
+        """Raises ``MetadataExistsError`` if the topic is already partitioned; with ``namespaces``
+        :class:`NamespaceGoneError` when its namespace does not exist or is being deleted."""
+        await self._create_in_namespace(
+            layout.partitioned_topic_path(ml_name), PartitionedTopicMetadata(partitions).to_json(), ml_name
         )
 
     async def update_partitions(self, ml_name: str, partitions: int) -> None:
@@ -817,6 +885,16 @@ class BrokerMetadataStore:
         stat = await asyncio.to_thread(self.store.stat, path)
         session = self.store.session_id
         return stat is not None and session is not None and stat.ephemeral_owner != session
+
+    async def prune_ownership_dirs(self, tenant: str, namespace: str) -> None:
+        """The namespace's ownership directories removed where empty: an open refused once the namespace went
+        (:class:`NamespaceGoneError`) had made them for its ownership znode."""
+        ns_dir = f"{layout.OWNERSHIP}/{layout.check_znode_name(tenant)}/{layout.check_znode_name(namespace)}"
+        for path in (f"{ns_dir}/persistent", ns_dir):
+            try:
+                await self.store.adelete(path, missing_ok=True)
+            except MetadataNotEmptyError:
+                return
 
     async def get_owner(self, ml_name: str) -> OwnershipInfo | None:
         v = await self.store.aget_optional(layout.topic_ownership_path(ml_name))
