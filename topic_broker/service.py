@@ -2974,6 +2974,14 @@ class BrokerService:
         if fut is not None and fut.done() and not fut.exception() and fut.result() is topic:
             del self.topics[topic.key]
         self._disconnect_clients(topic)
+        # the delete stands as the topic's close under way: an open of the topic meanwhile (a producer it
+        # disconnected, reconnecting at once) waits for it, then makes the topic anew; it opened the ledger list
+        # being deleted, so the topic was served with no managed-ledger znode (what it acknowledged then lost)
+        self._closing_as(topic.key, self._delete_storage(topic))
+        await asyncio.shield(self._closing[topic.key])
+        return True
+
+    async def _delete_storage(self, topic: Topic) -> None:
         topic.subscriptions.clear()
         for c in list(topic.ml.cursors.values()):
             with contextlib.suppress(ManagedLedgerError, zk.MetadataError):
@@ -2986,11 +2994,9 @@ class BrokerService:
                 await self.meta.delete_topic_policies(topic.name.ml_name)  # likewise
         finally:
             self.metrics.forget(topic.key)
-            if self.meta is not None and not self._session_lost:
-                with contextlib.suppress(zk.MetadataError):
-                    await self.meta.release_ownership(topic.name.ml_name, self.config.id)
+            # (not that of the topic opened again meanwhile, past CLOSE_WAIT_S)
+            await self._release_ownership(topic.name)
         log.info("broker=%s deleted topic=%s", self.config.id, topic.name)
-        return True
 
     async def unload(self, name: TopicName) -> bool:
         fut = self.topics.get(str(name))

@@ -1,0 +1,55 @@
+"""A topic's delete and its creation again at once: an in-process broker (real ZooKeeper, 3 bookies), the
+topic's open (what a producer disconnected by the delete makes as it reconnects) started while the delete is held
+just before it removes the managed ledger's znode."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
+from topic_broker.names import TopicName
+from zk import layout
+
+
+def test_a_topic_opened_again_while_it_is_deleted_is_a_new_topic_with_its_own_storage(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The open waits for the delete, then makes the topic anew: served, its managed-ledger znode holding the
+    ledger it writes to, its ownership this broker's, the deleted topic's ledgers gone (before: the open went on
+    during the delete, on the ledger list being deleted, so the topic was served with no managed-ledger znode (a
+    message acknowledged to it lost) and, once the delete released it, no ownership)."""
+    with in_process_broker(cluster) as (service, run):
+        meta, store = service.meta, service.meta.store
+        name = TopicName.parse(f"persistent://public/default/again-{uuid.uuid4().hex[:8]}")
+        old = run(service.get_topic(name))
+        old_ledgers = [li.ledger_id for li in old.ml.info.ledgers]
+        real_delete_ml = meta.delete_ml
+        opened: list[asyncio.Task[Any]] = []
+
+        async def open_again_then_delete(ml_name: str) -> None:
+            if ml_name == name.ml_name and not opened:
+                opened.append(asyncio.get_running_loop().create_task(service.get_topic(name)))
+                await asyncio.wait(opened, timeout=3)  # as far as the open goes while the delete waits
+            await real_delete_ml(ml_name)
+
+        meta.delete_ml = open_again_then_delete
+        try:
+            assert run(service.delete_topic(name))
+        finally:
+            del meta.delete_ml
+
+        async def reopened() -> Any:
+            return await opened[0]
+
+        new = run(reopened())
+        assert new is not old and not new.unloaded
+        assert service._served(str(name)) is new
+        info = run(meta.get_ml_info(name.ml_name))
+        assert info is not None, "the served topic's managed-ledger znode"
+        assert new.ml.current_ledger_id in [li.ledger_id for li in info.value.ledgers]
+        owner = run(meta.get_owner(name.ml_name))
+        assert owner is not None and owner.broker_id == service.config.id
+        assert not set(old_ledgers) & {li.ledger_id for li in info.value.ledgers}
+        assert not [lid for lid in old_ledgers if store.exists(layout.ledger_path(lid))]  # deleted
