@@ -81,10 +81,11 @@ class BrokerProtocol(asyncio.Protocol):
         self.update_reading()
 
     def update_reading(self) -> None:
-        """Read the connection unless it is paused for partial frames, unsent bytes or its producers' SENDs."""
+        """Read the connection unless it is paused for partial frames, unsent bytes, its producers' SENDs or its
+        requests held (``Session.held``)."""
         if self.session is None or self.session.closed:
             return
-        if self.paused or self.write_paused or self.session.publish_paused:
+        if self.paused or self.write_paused or self.session.publish_paused or self.session.held:
             self.session.transport.pause_reading()
         else:
             self.session.transport.resume_reading()

@@ -195,6 +195,12 @@ READ_BYTES_MAX = 5 * 1024 * 1024
 #: is not read, until under half of it (as Pulsar's ``maxPendingPublishRequestsPerConnection``): a producer that
 #: pipelines SENDs faster than they are stored holds this, not all it sent
 PUBLISH_BYTES_MAX = 32 * 1024 * 1024
+#: Requests of one connection being answered at once (lookups, topic lists, schemas, PRODUCERs, SUBSCRIBEs, ...:
+#: those whose answer waits on ZooKeeper, the bookies or a topic). Beyond it, and while the connection takes nothing
+#: more (its unsent bytes over the transport's high-water mark), the requests read are held, in order, and the
+#: connection is not read until they are begun: a peer that pipelines requests and reads no answer holds this many
+#: answers, not one per request it wrote (Pulsar's broker bounds lookups with ``maxConcurrentLookupRequest``)
+REQUESTS_IN_FLIGHT_MAX = 1000
 #: A connection the broker closes has this long to take what was queued for it (an ERROR, a PING) before it is cut:
 #: one whose peer reads nothing kept its socket, its unsent bytes and its consumers (their messages unacked) for ever
 CLOSE_GRACE_S = 10.0
@@ -202,6 +208,7 @@ CLOSE_GRACE_S = 10.0
 #: again (Pulsar's connectionLivenessCheckTimeoutMillis): silent, it is taken for dead and closed
 PRODUCER_LIVENESS_TIMEOUT_S = 5.0
 _publish_pauses = RateLimitedLog(log, 5.0)
+_request_holds = RateLimitedLog(log, 5.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -459,8 +466,13 @@ class Session:
         self.publish_paused = False
         #: bytes of its producers' outstanding SENDs, kept as they come and go (exact at each check)
         self.publish_bytes = 0
-        #: called when :attr:`publish_paused` changes (the protocol pauses or resumes reading)
+        #: called when :attr:`publish_paused` or :attr:`held` changes (the protocol pauses or resumes reading)
         self.reading_changed: Callable[[], None] = lambda: None
+        #: requests being answered (spawned), at most REQUESTS_IN_FLIGHT_MAX
+        self.in_flight = 0
+        #: requests read while REQUESTS_IN_FLIGHT_MAX were being answered or the connection took nothing more, and
+        #: every request read after them: begun in order as that ends; the connection is not read meanwhile
+        self.held: deque[Request] = deque()
         #: the liveness check in progress (:meth:`answers_ping`), the frames received when it began, its timer
         self._liveness: asyncio.Future[bool] | None = None
         self._liveness_frames = 0
@@ -475,6 +487,8 @@ class Session:
         self.writable = writable
         for c in list(self.consumers.values()):
             c.sub.execute(c.sub.core.set_writable(c.sub_key, writable))
+        if writable and self.held:
+            self.run_held()
 
     def check_publishing(self) -> None:
         """Pause reading while the producers' outstanding SENDs hold over ``PUBLISH_BYTES_MAX``; resume under half
@@ -519,18 +533,59 @@ class Session:
         requests = self.conn.receive_data(data, time.monotonic())
         if self._liveness is not None and self.conn.frames_received > self._liveness_frames:
             self._liveness_ends(True)  # any frame is a sign of life, the PONG or not
+        held = bool(self.held)
         for req in requests:
-            try:
-                result = getattr(self.service, req.handler)(self, req)
-            except Exception:
-                log.exception("connection %s: %s failed", self.peer, req.handler)
-                self.conn.close(f"internal error in {req.handler}")
+            if self.held or not self._may_begin():
+                self.held.append(req)  # (and every request after it, in order)
+            elif not self._begin(req):
                 break
-            if result is not None:
-                self.service.spawn(self._guard(result, req.handler))
+        if self.held and not held:
+            _request_holds.log(
+                logging.INFO,
+                "connection %s: %d requests being answered%s: the next ones wait their turn, not read until begun",
+                self.peer,
+                self.in_flight,
+                "" if self.writable else ", and it takes no more of what it is sent",
+            )
+            self.reading_changed()
+        self.flush()
+
+    def _may_begin(self) -> bool:
+        return self.in_flight < REQUESTS_IN_FLIGHT_MAX and self.writable
+
+    def _begin(self, req: Request) -> bool:
+        """Handles ``req``, its answer spawned if it has to wait; False if it failed (the connection is closed)."""
+        try:
+            result = getattr(self.service, req.handler)(self, req)
+        except Exception:
+            log.exception("connection %s: %s failed", self.peer, req.handler)
+            self.conn.close(f"internal error in {req.handler}")
+            return False
+        if result is not None:
+            self.in_flight += 1
+            self.service.spawn(self._guard(result, req.handler))
+        return True
+
+    def run_held(self) -> None:
+        """Begins the requests held, in order, as far as :meth:`_may_begin` lets; reads again once none is left."""
+        while self.held and not (self.closed or self.conn.closed) and self._may_begin():
+            if not self._begin(self.held.popleft()):
+                break
+        if self.closed or self.conn.closed:
+            self.held.clear()
+        if not self.held:
+            self.reading_changed()
         self.flush()
 
     async def _guard(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        try:
+            await self._answer(coro, what)
+        finally:
+            self.in_flight -= 1
+            if self.held:
+                self.run_held()
+
+    async def _answer(self, coro: Coroutine[Any, Any, None], what: str) -> None:
         try:
             await coro
         except zk.MetadataConnectionError as e:
@@ -547,7 +602,9 @@ class Session:
     def tick(self, now: float) -> None:
         # not read while its producers' SENDs wait for the bookies (unless it takes nothing either): its PONGs are
         # not seen then, and the keep-alive would close a healthy client's connection
-        self.conn.tick(now, time.time(), read=not (self.publish_paused and self.writable))
+        self.conn.tick(
+            now, time.time(), read=not ((self.publish_paused or bool(self.held)) and self.writable)
+        )
         if self.publish_paused:
             self.check_publishing()  # (a producer gone with SENDs never answered: its topic unloaded)
         if self.conn.has_data_to_send or self.conn.closed:
@@ -560,7 +617,7 @@ class Session:
         callers that come while it waits share its answer (the rest of its ``timeout_s``)."""
         if self.closed or self.conn.closed:
             return False
-        if self.publish_paused and self.writable:
+        if (self.publish_paused or self.held) and self.writable:
             return True
         check = self._liveness
         if check is None:
@@ -595,6 +652,7 @@ class Session:
         self.closed = True
         self._liveness_ends(False)
         self.waiting.clear()
+        self.held.clear()
         for p in list(self.producers.values()):
             p.topic.remove_producer(p)
         self.producers.clear()

@@ -4,6 +4,7 @@ changes since"): each fails with its bug planted and passes without it. Pure log
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import count
 
 from tests.unit.test_broker_connection import connected, decode
@@ -94,6 +95,7 @@ def _session_paused_for_its_sends(writable: bool) -> Session:
     s.peer, s.conn, s.writable = "test", connected(now=0.0, keepalive_interval_s=30.0), writable
     s.producers = {1: _Pending(PUBLISH_BYTES_MAX + 1)}  # type: ignore[dict-item]
     s.publish_paused, s.publish_bytes, s.reading_changed = True, PUBLISH_BYTES_MAX + 1, lambda: None
+    s.held = deque()  # no request held
     s.flush = lambda: None  # type: ignore[method-assign]
     return s
 
