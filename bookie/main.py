@@ -204,7 +204,7 @@ class Bookie:
         # read-only by an operator's word (PUT /api/v1/bookie/state/readonly, `bookie readonly`) until told
         # otherwise or restarted: the disk check does not make it writable again
         self.admin_readonly = False
-        self.started_at = time.time()
+        self.started_at = time.monotonic()  # uptime: a wall clock stepped back (NTP, an operator) made it < 0
         self.instance_id = ""
         self.collector: LedgerCollector | None = None
         self.scrubber: Scrubber | None = None
@@ -522,7 +522,7 @@ class Bookie:
             "disk_free_bytes": free,
             "disk_total_bytes": total,
             "instance_id": self.instance_id,
-            "uptime_s": round(time.time() - self.started_at, 1),
+            "uptime_s": round(time.monotonic() - self.started_at, 1),
             "journal": dict(self.journal.stats),
         }
 

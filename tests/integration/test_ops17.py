@@ -148,3 +148,34 @@ def test_cluster_up_on_a_running_cluster_says_which_ports_it_runs_with(tmp_path:
         assert f"(not as asked: it runs with --bookies 2, --base-port {base}, as " in r.stderr, r.stderr
     finally:
         _ls("cluster", "down", "--state-dir", str(state))
+
+
+def test_a_bookies_uptime_survives_its_clock_stepped_back(
+    zk_server, zk_root: str, tmp_path: Path, monkeypatch
+) -> None:
+    """/api/v1/info's uptime_s was wall-clock time since the start: a clock stepped back an hour (NTP, an
+    operator's `date -s`) made it -3600. A real bookie (in this process, its ZooKeeper real), the clock stepped."""
+    import asyncio
+
+    from bookie import main as bookie_main
+
+    async def run() -> float:
+        cfg = bookie_main.BookieConfig(
+            zk=zk_server.connect_string,
+            zk_root=zk_root,
+            data_dir=tmp_path / "b",
+            port=free_port(),
+            http_port=free_port(),
+            init_cluster=True,
+        )
+        b = bookie_main.Bookie(cfg)
+        await b.start()
+        try:
+            wall = time.time
+            monkeypatch.setattr(bookie_main.time, "time", lambda: wall() - 3600)
+            return float(b.info()["uptime_s"])
+        finally:
+            monkeypatch.undo()
+            await b.stop()
+
+    assert 0 <= asyncio.run(run()) < 600
