@@ -1568,6 +1568,8 @@ class AdminApp:
             await self.meta.update_partitions(name.ml_name, n)
         except ValueError as e:
             raise AdminError(409, str(e)) from e
+        except zk.MetadataNotFoundError:  # deleted since the read
+            raise AdminError(404, f"Partitioned topic {name} does not exist") from None
         await self._create_partition_mls(name, current, n)
         await self._subscribe_new_partitions(name, current, n, request)
         return _no_content()
@@ -1594,10 +1596,21 @@ class AdminApp:
     async def partitions_delete(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         force = request.query.get("force", "false").lower() == "true"
-        results = await self._each_partition(
-            name, "DELETE", "", params={"force": str(force).lower()}, request=request
-        )
-        self._check_partition_results(results, ok_404=True)
+        # marked first: it grows no more and no partition of it is made (a count grown, a producer's open), so
+        # the partitions deleted are all it has; a partition made meanwhile was left behind, of a topic gone
+        try:
+            await self.meta.mark_partitioned_deleted(name.ml_name)
+        except zk.MetadataNotFoundError:
+            raise AdminError(404, f"Partitioned topic {name} does not exist") from None
+        try:
+            results = await self._each_partition(
+                name, "DELETE", "", params={"force": str(force).lower()}, request=request
+            )
+            self._check_partition_results(results, ok_404=True)
+        except BaseException:  # (a partition not deleted): the topic as it was, its mark taken back
+            with contextlib.suppress(zk.MetadataNotFoundError):
+                await self.meta.mark_partitioned_deleted(name.ml_name, False)
+            raise
         # the partitions' shared schemas and policies go with the topic, as a non-partitioned topic's do (as in
         # Pulsar); before its metadata, so that a call failing in between can be made again
         await self.meta.delete_schemas(name.ml_name)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -225,18 +226,21 @@ class CursorInfo:
 @dataclass(frozen=True, slots=True)
 class PartitionedTopicMetadata:
     partitions: int
+    # its delete under way (set first, before its partitions are deleted): it grows no more, and no partition's
+    # managed ledger is created (:meth:`BrokerMetadataStore.create_ml_info`), so none is left behind
+    deleted: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or self.partitions < 1:
             raise ValueError(f"a partitioned topic has at least 1 partition, got {self.partitions!r}")
 
     def to_json(self) -> JsonDict:
-        return {"partitions": self.partitions}
+        return {"partitions": self.partitions, **({"deleted": True} if self.deleted else {})}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PartitionedTopicMetadata:
         try:
-            return cls(_field(d, "partitions", int))
+            return cls(_field(d, "partitions", int), bool(_optional_bool(d, "deleted")))
         except ValueError as e:
             raise MetadataFormatError(str(e)) from e
 
@@ -700,6 +704,16 @@ class SchemaHistory:
 
 # --- the store -------------------------------------------------------------------------------------------------
 
+#: a partition's local name (percent-encoded as in a managed-ledger name), as ``topic_broker.names`` parses it
+_PARTITION_ML = re.compile(r"^(?P<base>.+)-partition-(?P<index>0|[1-9]\d*)$")
+
+
+class PartitionedTopicGoneError(MetadataNotFoundError):
+    """A partition's managed ledger not created: its partitioned topic's delete is under way (or it went)."""
+
+    def __init__(self, base_ml_name: str, *, path: str | None = None) -> None:
+        super().__init__(f"Partitioned topic {base_ml_name} is being deleted", path=path)
+
 
 class NamespaceGoneError(MetadataNotFoundError):
     """A topic's znode not created: its namespace does not exist, or its delete is under way (marked
@@ -729,8 +743,42 @@ class BrokerMetadataStore:
         """Raises ``MetadataExistsError`` if another broker created it first; with ``namespaces``
         :class:`NamespaceGoneError` when its namespace does not exist or is being deleted
         (:meth:`_create_in_namespace`)."""
-        await self._create_in_namespace(layout.ml_info_path(ml_name), info.to_json(), ml_name)
+        m = _PARTITION_ML.match(layout.check_ml_name(ml_name).rsplit("/", 1)[1]) if self.namespaces else None
+        if m is None or not await self._create_in_partitioned(ml_name, info, ml_name.rsplit("/", 1)[0], m):
+            await self._create_in_namespace(layout.ml_info_path(ml_name), info.to_json(), ml_name)
         return Versioned(info, 0)
+
+    async def _create_in_partitioned(
+        self, ml_name: str, info: ManagedLedgerInfo, prefix: str, m: re.Match[str]
+    ) -> bool:
+        """A partition's managed ledger created only while its partitioned topic exists and is not being
+        deleted, in one transaction with a check of the partitioned topic's znode at the version read (its
+        delete marks it first, then deletes the partitions it counts: a partition made by a count grown
+        meanwhile, or by a producer's open, is made before the mark, and deleted, or refused). False when there
+        is no partitioned topic of that name (a topic named so, made as any other)."""
+        guard = layout.partitioned_topic_path(f"{prefix}/{m.group('base')}")
+        attempt = 0
+        while True:
+            v = await self.store.aget_optional(guard)
+            if v is None:
+                return False
+            if v.value.get("deleted"):
+                raise PartitionedTopicGoneError(
+                    f"{prefix}/{m.group('base')}", path=self.store.abs_path(guard)
+                )
+            try:
+                await self.store.acreate_checked(
+                    layout.ml_info_path(ml_name), info.to_json(), guard=guard, guard_version=v.version
+                )
+                return True
+            except MetadataNotFoundError as e:
+                if e.path != self.store.abs_path(guard):
+                    raise
+            except MetadataVersionError:
+                pass
+            attempt += 1  # (grown or marked since the read): read it again
+            if attempt > 100:
+                raise MetadataVersionError("partitioned topic keeps changing", path=guard)
 
     async def _create_in_namespace(self, path: str, body: JsonDict, ml_name: str) -> None:
         """A topic's znode (``path``) created only while its namespace exists and is not being deleted, in one
@@ -828,11 +876,24 @@ class BrokerMetadataStore:
         new = PartitionedTopicMetadata(partitions)
 
         def grow(cur: JsonDict) -> JsonDict:
-            if PartitionedTopicMetadata.from_json(cur).partitions > partitions:
+            stored = PartitionedTopicMetadata.from_json(cur)
+            if stored.deleted:
+                raise ValueError("the partitioned topic is being deleted")
+            if stored.partitions > partitions:
                 raise ValueError("the number of partitions can only grow")
             return {**cur, **new.to_json()}
 
         await self.store.aupdate(layout.partitioned_topic_path(ml_name), grow)
+
+    async def mark_partitioned_deleted(self, ml_name: str, deleted: bool = True) -> int:
+        """The partitioned topic marked (or no longer) as being deleted: it grows no more and no partition of it
+        is created; its partition count then, final. MetadataNotFoundError when there is none."""
+
+        def mark(cur: JsonDict) -> JsonDict:
+            return {**cur, "deleted": deleted}
+
+        v = await self.store.aupdate(layout.partitioned_topic_path(ml_name), mark)
+        return PartitionedTopicMetadata.from_json(v.value).partitions
 
     async def delete_partitioned_topic(self, ml_name: str) -> None:
         await self.store.adelete(layout.partitioned_topic_path(ml_name), missing_ok=True)

@@ -8,7 +8,10 @@ import asyncio
 import uuid
 from typing import Any
 
+import aiohttp
+
 from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
+from topic_broker.admin import AdminServer
 from topic_broker.names import TopicName
 from zk import layout
 
@@ -53,3 +56,46 @@ def test_a_topic_opened_again_while_it_is_deleted_is_a_new_topic_with_its_own_st
         assert owner is not None and owner.broker_id == service.config.id
         assert not set(old_ledgers) & {li.ledger_id for li in info.value.ledgers}
         assert not [lid for lid in old_ledgers if store.exists(layout.ledger_path(lid))]  # deleted
+
+
+def test_a_partitioned_topic_grown_while_it_is_deleted_leaves_no_partition(cluster: Brokers) -> None:  # noqa: F811
+    """A partitioned topic of 2 deleted, its partition count grown to 4 by another admin after its partitions
+    were deleted: the update refused (409), nothing of the topic left (before: 204, and the managed ledgers of
+    partitions 2 and 3 left behind, of a topic that no longer existed)."""
+    with in_process_broker(cluster) as (service, run):
+        admin = AdminServer(service)
+        run(admin.start())
+        try:
+            meta, store, port = service.meta, service.meta.store, service.config.http_port
+            local = f"grown-{uuid.uuid4().hex[:8]}"
+            url = f"http://127.0.0.1:{port}/admin/v2/persistent/public/default/{local}/partitions"
+            grown: list[int] = []
+
+            async def create() -> int:
+                async with aiohttp.ClientSession() as http, http.put(url, json=2) as r:
+                    return r.status
+
+            assert run(create()) == 204
+            real_delete = meta.delete_partitioned_topic
+
+            async def grown_then_deleted(ml_name: str) -> None:
+                async with aiohttp.ClientSession() as http, http.post(url, json=4) as r:
+                    grown.append(r.status)
+                await real_delete(ml_name)
+
+            meta.delete_partitioned_topic = grown_then_deleted
+            try:
+
+                async def delete() -> int:
+                    async with aiohttp.ClientSession() as http, http.delete(url) as r:
+                        return r.status
+
+                assert run(delete()) == 204
+            finally:
+                del meta.delete_partitioned_topic
+            assert grown == [409]
+            left = store.children("managed-ledgers/public/default/persistent")
+            assert [n for n in left if n.startswith(f"{local}-partition-")] == []
+            assert not store.exists(f"topics/public/default/persistent/{local}")
+        finally:
+            run(admin.stop())
