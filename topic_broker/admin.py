@@ -2455,15 +2455,19 @@ class AdminApp:
         if fanned is not None:
             return fanned
         topic = await self._owned_topic(request, name)
-        rt = topic.subscriptions.get(sub)
-        stored = await self.meta.get_cursor(name.ml_name, sub)
-        if rt is None and stored is None:
-            raise AdminError(404, "Subscription not found")
-        if rt is not None:
-            if rt.consumers and not force:
-                raise AdminError(412, "Subscription has active connected consumers")
-            self._disconnect(rt)
-        await sub_ops.delete(topic, sub, rt)
+        # under the lock a consumer subscribing holds until it is attached (as the subscription expiration):
+        # looked at without it, a consumer that attached while the cursor was read was not seen, and the
+        # subscription's cursor was deleted and detached under it (204 with a consumer connected)
+        async with topic._opening_subscription:
+            rt = topic.subscriptions.get(sub)
+            stored = await self.meta.get_cursor(name.ml_name, sub)
+            if rt is None and stored is None:
+                raise AdminError(404, "Subscription not found")
+            if rt is not None:
+                if rt.consumers and not force:
+                    raise AdminError(412, "Subscription has active connected consumers")
+                self._disconnect(rt)
+            await sub_ops.delete(topic, sub, rt)
         return _no_content()
 
     @staticmethod
