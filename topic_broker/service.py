@@ -3622,18 +3622,26 @@ class BrokerService:
             s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
         sub = c.sub
-        if len(sub.consumers) > 1:
-            s.send(wire.error(cmd.request_id, pb.ConsumerBusy, "the subscription has other consumers"))
-            return
-        s.consumers.pop(cmd.consumer_id, None)
-        sub.remove_consumer(c)
-        sub.topic.subscriptions.pop(sub.name, None)
-        if sub.cursor is not None:
-            try:
-                await sub.cursor.delete()
-            except (ManagedLedgerError, zk.MetadataError) as e:
-                s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
+        # under the lock a consumer subscribing holds until it is attached: one subscribing while the cursor is
+        # deleted attaches after, to a subscription made anew; it restored the cursor still stored and attached,
+        # and the delete then removed that znode (and detached the cursor's name) under it
+        async with sub.topic._opening_subscription:
+            if s.consumers.get(cmd.consumer_id) is not c:  # closed meanwhile
+                s.send(wire.error(cmd.request_id, pb.ConsumerNotFound, "no such consumer"))
                 return
+            if len(sub.consumers) > 1:
+                s.send(wire.error(cmd.request_id, pb.ConsumerBusy, "the subscription has other consumers"))
+                return
+            s.consumers.pop(cmd.consumer_id, None)
+            sub.remove_consumer(c)
+            if sub.topic.subscriptions.get(sub.name) is sub:
+                del sub.topic.subscriptions[sub.name]
+            if sub.cursor is not None:
+                try:
+                    await sub.cursor.delete()
+                except (ManagedLedgerError, zk.MetadataError) as e:
+                    s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
+                    return
         s.send(wire.success(cmd.request_id))
 
     def on_close_consumer(self, s: Session, r: Request) -> None:

@@ -80,3 +80,52 @@ def test_a_consumer_subscribing_while_its_subscription_is_deleted_keeps_a_stored
         finally:
             client.close()
             run(admin.stop())
+
+
+def test_a_consumer_subscribing_while_another_unsubscribes_keeps_a_stored_subscription(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """A consumer's UNSUBSCRIBE (the subscription's only consumer) and another consumer subscribing while the
+    cursor is deleted: the second attaches after the delete, to a subscription made anew, stored and known to
+    the managed ledger (before: it restored the cursor still stored, attached, and the delete then removed that
+    znode under it)."""
+    with _serving(cluster) as (service, run):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            meta = service.meta
+            name = TopicName.parse(f"persistent://public/default/unsub2-{uuid.uuid4().hex[:8]}")
+            first = client.subscribe(str(name), "s", consumer_type=pulsar.ConsumerType.Shared)
+            second: list[Any] = []
+            real_delete_cursor = meta.delete_cursor
+
+            async def other_subscribes_then_deleted(ml_name: str, sub: str) -> None:
+                if ml_name == name.ml_name and not second:
+                    second.append(
+                        asyncio.get_running_loop().run_in_executor(
+                            None,
+                            lambda: client.subscribe(
+                                str(name), "s", consumer_type=pulsar.ConsumerType.Shared
+                            ),
+                        )
+                    )
+                    await asyncio.wait(set(second), timeout=3)  # as far as it goes while the delete waits
+                await real_delete_cursor(ml_name, sub)
+
+            meta.delete_cursor = other_subscribes_then_deleted
+            try:
+                first.unsubscribe()
+            finally:
+                del meta.delete_cursor
+
+            async def subscribed() -> Any:
+                return await second[0]
+
+            consumer = run(subscribed())
+            topic = service._served(str(name))
+            assert len(topic.subscriptions["s"].consumers) == 1
+            assert run(meta.get_cursor(name.ml_name, "s")) is not None, "the attached subscription's cursor"
+            assert "s" in topic.ml.cursors
+            client.create_producer(str(name)).send(b"after")
+            assert consumer.receive(timeout_millis=10_000).data() == b"after"
+        finally:
+            client.close()
