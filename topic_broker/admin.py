@@ -95,6 +95,7 @@ from .service import (
     NAMESPACE_NOT_FOUND,
     NamespaceNotFoundError,
     PartitionLimitError,
+    TopicDeletingError,
     past_partition_limit,
     schema_refusal,
 )
@@ -147,6 +148,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(412, str(e))
     except NamespaceNotFoundError:  # a topic call raced the namespace's deletion
         return _error(404, NAMESPACE_NOT_FOUND)
+    except TopicDeletingError as e:  # its delete still under way: try again
+        return _error(503, str(e))
     except web.HTTPException as e:
         if e.status < 400:  # a redirect to the topic's owner
             raise

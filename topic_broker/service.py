@@ -371,6 +371,15 @@ class PartitionLimitError(Exception):
         )
 
 
+class TopicDeletingError(Exception):
+    """An open of a topic whose delete is still under way after CLOSE_WAIT_S: refused, to be tried again (a
+    client's ServiceNotReady, the admin's 503), rather than opened on the ledger list being deleted."""
+
+    def __init__(self, name: TopicName) -> None:
+        super().__init__(f"{name} is being deleted; try again")
+        self.name = name
+
+
 class TopicNotFoundError(Exception):
     """A topic that does not exist, named by a client in a namespace whose ``autoTopicCreation`` does not let
     it be created (Pulsar's TopicNotFound "Topic does not exist")."""
@@ -2271,6 +2280,8 @@ class BrokerService:
         self.topics: dict[str, asyncio.Future[Topic]] = {}
         #: topics no longer served whose close (their ledger list's last write) is under way, by name
         self._closing: dict[str, asyncio.Task[None]] = {}
+        #: the topics whose delete is under way (in ``_closing`` too): an open waits for it, never opens beside it
+        self._deleting: set[str] = set()
         #: topic -> (its name, when a lookup last found it owned here but not open): see :meth:`lookup_owner`
         self._looked_up: dict[str, tuple[TopicName, float]] = {}
         self.sessions: set[Session] = set()
@@ -2799,6 +2810,8 @@ class BrokerService:
             # would read the version before and its first write (a rollover, a terminate) conflict and fence it
             await asyncio.wait({closing}, timeout=CLOSE_WAIT_S)
             if not closing.done():
+                if key in self._deleting:  # opened on the ledger list being deleted, served with none
+                    raise TopicDeletingError(name)
                 break  # a close stuck (its bookies away): open anyway, as before
             fut = self.topics.get(key)
         if fut is None:
@@ -3035,6 +3048,7 @@ class BrokerService:
         # the delete stands as the topic's close under way: an open of the topic meanwhile (a producer it
         # disconnected, reconnecting at once) waits for it, then makes the topic anew; it opened the ledger list
         # being deleted, so the topic was served with no managed-ledger znode (what it acknowledged then lost)
+        self._deleting.add(topic.key)
         self._closing_as(topic.key, self._delete_storage(topic))
         await asyncio.shield(self._closing[topic.key])
         return True
@@ -3052,7 +3066,7 @@ class BrokerService:
                 await self.meta.delete_topic_policies(topic.name.ml_name)  # likewise
         finally:
             self.metrics.forget(topic.key)
-            # (not that of the topic opened again meanwhile, past CLOSE_WAIT_S)
+            self._deleting.discard(topic.key)
             await self._release_ownership(topic.name)
         log.info("broker=%s deleted topic=%s", self.config.id, topic.name)
 
@@ -3175,6 +3189,8 @@ class BrokerService:
             s.send(wire.error(request_id, pb.TopicNotFound, NAMESPACE_NOT_FOUND))
         except TopicNotFoundError as e:
             s.send(wire.error(request_id, pb.TopicNotFound, str(e)))
+        except TopicDeletingError as e:
+            s.send(wire.error(request_id, pb.ServiceNotReady, str(e)))
         except NotOwnerError as e:
             s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} is served by {e.owner.service_url}"))
         except (ManagedLedgerError, zk.MetadataError) as e:

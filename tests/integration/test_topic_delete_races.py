@@ -9,8 +9,10 @@ import uuid
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
+from topic_broker import service as service_mod
 from topic_broker.admin import AdminServer
 from topic_broker.names import TopicName
 from zk import layout
@@ -99,3 +101,37 @@ def test_a_partitioned_topic_grown_while_it_is_deleted_leaves_no_partition(clust
             assert not store.exists(f"topics/public/default/persistent/{local}")
         finally:
             run(admin.stop())
+
+
+def test_an_open_during_a_delete_stuck_past_the_wait_is_refused_not_opened_on_it(
+    cluster: Brokers,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A delete held past CLOSE_WAIT_S (its bookies slow): an open of the topic then is refused, TopicDeletingError
+    (a client's ServiceNotReady, retried), and opens a new topic once the delete ended (before: it opened anyway on
+    the ledger list being deleted, served with no managed-ledger znode)."""
+    monkeypatch.setattr(service_mod, "CLOSE_WAIT_S", 0.3)
+    with in_process_broker(cluster) as (service, run):
+        meta = service.meta
+        name = TopicName.parse(f"persistent://public/default/stuck-{uuid.uuid4().hex[:8]}")
+        run(service.get_topic(name))
+        real_delete_ml = meta.delete_ml
+        opened: list[Any] = []
+
+        async def open_past_the_wait_then_delete(ml_name: str) -> None:
+            if ml_name == name.ml_name and not opened:
+                try:
+                    opened.append(await service.get_topic(name))
+                except service_mod.TopicDeletingError as e:
+                    opened.append(e)
+            await real_delete_ml(ml_name)
+
+        meta.delete_ml = open_past_the_wait_then_delete
+        try:
+            assert run(service.delete_topic(name))
+        finally:
+            del meta.delete_ml
+        assert isinstance(opened[0], service_mod.TopicDeletingError), opened
+        new = run(service.get_topic(name))
+        info = run(meta.get_ml_info(name.ml_name))
+        assert info is not None and new.ml.current_ledger_id in [li.ledger_id for li in info.value.ledgers]
