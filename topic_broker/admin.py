@@ -990,8 +990,13 @@ class AdminApp:
         topic's znode is created only while its namespace is not so marked, in one transaction with that check),
         then its topics looked for: none, it is deleted; some (created before the mark), 409 and the mark
         taken back. A topic created meanwhile was left behind (its managed ledger, its ledgers, its ownership)
-        in a namespace that no longer existed."""
+        in a namespace that no longer existed. A namespace with topics is answered 409 before it is marked, and
+        a topic that exists opens (and is looked up) while the mark stands: only creations are refused."""
         tenant, ns, _p = await self._policies(request)
+        # a namespace with topics is refused before it is marked: while marked, a topic's creation there is
+        # refused (pulsar-client gives up on that answer), which a delete bound to answer 409 should not cause
+        if await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns):
+            raise AdminError(409, "Cannot delete non empty namespace")
         await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, deleted=True))
         try:
             busy = bool(await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns))

@@ -2391,7 +2391,8 @@ class BrokerService:
             known = await self.meta.get_policies(name.tenant, name.namespace)
             if known is None and self.checks_permissions(s.conn.principal):
                 return (pb.AuthorizationError, self._refused(s, name, EITHER)), None
-            exists = known is not None
+            # (a namespace whose delete is under way: only for a topic that does not exist, which it would create)
+            exists = known is not None and (not known.deleted or await self._exists_any(name))
         else:
             exists = True  # a topic served here: its namespace exists (it cannot be deleted under a topic)
         if not exists:
@@ -2832,7 +2833,9 @@ class BrokerService:
         assert self.meta is not None and self.bk is not None
         # before anything is written (ownership, the managed ledger, a ledger on the bookies)
         policies = known if known is not None else await self.meta.get_policies(name.tenant, name.namespace)
-        if policies is None or policies.deleted:  # (deleted: its delete under way)
+        # (deleted: its delete under way; a topic that exists still opens, so the delete answers 409 and its
+        # clients, reconnecting meanwhile, are not refused for good: pulsar-client gives up on TopicNotFound)
+        if policies is None or (policies.deleted and not await self._exists_any(name)):
             raise NamespaceNotFoundError(name)
         auto = policies.auto_topic_creation
         if auto is not None and not auto.allow and not await self._topic_exists(name):
@@ -2901,6 +2904,14 @@ class BrokerService:
             return False
         meta = await self.meta.get_partitions(name.base.ml_name)
         return meta is not None and name.partition_index < meta.partitions
+
+    async def _exists_any(self, name: TopicName) -> bool:
+        """Does the topic exist as :meth:`_topic_exists` says, or as a partitioned topic (a PARTITIONED_METADATA
+        names one by its base name)?"""
+        if await self._topic_exists(name):
+            return True
+        assert self.meta is not None
+        return not name.is_partition and await self.meta.get_partitions(name.ml_name) is not None
 
     async def auto_partitioned(self, name: TopicName, known: NamespacePolicies | None = None) -> int:
         """The partitions of a topic a client names (a PARTITIONED_METADATA) that does not exist, in a namespace

@@ -5,7 +5,9 @@ the broker's metadata read that makes it there). Nothing of the topic may be lef
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import types
 import urllib.error
 import urllib.request
 import uuid
@@ -67,6 +69,7 @@ def test_topics_created_while_the_namespace_is_deleted_are_refused(cluster: Brok
         store = service.meta.store
         topic = TopicName.parse(f"persistent://public/{ns}/produced")
         outcome: dict[str, Any] = {}
+        looks: list[str] = []
         real_children = store.achildren
 
         async def list_then_others_create(path: str) -> list[str]:
@@ -74,7 +77,9 @@ def test_topics_created_while_the_namespace_is_deleted_are_refused(cluster: Brok
                 found = await real_children(path)
             except zk.MetadataNotFoundError as e:  # (no topic made yet: no directory)
                 found = e
-            if path == f"topics/public/{ns}/persistent" and not outcome:  # the last look
+            if path == f"topics/public/{ns}/persistent":
+                looks.append(path)
+            if len(looks) == 2 and not outcome:  # the last look, after the mark (the first is before it)
                 try:
                     outcome["open"] = await service.get_topic(topic)
                 except Exception as e:
@@ -140,3 +145,38 @@ def test_a_namespace_with_a_topic_is_not_deleted_and_stays_usable(cluster: Broke
         assert _status(port, "GET", f"/admin/v2/namespaces/public/{ns}")[1]["deleted"] is False
         assert _status(port, "PUT", f"{base}/b")[0] == 204
         assert _status(port, "PUT", f"{base}/c/partitions", 2)[0] == 204
+
+
+def test_a_marked_namespace_refuses_only_new_topics(cluster: Brokers) -> None:  # noqa: F811
+    """While a namespace's delete mark stands, a topic that exists opens and is looked up (its clients reconnecting
+    meanwhile are not refused: pulsar-client gives up on TopicNotFound), and a new one is refused; a delete of a
+    namespace with topics answers 409 without marking it at all (before: the existing topic's open and lookup
+    refused "Namespace not found", and every such delete set the mark)."""
+    with _namespace_on_a_broker(cluster) as (service, run, port, ns):
+        meta = service.meta
+        assert _status(port, "PUT", f"/admin/v2/persistent/public/{ns}/old")[0] == 204
+        assert _status(port, "PUT", f"/admin/v2/persistent/public/{ns}/parted/partitions", 2)[0] == 204
+        marks: list[Any] = []
+        real_update = meta.update_policies
+
+        async def recording_update(tenant: str, namespace: str, change: Any) -> Any:
+            marks.append(namespace)
+            return await real_update(tenant, namespace, change)
+
+        meta.update_policies = recording_update
+        try:
+            assert _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")[0] == 409
+        finally:
+            del meta.update_policies
+        assert marks == []
+
+        run(meta.update_policies("public", ns, lambda q: dataclasses.replace(q, deleted=True)))
+        session = types.SimpleNamespace(conn=types.SimpleNamespace(principal=None))
+        for local in ("old", "parted", "parted-partition-1"):
+            name = TopicName.parse(f"persistent://public/{ns}/{local}")
+            assert run(service._lookup_refusal(session, name, "LOOKUP"))[0] is None, local
+        assert run(service.get_topic(TopicName.parse(f"persistent://public/{ns}/old"))) is not None
+        new = TopicName.parse(f"persistent://public/{ns}/new")
+        assert run(service._lookup_refusal(session, new, "LOOKUP"))[0] is not None
+        with pytest.raises(NamespaceNotFoundError):
+            run(service.get_topic(new))
