@@ -1230,6 +1230,8 @@ class AdminApp:
                 subs = [s for s in data if s != COMPACTION_SUBSCRIPTION] if status == 200 else []
             else:
                 stored = await self.meta.list_cursors(name.ml_name)
+                if sub == COMPACTION_SUBSCRIPTION:  # named: refused (405) wherever stored, as when served
+                    return [f"/subscription/{quote(sub, safe='')}/skip_all"] if sub in stored else []
                 wanted = [s for s in stored if s != COMPACTION_SUBSCRIPTION] if sub is None else [sub]
                 subs = await self._with_stored_backlog(name, [s for s in wanted if s in stored])
             return [f"/subscription/{quote(s, safe='')}/skip_all" for s in subs]

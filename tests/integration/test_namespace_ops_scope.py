@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import urllib.error
 import uuid
 
 import pytest
@@ -12,6 +13,7 @@ from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import broker, cluster  # noqa: F401
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_client_features4 import wait_for
+from topic_broker.compaction import COMPACTION_SUBSCRIPTION
 from zk.client import MetadataStore
 
 pulsar = pytest.importorskip("pulsar")
@@ -78,4 +80,13 @@ def test_namespace_operations_open_only_the_topics_that_have_the_subscription(
     admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/unsubscribe/a")  # nobody has it now: nothing opened
     admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/clearBacklog")
     assert owned() == set()
+
+    # the compactor's subscription named: refused (405) on a topic nobody serves whose compaction horizon is at
+    # the end, as on a served one (before: 204, its stored cursor taken as nothing to clear)
+    admin(bp, "PUT", f"{base}/{with_a[0]}/compaction")
+    wait_for(lambda: admin(bp, "GET", f"{base}/{with_a[0]}/compaction")["status"] == "SUCCESS", "compacted")
+    unload_all()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/clearBacklog/{COMPACTION_SUBSCRIPTION}")
+    assert refused.value.code == 405
     store.close()
