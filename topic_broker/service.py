@@ -3077,8 +3077,12 @@ class BrokerService:
                 await self.meta.delete_topic_policies(topic.name.ml_name)  # likewise
         finally:
             self.metrics.forget(topic.key)
-            self._deleting.discard(topic.key)
-            await self._release_ownership(topic.name)
+            try:
+                await self._release_ownership(topic.name)
+            finally:
+                # only now: an open past CLOSE_WAIT_S during the release took the znode still there as its own
+                # and the release then deleted it (served with no ownership); it is refused until here
+                self._deleting.discard(topic.key)
         log.info("broker=%s deleted topic=%s", self.config.id, topic.name)
 
     async def unload(self, name: TopicName) -> bool:

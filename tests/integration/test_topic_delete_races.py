@@ -135,3 +135,38 @@ def test_an_open_during_a_delete_stuck_past_the_wait_is_refused_not_opened_on_it
         new = run(service.get_topic(name))
         info = run(meta.get_ml_info(name.ml_name))
         assert info is not None and new.ml.current_ledger_id in [li.ledger_id for li in info.value.ledgers]
+
+
+def test_an_open_past_the_wait_while_a_delete_releases_its_ownership_is_refused(
+    cluster: Brokers,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A delete whose last step, the ownership's release, is held past CLOSE_WAIT_S: an open of the topic then is
+    refused, TopicDeletingError (retried by a client), and the topic opened after holds its ownership (before: the
+    delete counted as ended before its release, so the open went on, took the znode still there as its own, and
+    the release then deleted it: the topic served here with no ownership for another broker's lookup to take)."""
+    monkeypatch.setattr(service_mod, "CLOSE_WAIT_S", 0.3)
+    with in_process_broker(cluster) as (service, run):
+        meta = service.meta
+        name = TopicName.parse(f"persistent://public/default/release-{uuid.uuid4().hex[:8]}")
+        run(service.get_topic(name))
+        real_release = meta.release_ownership
+        opened: list[Any] = []
+
+        async def open_past_the_wait_then_release(ml_name: str, broker_id: str) -> Any:
+            if ml_name == name.ml_name and not opened:
+                try:
+                    opened.append(await service.get_topic(name))
+                except service_mod.TopicDeletingError as e:
+                    opened.append(e)
+            return await real_release(ml_name, broker_id)
+
+        meta.release_ownership = open_past_the_wait_then_release
+        try:
+            assert run(service.delete_topic(name))
+        finally:
+            del meta.release_ownership
+        assert isinstance(opened[0], service_mod.TopicDeletingError), opened
+        run(service.get_topic(name))
+        owner = run(meta.get_owner(name.ml_name))
+        assert owner is not None and owner.broker_id == service.config.id
