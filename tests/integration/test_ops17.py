@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ledgerstore.cluster import BrokerProcess, free_port
+from tests.broker_testing import Brokers
 from tests.conftest import BookieFactory
 from tests.integration.test_cluster_cli import _ls, _ports
+
+
+@contextlib.contextmanager
+def _sighup_default() -> Iterator[None]:
+    """SIGHUP at its default in this process while a server starts, so the server sees it so: a server started
+    where SIGHUP is ignored (a test run under nohup) keeps it ignored, as it should, and would not stop on it."""
+    old = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, old)
 
 
 def test_sighup_stops_a_bookie_cleanly(bookies: BookieFactory) -> None:
@@ -19,7 +33,8 @@ def test_sighup_stops_a_bookie_cleanly(bookies: BookieFactory) -> None:
     on the signal before (Python's default), still registered until its session expired, with no log line."""
     from zk import BookieRegistry, MetadataStore
 
-    bp = bookies.start()
+    with _sighup_default():
+        bp = bookies.start()
     store = MetadataStore.connect(bookies.zk, root=bookies.root)
     try:
         assert bp.id in BookieRegistry(store).available()
@@ -33,7 +48,9 @@ def test_sighup_stops_a_bookie_cleanly(bookies: BookieFactory) -> None:
         store.close()
 
 
-def test_sighup_stops_a_broker_cleanly(broker: BrokerProcess) -> None:
+def test_sighup_stops_a_broker_cleanly(cluster: Brokers) -> None:
+    with _sighup_default():
+        broker = cluster.start()
     assert broker.proc is not None
     broker.proc.send_signal(signal.SIGHUP)
     assert broker.wait_exit(30) == 0, broker.log_tail(20)
