@@ -995,11 +995,11 @@ class AdminApp:
         tenant, ns, _p = await self._policies(request)
         # a namespace with topics is refused before it is marked: while marked, a topic's creation there is
         # refused (pulsar-client gives up on that answer), which a delete bound to answer 409 should not cause
-        if await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns):
+        if await self._has_topics(tenant, ns):
             raise AdminError(409, "Cannot delete non empty namespace")
         await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, deleted=True))
         try:
-            busy = bool(await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns))
+            busy = await self._has_topics(tenant, ns)
         except BaseException:
             busy = True
             raise
@@ -1474,6 +1474,10 @@ class AdminApp:
         return await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, **change))
 
     # -- topic lists and partitions --------------------------------------------------------------------------
+
+    async def _has_topics(self, tenant: str, ns: str) -> bool:
+        """Does the namespace hold a topic or a partitioned topic?"""
+        return bool(await self._list_topics(tenant, ns) or await self._list_partitioned(tenant, ns))
 
     async def _list_topics(self, tenant: str, ns: str) -> list[str]:
         path = f"{layout.MANAGED_LEDGERS}/{tenant}/{ns}/persistent"
