@@ -12,7 +12,15 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ledgerstore.cli import CommandError, cluster_store, counted, emit, password_of, progress_disabled
+from ledgerstore.cli import (
+    EXIT_NOT_FOUND,
+    CommandError,
+    cluster_store,
+    counted,
+    emit,
+    password_of,
+    progress_disabled,
+)
 
 MIB = 1024 * 1024
 
@@ -92,6 +100,35 @@ def recover_line(r: Any) -> str:
     return f"  ledger {r.ledger_id}: {r.status}: {r.error} (metadata unchanged)"
 
 
+def known_bookie_ids(args: argparse.Namespace) -> set[str]:
+    """Every bookie id the cluster knows of: registered (writable or read-only), with a cookie, or being
+    decommissioned."""
+    from zk import BookieRegistry, layout
+    from zk.underreplication import UnderReplicationManager
+
+    store = cluster_store(args)
+    try:
+        return (
+            set(BookieRegistry(store).all())
+            | set(store.children_many([layout.COOKIES])[layout.COOKIES] or ())
+            | UnderReplicationManager(store).decommissioning()
+        )
+    finally:
+        store.close()
+
+
+def check_bookie_known(args: argparse.Namespace, bookie_id: str) -> None:
+    """CommandError (exit 4, NOT_FOUND) naming the known bookies when ``bookie_id`` is in no ledger's ensemble
+    and the cluster does not know it either (a typo: "0 ledgers re-replicated" would read as done)."""
+    known = known_bookie_ids(args)
+    if bookie_id not in known:
+        raise CommandError(
+            f"no bookie {bookie_id}: not registered, no cookie, in no ledger's ensemble (check the id; known "
+            f"bookies: {', '.join(sorted(known)) or 'none'})",
+            EXIT_NOT_FOUND,
+        )
+
+
 def recover_bookie(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -118,6 +155,8 @@ def recover_bookie(args: argparse.Namespace) -> int:
             await bk.close()
 
     results = asyncio.run(go())
+    if not results:
+        check_bookie_known(args, args.bookie)
     done = [r for r in results if r.status in ("done", "planned")]
     bad = [r for r in results if r.status not in ("done", "planned", "open")]
     head = (

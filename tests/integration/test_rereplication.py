@@ -188,3 +188,13 @@ def test_a_copy_that_fails_swaps_nothing_and_a_rerun_completes(bookies) -> None:
             await bk.close()
 
     assert asyncio.run(read_back()) == [payload(lid, i) for i in range(100)]
+
+
+def test_recover_of_an_id_no_bookie_has_is_an_error_naming_the_known_ones(bookies) -> None:
+    """A mistyped id (never registered, no cookie, in no ensemble) is refused, not "0 ledgers re-replicated"."""
+    (bp,) = bookies.start_many(1)
+    r = _cli(bookies, "bookie", "recover", "127.0.0.1:1", "--password", PW.decode())
+    assert r.returncode == 4, (r.stdout, r.stderr)
+    assert "127.0.0.1:1" in r.stderr and bp.id in r.stderr, r.stderr
+    r = _cli(bookies, "bookie", "recover", bp.id, "--password", PW.decode())  # known, in no ledger: fine
+    assert r.returncode == 0 and "0 ledgers re-replicated" in r.stdout, (r.stdout, r.stderr)
