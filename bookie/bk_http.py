@@ -89,7 +89,7 @@ def add_bookkeeper_routes(app: web.Application, bookie: Bookie) -> None:
     async def readonly_put(request: web.Request) -> web.Response:
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than the parser recurses
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("readOnly"), bool):
             return web.json_response(
