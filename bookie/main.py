@@ -682,29 +682,36 @@ class Bookie:
             asyncio.get_running_loop().create_task(self._register())
 
     async def _register(self) -> None:
+        """Registered as read-only or writable as the bookie is, again while that changed during the write: a
+        change made then (read-only and writable again within a ZooKeeper round trip) started no registration
+        of its own, the one under way not yet recorded, and that one's then stood (a writable bookie listed
+        under bookies/readonly, or the reverse) until the next change."""
         assert self.core is not None
-        readonly = self.core.readonly
-        cfg = self.config
-        info = {
-            "address": f"{cfg.advertised_address}:{cfg.port}",
-            "http_port": cfg.http_port,
-            "readonly": readonly,
-        }
         from zk.errors import MetadataConnectionError
 
-        delay = 0.1
-        give_up = time.monotonic() + REGISTER_RETRY_S
+        cfg = self.config
         while True:
-            try:
-                await asyncio.to_thread(self.registry.register, cfg.id, info, readonly)
-                break
-            except MetadataConnectionError as e:  # ZooKeeper briefly unreachable: retry, within bounds
-                if time.monotonic() + delay > give_up:
-                    raise
-                log.warning("bookie=%s registering in ZooKeeper failed (%s); retrying", cfg.id, e)
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
-        self._registered_readonly = readonly
+            readonly = self.core.readonly
+            info = {
+                "address": f"{cfg.advertised_address}:{cfg.port}",
+                "http_port": cfg.http_port,
+                "readonly": readonly,
+            }
+            delay = 0.1
+            give_up = time.monotonic() + REGISTER_RETRY_S
+            while True:
+                try:
+                    await asyncio.to_thread(self.registry.register, cfg.id, info, readonly)
+                    break
+                except MetadataConnectionError as e:  # ZooKeeper briefly unreachable: retry, within bounds
+                    if time.monotonic() + delay > give_up:
+                        raise
+                    log.warning("bookie=%s registering in ZooKeeper failed (%s); retrying", cfg.id, e)
+                    await asyncio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+            self._registered_readonly = readonly
+            if self.stopping or self.core is None or self.core.readonly == readonly:
+                return
 
     async def _disk_check(self) -> None:
         usage = self._update_readonly()

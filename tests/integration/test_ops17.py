@@ -8,13 +8,35 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 from ledgerstore.cluster import BrokerProcess, free_port
 from tests.broker_testing import Brokers
 from tests.conftest import BookieFactory
 from tests.integration.test_cluster_cli import _ls, _ports
+
+
+@contextlib.asynccontextmanager
+async def in_process_bookie(zk_server: Any, zk_root: str, data_dir: Path) -> AsyncIterator[Any]:
+    """A real bookie started in the test's process (its ZooKeeper the test's), stopped after."""
+    from bookie import main as bookie_main
+
+    cfg = bookie_main.BookieConfig(
+        zk=zk_server.connect_string,
+        zk_root=zk_root,
+        data_dir=data_dir,
+        port=free_port(),
+        http_port=free_port(),
+        init_cluster=True,
+    )
+    b = bookie_main.Bookie(cfg)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.stop()
 
 
 @contextlib.contextmanager
@@ -177,22 +199,12 @@ def test_a_bookies_uptime_survives_its_clock_stepped_back(
     from bookie import main as bookie_main
 
     async def run() -> float:
-        cfg = bookie_main.BookieConfig(
-            zk=zk_server.connect_string,
-            zk_root=zk_root,
-            data_dir=tmp_path / "b",
-            port=free_port(),
-            http_port=free_port(),
-            init_cluster=True,
-        )
-        b = bookie_main.Bookie(cfg)
-        await b.start()
-        try:
-            wall = time.time
-            monkeypatch.setattr(bookie_main.time, "time", lambda: wall() - 3600)
-            return float(b.info()["uptime_s"])
-        finally:
-            monkeypatch.undo()
-            await b.stop()
+        async with in_process_bookie(zk_server, zk_root, tmp_path / "b") as b:
+            try:
+                wall = time.time
+                monkeypatch.setattr(bookie_main.time, "time", lambda: wall() - 3600)
+                return float(b.info()["uptime_s"])
+            finally:
+                monkeypatch.undo()
 
     assert 0 <= asyncio.run(run()) < 600
