@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "EARLIEST",
+    "STARTING_TIME_KEY",
     "SUBSCRIPTION_KEY",
     "LedgerSlot",
     "Snapshot",
@@ -35,6 +36,11 @@ EARLIEST: Pos = (-1, 0)
 #: The key of a stream's offset (beside the partitions' positions, whose names start ``persistent://``) that
 #: holds the name of the durable subscription the query moves: kept in the query's checkpoint with its offsets.
 SUBSCRIPTION_KEY = "subscription"
+
+#: A stream's offset key for the ``startingTime`` its query started with (ms; absent: none): kept in every batch's
+#: end from the initial offset on, so a restart from the checkpoint filters as the query began, whatever its
+#: options say now (a starting option applies to a new query only, as Kafka's and pulsar-spark's do).
+STARTING_TIME_KEY = "startingTime"
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,5 +242,8 @@ def positions_json(offsets: Mapping[str, Pos]) -> dict[str, list[int]]:
 
 
 def positions_from_json(d: Mapping[str, Any]) -> dict[str, Pos]:
-    """The partitions' positions of an offset (its :data:`SUBSCRIPTION_KEY` left out)."""
-    return {str(k): (int(v[0]), int(v[1])) for k, v in d.items() if k != SUBSCRIPTION_KEY}
+    """The partitions' positions of an offset (its :data:`SUBSCRIPTION_KEY` and :data:`STARTING_TIME_KEY` left
+    out)."""
+    return {
+        str(k): (int(v[0]), int(v[1])) for k, v in d.items() if k not in (SUBSCRIPTION_KEY, STARTING_TIME_KEY)
+    }

@@ -44,7 +44,9 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   ``[ledgerId, entryId + 1]``.
 * ``startingTime`` / ``endingTime`` (ms since the epoch, publish time; a value of seconds, 10^9 to 10^11, is
   refused naming the option; no message published before ``startingTime`` makes a row, so a stream given a
-  time still ahead reads from there, not from when it started): start at the first entry published at or
+  time still ahead reads from there, not from when it started; a stream keeps the time it began with in its
+  checkpoint's offsets, and a restart filters by it whatever the option says now, as a starting option applies to
+  a new query only): start at the first entry published at or
   after ``startingTime``; stop before the first entry published at or after ``endingTime`` (found by binary search
   over each partition's entries; the messages of a batch entry share its publish time). An ``endingTime`` not after
   ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read
@@ -133,6 +135,7 @@ from pyspark.sql.types import (
 from spark._pulsar_options import parse_source_options
 from spark._topic_offsets import (
     EARLIEST,
+    STARTING_TIME_KEY,
     SUBSCRIPTION_KEY,
     LedgerSlot,
     Pos,
@@ -232,7 +235,8 @@ class PartitionRef:
 class TopicRange(InputPartition):  # type: ignore[misc]
     """One Spark partition: entries ``first_entry_id..last_entry_id`` of one ledger of one topic partition.
     ``prev_ledger_id``: the ledger before it in the partition's chain (−1 if none), where the first chunks of a
-    chunked message whose last chunk is in the range may lie."""
+    chunked message whose last chunk is in the range may lie. ``not_before``: the query's ``startingTime`` (ms, 0
+    for none): no message published before it makes a row (a stream's, from its checkpoint's offsets)."""
 
     topic: str
     partition: int
@@ -240,6 +244,7 @@ class TopicRange(InputPartition):  # type: ignore[misc]
     first_entry_id: int
     last_entry_id: int
     prev_ledger_id: int = -1
+    not_before: int = 0
 
 
 # --- driver side: topics, ledger chains, positions ----------------------------------------------------------------
@@ -753,8 +758,9 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
     discarded = 0
     #: ``startingTime``: no message published before it makes a row. The range starts at the first entry
     #: published at or after it (or, for a stream whose startingTime was still ahead, at the latest entry when
-    #: the query started: the entries written from then until that time are left out here)
-    not_before = opts.starting.time_ms if opts.starting.kind == "time" else 0
+    #: the query started: the entries written from then until that time are left out here); a stream's is the
+    #: time its checkpoint began with, not the option's now
+    not_before = part.not_before
 
     def encrypted(entry_id: int, meta: Any) -> bool:
         """An end-to-end encrypted entry (the source holds no keys): whether it makes a row, as
@@ -867,6 +873,11 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
         bk.close()
 
 
+def _not_before(opts: TopicOptions) -> int:
+    """The ``startingTime`` of the options (0: none)."""
+    return opts.starting.time_ms if opts.starting.kind == "time" else 0
+
+
 def _check_schema(schema: StructType) -> None:
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in TOPIC_SCHEMA]:
         raise TopicOptionError(
@@ -897,7 +908,11 @@ class TopicReader(DataSourceReader):  # type: ignore[misc]
                 )
                 end = drv.position(p, snap, self.opts.ending, "endingOffsets")
                 for lid, first, last in entry_ranges(snap, start, end, self.opts.entries_per_partition):
-                    out.append(TopicRange(p.name, p.index, lid, first, last, _prev_ledger(snap, lid)))
+                    out.append(
+                        TopicRange(
+                            p.name, p.index, lid, first, last, _prev_ledger(snap, lid), _not_before(self.opts)
+                        )
+                    )
             return out
         finally:
             drv.close()
@@ -1006,6 +1021,8 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 for name, snap in snaps.items()
             }
         )
+        if _not_before(self.opts):  # kept by every batch's end: a restart filters as the query began
+            self._initial = {**self._initial, STARTING_TIME_KEY: _not_before(self.opts)}
         self._use_subscription(None, new_query=True)
         if self.opts.subscription_explicit:  # (the query's own position: refused here if not the query's)
             self._prior = {name: self._committed_mark(name) for name in snaps}
@@ -1086,7 +1103,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             moved = advance(snaps[n], starts[n], int(budget[n]), caps[n])
             if moved != starts[n] or n not in begin:
                 end[n] = moved
-        out = {**positions_json(end), SUBSCRIPTION_KEY: sub}
+        out: dict[str, Any] = {**positions_json(end), SUBSCRIPTION_KEY: sub}
+        if isinstance((start or {}).get(STARTING_TIME_KEY), int):  # the query's, not the option's now
+            out[STARTING_TIME_KEY] = start[STARTING_TIME_KEY]
         self._logged(out)
         if new_query:
             self._first_ends.append(end)
@@ -1116,6 +1135,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         stop = positions_from_json(end)
         if not self._parts or any(n not in self._parts for n in stop):
             self._refresh(stop)
+        # the startingTime the query began with (its checkpoint's; none for offsets written before it was kept)
+        not_before = end.get(STARTING_TIME_KEY)
+        not_before = not_before if isinstance(not_before, int) else 0
         out: list[TopicRange] = []
         for name, e in sorted(stop.items()):
             s = begin.get(name, EARLIEST)
@@ -1129,7 +1151,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 snap = self.drv.snapshot(part)
             s = self.drv.check_start(part, snap, s, self._committed_mark(name), stream=True)
             for lid, first, last in entry_ranges(snap, s, e, self.opts.entries_per_partition):
-                out.append(TopicRange(name, part.index, lid, first, last, _prev_ledger(snap, lid)))
+                out.append(
+                    TopicRange(name, part.index, lid, first, last, _prev_ledger(snap, lid), not_before)
+                )
         return out
 
     def _rerun(self, start: dict[str, Any], end: dict[str, Any]) -> bool:
