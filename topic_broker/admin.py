@@ -51,7 +51,7 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
 
@@ -112,6 +112,8 @@ log = logging.getLogger(__name__)
 
 #: The one cluster a ledgerstore deployment is (``/admin/v2/clusters``).
 CLUSTER_NAME = "ledgerstore"
+#: ``deleting/<what, quoted>``: the ephemeral znode of a namespace's or partitioned topic's delete under way.
+DELETING = "deleting"
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
 
@@ -985,6 +987,22 @@ class AdminApp:
             raise AdminError(404, "Tenant does not exist") from None
         return _no_content()
 
+    @contextlib.asynccontextmanager
+    async def _deleting(self, what: str, label: str) -> AsyncIterator[None]:
+        """One delete of ``what`` at a time, cluster-wide: an ephemeral ``deleting/<what>`` znode held for the
+        delete's length (gone with its broker's session if that broker dies midway). A second delete meanwhile is
+        409 '… is being deleted', so that its failure cannot take back the mark of the one under way; the
+        holder finds a mark left standing by a delete that died, and finishes or takes it back."""
+        path = f"{DELETING}/{quote(what, safe='')}"
+        try:
+            await self.store.acreate(path, {"broker": self.service.config.id}, ephemeral=True)
+        except zk.MetadataExistsError:
+            raise AdminError(409, f"{label} is being deleted; try again") from None
+        try:
+            yield
+        finally:
+            await self.store.adelete(path, missing_ok=True)
+
     async def namespace_delete(self, request: web.Request) -> web.Response:
         """As Pulsar's: the namespace marked ``deleted`` first, so that no topic is created in it any more (a
         topic's znode is created only while its namespace is not so marked, in one transaction with that check),
@@ -993,9 +1011,21 @@ class AdminApp:
         in a namespace that no longer existed. A namespace with topics is answered 409 before it is marked, and
         a topic that exists opens (and is looked up) while the mark stands: only creations are refused."""
         tenant, ns, _p = await self._policies(request)
+        async with self._deleting(f"namespace/{tenant}/{ns}", f"Namespace {tenant}/{ns}"):
+            return await self._namespace_delete(tenant, ns)
+
+    async def _namespace_delete(self, tenant: str, ns: str) -> web.Response:
+        p = await self.meta.get_policies(tenant, ns)
+        if p is None:  # deleted meanwhile
+            raise AdminError(404, "Namespace does not exist")
         # a namespace with topics is refused before it is marked: while marked, a topic's creation there is
         # refused (pulsar-client gives up on that answer), which a delete bound to answer 409 should not cause
         if await self._has_topics(tenant, ns):
+            if p.deleted:  # the mark of a delete that died midway (none other runs): taken back
+                with contextlib.suppress(zk.MetadataNotFoundError):
+                    await self.meta.update_policies(
+                        tenant, ns, lambda q: dataclasses.replace(q, deleted=False)
+                    )
             raise AdminError(409, "Cannot delete non empty namespace")
         await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, deleted=True))
         try:
@@ -1610,6 +1640,10 @@ class AdminApp:
     async def partitions_delete(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         force = request.query.get("force", "false").lower() == "true"
+        async with self._deleting(f"partitioned/{name.ml_name}", f"Partitioned topic {name}"):
+            return await self._partitions_delete(request, name, force)
+
+    async def _partitions_delete(self, request: web.Request, name: TopicName, force: bool) -> web.Response:
         # marked first: it grows no more and no partition of it is made (a count grown, a producer's open), so
         # the partitions deleted are all it has; a partition made meanwhile was left behind, of a topic gone
         try:

@@ -180,3 +180,61 @@ def test_a_marked_namespace_refuses_only_new_topics(cluster: Brokers) -> None:  
         assert run(service._lookup_refusal(session, new, "LOOKUP"))[0] is not None
         with pytest.raises(NamespaceNotFoundError):
             run(service.get_topic(new))
+
+
+def test_a_delete_left_marked_is_finished_or_taken_back_and_one_runs_at_a_time(cluster: Brokers) -> None:  # noqa: F811
+    """A mark a delete left standing (its broker died between the mark and the delete): the next delete takes it
+    back when the namespace has topics (409; before, the mark stayed, every new topic refused for good) and
+    finishes the delete when it has none. A second delete while one runs is 409 'being deleted' and leaves the
+    first's mark (before: it ran beside it, and its failure took that mark back); so is one of a partitioned
+    topic."""
+    with _namespace_on_a_broker(cluster) as (service, run, port, ns):
+        meta, base = service.meta, f"/admin/v2/persistent/public/{ns}"
+        assert _status(port, "PUT", f"{base}/old")[0] == 204
+        run(meta.update_policies("public", ns, lambda q: dataclasses.replace(q, deleted=True)))
+        assert _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")[0] == 409
+        assert _status(port, "GET", f"/admin/v2/namespaces/public/{ns}")[1]["deleted"] is False
+        assert _status(port, "PUT", f"{base}/new")[0] == 204
+
+        assert _status(port, "PUT", f"{base}/parted/partitions", 2)[0] == 204
+        real_mark, seen = meta.mark_partitioned_deleted, []
+
+        async def mark_then_delete_again(ml_name: str, deleted: bool = True) -> int:
+            n = await real_mark(ml_name, deleted)
+            if not seen:
+                url = f"http://127.0.0.1:{port}{base}/parted/partitions"
+                async with aiohttp.ClientSession() as http, http.delete(url) as r:
+                    seen.append((r.status, (await r.json())["reason"]))
+                seen.append((await store.aget(f"topics/{ml_name}")).value.get("deleted"))
+            return n
+
+        store = meta.store
+        meta.mark_partitioned_deleted = mark_then_delete_again
+        try:
+            assert _status(port, "DELETE", f"{base}/parted/partitions")[0] == 204
+        finally:
+            del meta.mark_partitioned_deleted
+        assert seen == [
+            (409, f"Partitioned topic persistent://public/{ns}/parted is being deleted; try again"),
+            True,
+        ]
+
+        for local in ("old", "new"):
+            assert _status(port, "DELETE", f"{base}/{local}")[0] == 204
+        real_children, again = store.achildren, []
+
+        async def list_then_delete_again(path: str) -> list[str]:
+            if path == f"topics/public/{ns}/persistent" and not again:
+                url = f"http://127.0.0.1:{port}/admin/v2/namespaces/public/{ns}"
+                async with aiohttp.ClientSession() as http, http.delete(url) as r:
+                    again.append((r.status, (await r.json())["reason"]))
+            return await real_children(path)  # type: ignore[no-any-return]
+
+        run(meta.update_policies("public", ns, lambda q: dataclasses.replace(q, deleted=True)))  # left marked
+        store.achildren = list_then_delete_again
+        try:
+            assert _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")[0] == 204
+        finally:
+            del store.achildren
+        assert again == [(409, f"Namespace public/{ns} is being deleted; try again")]
+        assert _left(store, ns) == []
