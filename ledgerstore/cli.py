@@ -966,6 +966,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(normalise_argv(raw))
         args.zk_given = any(t == "--zk" or t.startswith("--zk=") for t in before_dashes)
         args.zk_root_given = any(t == "--zk-root" or t.startswith("--zk-root=") for t in before_dashes)
+        args.zk_port_given = any(t == "--zk-port" or t.startswith("--zk-port=") for t in before_dashes)
         status = _run(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
         return status

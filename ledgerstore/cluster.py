@@ -319,6 +319,32 @@ def _not_as_asked(args: argparse.Namespace, st: dict[str, Any]) -> list[str]:
     return [f"{flag} {running}" for flag, asked, running in runs if asked != running]
 
 
+def _check_named_zk(args: argparse.Namespace) -> None:
+    """`cluster up --zk HOST:PORT` uses a ZooKeeper already running and starts none: --zk-port beside it naming
+    another port, or nothing answering at --zk, is said at once, in one line, before anything starts (each bookie
+    waited its 10 s for the ZooKeeper and `cluster up` failed 27 s later quoting a bookie's log)."""
+    addrs = [a.strip() for a in str(args.zk).split("/", 1)[0].split(",") if a.strip()]
+    ports = {a.rpartition(":")[2] for a in addrs}
+    if getattr(args, "zk_port_given", False) and str(args.zk_port) not in ports:
+        raise UsageError(
+            f"--zk {args.zk} names a ZooKeeper already running (none is started) and --zk-port {args.zk_port} "
+            "the port of one to start: give --zk-port alone to have `cluster up` start its ZooKeeper, or --zk alone"
+        )
+    for addr in addrs:
+        host, _, port = addr.rpartition(":")
+        with (
+            contextlib.suppress(OSError, ValueError),
+            socket.create_connection((host.strip("[]"), int(port)), 2),
+        ):
+            return
+    raise CommandError(
+        f"no ZooKeeper answers at --zk {args.zk}: --zk names one already running, and `cluster up` starts none "
+        "then; start it first, or leave --zk out to have `cluster up` start its own (on --zk-port)",
+        EXIT_UNAVAILABLE,
+        kind="METADATA_CONNECTION",
+    )
+
+
 def _up(args: argparse.Namespace, state_dir: Path) -> int:
     from zk import launcher
 
@@ -349,6 +375,8 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
                 f"`ledgerstore cluster start TARGET --state-dir {state_dir}` the stopped ones, or "
                 f"`ledgerstore cluster down --state-dir {state_dir}` first, then `cluster up` again"
             )
+    if getattr(args, "zk_given", False):
+        _check_named_zk(args)
     bookie_http = getattr(args, "bookie_http_port", None) or 8000
     # this directory's ZooKeeper, from a `zk start` or an earlier up
     zk_was_running = launcher.status(state_dir).running

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
+from ledgerstore.cluster import free_port
 from tests.conftest import BookieFactory
+from tests.integration.test_cluster_cli import _ls
 
 
 def test_a_bookies_readonly_put_answers_deeply_nested_json_with_400(bookies: BookieFactory) -> None:
@@ -24,3 +27,29 @@ def test_a_bookies_readonly_put_answers_deeply_nested_json_with_400(bookies: Boo
         assert b"readOnly" in e.read()
     with urllib.request.urlopen(url, timeout=10) as r:
         assert json.loads(r.read()) == {"readOnly": False}
+
+
+def test_cluster_up_with_zk_says_at_once_when_nothing_answers_there(tmp_path: Path) -> None:
+    """`cluster up --zk HOST:PORT` starts no ZooKeeper: with nothing there each bookie waited 10 s for it and
+    `cluster up` failed 27 s later quoting a bookie's log; --zk-port beside it was silently ignored. Both are said
+    in one line before anything starts."""
+    nobody = str(free_port())
+    r = _ls(
+        "cluster", "up", "--state-dir", str(tmp_path / "c"), "--zk", f"127.0.0.1:{nobody}", "--zk-port", "1"
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"--zk 127.0.0.1:{nobody} names a ZooKeeper already running (none is started)" in r.stderr
+    r = _ls(
+        "cluster",
+        "up",
+        "--state-dir",
+        str(tmp_path / "c"),
+        "--zk",
+        f"127.0.0.1:{nobody}",
+        "--zk-port",
+        nobody,
+    )
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert r.stderr.startswith(f"ledgerstore: no ZooKeeper answers at --zk 127.0.0.1:{nobody}: "), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "c" / "cluster.json").exists() and not list((tmp_path / "c").glob("bookie-*"))
