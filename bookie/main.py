@@ -434,7 +434,13 @@ class Bookie:
         a bookie DOWN for good) and in the directories (the start with the port corrected: cookie mismatch)."""
         cfg = self.config
         host = cfg.listen_address or cfg.advertised_address
-        busy = server_gate.ports_in_use(host, {"--port": cfg.port, "--http-port": cfg.http_port})
+        ports = {"--port": cfg.port, "--http-port": cfg.http_port}
+        twice = server_gate.ports_given_twice(ports)
+        if twice:
+            raise StartRefusal(
+                f"{' and '.join(twice)}; nothing written (no cookie): give each listener its own port"
+            )
+        busy = server_gate.ports_in_use(host, ports)
         if busy:
             raise StartRefusal(
                 f"{' and '.join(busy)} on {host} in use by another process; nothing written (no cookie): stop "

@@ -122,6 +122,21 @@ def ports_in_use(host: str | None, ports: dict[str, int]) -> list[str]:
     return busy
 
 
+def ports_given_twice(ports: dict[str, int]) -> list[str]:
+    """The ``ports`` (flag -> port) given to more than one listener, as ``"port N given to both --a and --b"``:
+    :func:`ports_in_use` tries each alone, so such a port passed, and the second listener's bind failed only
+    after the server had written what names it (a bookie's cookie, a broker's registration)."""
+    flags: dict[int, list[str]] = {}
+    for flag, port in ports.items():
+        if port != 0:
+            flags.setdefault(port, []).append(flag)
+    return [
+        f"port {port} given to {'both ' if len(fs) == 2 else ''}{', '.join(fs[:-1])} and {fs[-1]}"
+        for port, fs in flags.items()
+        if len(fs) > 1
+    ]
+
+
 def raise_open_files_limit(needed: int, what: str) -> int:
     """Raise this process's soft limit of open files to its hard limit, as the JVM does for BookKeeper's and
     Pulsar's processes (``-XX:+MaxFDLimit``, on by default): the usual soft default of 1024 is below the connection

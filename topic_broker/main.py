@@ -19,7 +19,7 @@ from bookie.config_file import ConfigError, Effective
 from bookie.config_file import enable as enable_config_file
 from bookie.config_file import resolve as resolve_config
 from bookie.server import server_tls_context
-from bookie.server_gate import HTTP_CONNECTIONS_MAX, ports_in_use, raise_open_files_limit
+from bookie.server_gate import HTTP_CONNECTIONS_MAX, ports_given_twice, ports_in_use, raise_open_files_limit
 from bookie.signals import add_stop_handlers
 from zk.cookies import NoClusterError
 
@@ -91,13 +91,13 @@ async def _loop_watch(interval_s: float = 0.05) -> None:
             log.warning("stall: the event loop was %.0f ms late", late * 1000)
 
 
-def _ports_in_use(config: BrokerConfig) -> list[str]:
+def _ports(config: BrokerConfig) -> dict[str, int]:
     ports = {"--port": config.port, "--http-port": config.http_port}
     if config.tls_port is not None:
         ports["--tls-port"] = config.tls_port
     if config.admin_tls_port is not None:
         ports["--admin-tls-port"] = config.admin_tls_port
-    return ports_in_use(config.listen_address, ports)
+    return ports
 
 
 async def serve(
@@ -106,7 +106,15 @@ async def serve(
     """Serve until ``stop`` is set (or SIGTERM/SIGINT/SIGHUP when none is given); ``settings``: what ``broker serve``
     resolved from flags, environment and ``--config``, shown (redacted) by the admin API."""
     # before it registers: a broker of the same id (its port) would lose its registration to this one
-    busy = _ports_in_use(config)
+    twice = ports_given_twice(_ports(config))
+    if twice:  # (each alone is free: the second listener's bind failed after the registration)
+        log.error(
+            "broker=%s refusing to start: %s; nothing registered: give each listener its own port",
+            config.id,
+            " and ".join(twice),
+        )
+        return 1
+    busy = ports_in_use(config.listen_address, _ports(config))
     if busy:
         log.error(
             "broker=%s refusing to start: %s on %s in use by another process (a broker with this id?); nothing "

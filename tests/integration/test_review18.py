@@ -54,3 +54,62 @@ def test_a_bookie_made_read_only_and_writable_within_a_registration_ends_registe
     core_readonly, registered_readonly = asyncio.run(run())
     assert not core_readonly
     assert not registered_readonly, "writable, but registered under bookies/readonly"
+
+
+def test_a_new_bookie_given_one_port_for_both_listeners_writes_no_cookie(
+    zk_server: Any, zk_root: str, tmp_path: Path
+) -> None:
+    """`bookie serve --port P --http-port P` (a typo): each port was tried free on its own, so the cookie was
+    written, then the second listener's bind failed; the cookie named the id for good (the start with --port
+    corrected was refused as a cookie mismatch). Refused before, nothing written."""
+    import pytest
+
+    from bookie import main as bookie_main
+    from ledgerstore.cluster import free_port
+    from zk import MetadataStore, read_zk_cookie
+
+    port = free_port()
+    cfg = bookie_main.BookieConfig(
+        zk=zk_server.connect_string,
+        zk_root=zk_root,
+        data_dir=tmp_path / "b",
+        port=port,
+        http_port=port,
+        init_cluster=True,
+    )
+
+    async def run() -> None:
+        b = bookie_main.Bookie(cfg)
+        try:
+            await b.start()
+        finally:
+            await b.stop()
+
+    with pytest.raises(bookie_main.StartRefusal, match=f"port {port} given to both --port and --http-port"):
+        asyncio.run(run())
+    store = MetadataStore.connect(zk_server.connect_string, root=zk_root)
+    try:
+        assert read_zk_cookie(store, cfg.id) is None
+    finally:
+        store.close()
+
+
+def test_a_broker_given_one_port_for_both_listeners_registers_nothing(bookies: Any, tmp_path: Path) -> None:
+    """`broker serve --port P --http-port P`: each port was tried free on its own, so the broker registered, then
+    its second listener's bind failed and it exited with its registration left for its session's length."""
+    from ledgerstore.cluster import BrokerProcess, free_port
+    from zk import MetadataStore, layout
+
+    bookies.start()
+    port = free_port()
+    bp = BrokerProcess(
+        zk=bookies.zk, zk_root=bookies.root, port=port, http_port=port, log_path=tmp_path / "broker.log"
+    ).start(wait=False)
+    assert bp.wait_exit(30) == 1
+    log = bp.log_tail(5)
+    assert f"refusing to start: port {port} given to both --port and --http-port" in log, log
+    store = MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        assert store.stat(layout.broker_path(bp.id)) is None
+    finally:
+        store.close()
