@@ -51,6 +51,8 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   over each partition's entries; the messages of a batch entry share its publish time). An ``endingTime`` not after
   ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read
   nothing and is refused naming the option.
+* A ledger the bookies cannot serve fails the query with :class:`TopicReadError`, naming the partition, the ledger,
+  what was read and the bookies tried (those not registered now marked so).
 * ``failOnDataLoss`` (default true): a ledger deleted (trimmed by retention) before the query read it fails the
   query naming the ledger; false skips it with a warning. So does a topic a stream has read that is deleted (a
   topic never read is an option's error): false skips it, warning once, and reads it from its start once it is
@@ -167,6 +169,7 @@ __all__ = [
     "TopicDataSource",
     "TopicOptionError",
     "TopicRange",
+    "TopicReadError",
     "TopicReader",
     "TopicStreamReader",
 ]
@@ -206,6 +209,51 @@ class TopicDataLossError(RuntimeError):
         )
         self.topic = topic
         self.ledger_id = ledger_id
+
+
+class TopicReadError(RuntimeError):
+    """A topic's ledger its bookies could not serve (too few answered, timed out, a bad reply): the message names
+    the topic, the ledger, what was being read and the bookies that hold it, saying which are not registered."""
+
+    def __init__(self, topic: str, ledger_id: int, what: str, message: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.ledger_id = ledger_id
+        self.what = what
+
+
+def _unreadable(
+    bk: Any, topic: str, ledger_id: int, what: str, err: BaseException, first: int = 0
+) -> TopicReadError:
+    """``err`` (a ledger client's error reading ``what`` of ``ledger_id``) as a :class:`TopicReadError`: the
+    bookies tried are those of the ensembles holding entries ``first`` on, from the ledger's metadata (ZooKeeper
+    answers when the bookies do not); each one not registered now (down, or its session lost) is said so."""
+    tried: list[str] = []
+    down: set[str] = set()
+    try:
+        ensembles = bk.ledger_metadata(ledger_id).ensembles
+        held = [
+            e
+            for i, e in enumerate(ensembles)
+            if i + 1 == len(ensembles) or ensembles[i + 1].first_entry_id > first
+        ]
+        tried = list(dict.fromkeys(b for e in held for b in e.bookies))
+        up = set(bk.writable_bookies()) | set(bk.readonly_bookies())
+        down = {b for b in tried if b not in up}
+    except Exception as e:  # noqa: BLE001 - the message is the point: it says what it could not learn
+        log.debug("%s: ledger %d: its bookies not learned: %s", topic, ledger_id, e)
+    bookies = ", ".join(f"{b} (not registered)" if b in down else b for b in tried) or "unknown (no metadata)"
+    return TopicReadError(
+        topic,
+        ledger_id,
+        what,
+        f"{topic}: ledger {ledger_id} could not be read ({what}): {err}; bookies tried: {bookies}"
+        + (
+            f"; {len(down)} of {len(tried)} not registered: start them, or wait for AutoRecovery"
+            if down
+            else ""
+        ),
+    )
 
 
 def _wrong_password(ledger_id: int, topic: str) -> TopicOptionError:
@@ -423,7 +471,7 @@ class _Driver:
         self._password_ok = True
 
     def _open_slot(self, part: PartitionRef, ledger_id: int) -> LedgerSlot:
-        from ledger_client import NoSuchLedgerError, UnauthorizedError
+        from ledger_client import LedgerError, NoSuchLedgerError, UnauthorizedError
 
         md = self.bk.ledger_metadata(ledger_id)
         self._check_password(part, ledger_id, md)
@@ -437,6 +485,10 @@ class _Driver:
                 h = self.bk.open_ledger(ledger_id, self.opts.password, recovery=False)
             except UnauthorizedError:
                 raise _wrong_password(ledger_id, part.name) from None
+            except NoSuchLedgerError:
+                raise
+            except LedgerError as e:
+                raise _unreadable(self.bk, part.name, ledger_id, "its open, planning the query", e) from e
             self._open_handles[ledger_id] = h
             for old in [k for k in self._open_handles if k != ledger_id and k < ledger_id]:
                 self._drop_handle(old)
@@ -445,6 +497,9 @@ class _Driver:
         except NoSuchLedgerError:
             self._drop_handle(ledger_id)
             raise
+        except LedgerError as e:
+            what = "the last add confirmed of the topic's current ledger, planning the query"
+            raise _unreadable(self.bk, part.name, ledger_id, what, e) from e
         return LedgerSlot(ledger_id, lac + 1, _open_size(h, lac), False)
 
     def _drop_handle(self, ledger_id: int) -> None:
@@ -457,6 +512,7 @@ class _Driver:
 
     def first_at_or_after(self, part: PartitionRef, snap: Snapshot, time_ms: int) -> Pos:
         """The position of the first entry published at or after ``time_ms`` (the snapshot's end if none)."""
+        from ledger_client import LedgerError, NoSuchEntryError, NoSuchLedgerError
         from topic_broker.wire import entry_publish_time
 
         index: list[tuple[int, int]] = [(s.ledger_id, s.entries) for s in snap.ledgers if s.entries > 0]
@@ -475,10 +531,17 @@ class _Driver:
             while lo < hi:
                 mid = (lo + hi) // 2
                 lid, eid = position(mid)
-                h = handles.get(lid)
-                if h is None:
-                    h = handles[lid] = self.bk.open_ledger(lid, self.opts.password, recovery=False)
-                if entry_publish_time(h.read_entry(eid).data) >= time_ms:
+                try:
+                    h = handles.get(lid)
+                    if h is None:
+                        h = handles[lid] = self.bk.open_ledger(lid, self.opts.password, recovery=False)
+                    published = entry_publish_time(h.read_entry(eid).data)
+                except (NoSuchEntryError, NoSuchLedgerError):
+                    raise
+                except LedgerError as e:
+                    what = f"entry {eid}, looking for startingTime/endingTime {time_ms}"
+                    raise _unreadable(self.bk, part.name, lid, what, e, eid) from e
+                if published >= time_ms:
                     hi = mid
                 else:
                     lo = mid + 1
@@ -676,7 +739,7 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from ledger_client import NoSuchEntryError, NoSuchLedgerError, UnauthorizedError
+    from ledger_client import LedgerError, NoSuchEntryError, NoSuchLedgerError, UnauthorizedError
     from topic_broker import pulsar_api_pb2 as pb
     from topic_broker.wire import EntryFormatError, iter_batch, parse_entry
 
@@ -843,10 +906,12 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
             return
         except UnauthorizedError:  # planning checked the password against one ledger of the query
             raise _wrong_password(part.ledger_id, part.topic) from None
-        if lh.last_add_confirmed < part.last_entry_id:
-            lh.read_last_add_confirmed()  # planned from a LAC; it never goes backwards
+        except LedgerError as e:
+            raise _unreadable(bk, part.topic, part.ledger_id, "its open", e, part.first_entry_id) from e
         expected = part.first_entry_id
         try:
+            if lh.last_add_confirmed < part.last_entry_id:
+                lh.read_last_add_confirmed()  # planned from a LAC; it never goes backwards
             for entry in lh.read(part.first_entry_id, part.last_entry_id):
                 assert entry.entry_id == expected, (entry.entry_id, expected)
                 expected += 1
@@ -860,6 +925,9 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
                 opts, part.topic, part.ledger_id, f"was deleted during the query (read to {expected - 1})"
             )
             return
+        except LedgerError as e:
+            what = f"entries {expected}..{part.last_entry_id} of the range {part.first_entry_id}..{part.last_entry_id}"
+            raise _unreadable(bk, part.topic, part.ledger_id, what, e, expected) from e
         if cols["value"]:
             yield flush()
         if discarded:

@@ -68,3 +68,42 @@ def test_a_restarted_stream_keeps_the_starting_time_it_began_with(cluster: Clust
             assert _rows(r, end, nxt) == [b"m0", b"m1"]
         finally:
             r.stop()
+
+
+def test_a_topic_read_with_two_of_three_bookies_down_names_the_topic_the_ledger_and_the_bookies(
+    cluster: Cluster,
+) -> None:
+    """30 messages (a closed ledger of 20, the current one of 10, ensembles of 3 bookies writing 2 copies), 2 of the
+    3 bookies stopped: the batch plan fails naming the topic, the current ledger and its 3 bookies, the 2 stopped
+    ones as not registered; a task reading the closed ledger (planned before the stop) says the same of it.
+    Before, the plan failed with the ledger client's '[BOOKIE_UNAVAILABLE] not enough bookies answered to learn
+    the LAC (ledger=2)', naming neither the topic nor a bookie, and the task with 'entry 2 unreadable from every
+    replica: <2 bookies>: BOOKIE_UNAVAILABLE (ledger=1, entry=2)', not naming the topic."""
+    from spark._topic_options import parse_topic_options
+    from spark.topic_source import TOPIC_SCHEMA, TopicReader, read_range
+
+    topic = "two-bookies-down"
+    _send(cluster, topic, 30)
+    time.sleep(1.5)  # the explicit LAC
+    opts = parse_topic_options({"zk": cluster.zk, "zkRoot": cluster.root, "topic": topic}, streaming=False)
+    ranges = TopicReader(opts, TOPIC_SCHEMA).partitions()
+    closed, current = ranges[0], ranges[-1]
+    assert (closed.first_entry_id, closed.last_entry_id) == (0, 19) and current.ledger_id != closed.ledger_id
+    down = cluster.bookies.procs[:2]
+    for bp in down:
+        bp.stop()
+    try:
+        with pytest.raises(Exception) as planned:
+            TopicReader(opts, TOPIC_SCHEMA).partitions()
+        with pytest.raises(Exception) as read:
+            for _ in read_range(opts, closed, TOPIC_SCHEMA):
+                pass
+    finally:
+        for bp in down:
+            bp.start(wait=True)
+    for err, ledger in ((planned, current.ledger_id), (read, closed.ledger_id)):
+        text = str(err.value)
+        assert f"persistent://public/default/{topic}: ledger {ledger} could not be read" in text, text
+        assert "bookies tried: " in text and "2 of 3 not registered" in text, text
+        for bp in down:
+            assert f"{bp.id} (not registered)" in text, text
