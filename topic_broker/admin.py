@@ -639,6 +639,8 @@ class AdminApp:
         self.exported = ServerMetrics()
         self.exported.add_collector(self.collect_metrics)
         self._http: aiohttp.ClientSession | None = None
+        #: the deleting/<what> znodes of the deletes running on this broker (:meth:`_deleting`)
+        self._deletes_here: set[str] = set()
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -997,11 +999,25 @@ class AdminApp:
         try:
             await self.store.acreate(path, {"broker": self.service.config.id}, ephemeral=True)
         except zk.MetadataExistsError:
-            raise AdminError(409, f"{label} is being deleted; try again") from None
+            # this broker's session's, of no delete running here: a delete whose end could not remove it
+            # (ZooKeeper failing then, the session kept), which refused every later delete while the broker ran
+            left = path not in self._deletes_here and await self._own_ephemeral(path)
+            if (
+                not left or path in self._deletes_here
+            ):  # (looked at again: one may have begun during the look)
+                raise AdminError(409, f"{label} is being deleted; try again") from None
+        self._deletes_here.add(path)
         try:
             yield
         finally:
+            self._deletes_here.discard(path)
             await self.store.adelete(path, missing_ok=True)
+
+    async def _own_ephemeral(self, path: str) -> bool:
+        """Is the ephemeral znode at ``path`` this broker's ZooKeeper session's?"""
+        stat = await asyncio.to_thread(self.store.stat, path)
+        session = self.store.session_id
+        return stat is not None and session is not None and stat.ephemeral_owner == session
 
     async def namespace_delete(self, request: web.Request) -> web.Response:
         """As Pulsar's: the namespace marked ``deleted`` first, so that no topic is created in it any more (a

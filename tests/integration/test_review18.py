@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.broker_testing import cluster  # noqa: F401
 from tests.integration.test_ops17 import in_process_bookie
 
 
@@ -113,3 +114,36 @@ def test_a_broker_given_one_port_for_both_listeners_registers_nothing(bookies: A
         assert store.stat(layout.broker_path(bp.id)) is None
     finally:
         store.close()
+
+
+def test_a_namespace_delete_whose_end_could_not_free_its_znode_does_not_refuse_every_later_one(
+    cluster: Any,  # noqa: F811
+) -> None:
+    """A namespace delete holds the ephemeral deleting/<namespace> znode (be66aed) and removes it as it ends;
+    with ZooKeeper failing that removal (a connection lost, the session kept), the znode stayed with the broker's
+    session, and every later delete of the namespace was 409 '… is being deleted; try again' for as long as the
+    broker ran. This broker's own znode of no delete running here is a leftover, taken over."""
+    import zk
+    from tests.integration.test_namespace_delete_races import _left, _namespace_on_a_broker, _status
+
+    with _namespace_on_a_broker(cluster) as (service, _run, port, ns):
+        store = service.meta.store
+        real_delete = store.adelete
+        failed: list[str] = []
+
+        async def fails_once(path: str, *args: Any, **kwargs: Any) -> None:
+            if path.startswith("deleting/") and not failed:
+                failed.append(path)
+                raise zk.MetadataConnectionError("connection lost (made by the test)")
+            await real_delete(path, *args, **kwargs)
+
+        topic = f"/admin/v2/persistent/public/{ns}/t"
+        assert _status(port, "PUT", topic)[0] == 204
+        store.adelete = fails_once
+        status, _body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+        assert failed and status != 204  # (409 non empty, then its znode's removal failed)
+        assert store.exists(failed[0]), "its znode stayed"
+        assert _status(port, "DELETE", topic)[0] == 204
+        status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+        assert status == 204, (status, body)
+        assert _left(store, ns) == [] and not store.exists(failed[0])
