@@ -43,7 +43,7 @@ import operator
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -2282,6 +2282,9 @@ class BrokerService:
         self._closing: dict[str, asyncio.Task[None]] = {}
         #: the topics whose delete is under way (in ``_closing`` too): an open waits for it, never opens beside it
         self._deleting: set[str] = set()
+        #: topic -> (the lock its ownership's release and take hold, how many hold or await it): see
+        #: :meth:`_ownership_change`
+        self._ownership_locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         #: topic -> (its name, when a lookup last found it owned here but not open): see :meth:`lookup_owner`
         self._looked_up: dict[str, tuple[TopicName, float]] = {}
         self.sessions: set[Session] = set()
@@ -2840,7 +2843,8 @@ class BrokerService:
         auto = policies.auto_topic_creation
         if auto is not None and not auto.allow and not await self._topic_exists(name):
             raise TopicNotFoundError(name)
-        owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
+        async with self._ownership_change(str(name)):  # (not while a close of it lets the znode go)
+            owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         if owner.broker_id != self.config.id:
             raise NotOwnerError(owner)
         try:
@@ -2965,7 +2969,8 @@ class BrokerService:
         assert self.meta is not None
         owner = await self.meta.get_owner(name.ml_name)
         if owner is None:
-            owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
+            async with self._ownership_change(str(name)):
+                owner = await self.meta.acquire_ownership(name.ml_name, self.ownership())
         key = str(name)
         if owner.broker_id == self.config.id and key not in self.topics:
             self._looked_up[key] = (name, time.monotonic())
@@ -2989,10 +2994,27 @@ class BrokerService:
         release under way, then opens anyway on the znode still there, and a close stuck longer (its ledger's
         close waiting on bookies) deleted it as it ended, leaving the topic served here with no ownership for
         any broker's lookup to take."""
-        if self.meta is None or self._session_lost or (not failed_open and str(name) in self.topics):
-            return
-        with contextlib.suppress(Exception):
-            await self.meta.release_ownership(name.ml_name, self.config.id)
+        async with self._ownership_change(str(name)):
+            # the look and the delete under one lock that an open's take of the znode holds too: an open begun
+            # during the delete's ZooKeeper round trips took the znode still there as its own, and the delete
+            # then removed it (served with no ownership); it now waits, and takes the znode anew
+            if self.meta is None or self._session_lost or (not failed_open and str(name) in self.topics):
+                return
+            with contextlib.suppress(Exception):
+                await self.meta.release_ownership(name.ml_name, self.config.id)
+
+    @contextlib.asynccontextmanager
+    async def _ownership_change(self, key: str) -> AsyncIterator[None]:
+        """Topic ``key``'s ownership znode taken or let go by this broker, one change at a time."""
+        lock, users = self._ownership_locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                self._ownership_locks.pop(key, None)
 
     def topic_lost(self, topic: Topic, reason: str) -> None:
         """Stop serving: clients are told to reconnect (and look the topic up again)."""

@@ -77,3 +77,42 @@ def test_a_close_that_ends_after_the_topic_opened_again_leaves_its_ownership(
         run(let_go())
         owner = run(service.meta.get_owner(name.ml_name))
         assert owner is not None and owner.broker_id == service.config.id  # before: None
+
+
+def test_a_close_stuck_in_its_ownership_release_leaves_the_reopened_topics_znode(
+    cluster: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic unloaded whose close has looked (the topic not open here) and is in its release's ZooKeeper round
+    trips past CLOSE_WAIT_S, when the topic is opened again: the open took the znode still there as its own, and
+    the release then deleted it (served here with no ownership). Now the open's take waits for the release and
+    makes the znode anew."""
+    monkeypatch.setattr(service_mod, "CLOSE_WAIT_S", 0.3)
+    with _serving(cluster) as (service, run):
+        name = TopicName.parse(f"persistent://public/default/released-{uuid.uuid4().hex[:8]}")
+        old = run(service.get_topic(name))
+        meta, reopened = service.meta, []
+        release = meta.release_ownership
+
+        async def release_after_a_reopen(ml_name: str, broker_id: str) -> bool:
+            if not reopened:  # the topic opened again during the release (an open past CLOSE_WAIT_S)
+                reopened.append(asyncio.ensure_future(service.get_topic(name)))
+                await asyncio.wait([reopened[0]], timeout=3.0)  # (opened, or waiting for this release)
+            return await release(ml_name, broker_id)
+
+        meta.release_ownership = release_after_a_reopen
+        try:
+            assert run(service.unload(name))
+
+            async def reopen() -> Any:
+                for _ in range(200):  # the topic opened again and the old close ended
+                    if reopened and reopened[0].done() and str(name) not in service._closing:
+                        return reopened[0].result()
+                    await asyncio.sleep(0.05)
+                return None
+
+            new = run(reopen())
+        finally:
+            del meta.release_ownership
+        assert new is not None and new is not old
+        owner = run(meta.get_owner(name.ml_name))
+        assert owner is not None and owner.broker_id == service.config.id  # before: None
