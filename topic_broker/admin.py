@@ -1001,10 +1001,9 @@ class AdminApp:
         except zk.MetadataExistsError:
             # this broker's session's, of no delete running here: a delete whose end could not remove it
             # (ZooKeeper failing then, the session kept), which refused every later delete while the broker ran
+            # (looked at again after the read: a delete may have begun here during it)
             left = path not in self._deletes_here and await self._own_ephemeral(path)
-            if (
-                not left or path in self._deletes_here
-            ):  # (looked at again: one may have begun during the look)
+            if not left or path in self._deletes_here:
                 raise AdminError(409, f"{label} is being deleted; try again") from None
         self._deletes_here.add(path)
         try:
