@@ -1,0 +1,152 @@
+"""Tests for the bugs planted in the audit of 0260c38..89e0dc0 (docs/architecture.md §11) that the tests of the
+time let through: each fails with its bug planted and passes without it. Real ZooKeeper, bookies and brokers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import zk
+from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.conftest import BookieFactory
+from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
+from tests.integration.test_ops17 import in_process_bookie
+
+
+def _put_readonly(http_port: int, readonly: bool) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{http_port}/api/v1/bookie/state/readonly",
+        data=json.dumps({"readOnly": readonly}).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def test_an_operator_cannot_make_a_failed_or_full_bookie_writable(
+    zk_server, zk_root: str, tmp_path: Path
+) -> None:
+    """PUT /api/v1/bookie/state/readonly {"readOnly": false} (`bookie readonly ID --off`) is refused 409, the
+    bookie left read-only, when it failed (its journal's write failed) or its disk is over
+    --disk-usage-threshold: made writable so, it took adds on a journal that fails, or filled its disk to the
+    end. Planted without either check: 200 and writable. A real bookie in this process."""
+
+    async def run() -> None:
+        async with in_process_bookie(zk_server, zk_root, tmp_path / "failed") as b:
+            port = b.config.http_port
+            b.fail("journal write failed: OSError(5, 'Input/output error')")
+            status, body = await asyncio.to_thread(_put_readonly, port, False)
+            assert status == 409 and "failed" in body["error"], (status, body)
+            assert b.core.readonly
+        async with in_process_bookie(zk_server, zk_root, tmp_path / "full") as b:
+            port = b.config.http_port
+            status, body = await asyncio.to_thread(_put_readonly, port, True)
+            assert status == 200 and body == {"readOnly": True}, (status, body)
+            b.config = dataclasses.replace(b.config, disk_usage_threshold=1e-9, disk_usage_lwm=1e-10)
+            status, body = await asyncio.to_thread(_put_readonly, port, False)
+            assert status == 409 and "--disk-usage-threshold" in body["error"], (status, body)
+            assert b.core.readonly
+
+    asyncio.run(run())
+
+
+def test_sigint_stops_a_bookie_cleanly(bookies: BookieFactory) -> None:
+    """Ctrl-C on a bookie in the foreground (SIGINT) stops it as SIGTERM does: unregistered at once, 'stopped'
+    in its log, exit 0. Planted with SIGINT left out of the stop signals: it was ignored where the run ignores
+    it (started in the background) or died on a KeyboardInterrupt, still registered until its session expired."""
+    from zk import BookieRegistry, MetadataStore
+
+    bp = bookies.start()
+    store = MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        assert bp.proc is not None and bp.id in BookieRegistry(store).available()
+        bp.proc.send_signal(signal.SIGINT)
+        assert bp.wait_exit(30) == 0, bp.log_tail(20)
+        assert bp.id not in BookieRegistry(store).available(), "unregistered at once, as on SIGTERM"
+        assert "stopped" in bp.log_tail(10)
+    finally:
+        store.close()
+
+
+def test_a_namespace_delete_whose_look_for_topics_fails_takes_its_mark_back(cluster: Brokers) -> None:  # noqa: F811
+    """A namespace delete whose look for topics after its mark fails (ZooKeeper's connection lost) answers an
+    error and takes the mark back: the namespace is as it was, and topics are made in it. Planted with the
+    failure not counted as 'busy': the mark stayed, "deleted" for good, every new topic of the namespace
+    refused ('Namespace not found') by a delete that had not happened."""
+    with _namespace_on_a_broker(cluster) as (service, run, port, ns):
+        store = service.meta.store
+        real_children = store.achildren
+        looks: list[str] = []
+
+        async def second_look_fails(path: str) -> list[str]:
+            if path == f"topics/public/{ns}/persistent":
+                looks.append(path)
+                if len(looks) == 2:  # the look after the mark
+                    raise zk.MetadataConnectionError("connection lost", path=path)
+            return await real_children(path)  # type: ignore[no-any-return]
+
+        store.achildren = second_look_fails
+        try:
+            status, _ = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+        finally:
+            del store.achildren
+        assert status >= 500 and len(looks) == 2, (status, looks)
+        status, policies = _status(port, "GET", f"/admin/v2/namespaces/public/{ns}")
+        assert status == 200 and policies["deleted"] is False, policies
+        assert _status(port, "PUT", f"/admin/v2/persistent/public/{ns}/after/partitions", 2)[0] == 204
+
+
+def test_a_new_bookie_whose_http_port_is_in_use_writes_no_cookie(
+    zk_server, zk_root: str, tmp_path: Path
+) -> None:
+    """A new bookie whose --http-port another process listens on is refused before its cookie is written, as for
+    its --port. Planted with the admin port left out of the check: the HTTP listener's bind failed after the
+    cookie, the id left DOWN for good in ZooKeeper and its directory refused (cookie mismatch) at the start with
+    the port corrected. A real bookie in this process."""
+    import socket
+
+    from bookie import main as bookie_main
+    from ledgerstore.cluster import free_port
+    from zk import MetadataStore
+    from zk.cookies import read_zk_cookie
+
+    squatter = socket.create_server(("127.0.0.1", 0))
+    busy = squatter.getsockname()[1]
+    cfg = bookie_main.BookieConfig(
+        zk=zk_server.connect_string,
+        zk_root=zk_root,
+        data_dir=tmp_path / "b",
+        port=free_port(),
+        http_port=busy,
+        init_cluster=True,
+    )
+    b = bookie_main.Bookie(cfg)
+    store = MetadataStore.connect(zk_server.connect_string, root=zk_root)
+
+    async def start() -> BaseException | None:
+        try:
+            await b.start()
+        except BaseException as e:
+            return e
+        finally:
+            await b.stop()
+        return None
+
+    try:
+        refused = asyncio.run(start())
+        assert isinstance(refused, bookie_main.StartRefusal), refused
+        assert f"port {busy} (--http-port)" in str(refused)
+        assert read_zk_cookie(store, cfg.id) is None
+    finally:
+        squatter.close()
+        store.close()
