@@ -201,6 +201,8 @@ class Bookie:
         self._http: server_gate.HttpService | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._registered_readonly: bool | None = None
+        self._registering = 0  # registrations (:meth:`_register`) running
+        self._register_tasks: set[asyncio.Task[None]] = set()
         # read-only by an operator's word (PUT /api/v1/bookie/state/readonly, `bookie readonly`) until told
         # otherwise or restarted: the disk check does not make it writable again
         self.admin_readonly = False
@@ -685,13 +687,36 @@ class Bookie:
                 asyncio.get_running_loop().run_in_executor(None, self.journal.release_free_segments)
         self.core.readonly = readonly
         if self.registry is not None and self._registered_readonly != readonly:
-            asyncio.get_running_loop().create_task(self._register())
+            self._spawn_register()
+
+    def _spawn_register(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._register())
+        self._register_tasks.add(task)
+        task.add_done_callback(self._registered_done)
+
+    def _registered_done(self, task: asyncio.Task[None]) -> None:
+        self._register_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "bookie=%s not registered as %s: %s; tried again at the next disk check",
+                self.config.id,
+                "read-only" if self.core is not None and self.core.readonly else "writable",
+                task.exception(),
+            )
 
     async def _register(self) -> None:
         """Registered as read-only or writable as the bookie is, again while that changed during the write: a
         change made then (read-only and writable again within a ZooKeeper round trip) started no registration
         of its own, the one under way not yet recorded, and that one's then stood (a writable bookie listed
         under bookies/readonly, or the reverse) until the next change."""
+        assert self.core is not None
+        self._registering += 1
+        try:
+            await self._register_as_it_is()
+        finally:
+            self._registering -= 1
+
+    async def _register_as_it_is(self) -> None:
         assert self.core is not None
         from zk.errors import MetadataConnectionError
 
@@ -721,6 +746,17 @@ class Bookie:
 
     async def _disk_check(self) -> None:
         usage = self._update_readonly()
+        assert self.core is not None
+        if (
+            self.registry is not None
+            and self._registered_readonly is not None
+            and self._registered_readonly != self.core.readonly
+            and not self._registering
+            and not self.stopping
+        ):
+            # a registration that gave up (ZooKeeper unreachable past REGISTER_RETRY_S): nothing else tries again,
+            # and the registry re-registers the state last written, so a read-only bookie stayed listed writable
+            self._spawn_register()
         if self.restart_when_space and not self.restart_requested and usage < self.config.disk_usage_lwm:
             log.warning(
                 "bookie=%s the disk has room again (%.1f%% used): restarting to reopen storage and replay the "

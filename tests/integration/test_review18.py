@@ -147,3 +147,47 @@ def test_a_namespace_delete_whose_end_could_not_free_its_znode_does_not_refuse_e
         status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
         assert status == 204, (status, body)
         assert _left(store, ns) == [] and not store.exists(failed[0])
+
+
+def test_a_bookie_whose_read_only_registration_gave_up_registers_so_once_zookeeper_is_back(
+    zk_server: Any, zk_root: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A bookie going read-only (a full disk, an operator) while ZooKeeper is unreachable past REGISTER_RETRY_S:
+    its registration gave up, and nothing tried again once ZooKeeper was back (the registry re-registers the
+    state last written, writable): a read-only bookie listed under bookies/available, chosen for new ledgers,
+    until its next change. The disk check now registers it again while what is registered is not what it is."""
+    from bookie import main as bookie_main
+    from zk import BookieRegistry, MetadataStore
+    from zk.errors import MetadataConnectionError
+
+    monkeypatch.setattr(bookie_main, "REGISTER_RETRY_S", 0.3)
+
+    async def run() -> tuple[bool, bool]:
+        async with in_process_bookie(zk_server, zk_root, tmp_path / "b") as b:
+            store = MetadataStore.connect(zk_server.connect_string, root=zk_root)
+            try:
+                real = b.registry.register
+                away = [True]
+
+                def unreachable(bookie_id: str, info: Any, readonly: bool = False) -> None:
+                    if away[0]:
+                        raise MetadataConnectionError("ZooKeeper unreachable (made by the test)")
+                    real(bookie_id, info, readonly)
+
+                b.registry.register = unreachable
+                assert b.set_admin_readonly(True) == ""
+                await asyncio.sleep(1.0)  # its registration's retries given up
+                away[0] = False  # ZooKeeper back
+                reg, bid = BookieRegistry(store), b.config.id
+                deadline = time.monotonic() + 4
+                while time.monotonic() < deadline:
+                    if bid in await asyncio.to_thread(reg.readonly):
+                        break
+                    await asyncio.sleep(0.1)
+                return bool(b.core.readonly), bid in await asyncio.to_thread(reg.readonly)
+            finally:
+                store.close()
+
+    core_readonly, registered_readonly = asyncio.run(run())
+    assert core_readonly
+    assert registered_readonly, "read-only, but registered under bookies/available"
