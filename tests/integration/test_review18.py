@@ -12,13 +12,27 @@ from tests.broker_testing import cluster  # noqa: F401
 from tests.integration.test_ops17 import in_process_bookie
 
 
+async def _registered_readonly(store: Any, bookie_id: str, expected: bool, within_s: float) -> bool:
+    """Is ``bookie_id`` registered under bookies/readonly, once it is as ``expected`` or ``within_s`` passed?"""
+    from zk import BookieRegistry
+
+    reg = BookieRegistry(store)
+    deadline = time.monotonic() + within_s
+    while True:
+        readonly = bookie_id in await asyncio.to_thread(reg.readonly)
+        available = bookie_id in await asyncio.to_thread(reg.available)
+        if (readonly, available) == (expected, not expected) or time.monotonic() >= deadline:
+            return readonly
+        await asyncio.sleep(0.1)
+
+
 def test_a_bookie_made_read_only_and_writable_within_a_registration_ends_registered_writable(
     zk_server: Any, zk_root: str, tmp_path: Path
 ) -> None:
     """`bookie readonly ID` then `--off` (or a disk check's flip) while the first registration's ZooKeeper write
     was under way: the second saw the first's registration not yet recorded and started none, and the first then
     recorded read-only: a writable bookie listed under bookies/readonly for good (no new ledger chose it)."""
-    from zk import BookieRegistry, MetadataStore
+    from zk import MetadataStore
 
     async def run() -> tuple[bool, bool]:
         async with in_process_bookie(zk_server, zk_root, tmp_path / "b") as b:
@@ -40,15 +54,7 @@ def test_a_bookie_made_read_only_and_writable_within_a_registration_ends_registe
                 assert await asyncio.to_thread(entered.wait, 10)
                 assert b.set_admin_readonly(False) == ""
                 go.set()
-                reg, bid = BookieRegistry(store), b.config.id
-                deadline = time.monotonic() + 3
-                while time.monotonic() < deadline:
-                    if bid in await asyncio.to_thread(reg.available) and bid not in await asyncio.to_thread(
-                        reg.readonly
-                    ):
-                        break
-                    await asyncio.sleep(0.1)
-                return bool(b.core.readonly), bid in await asyncio.to_thread(reg.readonly)
+                return bool(b.core.readonly), await _registered_readonly(store, b.config.id, False, 3)
             finally:
                 store.close()
 
@@ -157,7 +163,7 @@ def test_a_bookie_whose_read_only_registration_gave_up_registers_so_once_zookeep
     state last written, writable): a read-only bookie listed under bookies/available, chosen for new ledgers,
     until its next change. The disk check now registers it again while what is registered is not what it is."""
     from bookie import main as bookie_main
-    from zk import BookieRegistry, MetadataStore
+    from zk import MetadataStore
     from zk.errors import MetadataConnectionError
 
     monkeypatch.setattr(bookie_main, "REGISTER_RETRY_S", 0.3)
@@ -178,13 +184,7 @@ def test_a_bookie_whose_read_only_registration_gave_up_registers_so_once_zookeep
                 assert b.set_admin_readonly(True) == ""
                 await asyncio.sleep(1.0)  # its registration's retries given up
                 away[0] = False  # ZooKeeper back
-                reg, bid = BookieRegistry(store), b.config.id
-                deadline = time.monotonic() + 4
-                while time.monotonic() < deadline:
-                    if bid in await asyncio.to_thread(reg.readonly):
-                        break
-                    await asyncio.sleep(0.1)
-                return bool(b.core.readonly), bid in await asyncio.to_thread(reg.readonly)
+                return bool(b.core.readonly), await _registered_readonly(store, b.config.id, True, 4)
             finally:
                 store.close()
 
