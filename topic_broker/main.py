@@ -22,6 +22,7 @@ from bookie.server import server_tls_context
 from bookie.server_gate import HTTP_CONNECTIONS_MAX, ports_given_twice, ports_in_use, raise_open_files_limit
 from bookie.signals import add_stop_handlers
 from zk.cookies import NoClusterError
+from zk.errors import MetadataExistsError
 
 from . import wire
 from .admin import AdminServer
@@ -133,6 +134,10 @@ async def serve(
         log.error("broker=%s refusing to start: %s: check --zk-root", config.id, e)
         await service.stop()
         return EXIT_NO_CLUSTER
+    except MetadataExistsError as e:  # its id registered by another live broker
+        log.error("broker=%s refusing to start: %s", config.id, e)
+        await service.stop()
+        return 1
     server = BrokerServer(service)
     await server.start()
     admin = AdminServer(service)  # /admin/v2, /lookup/v2, /metrics, /health on the HTTP port

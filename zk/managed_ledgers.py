@@ -899,17 +899,46 @@ class BrokerMetadataStore:
         await self.store.adelete(layout.partitioned_topic_path(ml_name), missing_ok=True)
 
     # brokers
-    async def register_broker(self, broker_id: str, info: BrokerInfo) -> None:
-        """Ephemeral: gone when this store's session ends. Replaces a stale registration of a dead session."""
+    async def register_broker(
+        self, broker_id: str, info: BrokerInfo, *, stale_wait_s: float | None = None
+    ) -> None:
+        """Ephemeral: gone when this store's session ends. A registration of another session is not replaced, as
+        a bookie's is not: a broker killed under this id leaves one until its session times out, waited for up to
+        ``stale_wait_s`` (default: the session timeout + 2 s); one still there then is another live broker's
+        (started with the same id), and MetadataExistsError is raised. Our own session's is updated."""
         path = layout.broker_path(broker_id)
-        try:
-            await self.store.acreate(path, info.to_json(), ephemeral=True)
-        except MetadataExistsError:
-            await self.store.adelete(path, missing_ok=True)
-            await self.store.acreate(path, info.to_json(), ephemeral=True)
+        wait = self.store.session_timeout_s + 2.0 if stale_wait_s is None else stale_wait_s
+        deadline = asyncio.get_running_loop().time() + wait
+        while True:
+            try:
+                await self.store.acreate(path, info.to_json(), ephemeral=True)
+                return
+            except MetadataExistsError:
+                pass
+            st = await asyncio.to_thread(self.store.stat, path)
+            if st is None:
+                continue  # gone meanwhile
+            if st.ephemeral_owner == self.store.session_id:
+                with contextlib.suppress(MetadataNotFoundError, MetadataVersionError):
+                    await self.store.aset(path, info.to_json(), st.version)
+                    return
+                continue
+            if asyncio.get_running_loop().time() >= deadline:
+                raise MetadataExistsError(
+                    f"broker id {broker_id} is already registered by another live ZooKeeper session "
+                    f"(0x{st.ephemeral_owner:x}): is another broker running with the same id? (a crashed "
+                    "broker's registration disappears when its session times out)",
+                    path=self.store.abs_path(path),
+                )
+            await asyncio.sleep(0.2)
 
     async def unregister_broker(self, broker_id: str) -> None:
-        await self.store.adelete(layout.broker_path(broker_id), missing_ok=True)
+        """This session's registration deleted (another live broker's of the same id is left alone)."""
+        path = layout.broker_path(broker_id)
+        st = await asyncio.to_thread(self.store.stat, path)
+        if st is not None and st.ephemeral_owner == self.store.session_id:
+            with contextlib.suppress(MetadataVersionError):
+                await self.store.adelete(path, st.version, missing_ok=True)
 
     async def list_brokers(self) -> dict[str, BrokerInfo]:
         try:

@@ -18,7 +18,7 @@ from topic_broker.managed_ledger import (
     ManagedLedgerFencedError,
     Position,
 )
-from zk.managed_ledgers import BrokerMetadataStore, OwnershipInfo
+from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, OwnershipInfo
 
 ML = "public/default/persistent/orders"
 SMALL = dict(ensemble_size=2, write_quorum=2, ack_quorum=2, min_rollover_time_s=0.0)
@@ -260,3 +260,29 @@ def test_a_rollover_retried_while_bookies_are_short_backs_off_and_recovers(booki
 
     with caplog.at_level("WARNING", logger="topic_broker.managed_ledger"):
         asyncio.run(go())
+
+
+def test_a_broker_id_registered_by_another_live_session_is_refused(bookies) -> None:
+    """A second broker started with the id of one that runs (another process, another host) took over its
+    registration; it is refused after waiting for a crashed one's to go, and the first's stays. The same
+    session's registration is updated; once the first is gone, the id registers."""
+
+    async def body(bk: BookKeeper, store: BrokerMetadataStore) -> None:
+        first = BrokerInfo(service_url="pulsar://a:1", web_service_url="http://a:2")
+        second = BrokerInfo(service_url="pulsar://b:1", web_service_url="http://b:2")
+        await store.register_broker("dup:1", first)
+        await store.register_broker("dup:1", first)  # our own session's: kept
+        other = zk.MetadataStore.connect(bk.store.connect_string, bk.config.zk_root)
+        try:
+            with pytest.raises(zk.MetadataExistsError, match="another live ZooKeeper session"):
+                await BrokerMetadataStore(other).register_broker("dup:1", second, stale_wait_s=0.5)
+            assert (await store.list_brokers())["dup:1"] == first  # before: the second's
+            await BrokerMetadataStore(other).unregister_broker("dup:1")  # (the refused broker's stop)
+            assert (await store.list_brokers())["dup:1"] == first
+            await store.unregister_broker("dup:1")
+            await BrokerMetadataStore(other).register_broker("dup:1", second, stale_wait_s=0.5)
+            assert (await store.list_brokers())["dup:1"] == second
+        finally:
+            other.close()
+
+    run(bookies, body)
