@@ -127,7 +127,14 @@ def exit_status_for_http(status: int) -> int:
 
 
 def classify(exc: BaseException) -> tuple[int, str, str]:
-    """(exit status, error code, message) for an exception that ends a command."""
+    """(exit status, error code, message) for an exception that ends a command; the notes a command added to it
+    on its way out (``exc.add_note``: what it had done when it failed) end the message in brackets."""
+    status, code, message = _classify(exc)
+    notes = [n for n in getattr(exc, "__notes__", ()) if isinstance(n, str)]
+    return status, code, message + "".join(f" ({n})" for n in notes)
+
+
+def _classify(exc: BaseException) -> tuple[int, str, str]:
     if isinstance(exc, CommandError):
         return exc.code, exc.kind, str(exc)
     code = getattr(exc, "code", None)

@@ -116,11 +116,15 @@ def _run(
         except NotEnoughBookiesError as e:
             if not hasattr(args, "ensemble"):  # (a verb that makes no ledger)
                 raise
-            hint = (
-                f"{e.message}: start more bookies (`ledgerstore cluster status` lists them), or give the ledger "
-                f"fewer than -E {args.ensemble} (with -W and -A no larger)"
+            hint = f"{e.message}: start more bookies (`ledgerstore cluster status` lists them)" + (
+                f", or give the ledger fewer than -E {args.ensemble} (with -W and -A no larger)"
+                if args.ensemble > 1
+                else ""
             )
-            raise NotEnoughBookiesError(hint, ledger_id=e.ledger_id) from e
+            again = NotEnoughBookiesError(hint, ledger_id=e.ledger_id)
+            for note in getattr(e, "__notes__", ()):  # what the verb had written when it failed
+                again.add_note(note)
+            raise again from e
         finally:
             await bk.close()
 
@@ -291,7 +295,16 @@ async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:
     lh = await bk.create_ledger(
         args.ensemble, args.write_quorum, args.ack_quorum, password=password_of(args).encode()
     )
-    dt = await _write_entries(args, lh, payloads, f"ledger {lh.ledger_id}")
+    try:
+        dt = await _write_entries(args, lh, payloads, f"ledger {lh.ledger_id}")
+    except Exception as e:  # what is stored, and where: the error alone named neither
+        done = lh.last_add_confirmed + 1
+        e.add_note(
+            f"ledger {lh.ledger_id}: {done} of {len(payloads)} entries acknowledged"
+            + (f", ids 0..{done - 1}" if done else "")
+            + f"; left open: `ledgerstore ledger read {lh.ledger_id} --recover` reads them and closes it"
+        )
+        raise
     await lh.close()
     emit(
         args,

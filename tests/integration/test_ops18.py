@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ledgerstore.cluster import free_port
+from ledgerstore.cluster import BookieProcess, free_port
 from tests.conftest import BookieFactory
 from tests.integration.test_cluster_cli import _ls
 
@@ -53,3 +56,34 @@ def test_cluster_up_with_zk_says_at_once_when_nothing_answers_there(tmp_path: Pa
     assert r.stderr.startswith(f"ledgerstore: no ZooKeeper answers at --zk 127.0.0.1:{nobody}: "), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "c" / "cluster.json").exists() and not list((tmp_path / "c").glob("bookie-*"))
+
+
+class _FileSizeLimited(BookieProcess):
+    """A bookie whose files may not grow past 6 MiB (``ulimit -f``): its journal write fails with EFBIG."""
+
+    def command(self) -> list[str]:
+        limit = "import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (6 << 20, 6 << 20)); "
+        return [sys.executable, "-c", limit + "os.execv(sys.argv[1], sys.argv[1:])", *super().command()]
+
+
+def test_a_ledger_write_that_fails_half_way_says_what_it_stored(bookies: BookieFactory) -> None:
+    """`ledger write` whose only bookie failed half way (its journal hit the file-size limit) said only
+    'NOT_ENOUGH_BOOKIES: no replacement for …': not which ledger, nor how many entries were acknowledged, nor that
+    it was left open. Now the line ends with them, and those entries are all read back once the bookie restarts."""
+    bp = bookies.start("--journal-segment-mb", "64", "--journal-prealloc-mb", "1", process=_FileSizeLimited)
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "ledgerstore.cli", *argv, "--zk", bookies.zk, "--zk-root", bookies.root]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    r = cli("ledger", "write", "-E", "1", "-W", "1", "-A", "1", "-n", "1000", "--entry-size", "10000")
+    assert r.returncode == 5 and r.stderr.startswith("ledgerstore: NOT_ENOUGH_BOOKIES: "), r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "fewer than -E 1" not in r.stderr, r.stderr
+    m = re.search(
+        r"\(ledger (\d+): (\d+) of 1000 entries acknowledged, ids 0\.\.(\d+); left open: ", r.stderr
+    )
+    assert m and int(m[2]) > 0 and int(m[3]) == int(m[2]) - 1, r.stderr
+    bp.kill9()
+    bookies.start(data_dir=bp.data_dir, port=bp.port)  # without the limit
+    r = cli("ledger", "read", m[1], "--recover")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == int(m[2]), r.stderr
