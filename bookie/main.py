@@ -696,7 +696,7 @@ class Bookie:
 
     def _registered_done(self, task: asyncio.Task[None]) -> None:
         self._register_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        if not task.cancelled() and task.exception() is not None and not self.stopping:  # (closed registry)
             log.warning(
                 "bookie=%s not registered as %s: %s; tried again at the next disk check",
                 self.config.id,
