@@ -150,3 +150,45 @@ def test_a_new_bookie_whose_http_port_is_in_use_writes_no_cookie(
     finally:
         squatter.close()
         store.close()
+
+
+def test_a_topic_create_after_its_namespace_was_marked_since_the_read_is_refused(zk_store: Any) -> None:
+    """The create of a topic's managed-ledger znode checks, in its transaction, that the namespace's policies are
+    at the version it read: a delete's mark written between the read and the create makes it read again and be
+    refused (NamespaceGoneError), nothing created, the directories it made removed. Planted with the check at
+    any version (-1): created, a topic left in a namespace whose delete found none; planted without the removal:
+    managed-ledgers/<tenant>/<namespace>/persistent left behind, empty. Real ZooKeeper; the mark written in that window."""
+    import pytest
+
+    from zk.managed_ledgers import (
+        BrokerMetadataStore,
+        ManagedLedgerInfo,
+        NamespaceGoneError,
+        NamespacePolicies,
+    )
+
+    meta = BrokerMetadataStore(zk_store, namespaces=True)
+
+    async def run() -> None:
+        await meta.set_policies("public", "marked", NamespacePolicies())
+        real = zk_store.acreate_checked
+        marks: list[int] = []
+
+        async def marked_in_the_window(*args: Any, **kwargs: Any) -> None:
+            if not marks:
+                marks.append(1)
+                await meta.update_policies("public", "marked", lambda q: dataclasses.replace(q, deleted=True))
+            await real(*args, **kwargs)
+
+        zk_store.acreate_checked = marked_in_the_window
+        try:
+            with pytest.raises(NamespaceGoneError):
+                await meta.create_ml_info("public/marked/persistent/t", ManagedLedgerInfo())
+        finally:
+            del zk_store.acreate_checked
+        assert marks and await meta.get_ml_info("public/marked/persistent/t") is None
+        assert not zk_store.exists("managed-ledgers/public/marked"), (
+            "the directories the create made, removed"
+        )
+
+    asyncio.run(run())
