@@ -639,7 +639,9 @@ class Session:
 
     def _liveness_ends(self, alive: bool | None) -> None:
         """The liveness check in progress ends: a frame came (True), the connection is gone (False), or its time
-        is up (None): False, unless the connection is not read for now (True, it cannot tell)."""
+        is up (None): False, unless the connection is not read for now (True, it cannot tell): its producers'
+        SENDs or its held requests stopped the reading (after the PING was sent, maybe), and it takes what it is
+        sent. A check whose connection held requests once its PING was out answered False, the PONG unseen."""
         check, self._liveness = self._liveness, None
         if self._liveness_timer is not None:
             self._liveness_timer.cancel()
@@ -647,7 +649,11 @@ class Session:
         if check is None or check.done():
             return
         if alive is None:
-            alive = self.publish_paused and self.writable and not (self.closed or self.conn.closed)
+            alive = (
+                (self.publish_paused or bool(self.held))
+                and self.writable
+                and not (self.closed or self.conn.closed)
+            )
         check.set_result(alive)
 
     def close_dead(self, why: str) -> None:
