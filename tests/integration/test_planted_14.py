@@ -192,3 +192,45 @@ def test_a_topic_create_after_its_namespace_was_marked_since_the_read_is_refused
         )
 
     asyncio.run(run())
+
+
+def test_a_partition_created_after_its_partitioned_topic_was_marked_since_the_read_is_refused(
+    zk_store: Any,
+) -> None:
+    """A partition's managed ledger is created only while its partitioned topic is not marked deleted, checked in
+    the create's transaction at the version read: a delete's mark written between the read and the create makes
+    it read again and be refused (PartitionedTopicGoneError), nothing created. Planted with the mark not looked
+    at: the partition made under the delete (a producer's open of it), left behind once the delete had passed
+    it. Real ZooKeeper; the mark written in that window."""
+    import pytest
+
+    from zk.managed_ledgers import (
+        BrokerMetadataStore,
+        ManagedLedgerInfo,
+        NamespacePolicies,
+        PartitionedTopicGoneError,
+    )
+
+    meta = BrokerMetadataStore(zk_store, namespaces=True)
+
+    async def run() -> None:
+        await meta.set_policies("public", "parted", NamespacePolicies())
+        await meta.create_partitioned_topic("public/parted/persistent/t", 2)
+        real = zk_store.acreate_checked
+        marks: list[int] = []
+
+        async def marked_in_the_window(*args: Any, **kwargs: Any) -> None:
+            if not marks:
+                marks.append(await meta.mark_partitioned_deleted("public/parted/persistent/t"))
+            await real(*args, **kwargs)
+
+        zk_store.acreate_checked = marked_in_the_window
+        try:
+            with pytest.raises(PartitionedTopicGoneError):
+                await meta.create_ml_info("public/parted/persistent/t-partition-1", ManagedLedgerInfo())
+        finally:
+            del zk_store.acreate_checked
+        assert marks == [2]
+        assert await meta.get_ml_info("public/parted/persistent/t-partition-1") is None
+
+    asyncio.run(run())
