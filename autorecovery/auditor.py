@@ -142,10 +142,14 @@ class Auditor:
         if first:
             ledgers = await _meta(functools.partial(read_all_metadata, self.bk))
         referenced = set().union(*(bookies_in(md) for md in ledgers.values())) if ledgers else set()
-        was_missing = set(self.tracker.missing_since)
+        was_missing, was_marked = set(self.tracker.missing_since), set(self.tracker.marked)
         back = self.tracker.observe(registered, referenced, now)
-        for b in sorted(back):
+        for b in sorted(back - was_marked):
             log.info("auditor: bookie %s is back before its loss delay ran out: nothing marked", b)
+        for b in sorted(back & was_marked):  # (a restart longer than the delay: the workers find it back)
+            log.info(
+                "auditor: bookie %s is back after its ledgers were marked: the workers copy what it lacks", b
+            )
         for b in sorted(set(self.tracker.missing_since) - was_missing):
             log.info(
                 "auditor: bookie %s is gone: its ledgers are marked under-replicated in %g s unless it comes back",

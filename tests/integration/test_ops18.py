@@ -87,3 +87,47 @@ def test_a_ledger_write_that_fails_half_way_says_what_it_stored(bookies: BookieF
     bookies.start(data_dir=bp.data_dir, port=bp.port)  # without the limit
     r = cli("ledger", "read", m[1], "--recover")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == int(m[2]), r.stderr
+
+
+def test_the_auditor_does_not_say_nothing_marked_of_a_bookie_whose_ledgers_it_marked(bookies, caplog) -> None:
+    """A bookie restarted with the default loss delay of 0: the auditor marked its ledgers, then said on its
+    return 'is back before its loss delay ran out: nothing marked', which contradicts the line before it."""
+    import asyncio
+    import logging
+
+    from autorecovery.auditor import Auditor
+    from autorecovery.config import AutoRecoveryConfig
+    from autorecovery.metrics import Metrics
+    from ledger_client import BookKeeper, ClientConfig
+    from ledger_client.client import _meta
+    from tests.integration.test_autorecovery_planted import _unregistered, _write_ledger
+    from zk.underreplication import UnderReplicationManager
+
+    procs = bookies.start_many(3)
+    lid, lost = asyncio.run(_write_ledger(bookies, 5))
+    bp = next(bp for bp in procs if bp.id == lost)
+    bp.stop()
+
+    async def run() -> bool:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            manager = UnderReplicationManager(bk.store)
+            await _unregistered(bk, {lost})
+            config = AutoRecoveryConfig(zk=bookies.zk, zk_root=bookies.root, passwords=(b"pw",))
+            auditor = Auditor(bk, manager, config, Metrics(), "ops18")
+            await auditor.step()  # elected; the ledger marked at once
+            marked = await _meta(lambda: manager.get(lid)) is not None
+            await asyncio.to_thread(bp.start)
+            await auditor.step()
+            return marked
+        finally:
+            await bk.close()
+
+    with caplog.at_level(logging.INFO, logger="autorecovery.auditor"):
+        assert asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if lost in r.getMessage()]
+    assert (
+        f"auditor: bookie {lost} is back after its ledgers were marked: the workers copy what it lacks"
+        in lines
+    )
+    assert not [line for line in lines if "nothing marked" in line], lines
