@@ -4,6 +4,7 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import signal
@@ -234,3 +235,47 @@ def test_a_partition_created_after_its_partitioned_topic_was_marked_since_the_re
         assert await meta.get_ml_info("public/parted/persistent/t-partition-1") is None
 
     asyncio.run(run())
+
+
+def test_a_partitioned_delete_refused_for_a_producer_takes_its_mark_back(cluster: Brokers) -> None:  # noqa: F811
+    """DELETE …/partitions refused 412 (a partition has a producer, no force) takes back the mark it wrote
+    first: the partitioned topic grows again and its partitions open. Planted with the mark left: a topic
+    nobody deleted that can never grow (409 'being deleted') nor have a partition made. An in-process broker
+    (real ZooKeeper, 3 bookies) and a producer on a raw connection."""
+    import socket
+
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+    from topic_broker.server import BrokerServer
+
+    T = pb.BaseCommand
+
+    with _namespace_on_a_broker(cluster) as (service, run, port, ns):
+        base = f"/admin/v2/persistent/public/{ns}/kept/partitions"
+        assert _status(port, "PUT", base, 2)[0] == 204
+        server = BrokerServer(service)
+        run(server.start())
+        with contextlib.closing(socket.create_connection(("127.0.0.1", service.config.port), 30)) as conn:
+            conn.sendall(
+                wire.encode_command(
+                    T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+                )
+                + wire.encode_command(
+                    T(
+                        type=T.PRODUCER,
+                        producer=pb.CommandProducer(
+                            topic=f"persistent://public/{ns}/kept-partition-0", producer_id=1, request_id=1
+                        ),
+                    )
+                )
+            )
+            decoder, seen = wire.FrameDecoder(), []
+            while T.PRODUCER_SUCCESS not in seen:
+                data = conn.recv(1 << 16)
+                assert data, seen
+                seen += [f.command.type for f in decoder.feed(data)]
+            assert _status(port, "DELETE", base)[0] == 412
+        run(server.stop())
+        status, body = _status(port, "POST", base, 3)
+        assert status == 204, (status, body)
+        assert _status(port, "GET", base)[1]["partitions"] == 3
