@@ -269,7 +269,7 @@ def test_a_partitioned_delete_refused_for_a_producer_takes_its_mark_back(cluster
                     )
                 )
             )
-            decoder, seen = wire.FrameDecoder(), []
+            decoder, seen = wire.FrameDecoder(), list[int]()
             while T.PRODUCER_SUCCESS not in seen:
                 data = conn.recv(1 << 16)
                 assert data, seen
