@@ -73,7 +73,7 @@ from spark.options import (
     client_config,
     parse_ledger_options,
 )
-from spark.planning import entry_ranges, readable_last_entry
+from spark.planning import bookies_tried, entry_ranges, readable_last_entry
 
 __all__ = [
     "LEDGER_SCHEMA",
@@ -281,6 +281,17 @@ def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
         bk.close()
 
 
+def _unreadable(run: Any, bk: Any, lh: Any, what: str, err: BaseException, first: int) -> RuntimeError:
+    """A task's read error of ``what`` (entries ``first`` on), naming the ledger and the bookies tried (those of
+    the handle's ensembles holding them; each one not registered now marked so)."""
+    try:
+        up: set[str] | None = set(run(bk.writable_bookies())) | set(run(bk.readonly_bookies()))
+    except Exception:  # noqa: BLE001 - then the bookies are listed without saying which are down
+        up = None
+    bookies = bookies_tried([(x.first_entry_id, x.bookies) for x in lh.metadata.ensembles], first, up)
+    return RuntimeError(f"ledger {lh.ledger_id} could not be read ({what}): {err}; {bookies}")
+
+
 def _plan_ledger(bk: Any, opts: LedgerOptions, lid: int) -> list[LedgerRange]:
     """One ledger's ranges; [] for one deleted meanwhile that the query skips."""
     from ledger_client import LedgerError, NoSuchLedgerError, UnauthorizedError
@@ -303,7 +314,12 @@ def _plan_ledger(bk: Any, opts: LedgerOptions, lid: int) -> list[LedgerRange]:
     except UnauthorizedError as e:
         raise LedgerOptionError("password", f"refused for ledger {lid}: {e}") from None
     except LedgerError as e:
-        raise RuntimeError(f"ledger {lid}: cannot learn how far to read: {e}") from e
+        try:
+            up: set[str] | None = set(bk.writable_bookies()) | set(bk.readonly_bookies())
+        except Exception:  # noqa: BLE001 - then the bookies are listed without saying which are down
+            up = None
+        bookies = bookies_tried([(x.first_entry_id, x.bookies) for x in md.ensembles], 0, up)
+        raise RuntimeError(f"ledger {lid}: cannot learn how far to read: {e}; {bookies}") from e
     last = readable_last_entry(md.state.value, md.last_entry_id, lac)
     return [
         LedgerRange(
@@ -455,7 +471,7 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
     """Executor side: the range's entries as Arrow record batches. Stateless: its own client on its own event
     loop in this thread (no thread hop per batch), closed at the end (also when Spark stops consuming early).
     The loop runs while a batch is collected; the client's read-ahead keeps the next batches in flight."""
-    from ledger_client import BookKeeper, NoSuchEntryError, NoSuchLedgerError
+    from ledger_client import BookKeeper, LedgerError, NoSuchEntryError, NoSuchLedgerError
     from zk.ledger_metadata import remember_verified
 
     max_rows = min(opts.max_records_per_batch, part.last_entry_id - part.first_entry_id + 1)
@@ -473,13 +489,16 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
         except NoSuchLedgerError:
             _data_loss(opts, part.ledger_id, "was deleted during the query")
             return
-        if lh.last_add_confirmed < part.last_entry_id:
-            # Planned from a LAC some bookies reported; the LAC never goes backwards, so ask again.
-            run(lh.read_last_add_confirmed())
+        expected = part.first_entry_id
+        try:
+            if lh.last_add_confirmed < part.last_entry_id:
+                # Planned from a LAC some bookies reported; the LAC never goes backwards, so ask again.
+                run(lh.read_last_add_confirmed())
+        except LedgerError as e:
+            raise _unreadable(run, bk, lh, "its last add confirmed", e, expected) from e
         payloads = _Payloads(
             lh.read_batches(part.first_entry_id, part.last_entry_id, rows=True), part.first_entry_id
         )
-        expected = part.first_entry_id
         while expected <= part.last_entry_id:
             try:
                 data = run(payloads.take(max_rows, BATCH_BYTES_MAX))
@@ -490,6 +509,9 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
                     opts, part.ledger_id, f"was deleted during the query (read up to entry {expected - 1})"
                 )
                 return
+            except LedgerError as e:
+                what = f"entries {expected}..{part.last_entry_id}"
+                raise _unreadable(run, bk, lh, what, e, expected) from e
             if not data:
                 break
             batch = columns.batch(expected, data)

@@ -8,7 +8,24 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["entry_ranges", "readable_last_entry", "replicas_per_bookie"]
+__all__ = ["bookies_tried", "entry_ranges", "readable_last_entry", "replicas_per_bookie"]
+
+
+def bookies_tried(
+    ensembles: Sequence[tuple[int, Sequence[str]]], first: int, registered: set[str] | None
+) -> str:
+    """What a read error of a ledger says of its bookies: those of the ensembles (``(first entry, bookies)``, in
+    order) holding entries ``first`` on, each not in ``registered`` (None: unknown) marked, and how many are not:
+    ``bookies tried: A, B (not registered); 1 of 2 not registered: start them, or wait for AutoRecovery``."""
+    held = [b for i, (_, b) in enumerate(ensembles) if i + 1 == len(ensembles) or ensembles[i + 1][0] > first]
+    tried = list(dict.fromkeys(x for bs in held for x in bs))
+    down = [b for b in tried if registered is not None and b not in registered]
+    text = "bookies tried: " + (
+        ", ".join(f"{b} (not registered)" if b in down else b for b in tried) or "none"
+    )
+    if down:
+        text += f"; {len(down)} of {len(tried)} not registered: start them, or wait for AutoRecovery"
+    return text
 
 
 def readable_last_entry(state: str, last_entry_id: int, lac: int) -> int:

@@ -161,6 +161,7 @@ from spark._topic_options import (
 )
 from spark.ledger_source import _exists, check_bookie_access, credentials_checked, freeze_worker_heap
 from spark.options import BATCH_BYTES_MAX, client_config
+from spark.planning import bookies_tried
 
 __all__ = [
     "TOPIC_SCHEMA",
@@ -228,31 +229,18 @@ def _unreadable(
     """``err`` (a ledger client's error reading ``what`` of ``ledger_id``) as a :class:`TopicReadError`: the
     bookies tried are those of the ensembles holding entries ``first`` on, from the ledger's metadata (ZooKeeper
     answers when the bookies do not); each one not registered now (down, or its session lost) is said so."""
-    tried: list[str] = []
-    down: set[str] = set()
     try:
-        ensembles = bk.ledger_metadata(ledger_id).ensembles
-        held = [
-            e
-            for i, e in enumerate(ensembles)
-            if i + 1 == len(ensembles) or ensembles[i + 1].first_entry_id > first
-        ]
-        tried = list(dict.fromkeys(b for e in held for b in e.bookies))
-        up = set(bk.writable_bookies()) | set(bk.readonly_bookies())
-        down = {b for b in tried if b not in up}
+        md = bk.ledger_metadata(ledger_id)
+        ensembles = [(e.first_entry_id, e.bookies) for e in md.ensembles]
+        try:
+            up: set[str] | None = set(bk.writable_bookies()) | set(bk.readonly_bookies())
+        except Exception:  # noqa: BLE001 - then the bookies are listed without saying which are down
+            up = None
+        bookies = bookies_tried(ensembles, first, up)
     except Exception as e:  # noqa: BLE001 - the message is the point: it says what it could not learn
-        log.debug("%s: ledger %d: its bookies not learned: %s", topic, ledger_id, e)
-    bookies = ", ".join(f"{b} (not registered)" if b in down else b for b in tried) or "unknown (no metadata)"
+        bookies = f"bookies not known ({type(e).__name__}: {e})"
     return TopicReadError(
-        topic,
-        ledger_id,
-        what,
-        f"{topic}: ledger {ledger_id} could not be read ({what}): {err}; bookies tried: {bookies}"
-        + (
-            f"; {len(down)} of {len(tried)} not registered: start them, or wait for AutoRecovery"
-            if down
-            else ""
-        ),
+        topic, ledger_id, what, f"{topic}: ledger {ledger_id} could not be read ({what}): {err}; {bookies}"
     )
 
 

@@ -4,6 +4,7 @@ stream readers are driven directly, as Spark calls them, without a query."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -105,5 +106,54 @@ def test_a_topic_read_with_two_of_three_bookies_down_names_the_topic_the_ledger_
         text = str(err.value)
         assert f"persistent://public/default/{topic}: ledger {ledger} could not be read" in text, text
         assert "bookies tried: " in text and "2 of 3 not registered" in text, text
+        for bp in down:
+            assert f"{bp.id} (not registered)" in text, text
+
+
+def test_a_ledger_read_with_two_of_three_bookies_down_names_the_bookies(cluster: Cluster) -> None:
+    """The ledger source, the same fault: an open ledger and a closed one (3 bookies, 2 copies of each entry), 2
+    bookies stopped: the plan of the open one and a task over the closed one (planned before the stop) each name
+    the ledger and the bookies tried, the 2 stopped ones as not registered. Before, the plan said 'ledger N: cannot
+    learn how far to read: [BOOKIE_UNAVAILABLE] not enough bookies answered to learn the LAC' and no bookie, and
+    the task gave the client's bare error."""
+    from ledger_client import ClientConfig
+    from ledger_client.sync import BookKeeper
+    from spark.ledger_source import LEDGER_SCHEMA, LedgerRange, LedgerReader, read_range
+    from spark.options import parse_ledger_options
+
+    client = BookKeeper.connect(cluster.zk, config=ClientConfig(zk_root=cluster.root))
+    try:
+        closed = client.create_ledger(3, 2, 2, password=b"pw")
+        live = client.create_ledger(3, 2, 2, password=b"pw")
+        for lh in (closed, live):
+            lh.append_many([b"e%d" % i for i in range(12)])
+        closed.close()
+
+        def opts(ledgers: int) -> Any:
+            return parse_ledger_options(
+                {"zk": cluster.zk, "zkRoot": cluster.root, "ledgers": str(ledgers), "password": "pw"}
+            )
+
+        ranges = [r for r in LedgerReader(opts(closed.ledger_id), LEDGER_SCHEMA).partitions()]
+        assert [type(r) for r in ranges] == [LedgerRange]
+        down = cluster.bookies.procs[:2]
+        for bp in down:
+            bp.stop()
+        try:
+            with pytest.raises(Exception) as planned:
+                LedgerReader(opts(live.ledger_id), LEDGER_SCHEMA).partitions()
+            with pytest.raises(Exception) as read:
+                for _ in read_range(opts(closed.ledger_id), ranges[0], LEDGER_SCHEMA):
+                    pass
+        finally:
+            for bp in down:
+                bp.start(wait=True)
+        live.close()
+    finally:
+        client.close()
+    for err, ledger in ((planned, live.ledger_id), (read, closed.ledger_id)):
+        text = str(err.value)
+        assert re.search(rf"\bledger {ledger}\b", text) and "bookies tried: " in text, text
+        assert "2 of 3 not registered" in text, text
         for bp in down:
             assert f"{bp.id} (not registered)" in text, text
