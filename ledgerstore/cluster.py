@@ -606,8 +606,12 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
         for row in rows
         if not _pid_alive(row["pid"])
     ]
-    if st.get("autorecovery"):  # first: bookies stopping one by one must not look lost to it
-        _stop_pid(st["autorecovery"]["pid"])
+    recovery = st.get("autorecovery")
+    recovery_stopped = False
+    if recovery:  # first: bookies stopping one by one must not look lost to it
+        recovery_stopped = _stop_pid(recovery["pid"])
+        if not recovery_stopped:
+            gone.append("the AutoRecovery process")
     brokers_stopped = sum(_stop_pid(b["pid"]) for b in st.get("brokers", []))  # before the bookies
     stopped = _stop_pids([b["pid"] for b in st["bookies"]])
     zk_stopped = launcher.cli_stop(state_dir)
@@ -615,9 +619,10 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     zk_said = "stopped" if zk_stopped else "not running"
     if st.get("zk_external"):
         zk_said = f"{st['zk']} left running (cluster up did not start it)"
-    human = (
-        f"cluster down: {counted(brokers_stopped, 'broker')} and {counted(stopped, 'bookie')} stopped, "
-        f"ZooKeeper {zk_said}" + (f" (not running already: {', '.join(gone)})" if gone else "")
+    pieces = [counted(brokers_stopped, "broker"), counted(stopped, "bookie")]
+    pieces += ["the AutoRecovery process"] if recovery_stopped else []
+    human = f"cluster down: {', '.join(pieces[:-1])} and {pieces[-1]} stopped, ZooKeeper {zk_said}" + (
+        f" (not running already: {', '.join(gone)})" if gone else ""
     )
     if "zk" not in st:  # no cluster.json: at most a ZooKeeper of `zk start` in this directory
         human = f"{_no_cluster(state_dir)}: nothing to stop" + (
@@ -626,7 +631,12 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     emit(
         args,
         human,
-        {"brokers_stopped": brokers_stopped, "bookies_stopped": stopped, "zk_stopped": zk_stopped},
+        {
+            "brokers_stopped": brokers_stopped,
+            "bookies_stopped": stopped,
+            "autorecovery_stopped": recovery_stopped,
+            "zk_stopped": zk_stopped,
+        },
     )
     return 0
 

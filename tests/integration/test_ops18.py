@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -131,3 +132,36 @@ def test_the_auditor_does_not_say_nothing_marked_of_a_bookie_whose_ledgers_it_ma
         in lines
     )
     assert not [line for line in lines if "nothing marked" in line], lines
+
+
+def test_cluster_down_names_a_dead_autorecovery_process(tmp_path: Path, capsys) -> None:
+    """`cluster down` of a cluster whose standalone AutoRecovery process was killed named the dead broker and
+    bookie ('not running already: …') but not it; and one it stopped was not counted. Both are said now."""
+    from ledgerstore.cli import main
+    from tests.unit.test_planted_11 import _dead_pid
+
+    def down(recovery_pid: int) -> str:
+        state = tmp_path / str(recovery_pid)
+        state.mkdir()
+        st = {
+            "zk": "127.0.0.1:1",
+            "zk_root": "/ledgerstore",
+            "bookies": [{"pid": _dead_pid(), "id": "127.0.0.1:30281"}],
+            "brokers": [],
+            "autorecovery": {"pid": recovery_pid, "metrics_port": 1},
+        }
+        (state / "cluster.json").write_text(json.dumps(st))
+        assert main(["cluster", "down", "--state-dir", str(state)]) == 0
+        return capsys.readouterr().out
+
+    out = down(_dead_pid())
+    assert "0 brokers and 0 bookies stopped" in out, out
+    assert "(not running already: bookie 127.0.0.1:30281, the AutoRecovery process)" in out, out
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    threading.Thread(target=alive.wait, daemon=True).start()  # reaped as it ends, as a process not ours is
+    try:
+        out = down(alive.pid)
+    finally:
+        alive.kill()
+        alive.wait()
+    assert "0 brokers, 0 bookies and the AutoRecovery process stopped" in out, out
