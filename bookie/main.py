@@ -448,6 +448,14 @@ class Bookie:
                 f"{' and '.join(busy)} on {host} in use by another process; nothing written (no cookie): stop "
                 "it, or give this bookie a free one"
             )
+        # (an address this host does not have, a privileged port): its bind failed after the cookie, for an id
+        # that could never serve, and the start with the address or port corrected was a cookie mismatch
+        unbindable = server_gate.ports_unbindable(host, ports)
+        if unbindable:
+            raise StartRefusal(
+                f"cannot listen on {host}: {'; '.join(unbindable)} (check --listen-address, --advertised-address "
+                "and the ports); nothing written (no cookie)"
+            )
 
     def _check_cookies(self) -> None:
         from zk import cookies

@@ -101,8 +101,27 @@ HTTP_WRITE_STALL_S = HTTP_IDLE_TIMEOUT_S
 def ports_in_use(host: str | None, ports: dict[str, int]) -> list[str]:
     """The ``ports`` (flag -> port) another process listens on at ``host`` (None: every address), as
     ``"port N (--flag)"``: tried with a bind as the server's listener makes it (SO_REUSEADDR), closed at once. Only
-    a port in use counts; any other bind error is left for the listener to report."""
-    busy = []
+    a port in use counts here; :func:`ports_unbindable` gives the other bind errors."""
+    return [
+        f"port {port} ({flag})"
+        for flag, port, e in _bind_failures(host, ports)
+        if e.errno == errno.EADDRINUSE
+    ]
+
+
+def ports_unbindable(host: str | None, ports: dict[str, int]) -> list[str]:
+    """The ``ports`` a listener could not bind at ``host`` for another reason than another process on them (an
+    address this host does not have, a port below 1024 without the privilege), as ``"port N (--flag): why"``."""
+    return [
+        f"port {port} ({flag}): {e.strerror or e}"
+        for flag, port, e in _bind_failures(host, ports)
+        if e.errno != errno.EADDRINUSE
+    ]
+
+
+def _bind_failures(host: str | None, ports: dict[str, int]) -> list[tuple[str, int, OSError]]:
+    """(flag, port, the error) of each of ``ports`` a bind at ``host`` fails for (its first failing address)."""
+    failed = []
     for flag, port in ports.items():
         if port == 0:
             continue
@@ -116,10 +135,9 @@ def ports_in_use(host: str | None, ports: dict[str, int]) -> list[str]:
                 try:
                     s.bind(addr)
                 except OSError as e:
-                    if e.errno == errno.EADDRINUSE:
-                        busy.append(f"port {port} ({flag})")
-                        break
-    return busy
+                    failed.append((flag, port, e))
+                    break
+    return failed
 
 
 def ports_given_twice(ports: dict[str, int]) -> list[str]:

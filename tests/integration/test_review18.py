@@ -63,26 +63,15 @@ def test_a_bookie_made_read_only_and_writable_within_a_registration_ends_registe
     assert not registered_readonly, "writable, but registered under bookies/readonly"
 
 
-def test_a_new_bookie_given_one_port_for_both_listeners_writes_no_cookie(
-    zk_server: Any, zk_root: str, tmp_path: Path
-) -> None:
-    """`bookie serve --port P --http-port P` (a typo): each port was tried free on its own, so the cookie was
-    written, then the second listener's bind failed; the cookie named the id for good (the start with --port
-    corrected was refused as a cookie mismatch). Refused before, nothing written."""
+def _refused_with_no_cookie(zk_server: Any, zk_root: str, tmp_path: Path, match: str, **config: Any) -> None:
+    """A new bookie of ``config`` refuses to start (StartRefusal matching ``match``) and writes no cookie."""
     import pytest
 
     from bookie import main as bookie_main
-    from ledgerstore.cluster import free_port
     from zk import MetadataStore, read_zk_cookie
 
-    port = free_port()
     cfg = bookie_main.BookieConfig(
-        zk=zk_server.connect_string,
-        zk_root=zk_root,
-        data_dir=tmp_path / "b",
-        port=port,
-        http_port=port,
-        init_cluster=True,
+        zk=zk_server.connect_string, zk_root=zk_root, data_dir=tmp_path / "b", init_cluster=True, **config
     )
 
     async def run() -> None:
@@ -92,13 +81,32 @@ def test_a_new_bookie_given_one_port_for_both_listeners_writes_no_cookie(
         finally:
             await b.stop()
 
-    with pytest.raises(bookie_main.StartRefusal, match=f"port {port} given to both --port and --http-port"):
+    with pytest.raises(bookie_main.StartRefusal, match=match):
         asyncio.run(run())
     store = MetadataStore.connect(zk_server.connect_string, root=zk_root)
     try:
         assert read_zk_cookie(store, cfg.id) is None
     finally:
         store.close()
+
+
+def test_a_new_bookie_given_one_port_for_both_listeners_writes_no_cookie(
+    zk_server: Any, zk_root: str, tmp_path: Path
+) -> None:
+    """`bookie serve --port P --http-port P` (a typo): each port was tried free on its own, so the cookie was
+    written, then the second listener's bind failed; the cookie named the id for good (the start with --port
+    corrected was refused as a cookie mismatch). Refused before, nothing written."""
+    from ledgerstore.cluster import free_port
+
+    port = free_port()
+    _refused_with_no_cookie(
+        zk_server,
+        zk_root,
+        tmp_path,
+        f"port {port} given to both --port and --http-port",
+        port=port,
+        http_port=port,
+    )
 
 
 def test_a_broker_given_one_port_for_both_listeners_registers_nothing(bookies: Any, tmp_path: Path) -> None:
@@ -191,3 +199,24 @@ def test_a_bookie_whose_read_only_registration_gave_up_registers_so_once_zookeep
     core_readonly, registered_readonly = asyncio.run(run())
     assert core_readonly
     assert registered_readonly, "read-only, but registered under bookies/available"
+
+
+def test_a_new_bookie_whose_address_is_not_this_hosts_writes_no_cookie(
+    zk_server: Any, zk_root: str, tmp_path: Path
+) -> None:
+    """`bookie serve --advertised-address 10.255.255.1` (a typo, an address this host does not have): the ports
+    gate counted only a port in use, so the cookie (id 10.255.255.1:PORT) was written and the listener's bind then
+    failed ('Cannot assign requested address'); the start with the address corrected, a new id, was refused as a
+    cookie mismatch on the same directories. Refused before, nothing written."""
+    from ledgerstore.cluster import free_port
+
+    port = free_port()
+    _refused_with_no_cookie(
+        zk_server,
+        zk_root,
+        tmp_path,
+        f"cannot listen on 10.255.255.1: port {port} \\(--port\\): ",
+        port=port,
+        http_port=free_port(),
+        advertised_address="10.255.255.1",
+    )
