@@ -51,8 +51,6 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   over each partition's entries; the messages of a batch entry share its publish time). An ``endingTime`` not after
   ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read
   nothing and is refused naming the option.
-* A ledger the bookies cannot serve fails the query with :class:`TopicReadError`, naming the partition, the ledger,
-  what was read and the bookies tried (those not registered now marked so).
 * ``failOnDataLoss`` (default true): a ledger deleted (trimmed by retention) before the query read it fails the
   query naming the ledger; false skips it with a warning. So does a topic a stream has read that is deleted (a
   topic never read is an option's error): false skips it, warning once, and reads it from its start once it is
@@ -67,6 +65,9 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   ``__batchIndex`` −1), its entry's key, properties and times, as a Pulsar consumer with that action does.
 * tuning: ``entriesPerPartition`` (default 50000: one Spark partition per this many entries of one ledger),
   ``maxRecordsPerBatch`` (rows per Arrow batch), ``readTimeoutMs``.
+
+A ledger the bookies cannot serve (too few of them up) fails the query with :class:`TopicReadError`, naming the
+partition, the ledger, what was read and the bookies tried (those not registered now marked so).
 
 Columns: ``value`` binary (null for a message sent with a null value), ``__key`` string, ``__topic`` string (the
 partition's full name), ``__messageId`` binary (a serialised ``MessageIdData``: ledgerId, entryId, partition,
