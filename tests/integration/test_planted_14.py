@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import zk
-from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
 from tests.conftest import BookieFactory
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
 from tests.integration.test_ops17 import in_process_bookie
@@ -279,3 +279,64 @@ def test_a_partitioned_delete_refused_for_a_producer_takes_its_mark_back(cluster
         status, body = _status(port, "POST", base, 3)
         assert status == 204, (status, body)
         assert _status(port, "GET", base)[1]["partitions"] == 3
+
+
+def test_a_producer_of_a_topic_whose_delete_is_stuck_is_told_to_retry(
+    cluster: Brokers,  # noqa: F811
+    monkeypatch: Any,
+) -> None:
+    """A PRODUCER of a topic whose delete is held past CLOSE_WAIT_S is answered ServiceNotReady, which
+    pulsar-client retries, so the producer is made once the delete ended. Planted with TopicNotFound (as the
+    namespace's refusal): the client takes it as final and the producer fails with what it had pending. An
+    in-process broker (real ZooKeeper, 3 bookies), the PRODUCER on a connection of the broker's own port."""
+    import uuid
+
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import service as service_mod
+    from topic_broker import wire
+    from topic_broker.names import TopicName
+    from topic_broker.server import BrokerServer
+
+    T = pb.BaseCommand
+    monkeypatch.setattr(service_mod, "CLOSE_WAIT_S", 0.3)
+    with in_process_broker(cluster) as (service, run):
+        server = BrokerServer(service)
+        run(server.start())
+        meta = service.meta
+        name = TopicName.parse(f"persistent://public/default/stuck-{uuid.uuid4().hex[:8]}")
+        run(service.get_topic(name))
+        real_delete_ml = meta.delete_ml
+        answers: list[int] = []
+
+        async def producer_answer() -> int:
+            reader, writer = await asyncio.open_connection("127.0.0.1", service.config.port)
+            connect = T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+            producer = T(
+                type=T.PRODUCER, producer=pb.CommandProducer(topic=str(name), producer_id=1, request_id=1)
+            )
+            writer.write(wire.encode_command(connect) + wire.encode_command(producer))
+            decoder = wire.FrameDecoder()
+            try:
+                while True:
+                    data = await asyncio.wait_for(reader.read(1 << 16), 30)
+                    assert data
+                    for f in decoder.feed(data):
+                        if f.command.type == T.ERROR:
+                            return int(f.command.error.error)
+                        if f.command.type == T.PRODUCER_SUCCESS:
+                            return -1
+            finally:
+                writer.close()
+
+        async def producer_then_delete(ml_name: str) -> None:
+            if ml_name == name.ml_name and not answers:
+                answers.append(await producer_answer())
+            await real_delete_ml(ml_name)
+
+        meta.delete_ml = producer_then_delete
+        try:
+            assert run(service.delete_topic(name))
+        finally:
+            del meta.delete_ml
+            run(server.stop())
+        assert answers == [pb.ServiceNotReady], answers
