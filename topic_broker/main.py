@@ -19,7 +19,13 @@ from bookie.config_file import ConfigError, Effective
 from bookie.config_file import enable as enable_config_file
 from bookie.config_file import resolve as resolve_config
 from bookie.server import server_tls_context
-from bookie.server_gate import HTTP_CONNECTIONS_MAX, ports_given_twice, ports_in_use, raise_open_files_limit
+from bookie.server_gate import (
+    HTTP_CONNECTIONS_MAX,
+    ports_given_twice,
+    ports_in_use,
+    ports_unbindable,
+    raise_open_files_limit,
+)
 from bookie.signals import add_stop_handlers
 from zk.cookies import NoClusterError
 from zk.errors import MetadataExistsError
@@ -123,6 +129,16 @@ async def serve(
             config.id,
             " and ".join(busy),
             config.listen_address,
+        )
+        return 1
+    unbindable = ports_unbindable(config.listen_address, _ports(config))
+    if unbindable:  # (an address this host does not have, a privileged port): as for a port in use
+        log.error(
+            "broker=%s refusing to start: cannot listen on %s: %s (check --listen-address and the ports); nothing "
+            "registered",
+            config.id,
+            config.listen_address,
+            "; ".join(unbindable),
         )
         return 1
     service = BrokerService(config)

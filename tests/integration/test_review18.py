@@ -220,3 +220,24 @@ def test_a_new_bookie_whose_address_is_not_this_hosts_writes_no_cookie(
         http_port=free_port(),
         advertised_address="10.255.255.1",
     )
+
+
+def test_a_broker_whose_listen_address_is_not_this_hosts_registers_nothing(
+    bookies: Any, tmp_path: Path
+) -> None:
+    """`broker serve --listen-address 10.255.255.1` (an address this host does not have): it registered, then
+    its listener's bind failed ('cannot assign requested address'). Refused before it registers, exit 1."""
+    from ledgerstore.cluster import BrokerProcess, free_port
+
+    bookies.start()
+    bp = BrokerProcess(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=free_port(),
+        http_port=free_port(),
+        log_path=tmp_path / "broker.log",
+        extra_args=["--listen-address", "10.255.255.1"],
+    ).start(wait=False)
+    assert bp.wait_exit(30) == 1
+    log = bp.log_tail(5)
+    assert f"refusing to start: cannot listen on 10.255.255.1: port {bp.port} (--port): " in log, log
