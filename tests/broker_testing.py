@@ -6,7 +6,7 @@ tests/integration/conftest.py imports the fixtures; a test module imports ``Brok
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +201,34 @@ class CursorReadGate:
 
     def remove(self) -> None:
         self._store.get_cursor = self.read
+
+
+@contextlib.contextmanager
+def before_first_call(
+    obj: Any,
+    attr: str,
+    other: Callable[[], Awaitable[Any]],
+    *,
+    when: Callable[..., bool] = lambda *args, **kwargs: True,
+) -> Iterator[list[Any]]:
+    """``obj.attr`` (an async method, a broker's metadata call) wrapped for the ``with`` block: its first call for
+    which ``when(*args)`` holds awaits ``other()`` first (a race test's other call, made in the window before this
+    call goes on), then goes on. Yields the list that gets ``other()``'s result, or the exception it raised."""
+    real = getattr(obj, attr)
+    outcome: list[Any] = []
+    started: list[bool] = []
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        if not started and when(*args, **kwargs):
+            started.append(True)
+            try:
+                outcome.append(await other())
+            except Exception as e:
+                outcome.append(e)
+        return await real(*args, **kwargs)
+
+    setattr(obj, attr, call)
+    try:
+        yield outcome
+    finally:
+        delattr(obj, attr)  # the class's method again

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
+from tests.broker_testing import Brokers, before_first_call, cluster, in_process_broker  # noqa: F401
 from topic_broker import service as service_mod
 from topic_broker.admin import AdminServer
 from topic_broker.names import TopicName
@@ -71,30 +71,23 @@ def test_a_partitioned_topic_grown_while_it_is_deleted_leaves_no_partition(clust
             meta, store, port = service.meta, service.meta.store, service.config.http_port
             local = f"grown-{uuid.uuid4().hex[:8]}"
             url = f"http://127.0.0.1:{port}/admin/v2/persistent/public/default/{local}/partitions"
-            grown: list[int] = []
 
             async def create() -> int:
                 async with aiohttp.ClientSession() as http, http.put(url, json=2) as r:
                     return r.status
 
             assert run(create()) == 204
-            real_delete = meta.delete_partitioned_topic
 
-            async def grown_then_deleted(ml_name: str) -> None:
+            async def grow() -> int:
                 async with aiohttp.ClientSession() as http, http.post(url, json=4) as r:
-                    grown.append(r.status)
-                await real_delete(ml_name)
+                    return r.status
 
-            meta.delete_partitioned_topic = grown_then_deleted
-            try:
+            async def delete() -> int:
+                async with aiohttp.ClientSession() as http, http.delete(url) as r:
+                    return r.status
 
-                async def delete() -> int:
-                    async with aiohttp.ClientSession() as http, http.delete(url) as r:
-                        return r.status
-
+            with before_first_call(meta, "delete_partitioned_topic", grow) as grown:
                 assert run(delete()) == 204
-            finally:
-                del meta.delete_partitioned_topic
             assert grown == [409]
             left = store.children("managed-ledgers/public/default/persistent")
             assert [n for n in left if n.startswith(f"{local}-partition-")] == []
@@ -115,22 +108,9 @@ def test_an_open_during_a_delete_stuck_past_the_wait_is_refused_not_opened_on_it
         meta = service.meta
         name = TopicName.parse(f"persistent://public/default/stuck-{uuid.uuid4().hex[:8]}")
         run(service.get_topic(name))
-        real_delete_ml = meta.delete_ml
-        opened: list[Any] = []
-
-        async def open_past_the_wait_then_delete(ml_name: str) -> None:
-            if ml_name == name.ml_name and not opened:
-                try:
-                    opened.append(await service.get_topic(name))
-                except service_mod.TopicDeletingError as e:
-                    opened.append(e)
-            await real_delete_ml(ml_name)
-
-        meta.delete_ml = open_past_the_wait_then_delete
-        try:
+        ours = lambda ml_name: ml_name == name.ml_name  # noqa: E731
+        with before_first_call(meta, "delete_ml", lambda: service.get_topic(name), when=ours) as opened:
             assert run(service.delete_topic(name))
-        finally:
-            del meta.delete_ml
         assert isinstance(opened[0], service_mod.TopicDeletingError), opened
         new = run(service.get_topic(name))
         info = run(meta.get_ml_info(name.ml_name))
@@ -150,22 +130,11 @@ def test_an_open_past_the_wait_while_a_delete_releases_its_ownership_is_refused(
         meta = service.meta
         name = TopicName.parse(f"persistent://public/default/release-{uuid.uuid4().hex[:8]}")
         run(service.get_topic(name))
-        real_release = meta.release_ownership
-        opened: list[Any] = []
-
-        async def open_past_the_wait_then_release(ml_name: str, broker_id: str) -> Any:
-            if ml_name == name.ml_name and not opened:
-                try:
-                    opened.append(await service.get_topic(name))
-                except service_mod.TopicDeletingError as e:
-                    opened.append(e)
-            return await real_release(ml_name, broker_id)
-
-        meta.release_ownership = open_past_the_wait_then_release
-        try:
+        ours = lambda ml_name, broker_id: ml_name == name.ml_name  # noqa: E731
+        with before_first_call(
+            meta, "release_ownership", lambda: service.get_topic(name), when=ours
+        ) as opened:
             assert run(service.delete_topic(name))
-        finally:
-            del meta.release_ownership
         assert isinstance(opened[0], service_mod.TopicDeletingError), opened
         run(service.get_topic(name))
         owner = run(meta.get_owner(name.ml_name))
