@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import zk
-from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
+from tests.broker_testing import Brokers, broker, cluster, in_process_broker  # noqa: F401
 from tests.conftest import BookieFactory
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
 from tests.integration.test_ops17 import in_process_bookie
@@ -340,3 +340,54 @@ def test_a_producer_of_a_topic_whose_delete_is_stuck_is_told_to_retry(
             del meta.delete_ml
             run(server.stop())
         assert answers == [pb.ServiceNotReady], answers
+
+
+def test_a_namespace_clear_backlog_reads_the_stored_positions_to_the_entry(broker: Any) -> None:  # noqa: F811
+    """A namespace's clearBacklog/{sub} over topics nobody serves goes by their stored records: a subscription
+    one entry short of the end (2 of 3 acknowledged) has a backlog, cleared (its topic opened); one at the last
+    entry exactly (3 of 3) has none, its topic not opened. Planted with the last entry taken one early: the
+    backlog of 1 left; planted with a position at the end counted as a backlog: the topic opened for nothing
+    (the cost cf0c8ee took away). A broker process (real ZooKeeper, 3 bookies) and pulsar-client."""
+    import uuid
+
+    import pulsar
+
+    from tests.integration.test_broker_client_features3 import admin
+    from tests.integration.test_broker_client_features4 import wait_for
+    from zk.client import MetadataStore
+
+    bp = broker
+    ns = f"ns-{uuid.uuid4().hex[:8]}"
+    topic = f"persistent://public/{ns}/t"
+    admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")
+    c = pulsar.Client(bp.service_url)
+    try:
+        consumers = {sub: c.subscribe(topic, sub) for sub in ("short", "end")}
+        producer = c.create_producer(topic)
+        for _ in range(3):
+            producer.send(b"m")
+        for sub, acked in (("short", 2), ("end", 3)):
+            for _ in range(acked):
+                consumers[sub].acknowledge(consumers[sub].receive(10_000))
+            consumers[sub].close()
+        producer.close()
+    finally:
+        c.close()
+    store = MetadataStore.connect(bp.zk, bp.zk_root)
+    try:
+
+        def owned() -> list[str]:
+            return store.children_many([f"ownership/public/{ns}/persistent"]).popitem()[1] or []
+
+        def unload() -> None:
+            admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}/unload")
+            wait_for(lambda: not owned(), "the topic let go")
+
+        unload()
+        admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/clearBacklog/end")
+        assert owned() == [], "at the end: nothing to clear, not opened"
+        admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/clearBacklog/short")
+        stats = admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/t/stats")["subscriptions"]
+        assert stats["short"]["msgBacklog"] == 0, stats
+    finally:
+        store.close()
