@@ -424,16 +424,23 @@ def _decommission(args: argparse.Namespace) -> int:
     from autorecovery import AutoRecoveryConfig, decommission
     from autorecovery.decommission import DEFAULT_SETTLE_S
     from ledger_client import BookKeeper, ClientConfig
-    from zk import BookieRegistry, read_zk_cookie
+    from zk import BookieRegistry, layout, read_zk_cookie
 
     store = _store(args)
     try:
-        running = args.bookie in BookieRegistry(store).all()
+        registered = set(BookieRegistry(store).all())
+        running = args.bookie in registered
         known = running or read_zk_cookie(store, args.bookie) is not None
+        if not known:  # a typo: named with the ids there are, as `bookie recover` does
+            registered |= set(store.children_many([layout.COOKIES])[layout.COOKIES] or ())
     finally:
         store.close()
     if not known:
-        raise CommandError(f"bookie {args.bookie} is neither registered nor has a cookie")
+        raise CommandError(
+            f"no bookie {args.bookie}: not registered, no cookie (check the id; known bookies: "
+            f"{', '.join(sorted(registered)) or 'none'})",
+            EXIT_NOT_FOUND,
+        )
     config = AutoRecoveryConfig(
         zk=args.zk,
         zk_root=args.zk_root,

@@ -165,3 +165,15 @@ def test_cluster_down_names_a_dead_autorecovery_process(tmp_path: Path, capsys) 
         alive.kill()
         alive.wait()
     assert "0 brokers, 0 bookies and the AutoRecovery process stopped" in out, out
+
+
+def test_a_mistyped_bookie_decommission_names_the_known_bookies(bookies: BookieFactory) -> None:
+    """`bookie decommission` of an id the cluster does not know said 'bookie … is neither registered nor has a
+    cookie', exit 1, where `bookie recover` of the same typo says exit 4 and names the bookies there are."""
+    bp = bookies.start()
+    cmd = [sys.executable, "-m", "ledgerstore.cli", "bookie", "decommission", "127.0.0.1:1"]
+    r = subprocess.run([*cmd, "--zk", bookies.zk, "--zk-root", bookies.root], capture_output=True, text=True)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert r.stderr.strip() == (
+        f"ledgerstore: no bookie 127.0.0.1:1: not registered, no cookie (check the id; known bookies: {bp.id})"
+    )
