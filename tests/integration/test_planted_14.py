@@ -391,3 +391,53 @@ def test_a_namespace_clear_backlog_reads_the_stored_positions_to_the_entry(broke
         assert stats["short"]["msgBacklog"] == 0, stats
     finally:
         store.close()
+
+
+def test_concurrent_grants_of_two_roles_on_a_namespace_both_kept(cluster: Brokers) -> None:  # noqa: F811
+    """Two admins granting two roles on one namespace at once: both grants stored. Planted with the grant's
+    change made on the policies the handler read before its write (not on those stored at the conflict): the
+    first grant's retry wrote back the permissions it had read and the second role's grant was lost. An
+    in-process broker (real ZooKeeper, 3 bookies), the first write held until the second is done."""
+    import threading
+    import uuid
+
+    from tests.integration.test_namespace_policy_writes import _call
+    from topic_broker.admin import AdminServer
+
+    with in_process_broker(cluster) as (service, run):
+        admin = AdminServer(service)
+        run(admin.start())
+        try:
+            port = service.config.http_port
+            ns = f"ns-{uuid.uuid4().hex[:8]}"
+            base = f"/admin/v2/namespaces/public/{ns}"
+            _call(port, "PUT", base)
+            store = service.meta.store
+            original_set = store.set
+            held, release = threading.Event(), threading.Event()
+
+            def gated_set(path: str, value: Any, version: int) -> Any:
+                if (
+                    path.endswith(f"/{ns}")
+                    and "role-a" in (value.get("permissions") or {})
+                    and not held.is_set()
+                ):
+                    held.set()
+                    assert release.wait(20)
+                return original_set(path, value, version)
+
+            store.set = gated_set
+            first = threading.Thread(
+                target=_call, args=(port, "POST", f"{base}/permissions/role-a", ["produce"])
+            )
+            first.start()
+            try:
+                assert held.wait(20), "the first grant's write reached the store"
+                _call(port, "POST", f"{base}/permissions/role-b", ["consume"])
+            finally:
+                release.set()
+                first.join(30)
+            del store.set
+            assert _call(port, "GET", f"{base}/permissions") == {"role-a": ["produce"], "role-b": ["consume"]}
+        finally:
+            run(admin.stop())
