@@ -441,3 +441,26 @@ def test_concurrent_grants_of_two_roles_on_a_namespace_both_kept(cluster: Broker
             assert _call(port, "GET", f"{base}/permissions") == {"role-a": ["produce"], "role-b": ["consume"]}
         finally:
             run(admin.stop())
+
+
+def test_a_namespace_policy_change_keeps_the_fields_this_version_does_not_know(zk_store: Any) -> None:
+    """update_policies writes one admin's change over the policies stored, keeping fields this version does
+    not know (written by a newer broker during a rolling upgrade). Planted with the record written from the
+    parsed policies alone: the newer broker's fields dropped by any older broker's change. Real ZooKeeper."""
+    from zk import layout
+    from zk.managed_ledgers import BrokerMetadataStore, NamespacePolicies
+
+    meta = BrokerMetadataStore(zk_store, namespaces=True)
+
+    async def run() -> None:
+        await meta.set_policies("public", "mixed", NamespacePolicies())
+        path = layout.namespace_policies_path("public", "mixed")
+        await zk_store.aupdate(path, lambda cur: {**cur, "a_newer_field": {"on": True}})
+        p = await meta.update_policies(
+            "public", "mixed", lambda q: dataclasses.replace(q, message_ttl_in_seconds=9)
+        )
+        assert p.message_ttl_in_seconds == 9
+        stored = await zk_store.aget_optional(path)
+        assert stored is not None and stored.value["a_newer_field"] == {"on": True}, stored
+
+    asyncio.run(run())
