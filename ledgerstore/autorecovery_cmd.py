@@ -288,6 +288,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from zk import layout
     from zk.underreplication import UnderReplicationManager
 
     store = _store(args)
@@ -306,6 +307,7 @@ def _status(args: argparse.Namespace) -> int:
             "decommissioning": sorted(m.decommissioning()),
         }
         data["decommission_state"] = _decommission_states(store, data["decommissioning"])
+        data["cluster"] = store.exists(layout.INSTANCEID)  # (a root no bookie has started in: a typo, likely)
     finally:
         store.close()
 
@@ -320,6 +322,11 @@ def _status(args: argparse.Namespace) -> int:
         if data["decommissioning"]:
             lines.append("decommissioning:")
             lines += [f"  {b}  {data['decommission_state'][b]}" for b in data["decommissioning"]]
+        if not data["cluster"]:
+            lines.append(
+                f"no cluster under {args.zk_root} at {args.zk} (no bookie has started there): is that the cluster "
+                "(--zk, --zk-root)?"
+            )
         return "\n".join(lines)
 
     emit(args, human, data)

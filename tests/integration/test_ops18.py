@@ -177,3 +177,28 @@ def test_a_mistyped_bookie_decommission_names_the_known_bookies(bookies: BookieF
     assert r.stderr.strip() == (
         f"ledgerstore: no bookie 127.0.0.1:1: not registered, no cookie (check the id; known bookies: {bp.id})"
     )
+
+
+def test_autorecovery_status_under_a_root_with_no_cluster_says_so(bookies: BookieFactory) -> None:
+    """`autorecovery status --zk-root /nope` (a root no bookie started in, not close enough to a cluster's root to
+    be taken for its typo) answered 'enabled; auditor: none (0 candidates)' and nothing else: an operator read
+    that AutoRecovery had no auditor. It now says there is no cluster there, as `ledger list` does."""
+    root = "/ops18-nothing-" + bookies.root.rpartition("-")[2]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ledgerstore.cli",
+        "autorecovery",
+        "status",
+        "--zk",
+        bookies.zk,
+        "--zk-root",
+        root,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"no cluster under {root} at {bookies.zk} (no bookie has started there)" in r.stdout, r.stdout
+    bookies.start()
+    cmd[-1] = bookies.root
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "no cluster" not in r.stdout, r.stdout + r.stderr
