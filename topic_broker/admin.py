@@ -2842,8 +2842,10 @@ class AdminApp:
             key = str(t.name)
             labels = {"cluster": CLUSTER_NAME, "namespace": t.name.namespace_name, "topic": key}
             c = self.metrics.topic(key)
-            add("pulsar_in_messages_total", labels, t.msg_in)
-            add("pulsar_in_bytes_total", labels, t.bytes_in)
+            # stored, counted by the broker's record of the topic (Pulsar counts a publish once persisted): the
+            # served topic's own counters start again at 0 when it is unloaded and opened again
+            add("pulsar_in_messages_total", labels, c.msg_published)
+            add("pulsar_in_bytes_total", labels, c.bytes_published)
             add("pulsar_out_messages_total", labels, c.msg_out)
             add("pulsar_out_bytes_total", labels, c.bytes_out)
             add("pulsar_storage_size", labels, _storage_size(t))
