@@ -464,3 +464,45 @@ def test_a_namespace_policy_change_keeps_the_fields_this_version_does_not_know(z
         assert stored is not None and stored.value["a_newer_field"] == {"on": True}, stored
 
     asyncio.run(run())
+
+
+def test_a_topic_deleted_then_made_again_opens_past_a_stuck_close_as_any_other(
+    cluster: Brokers,  # noqa: F811
+    monkeypatch: Any,
+) -> None:
+    """A topic deleted here, then made again and served, then unloaded with its close stuck past CLOSE_WAIT_S:
+    its open goes on as any topic's does (a stuck close does not keep a topic unserved). Planted with the
+    deleted topic never leaving the deletes under way: that open refused TopicDeletingError for as long as
+    the broker ran (and one entry kept per topic ever deleted). An in-process broker (real ZooKeeper, 3
+    bookies)."""
+    import uuid
+
+    from tests.integration.test_broker_gone_connection import _serving
+    from topic_broker import service as service_mod
+    from topic_broker.names import TopicName
+
+    monkeypatch.setattr(service_mod, "CLOSE_WAIT_S", 0.3)
+    with _serving(cluster) as (service, run):
+        name = TopicName.parse(f"persistent://public/default/again-{uuid.uuid4().hex[:8]}")
+        run(service.get_topic(name))
+        assert run(service.delete_topic(name))
+        old = run(service.get_topic(name))  # made again
+        stuck = asyncio.Event()
+        close = old.ml.close
+
+        async def stuck_close() -> None:
+            await stuck.wait()
+            await close()
+
+        old.ml.close = stuck_close
+        assert run(service.unload(name))
+        try:
+            new = run(service.get_topic(name))  # after CLOSE_WAIT_S, the close still under way
+            assert new is not old
+        finally:
+
+            async def let_go() -> None:
+                stuck.set()
+                await asyncio.sleep(0.2)
+
+            run(let_go())
