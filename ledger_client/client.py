@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -65,6 +66,9 @@ class ClientConfig:
     read_batch_entries: int = 512
     read_batch_bytes: int = 1024 * 1024
     read_ahead_batches: int = 8
+    # A bookie a read timed out on is asked last by this client's reads for this long (BookKeeper's bookie
+    # failure history): a hung replica costs one read_timeout_s, not one per read.
+    read_failure_history_s: float = 60.0
     zk_session_timeout_s: float = 10.0
     # A writer sends its LAC explicitly (WRITE_LAC) this often while it has advanced, so tailing readers see
     # the latest entries without waiting for the next add to piggyback it (0 disables).
@@ -168,6 +172,9 @@ class BookKeeper:
         #: replies UNAUTHORIZED to a key the metadata vouches for, per bookie: a bookie whose key for a ledger
         #: is not the owner's (squatted, or its data replaced); readers go on with the other replicas
         self.odd_bookies: collections.Counter[str] = collections.Counter()
+        #: bookie -> when (time.monotonic) a read from it last timed out; reads ask it last for
+        #: ``read_failure_history_s`` (``slow_read_bookies``), and an answer from it forgets it
+        self.read_timed_out: dict[str, float] = {}
         self._rng = random.Random()
         self._handles: set[LedgerHandle] = set()
         self._closed = False
@@ -227,6 +234,15 @@ class BookKeeper:
             LedgerError: the bookie cannot be reached or does not answer in time."""
         resp = await self._ask(bookie, lambda rid: p.BookieInfoRequest(request_id=rid))
         return getattr(resp, "status", p.Status.OK) != p.Status.UNAUTHORIZED
+
+    def slow_read_bookies(self) -> frozenset[str]:
+        """The bookies a read timed out on in the last ``read_failure_history_s``: reads ask them last."""
+        if not self.read_timed_out:
+            return frozenset()
+        since = time.monotonic() - self.config.read_failure_history_s
+        for b in [b for b, t in self.read_timed_out.items() if t < since]:
+            del self.read_timed_out[b]
+        return frozenset(self.read_timed_out)
 
     def report_unauthorized(self, bookie: str, ledger_id: int, what: str) -> None:
         """A bookie refused the key of a ledger whose password the metadata accepted: count it, log it; the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from bookie import protocol as p
@@ -62,6 +63,7 @@ class BatchReader:
             write_quorum=md.write_quorum,
             batch_entries=self.batch_entries,
             window=max(1, cfg.read_ahead_batches),
+            last_resort=lh.bk.slow_read_bookies(),
         )
         self.ready = ReadyRuns(self.planner.step)
         self.unreadable: dict[int, Unreadable] = {}
@@ -128,6 +130,7 @@ class BatchReader:
         conn, rid, _ = self._waiting.get(b, (None, 0, None))
         if conn is not None:
             conn.forget(rid)
+        self.lh.bk.read_timed_out[b.bookie] = time.monotonic()
         self._answer(b, 0, Outcome.FAILED, "TIMEOUT")
 
     def _on_reply(self, b: Batch, resp: p.ReadRangeSpans | None, exc: BaseException | None) -> None:
@@ -140,6 +143,8 @@ class BatchReader:
         status = resp.status
         if status == p.Status.OK:
             lh = self.lh
+            if lh.bk.read_timed_out:
+                lh.bk.read_timed_out.pop(b.bookie, None)  # it answers again
             count = b.count
             bounds = resp.bounds if len(resp.bounds) <= 2 * count else resp.bounds[: 2 * count]
             payloads, bad = lh._codec.verify_spans(resp.data, bounds, b.first, b.step, self.rows)

@@ -106,7 +106,10 @@ class ReadPlanner:
         write_quorum: int,
         batch_entries: int,
         window: int,
+        last_resort: frozenset[str] = frozenset(),
     ) -> None:
+        """``last_resort``: bookies to ask only when no other replica of an entry is left (a read timed out on
+        them lately): a batch goes to another replica of its entries, and failover tries them last."""
         if batch_entries < 1 or window < 1:
             raise ValueError("batch_entries and window must be >= 1")
         self.E = ensemble_size
@@ -120,17 +123,25 @@ class ReadPlanner:
         self._turn = 0  # Qw == E: the bookie of the next batch, in turn
         self.in_flight = 0
         self.consumed = first  # the reader has taken every entry before this one
+        self.last_resort = last_resort
 
     # -- planning -----------------------------------------------------------------------------------------
     def holds(self, index: int, entry_id: int) -> bool:
         """Whether bookie ``index`` of an ensemble stores ``entry_id``."""
         return (index - entry_id) % self.E < self.Qw
 
-    def _primary(self, entry_id: int) -> int:
+    def _primary(self, entry_id: int, seg: Segment) -> int:
         if self.step == 1:
             self._turn = (self._turn + 1) % self.E
+            if self.last_resort:
+                turns = [(self._turn + k) % self.E for k in range(self.E)]
+                self._turn = next((i for i in turns if seg.bookies[i] not in self.last_resort), self._turn)
             return self._turn
-        return (entry_id + self.Qw - 1) % self.E
+        index = (entry_id + self.Qw - 1) % self.E
+        if self.last_resort and seg.bookies[index] in self.last_resort:
+            others = [i for i in self._replicas(entry_id) if seg.bookies[i] not in self.last_resort]
+            return others[-1] if others else index
+        return index
 
     def next_batches(self) -> list[Batch]:
         """New batches to send now (read-ahead up to ``window`` in flight)."""
@@ -142,7 +153,7 @@ class ReadPlanner:
             lo = self._next
             hi = min(seg.last, lo + self.batch_entries * step - 1)
             for first in range(lo, min(lo + step, hi + 1)):  # (one batch when step is 1)
-                out.append(Batch(first, hi - (hi - first) % step, seg, self._primary(first), step))
+                out.append(Batch(first, hi - (hi - first) % step, seg, self._primary(first, seg), step))
                 self.in_flight += 1
             self._next = hi + 1
             if self._next > seg.last:
@@ -183,6 +194,8 @@ class ReadPlanner:
         missing += outcome is Outcome.MISSING
         errors = (*errors, f"{batch.bookie}: {why or outcome.value}")
         replicas = self._replicas(lo)
+        if self.last_resort:  # (stable: the usual order otherwise)
+            replicas.sort(key=lambda i: seg.bookies[i] in self.last_resort)
         for index in replicas:
             if index not in tried:
                 # (every entry of the rest has lo's write set: step is E, or Qw == E)

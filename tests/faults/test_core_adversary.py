@@ -702,3 +702,35 @@ def test_reads_with_a_paused_replica(bookies) -> None:
         await bk.close()
 
     asyncio.run(go())
+
+
+def test_a_replica_whose_read_timed_out_is_asked_last_by_the_next_reads(bookies) -> None:
+    """A replica that hangs (SIGSTOP: a stalled disk or process) cost every read of a closed ledger a full
+    ``read_timeout_s`` (10 s by default), handle after handle, as long as it hung: its batches were planned onto
+    it every time. Once one of its reads timed out, the client asks it last for a while."""
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*[await lh.append_future(payload(i, 1000)) for i in range(600)])
+        await lh.close()
+        hung = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[0])
+        hung.pause()
+        try:
+            reader = await _bk(bookies, read_timeout_s=2.0, read_batch_entries=50)
+            asked: list[str] = []
+            get = reader.read_pool.get_nowait
+            reader.read_pool.get_nowait = lambda b: asked.append(b) or get(b)  # type: ignore[method-assign]
+            for _ in range(3):
+                asked.clear()
+                rh = await reader.open_ledger(lh.ledger_id, password=PW)
+                assert [e.data async for e in rh.read(0, 599)] == [payload(i, 1000) for i in range(600)]
+                print("asked the hung bookie", asked.count(hung.id), "times of", len(asked))
+            assert hung.id not in asked
+            await reader.close()
+        finally:
+            hung.resume()
+        await bk.close()
+
+    asyncio.run(go())
