@@ -258,3 +258,30 @@ def test_ready_runs_hand_out_pieces_of_rows_as_rows() -> None:
     one.add(0, rows([0, 1, 2]))
     assert payloads(one.take(0, 1)) == [(0).to_bytes(4, "big"), (1).to_bytes(4, "big")]
     assert payloads(one.take(2, 9)) == [(2).to_bytes(4, "big")] and one.take(3, 9) == []
+
+
+@pytest.mark.parametrize("E,Qw", [(3, 2), (4, 2), (5, 3), (3, 3), (5, 5)])
+def test_a_last_resort_bookie_gets_no_batch_and_is_the_last_failover(E: int, Qw: int) -> None:
+    """A bookie a read timed out on lately (``last_resort``) is planned no batch while another replica holds
+    its entries, and failover tries it last; the whole range is still covered."""
+    bookies = tuple(f"b{i}" for i in range(E))
+    for slow in bookies:
+        pl = ReadPlanner(0, 999, [(0, bookies)], ensemble_size=E, write_quorum=Qw, batch_entries=7, window=4,
+                         last_resort=frozenset({slow}))  # fmt: skip
+        covered: set[int] = set()
+        while batches := pl.next_batches():
+            for b in batches:
+                assert b.bookie != slow
+                assert all(pl.holds(b.index, e) for e in range(b.first, b.last + 1, b.step))
+                covered.update(range(b.first, b.last + 1, b.step))
+                assert not pl.on_answer(b, b.count, None).retries
+                pl.consumed = max(pl.consumed, b.last + 1)
+        assert covered == set(range(1000))
+        pl = ReadPlanner(0, 99, [(0, bookies)], ensemble_size=E, write_quorum=Qw, batch_entries=7, window=4,
+                         last_resort=frozenset({slow}))  # fmt: skip
+        b = pl.next_batches()[0]
+        order = [b.bookie]
+        while retries := pl.on_answer(b, 0, Outcome.FAILED, "TIMEOUT").retries:
+            b = retries[0]
+            order.append(b.bookie)
+        assert len(order) == Qw and (slow not in order or order[-1] == slow), order
