@@ -311,7 +311,7 @@ def _policies_json(p: NamespacePolicies) -> dict[str, Any]:
     return {
         "retention_policies": _retention_json(p),
         "deduplicationEnabled": p.deduplication_enabled,
-        "backlog_quota_map": {"destination_storage": _quota_json(p.backlog_quota)},
+        "backlog_quota_map": _quota_map(p.backlog_quota, p.message_age_quota),
         "auth_policies": {
             "namespace_auth": {role: sorted(a) for role, a in sorted(p.permissions.items())},
             "destination_auth": {
@@ -442,19 +442,45 @@ def _retention_from(body: Any) -> tuple[int, int]:
     return minutes, size
 
 
-def _quota_from(request: web.Request, body: Any) -> BacklogQuota:
-    """A ``BacklogQuota`` body of ``?backlogQuotaType=destination_storage`` (the one type kept)."""
+def _quota_type(request: web.Request) -> str:
+    """``?backlogQuotaType``: ``destination_storage`` (the default, as Pulsar's) or ``message_age``; the field of
+    the namespace's and of the topic's policies that holds a quota of that type."""
     qtype = request.query.get("backlogQuotaType", "destination_storage")
-    if qtype != "destination_storage":
-        raise AdminError(412, f"backlog quota type {qtype!r} is not supported (destination_storage is)")
+    if qtype not in _QUOTA_FIELDS:
+        raise AdminError(412, f"backlog quota type {qtype!r} is not one of {', '.join(_QUOTA_FIELDS)}")
+    return _QUOTA_FIELDS[qtype]
+
+
+def _quota_from(request: web.Request, body: Any) -> tuple[str, BacklogQuota]:
+    """A ``BacklogQuota`` body of ``?backlogQuotaType=``: the policies' field (:func:`_quota_type`) and the quota.
+    A ``message_age`` quota's ``limitTime`` is the seconds the oldest unacknowledged message may wait (0 or
+    less: no limit, as Pulsar's)."""
+    field = _quota_type(request)
     if not isinstance(body, dict):
         raise AdminError(400, 'expected {"limitSize": bytes, "limitTime": seconds, "policy": …}')
     limit_size = _int_field(body, "limitSize", _int_field(body, "limit", -1))
     limit_time = _int_field(body, "limitTime", -1, bits=32)
+    if field == "message_age_quota" and ("limitTime" not in body or limit_time < -1):
+        raise AdminError(412, 'a message_age backlog quota needs "limitTime": seconds, -1 (none) or more')
     policy = body.get("policy", "producer_request_hold")
     if policy not in _QUOTA_POLICIES:
         raise AdminError(400, f"policy must be one of {', '.join(_QUOTA_POLICIES)}")
-    return BacklogQuota(limit_size=limit_size, limit_time=limit_time, policy=policy)
+    return field, BacklogQuota(limit_size=limit_size, limit_time=limit_time, policy=policy)
+
+
+def _with_quota(p: NamespacePolicies, field: str, quota: BacklogQuota | None) -> NamespacePolicies:
+    """The namespace's policies with one type's quota set (None: removed), the other's kept."""
+    if field == "backlog_quota":
+        return dataclasses.replace(p, backlog_quota=quota or BacklogQuota())
+    return dataclasses.replace(p, message_age_quota=quota)
+
+
+def _quota_map(size: BacklogQuota | None, age: BacklogQuota | None) -> dict[str, Any]:
+    """Pulsar's ``backlogQuotaMap``: each type's quota that is set."""
+    out = {} if size is None else {"destination_storage": _quota_json(size)}
+    if age is not None:
+        out["message_age"] = _quota_json(age)
+    return out
 
 
 def _retention_json(p: NamespacePolicies | TopicPolicies) -> dict[str, int] | None:
@@ -513,6 +539,8 @@ def _schema_json(version: int, info: SchemaInfo) -> dict[str, Any]:
 #: The actions a namespace permission can grant (Pulsar's AuthAction names we enforce).
 _ACTIONS = ("produce", "consume")
 _QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
+#: Pulsar's ``BacklogQuotaType`` names -> the field of the namespace's and topic's policies holding one
+_QUOTA_FIELDS = {"destination_storage": "backlog_quota", "message_age": "message_age_quota"}
 #: a namespace's limits: the route's name -> the policy (Pulsar's names of both)
 _NAMESPACE_LIMITS = {
     "maxProducersPerTopic": "max_producers_per_topic",
@@ -1477,22 +1505,23 @@ class AdminApp:
 
     async def quota_get(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
-        return _json(_quota_json(p.backlog_quota))
+        quota = getattr(p, _quota_type(request))
+        return _json(None if quota is None else _quota_json(quota))
 
     async def quota_map(self, request: web.Request) -> web.Response:
         _t, _n, p = await self._policies(request)
-        return _json({"destination_storage": _quota_json(p.backlog_quota)})
+        return _json(_quota_map(p.backlog_quota, p.message_age_quota))
 
     async def quota_set(self, request: web.Request) -> web.Response:
+        """One type's quota set, the other type's kept (one compare-and-set of the namespace's policies)."""
         tenant, ns, _p = await self._policies(request)
-        quota = _quota_from(request, await _body_json(request))
-        return await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, backlog_quota=quota))
+        field, quota = _quota_from(request, await _body_json(request))
+        return await self._update_policies(tenant, ns, lambda q: _with_quota(q, field, quota))
 
     async def quota_delete(self, request: web.Request) -> web.Response:
         tenant, ns, _p = await self._policies(request)
-        return await self._update_policies(
-            tenant, ns, lambda q: dataclasses.replace(q, backlog_quota=BacklogQuota())
-        )
+        field = _quota_type(request)
+        return await self._update_policies(tenant, ns, lambda q: _with_quota(q, field, None))
 
     def _apply_policies(self, tenant: str, ns: str, p: NamespacePolicies) -> None:
         """The namespace's new policies applied at once to its topics served here (with each one's own)."""
@@ -1828,18 +1857,18 @@ class AdminApp:
     async def topic_quota_map(self, request: web.Request) -> web.Response:
         """The topic's own backlog quotas (``{}`` when none), or ``applied``: else its namespace's."""
         own, ns, applied = await self._topic_policies(request)
-        quota = ns.backlog_quota if applied and own.backlog_quota is None else own.backlog_quota
-        return _json({} if quota is None else {"destination_storage": _quota_json(quota)})
+        size = ns.backlog_quota if applied and own.backlog_quota is None else own.backlog_quota
+        age = ns.message_age_quota if applied and own.message_age_quota is None else own.message_age_quota
+        return _json(_quota_map(size, age))
 
     async def topic_quota_set(self, request: web.Request) -> web.Response:
         target = await self._policies_target(request)
-        quota = _quota_from(request, await _body_json(request))
-        return await self._topic_policy_set(target, "backlog_quota", quota.to_json())
+        field, quota = _quota_from(request, await _body_json(request))
+        return await self._topic_policy_set(target, field, quota.to_json())
 
     async def topic_quota_delete(self, request: web.Request) -> web.Response:
         target = await self._policies_target(request)
-        _quota_from(request, {})  # the type checked
-        return await self._topic_policy_set(target, "backlog_quota", None)
+        return await self._topic_policy_set(target, _quota_type(request), None)
 
     async def topic_compaction_threshold_get(self, request: web.Request) -> web.Response:
         default = self.service.config.compaction_threshold_bytes

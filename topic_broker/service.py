@@ -1513,6 +1513,8 @@ class Topic:
         "persisted_sequence",
         "producer_names",
         "producers",
+        "age_probe",
+        "age_quota",
         "quota",
         "quota_exceeded",
         "service",
@@ -1546,6 +1548,9 @@ class Topic:
         self._producer_seq = itertools.count()
         self.unloaded = False
         self.quota = BacklogQuota()  # the namespace's backlog quota (applied with the other policies)
+        self.age_quota: BacklogQuota | None = None  # the message_age quota in force (its ``limit_time``)
+        #: the first entry after the slowest mark-delete and its publish time (ms), read once per position
+        self.age_probe: tuple[Position, int] | None = None
         self.quota_exceeded = False  # a producer policy's limit is exceeded: producers closed and refused
         self.msg_in = 0
         self.bytes_in = 0
@@ -2026,6 +2031,25 @@ class Topic:
             None if slowest is None else ml.estimate_bytes(slowest, last),
             ml.total_size,
         )
+
+    async def oldest_unacked_publish_ms(self) -> int | None:
+        """The publish time (ms) of the oldest message not acknowledged by every durable subscription: the first
+        entry after the slowest mark-delete (Pulsar's precise ``message_age`` check); None without a backlog or
+        when that entry's metadata cannot be read."""
+        slowest = self.ml.slowest_mark_delete()
+        if slowest is None:
+            return None
+        pos = sub_ops.first_after(self.ml.view(), slowest)
+        if pos is None:
+            return None
+        if self.age_probe is not None and self.age_probe[0] == pos:
+            return self.age_probe[1]
+        try:
+            published = wire.entry_publish_time(await self.ml.read_entry(pos))
+        except wire.EntryFormatError:
+            return None
+        self.age_probe = (pos, published)
+        return published
 
     async def evict_backlog(self, limit_bytes: int) -> None:
         """Move every cursor behind the point where the backlog fits ``limit_bytes`` up to it (the oldest
@@ -2763,6 +2787,7 @@ class BrokerService:
         elif not dedup:
             topic.dedup_enabled = False
         topic.quota = p.backlog_quota if tp.backlog_quota is None else tp.backlog_quota
+        topic.age_quota = p.message_age_quota if tp.message_age_quota is None else tp.message_age_quota
         topic.namespace_compaction_threshold = p.compaction_threshold
         topic.max_producers = policy_in_force(tp.max_producers, p.max_producers_per_topic, 0)
         topic.max_consumers = policy_in_force(tp.max_consumers, p.max_consumers_per_topic, 0)
@@ -2789,29 +2814,70 @@ class BrokerService:
             if raised and rt.consumers:  # a consumer held at the old limit is sent more now
                 rt.execute(rt.core.resume())
 
-    async def enforce_quota(self, topic: Topic) -> None:
-        """The namespace's backlog quota (``limit_size`` bytes of the slowest durable subscription's backlog):
-        ``consumer_backlog_eviction`` moves the slowest cursors forward until the backlog fits; the producer
-        policies mark the topic so that its producers are closed and refused until it fits again."""
+    async def quota_exceeded(self, topic: Topic, *, evict: bool) -> tuple[str, str] | None:
+        """The first of the topic's backlog quotas with a producer policy that it exceeds, as (policy, why);
+        None when none. The ``destination_storage`` quota: ``limit_size`` bytes of the slowest durable
+        subscription's backlog; the ``message_age`` quota: ``limit_time`` seconds (0 or less: none) since the
+        oldest message not acknowledged by every durable subscription was published. With ``evict``, a quota
+        of ``consumer_backlog_eviction`` exceeded moves the slowest cursors forward until it fits (the age:
+        each subscription acknowledges the messages older than the limit, as a message TTL would)."""
         q = topic.quota
-        if q.limit_size < 0 or topic.unloaded:
+        if q.limit_size >= 0:
+            backlog = topic.backlog_bytes()
+            if backlog > q.limit_size:
+                if q.policy != "consumer_backlog_eviction":
+                    return (
+                        q.policy,
+                        f"backlog of {backlog} bytes exceeds the quota of {q.limit_size} ({q.policy})",
+                    )
+                if evict:
+                    await topic.evict_backlog(q.limit_size)
+        age = topic.age_quota
+        if age is None or age.limit_time <= 0:
+            return None
+        try:
+            published = await topic.oldest_unacked_publish_ms()
+        except (ManagedLedgerError, LE.LedgerError) as e:
+            # the entry cannot be read now (its bookies away): the last decision stands, and the tick goes on
+            # to the topic's other housekeeping
+            if evict:
+                topic.tick_failures.warning("topic=%s message_age quota not checked: %s", topic.name, e)
+            if not topic.quota_exceeded or age.policy == "consumer_backlog_eviction":
+                return None
+            return age.policy, f"its message_age quota of {age.limit_time} s is exceeded ({age.policy}; {e})"
+        now_ms = int(time.time() * 1000)
+        if published is None or now_ms - published <= age.limit_time * 1000:
+            return None
+        if age.policy != "consumer_backlog_eviction":
+            waited = (now_ms - published) / 1000
+            return age.policy, (
+                f"oldest unacknowledged message, {waited:.1f} s old, exceeds the message_age quota of "
+                f"{age.limit_time} s ({age.policy})"
+            )
+        if evict:
+            moved = await sub_ops.expire_all(topic, age.limit_time, now_ms)
+            for sub in moved:
+                log.warning(
+                    "topic=%s subscription=%s backlog older than %d s evicted",
+                    topic.name,
+                    sub,
+                    age.limit_time,
+                )
+            self.metrics.quota_evictions += len(moved)
+        return None
+
+    async def enforce_quota(self, topic: Topic) -> None:
+        """The topic's backlog quotas (:meth:`quota_exceeded`, evicting): a producer policy's exceeded marks the
+        topic so that its producers are closed and refused until it fits again."""
+        if topic.unloaded:
             topic.quota_exceeded = False
             return
-        backlog = topic.backlog_bytes()
-        if backlog <= q.limit_size:
+        exceeded = await self.quota_exceeded(topic, evict=True)
+        if exceeded is None:
             topic.quota_exceeded = False
-            return
-        if q.policy == "consumer_backlog_eviction":
-            await topic.evict_backlog(q.limit_size)
             return
         if not topic.quota_exceeded:
-            log.warning(
-                "topic=%s backlog %d bytes exceeds its quota of %d (%s): producers are closed and refused",
-                topic.name,
-                backlog,
-                q.limit_size,
-                q.policy,
-            )
+            log.warning("topic=%s %s: producers are closed and refused", topic.name, exceeded[1])
         topic.quota_exceeded = True
         for p in list(topic.producers.values()):  # they reconnect, and are refused while it lasts
             topic.remove_producer(p)
@@ -3279,20 +3345,18 @@ class BrokerService:
             why = f"Topic {topic.name} was already terminated"
             s.send(wire.error(cmd.request_id, pb.TopicTerminatedError, why))
             return
-        q = topic.quota
-        if q.limit_size >= 0 and q.policy != "consumer_backlog_eviction":
-            backlog = topic.backlog_bytes()
-            if backlog > q.limit_size:
-                topic.quota_exceeded = True
-                self.metrics.quota_refusals += 1
-                code = (
-                    pb.ProducerBlockedQuotaExceededException
-                    if q.policy == "producer_exception"
-                    else pb.ProducerBlockedQuotaExceededError
-                )
-                why = f"{topic.name}: backlog of {backlog} bytes exceeds the quota of {q.limit_size} ({q.policy})"
-                s.send(wire.error(cmd.request_id, code, why))
-                return
+        exceeded = await self.quota_exceeded(topic, evict=False)
+        if exceeded is not None:
+            policy, why = exceeded
+            topic.quota_exceeded = True
+            self.metrics.quota_refusals += 1
+            code = (
+                pb.ProducerBlockedQuotaExceededException
+                if policy == "producer_exception"
+                else pb.ProducerBlockedQuotaExceededError
+            )
+            s.send(wire.error(cmd.request_id, code, f"{topic.name}: {why}"))
+            return
         schema_version: bytes | None = None
         if cmd.HasField("schema") and (cmd.schema.type != SCHEMA_NONE or cmd.schema.schema_data):
             assert self.meta is not None  # bytes producers declare none; a declared schema is stored

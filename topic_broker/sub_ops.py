@@ -136,6 +136,12 @@ def entry_expired(entry: bytes, now_ms: int, ttl_s: int) -> bool:
     return now_ms > published + ttl_s * 1000
 
 
+def first_after(view: LedgerView, pos: Position) -> Position | None:
+    """The first stored entry after ``pos`` (a mark-delete); None when there is none yet."""
+    index = _entries_upto(view, pos)
+    return view.position_at(index) if index < view.total_entries() else None
+
+
 async def last_expired(
     view: LedgerView,
     mark_delete: Position,

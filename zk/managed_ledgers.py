@@ -355,6 +355,9 @@ class NamespacePolicies:
     retention_size_mb: int = 0
     deduplication_enabled: bool | None = None  # None: not set here (the broker's default applies)
     backlog_quota: BacklogQuota = field(default_factory=BacklogQuota)
+    # Pulsar's ``message_age`` backlog quota (``limit_time``: seconds the oldest unacknowledged message of any
+    # subscription may wait); None: not set
+    message_age_quota: BacklogQuota | None = None
     # Pulsar's namespace ``auth_policies``: role (a token's subject) -> the actions granted ("produce",
     # "consume"); written by ``grant-permission``/``revoke-permission``. Absent in older znodes: nobody
     permissions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -403,6 +406,7 @@ class NamespacePolicies:
             # (a znode without it was written when false also meant never set: its false is read as not set)
             "deduplication_set": self.deduplication_enabled is not None,
             "backlog_quota": self.backlog_quota.to_json(),
+            "message_age_quota": None if self.message_age_quota is None else self.message_age_quota.to_json(),
             "permissions": {role: list(actions) for role, actions in sorted(self.permissions.items())},
             "topic_permissions": {
                 topic: {role: list(actions) for role, actions in sorted(grants.items())}
@@ -426,6 +430,7 @@ class NamespacePolicies:
             retention_size_mb=_field(d, "retention_size_mb", int, 0),
             deduplication_enabled=_namespace_dedup(d),
             backlog_quota=BacklogQuota.from_json(_field(d, "backlog_quota", dict, {})),
+            message_age_quota=_optional_quota(d, "message_age_quota"),
             permissions=_permissions(_field(d, "permissions", dict, {})),
             topic_permissions=_topic_permissions(_field(d, "topic_permissions", dict, {})),
             schema_compatibility_strategy=_field(d, "schema_compatibility_strategy", str, "UNDEFINED"),
@@ -469,6 +474,11 @@ def _namespace_dedup(d: Mapping[str, Any]) -> bool | None:
     return value
 
 
+def _optional_quota(d: Mapping[str, Any], key: str) -> BacklogQuota | None:
+    """A backlog quota that may be absent or null (not set)."""
+    return None if d.get(key) is None else BacklogQuota.from_json(_field(d, key, dict))
+
+
 def _optional_bool(d: Mapping[str, Any], key: str) -> bool | None:
     """A boolean field that may be absent or null (not set)."""
     return None if d.get(key) is None else bool(_field(d, key, bool))
@@ -492,7 +502,7 @@ class TopicPolicies:
     ``message_ttl_in_seconds`` and the limits (``max_producers``, ``max_consumers``,
     ``max_unacked_messages_on_consumer``, ``max_unacked_messages_on_subscription``; 0: none) are integers of 0
     or more; ``retention`` is (minutes, MB) as the namespace's (-1: infinite); ``deduplication_enabled`` a
-    boolean; ``backlog_quota`` a quota. Stored in their JSON form under these names (``update_topic_policy``
+    boolean; ``backlog_quota`` and ``message_age_quota`` quotas. Stored in their JSON form under these names (``update_topic_policy``
     writes one)."""
 
     compaction_threshold: int | None = None
@@ -504,6 +514,7 @@ class TopicPolicies:
     retention: tuple[int, int] | None = None
     deduplication_enabled: bool | None = None
     backlog_quota: BacklogQuota | None = None
+    message_age_quota: BacklogQuota | None = None
 
     @property
     def empty(self) -> bool:
@@ -526,6 +537,8 @@ class TopicPolicies:
         out["retention"] = None if self.retention is None else _retention_to_json(*self.retention)
         out["deduplication_enabled"] = self.deduplication_enabled
         out["backlog_quota"] = None if self.backlog_quota is None else self.backlog_quota.to_json()
+        age = self.message_age_quota
+        out["message_age_quota"] = None if age is None else age.to_json()
         return out
 
     @classmethod
@@ -543,6 +556,7 @@ class TopicPolicies:
             retention=None if retention is None else _retention_from_json(_field(d, "retention", dict)),
             deduplication_enabled=_optional_bool(d, "deduplication_enabled"),
             backlog_quota=None if quota is None else BacklogQuota.from_json(_field(d, "backlog_quota", dict)),
+            message_age_quota=_optional_quota(d, "message_age_quota"),
         )
 
 
