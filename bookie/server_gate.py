@@ -120,14 +120,16 @@ def ports_unbindable(host: str | None, ports: dict[str, int]) -> list[str]:
 
 
 def _bind_failures(host: str | None, ports: dict[str, int]) -> list[tuple[str, int, OSError]]:
-    """(flag, port, the error) of each of ``ports`` a bind at ``host`` fails for (its first failing address)."""
-    failed = []
+    """(flag, port, the error) of each of ``ports`` a bind at ``host`` fails for (its first failing address, or
+    the look-up of a host name that does not resolve)."""
+    failed: list[tuple[str, int, OSError]] = []
     for flag, port in ports.items():
         if port == 0:
             continue
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except OSError:
+        except OSError as e:
+            failed.append((flag, port, e))
             continue
         for family, kind, proto, _, addr in infos:
             with socket.socket(family, kind, proto) as s:

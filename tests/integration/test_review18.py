@@ -241,3 +241,23 @@ def test_a_broker_whose_listen_address_is_not_this_hosts_registers_nothing(
     assert bp.wait_exit(30) == 1
     log = bp.log_tail(5)
     assert f"refusing to start: cannot listen on 10.255.255.1: port {bp.port} (--port): " in log, log
+
+
+def test_a_new_bookie_whose_address_does_not_resolve_writes_no_cookie(
+    zk_server: Any, zk_root: str, tmp_path: Path
+) -> None:
+    """`bookie serve --advertised-address bookie-7.invalid` (a host name that does not resolve): the ports gate
+    skipped a port whose address it could not look up, so the cookie was written and the listener then failed on
+    the name. Refused before, nothing written."""
+    from ledgerstore.cluster import free_port
+
+    port = free_port()
+    _refused_with_no_cookie(
+        zk_server,
+        zk_root,
+        tmp_path,
+        f"cannot listen on bookie-7.invalid: port {port} \\(--port\\): ",
+        port=port,
+        http_port=free_port(),
+        advertised_address="bookie-7.invalid",
+    )
