@@ -83,7 +83,8 @@ def test_both_quota_types_set_read_and_removed_on_namespace_and_topic(bp: Broker
 
 def test_message_age_producer_exception_refuses_producers_until_acknowledged(bp: BrokerProcess) -> None:
     """A 1 s message_age quota, producer_exception: a message left unacknowledged by a subscription past 1 s
-    refuses a new producer with ProducerBlockedQuotaExceededException; acknowledged, producers are taken."""
+    refuses a new producer with ProducerBlockedQuotaExceededException and the connected one's sends fail;
+    acknowledged, producers are taken."""
     ns = _namespace(bp)
     quota = {"limitTime": 1, "policy": "producer_exception"}
     admin(bp, "POST", f"/admin/v2/namespaces/{ns}/backlogQuota?backlogQuotaType=message_age", quota)
@@ -95,9 +96,22 @@ def test_message_age_producer_exception_refuses_producers_until_acknowledged(bp:
         producer.send(b"old")
         c.create_producer(topic).close()  # not a second old yet: taken
         time.sleep(1.5)
+        # the producer connected before is closed at a tick, and its reconnection refused: its sends fail
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                producer.send(b"more")
+            except pulsar.PulsarException:
+                break
+            assert time.monotonic() < deadline, "the connected producer still sends"
+            time.sleep(0.2)
         with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
             c.create_producer(topic)
-        consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+        old = consumer.receive(timeout_millis=10_000)
+        assert old.data() == b"old"
+        consumer.acknowledge_cumulative(
+            _last_received(consumer) or old
+        )  # and any "more" stored before the close
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -108,6 +122,16 @@ def test_message_age_producer_exception_refuses_producers_until_acknowledged(bp:
                 time.sleep(0.2)
     finally:
         c.close()
+
+
+def _last_received(consumer: Any) -> Any:
+    """The last message the consumer receives before 1 s passes with none (None when it receives none)."""
+    last = None
+    while True:
+        try:
+            last = consumer.receive(timeout_millis=1000)
+        except pulsar.Timeout:
+            return last
 
 
 def test_message_age_eviction_moves_the_cursor_past_old_messages(bp: BrokerProcess) -> None:
