@@ -166,3 +166,22 @@ def test_message_age_eviction_moves_the_cursor_past_old_messages(bp: BrokerProce
         assert evictions > evictions_before
     finally:
         c.close()
+
+
+def test_a_topics_own_message_age_quota_holds_producers(bp: BrokerProcess) -> None:
+    """A topic's own 1 s message_age quota (its namespace has none), producer_request_hold: a new producer is
+    answered ProducerBlockedQuotaExceededError, which the client retries until its operation timeout."""
+    ns = _namespace(bp)
+    admin(bp, "PUT", f"/admin/v2/persistent/{ns}/t")
+    quota = {"limitTime": 1, "policy": "producer_request_hold"}
+    admin(bp, "POST", f"/admin/v2/persistent/{ns}/t/backlogQuota?backlogQuotaType=message_age", quota)
+    topic = f"persistent://{ns}/t"
+    c = client(bp, operation_timeout_seconds=3)
+    try:
+        c.subscribe(topic, "slow")
+        c.create_producer(topic).send(b"old")
+        time.sleep(1.5)
+        with pytest.raises(pulsar.ProducerBlockedQuotaExceededError):
+            c.create_producer(topic)
+    finally:
+        c.close()
