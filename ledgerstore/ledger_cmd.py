@@ -18,6 +18,7 @@ from ledgerstore.cli import (
     EXIT_NOT_FOUND,
     PASSWORD_ENV,
     CommandError,
+    UsageError,
     add_password_arguments,
     emit,
     password_of,
@@ -97,6 +98,11 @@ def _run(
 ) -> int:
     from bookie.main import install_uvloop
 
+    if hasattr(args, "ensemble"):  # before connecting, in the flags' names (the client's names its fields)
+        e, w, a = args.ensemble, args.write_quorum, args.ack_quorum
+        if not e >= w >= a >= 1:
+            fit = f": with -E {e} give -W and -A at most {e}" if e >= 1 and max(w, a) > e else ""
+            raise UsageError(f"-E {e} -W {w} -A {a}: need -E >= -W >= -A >= 1 (-W and -A default to 2){fit}")
     install_uvloop()
 
     async def go() -> int:

@@ -234,3 +234,28 @@ def test_a_topics_in_counters_do_not_go_down_when_it_is_unloaded(broker) -> None
     after = scrape(url + "/metrics")
     assert after[f"pulsar_in_messages_total{{{labels}}}"] == 23
     assert after[f"pulsar_in_bytes_total{{{labels}}}"] > before[f"pulsar_in_bytes_total{{{labels}}}"]
+
+
+def test_quorums_that_do_not_fit_are_a_usage_error_in_the_flags_names() -> None:
+    """`ledger write -E 1` (one bookie; -W and -A default to 2) connected to ZooKeeper and then said
+    'INCORRECT_PARAMETER: need ensemble_size >= write_quorum >= ack_quorum >= 1, got E=1 Qw=2 Qa=2', exit 1. It is
+    a usage error now, before anything is contacted, saying what to give."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "ledgerstore.cli",
+        "ledger",
+        "write",
+        "-n",
+        "1",
+        "--zk",
+        "127.0.0.1:1",
+        "-E",
+        "1",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.splitlines()[0] == (
+        "ledgerstore: -E 1 -W 2 -A 2: need -E >= -W >= -A >= 1 (-W and -A default to 2): with -E 1 give -W and -A "
+        "at most 1"
+    )
