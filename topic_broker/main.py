@@ -155,11 +155,22 @@ async def serve(
         await service.stop()
         return 1
     server = BrokerServer(service)
-    await server.start()
     admin = AdminServer(service)  # /admin/v2, /lookup/v2, /metrics, /health on the HTTP port
-    if settings is not None:
-        add_config_routes(admin.app, lambda: settings, flat=CONFIG_VALUES_PATHS)
-    await admin.start()
+    try:
+        await server.start()
+        if settings is not None:
+            add_config_routes(admin.app, lambda: settings, flat=CONFIG_VALUES_PATHS)
+        await admin.start()
+    except BaseException as e:
+        # registered already: left, brokers/<id> would stay until the session timed out, and a restart under
+        # this id would wait that out (a live registration of another session is refused)
+        log.error("broker=%s failed to start: %r; unregistering and stopping", config.id, e)
+        with contextlib.suppress(Exception):
+            await admin.stop()
+        with contextlib.suppress(Exception):
+            await server.stop()
+        await service.stop()
+        raise
     # The hot path allocates many short-lived objects (frames, receipts, callbacks); collect young ones less
     # often, and leave what exists after start-up (modules, the service) out of every collection.
     gc.collect()
