@@ -506,3 +506,24 @@ def test_a_topic_deleted_then_made_again_opens_past_a_stuck_close_as_any_other(
                 await asyncio.sleep(0.2)
 
             run(let_go())
+
+
+def test_cluster_up_again_with_another_bookie_http_port_says_which_runs(tmp_path: Path) -> None:
+    """`cluster up` on a running state directory given another --bookie-http-port says the one that runs (a
+    script would call the bookies' admin API where nothing listens). Planted with the comparison made only when
+    the option is not given: nothing said for it, and a line about it whenever it was left out."""
+    from ledgerstore.cluster import free_port
+    from tests.integration.test_cluster_cli import _ls, _ports
+
+    state = tmp_path / "cluster"
+    http = free_port()
+    first = _ports(state, http)
+    r = _ls("cluster", "up", *first)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        other = [*first[: first.index("--bookie-http-port")], "--bookie-http-port", str(free_port())]
+        r = _ls("cluster", "up", *other)
+        assert r.returncode == 0 and "cluster already running" in r.stdout, r.stdout + r.stderr
+        assert f"(not as asked: it runs with --bookie-http-port {http}, as " in r.stderr, r.stderr
+    finally:
+        _ls("cluster", "down", "--state-dir", str(state))
