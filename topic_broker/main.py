@@ -183,7 +183,11 @@ async def serve(
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError):
             add_stop_handlers(loop, stop.set, f"broker={config.id}")
-    await stop.wait()
+    stopped = asyncio.ensure_future(stop.wait())
+    failed = asyncio.ensure_future(service.registration_failed.wait())
+    await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    failed.cancel()
     # said in the log, as a bookie does: a clean stop (cursors flushed, ledgers closed) from a crash
     log.info("broker=%s shutting down", config.id)
     t0 = time.monotonic()
@@ -193,6 +197,9 @@ async def serve(
     await server.stop()
     await service.stop()
     log.info("broker=%s stopped in %.1f s", config.id, time.monotonic() - t0)
+    if service.registration_failed.is_set():
+        log.error("broker=%s exiting: it could not keep its registration (see above)", config.id)
+        return 1
     return 0
 
 

@@ -2341,6 +2341,9 @@ class BrokerService:
         self._ticker: asyncio.Task[None] | None = None
         self._compaction_monitor: asyncio.Task[None] | None = None
         self._session_lost = False
+        # set when the broker lost its registration and could not register again: it serves nothing then, and
+        # ``serve`` shuts the process down (exit 1), as a Pulsar broker does that cannot keep its registration
+        self.registration_failed = asyncio.Event()
         self._zk_connected = True  # the session's last state was CONNECTED (not SUSPENDED or LOST)
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
@@ -2506,6 +2509,27 @@ class BrokerService:
             ),
         )
 
+    async def _register_again(self) -> None:
+        """After a lost session: brokers/<id> again. If that fails (another live session registered this id
+        meanwhile, ZooKeeper away), the broker must not go on serving unregistered (lookups would not find it;
+        the other broker of this id may own its topics): its connections are closed and ``registration_failed``
+        is set for ``serve`` to shut down."""
+        try:
+            await self._register()
+        except Exception as e:
+            log.error(
+                "broker=%s lost its registration with its ZooKeeper session and could not register again: %s; "
+                "shutting down rather than serve unregistered",
+                self.config.id,
+                e,
+            )
+            for fut in list(self.topics.values()):
+                if fut.done() and not fut.exception():
+                    self.topic_lost(fut.result(), "broker registration lost")
+            for sess in list(self.sessions):
+                sess.transport.close()
+            self.registration_failed.set()
+
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
@@ -2567,7 +2591,7 @@ class BrokerService:
                     self.topic_lost(fut.result(), "ZooKeeper session lost")
         elif state == "CONNECTED" and self._session_lost:
             self._session_lost = False
-            self.spawn(self._register())
+            self.spawn(self._register_again())
 
     async def _tick_loop(self) -> None:
         """Every second: keep-alive of the connections. Every ``tick_interval_s``: the namespaces' policies

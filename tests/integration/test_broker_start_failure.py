@@ -1,10 +1,11 @@
-"""A broker whose listener fails to start after it registered (real ZooKeeper, one bookie, the broker in this
-process)."""
+"""A broker that registered and cannot keep its registration: its listener fails to start, or it cannot register
+again after a lost session (real ZooKeeper, one bookie, the broker in this process)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 import topic_broker.main as broker_main
 import zk
 from ledgerstore.cluster import free_port
-from topic_broker.service import BrokerConfig
+from tests.broker_testing import before_first_call
+from tests.zk_testing import expire_session, wait_for
+from topic_broker.service import BrokerConfig, BrokerService
 from zk import layout
 from zk.errors import MetadataNotFoundError
 
@@ -49,3 +52,58 @@ def test_a_listener_failing_after_registration_unregisters_the_broker(
             store.get(layout.broker_path("start-fails"))
     finally:
         store.close()
+
+
+def test_a_broker_that_cannot_register_again_after_a_lost_session_shuts_down(
+    bookies: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its session expires and, before it registers again, another live session registers its id: the
+    re-registration fails after the session timeout + 2 s, and the broker says so and exits 1 rather than go on
+    serving unregistered (it went on serving, the failure of a background task nobody saw)."""
+    bookies.start()
+    services: list[BrokerService] = []
+
+    class Captured(BrokerService):
+        async def start(self) -> None:
+            await super().start()
+            services.append(self)
+
+    monkeypatch.setattr(broker_main, "BrokerService", Captured)
+    config = BrokerConfig(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=free_port(),
+        http_port=free_port(),
+        listen_address="127.0.0.1",
+        broker_id="re-register-fails",
+        zk_session_timeout_s=3.0,
+    )
+    stop = asyncio.Event()
+    rc: list[int] = []
+    thread = threading.Thread(
+        target=lambda: rc.append(asyncio.run(broker_main.serve(config, stop))), daemon=True
+    )
+    thread.start()
+    other = zk.MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        assert wait_for(lambda: bool(services), 30)
+        service = services[0]
+        assert service.meta is not None and service.bk is not None
+        path = layout.broker_path("re-register-fails")
+
+        async def take_the_id() -> None:
+            await asyncio.to_thread(
+                other.create, path, {"service_url": "pulsar://elsewhere:1"}, ephemeral=True
+            )
+
+        with before_first_call(service.meta, "register_broker", take_the_id):
+            expire_session(service.bk.store)
+            thread.join(30)
+        if thread.is_alive():  # (before: it went on serving)
+            service._loop.call_soon_threadsafe(stop.set)  # type: ignore[union-attr]
+            thread.join(30)
+            pytest.fail("the broker went on serving unregistered")
+        assert rc == [1]
+        assert other.get(path).value["service_url"] == "pulsar://elsewhere:1"  # the other's left
+    finally:
+        other.close()
