@@ -526,7 +526,13 @@ class ManagedCursor:
             await self.flush()
 
     async def delete(self) -> None:
-        """Remove the subscription (unsubscribe)."""
-        await self.close()
-        self.ml.detach_cursor(self.name)
-        await self.ml.store.delete_cursor(self.ml.name, self.name)
+        """Remove the subscription (unsubscribe). If its flush or its znode's delete fails, the cursor is left
+        attached and open, as it was, and the error raised: the delete can be tried again."""
+        try:
+            await self.close()
+            self.ml.detach_cursor(self.name)
+            await self.ml.store.delete_cursor(self.ml.name, self.name)
+        except BaseException:
+            self._closed = False
+            self.ml.attach_cursor(self)
+            raise

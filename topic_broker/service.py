@@ -3793,16 +3793,23 @@ class BrokerService:
             if len(sub.consumers) > 1:
                 s.send(wire.error(cmd.request_id, pb.ConsumerBusy, "the subscription has other consumers"))
                 return
-            s.consumers.pop(cmd.consumer_id, None)
-            sub.remove_consumer(c)
-            if sub.topic.subscriptions.get(sub.name) is sub:
+            # out of the topic's subscriptions while the cursor is deleted (one subscribing meanwhile waits for
+            # the lock and makes it anew), but the consumer stays attached until the delete succeeded: if it
+            # fails, the subscription is put back and the client's retry finds its consumer (removed first, the
+            # retry met ConsumerNotFound, the cursor still stored)
+            listed = sub.topic.subscriptions.get(sub.name) is sub
+            if listed:
                 del sub.topic.subscriptions[sub.name]
             if sub.cursor is not None:
                 try:
                     await sub.cursor.delete()
                 except (ManagedLedgerError, zk.MetadataError) as e:
+                    if listed:
+                        sub.topic.subscriptions.setdefault(sub.name, sub)
                     s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
                     return
+            s.consumers.pop(cmd.consumer_id, None)
+            sub.remove_consumer(c)
         s.send(wire.success(cmd.request_id))
 
     def on_close_consumer(self, s: Session, r: Request) -> None:
