@@ -489,7 +489,12 @@ class _Driver:
         except LedgerError as e:
             what = "the last add confirmed of the topic's current ledger, planning the query"
             raise _unreadable(self.bk, part.name, ledger_id, what, e) from e
-        return LedgerSlot(ledger_id, lac + 1, _open_size(h, lac), False)
+        try:
+            size = _open_size(h, lac)
+        except LedgerError as e:  # a corrupt reply header
+            what = "the size of the topic's current ledger, planning the query"
+            raise _unreadable(self.bk, part.name, ledger_id, what, e) from e
+        return LedgerSlot(ledger_id, lac + 1, size, False)
 
     def _drop_handle(self, ledger_id: int) -> None:
         h = self._open_handles.pop(ledger_id, None)
@@ -695,6 +700,14 @@ def _open_size(h: Any, lac: int) -> int:
     tail = h.tail_length
     if size == 0 and lac >= 0 and tail is not None and tail[1] > 0:
         entry_id, length = tail
+        if entry_id < 0:  # (-1 divided by zero)
+            from ledger_client.errors import ProtocolViolationError
+
+            raise ProtocolViolationError(
+                f"ledger {h.ledger_id}: the reply to the read of its last add confirmed ({lac}) has a corrupt "
+                f"header: entry id {entry_id} (cumulative length {length}); a bookie answered with an entry it "
+                "cannot hold"
+            )
         size = round(length * (lac + 1) / (entry_id + 1))
     return size
 
