@@ -431,21 +431,19 @@ def _decommission(args: argparse.Namespace) -> int:
     from autorecovery import AutoRecoveryConfig, decommission
     from autorecovery.decommission import DEFAULT_SETTLE_S
     from ledger_client import BookKeeper, ClientConfig
-    from zk import BookieRegistry, layout, read_zk_cookie
+    from ledgerstore.bookie_admin import known_bookie_ids
+    from zk import BookieRegistry, read_zk_cookie
 
     store = _store(args)
     try:
-        registered = set(BookieRegistry(store).all())
-        running = args.bookie in registered
+        running = args.bookie in BookieRegistry(store).all()
         known = running or read_zk_cookie(store, args.bookie) is not None
-        if not known:  # a typo: named with the ids there are, as `bookie recover` does
-            registered |= set(store.children_many([layout.COOKIES])[layout.COOKIES] or ())
     finally:
         store.close()
-    if not known:
+    if not known:  # a typo: named with the ids there are, as `bookie recover` does
         raise CommandError(
             f"no bookie {args.bookie}: not registered, no cookie (check the id; known bookies: "
-            f"{', '.join(sorted(registered)) or 'none'})",
+            f"{', '.join(sorted(known_bookie_ids(args))) or 'none'})",
             EXIT_NOT_FOUND,
         )
     config = AutoRecoveryConfig(
