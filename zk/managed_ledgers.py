@@ -1005,15 +1005,22 @@ class BrokerMetadataStore:
         return None if v is None else OwnershipInfo.from_json(v.value)
 
     async def release_ownership(self, ml_name: str, broker_id: str) -> bool:
-        """Delete the ownership znode if ``broker_id`` holds it; True if it did."""
+        """Delete the ownership znode if ``broker_id`` holds it; True if it did. When the topic's namespace is
+        gone (deleted while this znode, a lookup's held one, kept its directories from the delete's pruning),
+        the namespace's ownership directories go too, where empty: they stayed for good before, two znodes per
+        namespace so deleted."""
         path = layout.topic_ownership_path(ml_name)
         current = await self.store.aget_optional(path)
         if current is None or OwnershipInfo.from_json(current.value).broker_id != broker_id:
             return False
         try:
-            return await self.store.adelete(path, current.version, missing_ok=True)
+            deleted = await self.store.adelete(path, current.version, missing_ok=True)
         except MetadataVersionError:
             return False
+        tenant, namespace, *_rest = ml_name.split("/")
+        if not await self.store.aexists(layout.namespace_policies_path(tenant, namespace)):
+            await self.prune_ownership_dirs(tenant, namespace)
+        return deleted
 
     # schemas
     async def get_schemas(self, ml_name: str) -> SchemaHistory:

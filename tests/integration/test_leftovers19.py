@@ -7,9 +7,10 @@ import uuid
 
 import pytest
 
-from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_client_features4 import wait_for
+from topic_broker.names import TopicName
 from zk.client import MetadataStore
 
 pulsar = pytest.importorskip("pulsar")
@@ -54,3 +55,26 @@ def test_namespace_clear_backlog_clears_a_topic_whose_owner_died_with_its_ledger
     assert [
         admin(second, "GET", f"{base}/{t}/stats")["subscriptions"]["a"]["msgBacklog"] for t in topics
     ] == [0, 0]
+
+
+def test_a_namespace_deleted_while_a_lookup_holds_an_ownership_leaves_no_ownership_directories(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """A lookup's ownership of a topic nobody opens is held while its namespace is deleted (no topic exists, so
+    the delete goes on, and the ownership directories, not empty, stay); once the hold ends and the znode is let
+    go, ``ownership/public/<ns>`` goes too (before, its two empty directories stayed for good: 2 znodes per
+    namespace so deleted)."""
+    bp = cluster.start()
+    ns = f"ns-{uuid.uuid4().hex[:8]}"
+    admin(bp, "PUT", f"/admin/v2/namespaces/public/{ns}")
+    topic = TopicName.parse(f"persistent://public/{ns}/looked-up")
+    with (
+        in_process_broker(cluster, tick_interval_s=0.5, lookup_ownership_hold_s=1.5) as (service, run),
+        MetadataStore.connect(cluster.bookies.zk, cluster.bookies.root) as store,
+    ):
+        run(service.lookup_owner(topic))
+        assert store.children(f"ownership/public/{ns}/persistent") == ["looked-up"]
+        admin(bp, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+        assert store.get_optional(f"ownership/public/{ns}/persistent/looked-up") is not None  # still held
+        wait_for(lambda: not store.exists(f"ownership/public/{ns}"), "its ownership directories gone", 10)
+        assert ns not in store.children("ownership/public")
