@@ -269,6 +269,13 @@ class BookKeeper:
         found = self.store.children_many([DECOMMISSIONING, RACKS])
         return available, set(found[DECOMMISSIONING] or ()), racks_of(self.store, found[RACKS] or ())
 
+    async def draining_bookies(self) -> tuple[set[str], set[str]]:
+        """(the writable bookies, those being decommissioned: ``bookies/decommissioning``), one ZooKeeper round.
+        Placement leaves the second out, and a long-lived writer (a broker's topic) rolls its open ledger off
+        them, which their decommission waits for, when the others can take a new ledger."""
+        available, draining, _ = await _meta(self._placement_inputs)
+        return available, draining
+
     async def _replacements(self, ensemble: Sequence[str], failed: Sequence[int]) -> list[str]:
         available, draining, racks = await _meta(self._placement_inputs)
         return replace_failed(ensemble, failed, available, exclude=draining, rng=self._rng, racks=racks)

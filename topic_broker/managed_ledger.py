@@ -641,20 +641,38 @@ class ManagedLedger:
                 await self._cas(self._info.value.ledgers)
 
     # -- rollover -----------------------------------------------------------------------------------------------
-    async def maybe_rollover(self) -> bool:
-        """Roll the current ledger if the rollover rule says so (an idle topic's ledger ages too); a terminated
-        one's is left as it is (it holds nothing)."""
+    async def maybe_rollover(self, *, draining: Iterable[str] = ()) -> bool:
+        """Roll the current ledger if the rollover rule says so (an idle topic's ledger ages too), or at once
+        when it names a bookie of ``draining`` (being decommissioned: the decommission waits for every open
+        ledger on it to be closed, and a topic's ledger may stay open for hours); a terminated one's is left as
+        it is (it holds nothing)."""
         if self._state != _OPEN or self._info.value.terminated_position is not None:
             return False
         async with self._submit_lock:
             age = self._clock() - self._current_created_s
+            drained = self._current_on(draining)
             if self._state != _OPEN or not (
                 self._current_failed
+                or drained
                 or should_rollover(self.config, self._current_entries, self._current_size, age)
             ):
                 return False
+            if drained:
+                log.info(
+                    "ml=%s ledger=%d names %s, being decommissioned: rolling over",
+                    self.name,
+                    self._current.ledger_id,
+                    ", ".join(drained),
+                )
             await self._rollover_locked()
             return True
+
+    def _current_on(self, bookies: Iterable[str]) -> list[str]:
+        """The bookies of ``bookies`` that the current ledger's ensembles name."""
+        wanted = set(bookies)
+        if not wanted:
+            return []
+        return sorted(wanted & {b for ens in self._current.metadata.ensembles for b in ens.bookies})
 
     async def _rollover_locked(self) -> None:
         """Roll over now, or fail at once while a failed rollover waits for its next try: each failure doubles
@@ -1037,17 +1055,18 @@ class ManagedLedger:
             now_ms=int(self._clock() * 1000),
         )
 
-    async def tick(self, *, rollover: bool = True) -> None:
+    async def tick(self, *, rollover: bool = True, draining: Iterable[str] = ()) -> None:
         """Periodic housekeeping (the broker calls it, e.g. every few seconds): roll an aged, full or failed
-        ledger (unless told not to: no new ledger could be created), flush cursors, trim by retention (idle
-        topics included). A fenced instance raises ``ManagedLedgerFencedError``, however it was fenced (a cursor's
-        delayed flush finds the conflict with nobody to tell), so that its owner stops serving the topic."""
+        ledger, or one naming a bookie of ``draining`` (unless told not to: no new ledger could be created),
+        flush cursors, trim by retention (idle topics included). A fenced instance raises
+        ``ManagedLedgerFencedError``, however it was fenced (a cursor's delayed flush finds the conflict with
+        nobody to tell), so that its owner stops serving the topic."""
         if self._state == _FENCED:
             raise ManagedLedgerFencedError(f"fenced: {self._fence_reason}", ml_name=self.name)
         if self._state != _OPEN:
             return
         if rollover:
-            await self.maybe_rollover()
+            await self.maybe_rollover(draining=draining)
         for c in list(self._cursors.values()):
             await c.maybe_flush()
         await self.trim_by_retention()

@@ -2615,13 +2615,20 @@ class BrokerService:
             self._release_looked_up(now)
             with self._policies_failing.catching(Exception, "namespace policies not refreshed"):
                 await self.refresh_policies()
+            draining: set[str] = set()
+            if self.bk is not None and self.served_topics():
+                with self._tick_failing.catching(Exception, "housekeeping: decommissioning bookies not read"):
+                    writable, draining = await self.bk.draining_bookies()
+                    if len(writable - draining) < self.bookie_supply.needed:
+                        draining = set()  # a new ledger could only be placed on them again: keep writing
             for topic in self.served_topics():
                 # the time of the sample itself: the topics before it may have waited on ZooKeeper or bookies
                 topic.sample_rates(time.monotonic())
                 try:
                     await self.enforce_quota(topic)
                     # without the bookies a new ledger needs, a rollover only fails again (cursors are flushed)
-                    await topic.ml.tick(rollover=not self.bookie_supply.short)
+                    # a ledger on a bookie being decommissioned is rolled at once: the decommission waits for it
+                    await topic.ml.tick(rollover=not self.bookie_supply.short, draining=draining)
                 except ManagedLedgerFencedError as e:
                     self.topic_lost(topic, str(e))
                 except Exception as e:
