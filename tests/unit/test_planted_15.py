@@ -45,3 +45,53 @@ def test_a_topics_ownership_changes_run_one_at_a_time_and_leave_no_lock_behind()
         assert service._ownership_locks == {}
 
     asyncio.run(run())
+
+
+def test_get_schema_requests_are_begun_a_few_at_a_time_as_topic_lists_are() -> None:
+    """GET_SCHEMA's answer (a topic's schema) has no size bound, as GET_TOPICS_OF_NAMESPACE's has none: a
+    connection that pipelines them has LARGE_ANSWERS_IN_FLIGHT_MAX begun at once, the rest held in order and begun
+    as those are answered. Planted with GET_SCHEMA left out of the bound: all begun at once, each queuing a schema
+    for a peer that may read none (up to REQUESTS_IN_FLIGHT_MAX of them)."""
+    from tests.unit.test_planted_14 import T, _Transport
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+    from topic_broker.server import BrokerProtocol, BrokerServer
+    from topic_broker.service import LARGE_ANSWERS_IN_FLIGHT_MAX, Session
+
+    async def main() -> None:
+        service = BrokerService(BrokerConfig())
+        began: list[int] = []
+        answer = asyncio.Event()
+
+        async def held(s: Session, r: object) -> None:
+            began.append(r.body.request_id)  # type: ignore[attr-defined]
+            await answer.wait()
+
+        service.on_get_schema = held  # type: ignore[method-assign]
+        transport = _Transport()
+        protocol = BrokerProtocol(service, BrokerServer(service).gate, BrokerServer(service))
+        protocol.connection_made(transport)
+        s = protocol.session
+        assert s is not None
+        connect = T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+        s.data_received(wire.encode_command(connect))
+        n = LARGE_ANSWERS_IN_FLIGHT_MAX + 4
+        s.data_received(
+            b"".join(
+                wire.encode_command(
+                    T(
+                        type=T.GET_SCHEMA,
+                        getSchema=pb.CommandGetSchema(topic="persistent://public/default/t", request_id=i),
+                    )
+                )
+                for i in range(n)
+            )
+        )
+        await asyncio.sleep(0.01)
+        assert began == list(range(LARGE_ANSWERS_IN_FLIGHT_MAX)) and len(s.held) == 4, began
+        answer.set()
+        await asyncio.sleep(0.05)
+        assert began == list(range(n)) and not s.held and s.in_flight == 0
+        protocol.connection_lost(None)
+
+    asyncio.run(main())
