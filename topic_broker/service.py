@@ -3377,7 +3377,11 @@ class BrokerService:
             s.send(wire.error(cmd.request_id, pb.TopicTerminatedError, why))
             return
         exceeded = await self.quota_exceeded(topic, evict=False)
-        if exceeded is not None:
+        if exceeded is None:
+            # the backlog fits again (acknowledged since the mark): the producer's SENDs are taken, not closed
+            # until the next tick clears the mark (each SEND closed its producer, which came back and sent again)
+            topic.quota_exceeded = False
+        else:
             policy, why = exceeded
             topic.quota_exceeded = True
             self.metrics.quota_refusals += 1
