@@ -2341,6 +2341,8 @@ class BrokerService:
         self._ticker: asyncio.Task[None] | None = None
         self._compaction_monitor: asyncio.Task[None] | None = None
         self._session_lost = False
+        self._registering_again = False  # a _register_again under way (a flapping session starts no second)
+        self._stopping = False
         # set when the broker lost its registration and could not register again: it serves nothing then, and
         # ``serve`` shuts the process down (exit 1), as a Pulsar broker does that cannot keep its registration
         self.registration_failed = asyncio.Event()
@@ -2510,27 +2512,48 @@ class BrokerService:
         )
 
     async def _register_again(self) -> None:
-        """After a lost session: brokers/<id> again. If that fails (another live session registered this id
-        meanwhile, ZooKeeper away), the broker must not go on serving unregistered (lookups would not find it;
-        the other broker of this id may own its topics): its connections are closed and ``registration_failed``
-        is set for ``serve`` to shut down."""
+        """After a lost session: brokers/<id> again. If another live session registered this id meanwhile
+        (MetadataExistsError, after the wait of ``register_broker``), the broker must not go on serving
+        unregistered (lookups would not find it; the other broker of this id may own its topics): its
+        connections are closed and ``registration_failed`` is set for ``serve`` to shut down. Any other failure
+        (ZooKeeper still flapping: a connection lost, a timeout, the session lost again) is tried again, 0.1 s
+        to 2 s apart, until the broker stops: one ZooKeeper blip made every broker exit."""
+        delay = 0.1
         try:
-            await self._register()
-        except Exception as e:
-            log.error(
-                "broker=%s lost its registration with its ZooKeeper session and could not register again: %s; "
-                "shutting down rather than serve unregistered",
-                self.config.id,
-                e,
-            )
-            for fut in list(self.topics.values()):
-                if fut.done() and not fut.exception():
-                    self.topic_lost(fut.result(), "broker registration lost")
-            for sess in list(self.sessions):
-                sess.transport.close()
-            self.registration_failed.set()
+            while True:
+                try:
+                    await self._register()
+                    return
+                except zk.MetadataExistsError as e:
+                    failure = e
+                    break
+                except Exception as e:
+                    if self._stopping:
+                        return
+                    log.warning(
+                        "broker=%s could not register again after its lost ZooKeeper session: %s; retrying",
+                        self.config.id,
+                        e,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            self._registering_again = False
+        log.error(
+            "broker=%s lost its registration with its ZooKeeper session and could not register again: %s; "
+            "shutting down rather than serve unregistered",
+            self.config.id,
+            failure,
+        )
+        for fut in list(self.topics.values()):
+            if fut.done() and not fut.exception():
+                self.topic_lost(fut.result(), "broker registration lost")
+        for sess in list(self.sessions):
+            sess.transport.close()
+        self.registration_failed.set()
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._ticker is not None:
             self._ticker.cancel()
         if self._compaction_monitor is not None:
@@ -2591,7 +2614,9 @@ class BrokerService:
                     self.topic_lost(fut.result(), "ZooKeeper session lost")
         elif state == "CONNECTED" and self._session_lost:
             self._session_lost = False
-            self.spawn(self._register_again())
+            if not self._registering_again:  # (one under way goes on, on the new session)
+                self._registering_again = True
+                self.spawn(self._register_again())
 
     async def _tick_loop(self) -> None:
         """Every second: keep-alive of the connections. Every ``tick_interval_s``: the namespaces' policies

@@ -4,6 +4,7 @@ again after a lost session (real ZooKeeper, one bookie, the broker in this proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from typing import Any
@@ -107,3 +108,67 @@ def test_a_broker_that_cannot_register_again_after_a_lost_session_shuts_down(
         assert other.get(path).value["service_url"] == "pulsar://elsewhere:1"  # the other's left
     finally:
         other.close()
+
+
+def test_a_zookeeper_error_while_registering_again_is_retried_not_a_shutdown(
+    bookies: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its session expires and the first re-registration meets a ZooKeeper connection loss (ZooKeeper still
+    flapping): it is tried again and the broker serves on, registered under its new session (it logged 'could
+    not register again' and exited 1, a passing ZooKeeper error taken for another broker holding its id)."""
+    bookies.start()
+    services: list[BrokerService] = []
+
+    class Captured(BrokerService):
+        async def start(self) -> None:
+            await super().start()
+            services.append(self)
+
+    monkeypatch.setattr(broker_main, "BrokerService", Captured)
+    config = BrokerConfig(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=free_port(),
+        http_port=free_port(),
+        listen_address="127.0.0.1",
+        broker_id="re-register-flaps",
+        zk_session_timeout_s=3.0,
+    )
+    stop = asyncio.Event()
+    rc: list[int] = []
+    thread = threading.Thread(
+        target=lambda: rc.append(asyncio.run(broker_main.serve(config, stop))), daemon=True
+    )
+    thread.start()
+    assert wait_for(lambda: bool(services), 30)
+    service = services[0]
+    assert service.meta is not None and service.bk is not None
+    meta, store = service.meta, service.bk.store
+    real = meta.register_broker
+    failed: list[str] = []
+
+    async def fails_once(*args: Any, **kwargs: Any) -> None:
+        if not failed:
+            failed.append("once")
+            raise zk.MetadataConnectionError("connection lost (made by the test)")
+        await real(*args, **kwargs)
+
+    meta.register_broker = fails_once  # type: ignore[method-assign]
+    path = layout.broker_path("re-register-flaps")
+    old = store.session_id
+
+    def registered_again() -> bool:
+        st = store.stat(path)
+        return st is not None and st.ephemeral_owner not in (0, old)
+
+    try:
+        with contextlib.suppress(TimeoutError):  # (a broker that shut down closed its store)
+            expire_session(store)
+        assert wait_for(lambda: not thread.is_alive() or registered_again(), 20)
+        assert thread.is_alive() and not rc, f"the broker exited {rc}"  # (before: exit 1)
+        assert failed and registered_again()
+    finally:
+        if thread.is_alive():
+            service._loop.call_soon_threadsafe(stop.set)  # type: ignore[union-attr]
+            thread.join(30)
+    assert rc == [0]
