@@ -104,7 +104,7 @@ from .tls import client_role
 from .wire import pulsar_date
 
 if TYPE_CHECKING:
-    from .service import BrokerService, SubscriptionRuntime, Topic
+    from .service import BrokerService, Topic
 
 __all__ = ["CLUSTER_NAME", "AdminServer", "build_app", "pulsar_date"]
 
@@ -2558,19 +2558,9 @@ class AdminApp:
             if rt is not None:
                 if rt.consumers and not force:
                     raise AdminError(412, "Subscription has active connected consumers")
-                self._disconnect(rt)
+                rt.disconnect_consumers()
             await sub_ops.delete(topic, sub, rt)
         return _no_content()
-
-    @staticmethod
-    def _disconnect(rt: SubscriptionRuntime) -> None:
-        """Close the subscription's consumers (they reconnect), as Pulsar does on reset-cursor."""
-        for c in list(rt.consumers.values()):
-            c.session.consumers.pop(c.consumer_id, None)
-            key = rt.key_of(c)
-            rt.consumers.pop(key, None)
-            rt.execute(rt.core.remove_consumer(key))
-            c.session.send(wire.close_consumer(c.consumer_id, 0))
 
     async def _move_cursor(self, topic: Topic, sub: str, pos: Position, *, disconnect: bool) -> None:
         """The subscription's next entry is ``pos``: a live one's dispatcher seeks there (its consumers
@@ -2588,7 +2578,12 @@ class AdminApp:
                     return
         await rt.seek(pos)
         if disconnect:
-            self._disconnect(rt)
+            # their consumers closed (they reconnect), as Pulsar does on reset-cursor, and removed as a consumer's
+            # own close removes it: its cursor no longer in use, its idle time set (a reader's subscription kept
+            # for its reader to come back to, as a seek keeps it). Removed here by hand, a consumer that did not
+            # come back left the cursor "active" (another writer's move of it never adopted: the next skip or
+            # reset saved over it, a conflict that fenced the topic) and itself in the dispatcher's records.
+            rt.disconnect_consumers(keep=True)
 
     async def reset_cursor(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)

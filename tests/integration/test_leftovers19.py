@@ -3,17 +3,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import socket
+import urllib.request
 import uuid
+from typing import Any
 
 import pytest
 
 from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_client_features4 import wait_for
+from tests.integration.test_broker_gone_connection import _serving
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
+from topic_broker.admin import AdminServer
 from topic_broker.names import TopicName
 from zk.client import MetadataStore
 
 pulsar = pytest.importorskip("pulsar")
+T = pb.BaseCommand
 
 
 def test_namespace_clear_backlog_clears_a_topic_whose_owner_died_with_its_ledger_open(
@@ -78,3 +88,74 @@ def test_a_namespace_deleted_while_a_lookup_holds_an_ownership_leaves_no_ownersh
         assert store.get_optional(f"ownership/public/{ns}/persistent/looked-up") is not None  # still held
         wait_for(lambda: not store.exists(f"ownership/public/{ns}"), "its ownership directories gone", 10)
         assert ns not in store.children("ownership/public")
+
+
+def _raw_consumer(port: int, topic: str, sub: str) -> socket.socket:
+    """A connection with consumer 1 on ``sub`` of ``topic`` (Shared, from the earliest) that never comes back
+    when the broker closes it (a client that does not reconnect: a dead process, another client library)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(
+        wire.encode_command(
+            T(type=T.CONNECT, connect=pb.CommandConnect(client_version="t", protocol_version=20))
+        )
+    )
+    cmd = pb.CommandSubscribe(
+        topic=topic,
+        subscription=sub,
+        subType=pb.CommandSubscribe.Shared,
+        consumer_id=1,
+        request_id=1,
+        initialPosition=pb.CommandSubscribe.Earliest,
+    )
+    s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=cmd)))
+    dec = wire.FrameDecoder()
+    while True:
+        for f in dec.feed(s.recv(65536)):
+            if f.command.type == T.SUCCESS:
+                return s
+            assert f.command.type == T.CONNECTED, f.command
+
+
+def test_an_admin_reset_cursor_that_closes_the_consumers_leaves_the_subscription_idle(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """reset-cursor closes the subscription's consumers (as Pulsar does); one that does not come back leaves the
+    subscription idle, as a consumer's own close does: its cursor no longer taken as in use, its consumer gone
+    from the dispatcher's records, its idle time set. Before, the cursor stayed "active", so a move of it by
+    another writer (the Spark source's commit) was not adopted: the next skip counted from the old position and
+    its save conflicted, which fenced the topic."""
+    with _serving(cluster) as (service, run):
+        http = AdminServer(service)
+        run(http.start())
+        try:
+            name = TopicName.parse(f"persistent://public/default/reset-{uuid.uuid4().hex[:8]}")
+            topic = run(service.get_topic(name))
+            md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+            positions = [run(topic.ml.append(wire.make_entry(md, b"v"))) for _ in range(6)]
+            raw = _raw_consumer(service.config.port, str(name), "s")
+            rt = topic.subscriptions["s"]
+            assert len(rt.consumers) == 1 and rt.cursor.active
+            url = (
+                f"http://127.0.0.1:{service.config.http_port}/admin/v2/persistent/public/default/{name.local}"
+            )
+
+            def post(path: str, body: Any = None) -> None:
+                data = b"" if body is None else json.dumps(body).encode()
+                req = urllib.request.Request(f"{url}{path}", data=data, method="POST")
+                req.add_header("Content-Type", "application/json")
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    assert r.status == 204
+
+            post("/subscription/s/resetcursor", "earliest")
+            assert not rt.consumers and not rt._by_key  # the raw consumer does not come back
+            assert not rt.cursor.active and rt.idle_since_ms > 0
+            meta = service.meta
+            stored = run(meta.get_cursor(name.ml_name, "s"))
+            moved = dataclasses.replace(stored.value, mark_delete=tuple(positions[2]))  # another writer's
+            run(meta.save_cursor(name.ml_name, "s", moved, stored.version))
+            post("/subscription/s/skip/1")
+            assert not topic.ml.fenced and not topic.unloaded
+            assert rt.cursor.mark_delete == positions[3]  # one after the other writer's
+            raw.close()
+        finally:
+            run(http.stop())
