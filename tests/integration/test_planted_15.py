@@ -3,11 +3,19 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 
 from __future__ import annotations
 
+import time
+import uuid
+from typing import Any
 from urllib.parse import quote
+
+import pulsar
+import pytest
 
 import zk
 from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.integration.test_broker_gone_connection import _serving
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
+from topic_broker.names import TopicName
 
 
 def test_a_namespace_delete_under_way_on_another_broker_is_not_taken_over(cluster: Brokers) -> None:  # noqa: F811
@@ -28,3 +36,42 @@ def test_a_namespace_delete_under_way_on_another_broker_is_not_taken_over(cluste
             other.close()
         status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
         assert status == 204, (status, body)
+
+
+def test_acknowledgements_after_a_failed_unsubscribe_are_stored(cluster: Brokers) -> None:  # noqa: F811
+    """An UNSUBSCRIBE whose cursor delete failed leaves the cursor open as well as attached (e44a4b6): the
+    consumer goes on, and what it acknowledges then is saved to the cursor's znode by the next delayed flush.
+    Planted with the cursor left closed: its acknowledgements started no flush, the stored position stayed where
+    the failed delete's flush left it, and a restart of the broker redelivered them all."""
+    with _serving(cluster) as (service, run):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            meta = service.meta
+            name = TopicName.parse(f"persistent://public/default/unsubacks-{uuid.uuid4().hex[:8]}")
+            consumer = client.subscribe(str(name), "s")
+            producer = client.create_producer(str(name))
+
+            async def refused(ml_name: str, sub: str) -> None:
+                raise zk.MetadataError("delete refused (test)")
+
+            meta.delete_cursor = refused
+            try:
+                with pytest.raises(pulsar.PulsarException):
+                    consumer.unsubscribe()
+            finally:
+                del meta.delete_cursor
+            ids = [producer.send(b"m%d" % i) for i in range(3)]
+            for _ in ids:
+                consumer.acknowledge(consumer.receive(10_000))
+            last: Any = ids[-1]
+            want = (last.ledger_id(), last.entry_id())
+            stored: Any = None
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                stored = run(meta.get_cursor(name.ml_name, "s"))
+                if stored is not None and tuple(stored.value.mark_delete) == want:
+                    break
+                time.sleep(0.2)
+            assert stored is not None and tuple(stored.value.mark_delete) == want, (stored, want)
+        finally:
+            client.close()
