@@ -978,11 +978,27 @@ class BrokerMetadataStore:
                 if owner.broker_id == info.broker_id and await self._stale_session(path):
                     # Our own id, but an earlier session's (a broker restarted under the same id before its
                     # old session expired): that record would vanish with the old session while we serve.
+                    # Only while brokers/<id> is this session's: otherwise that session may be another live
+                    # broker of this id (this one re-registering after a lost session, to be refused), whose
+                    # topic this took, fencing its ledger, then left with no owner once refused.
+                    if not await self._registered_here(info.broker_id):
+                        raise MetadataExistsError(
+                            f"{ml_name} is owned under broker id {owner.broker_id} by another ZooKeeper session, "
+                            f"and brokers/{owner.broker_id} is not this broker's session's (registering again "
+                            "after a lost session, or another live broker with the same id): not taken over",
+                            path=self.store.abs_path(path),
+                        ) from None
                     with contextlib.suppress(MetadataVersionError):
                         await self.store.adelete(path, current.version, missing_ok=True)
                     continue
                 return owner
         raise MetadataVersionError("ownership znode keeps appearing and disappearing", path=path)
+
+    async def _registered_here(self, broker_id: str) -> bool:
+        """Is brokers/<broker_id> registered by this store's current session?"""
+        st = await asyncio.to_thread(self.store.stat, layout.broker_path(broker_id))
+        session = self.store.session_id
+        return st is not None and session is not None and st.ephemeral_owner == session
 
     async def _stale_session(self, path: str) -> bool:
         """The ephemeral znode at ``path`` belongs to a session other than this store's current one."""
