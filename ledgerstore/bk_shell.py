@@ -61,12 +61,14 @@ def add_bookkeeper_verbs(bookie: Any, cluster: Any, common: Common) -> None:
 
     cookie = bookie.add_parser(
         "updatecookie",
-        help="give a stopped bookie's data a new bookie id (after an address change): rewrite its cookie in "
-        "ZooKeeper and in its directories; --dry-run first",
+        help="give a stopped bookie's data a new bookie id (after an address change), or record the directories "
+        "its data was moved to (same id): rewrite its cookie in ZooKeeper and in its directories; --dry-run first",
     )
     common(cookie)
-    cookie.add_argument("--bookie-id", required=True, help="the new id (HOST:PORT)")
-    cookie.add_argument("--data-dir", type=Path, required=True, help="the bookie's data directory")
+    cookie.add_argument("--bookie-id", required=True, help="the new id (HOST:PORT), or its own")
+    cookie.add_argument(
+        "--data-dir", type=Path, required=True, help="the bookie's data directory (where it is now)"
+    )
     cookie.add_argument("--journal-dir", type=Path, default=None, help="if not DATA_DIR/journal")
     cookie.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
     cookie.add_argument(
@@ -317,8 +319,9 @@ def update_cookie(args: argparse.Namespace) -> int:
             )
         registered = BookieRegistry(store).all()
         if old == new:
-            emit(args, f"the cookie already names {new}: nothing to do", {"bookie_id": new, "changed": False})
-            return 0
+            return _update_cookie_dirs(
+                args, store, zk_old.version, cookie, journal_dir, ledger_dir, registered
+            )
         if old in registered:
             raise CommandError(f"bookie {old} is running (registered): stop it first")
         if new in registered or cookies.read_zk_cookie(store, new) is not None:
@@ -372,6 +375,56 @@ def update_cookie(args: argparse.Namespace) -> int:
             f"start the bookie as {new} (--bookie-id {new}, or the advertised address and port it names)"
         )
     emit(args, "\n".join(human), data)
+    return 0
+
+
+def _update_cookie_dirs(
+    args: argparse.Namespace,
+    store: Any,
+    version: int,
+    cookie: Any,
+    journal_dir: Path,
+    ledger_dir: Path,
+    registered: Any,
+) -> int:
+    """Same id: record the directories the bookie's data was moved to (the journal onto its own disk, the data
+    directory elsewhere; BookKeeper's cookie update), where the cookies were found with it. Nothing to do when
+    the cookie already records them."""
+    from zk import cookies
+
+    moved = dataclasses.replace(cookie, journal_dir=str(journal_dir), ledger_dirs=(str(ledger_dir),))
+    data = {
+        "bookie_id": cookie.bookie_id,
+        "dry_run": args.dry_run,
+        "directories": [str(journal_dir), str(ledger_dir)],
+    }
+    if moved == cookie:
+        emit(
+            args,
+            f"the cookie already names {cookie.bookie_id} and these directories: nothing to do",
+            {**data, "changed": False},
+        )
+        return 0
+    if cookie.bookie_id in registered:
+        raise CommandError(f"bookie {cookie.bookie_id} is running (registered): stop it first")
+    if not any(journal_dir.glob("*.jnl")) and not (journal_dir / "lastmark").exists():
+        raise CommandError(
+            f"{journal_dir} holds the cookie but no journal (no *.jnl segment, no lastmark): move the whole "
+            f"journal directory there (it was {cookie.journal_dir})"
+        )
+    was = f"journal {cookie.journal_dir}, ledgers {', '.join(cookie.ledger_dirs)}"
+    now = f"journal {journal_dir}, ledgers {ledger_dir}"
+    if not args.dry_run:
+        cookies.write_zk_cookie(store, moved, version)  # a CAS: a cookie changed meanwhile is not overwritten
+        cookies.write_local_cookie(journal_dir, moved)
+        cookies.write_local_cookie(ledger_dir, moved)
+    verb = "would record" if args.dry_run else "recorded"
+    human = f"{verb} the moved directories of {cookie.bookie_id} in its cookie: {now} (was {was})"
+    if not args.dry_run:
+        human += f"\nstart the bookie with --data-dir {ledger_dir.parent}" + (
+            f" --journal-dir {journal_dir}" if journal_dir != ledger_dir.parent / "journal" else ""
+        )
+    emit(args, human, {**data, "changed": not args.dry_run, "was": [cookie.journal_dir, *cookie.ledger_dirs]})
     return 0
 
 

@@ -3840,9 +3840,16 @@ class BrokerService:
                 try:
                     await sub.cursor.delete()
                 except (ManagedLedgerError, zk.MetadataError) as e:
-                    if listed:
-                        sub.topic.subscriptions.setdefault(sub.name, sub)
                     s.send(wire.error(cmd.request_id, pb.MetadataError, str(e)))
+                    if sub.topic.unloaded:
+                        # let go meanwhile (its session lost, unloaded, deleted): its consumers were told to
+                        # reconnect while this subscription was out of its list, so this one is told now (it
+                        # stayed attached to a topic nobody served, its receive() getting nothing)
+                        s.consumers.pop(cmd.consumer_id, None)
+                        sub.remove_consumer(c)
+                        s.send(wire.close_consumer(cmd.consumer_id, 0))
+                    elif listed:
+                        sub.topic.subscriptions.setdefault(sub.name, sub)
                     return
             s.consumers.pop(cmd.consumer_id, None)
             sub.remove_consumer(c)

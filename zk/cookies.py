@@ -336,8 +336,10 @@ def _compare(found: Cookie, expected: Cookie, where: str) -> None:
     if found.directories() != expected.directories():
         raise CookieMismatchError(
             f"bookie {bid}: {where} records {_dirs_text(found)}, but this start uses {_dirs_text(expected)}. "
-            "Directories were added, removed or moved. Start with the recorded directories; to change the "
-            f"layout, drain the bookie, wipe it and run `{format_hint(bid)}`."
+            "Directories were added, removed or moved. Start with the recorded directories; if they were moved "
+            f"with their contents, `ledgerstore bookie updatecookie --bookie-id {bid} --data-dir DIR "
+            "[--journal-dir DIR]` records the new ones; to change the layout otherwise, drain the bookie, wipe it "
+            f"and run `{format_hint(bid)}`."
         )
 
 

@@ -53,3 +53,36 @@ def test_a_topics_open_ledger_on_a_bookie_being_decommissioned_is_rolled_off_it(
         c.close()
     finally:
         b.stop_all()
+
+
+def test_a_bookies_journal_moved_to_its_own_disk_is_recorded_by_updatecookie(bookies, tmp_path) -> None:
+    """The journal moved onto its own disk (docs/operations.md advises it) was a cookie mismatch whose only way
+    out was to drain, wipe and format the bookie, and `bookie updatecookie` said 'nothing to do' (same id). It
+    now records the moved directories; the bookie starts on them with its entries."""
+    import shutil
+
+    from tests.integration.test_cluster_cli import _ls
+
+    bp = bookies.start()
+    bk = BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+    lh = bk.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1)
+    for i in range(10):
+        lh.append(b"e%d" % i)
+    lh.close()
+    bp.stop()
+    journal = tmp_path / "journal-disk" / "journal"
+    journal.parent.mkdir()
+    shutil.move(bp.data_dir / "journal", journal)
+    moved = bookies.start("--journal-dir", str(journal), data_dir=bp.data_dir, port=bp.port, wait=False)
+    assert moved.wait_exit(30) == 3
+    assert "bookie updatecookie --bookie-id" in moved.log_tail(5)
+    zk = ["--zk", bookies.zk, "--zk-root", bookies.root]
+    args = ["--bookie-id", bp.id, "--data-dir", str(bp.data_dir), "--journal-dir", str(journal)]
+    r = _ls("bookie", "updatecookie", *args, *zk)
+    assert r.returncode == 0 and "recorded the moved directories" in r.stdout, r.stdout + r.stderr
+    bookies.start("--journal-dir", str(journal), data_dir=bp.data_dir, port=bp.port)
+    rh = bk.open_ledger(lh.ledger_id, recovery=False)
+    assert [e.data for e in rh.read(0, 9)] == [b"e%d" % i for i in range(10)]
+    r = _ls("bookie", "updatecookie", *args, *zk)
+    assert "nothing to do" in r.stdout, r.stdout + r.stderr
+    bk.close()

@@ -4,11 +4,16 @@ brokers in the test's process)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
+import pulsar
 import pytest
 
 import zk
+from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.integration.test_broker_gone_connection import _serving
 from tests.zk_testing import ZkTarget
+from topic_broker.names import TopicName
 from zk import layout
 from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, OwnershipInfo
 
@@ -45,3 +50,36 @@ def test_an_ownership_of_the_same_broker_id_is_taken_over_only_while_registered_
         asyncio.run(body())
     finally:
         other.close()
+
+
+def test_an_unsubscribe_failing_as_its_topic_is_let_go_tells_the_consumer_to_reconnect(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The ZooKeeper session is lost (the topic let go, its clients told to reconnect) while an UNSUBSCRIBE's cursor
+    delete is under way, its subscription out of the topic's list, and the delete fails: the consumer is told to
+    reconnect too, and receives what is sent next (before: it was never told, stayed attached to a topic nobody
+    served, and its receive() got nothing)."""
+    with _serving(cluster) as (service, run):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            meta = service.meta
+            name = TopicName.parse(f"persistent://public/default/unsublost-{uuid.uuid4().hex[:8]}")
+            consumer = client.subscribe(str(name), "s")
+            topic = service._served(str(name))
+
+            async def lost_then_fails(ml_name: str, sub: str) -> None:
+                service.topic_lost(topic, "ZooKeeper session lost (made by the test)")
+                raise zk.MetadataConnectionError("connection lost (made by the test)")
+
+            meta.delete_cursor = lost_then_fails
+            try:
+                with pytest.raises(pulsar.PulsarException):
+                    consumer.unsubscribe()
+            finally:
+                del meta.delete_cursor
+            producer = client.create_producer(str(name))
+            producer.send(b"after")
+            assert consumer.receive(timeout_millis=15_000).data() == b"after"
+            consumer.unsubscribe()
+        finally:
+            client.close()
