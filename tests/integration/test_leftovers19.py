@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import time
 import urllib.request
 import uuid
 from typing import Any
@@ -159,3 +160,50 @@ def test_an_admin_reset_cursor_that_closes_the_consumers_leaves_the_subscription
             raw.close()
         finally:
             run(http.stop())
+
+
+@pytest.mark.parametrize("level", ["namespace", "topic"])
+def test_a_message_age_quota_holds_and_resumes_a_partitioned_topics_producers(
+    cluster: Brokers,  # noqa: F811
+    level: str,
+) -> None:
+    """A 1 s message_age quota with producer_request_hold, set on the namespace or on the 2-partition topic
+    itself: a message left unacknowledged 1.5 s on one partition has a new producer of the partitioned topic
+    refused (ProducerBlockedQuotaExceededError); once the message is acknowledged, a new producer is taken and
+    its sends to both partitions are stored."""
+    bp = cluster.start("--tick-interval-s", "60")
+    ns = f"public/age{uuid.uuid4().hex[:6]}"
+    admin(bp, "PUT", f"/admin/v2/namespaces/{ns}")
+    admin(bp, "PUT", f"/admin/v2/persistent/{ns}/pt/partitions", 2)
+    quota = {"limitTime": 1, "policy": "producer_request_hold"}
+    where = f"/admin/v2/namespaces/{ns}" if level == "namespace" else f"/admin/v2/persistent/{ns}/pt"
+    admin(bp, "POST", f"{where}/backlogQuota?backlogQuotaType=message_age", quota)
+    topic = f"persistent://{ns}/pt"
+    c = pulsar.Client(bp.service_url, operation_timeout_seconds=3)
+    try:
+        consumer = c.subscribe(topic, "slow")
+        first = c.create_producer(topic)
+        first.send(b"old", partition_key="k")
+        first.close()
+        time.sleep(1.5)
+        with pytest.raises(pulsar.ProducerBlockedQuotaExceededError):
+            c.create_producer(topic)
+        consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+        deadline = time.monotonic() + 10
+        while True:  # (the acknowledgement reaches the broker on its own)
+            try:
+                producer = c.create_producer(
+                    topic,
+                    send_timeout_millis=10_000,
+                    message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+                    batching_enabled=False,
+                )
+                break
+            except pulsar.ProducerBlockedQuotaExceededError:
+                assert time.monotonic() < deadline, "producers still refused after the acknowledgement"
+        for i in range(4):
+            producer.send(f"new-{i}".encode())
+        got = sorted(consumer.receive(timeout_millis=10_000).data() for _ in range(4))
+        assert got == [f"new-{i}".encode() for i in range(4)]
+    finally:
+        c.close()
