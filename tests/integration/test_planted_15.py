@@ -13,7 +13,10 @@ import pytest
 
 import zk
 from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.integration.test_backlog_age_quota import _namespace, bp  # noqa: F401
+from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_gone_connection import _serving
+from tests.integration.test_broker_pulsar_client import client
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
 from topic_broker.names import TopicName
 
@@ -75,3 +78,46 @@ def test_acknowledgements_after_a_failed_unsubscribe_are_stored(cluster: Brokers
             assert stored is not None and tuple(stored.value.mark_delete) == want, (stored, want)
         finally:
             client.close()
+
+
+def test_a_message_age_quota_of_limit_time_0_limits_nothing(bp: Any) -> None:  # noqa: F811
+    """A message_age quota whose limitTime is 0 is no limit (as Pulsar's, and as docs/broker.md says): a message
+    left unacknowledged past a tick does not refuse a producer. Planted with 0 taken as a limit: every backlog
+    was over it, and every producer of the namespace was refused."""
+    ns = _namespace(bp)
+    quota = {"limitTime": 0, "policy": "producer_exception"}
+    admin(bp, "POST", f"/admin/v2/namespaces/{ns}/backlogQuota?backlogQuotaType=message_age", quota)
+    topic = f"persistent://{ns}/t"
+    c = client(bp)
+    try:
+        c.subscribe(topic, "slow")
+        c.create_producer(topic).send(b"old")
+        time.sleep(1.5)  # a tick or more
+        c.create_producer(topic).send(b"new")  # before: ProducerBlockedQuotaExceededException
+    finally:
+        c.close()
+
+
+def test_a_message_age_quota_looks_at_the_oldest_message_left_once_older_ones_are_acknowledged(
+    bp: Any,  # noqa: F811
+) -> None:
+    """The message_age check reads the publish time of the first entry after the slowest mark-delete once per
+    position: acknowledged up to an old message, the next one's (younger) time is read, and a producer is taken.
+    Planted with the time read once for any position: the acknowledged message's age still counted, producers
+    refused while a young message waited."""
+    ns = _namespace(bp)
+    quota = {"limitTime": 3, "policy": "producer_exception"}
+    admin(bp, "POST", f"/admin/v2/namespaces/{ns}/backlogQuota?backlogQuotaType=message_age", quota)
+    topic = f"persistent://{ns}/t"
+    c = client(bp)
+    try:
+        consumer = c.subscribe(topic, "slow")
+        producer = c.create_producer(topic)
+        producer.send(b"old")
+        time.sleep(2.0)  # ticks read the old message's time
+        producer.send(b"young")
+        consumer.acknowledge(consumer.receive(10_000))  # the old one
+        time.sleep(1.5)  # the old one would be 3.5 s old, the young one is 1.5 s
+        c.create_producer(topic).send(b"taken")  # before: ProducerBlockedQuotaExceededException
+    finally:
+        c.close()
