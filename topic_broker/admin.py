@@ -1037,8 +1037,12 @@ class AdminApp:
         try:
             yield
         finally:
-            self._deletes_here.discard(path)
-            await self.store.adelete(path, missing_ok=True)
+            # listed until the znode is gone: a delete here meanwhile, finding it still this session's, took it
+            # over as a leftover, and this removal then left that delete running with no znode held
+            try:
+                await self.store.adelete(path, missing_ok=True)
+            finally:
+                self._deletes_here.discard(path)
 
     async def _own_ephemeral(self, path: str) -> bool:
         """Is the ephemeral znode at ``path`` this broker's ZooKeeper session's?"""

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pulsar
 import pytest
 
 import zk
-from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.broker_testing import Brokers, before_first_call, cluster  # noqa: F401
 from tests.integration.test_broker_gone_connection import _serving
+from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
 from tests.zk_testing import ZkTarget
 from topic_broker.names import TopicName
 from zk import layout
@@ -83,3 +85,27 @@ def test_an_unsubscribe_failing_as_its_topic_is_let_go_tells_the_consumer_to_rec
             consumer.unsubscribe()
         finally:
             client.close()
+
+
+def test_a_namespace_delete_during_the_end_of_another_here_is_409_not_a_take_over(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """A second delete of a namespace on the same broker, sent while the first removes its deleting/ znode: 409
+    '… is being deleted'. The first let go of its mark (``_deletes_here``) before its znode was gone, so the
+    second took the znode, still this session's, for a leftover, ran, and held nothing once the first's removal
+    went through (a delete on another broker could then run beside it)."""
+    with _namespace_on_a_broker(cluster) as (service, _run, port, ns):
+        url = f"/admin/v2/namespaces/public/{ns}"
+        # a topic in it: each delete refused 409 non-empty, the namespace left for the second to find
+        assert _status(port, "PUT", f"/admin/v2/persistent/public/{ns}/t")[0] == 204
+
+        async def second() -> tuple[int, Any]:
+            return await asyncio.to_thread(_status, port, "DELETE", url)
+
+        with before_first_call(
+            service.meta.store, "adelete", second, when=lambda path, *a, **k: path.startswith("deleting/")
+        ) as outcome:
+            status, body = _status(port, "DELETE", url)
+        assert status == 409 and "is being deleted" not in body["reason"], (status, body)
+        # (before: taken over, it ran and was refused for the topic, its own reason)
+        assert outcome and outcome[0][0] == 409 and "is being deleted" in outcome[0][1]["reason"], outcome
