@@ -1039,8 +1039,13 @@ class AdminApp:
         finally:
             # listed until the znode is gone: a delete here meanwhile, finding it still this session's, took it
             # over as a leftover, and this removal then left that delete running with no znode held
+            # only this session's: with the session lost midway (its ephemeral znode gone with it), another
+            # broker's delete may hold the path now, and an unconditional delete removed its znode
             try:
-                await self.store.adelete(path, missing_ok=True)
+                st = await asyncio.to_thread(self.store.stat, path)
+                if st is not None and st.ephemeral_owner == self.store.session_id:
+                    with contextlib.suppress(zk.MetadataVersionError):
+                        await self.store.adelete(path, st.version, missing_ok=True)
             finally:
                 self._deletes_here.discard(path)
 

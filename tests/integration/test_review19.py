@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import pulsar
 import pytest
@@ -109,3 +110,30 @@ def test_a_namespace_delete_during_the_end_of_another_here_is_409_not_a_take_ove
         assert status == 409 and "is being deleted" not in body["reason"], (status, body)
         # (before: taken over, it ran and was refused for the topic, its own reason)
         assert outcome and outcome[0][0] == 409 and "is being deleted" in outcome[0][1]["reason"], outcome
+
+
+def test_a_namespace_delete_ending_leaves_the_deleting_znode_of_another_session(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The delete's ZooKeeper session is lost midway (its ephemeral deleting/ znode gone with it) and another
+    broker's delete of the namespace makes the znode anew: the first, ending, leaves that znode (it deleted it
+    unconditionally, and a third delete could then run beside the other)."""
+    with _namespace_on_a_broker(cluster) as (service, _run, port, ns):
+        path = f"deleting/{quote(f'namespace/public/{ns}', safe='')}"
+        store = service.meta.store
+        other = zk.MetadataStore.connect(cluster.bookies.zk, root=cluster.bookies.root)
+        try:
+
+            async def session_lost_and_another_delete() -> None:
+                await asyncio.to_thread(store.delete, path)  # (as the session's expiry does)
+                await asyncio.to_thread(other.create, path, {"broker": "another"}, ephemeral=True)
+
+            policies = layout.namespace_policies_path("public", ns)
+            with before_first_call(
+                store, "adelete", session_lost_and_another_delete, when=lambda p, *a, **k: p == policies
+            ) as outcome:
+                status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+            assert outcome == [None] and status == 204, (outcome, status, body)
+            assert other.get(path).value["broker"] == "another", "the other's znode is left"
+        finally:
+            other.close()
