@@ -1041,11 +1041,22 @@ class AdminApp:
             # over as a leftover, and this removal then left that delete running with no znode held
             # only this session's: with the session lost midway (its ephemeral znode gone with it), another
             # broker's delete may hold the path now, and an unconditional delete removed its znode
+            # A failure here (ZooKeeper failing) does not replace the delete's answer: the delete was done (or
+            # refused, 409) and a 5xx made the client's retry meet 404; the znode left, this session's, is taken
+            # over by the next delete here, or goes with the session.
             try:
                 st = await asyncio.to_thread(self.store.stat, path)
                 if st is not None and st.ephemeral_owner == self.store.session_id:
                     with contextlib.suppress(zk.MetadataVersionError):
                         await self.store.adelete(path, st.version, missing_ok=True)
+            except zk.MetadataError as e:
+                log.warning(
+                    "broker=%s %s: its delete's znode %s not removed (%s); a delete run again here takes it over",
+                    self.service.config.id,
+                    label,
+                    path,
+                    e,
+                )
             finally:
                 self._deletes_here.discard(path)
 

@@ -137,3 +137,29 @@ def test_a_namespace_delete_ending_leaves_the_deleting_znode_of_another_session(
             assert other.get(path).value["broker"] == "another", "the other's znode is left"
         finally:
             other.close()
+
+
+def test_a_namespace_delete_whose_znode_removal_fails_answers_its_own_result(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The delete is done (its 204 ready) and ZooKeeper fails the removal of its deleting/ znode: the client
+    gets the 204, not the ZooKeeper error (a 5xx, then a retry's 404 'Namespace does not exist' for a delete
+    that succeeded)."""
+    with _namespace_on_a_broker(cluster) as (service, _run, port, ns):
+        store = service.meta.store
+        real_delete = store.adelete
+        failed: list[str] = []
+
+        async def fails_once(path: str, *args: Any, **kwargs: Any) -> None:
+            if path.startswith("deleting/") and not failed:
+                failed.append(path)
+                raise zk.MetadataConnectionError("connection lost (made by the test)")
+            await real_delete(path, *args, **kwargs)
+
+        store.adelete = fails_once
+        try:
+            status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+        finally:
+            del store.adelete
+        assert failed and status == 204, (failed, status, body)
+        assert _status(port, "GET", f"/admin/v2/namespaces/public/{ns}")[0] == 404
