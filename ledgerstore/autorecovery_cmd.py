@@ -433,11 +433,18 @@ def _decommission(args: argparse.Namespace) -> int:
     from ledger_client import BookKeeper, ClientConfig
     from ledgerstore.bookie_admin import known_bookie_ids
     from zk import BookieRegistry, read_zk_cookie
+    from zk.underreplication import UnderReplicationManager
 
     store = _store(args)
     try:
         running = args.bookie in BookieRegistry(store).all()
-        known = running or read_zk_cookie(store, args.bookie) is not None
+        # still marked decommissioning (one that ended while the bookie ran, which has since been stopped): run
+        # again, it ends at once and its mark goes
+        known = (
+            running
+            or read_zk_cookie(store, args.bookie) is not None
+            or args.bookie in UnderReplicationManager(store).decommissioning()
+        )
     finally:
         store.close()
     if not known:  # a typo: named with the ids there are, as `bookie recover` does
