@@ -3851,6 +3851,12 @@ class BrokerService:
                     elif listed:
                         sub.topic.subscriptions.setdefault(sub.name, sub)
                     return
+                except BaseException:
+                    # any other failure (a bug, a cancellation): the cursor is attached again (ManagedCursor.delete),
+                    # so its subscription is listed again too, not a cursor the topic does not list
+                    if listed and not sub.topic.unloaded:
+                        sub.topic.subscriptions.setdefault(sub.name, sub)
+                    raise
             s.consumers.pop(cmd.consumer_id, None)
             sub.remove_consumer(c)
         s.send(wire.success(cmd.request_id))

@@ -4,6 +4,7 @@ brokers in the test's process)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any
 from urllib.parse import quote
@@ -163,3 +164,33 @@ def test_a_namespace_delete_whose_znode_removal_fails_answers_its_own_result(
             del store.adelete
         assert failed and status == 204, (failed, status, body)
         assert _status(port, "GET", f"/admin/v2/namespaces/public/{ns}")[0] == 404
+
+
+def test_an_unsubscribe_failing_otherwise_lists_its_subscription_again(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The cursor delete fails with another error than ZooKeeper's or the managed ledger's (here a RuntimeError;
+    the connection is closed as for any internal error): the cursor is attached again, and so is its
+    subscription listed again, with its backlog (before: the managed ledger counted a cursor that the topic did
+    not list, and the consumer reconnecting made the subscription anew over it)."""
+    with _serving(cluster) as (service, _run):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            meta = service.meta
+            name = TopicName.parse(f"persistent://public/default/unsubbug-{uuid.uuid4().hex[:8]}")
+            consumer = client.subscribe(str(name), "s")
+            topic = service._served(str(name))
+            sub = topic.subscriptions["s"]
+
+            async def fails(ml_name: str, sub: str) -> None:
+                raise RuntimeError("a bug (made by the test)")
+
+            meta.delete_cursor = fails
+            try:
+                with contextlib.suppress(pulsar.PulsarException):
+                    consumer.unsubscribe()
+            finally:
+                del meta.delete_cursor
+            assert topic.subscriptions.get("s") is sub and topic.ml.cursors["s"] is sub.cursor
+        finally:
+            client.close()
