@@ -3448,6 +3448,12 @@ class BrokerService:
         ):  # while this waited (a liveness check, a schema stored): the client looks it up again
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, f"{topic.name} is not served here now"))
             return
+        if topic.ml.terminated_position is not None:
+            # terminated while this waited (the message_age quota's read of an entry, a schema stored): the
+            # producer was created on a terminated topic, its every send then refused
+            why = f"Topic {topic.name} was already terminated"
+            s.send(wire.error(cmd.request_id, pb.TopicTerminatedError, why))
+            return
         existing = s.producers.get(cmd.producer_id)
         if existing is not None and existing.topic is topic:
             s.send(

@@ -194,3 +194,31 @@ def test_an_unsubscribe_failing_otherwise_lists_its_subscription_again(
             assert topic.subscriptions.get("s") is sub and topic.ml.cursors["s"] is sub.cursor
         finally:
             client.close()
+
+
+def test_a_producer_of_a_topic_terminated_during_its_quota_check_is_refused(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The topic is terminated while a PRODUCER's backlog quota check waits (the message_age quota reads an
+    entry from the bookies): the producer is refused TopicTerminated (before: created on the terminated topic,
+    the terminated check having been made before that wait, and every send of it refused)."""
+    with _serving(cluster) as (service, _run):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            name = TopicName.parse(f"persistent://public/default/termquota-{uuid.uuid4().hex[:8]}")
+            client.create_producer(str(name)).close()
+            topic = service._served(str(name))
+
+            async def terminate() -> Any:
+                return await topic.terminate()
+
+            with (
+                before_first_call(
+                    service, "quota_exceeded", terminate, when=lambda t, *, evict: t is topic and not evict
+                ) as outcome,
+                pytest.raises(pulsar.TopicTerminated),
+            ):
+                client.create_producer(str(name))
+            assert outcome and not isinstance(outcome[0], Exception), outcome
+        finally:
+            client.close()
