@@ -3,8 +3,11 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -12,11 +15,13 @@ import pulsar
 import pytest
 
 import zk
+from ledgerstore.cluster import free_port
 from tests.broker_testing import Brokers, cluster  # noqa: F401
 from tests.integration.test_backlog_age_quota import _namespace, bp  # noqa: F401
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_gone_connection import _serving
 from tests.integration.test_broker_pulsar_client import client
+from tests.integration.test_cluster_cli import _ls
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
 from topic_broker.names import TopicName
 
@@ -121,3 +126,33 @@ def test_a_message_age_quota_looks_at_the_oldest_message_left_once_older_ones_ar
         c.create_producer(topic).send(b"taken")  # before: ProducerBlockedQuotaExceededException
     finally:
         c.close()
+
+
+def test_quorums_out_of_order_or_an_ack_quorum_of_0_are_usage_errors_saying_what_to_give() -> None:
+    """-A 0, and -A over -W within -E, are usage errors in the flags' names before anything is contacted (99dbffe),
+    and an -A larger than -E is named in the hint. Planted with '>= 1' dropped: `-A 0` went to ZooKeeper and the
+    client's 'INCORRECT_PARAMETER … Qa=0' (exit 1); planted with -W alone compared with -E: no hint for -A."""
+
+    def write(*quorums: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "ledgerstore.cli", "ledger", "write", "-n", "1", "--zk", "127.0.0.1:1"]
+        return subprocess.run([*cmd, *quorums], capture_output=True, text=True, timeout=60)
+
+    r = write("-E", "2", "-W", "2", "-A", "0")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.splitlines()[0] == (
+        "ledgerstore: -E 2 -W 2 -A 0: need -E >= -W >= -A >= 1 (-W and -A default to 2)"
+    ), r.stderr
+    r = write("-E", "2", "-W", "2", "-A", "3")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.splitlines()[0].endswith(": with -E 2 give -W and -A at most 2"), r.stderr
+
+
+def test_cluster_up_with_zk_and_zk_port_given_with_an_equals_sign_is_refused(tmp_path: Path) -> None:
+    """`cluster up --zk HOST:PORT --zk-port=N` (the flag's value after '=') is refused as `--zk-port N` is: --zk
+    names a ZooKeeper already running and --zk-port another to start. Planted with only the spaced form
+    recognised: the --zk-port= given was silently ignored."""
+    nobody = str(free_port())
+    r = _ls("cluster", "up", "--state-dir", str(tmp_path / "c"), "--zk", f"127.0.0.1:{nobody}", "--zk-port=1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"--zk 127.0.0.1:{nobody} names a ZooKeeper already running (none is started)" in r.stderr
+    assert not (tmp_path / "c" / "cluster.json").exists()
