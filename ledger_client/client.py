@@ -69,6 +69,9 @@ class ClientConfig:
     # A bookie a read timed out on is asked last by this client's reads for this long (BookKeeper's bookie
     # failure history): a hung replica costs one read_timeout_s, not one per read.
     read_failure_history_s: float = 60.0
+    # A read a bookie has not answered for this long is sent to the next replica of its entries too, and the
+    # first to deliver wins (BookKeeper's speculativeReadTimeout); 0 disables. docs/client.md, "Reading"
+    speculative_read_timeout_s: float = 2.0
     zk_session_timeout_s: float = 10.0
     # A writer sends its LAC explicitly (WRITE_LAC) this often while it has advanced, so tailing readers see
     # the latest entries without waiting for the next add to piggyback it (0 disables).
@@ -175,6 +178,8 @@ class BookKeeper:
         #: bookie -> when (time.monotonic) a read from it last timed out; reads ask it last for
         #: ``read_failure_history_s`` (``slow_read_bookies``), and an answer from it forgets it
         self.read_timed_out: dict[str, float] = {}
+        #: how many speculative reads this client sent (``speculative_read_timeout_s``)
+        self.speculative_reads = 0
         self._rng = random.Random()
         self._handles: set[LedgerHandle] = set()
         self._closed = False
@@ -861,32 +866,77 @@ class LedgerHandle(WriterSendPath):
         return self.last_add_confirmed
 
     async def wait_for_lac(self, previous_lac: int, timeout_s: float) -> int:
-        """Long-poll: wait until some bookie of the last ensemble reports a LAC above ``previous_lac``."""
+        """Long-poll: wait until some bookie of the last ensemble reports a LAC above ``previous_lac``.
+
+        The bookies are asked one at a time in random order, those a read timed out on lately last (the
+        failure history). One that has not answered ``speculative_read_timeout_s`` after its long poll should
+        have ended is hung or stalled: the next one is asked for its LAC at once (no long poll) beside it, the
+        first answer wins, and the silent one is asked last by later reads."""
         md = self.metadata
         bookies = list(md.last_ensemble.bookies)
         random.shuffle(bookies)
-        for bookie in bookies:
-            try:
-                resp = await self.bk._ask(
-                    bookie,
-                    lambda rid: p.ReadEntryRequest(
-                        request_id=rid,
-                        ledger_id=self.ledger_id,
-                        entry_id=p.LAST_ENTRY,
-                        master_key=self._key,
-                        flags=p.Flag.LONG_POLL,
-                        previous_lac=previous_lac,
-                        timeout_ms=int(timeout_s * 1000),
-                    ),
-                    timeout_s + self.bk.config.read_timeout_s,
+        slow = self.bk.slow_read_bookies()
+        if slow:
+            bookies.sort(key=lambda b: b in slow)
+        cfg = self.bk.config
+        spec = cfg.speculative_read_timeout_s
+        speculate = 0 < spec < cfg.read_timeout_s
+        waiting: dict[asyncio.Task[p.Response], tuple[str, bool]] = {}  # -> (bookie, long poll), as asked
+        left = iter(bookies)
+
+        def ask(long_poll: bool) -> bool:
+            bookie = next(left, None)
+            if bookie is None:
+                return False
+            req = functools.partial(
+                p.ReadEntryRequest,
+                ledger_id=self.ledger_id,
+                entry_id=p.LAST_ENTRY,
+                master_key=self._key,
+                flags=p.Flag.LONG_POLL if long_poll else 0,
+                previous_lac=previous_lac if long_poll else -1,
+                timeout_ms=int(timeout_s * 1000) if long_poll else 0,
+            )
+            wait = timeout_s + cfg.read_timeout_s if long_poll else cfg.read_timeout_s
+            task = self._loop.create_task(self.bk._ask(bookie, lambda rid: req(request_id=rid), wait))
+            waiting[task] = (bookie, long_poll)
+            return True
+
+        ask(True)
+        try:
+            while waiting:
+                newest_polls = list(waiting.values())[-1][1]
+                done, _ = await asyncio.wait(
+                    waiting,
+                    timeout=(timeout_s if newest_polls else 0) + spec if speculate else None,
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
-            except E.LedgerError:
-                continue
-            assert isinstance(resp, p.ReadEntryResponse)
-            if resp.status in (p.Status.OK, p.Status.NO_ENTRY):
-                if self._pipe is None:
-                    self._lac = max(self._lac, resp.lac)
-                return self.last_add_confirmed
+                if not done:  # a speculative read: the silent one stays asked
+                    if not ask(False):
+                        speculate = False
+                    continue
+                asked = list(waiting)
+                for task in done:
+                    bookie, _ = waiting.pop(task)
+                    try:
+                        resp = task.result()
+                    except E.LedgerError:
+                        continue
+                    assert isinstance(resp, p.ReadEntryResponse)
+                    if resp.status not in (p.Status.OK, p.Status.NO_ENTRY):
+                        continue
+                    for t in asked[: asked.index(task)]:  # asked before it and still silent: slow
+                        if t in waiting:
+                            self.bk.read_timed_out[waiting[t][0]] = time.monotonic()
+                    self.bk.read_timed_out.pop(bookie, None)
+                    if self._pipe is None:
+                        self._lac = max(self._lac, resp.lac)
+                    return self.last_add_confirmed
+                if not waiting:
+                    ask(True)
+        finally:
+            for task in waiting:
+                task.cancel()
         return self.last_add_confirmed
 
     async def tail(self, start: int = 0, poll_timeout_s: float = 2.0) -> AsyncIterator[LedgerEntry]:

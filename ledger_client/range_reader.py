@@ -7,6 +7,7 @@ lies in the received bytes and files the payloads as ready runs for ``LedgerHand
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -71,6 +72,14 @@ class BatchReader:
         self.wake = asyncio.Event()
         # batch -> (connection, request id, its timeout) while it waits for an answer
         self._waiting: dict[Batch, tuple[ReadConnection | None, int, asyncio.TimerHandle | None]] = {}
+        # speculative reads (``speculative_read_timeout_s``, 0: none): batch -> (its timer, how many answers its
+        # bookie had given this read when it was armed); a batch and its speculative copies -> their one list,
+        # in the order they were sent; answers per bookie in this read
+        spec = cfg.speculative_read_timeout_s  # (one not below the read timeout would come after it: none)
+        self.speculative_timeout_s = spec if 0 < spec < cfg.read_timeout_s else 0.0
+        self._spec: dict[Batch, tuple[asyncio.TimerHandle, int]] = {}
+        self._groups: dict[Batch, list[Batch]] = {}
+        self._heard: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -91,7 +100,9 @@ class BatchReader:
     def _send(self, b: Batch, conn: ReadConnection | None = None) -> None:
         if self._closed:
             return
-        conn = conn or self.lh.bk.read_pool.get_nowait(b.bookie)
+        if conn is None:  # (not the second call of a connection just opened)
+            self._arm(b)
+            conn = self.lh.bk.read_pool.get_nowait(b.bookie)
         self._waiting[b] = (conn, 0, None)
         if conn is None:
             task = asyncio.ensure_future(self._connect_and_send(b))
@@ -130,10 +141,66 @@ class BatchReader:
         conn, rid, _ = self._waiting.get(b, (None, 0, None))
         if conn is not None:
             conn.forget(rid)
-        self.lh.bk.read_timed_out[b.bookie] = time.monotonic()
+        self._slow(b.bookie)
         self._answer(b, 0, Outcome.FAILED, "TIMEOUT")
 
+    def _slow(self, bookie: str) -> None:
+        """A read from ``bookie`` timed out or lost to a speculative one: the client's reads ask it last for
+        ``read_failure_history_s``, this one's later batches too."""
+        self.lh.bk.read_timed_out[bookie] = time.monotonic()
+        self.planner.mark_slow(bookie)
+
+    # -- speculative reads ---------------------------------------------------------------------------------
+    def _arm(self, b: Batch) -> None:
+        if self.speculative_timeout_s > 0:
+            timer = self.lh._loop.call_later(self.speculative_timeout_s, self._on_speculate, b)
+            self._spec[b] = (timer, self._heard[b.bookie])
+
+    def _disarm(self, b: Batch) -> None:
+        armed = self._spec.pop(b, None)
+        if armed is not None:
+            armed[0].cancel()
+
+    def _on_speculate(self, b: Batch) -> None:
+        armed = self._spec.pop(b, None)
+        if armed is None or b not in self._waiting or self._closed:
+            return
+        group = self._groups.get(b)
+        if group is not None and group[-1] is not b:
+            return  # (the newest request of the batch speculates on)
+        answered_since = self._heard[b.bookie] != armed[1]
+        nb = self.planner.speculate(b, answered_since)
+        if nb is None:
+            if answered_since:  # busy, not hung: look again after another speculative timeout
+                self._arm(b)
+            return
+        if group is None:
+            group = self._groups[b] = [b]
+        group.append(nb)
+        self._groups[nb] = group
+        self.lh.bk.speculative_reads += 1
+        log.debug(
+            "ledger=%d: no answer from %s for entries %d..%d in %.1f s: asking %s too",
+            self.lh.ledger_id,
+            b.bookie,
+            b.first,
+            b.last,
+            self.speculative_timeout_s,
+            nb.bookie,
+        )
+        self._send(nb)
+
+    def _drop(self, b: Batch) -> None:
+        """Give up waiting for ``b`` (a speculative rival settled its entries): its answer is never used."""
+        conn, rid, timer = self._waiting.pop(b)
+        if conn is not None:
+            conn.forget(rid)
+        if timer is not None:
+            timer.cancel()
+        self._disarm(b)
+
     def _on_reply(self, b: Batch, resp: p.ReadRangeSpans | None, exc: BaseException | None) -> None:
+        self._heard[b.bookie] += 1
         if b not in self._waiting:  # timed out before (or closed)
             return
         if exc is not None or resp is None:
@@ -172,6 +239,26 @@ class BatchReader:
             return
         if waiting[2] is not None:
             waiting[2].cancel()
+        self._disarm(b)
+        group = self._groups.pop(b, None)
+        if group is not None:
+            rivals = [r for r in group if r is not b and r in self._waiting]
+            if rivals and delivered == 0:  # nothing from b while the same entries are still asked elsewhere
+                self.planner.on_rival_failed(b, rivals, outcome or Outcome.FAILED, why)
+                group.remove(b)
+                return
+            # b settles the batch (the first to deliver, or the last one asked): the others are dropped, so no
+            # entry is handed out twice; a bookie asked before b and still silent is slow
+            asked_before = True
+            for r in group:
+                if r is b:
+                    asked_before = False
+                    continue
+                self._groups.pop(r, None)
+                if r in self._waiting:
+                    self._drop(r)
+                    if asked_before:
+                        self._slow(r.bookie)
         settled = self.planner.on_answer(b, delivered, outcome, why)
         if settled.unreadable is not None:
             self.unreadable[settled.unreadable.entry_id] = settled.unreadable
@@ -197,6 +284,9 @@ class BatchReader:
                 conn.forget(rid)
             if timer is not None:
                 timer.cancel()
+        spec, self._spec = self._spec, {}
+        for timer, _ in spec.values():
+            timer.cancel()
         _discard(list(self._tasks))
 
 

@@ -52,7 +52,8 @@ class Batch:
     segment: Segment
     index: int
     step: int = 1
-    # bookie indices that already failed entry ``first`` (and how many of them said it does not exist), with why
+    # bookie indices that already failed entry ``first`` (and how many of them said it does not exist), with why;
+    # for a speculative batch also the replicas still being asked beside it (``ReadPlanner.speculate``)
     tried: frozenset[int] = frozenset()
     missing: int = 0
     errors: tuple[str, ...] = ()
@@ -204,6 +205,54 @@ class ReadPlanner:
                 return res
         res.unreadable = Unreadable(lo, missing == len(replicas), errors)
         return res
+
+    # -- speculative reads (BookKeeper's speculativeReadTimeout) ------------------------------------------
+    def speculate(self, batch: Batch, answered_since: bool) -> Batch | None:
+        """``batch`` has had no answer for the speculative timeout: the same request to the next replica of its
+        entries not yet asked (those in ``last_resort`` last), to go out *beside* it; the first of them to
+        deliver wins (``on_answer`` with it) and the others are dropped. None when its bookie answered other
+        requests of this read since it was sent (busy, not hung: BookKeeper speculates only when it heard
+        from none of the bookies asked) or when every replica was asked already. A speculative batch does not
+        count in ``in_flight``: the request it stands beside is already counted."""
+        if answered_since:
+            return None
+        asked = batch.tried | {batch.index}
+        replicas = self._replicas(batch.first)
+        if self.last_resort:  # (stable: the usual order otherwise)
+            replicas.sort(key=lambda i: batch.segment.bookies[i] in self.last_resort)
+        for index in replicas:
+            if index not in asked:
+                return Batch(
+                    batch.first,
+                    batch.last,
+                    batch.segment,
+                    index,
+                    batch.step,
+                    tried=asked,
+                    missing=batch.missing,
+                    errors=batch.errors,
+                )
+        return None
+
+    def mark_slow(self, bookie: str) -> None:
+        """``bookie`` timed out or lost to a speculative read: this read's later batches and failovers ask it
+        last too (``last_resort``)."""
+        if bookie not in self.last_resort:
+            self.last_resort = self.last_resort | {bookie}
+
+    @staticmethod
+    def on_rival_failed(failed: Batch, rivals: Sequence[Batch], outcome: Outcome, why: str = "") -> None:
+        """``failed`` brought nothing (``outcome``) while ``rivals`` (the same entries asked of other
+        replicas, speculatively) are still out: no failover yet, the failure is counted on each rival (its
+        bookie tried, a "no such entry" counted once), so whichever is answered last fails over (``on_answer``)
+        from every replica asked."""
+        if outcome is Outcome.SHORT:
+            outcome = Outcome.FAILED
+        note = f"{failed.bookie}: {why or outcome.value}"
+        for r in rivals:
+            r.missing += outcome is Outcome.MISSING
+            r.tried = r.tried | {failed.index}
+            r.errors = (*r.errors, note)
 
     def _retry(self, b: Batch) -> Batch:
         self.in_flight += 1

@@ -734,3 +734,96 @@ def test_a_replica_whose_read_timed_out_is_asked_last_by_the_next_reads(bookies)
         await bk.close()
 
     asyncio.run(go())
+
+
+def test_a_read_a_hung_replica_does_not_answer_goes_to_another_after_the_speculative_timeout(bookies) -> None:
+    """A read the hung replica (SIGSTOP) was asked for is sent to the next replica after
+    ``speculative_read_timeout_s``, not after ``read_timeout_s`` (here 120 s, so without it the read could not
+    finish within the test's bound); the hung bookie is then asked last. A whole read with a replica that
+    answers late (stopped, then resumed while its copies and their speculative ones are out) hands out every
+    entry once, in order."""
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*[await lh.append_future(payload(i)) for i in range(40)])
+        await lh.close()
+        # a fresh reader's first batch goes to bookie 1 of the ensemble (Qw == E: batches in turn from 1)
+        hung = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[1])
+        reader = await _bk(
+            bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5, read_batch_entries=4
+        )
+        asked: list[str] = []
+        get = reader.read_pool.get_nowait
+        reader.read_pool.get_nowait = lambda b: asked.append(b) or get(b)  # type: ignore[method-assign]
+        hung.pause()
+        try:
+            rh = await reader.open_ledger(lh.ledger_id, password=PW)
+            e = await asyncio.wait_for(rh.read_entry(5), 60)
+            assert e.data == payload(5)
+            order = list(dict.fromkeys(asked))  # (a connection being opened asks the pool twice)
+            assert len(order) == 2 and order[0] == hung.id, asked
+            assert reader.speculative_reads == 1 and hung.id in reader.read_timed_out
+            asked.clear()
+            assert [x.data async for x in rh.read(0, 39)] == [payload(i) for i in range(40)]
+            assert hung.id not in asked, asked  # asked last: another replica holds every entry
+
+            late = await _bk(
+                bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5, read_batch_entries=4
+            )
+            rh = await late.open_ledger(lh.ledger_id, password=PW)
+            task = asyncio.ensure_future(_read_all(rh, 0, 39))
+            await asyncio.sleep(1.0)  # its batches on the hung bookie got speculative copies
+            hung.resume()
+            got = await asyncio.wait_for(task, 60)
+            assert got == [(i, payload(i)) for i in range(40)]
+            assert late.speculative_reads >= 1
+            await late.close()
+        finally:
+            hung.resume()
+        await reader.close()
+        await bk.close()
+
+    asyncio.run(go())
+
+
+async def _read_all(rh, first: int, last: int) -> list[tuple[int, bytes]]:
+    return [(e.entry_id, e.data) async for e in rh.read(first, last)]
+
+
+def test_a_long_poll_for_the_lac_a_hung_bookie_does_not_answer_asks_another_after_the_speculative_timeout(
+    bookies,
+) -> None:
+    """``wait_for_lac`` (``tail``'s long poll) asks one bookie at a time: a hung one (SIGSTOP) cost its long
+    poll plus ``read_timeout_s`` (here 120 s) before the next was asked. Now the next one is asked for the LAC
+    ``speculative_read_timeout_s`` after the long poll should have ended, and the hung one is asked last."""
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*[await lh.append_future(payload(i)) for i in range(20)])
+        ensemble = lh.metadata.last_ensemble.bookies
+        hung = next(bp for bp in procs if bp.id == ensemble[0])
+        reader = await _bk(bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5)
+        rh = await reader.open_ledger(lh.ledger_id, password=PW, recovery=False)
+        hung.pause()
+        try:
+            for b in ensemble[
+                1:
+            ]:  # (the failure history puts the live ones last: the hung one is asked first)
+                reader.read_timed_out[b] = time.monotonic()
+            lac = await asyncio.wait_for(rh.wait_for_lac(-1, 1.0), 60)
+            assert lac == 19
+            assert hung.id in reader.read_timed_out
+            assert len([b for b in ensemble[1:] if b in reader.read_timed_out]) == 1  # the one that answered
+            # the next long poll asks the hung bookie last: a live one answers at its long poll's end
+            assert await asyncio.wait_for(rh.wait_for_lac(19, 0.5), 60) == 19
+        finally:
+            hung.resume()
+        await reader.close()
+        await lh.close()
+        await bk.close()
+
+    asyncio.run(go())

@@ -285,3 +285,65 @@ def test_a_last_resort_bookie_gets_no_batch_and_is_the_last_failover(E: int, Qw:
             b = retries[0]
             order.append(b.bookie)
         assert len(order) == Qw and (slow not in order or order[-1] == slow), order
+
+
+# -- speculative reads -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("E,Qw", [(3, 2), (3, 3), (5, 3)])
+def test_a_silent_batch_is_asked_of_each_other_replica_once_in_turn(E: int, Qw: int) -> None:
+    """An unanswered batch's speculative copies go to the other replicas of its entries, each once, slow ones
+    last, none while its bookie answered other requests meanwhile, and they add nothing to ``in_flight``."""
+    bookies = tuple(f"b{i}" for i in range(E))
+    pl = ReadPlanner(0, 99, [(0, bookies)], ensemble_size=E, write_quorum=Qw, batch_entries=7, window=4)
+    b = pl.next_batches()[0]
+    in_flight = pl.in_flight
+    assert pl.speculate(b, answered_since=True) is None  # busy, not hung
+    asked = [b.index]
+    s = b
+    while (nxt := pl.speculate(s, answered_since=False)) is not None:
+        assert (nxt.first, nxt.last, nxt.step) == (b.first, b.last, b.step) and nxt.index not in asked
+        assert all(pl.holds(nxt.index, e) for e in range(b.first, b.last + 1, b.step))
+        asked.append(nxt.index)
+        s = nxt
+    assert sorted(asked) == sorted(pl._replicas(b.first)) and pl.in_flight == in_flight
+    # with a slow replica among the others, it is asked last
+    slow = next(bookies[i] for i in pl._replicas(b.first) if i != b.index)
+    pl.mark_slow(slow)
+    order, s = [], b
+    while (nxt := pl.speculate(s, answered_since=False)) is not None:
+        order.append(nxt.bookie)
+        s = nxt
+    assert order[-1] == slow
+
+
+def test_the_first_copy_to_deliver_settles_the_batch_once() -> None:
+    """Batch and speculative copy both out: the copy delivers everything, which settles the batch (no retry,
+    ``in_flight`` back to what it was before the batch)."""
+    pl = planner(0, 9, E=3, Qw=3, n=10, w=1)
+    (b,) = pl.next_batches()
+    copy = pl.speculate(b, answered_since=False)
+    assert copy is not None and copy.bookie != b.bookie
+    res = pl.on_answer(copy, copy.count, None)
+    assert not res.retries and res.unreadable is None and pl.in_flight == 0
+
+
+@pytest.mark.parametrize("outcome", [Outcome.MISSING, Outcome.FAILED, Outcome.SHORT])
+def test_a_copy_failing_beside_its_rival_is_counted_where_the_last_one_fails_over(outcome: Outcome) -> None:
+    """The hung bookie's copy is still out when the speculative one says "no such entry" (or fails): no
+    failover yet; once the hung one fails too, failover goes to the third replica, and when that one misses
+    the entry as well, the entry is missing on every replica (``NoSuchEntryError``, the end of an unconfirmed
+    read), not unreadable."""
+    pl = planner(0, 9, E=3, Qw=3, n=10, w=1)
+    (b,) = pl.next_batches()
+    copy = pl.speculate(b, answered_since=False)
+    assert copy is not None
+    pl.on_rival_failed(copy, [b], outcome, "NO_ENTRY")
+    assert copy.index in b.tried and b.missing == (outcome is Outcome.MISSING)
+    res = pl.on_answer(b, 0, Outcome.MISSING, "NO_ENTRY")  # (the hung bookie woke up)
+    (third,) = res.retries
+    assert third.index not in (b.index, copy.index)
+    res = pl.on_answer(third, 0, Outcome.MISSING, "NO_ENTRY")
+    assert res.unreadable is not None and not res.retries
+    assert res.unreadable.missing is (outcome is Outcome.MISSING)
+    assert len(res.unreadable.errors) == 3
