@@ -762,9 +762,11 @@ def test_a_read_a_hung_replica_does_not_answer_goes_to_another_after_the_specula
             rh = await reader.open_ledger(lh.ledger_id, password=PW)
             e = await asyncio.wait_for(rh.read_entry(5), 60)
             assert e.data == payload(5)
-            order = list(dict.fromkeys(asked))  # (a connection being opened asks the pool twice)
-            assert len(order) == 2 and order[0] == hung.id, asked
-            assert reader.speculative_reads == 1 and hung.id in reader.read_timed_out
+            # the hung bookie first, then another replica (a third too if the second was slow to answer on a
+            # busy machine), the hung one once (a connection being opened asks the pool twice)
+            order = list(dict.fromkeys(asked))
+            assert len(order) >= 2 and order[0] == hung.id, asked
+            assert reader.speculative_reads == len(order) - 1 and hung.id in reader.read_timed_out
             asked.clear()
             assert [x.data async for x in rh.read(0, 39)] == [payload(i) for i in range(40)]
             assert hung.id not in asked, asked  # asked last: another replica holds every entry
