@@ -1513,6 +1513,7 @@ class Topic:
         "persisted_sequence",
         "producer_names",
         "producers",
+        "age_exceeded",
         "age_probe",
         "age_quota",
         "quota",
@@ -1551,6 +1552,9 @@ class Topic:
         self.age_quota: BacklogQuota | None = None  # the message_age quota in force (its ``limit_time``)
         #: the first entry after the slowest mark-delete and its publish time (ms), read once per position
         self.age_probe: tuple[Position, int] | None = None
+        #: the message_age quota's last reading found it exceeded (a producer policy): what stands while the
+        #: entry cannot be read, not ``quota_exceeded``, which the size quota may have set
+        self.age_exceeded = False
         self.quota_exceeded = False  # a producer policy's limit is exceeded: producers closed and refused
         self.msg_in = 0
         self.bytes_in = 0
@@ -2890,6 +2894,7 @@ class BrokerService:
                     await topic.evict_backlog(q.limit_size)
         age = topic.age_quota
         if age is None or age.limit_time <= 0:
+            topic.age_exceeded = False
             return None
         try:
             published = await topic.oldest_unacked_publish_ms()
@@ -2898,10 +2903,15 @@ class BrokerService:
             # to the topic's other housekeeping
             if evict:
                 topic.tick_failures.warning("topic=%s message_age quota not checked: %s", topic.name, e)
-            if not topic.quota_exceeded or age.policy == "consumer_backlog_eviction":
+            if not topic.age_exceeded or age.policy == "consumer_backlog_eviction":
                 return None
             return age.policy, f"its message_age quota of {age.limit_time} s is exceeded ({age.policy}; {e})"
         now_ms = int(time.time() * 1000)
+        topic.age_exceeded = (
+            published is not None
+            and now_ms - published > age.limit_time * 1000
+            and age.policy != "consumer_backlog_eviction"
+        )
         if published is None or now_ms - published <= age.limit_time * 1000:
             return None
         if age.policy != "consumer_backlog_eviction":

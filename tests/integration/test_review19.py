@@ -222,3 +222,33 @@ def test_a_producer_of_a_topic_terminated_during_its_quota_check_is_refused(
             assert outcome and not isinstance(outcome[0], Exception), outcome
         finally:
             client.close()
+
+
+def test_an_unreadable_age_probe_keeps_the_age_quota_decision_not_the_size_quotas(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The size quota marked the topic over its quota and fits again; the message_age quota's entry cannot be
+    read (its bookies away): the age quota was never found exceeded, so nothing is exceeded (before: the size
+    quota's mark stood for the age quota, refusing producers with 'its message_age quota of 1 s is exceeded')."""
+    from topic_broker.managed_ledger import ManagedLedgerError
+    from zk.managed_ledgers import BacklogQuota
+
+    with _serving(cluster) as (service, run):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            name = TopicName.parse(f"persistent://public/default/ageprobe-{uuid.uuid4().hex[:8]}")
+            client.create_producer(str(name)).send(b"m")
+            topic = service._served(str(name))
+
+            async def unreadable() -> int | None:
+                raise ManagedLedgerError("entry unreadable: its bookies are away (made by the test)")
+
+            topic.age_quota = BacklogQuota(limit_time=1, policy="producer_request_hold")
+            topic.quota_exceeded = True  # (the size quota's mark, its backlog acknowledged since)
+            topic.oldest_unacked_publish_ms = unreadable
+            try:
+                assert run(service.quota_exceeded(topic, evict=False)) is None
+            finally:
+                del topic.oldest_unacked_publish_ms
+        finally:
+            client.close()
