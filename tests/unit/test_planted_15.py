@@ -95,3 +95,17 @@ def test_get_schema_requests_are_begun_a_few_at_a_time_as_topic_lists_are() -> N
         protocol.connection_lost(None)
 
     asyncio.run(main())
+
+
+def test_a_read_errors_bookies_tried_are_those_holding_the_entries_read() -> None:
+    """spark.planning.bookies_tried (b6b8885): of a ledger whose ensemble changed at entry 10 (A, B, C then A, B,
+    D), a read from entry 12 names A, B and D, the one not registered marked; a read from 0 names all four.
+    Planted with every ensemble's bookies named whatever the entries read: C, which holds none of entries 12 on,
+    was named (and counted 'not registered') for the operator to start."""
+    from spark.planning import bookies_tried
+
+    ensembles = [(0, ["A", "B", "C"]), (10, ["A", "B", "D"])]
+    assert bookies_tried(ensembles, 12, {"A", "B"}) == (
+        "bookies tried: A, B, D (not registered); 1 of 3 not registered: start them, or wait for AutoRecovery"
+    )
+    assert bookies_tried(ensembles, 0, None) == "bookies tried: A, B, C, D"
