@@ -154,6 +154,13 @@ async def serve(
         log.error("broker=%s refusing to start: %s", config.id, e)
         await service.stop()
         return 1
+    except BaseException as e:
+        # anything else, after its registration too (the bookies' watch failing on ZooKeeper): left, brokers/<id>
+        # stayed until the session timed out, which a restart under this id then waited out
+        log.error("broker=%s failed to start: %r; unregistering and stopping", config.id, e)
+        with contextlib.suppress(Exception):
+            await service.stop()
+        raise
     server = BrokerServer(service)
     admin = AdminServer(service)  # /admin/v2, /lookup/v2, /metrics, /health on the HTTP port
     try:

@@ -172,3 +172,35 @@ def test_a_zookeeper_error_while_registering_again_is_retried_not_a_shutdown(
             service._loop.call_soon_threadsafe(stop.set)  # type: ignore[union-attr]
             thread.join(30)
     assert rc == [0]
+
+
+def test_a_start_failing_after_registration_unregisters_the_broker(
+    bookies: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """service.start() fails after brokers/<id> was written (the watch of the bookies meets a ZooKeeper error):
+    serve() fails, and the registration is gone at once, not when the session times out (30 s here)."""
+    from topic_broker.bookie_supply import BookieSupply
+
+    bookies.start()
+
+    async def watch_fails(self: Any, registry: Any) -> None:
+        raise zk.MetadataConnectionError("connection lost (made by the test)")
+
+    monkeypatch.setattr(BookieSupply, "watch", watch_fails)
+    config = BrokerConfig(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=free_port(),
+        http_port=free_port(),
+        listen_address="127.0.0.1",
+        broker_id="start-watch-fails",
+        zk_session_timeout_s=30.0,
+    )
+    with pytest.raises(zk.MetadataConnectionError):
+        asyncio.run(broker_main.serve(config, asyncio.Event()))
+    store = zk.MetadataStore.connect(bookies.zk, root=bookies.root)
+    try:
+        with pytest.raises(MetadataNotFoundError):
+            store.get(layout.broker_path("start-watch-fails"))
+    finally:
+        store.close()
