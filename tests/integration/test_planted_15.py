@@ -3,6 +3,7 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -168,3 +169,33 @@ def test_recover_of_a_stopped_bookie_with_no_ledgers_is_not_taken_for_a_typo(boo
     stopped.stop()
     r = _cli(bookies, "bookie", "recover", stopped.id, "--password", PW.decode())
     assert r.returncode == 0 and "0 ledgers re-replicated" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_bookie_asked_last_for_a_timed_out_read_is_forgotten_once_it_answers_a_read(bookies: Any) -> None:
+    """A bookie in the client's read failure history (151b5c1) is asked last for read_failure_history_s, or until
+    it answers a read again. Two of a 3/2/2 ledger's bookies marked so: the entries those two alone hold are read
+    from one of them, which answers and is forgotten (the other, asked for nothing, stays). Planted with the
+    answer not forgetting it: a bookie back from a stall stayed last for the whole minute, every read's batches
+    on the one other bookie."""
+    from tests.faults.test_core_adversary import PW, _bk, payload
+
+    bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 2, 2, password=PW)
+        await asyncio.gather(*[await lh.append_future(payload(i)) for i in range(30)])
+        await lh.close()
+        reader = await _bk(bookies, read_batch_entries=5)
+        try:
+            marked = list(lh.metadata.last_ensemble.bookies[:2])
+            for b in marked:
+                reader.read_timed_out[b] = time.monotonic()
+            rh = await reader.open_ledger(lh.ledger_id, password=PW)
+            assert [e.data async for e in rh.read(0, 29)] == [payload(i) for i in range(30)]
+            assert len([b for b in marked if b in reader.read_timed_out]) == 1, reader.read_timed_out
+        finally:
+            await reader.close()
+            await bk.close()
+
+    asyncio.run(go())
