@@ -2592,6 +2592,12 @@ class BrokerService:
         if self.meta is not None and not zk_away:
             with contextlib.suppress(Exception):
                 await self.meta.unregister_broker(self.config.id)
+        closing = [t for t in self._closing.values() if not t.done()]
+        if closing and not zk_away:
+            # closes under way (topics lost or unloaded just before: a failed re-registration drops them all)
+            # end before the client closes under them: their ledgers closed, their cursors flushed, not cut short
+            # to be recovered, their last acknowledgements delivered again
+            await asyncio.wait(closing, timeout=CLOSE_WAIT_S)
         if self.bk is not None:
             with contextlib.suppress(Exception):
                 await self.bk.close()

@@ -252,3 +252,52 @@ def test_an_unreadable_age_probe_keeps_the_age_quota_decision_not_the_size_quota
                 del topic.oldest_unacked_publish_ms
         finally:
             client.close()
+
+
+def test_a_stop_lets_the_closes_under_way_end_before_the_client_closes(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """A topic let go just before the stop (as a failed re-registration lets every topic go, its close spawned):
+    the stop waits for that close before it closes the ledger client, so its ledger is closed and its cursors
+    flushed (before: the client was closed under the close under way, which was cut short)."""
+    from tests.broker_testing import in_process_broker
+
+    with in_process_broker(cluster, tick_interval_s=3600.0) as (service, run):
+        name = TopicName.parse(f"persistent://public/default/stopclose-{uuid.uuid4().hex[:8]}")
+        topic = run(service.get_topic(name))
+        gate = run(_event())
+        seen: list[bool] = []
+        real_unregister, real_bk_close = service.meta.unregister_broker, service.bk.close
+
+        async def unregister(broker_id: str) -> None:
+            await real_unregister(broker_id)
+            gate.set()  # the close goes on from here; the stop, as it was, went straight to the client's close
+
+        async def bk_close() -> None:
+            task = service._closing.get(str(name))
+            seen.append(task is None or (task.done() and task.exception() is None))
+            await real_bk_close()
+
+        async def wait_gate() -> None:
+            await gate.wait()
+
+        service.meta.unregister_broker = unregister
+        service.bk.close = bk_close
+        with before_first_call(topic.ml, "close", wait_gate):
+
+            async def lose() -> None:
+                service.topic_lost(topic, "broker registration lost (made by the test)")
+
+            run(lose())
+            assert str(name) in service._closing
+            run(service.stop())
+        assert seen == [True], "the topic's close had ended before the ledger client's"
+        service.stop = _nothing  # (stopped already)
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+async def _nothing() -> None:
+    return None
