@@ -940,6 +940,10 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
     ar = st.get("autorecovery")
     ar_row = {**ar, "alive": _pid_alive(ar["pid"])} if ar else None
     zk_problem = _zk_unreachable(st, state_dir)
+    if zk_problem is None and not all(r["alive"] for r in rows):
+        retired = _decommissioned(st, [r["id"] for r in rows if not r["alive"]])
+        for r in rows:
+            r["decommissioned"] = r["id"] in retired
     emit(
         args,
         lambda: (
@@ -947,6 +951,7 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
             + (f" UNREACHABLE: {zk_problem}\n" if zk_problem else "\n")
             + "\n".join(
                 f"  bookie {r['id']:<22} pid {r['pid']:<7} {'up' if r['alive'] else 'DOWN'}"
+                + (" (decommissioned: its data moved, cookie deleted)" if r.get("decommissioned") else "")
                 + _bookie_health(r["alive"], r["health"])
                 for r in rows
             )
@@ -974,7 +979,22 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
     )
     if zk_problem:
         return EXIT_UNAVAILABLE
-    return 0 if all(r["alive"] for r in [*rows, *broker_rows, *([ar_row] if ar_row else [])]) else 1
+    pieces = [*rows, *broker_rows, *([ar_row] if ar_row else [])]
+    return 0 if all(r["alive"] or r.get("decommissioned") for r in pieces) else 1
+
+
+def _decommissioned(st: dict[str, Any], bookies: list[str]) -> set[str]:
+    """The bookies of ``bookies`` that were decommissioned (a ``bookies/decommissioning`` mark and no cookie: their
+    data moved off), so that their being down is no fault; none when ZooKeeper cannot tell."""
+    from zk import MetadataError, MetadataStore, read_zk_cookie
+    from zk.underreplication import DECOMMISSIONING
+
+    try:
+        with MetadataStore.connect(st["zk"], st.get("zk_root", "/ledgerstore"), timeout_s=3.0) as store:
+            marked = set(store.children_many([DECOMMISSIONING])[DECOMMISSIONING] or ())
+            return {b for b in bookies if b in marked and read_zk_cookie(store, b) is None}
+    except MetadataError:
+        return set()
 
 
 @dataclass

@@ -86,3 +86,33 @@ def test_a_bookies_journal_moved_to_its_own_disk_is_recorded_by_updatecookie(boo
     r = _ls("bookie", "updatecookie", *args, *zk)
     assert "nothing to do" in r.stdout, r.stdout + r.stderr
     bk.close()
+
+
+def test_cluster_status_tells_a_decommissioned_bookie_from_a_down_one(tmp_path) -> None:
+    """After `bookie decommission` and the stop the page asks for, `cluster status` listed the bookie DOWN and
+    exited 1 for as long as the cluster ran, as for a crash. It now says decommissioned and exits 0; a bookie down
+    otherwise is still exit 1."""
+    import json as _json
+
+    from ledgerstore.cluster import free_port
+    from tests.integration.test_cluster_cli import _ls, _ports
+
+    state = tmp_path / "cluster"
+    r = _ls("cluster", "up", *_ports(state, free_port()))
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        st = _json.loads((state / "cluster.json").read_text())
+        zk = ["--zk", st["zk"], "--zk-root", st.get("zk_root", "/ledgerstore")]
+        gone = st["bookies"][1]["id"]
+        r = _ls("bookie", "decommission", gone, "--settle-s", "0", *zk)
+        assert r.returncode == 0, r.stdout + r.stderr
+        _ls("cluster", "stop", "bookie-1", "--state-dir", str(state))
+        r = _ls("cluster", "status", "--state-dir", str(state))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"{gone}" in r.stdout and "DOWN (decommissioned: its data moved, cookie deleted)" in r.stdout
+        _ls("cluster", "stop", "bookie-0", "--state-dir", str(state))
+        r = _ls("cluster", "status", "--state-dir", str(state))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert r.stdout.count("decommissioned") == 1, r.stdout
+    finally:
+        _ls("cluster", "down", "--state-dir", str(state))
