@@ -27,6 +27,7 @@ import pytest
 from bookie import protocol as p
 from bookie.entryformat import DigestType, EntryCodec
 from ledger_client import BookKeeper, ClientConfig
+from ledger_client.read_planner import ReadyRuns
 from tests.integration.rawbookie import RawBookie, build
 
 PW = b"secret"
@@ -775,15 +776,28 @@ def test_a_read_a_hung_replica_does_not_answer_goes_to_another_after_the_specula
                 bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5, read_batch_entries=4
             )
             rh = await late.open_ledger(lh.ledger_id, password=PW)
-            task = asyncio.ensure_future(_read_all(rh, 0, 39))
-            await asyncio.sleep(1.0)  # its batches on the hung bookie got speculative copies
-            hung.resume()
-            got = await asyncio.wait_for(task, 60)
+            # every replica stopped: each batch is asked of all three in turn, then all of them answer at once
+            others = [bp for bp in procs if bp is not hung]
+            for bp in others:
+                bp.pause()
+            added: list[int] = []
+            add = ReadyRuns.add
+            ReadyRuns.add = lambda self, first, payloads: added.append(first) or add(self, first, payloads)  # type: ignore[method-assign]
+            try:
+                task = asyncio.ensure_future(_read_all(rh, 0, 39))
+                await asyncio.sleep(1.5)
+                for bp in procs:
+                    bp.resume()
+                got = await asyncio.wait_for(task, 60)
+            finally:
+                ReadyRuns.add = add  # type: ignore[method-assign]
             assert got == [(i, payload(i)) for i in range(40)]
-            assert late.speculative_reads >= 1
+            assert late.speculative_reads >= 2 * 8  # (the read-ahead window's 8 batches, 2 copies each)
+            assert len(added) == len(set(added)), sorted(added)  # every answer but the first one dropped
             await late.close()
         finally:
-            hung.resume()
+            for bp in procs:
+                bp.resume()
         await reader.close()
         await bk.close()
 
