@@ -1841,11 +1841,14 @@ class Topic:
             self.dedup_enabled
             and (dedup or (seq <= last and not self._is_skipped_id(p.name, seq)))
             and not fills
-            and rec.dedup_id <= last
+            and seq <= last
         ):
             # a resend of what is stored (or on its way): answered in its turn, with no position (-1:-1), on a
-            # terminated topic too, as Pulsar's publishMessage asks its dedup before its managed ledger
-            if rec.dedup_id > self.persisted_sequence.get(p.name, last) and not self._sent_before(p, rec):
+            # terminated topic too, as Pulsar's publishMessage asks its dedup before its managed ledger. Judged by
+            # its first id, as Pulsar's isDuplicate judges it: a batch that holds both stored ids and new ones (an
+            # application resending from an earlier id) is dropped whole, its new messages too, where it was
+            # stored whole, its stored messages a second time
+            if seq > self.persisted_sequence.get(p.name, last) and not self._sent_before(p, rec):
                 # its first send is still being stored, by an earlier producer of this name (a connection gone
                 # since): that write may yet fail, so this is no duplicate yet, Pulsar's MessageDupUnknown. The
                 # client closes its connection on the error and sends again
@@ -1876,8 +1879,10 @@ class Topic:
 
     @staticmethod
     def _sent_before(p: Producer, rec: _Receipt) -> bool:
-        """An earlier send of ``p`` still unanswered covers ``rec`` (answered in its turn after it)."""
-        return any(r is not rec and not r.done and r.dedup and r.dedup_id >= rec.dedup_id for r in p.receipts)
+        """An earlier send of ``p`` still unanswered covers ``rec``'s first id (answered in its turn after it)."""
+        return any(
+            r is not rec and not r.done and r.dedup and r.dedup_id >= rec.sequence_id for r in p.receipts
+        )
 
     async def _append_loop(self) -> None:
         """One appender per topic: everything queued since its last turn goes to the managed ledger in one

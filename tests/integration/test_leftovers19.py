@@ -207,3 +207,43 @@ def test_a_message_age_quota_holds_and_resumes_a_partitioned_topics_producers(
         assert got == [f"new-{i}".encode() for i in range(4)]
     finally:
         c.close()
+
+
+def test_a_batch_holding_stored_and_new_sequence_ids_is_dropped_whole_as_pulsar_drops_it(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """Deduplication on (the broker's default): a batching producer's ids 0-2 stored, then one batch of ids 1-4
+    (an application resending from an earlier id): judged by its first id, as Pulsar's
+    MessageDeduplication.isDuplicate judges it, the batch is a resend, acknowledged and not stored, its new ids
+    3 and 4 too; the next id, 5, is stored. (Before: judged by its last id, the batch was stored whole, 1 and 2
+    a second time: 7 messages.)"""
+    bp = cluster.start()
+    topic = f"persistent://public/default/dd-{uuid.uuid4().hex[:8]}"
+    c = pulsar.Client(bp.service_url)
+    try:
+        reader = c.create_reader(topic, pulsar.MessageId.earliest)
+        producer = c.create_producer(
+            topic,
+            producer_name="pp",
+            batching_enabled=True,
+            batching_max_messages=4,
+            batching_max_publish_delay_ms=60_000,
+        )
+        results: list[pulsar.Result] = []
+        for i in range(3):
+            producer.send_async(f"m{i}".encode(), lambda r, _m: results.append(r), sequence_id=i)
+        producer.flush()
+        for i in range(1, 5):
+            producer.send_async(f"again{i}".encode(), lambda r, _m: results.append(r), sequence_id=i)
+        producer.flush()
+        producer.send_async(b"m5", lambda r, _m: results.append(r), sequence_id=5)
+        producer.flush()
+        wait_for(lambda: len(results) == 8, "the receipts", 10)
+        assert results == [pulsar.Result.Ok] * 8
+        got = []
+        while reader.has_message_available():
+            got.append(reader.read_next(10_000).data())
+        assert got == [b"m0", b"m1", b"m2", b"m5"]
+        assert producer.last_sequence_id() == 5
+    finally:
+        c.close()
