@@ -4,6 +4,7 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import time
@@ -199,3 +200,51 @@ def test_a_bookie_asked_last_for_a_timed_out_read_is_forgotten_once_it_answers_a
             await bk.close()
 
     asyncio.run(go())
+
+
+def test_a_message_age_quota_exceeded_stands_while_the_oldest_message_cannot_be_read(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """A topic over its message_age quota (producer_exception) whose oldest unacknowledged entry, now another one
+    (the older acknowledged), cannot be read (its bookies away): the last decision stands, producers still
+    refused, as 813e26f says. Planted with the read's failure taken for 'not exceeded': producers let in for as
+    long as the entry could not be read. An in-process broker; the read fails by the test's hand."""
+    from topic_broker.managed_ledger import ManagedLedgerError
+    from zk.managed_ledgers import BacklogQuota
+
+    with _serving(cluster) as (service, run):
+        quota = BacklogQuota(limit_time=1, policy="producer_exception")
+        run(
+            service.meta.update_policies(
+                "public", "default", lambda q: dataclasses.replace(q, message_age_quota=quota)
+            )
+        )
+        name = f"persistent://public/default/age-{uuid.uuid4().hex[:8]}"
+        c = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            consumer = c.subscribe(name, "slow")
+            producer = c.create_producer(name)
+            first = producer.send(b"old")
+            producer.send(b"older than the limit too")
+            time.sleep(1.5)
+            topic = service._served(name)
+            assert topic is not None and run(service.quota_exceeded(topic, evict=False)) is not None
+            topic.quota_exceeded = True  # (as the PRODUCER or the tick marks it)
+            consumer.acknowledge(consumer.receive(10_000))  # the oldest: the next one is looked at now
+            want = (first.ledger_id(), first.entry_id())
+            deadline = time.monotonic() + 10
+            while tuple(topic.ml.slowest_mark_delete() or ()) != want:
+                assert time.monotonic() < deadline, topic.ml.slowest_mark_delete()
+                time.sleep(0.1)
+
+            async def unreadable(pos: Any) -> bytes:
+                raise ManagedLedgerError("no bookie of the ledger answers (test)")
+
+            topic.ml.read_entry = unreadable
+            try:
+                exceeded = run(service.quota_exceeded(topic, evict=False))
+            finally:
+                del topic.ml.read_entry
+            assert exceeded is not None and exceeded[0] == "producer_exception", exceeded
+        finally:
+            c.close()
