@@ -148,7 +148,7 @@ def test_a_killed_bookie_is_started_again_while_a_ledger_is_written_then_down_st
     pids += [st["brokers"][0]["pid"], st["autorecovery"]["pid"]]
     d = _ls("cluster", "down", *at)
     assert d.returncode == 0, d.stdout + d.stderr
-    assert "1 broker and 3 bookies stopped, ZooKeeper stopped" in d.stdout, d.stdout
+    assert "1 broker, 3 bookies and the AutoRecovery process stopped, ZooKeeper stopped" in d.stdout, d.stdout
     assert [p for p in pids if _alive(p)] == []
 
 
