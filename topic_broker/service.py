@@ -2479,9 +2479,11 @@ class BrokerService:
         await asyncio.to_thread(zk.cookies.existing_instance_id, self.bk.store)
         self.meta = BrokerMetadataStore(self.bk.store, namespaces=True)
         await self.meta.ensure_default_namespace()
+        # before the registration: a session lost after it (during the bookies' watch) was never followed by a
+        # registration again, the broker serving unregistered
+        self.bk.store.add_session_listener(self._session_listener)
         await self._register()
         await self.bookie_supply.watch(self.bk.registry)
-        self.bk.store.add_session_listener(self._session_listener)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
         loop = asyncio.get_running_loop()
         # Pulsar's compaction monitor and expiry monitor

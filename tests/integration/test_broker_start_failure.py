@@ -204,3 +204,49 @@ def test_a_start_failing_after_registration_unregisters_the_broker(
             store.get(layout.broker_path("start-watch-fails"))
     finally:
         store.close()
+
+
+def test_a_session_lost_during_the_start_after_registration_is_followed_by_a_registration_again(
+    bookies: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ZooKeeper session expires after brokers/<id> was written, while the start still watches the bookies:
+    the broker registers again under its new session (the session listener was added only after that watch, so
+    the loss went unseen and the broker served unregistered)."""
+    from topic_broker.bookie_supply import BookieSupply
+
+    bookies.start()
+    real_watch = BookieSupply.watch
+    expired: list[int] = []
+
+    async def watch_after_expiry(self: Any, registry: Any) -> None:
+        if not expired:
+            expired.append(await asyncio.to_thread(expire_session, registry._store))
+        await real_watch(self, registry)
+
+    monkeypatch.setattr(BookieSupply, "watch", watch_after_expiry)
+    config = BrokerConfig(
+        zk=bookies.zk,
+        zk_root=bookies.root,
+        port=free_port(),
+        http_port=free_port(),
+        broker_id="session-lost-at-start",
+        zk_session_timeout_s=3.0,
+    )
+    path = layout.broker_path("session-lost-at-start")
+
+    async def body() -> bool:
+        service = BrokerService(config)
+        await service.start()
+        try:
+            assert service.bk is not None and expired
+            store = service.bk.store
+            for _ in range(100):  # 10 s
+                st = await asyncio.to_thread(store.stat, path)
+                if st is not None and st.ephemeral_owner == store.session_id:
+                    return True
+                await asyncio.sleep(0.1)
+            return False
+        finally:
+            await service.stop()
+
+    assert asyncio.run(body()), "registered again under the new session"
