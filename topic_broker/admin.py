@@ -114,6 +114,8 @@ log = logging.getLogger(__name__)
 CLUSTER_NAME = "ledgerstore"
 #: ``deleting/<what, quoted>``: the ephemeral znode of a namespace's or partitioned topic's delete under way.
 DELETING = "deleting"
+#: the first wait, then the longest, between tries to remove a delete's ``deleting/`` znode whose removal failed
+DELETING_RETRY_S = (0.5, 5.0)
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
 
@@ -669,6 +671,8 @@ class AdminApp:
         self._http: aiohttp.ClientSession | None = None
         #: the deleting/<what> znodes of the deletes running on this broker (:meth:`_deleting`)
         self._deletes_here: set[str] = set()
+        #: the tries to remove a delete's znode whose removal failed (:meth:`_free_later`), by path
+        self._freeing: dict[str, asyncio.Task[None]] = {}
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -692,6 +696,10 @@ class AdminApp:
         return self._http
 
     async def close(self) -> None:
+        for task in list(self._freeing.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._http is not None:
             await self._http.close()
 
@@ -1042,16 +1050,17 @@ class AdminApp:
             # only this session's: with the session lost midway (its ephemeral znode gone with it), another
             # broker's delete may hold the path now, and an unconditional delete removed its znode
             # A failure here (ZooKeeper failing) does not replace the delete's answer: the delete was done (or
-            # refused, 409) and a 5xx made the client's retry meet 404; the znode left, this session's, is taken
-            # over by the next delete here, or goes with the session.
+            # refused, 409) and a 5xx made the client's retry meet 404; the znode left, this session's, is removed
+            # in the background once ZooKeeper answers (a delete sent to another broker was 409 '… is being
+            # deleted' for as long as this broker ran), taken over by a delete here meanwhile, or goes with the
+            # session.
+            failed = False
             try:
-                st = await asyncio.to_thread(self.store.stat, path)
-                if st is not None and st.ephemeral_owner == self.store.session_id:
-                    with contextlib.suppress(zk.MetadataVersionError):
-                        await self.store.adelete(path, st.version, missing_ok=True)
+                await self._free(path)
             except zk.MetadataError as e:
+                failed = True
                 log.warning(
-                    "broker=%s %s: its delete's znode %s not removed (%s); a delete run again here takes it over",
+                    "broker=%s %s: its delete's znode %s not removed (%s); tried again in the background",
                     self.service.config.id,
                     label,
                     path,
@@ -1059,6 +1068,45 @@ class AdminApp:
                 )
             finally:
                 self._deletes_here.discard(path)
+            if failed:
+                self._free_later(path, label)
+
+    async def _free(self, path: str) -> None:
+        """Remove the ``deleting/`` znode at ``path`` if it is this session's (versioned: only the one read)."""
+        st = await asyncio.to_thread(self.store.stat, path)
+        if st is not None and st.ephemeral_owner == self.store.session_id:
+            with contextlib.suppress(zk.MetadataVersionError):
+                await self.store.adelete(path, st.version, missing_ok=True)
+
+    def _free_later(self, path: str, label: str) -> None:
+        """Try again, until ZooKeeper answers, to remove the znode at ``path`` a delete here could not remove. A
+        delete of it that starts here meanwhile takes it over (the tries stop); while a try runs, the path is
+        listed as a delete here, so such a delete is 409 '… is being deleted' rather than left with no znode."""
+        if path in self._freeing:
+            return
+
+        async def tries() -> None:
+            wait, longest = DELETING_RETRY_S
+            try:
+                while True:
+                    await asyncio.sleep(wait)
+                    if path in self._deletes_here:
+                        return  # a delete here took it over: its end removes it
+                    self._deletes_here.add(path)
+                    try:
+                        await self._free(path)
+                        log.info(
+                            "broker=%s %s: its delete's znode %s removed", self.service.config.id, label, path
+                        )
+                        return
+                    except zk.MetadataError:
+                        wait = min(wait * 2, longest)
+                    finally:
+                        self._deletes_here.discard(path)
+            finally:
+                self._freeing.pop(path, None)
+
+        self._freeing[path] = asyncio.get_running_loop().create_task(tries())
 
     async def _own_ephemeral(self, path: str) -> bool:
         """Is the ephemeral znode at ``path`` this broker's ZooKeeper session's?"""
