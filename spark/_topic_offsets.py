@@ -37,9 +37,10 @@ EARLIEST: Pos = (-1, 0)
 #: holds the name of the durable subscription the query moves: kept in the query's checkpoint with its offsets.
 SUBSCRIPTION_KEY = "subscription"
 
-#: A stream's offset key for the ``startingTime`` its query started with (ms; absent: none): kept in every batch's
+#: A stream's offset key for the ``startingTime`` its query started with (ms; 0: none): kept in every batch's
 #: end from the initial offset on, so a restart from the checkpoint filters as the query began, whatever its
-#: options say now (a starting option applies to a new query only, as Kafka's and pulsar-spark's do).
+#: options say now (a starting option applies to a new query only, as Kafka's and pulsar-spark's do). Absent: an
+#: offset logged before 08e79b5, whose batches filter by the option, as they did then.
 STARTING_TIME_KEY = "startingTime"
 
 

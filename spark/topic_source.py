@@ -46,7 +46,8 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   refused naming the option; no message published before ``startingTime`` makes a row, so a stream given a
   time still ahead reads from there, not from when it started; a stream keeps the time it began with in its
   checkpoint's offsets, and a restart filters by it whatever the option says now, as a starting option applies to
-  a new query only): start at the first entry published at or
+  a new query only; an offset logged before the time was kept filters by the option, as then): start at the first
+  entry published at or
   after ``startingTime``; stop before the first entry published at or after ``endingTime`` (found by binary search
   over each partition's entries; the messages of a batch entry share its publish time). An ``endingTime`` not after
   ``startingTime``, or an ``endingOffsets`` position not after the partition's ``startingOffsets`` one, would read
@@ -1091,8 +1092,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
                 for name, snap in snaps.items()
             }
         )
-        if _not_before(self.opts):  # kept by every batch's end: a restart filters as the query began
-            self._initial = {**self._initial, STARTING_TIME_KEY: _not_before(self.opts)}
+        # kept by every batch's end: a restart filters as the query began (0, none: kept too, so that an end
+        # without the key is known for one logged before the key was, which filters by the option as it did)
+        self._initial = {**self._initial, STARTING_TIME_KEY: _not_before(self.opts)}
         self._use_subscription(None, new_query=True)
         if self.opts.subscription_explicit:  # (the query's own position: refused here if not the query's)
             self._prior = {name: self._committed_mark(name) for name in snaps}
@@ -1205,9 +1207,10 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         stop = positions_from_json(end)
         if not self._parts or any(n not in self._parts for n in stop):
             self._refresh(stop)
-        # the startingTime the query began with (its checkpoint's; none for offsets written before it was kept)
+        # the startingTime the query began with (its checkpoint's); an end logged before it was kept (08e79b5)
+        # filters by the option, as every batch did then
         not_before = end.get(STARTING_TIME_KEY)
-        not_before = not_before if isinstance(not_before, int) else 0
+        not_before = not_before if isinstance(not_before, int) else _not_before(self.opts)
         out: list[TopicRange] = []
         for name, e in sorted(stop.items()):
             s = begin.get(name, EARLIEST)

@@ -71,6 +71,48 @@ def test_a_restarted_stream_keeps_the_starting_time_it_began_with(cluster: Clust
             r.stop()
 
 
+def test_a_stream_restarted_from_offsets_without_the_starting_time_filters_by_the_option_as_before(
+    cluster: Cluster,
+) -> None:
+    """A stream started before 08e79b5 with startingTime an hour ahead logged offsets without "startingTime"; 2
+    messages written meanwhile; restarted from that checkpoint with the same option: before 08e79b5 every batch
+    filtered by the option (0 rows), 08e79b5 filtered nothing (both rows, published before the time). Such an
+    offset filters by the option again; a new query started without startingTime keeps 0, so adding the option
+    on its restart still filters nothing."""
+    from spark._topic_options import parse_topic_options
+    from spark.topic_source import TOPIC_SCHEMA, TopicStreamReader
+
+    topic = "starting-time-old-checkpoint"
+
+    def reader(**more: str) -> TopicStreamReader:
+        base = {"zk": cluster.zk, "zkRoot": cluster.root, "topic": topic}
+        return TopicStreamReader(parse_topic_options({**base, **more}, streaming=True), TOPIC_SCHEMA)
+
+    _send(cluster, topic, 1)
+    time.sleep(1.5)  # the explicit LAC
+    ahead = str(int(time.time() * 1000) + 3_600_000)
+    r, plain = reader(startingTime=ahead), reader()
+    try:
+        old = {k: v for k, v in r.initialOffset().items() if k != "startingTime"}  # as logged before 08e79b5
+        start = plain.initialOffset()
+        assert start["startingTime"] == 0
+    finally:
+        r.stop()
+        plain.stop()
+    _send(cluster, topic, 2)
+    time.sleep(1.5)
+    r = reader(startingTime=ahead)  # the restart, the same option
+    try:
+        nxt = r.latestOffset(old, r.getDefaultReadLimit())
+        assert "startingTime" not in nxt
+        assert _rows(r, old, nxt) == []
+        nxt = r.latestOffset(start, r.getDefaultReadLimit())
+        assert nxt["startingTime"] == 0
+        assert _rows(r, start, nxt) == [b"m0", b"m1"]
+    finally:
+        r.stop()
+
+
 def test_a_topic_read_with_two_of_three_bookies_down_names_the_topic_the_ledger_and_the_bookies(
     cluster: Cluster,
 ) -> None:
