@@ -102,6 +102,27 @@ def _bound_waiting_requests(client: KazooClient) -> None:
     client._call = bounded_call
 
 
+#: The attribute of a KazooClient where :func:`_keep_negotiated_timeout` keeps the session timeout (ms) ZooKeeper
+#: granted at the last session's start.
+_NEGOTIATED = "_ledgerstore_negotiated_timeout_ms"
+
+
+def _keep_negotiated_timeout(client: KazooClient) -> None:
+    """Keep the session timeout ZooKeeper granted (it clamps the one asked for to its min/max session timeouts):
+    kazoo only logs it. Its ``_connect`` returns the read timeout it sets, 2/3 of that timeout, on every session's
+    (re)connection."""
+    handler = client._connection
+    connect = handler._connect
+
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        out = connect(*args, **kwargs)
+        with contextlib.suppress(TypeError, ValueError, IndexError):
+            setattr(client, _NEGOTIATED, round(float(out[0]) * 3.0 / 2.0))
+        return out
+
+    handler._connect = kept
+
+
 def encode_body(value: Mapping[str, Any]) -> bytes:
     """JSON-encode a znode body, adding ``format_version`` (a supported one may already be present)."""
     if not isinstance(value, Mapping):
@@ -338,6 +359,7 @@ class MetadataStore(CompareAndSetUpdate):
                 f"{connect_string!r} is not a ZooKeeper connect string ({e}): HOST:PORT[,HOST:PORT...]"
             ) from None
         _bound_waiting_requests(client)
+        _keep_negotiated_timeout(client)
         try:
             client.start(timeout=timeout_s)
         except Exception as e:
@@ -488,7 +510,11 @@ class MetadataStore(CompareAndSetUpdate):
 
     @property
     def session_timeout_s(self) -> float:
-        """The session timeout this client asked for (the server may clamp it to its min/max)."""
+        """The session timeout ZooKeeper granted this client's session (the one asked for clamped to the server's
+        min/max session timeouts; the one asked for until a session started)."""
+        granted = getattr(self._client, _NEGOTIATED, None)
+        if isinstance(granted, int) and granted > 0:
+            return granted / 1000.0
         return float(getattr(self._client, "_session_timeout", 10_000)) / 1000.0
 
     @property

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -251,6 +252,9 @@ class BrokerInfo:
     web_service_url: str
     service_url_tls: str = ""  # pulsar+ssl:// of its TLS port, "" where it serves none
     web_service_url_tls: str = ""  # https:// of its admin's TLS port, "" where it serves none
+    #: the session timeout ZooKeeper granted the session that registered it (ms; 0: not known, a registration
+    #: from before it was kept): how long a restart under this id waits for a dead broker's registration to go
+    session_timeout_ms: int = 0
 
     def to_json(self) -> JsonDict:
         d: JsonDict = {"service_url": self.service_url, "web_service_url": self.web_service_url}
@@ -258,6 +262,8 @@ class BrokerInfo:
             d["service_url_tls"] = self.service_url_tls
         if self.web_service_url_tls:
             d["web_service_url_tls"] = self.web_service_url_tls
+        if self.session_timeout_ms > 0:
+            d["session_timeout_ms"] = self.session_timeout_ms
         return d
 
     @classmethod
@@ -267,6 +273,7 @@ class BrokerInfo:
             web_service_url=_field(d, "web_service_url", str, ""),
             service_url_tls=_field(d, "service_url_tls", str, ""),
             web_service_url_tls=_field(d, "web_service_url_tls", str, ""),
+            session_timeout_ms=max(0, _field(d, "session_timeout_ms", int, 0)),
         )
 
 
@@ -918,11 +925,15 @@ class BrokerMetadataStore:
     ) -> None:
         """Ephemeral: gone when this store's session ends. A registration of another session is not replaced, as
         a bookie's is not: a broker killed under this id leaves one until its session times out, waited for up to
-        ``stale_wait_s`` (default: the session timeout + 2 s); one still there then is another live broker's
-        (started with the same id), and MetadataExistsError is raised. Our own session's is updated."""
+        ``stale_wait_s`` (default: the longer of the session timeouts ZooKeeper granted this session and the one
+        that registered it, kept in its body, + 2 s); one still there then is another live broker's (started
+        with the same id), and MetadataExistsError is raised. Our own session's is updated."""
         path = layout.broker_path(broker_id)
-        wait = self.store.session_timeout_s + 2.0 if stale_wait_s is None else stale_wait_s
-        deadline = asyncio.get_running_loop().time() + wait
+        own_s = self.store.session_timeout_s
+        info = dataclasses.replace(info, session_timeout_ms=round(own_s * 1000))
+        began = asyncio.get_running_loop().time()
+        deadline = began + (own_s + 2.0 if stale_wait_s is None else stale_wait_s)
+        holders: set[int] = set()  # the other sessions whose registration's body was read
         while True:
             try:
                 await self.store.acreate(path, info.to_json(), ephemeral=True)
@@ -937,6 +948,15 @@ class BrokerMetadataStore:
                     await self.store.aset(path, info.to_json(), st.version)
                     return
                 continue
+            if stale_wait_s is None and st.ephemeral_owner not in holders:
+                # a dead broker's session lasts its own timeout, longer than ours if it asked for more (an older
+                # --zk-session-timeout-s) or was granted more
+                holders.add(st.ephemeral_owner)
+                with contextlib.suppress(MetadataNotFoundError, MetadataFormatError):
+                    body = await self.store.aget_optional(path)
+                    if body is not None:
+                        theirs_s = BrokerInfo.from_json(body.value).session_timeout_ms / 1000.0
+                        deadline = max(deadline, began + theirs_s + 2.0)
             if asyncio.get_running_loop().time() >= deadline:
                 raise MetadataExistsError(
                     f"broker id {broker_id} is already registered by another live ZooKeeper session "

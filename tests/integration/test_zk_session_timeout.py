@@ -1,0 +1,64 @@
+"""The session timeout ZooKeeper grants, and how long a restart waits for a dead broker's registration to go."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import zk
+from tests.zk_testing import ZkTarget
+from zk import layout
+from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_session_timeout_is_the_one_zookeeper_granted(zk_connect: ZkTarget) -> None:
+    """The test server's minSessionTimeout is 1 s (2 x its 500 ms tick): a client asking for 0.2 s is granted 1 s,
+    which the stale-registration waits must use (before: 0.2, what the client asked for)."""
+    store = zk.MetadataStore.connect(zk_connect.connect_string, zk_connect.root, session_timeout_s=0.2)
+    try:
+        assert store.session_timeout_s == 1.0
+    finally:
+        store.close()
+
+
+def test_a_restart_waits_out_the_dead_brokers_longer_session(zk_connect: ZkTarget) -> None:
+    """A broker run with a 6 s session (an older --zk-session-timeout-s) registers and is killed (-9); the broker
+    restarted under its id with a 1 s session waited only its own timeout + 2 s (3 s) and was refused, 'another
+    live ZooKeeper session', on the dead one's registration. The registration keeps its session's timeout, and
+    the restart waits for the longer one: it registers once the dead session expires."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys, time
+        import zk
+        from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore
+        store = zk.MetadataStore.connect({zk_connect.connect_string!r}, {zk_connect.root!r}, session_timeout_s=6.0)
+        info = BrokerInfo(service_url="pulsar://dead:1", web_service_url="http://dead:2")
+        asyncio.run(BrokerMetadataStore(store).register_broker("dead:1", info))
+        print("registered", flush=True)
+        time.sleep(60)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "registered"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    store = zk.MetadataStore.connect(zk_connect.connect_string, zk_connect.root, session_timeout_s=1.0)
+    try:
+        info = BrokerInfo(service_url="pulsar://new:1", web_service_url="http://new:2")
+        asyncio.run(BrokerMetadataStore(store).register_broker("dead:1", info))
+        body = store.get_optional(layout.broker_path("dead:1"))
+        assert body is not None and BrokerInfo.from_json(body.value) == BrokerInfo(
+            service_url="pulsar://new:1", web_service_url="http://new:2", session_timeout_ms=1000
+        )
+    finally:
+        store.close()
