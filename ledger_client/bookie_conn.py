@@ -313,10 +313,11 @@ class BookieConnection(asyncio.Protocol):
         try:
             return await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
-            self._pending.pop(rid, None)
             raise BookieUnavailableError(
                 f"bookie {self.bookie_id} did not answer within {timeout_s}s"
             ) from None
+        finally:  # (answered, timed out or cancelled: e.g. a long poll a speculative answer won over)
+            self._pending.pop(rid, None)
 
     def forget(self, rid: int) -> None:
         self._pending.pop(rid, None)

@@ -246,6 +246,11 @@ class BatchReader:
             if rivals and delivered == 0:  # nothing from b while the same entries are still asked elsewhere
                 self.planner.on_rival_failed(b, rivals, outcome or Outcome.FAILED, why)
                 group.remove(b)
+                newest = group[-1]
+                if newest in self._waiting and newest not in self._spec:
+                    # (b was the newest, the one that speculates on: a copy that failed at once, e.g. its bookie
+                    # down, must not leave the batch waiting out read_timeout_s on a hung one)
+                    self._arm(newest)
                 return
             # b settles the batch (the first to deliver, or the last one asked): the others are dropped, so no
             # entry is handed out twice; a bookie asked before b and still silent is slow

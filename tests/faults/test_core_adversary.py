@@ -804,6 +804,41 @@ def test_a_read_a_hung_replica_does_not_answer_goes_to_another_after_the_specula
     asyncio.run(go())
 
 
+def test_a_speculative_copy_to_a_dead_bookie_does_not_leave_the_read_waiting_on_the_hung_one(bookies) -> None:
+    """The batch's bookie hangs (SIGSTOP) and its speculative copy goes to a bookie that is down (connection
+    refused at once): the read must still go to the third replica a speculative timeout later, not wait out
+    ``read_timeout_s`` (here 120 s) on the hung one. The failed copy used to take the batch's only speculative
+    timer with it."""
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await _bk(bookies)
+        lh = await bk.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*[await lh.append_future(payload(i)) for i in range(10)])
+        await lh.close()
+        ensemble = lh.metadata.last_ensemble.bookies
+        # a fresh reader asks bookie 1 of the ensemble first (Qw == E: batches in turn from 1); entry 5's write
+        # set in order is 2, 0, 1, so its speculative copy goes to bookie 2, then bookie 0
+        hung, dead = (next(bp for bp in procs if bp.id == ensemble[i]) for i in (1, 2))
+        dead.kill9()
+        reader = await _bk(bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5)
+        asked: list[str] = []
+        get = reader.read_pool.get_nowait
+        reader.read_pool.get_nowait = lambda b: asked.append(b) or get(b)  # type: ignore[method-assign]
+        rh = await reader.open_ledger(lh.ledger_id, password=PW)
+        hung.pause()
+        try:
+            e = await asyncio.wait_for(rh.read_entry(5), 60)
+            assert e.data == payload(5)
+            assert list(dict.fromkeys(asked)) == [hung.id, dead.id, ensemble[0]], asked
+        finally:
+            hung.resume()
+        await reader.close()
+        await bk.close()
+
+    asyncio.run(go())
+
+
 async def _read_all(rh, first: int, last: int) -> list[tuple[int, bytes]]:
     return [(e.entry_id, e.data) async for e in rh.read(first, last)]
 
@@ -832,6 +867,11 @@ def test_a_long_poll_for_the_lac_a_hung_bookie_does_not_answer_asks_another_afte
                 reader.read_timed_out[b] = time.monotonic()
             lac = await asyncio.wait_for(rh.wait_for_lac(-1, 1.0), 60)
             assert lac == 19
+            # the hung bookie's long poll the other answer won over is forgotten, not left pending on its
+            # connection until the bookie answers or the connection closes
+            await asyncio.sleep(0.1)  # (the cancelled poll's task runs its cleanup)
+            conn = reader.pool.get_nowait(hung.id)
+            assert conn is not None and conn.outstanding == 0, conn and conn.outstanding
             assert hung.id in reader.read_timed_out
             assert len([b for b in ensemble[1:] if b in reader.read_timed_out]) == 1  # the one that answered
             # the next long poll asks the hung bookie last: a live one answers at its long poll's end
