@@ -1038,7 +1038,7 @@ class AdminApp:
             # this broker's session's, of no delete running here: a delete whose end could not remove it
             # (ZooKeeper failing then, the session kept), which refused every later delete while the broker ran
             # (looked at again after the read: a delete may have begun here during it)
-            left = path not in self._deletes_here and await self._own_ephemeral(path)
+            left = path not in self._deletes_here and await self.store.aowns_ephemeral(path)
             if not left or path in self._deletes_here:
                 raise AdminError(409, f"{label} is being deleted; try again") from None
         self._deletes_here.add(path)
@@ -1056,7 +1056,7 @@ class AdminApp:
             # session.
             failed = False
             try:
-                await self._free(path)
+                await self.store.adelete_own_ephemeral(path)
             except zk.MetadataError as e:
                 failed = True
                 log.warning(
@@ -1070,13 +1070,6 @@ class AdminApp:
                 self._deletes_here.discard(path)
             if failed:
                 self._free_later(path, label)
-
-    async def _free(self, path: str) -> None:
-        """Remove the ``deleting/`` znode at ``path`` if it is this session's (versioned: only the one read)."""
-        st = await asyncio.to_thread(self.store.stat, path)
-        if st is not None and st.ephemeral_owner == self.store.session_id:
-            with contextlib.suppress(zk.MetadataVersionError):
-                await self.store.adelete(path, st.version, missing_ok=True)
 
     def _free_later(self, path: str, label: str) -> None:
         """Try again, until ZooKeeper answers, to remove the znode at ``path`` a delete here could not remove. A
@@ -1094,7 +1087,7 @@ class AdminApp:
                         return  # a delete here took it over: its end removes it
                     self._deletes_here.add(path)
                     try:
-                        await self._free(path)
+                        await self.store.adelete_own_ephemeral(path)
                         log.info(
                             "broker=%s %s: its delete's znode %s removed", self.service.config.id, label, path
                         )
@@ -1107,12 +1100,6 @@ class AdminApp:
                 self._freeing.pop(path, None)
 
         self._freeing[path] = asyncio.get_running_loop().create_task(tries())
-
-    async def _own_ephemeral(self, path: str) -> bool:
-        """Is the ephemeral znode at ``path`` this broker's ZooKeeper session's?"""
-        stat = await asyncio.to_thread(self.store.stat, path)
-        session = self.store.session_id
-        return stat is not None and session is not None and stat.ephemeral_owner == session
 
     async def namespace_delete(self, request: web.Request) -> web.Response:
         """As Pulsar's: the namespace marked ``deleted`` first, so that no topic is created in it any more (a

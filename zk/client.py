@@ -987,6 +987,20 @@ class MetadataStore(CompareAndSetUpdate):
     async def achildren(self, path: str) -> list[str]:
         return await self._run(self.children, path)
 
+    async def aowns_ephemeral(self, path: str) -> bool:
+        """Whether the ephemeral znode at ``path`` is this client's current ZooKeeper session's."""
+        st = await asyncio.to_thread(self.stat, path)
+        session = self.session_id
+        return st is not None and session is not None and st.ephemeral_owner == session
+
+    async def adelete_own_ephemeral(self, path: str) -> None:
+        """Delete the ephemeral znode at ``path`` only while it is this session's, at the version read: another
+        session's (another process of the same id, or one that took the name since) is left alone."""
+        st = await asyncio.to_thread(self.stat, path)
+        if st is not None and st.ephemeral_owner == self.session_id:
+            with contextlib.suppress(MetadataVersionError):
+                await self.adelete(path, st.version, missing_ok=True)
+
     async def aupdate(
         self,
         path: str,

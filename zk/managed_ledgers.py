@@ -968,11 +968,7 @@ class BrokerMetadataStore:
 
     async def unregister_broker(self, broker_id: str) -> None:
         """This session's registration deleted (another live broker's of the same id is left alone)."""
-        path = layout.broker_path(broker_id)
-        st = await asyncio.to_thread(self.store.stat, path)
-        if st is not None and st.ephemeral_owner == self.store.session_id:
-            with contextlib.suppress(MetadataVersionError):
-                await self.store.adelete(path, st.version, missing_ok=True)
+        await self.store.adelete_own_ephemeral(layout.broker_path(broker_id))
 
     async def list_brokers(self) -> dict[str, BrokerInfo]:
         try:
@@ -1001,7 +997,7 @@ class BrokerMetadataStore:
                     # Only while brokers/<id> is this session's: otherwise that session may be another live
                     # broker of this id (this one re-registering after a lost session, to be refused), whose
                     # topic this took, fencing its ledger, then left with no owner once refused.
-                    if not await self._registered_here(info.broker_id):
+                    if not await self.store.aowns_ephemeral(layout.broker_path(info.broker_id)):
                         raise MetadataExistsError(
                             f"{ml_name} is owned under broker id {owner.broker_id} by another ZooKeeper session, "
                             f"and brokers/{owner.broker_id} is not this broker's session's (registering again "
@@ -1013,12 +1009,6 @@ class BrokerMetadataStore:
                     continue
                 return owner
         raise MetadataVersionError("ownership znode keeps appearing and disappearing", path=path)
-
-    async def _registered_here(self, broker_id: str) -> bool:
-        """Is brokers/<broker_id> registered by this store's current session?"""
-        st = await asyncio.to_thread(self.store.stat, layout.broker_path(broker_id))
-        session = self.store.session_id
-        return st is not None and session is not None and st.ephemeral_owner == session
 
     async def _stale_session(self, path: str) -> bool:
         """The ephemeral znode at ``path`` belongs to a session other than this store's current one."""
