@@ -2920,13 +2920,10 @@ class BrokerService:
                 return None
             return age.policy, f"its message_age quota of {age.limit_time} s is exceeded ({age.policy}; {e})"
         now_ms = int(time.time() * 1000)
-        topic.age_exceeded = (
-            published is not None
-            and now_ms - published > age.limit_time * 1000
-            and age.policy != "consumer_backlog_eviction"
-        )
         if published is None or now_ms - published <= age.limit_time * 1000:
+            topic.age_exceeded = False
             return None
+        topic.age_exceeded = age.policy != "consumer_backlog_eviction"
         if age.policy != "consumer_backlog_eviction":
             waited = (now_ms - published) / 1000
             return age.policy, (
