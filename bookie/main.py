@@ -442,7 +442,7 @@ class Bookie:
             raise StartRefusal(
                 f"{' and '.join(twice)}; nothing written (no cookie): give each listener its own port"
             )
-        busy = server_gate.ports_in_use(host, ports)
+        busy, unbindable = server_gate.port_problems(host, ports)
         if busy:
             raise StartRefusal(
                 f"{' and '.join(busy)} on {host} in use by another process; nothing written (no cookie): stop "
@@ -450,7 +450,6 @@ class Bookie:
             )
         # (an address this host does not have, a privileged port): its bind failed after the cookie, for an id
         # that could never serve, and the start with the address or port corrected was a cookie mismatch
-        unbindable = server_gate.ports_unbindable(host, ports)
         if unbindable:
             raise StartRefusal(
                 f"cannot listen on {host}: {'; '.join(unbindable)} (check --listen-address, --advertised-address "

@@ -10,7 +10,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -98,25 +98,27 @@ HTTP_IDLE_TIMEOUT_S = 30.0
 HTTP_WRITE_STALL_S = HTTP_IDLE_TIMEOUT_S
 
 
-def ports_in_use(host: str | None, ports: dict[str, int]) -> list[str]:
-    """The ``ports`` (flag -> port) another process listens on at ``host`` (None: every address), as
-    ``"port N (--flag)"``: tried with a bind as the server's listener makes it (SO_REUSEADDR), closed at once. Only
-    a port in use counts here; :func:`ports_unbindable` gives the other bind errors."""
-    return [
-        f"port {port} ({flag})"
-        for flag, port, e in _bind_failures(host, ports)
-        if e.errno == errno.EADDRINUSE
-    ]
+class PortProblems(NamedTuple):
+    """What :func:`port_problems` found: ``in_use``, the ports another process listens on, as ``"port N (--flag)"``;
+    ``unbindable``, those a listener could not bind for another reason (an address this host does not have, a port
+    below 1024 without the privilege), as ``"port N (--flag): why"``."""
+
+    in_use: list[str]
+    unbindable: list[str]
 
 
-def ports_unbindable(host: str | None, ports: dict[str, int]) -> list[str]:
-    """The ``ports`` a listener could not bind at ``host`` for another reason than another process on them (an
-    address this host does not have, a port below 1024 without the privilege), as ``"port N (--flag): why"``."""
-    return [
-        f"port {port} ({flag}): {e.strerror or e}"
-        for flag, port, e in _bind_failures(host, ports)
-        if e.errno != errno.EADDRINUSE
-    ]
+def port_problems(host: str | None, ports: dict[str, int]) -> PortProblems:
+    """The ``ports`` (flag -> port) a server's listener could not bind at ``host`` (None: every address), each
+    tried once with a bind as the listener makes it (SO_REUSEADDR), closed at once, and split by the error: in use
+    by another process (EADDRINUSE), or unbindable for another reason."""
+    in_use: list[str] = []
+    unbindable: list[str] = []
+    for flag, port, e in _bind_failures(host, ports):
+        if e.errno == errno.EADDRINUSE:
+            in_use.append(f"port {port} ({flag})")
+        else:
+            unbindable.append(f"port {port} ({flag}): {e.strerror or e}")
+    return PortProblems(in_use, unbindable)
 
 
 def _bind_failures(host: str | None, ports: dict[str, int]) -> list[tuple[str, int, OSError]]:
@@ -144,7 +146,7 @@ def _bind_failures(host: str | None, ports: dict[str, int]) -> list[tuple[str, i
 
 def ports_given_twice(ports: dict[str, int]) -> list[str]:
     """The ``ports`` (flag -> port) given to more than one listener, as ``"port N given to both --a and --b"``:
-    :func:`ports_in_use` tries each alone, so such a port passed, and the second listener's bind failed only
+    :func:`port_problems` tries each alone, so such a port passed, and the second listener's bind failed only
     after the server had written what names it (a bookie's cookie, a broker's registration)."""
     flags: dict[int, list[str]] = {}
     for flag, port in ports.items():

@@ -21,9 +21,8 @@ from bookie.config_file import resolve as resolve_config
 from bookie.server import server_tls_context
 from bookie.server_gate import (
     HTTP_CONNECTIONS_MAX,
+    port_problems,
     ports_given_twice,
-    ports_in_use,
-    ports_unbindable,
     raise_open_files_limit,
 )
 from bookie.signals import add_stop_handlers
@@ -113,7 +112,8 @@ async def serve(
     """Serve until ``stop`` is set (or SIGTERM/SIGINT/SIGHUP when none is given); ``settings``: what ``broker serve``
     resolved from flags, environment and ``--config``, shown (redacted) by the admin API."""
     # before it registers: a broker of the same id (its port) would lose its registration to this one
-    twice = ports_given_twice(_ports(config))
+    ports = _ports(config)
+    twice = ports_given_twice(ports)
     if twice:  # (each alone is free: the second listener's bind failed after the registration)
         log.error(
             "broker=%s refusing to start: %s; nothing registered: give each listener its own port",
@@ -121,7 +121,7 @@ async def serve(
             " and ".join(twice),
         )
         return 1
-    busy = ports_in_use(config.listen_address, _ports(config))
+    busy, unbindable = port_problems(config.listen_address, ports)
     if busy:
         log.error(
             "broker=%s refusing to start: %s on %s in use by another process (a broker with this id?); nothing "
@@ -131,7 +131,6 @@ async def serve(
             config.listen_address,
         )
         return 1
-    unbindable = ports_unbindable(config.listen_address, _ports(config))
     if unbindable:  # (an address this host does not have, a privileged port): as for a port in use
         log.error(
             "broker=%s refusing to start: cannot listen on %s: %s (check --listen-address and the ports); nothing "

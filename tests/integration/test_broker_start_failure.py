@@ -13,6 +13,7 @@ import pytest
 
 import topic_broker.main as broker_main
 import zk
+from bookie.server_gate import PortProblems
 from ledgerstore.cluster import free_port
 from tests.broker_testing import before_first_call
 from tests.zk_testing import expire_session, wait_for
@@ -31,8 +32,7 @@ def test_a_listener_failing_after_registration_unregisters_the_broker(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    monkeypatch.setattr(broker_main, "ports_in_use", lambda host, ports: [])
-    monkeypatch.setattr(broker_main, "ports_unbindable", lambda host, ports: [])
+    monkeypatch.setattr(broker_main, "port_problems", lambda host, ports: PortProblems([], []))
     config = BrokerConfig(
         zk=bookies.zk,
         zk_root=bookies.root,

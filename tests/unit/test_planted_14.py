@@ -10,7 +10,7 @@ import socket
 from collections import deque
 from typing import Any
 
-from bookie.server_gate import ports_in_use
+from bookie.server_gate import port_problems
 from tests.unit.test_broker_connection import connected
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import service as service_mod
@@ -170,10 +170,10 @@ def test_a_port_left_in_time_wait_is_not_taken_for_in_use() -> None:
     client.recv(1)
     client.close()
     listener.close()
-    assert ports_in_use("127.0.0.1", {"--port": port}) == []
+    assert port_problems("127.0.0.1", {"--port": port}).in_use == []
     busy = socket.create_server(("127.0.0.1", 0))
     try:
-        assert ports_in_use("127.0.0.1", {"--port": busy.getsockname()[1]}) == [
+        assert port_problems("127.0.0.1", {"--port": busy.getsockname()[1]}).in_use == [
             f"port {busy.getsockname()[1]} (--port)"
         ]
     finally:
@@ -184,7 +184,6 @@ def test_a_broker_checks_each_of_its_ports_before_it_registers() -> None:
     """`broker serve` checks every port it will listen on before it registers: --port, --http-port, and the
     TLS ones when given. Planted with --tls-port left out: a broker whose TLS port was taken registered (a
     running broker of its id unregistered) and then failed to bind."""
-    from bookie.server_gate import ports_in_use
     from topic_broker.main import _ports
 
     taken = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
@@ -193,7 +192,7 @@ def test_a_broker_checks_each_of_its_ports_before_it_registers() -> None:
         config = BrokerConfig(
             listen_address="127.0.0.1", port=p[0], http_port=p[1], tls_port=p[2], admin_tls_port=p[3]
         )
-        assert ports_in_use(config.listen_address, _ports(config)) == [
+        assert port_problems(config.listen_address, _ports(config)).in_use == [
             f"port {p[0]} (--port)",
             f"port {p[1]} (--http-port)",
             f"port {p[2]} (--tls-port)",
