@@ -199,16 +199,28 @@ class Auditor:
         self.metrics.checks_total += 1
         sem = asyncio.Semaphore(CHECK_READS_IN_FLIGHT)
         found: dict[int, set[str]] = {}
+        # A bookie that did not answer one read (hung: a stalled disk, SIGSTOP; or unreachable) is asked nothing
+        # more this check: each of its reads would wait out read_timeout_s holding a slot of the reads in flight,
+        # so the check (and the auditor's step behind it, marking lost bookies' ledgers) took about its reads /
+        # CHECK_READS_IN_FLIGHT x read_timeout_s, minutes with a few hundred ledgers. Nothing is learnt from it
+        # anyway: the next check asks it again.
+        unanswered: dict[str, str] = {}
 
         async def probe(lid: int, key: bytes, bookie: str, eid: int) -> None:
             async with sem:
-                r = await self.bk._ask_or_none(
-                    bookie,
-                    lambda rid: p.ReadEntryRequest(
-                        request_id=rid, ledger_id=lid, entry_id=eid, master_key=key
-                    ),
-                )
-            if r is not None and r.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
+                if bookie in unanswered:
+                    return
+                try:
+                    r = await self.bk._ask(
+                        bookie,
+                        lambda rid: p.ReadEntryRequest(
+                            request_id=rid, ledger_id=lid, entry_id=eid, master_key=key
+                        ),
+                    )
+                except E.LedgerError as e:
+                    unanswered.setdefault(bookie, str(e))
+                    return
+            if r.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
                 found.setdefault(lid, set()).add(bookie)
 
         jobs = []
@@ -225,6 +237,8 @@ class Auditor:
                 jobs += [probe(lid, key, bookie, eid) for eid in ids]
         for start in range(0, len(jobs), 4 * CHECK_READS_IN_FLIGHT):
             await asyncio.gather(*jobs[start : start + 4 * CHECK_READS_IN_FLIGHT])
+        for bookie, why in sorted(unanswered.items()):
+            log.warning("auditor: bookie %s not checked this pass: it did not answer (%s)", bookie, why)
         for lid, bookies in sorted(found.items()):
             await _meta(functools.partial(self.manager.mark, lid, sorted(bookies)))
             self.metrics.ledgers_marked_total += 1
