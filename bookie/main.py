@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from zk.backoff import backoff
 from zk.errors import MetadataConnectionError, MetadataError
 from zk.ratelog import LOG_EVERY_S, RateLimitedLog
 
@@ -735,18 +736,18 @@ class Bookie:
                 "http_port": cfg.http_port,
                 "readonly": readonly,
             }
-            delay = 0.1
+            pauses = backoff(0.1, 2.0)
             give_up = time.monotonic() + REGISTER_RETRY_S
             while True:
                 try:
                     await asyncio.to_thread(self.registry.register, cfg.id, info, readonly)
                     break
                 except MetadataConnectionError as e:  # ZooKeeper briefly unreachable: retry, within bounds
+                    delay = next(pauses)
                     if time.monotonic() + delay > give_up:
                         raise
                     log.warning("bookie=%s registering in ZooKeeper failed (%s); retrying", cfg.id, e)
                     await asyncio.sleep(delay)
-                    delay = min(2.0, delay * 2)
             self._registered_readonly = readonly
             if self.stopping or self.core is None or self.core.readonly == readonly:
                 return

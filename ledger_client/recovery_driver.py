@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from bookie import protocol as p
 from bookie.entryformat import DigestMismatchError as _RawDigestMismatch
 from bookie.entryformat import peek_header
+from zk.backoff import backoff
 
 from . import errors as E
 from .metadata import read_metadata, update_metadata
@@ -53,9 +54,10 @@ async def recover(lh: LedgerHandle) -> None:
     """
     cfg = lh.bk.config
     last_error: E.LedgerError | None = None
+    pauses = backoff(0.4, 2.0)
     for attempt in range(cfg.recovery_attempts_max):
         if attempt:
-            await asyncio.sleep(min(2.0, 0.2 * 2**attempt))
+            await asyncio.sleep(next(pauses))
         try:
             await _recover_once(lh)
             return

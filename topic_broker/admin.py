@@ -67,6 +67,7 @@ from bookie.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from bookie.server_gate import HTTP_IDLE_TIMEOUT_S, HttpService, refusal_json, serve_http
 from ledger_client import errors as LE
 from zk import layout
+from zk.backoff import backoff
 from zk.managed_ledgers import (
     SCHEMAS,
     TOPIC_POLICIES,
@@ -1079,9 +1080,8 @@ class AdminApp:
             return
 
         async def tries() -> None:
-            wait, longest = DELETING_RETRY_S
             try:
-                while True:
+                for wait in backoff(*DELETING_RETRY_S):
                     await asyncio.sleep(wait)
                     if path in self._deletes_here:
                         return  # a delete here took it over: its end removes it
@@ -1093,7 +1093,7 @@ class AdminApp:
                         )
                         return
                     except zk.MetadataError:
-                        wait = min(wait * 2, longest)
+                        pass  # ZooKeeper still away: the next, longer wait
                     finally:
                         self._deletes_here.discard(path)
             finally:

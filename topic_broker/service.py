@@ -52,6 +52,7 @@ import zk
 from bookie.auth import TokenError, TokenVerifier
 from ledger_client import BookKeeper, ClientConfig
 from ledger_client import errors as LE
+from zk.backoff import backoff
 from zk.managed_ledgers import (
     BacklogQuota,
     BrokerInfo,
@@ -2529,7 +2530,7 @@ class BrokerService:
         connections are closed and ``registration_failed`` is set for ``serve`` to shut down. Any other failure
         (ZooKeeper still flapping: a connection lost, a timeout, the session lost again) is tried again, 0.1 s
         to 2 s apart, until the broker stops: one ZooKeeper blip made every broker exit."""
-        delay = 0.1
+        pauses = backoff(0.1, 2.0)
         try:
             while True:
                 try:
@@ -2546,8 +2547,7 @@ class BrokerService:
                         self.config.id,
                         e,
                     )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+                    await asyncio.sleep(next(pauses))
         finally:
             self._registering_again = False
         log.error(

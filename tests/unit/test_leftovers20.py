@@ -67,3 +67,20 @@ def test_port_problems_splits_ports_in_use_from_unbindable() -> None:
     found = server_gate.port_problems(NOT_HERE, {"--port": free})
     assert found.in_use == []
     assert [u.split(": ")[0] for u in found.unbindable] == [f"port {free} (--port)"]
+
+
+def test_backoff_gives_the_pauses_the_retry_loops_had() -> None:
+    """zk.backoff.backoff: the pauses of the bookie's and the broker's registration retries (0.1 s doubling to
+    2 s), the admin's deleting/ znode removal (0.5 s to 5 s) and a ledger recovery's attempts (0.2 * 2**attempt
+    up to 2 s, from the second attempt)."""
+    from itertools import islice
+
+    from zk.backoff import backoff
+
+    assert list(islice(backoff(0.1, 2.0), 7)) == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    assert list(islice(backoff(0.5, 5.0), 5)) == [0.5, 1.0, 2.0, 4.0, 5.0]
+    assert list(islice(backoff(0.4, 2.0), 6)) == [min(2.0, 0.2 * 2**a) for a in range(1, 7)]
+    with pytest.raises(ValueError):
+        next(backoff(0.0, 1.0))
+    with pytest.raises(ValueError):
+        next(backoff(2.0, 1.0))
