@@ -729,7 +729,8 @@ def build_parser() -> argparse.ArgumentParser:
             action="append",
             default=None,
             help="a ledger password AutoRecovery may open ledgers with (repeatable; the empty one always; "
-            "also the lines of --autorecovery-password-file)",
+            "also the lines of --autorecovery-password-file; handed to the processes in STATE_DIR/"
+            "autorecovery-passwords, mode 600, not on their command lines)",
         )
         a.add_argument(
             "--autorecovery-password-file",

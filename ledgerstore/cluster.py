@@ -410,12 +410,19 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     zk = args.zk if getattr(args, "zk_given", False) else launcher.cli_start(state_dir, args.zk_port)
     # AutoRecovery runs in every bookie (an auditor candidate and a worker each), unless --no-autorecovery; the
     # passwords it may open ledgers with: the brokers' managed ledgers (empty) and the operator's
-    passwords = ["", *(getattr(args, "autorecovery_password", None) or [])]
+    given = getattr(args, "autorecovery_password", None) or []
+    # the given ones reach the processes in a file of the state directory, not as flags: a flag stays in the
+    # long-running process's command line, which anyone on the host can read (`ps`); one with a line break
+    # cannot be a line of the file, and stays a flag
+    passwords = ["", *(pw for pw in given if "\n" in pw or "\r" in pw)]
+    in_file = [pw for pw in dict.fromkeys(given) if pw and pw not in passwords]
+    given_file = _write_passwords(state_dir, in_file) if in_file else None
     password_file = getattr(args, "autorecovery_password_file", None)
     embedded = getattr(args, "autorecovery", True)
     recovery_args = [a for pw in passwords for a in ("--autorecovery-password", pw)]
-    if password_file is not None:
-        recovery_args += ["--autorecovery-password-file", str(password_file)]
+    for path in (given_file, password_file):
+        if path is not None:
+            recovery_args += ["--autorecovery-password-file", str(path)]
     # each piece is a row of the state file first, and started from its row, as `cluster start` starts it again
     state: dict[str, Any] = {
         "zk": zk,
@@ -446,6 +453,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
                 "metrics_port": args.autorecovery_port,
                 "passwords": passwords,
                 "password_file": str(password_file) if password_file is not None else None,
+                "args": ["--password-file", str(given_file)] if given_file is not None else [],
                 "log": str(state_dir / "autorecovery.log"),
             }
             if getattr(args, "autorecovery_process", False)
@@ -616,6 +624,7 @@ def _down(args: argparse.Namespace, state_dir: Path) -> int:
     stopped = _stop_pids([b["pid"] for b in st["bookies"]])
     zk_stopped = launcher.cli_stop(state_dir)
     _state_file(state_dir).unlink(missing_ok=True)
+    (state_dir / "autorecovery-passwords").unlink(missing_ok=True)  # the other file holding them
     zk_said = "stopped" if zk_stopped else "not running"
     if st.get("zk_external"):
         zk_said = f"{st['zk']} left running (cluster up did not start it)"
@@ -698,6 +707,7 @@ def _process_of(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServicePr
         metrics_port=row["metrics_port"],
         passwords=list(row["passwords"]),
         password_file=Path(password_file) if password_file else None,
+        extra_args=list(row.get("args", [])),  # (rows older than the field: the passwords were flags)
         log_path=Path(row["log"]) if row.get("log") else None,
     )
 
@@ -710,13 +720,28 @@ def _launch(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServiceProces
     return proc
 
 
+def _write_passwords(state_dir: Path, passwords: list[str]) -> Path:
+    """The file of the AutoRecovery passwords given on `cluster up`'s command line, one a line, readable by its
+    owner only (created so, never readable by others for a moment)."""
+    f = state_dir / "autorecovery-passwords"
+    _write_private(f, "".join(pw + "\n" for pw in passwords))
+    return f
+
+
+def _write_private(f: Path, text: str) -> None:
+    """Replace ``f`` by ``text`` in a file created readable by its owner only: written first and chmod-ed
+    after, it was readable by anyone for that moment."""
+    tmp = f.with_name(f.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(tmp, f)
+
+
 def _write_state(state_dir: Path, st: dict[str, Any]) -> None:
     """The state file, readable by its owner only (it holds AutoRecovery's ledger passwords)."""
-    f = _state_file(state_dir)
-    tmp = f.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(st, indent=2))
-    tmp.chmod(0o600)
-    os.replace(tmp, f)
+    _write_private(_state_file(state_dir), json.dumps(st, indent=2))
 
 
 def _pieces(st: dict[str, Any]) -> list[_Piece]:
