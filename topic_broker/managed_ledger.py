@@ -18,7 +18,9 @@ never the current one, a ledger is deleted when it is fully consumed by the slow
 or before the slowest mark-delete; every ledger when there is no cursor) **and** either its retention time expired
 (closed longer ago than ``retention_time_s``) or the data that would remain without it and all older ledgers is
 still at least ``retention_size_bytes``. The walk stops at the first ledger that is kept. A negative limit is
-unlimited (that condition never holds); 0 / 0 deletes ledgers as soon as they are consumed.
+unlimited (that condition never holds); 0 / 0 deletes ledgers as soon as they are consumed. A terminated managed
+ledger keeps the ledger of its terminated position too, whatever retention says: Pulsar's terminate closes its
+current ledger and opens none, and trimming never takes the current ledger, while here the terminate rolls over.
 
 Errors::
 
@@ -234,13 +236,17 @@ def ledgers_to_trim(
     retention_time_s: float,
     retention_size_bytes: int,
     now_ms: int,
+    terminated_ledger_id: int | None = None,
 ) -> list[int]:
-    """The ledgers retention lets go (see the module docstring for the rule), oldest first."""
+    """The ledgers retention lets go (see the module docstring for the rule), oldest first. A terminated managed
+    ledger's ``terminated_ledger_id`` (the ledger of its terminated position) is kept as the current one is."""
     total = current_size + sum(li.size for li in ledgers if li.ledger_id != current_ledger_id)
     to_delete_size = 0
     out: list[int] = []
     for li in ledgers:
-        if li.ledger_id == current_ledger_id or not _consumed(li, slowest_mark_delete):
+        if li.ledger_id in (current_ledger_id, terminated_ledger_id) or not _consumed(
+            li, slowest_mark_delete
+        ):
             break
         to_delete_size += li.size
         expired = retention_time_s >= 0 and now_ms - li.timestamp_ms > retention_time_s * 1000
@@ -412,6 +418,11 @@ class ManagedLedger:
         self._cursors: dict[str, CursorHook] = {}
         # Mark-delete positions of persisted cursors nobody attached yet: retention must respect them too.
         self._stored_marks: dict[str, Position] = dict(stored_marks)
+        # cursor znodes deleted (delete_cursor) while refresh_cursors ran: name -> the count of deletes then, so
+        # that a refresh which read one before it went does not bring its mark back (cleared with no refresh left)
+        self._cursor_deletes = 0
+        self._deleted_cursors: dict[str, int] = {}
+        self._refreshes = 0
         self._pending_properties: dict[str, str] = {}
 
     # -- opening ----------------------------------------------------------------------------------------------
@@ -964,6 +975,20 @@ class ManagedLedger:
         self._cursors.pop(name, None)
         self._stored_marks.pop(name, None)
 
+    async def delete_cursor(self, name: str) -> None:
+        """Delete the cursor ``name``'s znode (an unsubscribe), detached first. Its mark-delete still counts (as
+        a stored cursor's: the backlog quotas, retention) until the znode is gone, so that a delete that fails
+        (ZooKeeper away, up to its request timeout) lets no producer in over a quota meanwhile; once it is gone
+        no refresh of the cursors under way brings the mark back."""
+        attached = self._cursors.pop(name, None)
+        if attached is not None:
+            self._stored_marks[name] = attached.mark_delete
+        await self.store.delete_cursor(self.name, name)
+        self._stored_marks.pop(name, None)
+        if self._refreshes:
+            self._cursor_deletes += 1
+            self._deleted_cursors[name] = self._cursor_deletes
+
     def slowest_mark_delete(self) -> Position | None:
         """The smallest mark-delete of all cursors (attached or only persisted); None without cursors."""
         return _min_position([*(c.mark_delete for c in self._cursors.values()), *self._stored_marks.values()])
@@ -991,6 +1016,7 @@ class ManagedLedger:
                 retention_time_s=retention_time_s,
                 retention_size_bytes=retention_size_bytes,
                 now_ms=int(self._clock() * 1000),
+                terminated_ledger_id=self._terminated_ledger_id(),
             )
             if not doomed:
                 return []
@@ -1024,17 +1050,27 @@ class ManagedLedger:
         time (the Spark topic source saves its subscription with ``BrokerMetadataStore.save_cursor``), so
         what was read at open is not enough for retention: unattached cursors' mark-deletes are replaced by
         what is stored now, and idle attached cursors adopt a stored state that moved."""
-        names = await self.store.list_cursors(self.name)
-        marks: dict[str, Position] = {}
-        for sub in names:
-            attached = self._cursors.get(sub)
-            if attached is not None:
-                await attached.refresh()
-                continue
-            stored = await self.store.get_cursor(self.name, sub)
-            if stored is not None:
-                marks[sub] = Position(*stored.value.mark_delete)
-        self._stored_marks = marks
+        self._refreshes += 1
+        since = self._cursor_deletes
+        try:
+            names = await self.store.list_cursors(self.name)
+            marks: dict[str, Position] = {}
+            for sub in names:
+                attached = self._cursors.get(sub)
+                if attached is not None:
+                    await attached.refresh()
+                    continue
+                stored = await self.store.get_cursor(self.name, sub)
+                if stored is not None:
+                    marks[sub] = Position(*stored.value.mark_delete)
+            # (a cursor deleted since its znode was read here: an unsubscribe, its mark not to come back)
+            self._stored_marks = {
+                sub: m for sub, m in marks.items() if self._deleted_cursors.get(sub, 0) <= since
+            }
+        finally:
+            self._refreshes -= 1
+            if not self._refreshes:
+                self._deleted_cursors.clear()
 
     async def trim_by_retention(self) -> list[int]:
         """:meth:`trim` with the cursors as stored now and this managed ledger's retention; the cursors are
@@ -1053,7 +1089,14 @@ class ManagedLedger:
             retention_time_s=self.retention_time_s,
             retention_size_bytes=self.retention_size_bytes,
             now_ms=int(self._clock() * 1000),
+            terminated_ledger_id=self._terminated_ledger_id(),
         )
+
+    def _terminated_ledger_id(self) -> int | None:
+        """The ledger holding a terminated managed ledger's last entry, which stays: Pulsar's terminate closes the
+        current ledger and opens none, and the current ledger is never trimmed."""
+        tp = self._info.value.terminated_position
+        return None if tp is None else tp[0]
 
     async def tick(self, *, rollover: bool = True, draining: Iterable[str] = ()) -> None:
         """Periodic housekeeping (the broker calls it, e.g. every few seconds): roll an aged, full or failed

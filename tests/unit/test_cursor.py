@@ -230,6 +230,22 @@ def test_trim_only_fully_consumed_ledgers_never_the_current() -> None:
     assert _trim(None, 0, 0) == [1, 2, 3], "without cursors everything but the current ledger is consumed"
 
 
+def test_trim_keeps_a_terminated_managed_ledgers_last_ledger() -> None:
+    """Pulsar's terminate leaves its closed ledger current, never trimmed; here it rolls over, so the ledger of
+    the terminated position is kept by name."""
+    kept = ledgers_to_trim(
+        LEDGERS,
+        current_ledger_id=4,
+        current_size=0,
+        slowest_mark_delete=None,
+        retention_time_s=0,
+        retention_size_bytes=0,
+        now_ms=10_000,
+        terminated_ledger_id=3,
+    )
+    assert kept == [1, 2]
+
+
 def test_trim_respects_retention_time_or_size() -> None:
     assert _trim(None, 7.5, -1) == [1, 2], "ledgers closed more than 7.5 s ago"
     assert _trim(None, -1, 250) == [1], (
