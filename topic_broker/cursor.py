@@ -530,8 +530,7 @@ class ManagedCursor:
         attached and open, as it was, and the error raised: the delete can be tried again."""
         try:
             await self.close()
-            self.ml.detach_cursor(self.name)
-            await self.ml.store.delete_cursor(self.ml.name, self.name)
+            await self.ml.delete_cursor(self.name)  # (its mark-delete counted until the znode is gone)
         except BaseException:
             self._closed = False
             self.ml.attach_cursor(self)

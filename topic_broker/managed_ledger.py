@@ -418,6 +418,11 @@ class ManagedLedger:
         self._cursors: dict[str, CursorHook] = {}
         # Mark-delete positions of persisted cursors nobody attached yet: retention must respect them too.
         self._stored_marks: dict[str, Position] = dict(stored_marks)
+        # cursor znodes deleted (delete_cursor) while refresh_cursors ran: name -> the count of deletes then, so
+        # that a refresh which read one before it went does not bring its mark back (cleared with no refresh left)
+        self._cursor_deletes = 0
+        self._deleted_cursors: dict[str, int] = {}
+        self._refreshes = 0
         self._pending_properties: dict[str, str] = {}
 
     # -- opening ----------------------------------------------------------------------------------------------
@@ -970,6 +975,20 @@ class ManagedLedger:
         self._cursors.pop(name, None)
         self._stored_marks.pop(name, None)
 
+    async def delete_cursor(self, name: str) -> None:
+        """Delete the cursor ``name``'s znode (an unsubscribe), detached first. Its mark-delete still counts (as
+        a stored cursor's: the backlog quotas, retention) until the znode is gone, so that a delete that fails
+        (ZooKeeper away, up to its request timeout) lets no producer in over a quota meanwhile; once it is gone
+        no refresh of the cursors under way brings the mark back."""
+        attached = self._cursors.pop(name, None)
+        if attached is not None:
+            self._stored_marks[name] = attached.mark_delete
+        await self.store.delete_cursor(self.name, name)
+        self._stored_marks.pop(name, None)
+        if self._refreshes:
+            self._cursor_deletes += 1
+            self._deleted_cursors[name] = self._cursor_deletes
+
     def slowest_mark_delete(self) -> Position | None:
         """The smallest mark-delete of all cursors (attached or only persisted); None without cursors."""
         return _min_position([*(c.mark_delete for c in self._cursors.values()), *self._stored_marks.values()])
@@ -1031,17 +1050,27 @@ class ManagedLedger:
         time (the Spark topic source saves its subscription with ``BrokerMetadataStore.save_cursor``), so
         what was read at open is not enough for retention: unattached cursors' mark-deletes are replaced by
         what is stored now, and idle attached cursors adopt a stored state that moved."""
-        names = await self.store.list_cursors(self.name)
-        marks: dict[str, Position] = {}
-        for sub in names:
-            attached = self._cursors.get(sub)
-            if attached is not None:
-                await attached.refresh()
-                continue
-            stored = await self.store.get_cursor(self.name, sub)
-            if stored is not None:
-                marks[sub] = Position(*stored.value.mark_delete)
-        self._stored_marks = marks
+        self._refreshes += 1
+        since = self._cursor_deletes
+        try:
+            names = await self.store.list_cursors(self.name)
+            marks: dict[str, Position] = {}
+            for sub in names:
+                attached = self._cursors.get(sub)
+                if attached is not None:
+                    await attached.refresh()
+                    continue
+                stored = await self.store.get_cursor(self.name, sub)
+                if stored is not None:
+                    marks[sub] = Position(*stored.value.mark_delete)
+            # (a cursor deleted since its znode was read here: an unsubscribe, its mark not to come back)
+            self._stored_marks = {
+                sub: m for sub, m in marks.items() if self._deleted_cursors.get(sub, 0) <= since
+            }
+        finally:
+            self._refreshes -= 1
+            if not self._refreshes:
+                self._deleted_cursors.clear()
 
     async def trim_by_retention(self) -> list[int]:
         """:meth:`trim` with the cursors as stored now and this managed ledger's retention; the cursors are

@@ -342,13 +342,13 @@ async def expire_all(topic: Topic, ttl_s: int, now_ms: int) -> list[str]:
 
 async def delete(topic: Topic, sub: str, rt: SubscriptionRuntime | None) -> None:
     """The subscription removed (unsubscribe): its dispatcher ``rt`` (whose consumers the caller closed, or
-    None when it has none here) dropped, its cursor detached and its znode deleted."""
+    None when it has none here) dropped, its cursor detached and its znode deleted
+    (:meth:`ManagedLedger.delete_cursor`)."""
     if rt is not None:
         topic.subscriptions.pop(sub, None)
         if rt.cursor is not None:
             await rt.cursor.delete()
-    topic.ml.detach_cursor(sub)
-    await topic.ml.store.delete_cursor(topic.ml.name, sub)
+    await topic.ml.delete_cursor(sub)
 
 
 async def delete_inactive(
