@@ -1291,6 +1291,31 @@ def install_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def check_disk_usage_marks(settings: Effective) -> None:
+    """Refuse a --disk-usage-threshold or --disk-usage-lwm that is not a share of the disk (over 0, at most 1),
+    or a low-water mark over the threshold, naming the setting and where it came from. A percentage (95) left
+    the bookie writable until the disk was full; a mark over the threshold made it read-only and writable again
+    at every disk check (BookKeeper refuses both)."""
+
+    def named(name: str) -> str:
+        source = settings.sources.get(name, "default")
+        where = {"flag": "--" + name.replace("_", "-"), "env": "$LEDGERSTORE_" + name.upper()}.get(source)
+        return where or (f"config file {settings.file}: {name}" if source == "file" else name)
+
+    for name in ("disk_usage_threshold", "disk_usage_lwm"):
+        value = settings.values[name]
+        if not 0 < value <= 1:
+            raise ConfigError(
+                f"{named(name)} {value}: must be a share of the disk's size, over 0 and at most 1 (0.95 for 95%)"
+            )
+    threshold, lwm = settings.values["disk_usage_threshold"], settings.values["disk_usage_lwm"]
+    if lwm > threshold:
+        raise ConfigError(
+            f"{named('disk_usage_lwm')} {lwm} is over {named('disk_usage_threshold')} {threshold}: the bookie "
+            "would go read-only at the threshold and writable again at the next disk check, over and over"
+        )
+
+
 #: Descriptors a bookie needs beside its connections: the journal, RocksDB's files, ZooKeeper, logs
 OTHER_FILES = 1024
 
@@ -1299,6 +1324,7 @@ def serve(args: argparse.Namespace, companions: CompanionFactory | None = None) 
     """``bookie serve``: run until SIGTERM/SIGINT, with the services ``companions`` builds beside the bookie."""
     try:  # flags > LEDGERSTORE_<SETTING> > --config FILE > defaults (bookie/config_file.py)
         settings = resolve(args)
+        check_disk_usage_marks(settings)
         extra = list(companions(args)) if companions is not None else []
     except (ConfigError, ValueError, OSError) as e:
         log.error("bookie: %s", e)

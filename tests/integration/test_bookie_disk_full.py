@@ -107,7 +107,7 @@ def test_disk_usage_over_threshold_goes_readonly_and_back(bookies, small_fs: Pat
 
 def test_enospc_in_the_journal_answers_readonly_and_loses_nothing(bookies, small_fs: Path) -> None:
     bp = bookies.start(
-        "--disk-usage-threshold", "1.01", "--disk-usage-lwm", "0.5", data_dir=small_fs / "bookie"
+        "--disk-usage-threshold", "1.0", "--disk-usage-lwm", "0.5", data_dir=small_fs / "bookie"
     )
 
     async def write(first: int, n: int, size: int = 100) -> list[p.Status]:
@@ -208,7 +208,7 @@ def test_a_storage_flush_on_a_full_disk_fails_the_bookie_until_space_returns_the
     exit), replaying the journal; every acknowledged entry reads back and adds are accepted again."""
     bp = bookies.start(
         "--disk-usage-threshold",
-        "1.01",
+        "1.0",
         "--disk-usage-lwm",
         "0.5",
         "--checkpoint-interval-s",
