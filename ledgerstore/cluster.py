@@ -410,12 +410,8 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
     zk = args.zk if getattr(args, "zk_given", False) else launcher.cli_start(state_dir, args.zk_port)
     # AutoRecovery runs in every bookie (an auditor candidate and a worker each), unless --no-autorecovery; the
     # passwords it may open ledgers with: the brokers' managed ledgers (empty) and the operator's
-    given = getattr(args, "autorecovery_password", None) or []
-    # the given ones reach the processes in a file of the state directory, not as flags: a flag stays in the
-    # long-running process's command line, which anyone on the host can read (`ps`); one with a line break
-    # cannot be a line of the file, and stays a flag
-    passwords = ["", *(pw for pw in given if "\n" in pw or "\r" in pw)]
-    in_file = [pw for pw in dict.fromkeys(given) if pw and pw not in passwords]
+    # (the given ones reach the processes in a file of the state directory, not on their command lines)
+    passwords, in_file = _split_passwords(getattr(args, "autorecovery_password", None) or [])
     given_file = _write_passwords(state_dir, in_file) if in_file else None
     password_file = getattr(args, "autorecovery_password_file", None)
     embedded = getattr(args, "autorecovery", True)
@@ -718,6 +714,16 @@ def _launch(st: dict[str, Any], kind: str, row: dict[str, Any]) -> ServiceProces
     assert proc.proc is not None
     row["pid"] = proc.proc.pid
     return proc
+
+
+def _split_passwords(given: list[str]) -> tuple[list[str], list[str]]:
+    """The AutoRecovery passwords given to `cluster up`: (those handed over as flags, the empty one first; those
+    written to the file). The file is the rule: a flag stays in the long-running process's command line, which
+    anyone on the host can read (`ps`). A password the file's readers would not read back as one line stays a
+    flag: they split it with str.splitlines, which breaks at \\n and \\r and also at \\v, \\f, \\x1c-\\x1e, \\x85,
+    \\u2028 and \\u2029."""
+    flags = ["", *(pw for pw in given if pw and pw.splitlines() != [pw])]
+    return flags, [pw for pw in dict.fromkeys(given) if pw and pw not in flags]
 
 
 def _write_passwords(state_dir: Path, passwords: list[str]) -> Path:
