@@ -134,6 +134,9 @@ DEFAULT_TICK_INTERVAL_S = 5.0
 READER_SEEK_GRACE_S = 60.0
 #: how long the ownership a LOOKUP took of a topic nobody opened here is held before it is released
 DEFAULT_LOOKUP_OWNERSHIP_HOLD_S = 60.0
+#: how often the ownership directories of deleted namespaces are looked for and removed where empty (and once at
+#: the start): those of a namespace deleted while a broker killed -9 held an ownership in it stayed for good
+DEFAULT_OWNERSHIP_TIDY_INTERVAL_S = 300.0
 #: topics one connection's PRODUCERs and SUBSCRIBEs open at once (the others wait their turn): each open is a
 #: series of ZooKeeper and bookie requests, and those of a thousand opens at once, queued together, held every
 #: other connection's open of a new topic until the last of them was done
@@ -272,6 +275,9 @@ class BrokerConfig:
     # How long the ownership a lookup took of a topic not opened here is kept (docs/broker.md, "Housekeeping and
     # ownership rules"): released at the first housekeeping tick after, unless a client opened the topic
     lookup_ownership_hold_s: float = DEFAULT_LOOKUP_OWNERSHIP_HOLD_S
+    # How often the ownership directories of namespaces that no longer exist are removed where empty (and once
+    # at the start; BrokerMetadataStore.tidy_ownership_dirs)
+    ownership_tidy_interval_s: float = DEFAULT_OWNERSHIP_TIDY_INTERVAL_S
 
     @property
     def id(self) -> str:
@@ -2362,6 +2368,7 @@ class BrokerService:
         self._tick_failing = RateLimitedLog(log, LOG_EVERY_S)  # (a housekeeping step that raised)
         self._expiry_monitor: asyncio.Task[None] | None = None
         self._subscription_expiry_monitor: asyncio.Task[None] | None = None
+        self._ownership_tidy: asyncio.Task[None] | None = None
         #: topic -> subscription -> when the subscription expiration check last saw a consumer on it (ms)
         self._consumers_seen_ms: dict[str, dict[str, int]] = {}
 
@@ -2509,6 +2516,14 @@ class BrokerService:
                 "subscription expiration not checked",
             )
         )
+        self._ownership_tidy = loop.create_task(
+            self._every(
+                self.config.ownership_tidy_interval_s,
+                self.tidy_ownership_dirs,
+                "ownership directories of deleted namespaces not tidied",
+                at_once=True,
+            )
+        )
         log.info("broker=%s serving %s", self.config.id, self.config.service_url)
 
     async def _register(self) -> None:
@@ -2573,6 +2588,8 @@ class BrokerService:
             self._expiry_monitor.cancel()
         if self._subscription_expiry_monitor is not None:
             self._subscription_expiry_monitor.cancel()
+        if self._ownership_tidy is not None:
+            self._ownership_tidy.cancel()
         self.bookie_supply.close()
         for s in list(self.sessions):
             s.transport.close()
@@ -2679,13 +2696,31 @@ class BrokerService:
                     topic.tick_failures.reset()
 
     @staticmethod
-    async def _every(interval_s: float, check: Callable[[], Awaitable[None]], failed: str) -> None:
-        """``check()`` every ``interval_s``, its failures logged as ``failed`` at most once a minute."""
+    async def _every(
+        interval_s: float, check: Callable[[], Awaitable[object]], failed: str, *, at_once: bool = False
+    ) -> None:
+        """``check()`` every ``interval_s`` (``at_once``: the first at once), its failures logged as ``failed``
+        at most once a minute."""
         failing = RateLimitedLog(log, LOG_EVERY_S)
-        while True:
+        if not at_once:
             await asyncio.sleep(interval_s)
+        while True:
             with failing.catching(Exception, failed):
                 await check()
+            await asyncio.sleep(interval_s)
+
+    async def tidy_ownership_dirs(self) -> None:
+        """The ownership directories of namespaces that no longer exist removed where empty
+        (:meth:`BrokerMetadataStore.tidy_ownership_dirs`), a line logged when some went."""
+        if self.meta is None or self._session_lost:
+            return
+        removed = await self.meta.tidy_ownership_dirs()
+        if removed:
+            log.info(
+                "broker=%s removed %d empty ownership directories of deleted namespaces",
+                self.config.id,
+                removed,
+            )
 
     async def check_compaction(self) -> None:
         """Start a compaction of each topic served here whose backlog exceeds its compaction threshold

@@ -986,6 +986,10 @@ class BrokerMetadataStore:
             try:
                 await self.store.acreate(path, info.to_json(), ephemeral=True)
                 return info
+            except MetadataNotFoundError:
+                # its directories removed as they were made (a tidy-up, a namespace delete's or a release's
+                # pruning of empty ones, twice in a row: kazoo makes the parents again once): make them again
+                continue
             except MetadataExistsError:
                 current = await self.store.aget_optional(path)
                 if current is None:
@@ -1016,15 +1020,44 @@ class BrokerMetadataStore:
         session = self.store.session_id
         return stat is not None and session is not None and stat.ephemeral_owner != session
 
-    async def prune_ownership_dirs(self, tenant: str, namespace: str) -> None:
+    async def prune_ownership_dirs(self, tenant: str, namespace: str) -> int:
         """The namespace's ownership directories removed where empty: an open refused once the namespace went
-        (:class:`NamespaceGoneError`) had made them for its ownership znode."""
+        (:class:`NamespaceGoneError`) had made them for its ownership znode. Returns how many went."""
         ns_dir = f"{layout.OWNERSHIP}/{layout.check_znode_name(tenant)}/{layout.check_znode_name(namespace)}"
+        removed = 0
         for path in (f"{ns_dir}/persistent", ns_dir):
             try:
-                await self.store.adelete(path, missing_ok=True)
+                removed += await self.store.adelete(path, missing_ok=True)
             except MetadataNotEmptyError:
-                return
+                break
+        return removed
+
+    async def tidy_ownership_dirs(self) -> int:
+        """The ownership directories of namespaces that no longer exist removed where empty, and a tenant's
+        once it has no namespaces; returns how many znodes went. A namespace deleted while a broker held an
+        ownership znode in it (a lookup's, of a topic nobody opened) keeps its directories from the delete's
+        pruning; the holder's release prunes them, but a holder killed -9 never releases: its znode went with its
+        session and the two empty directories stayed for good. A directory something is created in meanwhile
+        stays (ZooKeeper refuses to delete it: not empty), and a create whose directory went as it was made
+        makes it again (:meth:`acquire_ownership`)."""
+        try:
+            tenants = await self.store.achildren(layout.OWNERSHIP)
+        except MetadataNotFoundError:
+            return 0
+        removed = 0
+        for tenant in tenants:
+            tenant_dir = f"{layout.OWNERSHIP}/{tenant}"
+            try:
+                namespaces = await self.store.achildren(tenant_dir)
+            except MetadataNotFoundError:
+                continue
+            for ns in namespaces:
+                if not await self.store.aexists(f"{layout.NAMESPACES}/{tenant}/{ns}"):
+                    removed += await self.prune_ownership_dirs(tenant, ns)
+            if not await self.store.aexists(f"{layout.NAMESPACES}/{tenant}"):
+                with contextlib.suppress(MetadataNotEmptyError):
+                    removed += await self.store.adelete(tenant_dir, missing_ok=True)
+        return removed
 
     async def get_owner(self, ml_name: str) -> OwnershipInfo | None:
         v = await self.store.aget_optional(layout.topic_ownership_path(ml_name))

@@ -1,0 +1,140 @@
+"""Tests for the bugs planted in the audit of 856c42e..1eb8e2e (docs/architecture.md §11) that the tests of the
+time let through: each fails with its bug planted and passes without it. Real ZooKeeper, bookies and brokers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ledger_client import BookKeeper, ClientConfig
+from ledger_client.range_reader import BatchReader
+
+
+def _read_with_held_answers(bookies: Any, hold_s: float | None, **cfg: Any) -> tuple[BookKeeper, list[bytes]]:
+    """Read entries 0..39 of a closed 3/3/2 ledger in batches of 4 with a new client, the answer to the first batch
+    sent to the ensemble's bookie 1 (where a fresh reader's first batch goes) held ``hold_s`` seconds (None: never
+    given), every other answer at once: that bookie answers its other batches meanwhile, as a busy one does."""
+    held: list[int] = []
+    on_reply = BatchReader._on_reply
+
+    def holding(self: BatchReader, b: Any, resp: Any, exc: BaseException | None) -> None:
+        if b.bookie == self.lh.metadata.last_ensemble.bookies[1] and not held:
+            held.append(b.first)
+            if hold_s is not None:
+                self.lh._loop.call_later(hold_s, on_reply, self, b, resp, exc)
+            return
+        on_reply(self, b, resp, exc)
+
+    async def go() -> tuple[BookKeeper, list[bytes]]:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(40)])
+        await lh.close()
+        await bk.close()
+        reader = await BookKeeper.connect(
+            bookies.zk,
+            config=ClientConfig(zk_root=bookies.root, read_batch_entries=4, read_timeout_s=120.0, **cfg),
+        )
+        rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
+        BatchReader._on_reply = holding  # type: ignore[method-assign]
+        try:
+            got = await asyncio.wait_for(_entries(rh), 30)
+        finally:
+            BatchReader._on_reply = on_reply  # type: ignore[method-assign]
+            await reader.close()
+        assert held == [0], held
+        return reader, got
+
+    return asyncio.run(go())
+
+
+async def _entries(rh: Any) -> list[bytes]:
+    return [e.data async for e in rh.read(0, 39)]
+
+
+def test_speculative_reads_spare_a_busy_bookie_and_copy_one_silent_since(bookies: Any) -> None:
+    """A batch whose bookie answers other batches of the read meanwhile is busy, not hung: no speculative copy at
+    ``speculative_read_timeout_s`` (the timer looks again one timeout later), and one still silent then, its
+    bookie silent too, is sent to the next replica. Planted: an answer not counted (a busy bookie's batch
+    copied at the first timeout), a busy one's timer not armed again (a batch its bookie never answers waited
+    out the 120 s read timeout)."""
+    bookies.start_many(3)
+    want = [b"e%d" % i for i in range(40)]
+    reader, got = _read_with_held_answers(bookies, 1.5, speculative_read_timeout_s=1.0)
+    assert got == want and reader.speculative_reads == 0
+    reader, got = _read_with_held_answers(bookies, None, speculative_read_timeout_s=0.5)
+    assert got == want and reader.speculative_reads == 1
+
+
+def test_a_speculative_copy_failing_at_once_leaves_the_batch_waiting_for_its_stalled_replica(
+    bookies: Any,
+) -> None:
+    """A 2/2/2 ledger, the replica asked first stalled (SIGSTOP) and the other one down: the speculative copy
+    fails at once, and the read waits for the stalled replica (resumed 2 s later), which holds the entry; it is
+    not an error while a replica asked may still answer. Planted: a failed copy settling the batch, its stalled
+    rival dropped and the entry declared unreadable 0.5 s into the read."""
+    procs = bookies.start_many(2)
+
+    async def go() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        lh = await bk.create_ledger(2, 2, 2, password=b"pw")
+        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(10)])
+        await lh.close()
+        await bk.close()
+        ensemble = lh.metadata.last_ensemble.bookies
+        # a fresh reader asks bookie 1 of the ensemble first for entry 5 (its write set in order: 1, 0)
+        stalled, dead = (next(bp for bp in procs if bp.id == ensemble[i]) for i in (1, 0))
+        dead.kill9()
+        reader = await BookKeeper.connect(
+            bookies.zk,
+            config=ClientConfig(zk_root=bookies.root, read_timeout_s=120.0, speculative_read_timeout_s=0.5),
+        )
+        rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
+        stalled.pause()
+        try:
+            read = asyncio.ensure_future(rh.read_entry(5))
+            await asyncio.sleep(2.0)
+            assert not read.done(), read
+        finally:
+            stalled.resume()
+        try:
+            assert (await asyncio.wait_for(read, 30)).data == b"e5"
+            assert reader.speculative_reads == 1
+        finally:
+            await reader.close()
+
+    asyncio.run(go())
+
+
+def test_a_request_a_speculative_copy_won_over_is_forgotten_on_the_hung_bookies_connection(
+    bookies: Any,
+) -> None:
+    """The request of a batch whose speculative copy delivered first is given up on: nothing of it stays
+    outstanding on the hung (SIGSTOPped) bookie's read connection. Planted: the dropped rival's request not
+    forgotten, one request left pending per speculated batch for as long as the connection lives."""
+    procs = bookies.start_many(3)
+
+    async def go() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(10)])
+        await lh.close()
+        await bk.close()
+        # a fresh reader asks bookie 1 of the ensemble first
+        hung = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[1])
+        reader = await BookKeeper.connect(
+            bookies.zk,
+            config=ClientConfig(zk_root=bookies.root, read_timeout_s=120.0, speculative_read_timeout_s=0.5),
+        )
+        rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
+        hung.pause()
+        try:
+            assert (await asyncio.wait_for(rh.read_entry(5), 30)).data == b"e5"
+            assert reader.speculative_reads == 1
+            conn = reader.read_pool.get_nowait(hung.id)
+            assert conn is not None and conn.outstanding == 0, conn and conn.outstanding
+        finally:
+            hung.resume()
+            await reader.close()
+
+    asyncio.run(go())
