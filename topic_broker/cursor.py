@@ -55,6 +55,9 @@ __all__ = [
 
 MAX_STORED_RANGES = 10_000
 DEFAULT_FLUSH_INTERVAL_S = 1.0
+#: a stored cursor's take-over write at its open, tried again on a conflict (a previous owner's save between
+#: the read and the write) so often before the open gives up (and fences: another owner keeps writing it)
+TAKE_OVER_TRIES = 5
 #: The most a subscription's properties may take in its cursor's znode (JSON as stored, non-ASCII escaped): a tenth
 #: of a znode body, leaving the rest to the ranges. More and every save of the cursor would fail
 SUBSCRIPTION_PROPERTIES_MAX_BYTES = 100_000
@@ -296,8 +299,24 @@ class ManagedCursor:
         *,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
     ) -> ManagedCursor:
-        """Restore the subscription ``name``, or create it at ``initial_position``."""
+        """Restore the subscription ``name``, or create it at ``initial_position``.
+
+        A stored cursor is written once at once, as it is (a take-over write, which only moves its version on):
+        a previous owner of the topic that does not know yet that it lost it (SIGSTOPped past its ZooKeeper
+        session, then resumed) saved its acknowledgements at the version it held, over this owner's cursor,
+        and this owner's next save then conflicted and fenced the topic here. Now that save conflicts and
+        fences the old owner; one it made between our read and our write is read again and taken over."""
         stored = await ml.store.get_cursor(ml.name, name)
+        for _ in range(TAKE_OVER_TRIES):
+            if stored is None:
+                break
+            try:
+                stored = await ml.store.save_cursor(ml.name, name, stored.value, stored.version)
+                break
+            except (zk.MetadataVersionError, zk.MetadataNotFoundError):
+                stored = await ml.store.get_cursor(ml.name, name)
+        else:
+            raise ml.fence(f"cursor {name} written by another owner while it was opened")
         if stored is not None:
             cursor = Cursor.from_info(stored.value, ml.next_position)
             mc = cls(ml, name, cursor, stored.version, stored.value.properties, flush_interval_s)
@@ -504,7 +523,14 @@ class ManagedCursor:
                 stored = (
                     await self.ml.store.get_cursor(self.ml.name, self.name) if self._unconfirmed else None
                 )
-                if stored is None or stored.value.to_json() not in self._unconfirmed:
+                # ours only if no write of another came after them: each of our unknown writes moved the
+                # version on by one at most (a new owner's take-over write, of the same content as one of
+                # ours, moves it one further)
+                if (
+                    stored is None
+                    or stored.value.to_json() not in self._unconfirmed
+                    or stored.version - self._version > len(self._unconfirmed)
+                ):
                     raise self.ml.fence(f"cursor {self.name} written by another owner") from e
                 log.info("ml=%s cursor=%s: a write whose reply was lost was applied", self.ml.name, self.name)
                 self._version = stored.version
