@@ -10,6 +10,21 @@ from ledger_client import BookKeeper, ClientConfig
 from ledger_client.range_reader import BatchReader
 
 
+async def _closed_ledger_and_reader(
+    bookies: Any, size: int, entries: int, **cfg: Any
+) -> tuple[Any, BookKeeper]:
+    """A closed size/size/size ledger of ``entries`` entries b"e<i>", and a new client to read it with ``cfg``
+    (read_timeout_s 120 s unless given)."""
+    bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+    lh = await bk.create_ledger(size, size, 2, password=b"pw")
+    await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(entries)])
+    await lh.close()
+    await bk.close()
+    cfg.setdefault("read_timeout_s", 120.0)
+    reader = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root, **cfg))
+    return lh, reader
+
+
 def _read_with_held_answers(bookies: Any, hold_s: float | None, **cfg: Any) -> tuple[BookKeeper, list[bytes]]:
     """Read entries 0..39 of a closed 3/3/2 ledger in batches of 4 with a new client, the answer to the first batch
     sent to the ensemble's bookie 1 (where a fresh reader's first batch goes) held ``hold_s`` seconds (None: never
@@ -26,15 +41,7 @@ def _read_with_held_answers(bookies: Any, hold_s: float | None, **cfg: Any) -> t
         on_reply(self, b, resp, exc)
 
     async def go() -> tuple[BookKeeper, list[bytes]]:
-        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
-        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
-        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(40)])
-        await lh.close()
-        await bk.close()
-        reader = await BookKeeper.connect(
-            bookies.zk,
-            config=ClientConfig(zk_root=bookies.root, read_batch_entries=4, read_timeout_s=120.0, **cfg),
-        )
+        lh, reader = await _closed_ledger_and_reader(bookies, 3, 40, read_batch_entries=4, **cfg)
         rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
         BatchReader._on_reply = holding  # type: ignore[method-assign]
         try:
@@ -76,19 +83,11 @@ def test_a_speculative_copy_failing_at_once_leaves_the_batch_waiting_for_its_sta
     procs = bookies.start_many(2)
 
     async def go() -> None:
-        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
-        lh = await bk.create_ledger(2, 2, 2, password=b"pw")
-        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(10)])
-        await lh.close()
-        await bk.close()
+        lh, reader = await _closed_ledger_and_reader(bookies, 2, 10, speculative_read_timeout_s=0.5)
         ensemble = lh.metadata.last_ensemble.bookies
         # a fresh reader asks bookie 1 of the ensemble first for entry 5 (its write set in order: 1, 0)
         stalled, dead = (next(bp for bp in procs if bp.id == ensemble[i]) for i in (1, 0))
         dead.kill9()
-        reader = await BookKeeper.connect(
-            bookies.zk,
-            config=ClientConfig(zk_root=bookies.root, read_timeout_s=120.0, speculative_read_timeout_s=0.5),
-        )
         rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
         stalled.pause()
         try:
@@ -115,17 +114,9 @@ def test_a_request_a_speculative_copy_won_over_is_forgotten_on_the_hung_bookies_
     procs = bookies.start_many(3)
 
     async def go() -> None:
-        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
-        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
-        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(10)])
-        await lh.close()
-        await bk.close()
+        lh, reader = await _closed_ledger_and_reader(bookies, 3, 10, speculative_read_timeout_s=0.5)
         # a fresh reader asks bookie 1 of the ensemble first
         hung = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[1])
-        reader = await BookKeeper.connect(
-            bookies.zk,
-            config=ClientConfig(zk_root=bookies.root, read_timeout_s=120.0, speculative_read_timeout_s=0.5),
-        )
         rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
         hung.pause()
         try:
