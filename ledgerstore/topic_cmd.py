@@ -416,6 +416,20 @@ def _terminate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unload(args: argparse.Namespace) -> int:
+    """pulsar-admin's ``topics unload``: the topic (each partition) closed on the broker serving it, its
+    clients reconnecting (the next lookup may land on another broker); its current ledger is closed."""
+    path, full = topic_path(args.name)
+    n = _partitions(args, path)
+    rest(args.url, "PUT", f"{path}/unload")
+    emit(
+        args,
+        f"unloaded {full}" + (f" ({counted(n, 'partition')})" if n else ""),
+        {"topic": full, "unloaded": True, "partitions": n},
+    )
+    return 0
+
+
 def _skip(args: argparse.Namespace) -> int:
     """pulsar-admin's ``topics skip -s SUB -n N`` (each partition of a partitioned topic)."""
     if args.count < 1:
@@ -1068,6 +1082,12 @@ def add_topic_commands(
     p.add_argument("-n", "--count", type=int, default=1, help="entries to peek (a batch is one)")
     p = verb(
         "terminate", "take no more messages on a topic, ever (its consumers read it to the end)", _terminate
+    )
+    p.add_argument("name", help="topic name (a partitioned topic's: each partition)")
+    p = verb(
+        "unload",
+        "close a topic where it is served: its clients reconnect, its current ledger is closed",
+        _unload,
     )
     p.add_argument("name", help="topic name (a partitioned topic's: each partition)")
     p = verb("skip", "acknowledge a subscription's next N messages unread", _skip)

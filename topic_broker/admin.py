@@ -2323,8 +2323,13 @@ class AdminApp:
         return _json(_message_id(last, name.partition_index, batch_index))
 
     async def unload(self, request: web.Request) -> web.Response:
-        """Stop serving the topic here (clients reconnect; the next lookup may land elsewhere)."""
+        """Stop serving the topic here (clients reconnect; the next lookup may land elsewhere). A partitioned
+        topic's: each partition on its owner, as Pulsar's (a partition missing is passed over); it was 404."""
         name = self._topic_name(request)
+        if not name.is_partition and await self._partitions(name):
+            results = await self._each_partition(name, "PUT", "/unload", request=request)
+            self._check_partition_results(results, ok_404=True)
+            return _no_content()
         if self._served(name) is None:
             await self._redirect_if_not_owner(request, name)
             if not await self._exists(name):

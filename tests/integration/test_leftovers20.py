@@ -4,6 +4,7 @@ broker was killed -9 (real ZooKeeper; broker processes and bookies for the kill)
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 import uuid
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.integration.test_broker_admin import ledgerstore
 from tests.integration.test_broker_client_features3 import admin
 from tests.zk_testing import ZkTarget, wait_for
 from zk import layout
@@ -92,3 +94,36 @@ def test_an_ownership_whose_directories_go_as_it_is_created_is_taken(
     assert asyncio.run(meta.acquire_ownership("public/racing/persistent/t", me)) == me
     assert len(calls) == 2
     assert zk_store.children("ownership/public/racing/persistent") == ["t"]
+
+
+def test_topic_unload_closes_each_partition_of_a_partitioned_topic(cluster: Brokers) -> None:  # noqa: F811
+    """`ledgerstore topic unload` (pulsar-admin's ``topics unload``): a partitioned topic's partitions, opened by a
+    producer, are closed where served (their ownership let go); the REST's ``PUT …/unload`` on the partitioned
+    topic was 404 'Topic … not found'. A plain topic likewise; one that does not exist is exit 4 (not found)."""
+    bp = cluster.start()
+    t = f"unload-{uuid.uuid4().hex[:8]}"
+    url = ["--url", f"http://127.0.0.1:{bp.http_port}"]
+    svc = ["--service-url", bp.service_url]
+    assert ledgerstore("topic", "create", t, "--partitions", "2", *url).returncode == 0
+    r = ledgerstore("topic", "produce", t, "-m", "x", "-n", "4", *url, *svc)
+    assert r.returncode == 0, r.stderr
+    owned = "ownership/public/default/persistent"
+    parts = [f"{t}-partition-{i}" for i in range(2)]
+    with MetadataStore.connect(cluster.bookies.zk, cluster.bookies.root) as store:
+        assert set(parts) <= set(store.children(owned))
+        r = ledgerstore("topic", "unload", t, *url, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {
+            "topic": f"persistent://public/default/{t}",
+            "unloaded": True,
+            "partitions": 2,
+        }
+        assert wait_for(lambda: not set(parts) & set(store.children(owned)), 10), store.children(owned)
+        plain = f"{t}-plain"
+        assert ledgerstore("topic", "produce", plain, "-m", "x", *url, *svc).returncode == 0
+        assert plain in store.children(owned)
+        r = ledgerstore("topic", "unload", plain, *url)
+        assert (r.returncode, r.stdout.strip()) == (0, f"unloaded persistent://public/default/{plain}")
+        assert wait_for(lambda: plain not in store.children(owned), 10)
+    r = ledgerstore("topic", "unload", f"{t}-nothing", *url)
+    assert r.returncode == 4 and "404 Topic" in r.stderr, (r.returncode, r.stdout, r.stderr)
