@@ -219,6 +219,7 @@ class Bookie:
         self.stop_requested = asyncio.Event()
         # a failed bookie's "failed again" and "checkpoint skipped" lines
         self._still_failed_log = RateLimitedLog(log, LOG_EVERY_S)
+        self._open_files = server_gate.OpenFilesWatch(f"bookie={config.id}")  # (checked with the disk)
 
     # ------------------------------------------------------------------------------------------ start
     async def start(self) -> None:
@@ -753,6 +754,7 @@ class Bookie:
                 return
 
     async def _disk_check(self) -> None:
+        self._open_files.check()
         usage = self._update_readonly()
         assert self.core is not None
         if (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -76,6 +76,9 @@ class ServerMetrics(Collector):
         self._collectors: list[Callable[[], Iterable[Metric]]] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
+        # the process's own, as a JVM's exporter gives BookKeeper and Pulsar: process_open_fds and process_max_fds
+        # (a server at its limit drops new connections), resident memory, CPU seconds, start time
+        ProcessCollector(registry=self.registry)
 
     def counter(self, name: str, help_text: str, fn: Callable[[], float]) -> None:
         """A counter whose value ``fn()`` returns when scraped. Its name ends in ``_total`` (Prometheus' rule for

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple, cast
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from zk.ratelog import LOG_EVERY_S, RateLimitedLog
+
 log = logging.getLogger("ledgerstore.bookie.server")
 
 LOG_REFUSALS_EVERY_S = (
@@ -185,6 +187,47 @@ def raise_open_files_limit(needed: int, what: str) -> int:
             needed,
         )
     return soft
+
+
+#: Descriptors left free under the soft limit below which :class:`OpenFilesWatch` warns: a server at its limit
+#: cannot accept a connection (libuv accepts it on a spare descriptor and closes it at once, saying nothing).
+OPEN_FILES_SPARE = 16
+
+
+class OpenFilesWatch:
+    """Whether the process is (nearly) out of file descriptors, checked by a server's one-second loop: a broker or
+    bookie at its ``ulimit -n`` drops every new connection unanswered (the client sees it connect and close, and a
+    pulsar-client retries until its operation timeout) and logged nothing; now a warning, at most one a minute
+    while it lasts. ``/metrics`` has ``process_open_fds`` and ``process_max_fds`` (bookie/metrics.py)."""
+
+    def __init__(self, what: str, *, fd_dir: str = "/proc/self/fd") -> None:
+        self.what = what
+        self.fd_dir = fd_dir
+        self._said = RateLimitedLog(log, LOG_EVERY_S)
+
+    def check(self) -> int | None:
+        """The descriptors in use (None where /proc cannot tell), with the warning when few are left."""
+        import os
+        import resource
+
+        try:
+            used = len(os.listdir(self.fd_dir))
+        except OSError:  # no /proc here, or out of descriptors for the listing itself: the limit is reached
+            used = None
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return used
+        if used is None or used >= soft - OPEN_FILES_SPARE:
+            self._said.warning(
+                "%s: %s of its %d open files in use: new connections are closed unanswered until some close "
+                "(raise the limit, ulimit -n, or find who holds them)",
+                self.what,
+                "all" if used is None else used,
+                soft,
+            )
+        else:
+            self._said.reset()
+        return used
 
 
 class _GatedHttpConnection(asyncio.Protocol):

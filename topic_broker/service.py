@@ -50,6 +50,7 @@ from urllib.parse import unquote
 
 import zk
 from bookie.auth import TokenError, TokenVerifier
+from bookie.server_gate import OpenFilesWatch
 from ledger_client import BookKeeper, ClientConfig
 from ledger_client import errors as LE
 from zk.backoff import backoff
@@ -2366,6 +2367,7 @@ class BrokerService:
         self.bookie_supply = BookieSupply(config.id, config.ensemble_size)
         self._policies_failing = RateLimitedLog(log, LOG_EVERY_S)  # (ZooKeeper away)
         self._tick_failing = RateLimitedLog(log, LOG_EVERY_S)  # (a housekeeping step that raised)
+        self._open_files = OpenFilesWatch(f"broker={config.id}")  # (out of descriptors: connections dropped)
         self._expiry_monitor: asyncio.Task[None] | None = None
         self._subscription_expiry_monitor: asyncio.Task[None] | None = None
         self._ownership_tidy: asyncio.Task[None] | None = None
@@ -2663,6 +2665,7 @@ class BrokerService:
             # (nothing here may end the loop: every topic's rollover, retention and quota hang on it)
             with self._tick_failing.catching(Exception, "housekeeping: bookies or TLS files not checked"):
                 self.bookie_supply.remind()
+                self._open_files.check()
                 if self.tls is not None:
                     self.tls.check(now)
             for s in list(self.sessions):

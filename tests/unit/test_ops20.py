@@ -39,3 +39,49 @@ def test_bookie_serve_refuses_disk_usage_marks_that_are_not_shares(
         assert serve(args) == 2
     assert said in caplog.text, caplog.text
     assert not data.exists()  # refused before it touched anything
+
+
+def test_a_server_out_of_file_descriptors_says_so(tmp_path: Path) -> None:
+    """A broker or bookie at its `ulimit -n` dropped every new connection unanswered (libuv accepts it on a spare
+    descriptor and closes it) and logged nothing: a pulsar-client retried until its operation timeout (Timeout
+    after 8 s, the broker's log silent). Their one-second loops now warn, once a minute while it lasts, and
+    /metrics shows process_open_fds and process_max_fds. Run in a child process whose limit is lowered."""
+    import subprocess
+    import sys
+
+    child = """
+import logging, os, resource, sys
+from bookie.metrics import ServerMetrics
+from bookie.server_gate import OpenFilesWatch
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s %(message)s")
+used = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + 40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+watch = OpenFilesWatch("broker=b1")
+print("roomy", watch.check() is not None)
+held = []
+try:
+    while True:
+        held.append(open(os.devnull))
+except OSError:
+    pass
+watch.check()
+watch.check()  # the same condition: no second line within the minute
+held.pop().close()
+exposition = ServerMetrics().exposition().decode()
+print([line.split()[0] for line in exposition.splitlines() if line.startswith("process_") and "fds" in line])
+for f in held:
+    f.close()
+print("after", watch.check() is not None)
+"""
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "roomy True"
+    warned = [line for line in lines if line.startswith("WARNING")]
+    assert len(warned) == 1, lines
+    assert (
+        warned[0].startswith("WARNING broker=b1: all of its ")
+        and "open files in use: new connections" in warned[0]
+    )
+    assert "['process_open_fds', 'process_max_fds']" in lines
+    assert lines[-1] == "after True"
