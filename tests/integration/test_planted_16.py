@@ -4,6 +4,7 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from ledger_client import BookKeeper, ClientConfig
@@ -127,5 +128,50 @@ def test_a_request_a_speculative_copy_won_over_is_forgotten_on_the_hung_bookies_
         finally:
             hung.resume()
             await reader.close()
+
+    asyncio.run(go())
+
+
+def test_a_long_poll_for_the_lac_waits_its_time_and_a_dead_bookie_passes_it_on_as_a_long_poll(
+    bookies: Any,
+) -> None:
+    """``wait_for_lac`` speculates only once a long poll is overdue: a poll answered at its own end (nothing
+    written) marks no bookie slow. And a bookie that fails at once (killed) passes the long poll on to the next
+    bookie as a long poll, which answers when the LAC moves. Planted: the speculative timer counted from the
+    poll's start (a healthy bookie marked slow 0.5 s into a 2 s poll, as each of them in turn), and the next
+    bookie asked for the LAC as it is (the call returned at once, the LAC not moved: a tailing reader's poll a
+    busy loop while a bookie of its ensemble is down)."""
+    procs = bookies.start_many(4)
+
+    async def go() -> None:
+        cfg = ClientConfig(
+            zk_root=bookies.root, explicit_lac_interval_s=0
+        )  # (the LAC moves with the adds only)
+        bk = await BookKeeper.connect(bookies.zk, config=cfg)
+        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(20)])
+        await lh.append(b"e20")  # (the bookies learn LAC 19 with it)
+        reader = await BookKeeper.connect(
+            bookies.zk,
+            config=ClientConfig(zk_root=bookies.root, read_timeout_s=120.0, speculative_read_timeout_s=0.5),
+        )
+        rh = await reader.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+        try:
+            assert await asyncio.wait_for(rh.wait_for_lac(19, 2.0), 30) == 19
+            assert reader.read_timed_out == {}, reader.read_timed_out
+            ensemble = lh.metadata.last_ensemble.bookies
+            next(bp for bp in procs if bp.id == ensemble[0]).kill9()
+            for b in ensemble[1:]:  # (the failure history puts them last: the dead one is asked first)
+                reader.read_timed_out[b] = time.monotonic()
+            poll = asyncio.ensure_future(rh.wait_for_lac(19, 20.0))
+            await asyncio.sleep(1.0)
+            assert not poll.done(), poll
+            await lh.append(b"e21")
+            await lh.append(b"e22")
+            assert await asyncio.wait_for(poll, 30) >= 20
+        finally:
+            await reader.close()
+            await lh.close()
+            await bk.close()
 
     asyncio.run(go())
