@@ -232,3 +232,68 @@ def before_first_call(
         yield outcome
     finally:
         delattr(obj, attr)  # the class's method again
+
+
+class ServedOnAThread:
+    """``topic_broker.main.serve`` running on a thread of its own (see :func:`serve_on_a_thread`): its started
+    ``service``, the ``thread``, ``rc`` (serve's exit status once it returned) and ``stop`` (its stop event)."""
+
+    def __init__(self, service: Any, thread: Any, rc: list[int], stop: Any) -> None:
+        self.service = service
+        self.thread = thread
+        self.rc = rc
+        self.stop = stop
+
+    def stop_and_join(self, timeout_s: float = 30.0) -> None:
+        """Set ``stop`` on the service's loop and wait for serve to return."""
+        self.service._loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(timeout_s)
+
+
+def broker_config(bookies: Any, broker_id: str, **config: Any) -> Any:
+    """A ``BrokerConfig`` for a broker in this process on the bookies' ZooKeeper and metadata root, on free ports
+    (listening on 127.0.0.1), with id ``broker_id`` and ``config`` its other fields."""
+    from topic_broker.service import BrokerConfig
+
+    return BrokerConfig(
+        **{
+            "zk": bookies.zk,
+            "zk_root": bookies.root,
+            "port": free_port(),
+            "http_port": free_port(),
+            "listen_address": "127.0.0.1",
+            "broker_id": broker_id,
+            **config,
+        }
+    )
+
+
+def serve_on_a_thread(config: Any, monkeypatch: pytest.MonkeyPatch) -> ServedOnAThread:
+    """``broker serve``'s own ``serve(config, stop)`` (its start checks, its registration, its shutdown when it
+    cannot register again) run on a thread, as a process would run it, with its ``BrokerService`` kept for the
+    test; returns once the service has started (30 s at most)."""
+    import asyncio
+    import threading
+
+    import topic_broker.main as broker_main
+    from tests.zk_testing import wait_for
+    from topic_broker.service import BrokerService
+
+    services: list[BrokerService] = []
+
+    class Captured(BrokerService):
+        async def start(self) -> None:
+            await super().start()
+            services.append(self)
+
+    monkeypatch.setattr(broker_main, "BrokerService", Captured)
+    stop = asyncio.Event()
+    rc: list[int] = []
+    thread = threading.Thread(
+        target=lambda: rc.append(asyncio.run(broker_main.serve(config, stop))), daemon=True
+    )
+    thread.start()
+    assert wait_for(lambda: bool(services), 30), "the broker did not start"
+    service = services[0]
+    assert service.meta is not None and service.bk is not None
+    return ServedOnAThread(service, thread, rc, stop)

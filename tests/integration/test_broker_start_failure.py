@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
 from typing import Any
 
 import pytest
@@ -14,10 +13,9 @@ import pytest
 import topic_broker.main as broker_main
 import zk
 from bookie.server_gate import PortProblems
-from ledgerstore.cluster import free_port
-from tests.broker_testing import before_first_call
+from tests.broker_testing import before_first_call, broker_config, serve_on_a_thread
 from tests.zk_testing import expire_session, wait_for
-from topic_broker.service import BrokerConfig, BrokerService
+from topic_broker.service import BrokerService
 from zk import layout
 from zk.errors import MetadataNotFoundError
 
@@ -33,15 +31,7 @@ def test_a_listener_failing_after_registration_unregisters_the_broker(
     taken.listen()
     port = taken.getsockname()[1]
     monkeypatch.setattr(broker_main, "port_problems", lambda host, ports: PortProblems([], []))
-    config = BrokerConfig(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=port,
-        http_port=free_port(),
-        listen_address="127.0.0.1",
-        broker_id="start-fails",
-        zk_session_timeout_s=30.0,
-    )
+    config = broker_config(bookies, "start-fails", port=port, zk_session_timeout_s=30.0)
     try:
         with pytest.raises(OSError):
             asyncio.run(broker_main.serve(config, asyncio.Event()))
@@ -62,34 +52,12 @@ def test_a_broker_that_cannot_register_again_after_a_lost_session_shuts_down(
     re-registration fails after the session timeout + 2 s, and the broker says so and exits 1 rather than go on
     serving unregistered (it went on serving, the failure of a background task nobody saw)."""
     bookies.start()
-    services: list[BrokerService] = []
-
-    class Captured(BrokerService):
-        async def start(self) -> None:
-            await super().start()
-            services.append(self)
-
-    monkeypatch.setattr(broker_main, "BrokerService", Captured)
-    config = BrokerConfig(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=free_port(),
-        http_port=free_port(),
-        listen_address="127.0.0.1",
-        broker_id="re-register-fails",
-        zk_session_timeout_s=3.0,
+    served = serve_on_a_thread(
+        broker_config(bookies, "re-register-fails", zk_session_timeout_s=3.0), monkeypatch
     )
-    stop = asyncio.Event()
-    rc: list[int] = []
-    thread = threading.Thread(
-        target=lambda: rc.append(asyncio.run(broker_main.serve(config, stop))), daemon=True
-    )
-    thread.start()
+    service, thread = served.service, served.thread
     other = zk.MetadataStore.connect(bookies.zk, root=bookies.root)
     try:
-        assert wait_for(lambda: bool(services), 30)
-        service = services[0]
-        assert service.meta is not None and service.bk is not None
         path = layout.broker_path("re-register-fails")
 
         async def take_the_id() -> None:
@@ -101,10 +69,9 @@ def test_a_broker_that_cannot_register_again_after_a_lost_session_shuts_down(
             expire_session(service.bk.store)
             thread.join(30)
         if thread.is_alive():  # (before: it went on serving)
-            service._loop.call_soon_threadsafe(stop.set)  # type: ignore[union-attr]
-            thread.join(30)
+            served.stop_and_join()
             pytest.fail("the broker went on serving unregistered")
-        assert rc == [1]
+        assert served.rc == [1]
         assert other.get(path).value["service_url"] == "pulsar://elsewhere:1"  # the other's left
     finally:
         other.close()
@@ -117,33 +84,11 @@ def test_a_zookeeper_error_while_registering_again_is_retried_not_a_shutdown(
     flapping): it is tried again and the broker serves on, registered under its new session (it logged 'could
     not register again' and exited 1, a passing ZooKeeper error taken for another broker holding its id)."""
     bookies.start()
-    services: list[BrokerService] = []
-
-    class Captured(BrokerService):
-        async def start(self) -> None:
-            await super().start()
-            services.append(self)
-
-    monkeypatch.setattr(broker_main, "BrokerService", Captured)
-    config = BrokerConfig(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=free_port(),
-        http_port=free_port(),
-        listen_address="127.0.0.1",
-        broker_id="re-register-flaps",
-        zk_session_timeout_s=3.0,
+    served = serve_on_a_thread(
+        broker_config(bookies, "re-register-flaps", zk_session_timeout_s=3.0), monkeypatch
     )
-    stop = asyncio.Event()
-    rc: list[int] = []
-    thread = threading.Thread(
-        target=lambda: rc.append(asyncio.run(broker_main.serve(config, stop))), daemon=True
-    )
-    thread.start()
-    assert wait_for(lambda: bool(services), 30)
-    service = services[0]
-    assert service.meta is not None and service.bk is not None
-    meta, store = service.meta, service.bk.store
+    thread, rc = served.thread, served.rc
+    meta, store = served.service.meta, served.service.bk.store
     real = meta.register_broker
     failed: list[str] = []
 
@@ -169,8 +114,7 @@ def test_a_zookeeper_error_while_registering_again_is_retried_not_a_shutdown(
         assert failed and registered_again()
     finally:
         if thread.is_alive():
-            service._loop.call_soon_threadsafe(stop.set)  # type: ignore[union-attr]
-            thread.join(30)
+            served.stop_and_join()
     assert rc == [0]
 
 
@@ -187,15 +131,7 @@ def test_a_start_failing_after_registration_unregisters_the_broker(
         raise zk.MetadataConnectionError("connection lost (made by the test)")
 
     monkeypatch.setattr(BookieSupply, "watch", watch_fails)
-    config = BrokerConfig(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=free_port(),
-        http_port=free_port(),
-        listen_address="127.0.0.1",
-        broker_id="start-watch-fails",
-        zk_session_timeout_s=30.0,
-    )
+    config = broker_config(bookies, "start-watch-fails", zk_session_timeout_s=30.0)
     with pytest.raises(zk.MetadataConnectionError):
         asyncio.run(broker_main.serve(config, asyncio.Event()))
     store = zk.MetadataStore.connect(bookies.zk, root=bookies.root)
@@ -224,14 +160,7 @@ def test_a_session_lost_during_the_start_after_registration_is_followed_by_a_reg
         await real_watch(self, registry)
 
     monkeypatch.setattr(BookieSupply, "watch", watch_after_expiry)
-    config = BrokerConfig(
-        zk=bookies.zk,
-        zk_root=bookies.root,
-        port=free_port(),
-        http_port=free_port(),
-        broker_id="session-lost-at-start",
-        zk_session_timeout_s=3.0,
-    )
+    config = broker_config(bookies, "session-lost-at-start", zk_session_timeout_s=3.0)
     path = layout.broker_path("session-lost-at-start")
 
     async def body() -> bool:
