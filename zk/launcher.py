@@ -196,6 +196,23 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _startup_cause(log_path: Path, data: Path) -> str:
+    """What a ZooKeeper that exited at start said in its log since this start, when it is a cause an operator can
+    act on without reading its Java traceback: its data directory full (it writes a snapshot as it starts, and
+    exits when it cannot)."""
+    since = log_tail(log_path, lines=200).rpartition("--- starting ZooKeeper")[2]
+    if "No space left on device" not in since:
+        return ""
+    try:
+        free = f"{shutil.disk_usage(data).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "its free space unknown"
+    return (
+        f": no space left on device in its data directory {data} ({free}); free space there and start it again "
+        "(what it stored is kept)"
+    )
+
+
 def render_config(
     data_dir: Path,
     port: int,
@@ -430,8 +447,8 @@ class ZooKeeperServer:
                 code = self._proc.returncode
                 self._proc = None
                 raise ZooKeeperLaunchError(
-                    f"ZooKeeper exited with status {code} during startup; log {self.log_path}:\n"
-                    f"{log_tail(self.log_path)}"
+                    f"ZooKeeper exited with status {code} during startup{_startup_cause(self.log_path, data)}; "
+                    f"log {self.log_path}:\n{log_tail(self.log_path)}"
                 )
             if server_mode(HOST, port, timeout=0.5) == "standalone":
                 return

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import stat
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from ledgerstore.cluster import free_port
 
@@ -58,3 +61,32 @@ def test_cluster_up_hands_autorecovery_passwords_over_in_a_private_file_not_in_p
         d = _ls("cluster", "down", "--state-dir", str(state))
         assert d.returncode == 0, d.stdout + d.stderr
     assert not held.exists()
+
+
+def test_zookeeper_that_cannot_start_for_a_full_data_directory_says_so_in_one_line(tmp_path: Path) -> None:
+    """ZooKeeper writes a snapshot as it starts and exits when its data directory is full; `zk start` (and
+    `cluster up`) said only 'exited with status 10 during startup' above 30 lines of its Java traceback. The
+    first line now names the cause and the directory; with room again it starts, its data kept."""
+    from zk.launcher import DATA_NAME, ZooKeeperLaunchError, ZooKeeperServer
+
+    data = tmp_path / "zk" / DATA_NAME
+    data.mkdir(parents=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(data)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        filler = data / "filler"
+        with filler.open("wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        zk = ZooKeeperServer(data_dir=tmp_path / "zk", port=free_port())
+        with pytest.raises(ZooKeeperLaunchError) as refused:
+            zk.start()
+        first = str(refused.value).splitlines()[0]
+        assert f"during startup: no space left on device in its data directory {data} (0.0 MiB free)" in first
+        filler.unlink()
+        zk.start()  # room again
+        zk.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
