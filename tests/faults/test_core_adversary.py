@@ -42,6 +42,30 @@ async def _bk(bookies, **cfg) -> BookKeeper:
     return await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root, **cfg))
 
 
+async def _written(bk: BookKeeper, n: int, size: int = 64, *, close: bool = True):
+    """A 3/3/2 ledger holding ``payload(i, size)`` for i < n, written pipelined; closed unless ``close`` is
+    False."""
+    lh = await bk.create_ledger(3, 3, 2, password=PW)
+    await asyncio.gather(*[await lh.append_future(payload(i, size)) for i in range(n)])
+    if close:
+        await lh.close()
+    return lh
+
+
+def _proc(procs, bookie_id: str):
+    """The bookie process whose id is ``bookie_id``."""
+    return next(bp for bp in procs if bp.id == bookie_id)
+
+
+def _asked(reader: BookKeeper) -> list[str]:
+    """The bookies ``reader``'s reads ask its read pool for, in order, from now on (a connection being opened
+    asks twice)."""
+    asked: list[str] = []
+    get = reader.read_pool.get_nowait
+    reader.read_pool.get_nowait = lambda b: asked.append(b) or get(b)  # type: ignore[method-assign]
+    return asked
+
+
 def test_a_replica_holding_a_corrupt_copy_is_failed_over_never_handed_out(bookies) -> None:
     bookies.start_many(3)
 
@@ -110,7 +134,7 @@ def test_a_bookie_paused_past_the_add_timeout_then_resumed(bookies) -> None:
     async def go() -> None:
         bk = await _bk(bookies, add_timeout_s=1.0)
         lh = await bk.create_ledger(3, 3, 3, password=PW)
-        victim = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[1])
+        victim = _proc(procs, lh.metadata.last_ensemble.bookies[1])
         acked: list[int] = []
         futs = []
         for i in range(400):
@@ -305,15 +329,13 @@ def test_the_writers_zookeeper_session_expiring_while_it_writes(bookies) -> None
 
     async def go() -> None:
         bk = await _bk(bookies, add_timeout_s=1.0)
-        lh = await bk.create_ledger(3, 3, 2, password=PW)
-        futs = [await lh.append_future(payload(i)) for i in range(100)]
-        await asyncio.gather(*futs)
+        lh = await _written(bk, 100, close=False)
         old = await asyncio.to_thread(expire_session, bk.store)
         print("expired", hex(old))
         futs = [await lh.append_future(payload(i)) for i in range(100, 200)]
         await asyncio.gather(*futs)
         # an ensemble change after the expiry: the metadata write goes through the new session
-        victim = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[0])
+        victim = _proc(procs, lh.metadata.last_ensemble.bookies[0])
         victim.kill9()
         futs = [await lh.append_future(payload(i)) for i in range(200, 300)]
         print([type(r).__name__ for r in await asyncio.gather(*futs, return_exceptions=True)][-3:])
@@ -429,7 +451,7 @@ def test_writer_killed_with_its_ensemble_change_cas_in_flight(bookies, mode: str
     head = w.stdout.readline().split()
     lid, ens = int(head[1]), head[2:]
     lines = [w.stdout.readline() for _ in range(300)]
-    victim = next(bp for bp in procs if bp.id == ens[1])
+    victim = _proc(procs, ens[1])
     victim.kill9()
     rest = w.stdout.read()
     assert w.wait(30) == -signal.SIGKILL
@@ -513,7 +535,7 @@ def test_recoverers_in_processes_one_killed_midway_and_three_at_once(bookies, di
     rest, _ = w.communicate()
     acked = _acked(lines + rest.splitlines())
     if die_at.endswith("bookie-down"):  # recovery's write-back must replace a bookie
-        next(bp for bp in procs if bp.id == ens[0]).kill9()
+        _proc(procs, ens[0]).kill9()
     r = _spawn(bookies, RECOVERER, str(lid), die_at)
     out, err = r.communicate(timeout=60)
     assert r.returncode == -signal.SIGKILL, (r.returncode, out, err[-2000:])
@@ -555,7 +577,7 @@ def test_bookie_killed_mid_group_commit_then_fenced_and_killed_again(bookies) ->
         bk = await _bk(bookies, add_timeout_s=1.0)
         lh = await bk.create_ledger(3, 3, 2, password=PW)
         ens = list(lh.metadata.last_ensemble.bookies)
-        victim = next(bp for bp in procs if bp.id == ens[2])
+        victim = _proc(procs, ens[2])
         acked: dict[int, bytes] = {}
         futs = []
         for i in range(3000):
@@ -580,7 +602,7 @@ def test_bookie_killed_mid_group_commit_then_fenced_and_killed_again(bookies) ->
         rh = await bk2.open_ledger(lh.ledger_id, password=PW, recovery=True)
         assert rh.metadata.last_entry_id >= top
         for b in rh.metadata.last_ensemble.bookies:
-            bp = next(x for x in procs if x.id == b)
+            bp = _proc(procs, b)
             bp.kill9()
             bp.start()
             raw = await RawBookie.open(b)
@@ -670,11 +692,8 @@ def test_reads_with_a_paused_replica(bookies) -> None:
 
     async def go() -> None:
         bk = await _bk(bookies)
-        lh = await bk.create_ledger(3, 3, 2, password=PW)
-        futs = [await lh.append_future(payload(i, 1000)) for i in range(3000)]
-        await asyncio.gather(*futs)
-        await lh.close()
-        paused = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[0])
+        lh = await _written(bk, 3000, 1000)
+        paused = _proc(procs, lh.metadata.last_ensemble.bookies[0])
         paused.pause()
         try:
             for cfg in ({"read_timeout_s": 1.0},):
@@ -713,16 +732,12 @@ def test_a_replica_whose_read_timed_out_is_asked_last_by_the_next_reads(bookies)
 
     async def go() -> None:
         bk = await _bk(bookies)
-        lh = await bk.create_ledger(3, 3, 2, password=PW)
-        await asyncio.gather(*[await lh.append_future(payload(i, 1000)) for i in range(600)])
-        await lh.close()
-        hung = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[0])
+        lh = await _written(bk, 600, 1000)
+        hung = _proc(procs, lh.metadata.last_ensemble.bookies[0])
         hung.pause()
         try:
             reader = await _bk(bookies, read_timeout_s=2.0, read_batch_entries=50)
-            asked: list[str] = []
-            get = reader.read_pool.get_nowait
-            reader.read_pool.get_nowait = lambda b: asked.append(b) or get(b)  # type: ignore[method-assign]
+            asked = _asked(reader)
             for _ in range(3):
                 asked.clear()
                 rh = await reader.open_ledger(lh.ledger_id, password=PW)
@@ -747,17 +762,13 @@ def test_a_read_a_hung_replica_does_not_answer_goes_to_another_after_the_specula
 
     async def go() -> None:
         bk = await _bk(bookies)
-        lh = await bk.create_ledger(3, 3, 2, password=PW)
-        await asyncio.gather(*[await lh.append_future(payload(i)) for i in range(40)])
-        await lh.close()
+        lh = await _written(bk, 40)
         # a fresh reader's first batch goes to bookie 1 of the ensemble (Qw == E: batches in turn from 1)
-        hung = next(bp for bp in procs if bp.id == lh.metadata.last_ensemble.bookies[1])
+        hung = _proc(procs, lh.metadata.last_ensemble.bookies[1])
         reader = await _bk(
             bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5, read_batch_entries=4
         )
-        asked: list[str] = []
-        get = reader.read_pool.get_nowait
-        reader.read_pool.get_nowait = lambda b: asked.append(b) or get(b)  # type: ignore[method-assign]
+        asked = _asked(reader)
         hung.pause()
         try:
             rh = await reader.open_ledger(lh.ledger_id, password=PW)
@@ -813,18 +824,14 @@ def test_a_speculative_copy_to_a_dead_bookie_does_not_leave_the_read_waiting_on_
 
     async def go() -> None:
         bk = await _bk(bookies)
-        lh = await bk.create_ledger(3, 3, 2, password=PW)
-        await asyncio.gather(*[await lh.append_future(payload(i)) for i in range(10)])
-        await lh.close()
+        lh = await _written(bk, 10)
         ensemble = lh.metadata.last_ensemble.bookies
         # a fresh reader asks bookie 1 of the ensemble first (Qw == E: batches in turn from 1); entry 5's write
         # set in order is 2, 0, 1, so its speculative copy goes to bookie 2, then bookie 0
-        hung, dead = (next(bp for bp in procs if bp.id == ensemble[i]) for i in (1, 2))
+        hung, dead = (_proc(procs, ensemble[i]) for i in (1, 2))
         dead.kill9()
         reader = await _bk(bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5)
-        asked: list[str] = []
-        get = reader.read_pool.get_nowait
-        reader.read_pool.get_nowait = lambda b: asked.append(b) or get(b)  # type: ignore[method-assign]
+        asked = _asked(reader)
         rh = await reader.open_ledger(lh.ledger_id, password=PW)
         hung.pause()
         try:
@@ -853,10 +860,9 @@ def test_a_long_poll_for_the_lac_a_hung_bookie_does_not_answer_asks_another_afte
 
     async def go() -> None:
         bk = await _bk(bookies)
-        lh = await bk.create_ledger(3, 3, 2, password=PW)
-        await asyncio.gather(*[await lh.append_future(payload(i)) for i in range(20)])
+        lh = await _written(bk, 20, close=False)
         ensemble = lh.metadata.last_ensemble.bookies
-        hung = next(bp for bp in procs if bp.id == ensemble[0])
+        hung = _proc(procs, ensemble[0])
         reader = await _bk(bookies, read_timeout_s=120.0, speculative_read_timeout_s=0.5)
         rh = await reader.open_ledger(lh.ledger_id, password=PW, recovery=False)
         hung.pause()
