@@ -1290,11 +1290,18 @@ class SubscriptionRuntime:
         self.execute(out.commands)
 
     def ack(self, ack: pb.CommandAck) -> None:
+        """An ack of a position after the topic's last stored entry is dropped, as Pulsar's cursor refuses a
+        mark-delete past its last confirmed entry: taken, it acknowledged entries not written yet (a stranger's
+        or a broken client's id, far in the future or a few entries ahead), which were then never delivered
+        to the subscription once produced (a cumulative one: every entry up to it)."""
+        last = self.topic.ml.last_confirmed_position()
         if ack.ack_type == pb.CommandAck.Cumulative:
             if not ack.message_id:
                 return
             mid = ack.message_id[0]
             pos = _position(mid)
+            if pos > last:
+                return
             batch_index = mid.batch_index if mid.HasField("batch_index") else -1
             if any(mid.ack_set):
                 batch_index = cumulative_batch_index(mid.ack_set)
@@ -1318,6 +1325,7 @@ class SubscriptionRuntime:
                     list(m.ack_set) if m.ack_set else None,
                 )
                 for m in ack.message_id
+                if _position(m) <= last
             ]
             out = self.core.ack_individual(items)
             if self.cursor is not None:

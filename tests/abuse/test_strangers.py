@@ -25,6 +25,7 @@ from topic_broker.connection import ConnectionConfig, ProtocolConnection
 pulsar = pytest.importorskip("pulsar")
 
 T = pb.BaseCommand
+EARLIEST = pulsar.InitialPosition.Earliest
 KEEPALIVE_S = 30.0  # the broker's keep-alive interval (topic_broker.connection.DEFAULT_KEEPALIVE_INTERVAL_S)
 
 
@@ -236,3 +237,54 @@ def test_a_subscribe_with_an_empty_subscription_name_gets_an_error_and_the_conne
     assert T.PONG in types, "the connection stays open and served"
     assert broker.log_path is not None
     assert "on_subscribe failed" not in broker.log_path.read_text()
+
+
+def _stranger_acks(port: int, topic: str, sub: str, ack_type: int, ledger: int, entry: int) -> None:
+    """A raw consumer of ``sub`` (Shared) that acknowledges ``(ledger, entry)``, then PINGs for the broker's PONG."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(_connect_frame())
+    dec = wire.FrameDecoder()
+    frames = dec.feed(s.recv(65536))
+    cmd = pb.CommandSubscribe(topic=topic, subscription=sub, subType=pb.CommandSubscribe.Shared)
+    cmd.consumer_id, cmd.request_id = 1, 1
+    s.sendall(wire.encode_command(T(type=T.SUBSCRIBE, subscribe=cmd)))
+    ack = pb.CommandAck(consumer_id=1, ack_type=ack_type)
+    ack.message_id.add(ledgerId=ledger, entryId=entry)
+    s.sendall(
+        wire.encode_command(T(type=T.ACK, ack=ack))
+        + wire.encode_command(T(type=T.PING, ping=pb.CommandPing()))
+    )
+    while not any(f.command.type == T.PONG for f in frames):
+        data = s.recv(65536)
+        assert data, "the broker closed the connection"
+        frames += dec.feed(data)
+    s.close()
+    assert [f.command.type for f in frames][:2] == [T.CONNECTED, T.SUCCESS]
+
+
+def test_acks_of_entries_not_written_yet_acknowledge_nothing(broker: BrokerProcess) -> None:  # noqa: F811
+    """A consumer's ack of a message id after the topic's last entry (an individual one two entries ahead, a
+    cumulative one three ahead) is dropped: the messages later stored there are delivered to the subscription."""
+    topic = "persistent://public/default/future-acks"
+    c = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    try:
+        p = c.create_producer(topic, batching_enabled=False)
+        first = p.send(b"m0")
+        for sub, kind, ahead in (("ind", pb.CommandAck.Individual, 2), ("cum", pb.CommandAck.Cumulative, 3)):
+            c.subscribe(
+                topic, sub, consumer_type=pulsar.ConsumerType.Shared, initial_position=EARLIEST
+            ).close()
+            _stranger_acks(broker.port, topic, sub, kind, first.ledger_id(), first.entry_id() + ahead)
+        for i in range(1, 6):
+            p.send(f"m{i}".encode())
+        for sub in ("ind", "cum"):
+            consumer = c.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared)
+            got = []
+            with contextlib.suppress(pulsar.Timeout):
+                while len(got) < 7:
+                    m = consumer.receive(2000)
+                    got.append(m.data())
+                    consumer.acknowledge(m)
+            assert sorted(got) == [f"m{i}".encode() for i in range(6)], sub
+    finally:
+        c.close()
