@@ -25,6 +25,7 @@ from .errors import (
     ReadBeyondLacError,
     UnauthorizedError,
 )
+from .send_path import ENTRY_PAYLOAD_MAX
 
 __all__ = [
     "BookKeeper",
@@ -32,6 +33,7 @@ __all__ = [
     "ClientConfig",
     "DigestMismatchError",
     "DigestType",
+    "ENTRY_PAYLOAD_MAX",
     "EntryBatch",
     "LedgerClosedError",
     "LedgerEntry",

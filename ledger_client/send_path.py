@@ -48,7 +48,9 @@ __all__ = ["AddCallback", "WriterSendPath"]
 _STATUS = {int(s): s for s in p.Status}
 _OK = int(p.Status.OK)
 _FRAME_HEADER_LEN = 4 + p.FRAME_HEADER.size  # u32 length + version, op, flags, request id
-_PAYLOAD_MAX = p.ENTRY_SIZE_MAX - 64
+#: The largest entry payload a bookie takes (its frame limit less the entry header and digest)
+ENTRY_PAYLOAD_MAX = p.ENTRY_SIZE_MAX - 64
+_PAYLOAD_MAX = ENTRY_PAYLOAD_MAX
 _OPEN = HandleState.OPEN
 
 #: ``append_callback``'s callback: ``(entry_id, None)`` once acknowledged, ``(entry_id, error)`` if it failed.
@@ -194,7 +196,9 @@ class WriterSendPath:
         pipe = self._pipe
         assert pipe is not None
         if len(data) > _PAYLOAD_MAX:
-            raise E.IncorrectParameterError(f"entry of {len(data)} bytes exceeds the maximum entry size")
+            raise E.IncorrectParameterError(
+                f"entry of {len(data)} bytes exceeds the maximum entry size ({_PAYLOAD_MAX} bytes)"
+            )
         eid, length, lac = pipe.assign(len(data))
         frame = self._build_frame(next(self._add_ids), eid, lac, length, data)
         if self._routes is not None or self._make_routes() is not None:

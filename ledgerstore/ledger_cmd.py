@@ -12,6 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ledger_client import ENTRY_PAYLOAD_MAX
 from ledger_client.client import BookKeeper, ClientConfig
 from ledger_client.errors import NotEnoughBookiesError, UnauthorizedError
 from ledgerstore.cli import (
@@ -249,13 +250,28 @@ async def _create(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 
 def _payloads(args: argparse.Namespace) -> list[bytes]:
+    """The entries to write, refused (exit 2) before a ledger is made when one is over the largest entry a bookie
+    takes: the write failed on its first entry and left an empty ledger open, to be recovered."""
     if getattr(args, "input", None):
         try:
             src = sys.stdin if args.input == "-" else open(args.input)  # noqa: SIM115
         except OSError as e:
             raise CommandError(f"--input: {e.strerror}: {args.input}", code=4) from e
         with src:
-            return [line.rstrip("\n").encode() for line in src]
+            lines = [line.rstrip("\n").encode() for line in src]
+        for i, line in enumerate(lines):
+            if len(line) > ENTRY_PAYLOAD_MAX:
+                raise CommandError(
+                    f"--input: line {i + 1} is {len(line)} bytes, over the largest entry ({ENTRY_PAYLOAD_MAX} "
+                    "bytes); nothing written",
+                    code=2,
+                )
+        return lines
+    if args.entry_size > ENTRY_PAYLOAD_MAX:
+        raise CommandError(
+            f"--entry-size {args.entry_size}: at most {ENTRY_PAYLOAD_MAX} bytes, the largest entry a bookie takes",
+            code=2,
+        )
     return [
         f"{i:08d}".encode().ljust(args.entry_size, b".")[: max(args.entry_size, 8)]
         for i in range(args.entries)

@@ -1,7 +1,8 @@
-"""An operator's settings checks: values a bookie must refuse before it touches anything."""
+"""An operator's checks of settings, limits and resources: what a server or a command must refuse or say."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
@@ -85,3 +86,24 @@ print("after", watch.check() is not None)
     )
     assert "['process_open_fds', 'process_max_fds']" in lines
     assert lines[-1] == "after True"
+
+
+def test_ledger_write_refuses_an_entry_over_the_bookies_limit_before_making_a_ledger(tmp_path: Path) -> None:
+    """`ledger write --entry-size 6000000` made a ledger, failed on its first entry ('INCORRECT_PARAMETER: entry of
+    6000000 bytes exceeds the maximum entry size', no number) and left the empty ledger open for a recovery. The
+    entries are checked first now (exit 2, the limit named); the limit itself is taken."""
+    from ledger_client import ENTRY_PAYLOAD_MAX
+    from ledgerstore.cli import CommandError
+    from ledgerstore.ledger_cmd import _payloads
+
+    def write(*flags: str) -> argparse.Namespace:
+        return build_parser().parse_args(["ledger", "write", *flags])
+
+    with pytest.raises(CommandError, match=f"--entry-size 6000000: at most {ENTRY_PAYLOAD_MAX} bytes") as e:
+        _payloads(write("-n", "2", "--entry-size", "6000000"))
+    assert e.value.code == 2
+    lines = tmp_path / "entries"
+    lines.write_bytes(b"small\n" + b"x" * (ENTRY_PAYLOAD_MAX + 1) + b"\n")
+    with pytest.raises(CommandError, match="--input: line 2 is 5242817 bytes, over the largest entry"):
+        _payloads(write("--input", str(lines)))
+    assert [len(p) for p in _payloads(write("-n", "1", "--entry-size", str(ENTRY_PAYLOAD_MAX)))] == [5242816]
