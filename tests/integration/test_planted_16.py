@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
+import uuid
 from typing import Any
+
+import pulsar
 
 from ledger_client import BookKeeper, ClientConfig
 from ledger_client.range_reader import BatchReader
+from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.integration.test_broker_client_features4 import wait_for
+from tests.integration.test_broker_gone_connection import _serving
+from topic_broker.admin import AdminServer
+from topic_broker.names import TopicName
 
 
 async def _closed_ledger_and_reader(
@@ -175,3 +184,37 @@ def test_a_long_poll_for_the_lac_waits_its_time_and_a_dead_bookie_passes_it_on_a
             await bk.close()
 
     asyncio.run(go())
+
+
+def test_a_forced_subscription_delete_closes_its_consumers_which_subscribe_again(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """A forced subscription DELETE closes its consumers (they reconnect and subscribe anew, as Pulsar's do).
+    Planted: the DELETE leaving its consumer attached to the deleted subscription (no reconnect: it went on
+    getting messages of a subscription no longer stored, its acknowledgements kept nowhere)."""
+    with _serving(cluster) as (service, run):
+        http = AdminServer(service)
+        run(http.start())
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            name = TopicName.parse(f"persistent://public/default/tell-{uuid.uuid4().hex[:8]}")
+            url = (
+                f"http://127.0.0.1:{service.config.http_port}/admin/v2/persistent/public/default/{name.local}"
+            )
+            consumer = client.subscribe(str(name), "s")
+            producer = client.create_producer(str(name))
+            for i in range(3):
+                producer.send(b"m%d" % i)
+            topic = run(service.get_topic(name))
+            rt = topic.subscriptions["s"]
+            req = urllib.request.Request(f"{url}/subscription/s?force=true", method="DELETE")
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert r.status == 204
+            assert not rt.consumers
+            wait_for(
+                lambda: "s" in topic.subscriptions and topic.subscriptions["s"].consumers, "its resubscribe"
+            )
+            consumer.close()
+        finally:
+            client.close()
+            run(http.stop())
