@@ -204,6 +204,17 @@ class CursorReadGate:
 
 
 @contextlib.contextmanager
+def swapped(obj: Any, attr: str, value: Any) -> Iterator[None]:
+    """``obj.attr`` set to ``value`` (a broker's metadata call failing as the test makes it) for the ``with``
+    block, then the class's own again."""
+    setattr(obj, attr, value)
+    try:
+        yield
+    finally:
+        delattr(obj, attr)
+
+
+@contextlib.contextmanager
 def before_first_call(
     obj: Any,
     attr: str,

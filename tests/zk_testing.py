@@ -23,14 +23,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from kazoo.client import KazooClient
 
 from zk.acl import ENV_AUTH, ENV_AUTH_FILE, ZkAuth, resolve_auth
 from zk.client import MetadataStore
-from zk.errors import MetadataError
+from zk.errors import MetadataConnectionError, MetadataError
 from zk.launcher import DEFAULT_JVM_OPTS, FAST_START_JVM_OPTS, ZooKeeperServer
 
 TEST_SESSION_TIMEOUT_S = 4.0
@@ -228,3 +228,24 @@ class TcpProxy:
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def failing_deletes(store: MetadataStore, prefix: str, times: int = 1) -> Iterator[list[str]]:
+    """``store.adelete`` failing as on a connection lost (:class:`MetadataConnectionError`) for its first ``times``
+    calls on a path under ``prefix``, then deleting as before, for the ``with`` block; yields the paths it
+    failed."""
+    real = store.adelete
+    failed: list[str] = []
+
+    async def adelete(path: str, *args: Any, **kwargs: Any) -> bool:
+        if path.startswith(prefix) and len(failed) < times:
+            failed.append(path)
+            raise MetadataConnectionError("connection lost (made by the test)")
+        return await real(path, *args, **kwargs)
+
+    store.adelete = adelete  # type: ignore[method-assign]
+    try:
+        yield failed
+    finally:
+        del store.adelete  # the class's method again

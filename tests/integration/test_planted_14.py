@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import zk
-from tests.broker_testing import Brokers, broker, cluster, in_process_broker  # noqa: F401
+from tests.broker_testing import Brokers, before_first_call, broker, cluster, in_process_broker  # noqa: F401
 from tests.conftest import BookieFactory
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
 from tests.integration.test_ops17 import in_process_bookie
@@ -172,22 +172,14 @@ def test_a_topic_create_after_its_namespace_was_marked_since_the_read_is_refused
 
     async def run() -> None:
         await meta.set_policies("public", "marked", NamespacePolicies())
-        real = zk_store.acreate_checked
-        marks: list[int] = []
 
-        async def marked_in_the_window(*args: Any, **kwargs: Any) -> None:
-            if not marks:
-                marks.append(1)
-                await meta.update_policies("public", "marked", lambda q: dataclasses.replace(q, deleted=True))
-            await real(*args, **kwargs)
+        async def mark() -> None:
+            await meta.update_policies("public", "marked", lambda q: dataclasses.replace(q, deleted=True))
 
-        zk_store.acreate_checked = marked_in_the_window
-        try:
-            with pytest.raises(NamespaceGoneError):
-                await meta.create_ml_info("public/marked/persistent/t", ManagedLedgerInfo())
-        finally:
-            del zk_store.acreate_checked
-        assert marks and await meta.get_ml_info("public/marked/persistent/t") is None
+        with before_first_call(zk_store, "acreate_checked", mark) as marks, pytest.raises(NamespaceGoneError):
+            await meta.create_ml_info("public/marked/persistent/t", ManagedLedgerInfo())
+        assert marks == [None]  # (the mark written in the window, not failed)
+        assert await meta.get_ml_info("public/marked/persistent/t") is None
         assert not zk_store.exists("managed-ledgers/public/marked"), (
             "the directories the create made, removed"
         )
@@ -217,20 +209,15 @@ def test_a_partition_created_after_its_partitioned_topic_was_marked_since_the_re
     async def run() -> None:
         await meta.set_policies("public", "parted", NamespacePolicies())
         await meta.create_partitioned_topic("public/parted/persistent/t", 2)
-        real = zk_store.acreate_checked
-        marks: list[int] = []
 
-        async def marked_in_the_window(*args: Any, **kwargs: Any) -> None:
-            if not marks:
-                marks.append(await meta.mark_partitioned_deleted("public/parted/persistent/t"))
-            await real(*args, **kwargs)
+        async def mark() -> int:
+            return await meta.mark_partitioned_deleted("public/parted/persistent/t")
 
-        zk_store.acreate_checked = marked_in_the_window
-        try:
-            with pytest.raises(PartitionedTopicGoneError):
-                await meta.create_ml_info("public/parted/persistent/t-partition-1", ManagedLedgerInfo())
-        finally:
-            del zk_store.acreate_checked
+        with (
+            before_first_call(zk_store, "acreate_checked", mark) as marks,
+            pytest.raises(PartitionedTopicGoneError),
+        ):
+            await meta.create_ml_info("public/parted/persistent/t-partition-1", ManagedLedgerInfo())
         assert marks == [2]
         assert await meta.get_ml_info("public/parted/persistent/t-partition-1") is None
 

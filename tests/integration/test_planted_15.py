@@ -18,13 +18,14 @@ import pytest
 
 import zk
 from ledgerstore.cluster import free_port
-from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.broker_testing import Brokers, cluster, swapped  # noqa: F401
 from tests.integration.test_backlog_age_quota import _namespace, bp  # noqa: F401
 from tests.integration.test_broker_client_features3 import admin
 from tests.integration.test_broker_gone_connection import _serving
 from tests.integration.test_broker_pulsar_client import client
 from tests.integration.test_cluster_cli import _ls
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
+from tests.zk_testing import wait_for
 from topic_broker.names import TopicName
 
 
@@ -64,25 +65,19 @@ def test_acknowledgements_after_a_failed_unsubscribe_are_stored(cluster: Brokers
             async def refused(ml_name: str, sub: str) -> None:
                 raise zk.MetadataError("delete refused (test)")
 
-            meta.delete_cursor = refused
-            try:
-                with pytest.raises(pulsar.PulsarException):
-                    consumer.unsubscribe()
-            finally:
-                del meta.delete_cursor
+            with swapped(meta, "delete_cursor", refused), pytest.raises(pulsar.PulsarException):
+                consumer.unsubscribe()
             ids = [producer.send(b"m%d" % i) for i in range(3)]
             for _ in ids:
                 consumer.acknowledge(consumer.receive(10_000))
             last: Any = ids[-1]
             want = (last.ledger_id(), last.entry_id())
-            stored: Any = None
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
+
+            def stored_at_want() -> bool:
                 stored = run(meta.get_cursor(name.ml_name, "s"))
-                if stored is not None and tuple(stored.value.mark_delete) == want:
-                    break
-                time.sleep(0.2)
-            assert stored is not None and tuple(stored.value.mark_delete) == want, (stored, want)
+                return stored is not None and tuple(stored.value.mark_delete) == want
+
+            assert wait_for(stored_at_want, 10, 0.2), (run(meta.get_cursor(name.ml_name, "s")), want)
         finally:
             client.close()
 
@@ -232,10 +227,9 @@ def test_a_message_age_quota_exceeded_stands_while_the_oldest_message_cannot_be_
             topic.quota_exceeded = True  # (as the PRODUCER or the tick marks it)
             consumer.acknowledge(consumer.receive(10_000))  # the oldest: the next one is looked at now
             want = (first.ledger_id(), first.entry_id())
-            deadline = time.monotonic() + 10
-            while tuple(topic.ml.slowest_mark_delete() or ()) != want:
-                assert time.monotonic() < deadline, topic.ml.slowest_mark_delete()
-                time.sleep(0.1)
+            assert wait_for(lambda: tuple(topic.ml.slowest_mark_delete() or ()) == want, 10, 0.1), (
+                topic.ml.slowest_mark_delete()
+            )
 
             async def unreadable(pos: Any) -> bytes:
                 raise ManagedLedgerError("no bookie of the ledger answers (test)")

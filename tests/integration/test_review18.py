@@ -10,6 +10,7 @@ from typing import Any
 
 from tests.broker_testing import cluster  # noqa: F401
 from tests.integration.test_ops17 import in_process_bookie
+from tests.zk_testing import failing_deletes, wait_for
 
 
 async def _registered_readonly(store: Any, bookie_id: str, expected: bool, within_s: float) -> bool:
@@ -139,32 +140,22 @@ def test_a_namespace_delete_whose_end_could_not_free_its_znode_does_not_refuse_e
     session, and every later delete of the namespace was 409 '… is being deleted; try again' for as long as the
     broker ran. This broker's own znode of no delete running here is a leftover, taken over (the background
     removal's first try put off past the test's end)."""
-    import zk
     from tests.integration.test_namespace_delete_races import _left, _namespace_on_a_broker, _status
     from topic_broker import admin
 
     monkeypatch.setattr(admin, "DELETING_RETRY_S", (60.0, 60.0))
     with _namespace_on_a_broker(cluster) as (service, _run, port, ns):
         store = service.meta.store
-        real_delete = store.adelete
-        failed: list[str] = []
-
-        async def fails_once(path: str, *args: Any, **kwargs: Any) -> None:
-            if path.startswith("deleting/") and not failed:
-                failed.append(path)
-                raise zk.MetadataConnectionError("connection lost (made by the test)")
-            await real_delete(path, *args, **kwargs)
-
         topic = f"/admin/v2/persistent/public/{ns}/t"
         assert _status(port, "PUT", topic)[0] == 204
-        store.adelete = fails_once
-        status, _body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
-        assert failed and status != 204  # (409 non empty, then its znode's removal failed)
-        assert store.exists(failed[0]), "its znode stayed"
-        assert _status(port, "DELETE", topic)[0] == 204
-        status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
-        assert status == 204, (status, body)
-        assert _left(store, ns) == [] and not store.exists(failed[0])
+        with failing_deletes(store, "deleting/") as failed:
+            status, _body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+            assert failed and status != 204  # (409 non empty, then its znode's removal failed)
+            assert store.exists(failed[0]), "its znode stayed"
+            assert _status(port, "DELETE", topic)[0] == 204
+            status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+            assert status == 204, (status, body)
+            assert _left(store, ns) == [] and not store.exists(failed[0])
 
 
 def test_a_namespace_delete_whose_end_could_not_free_its_znode_frees_it_once_zookeeper_answers(
@@ -174,29 +165,17 @@ def test_a_namespace_delete_whose_end_could_not_free_its_znode_frees_it_once_zoo
     only a delete run again on that broker take the znode over, so a delete sent to any other broker was 409
     '… is being deleted; try again' for as long as this one ran. The znode is now removed in the background once
     ZooKeeper answers, with no delete run again."""
-    import zk
     from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
 
     with _namespace_on_a_broker(cluster) as (service, _run, port, ns):
         store = service.meta.store
-        real_delete = store.adelete
-        failed: list[str] = []
-
-        async def fails_twice(path: str, *args: Any, **kwargs: Any) -> None:
-            if path.startswith("deleting/") and len(failed) < 2:
-                failed.append(path)
-                raise zk.MetadataConnectionError("connection lost (made by the test)")
-            await real_delete(path, *args, **kwargs)
-
         assert _status(port, "PUT", f"/admin/v2/persistent/public/{ns}/t")[0] == 204
-        store.adelete = fails_twice
-        status, _body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
-        assert failed and status != 204  # (409 non empty, then its znode's removal failed)
-        deadline = time.monotonic() + 5
-        while store.exists(failed[0]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(failed) == 2, failed  # the first background try failed too
-        assert not store.exists(failed[0]), "its znode stayed with no delete run again"
+        with failing_deletes(store, "deleting/", times=2) as failed:
+            status, _body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
+            assert failed and status != 204  # (409 non empty, then its znode's removal failed)
+            wait_for(lambda: not store.exists(failed[0]), 5, 0.1)
+            assert len(failed) == 2, failed  # the first background try failed too
+            assert not store.exists(failed[0]), "its znode stayed with no delete run again"
 
 
 def test_a_bookie_whose_read_only_registration_gave_up_registers_so_once_zookeeper_is_back(

@@ -13,10 +13,10 @@ import pulsar
 import pytest
 
 import zk
-from tests.broker_testing import Brokers, before_first_call, cluster  # noqa: F401
+from tests.broker_testing import Brokers, before_first_call, cluster, swapped  # noqa: F401
 from tests.integration.test_broker_gone_connection import _serving
 from tests.integration.test_namespace_delete_races import _namespace_on_a_broker, _status
-from tests.zk_testing import ZkTarget
+from tests.zk_testing import ZkTarget, failing_deletes
 from topic_broker.names import TopicName
 from zk import layout
 from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore, OwnershipInfo
@@ -75,12 +75,8 @@ def test_an_unsubscribe_failing_as_its_topic_is_let_go_tells_the_consumer_to_rec
                 service.topic_lost(topic, "ZooKeeper session lost (made by the test)")
                 raise zk.MetadataConnectionError("connection lost (made by the test)")
 
-            meta.delete_cursor = lost_then_fails
-            try:
-                with pytest.raises(pulsar.PulsarException):
-                    consumer.unsubscribe()
-            finally:
-                del meta.delete_cursor
+            with swapped(meta, "delete_cursor", lost_then_fails), pytest.raises(pulsar.PulsarException):
+                consumer.unsubscribe()
             producer = client.create_producer(str(name))
             producer.send(b"after")
             assert consumer.receive(timeout_millis=15_000).data() == b"after"
@@ -147,21 +143,8 @@ def test_a_namespace_delete_whose_znode_removal_fails_answers_its_own_result(
     gets the 204, not the ZooKeeper error (a 5xx, then a retry's 404 'Namespace does not exist' for a delete
     that succeeded)."""
     with _namespace_on_a_broker(cluster) as (service, _run, port, ns):
-        store = service.meta.store
-        real_delete = store.adelete
-        failed: list[str] = []
-
-        async def fails_once(path: str, *args: Any, **kwargs: Any) -> None:
-            if path.startswith("deleting/") and not failed:
-                failed.append(path)
-                raise zk.MetadataConnectionError("connection lost (made by the test)")
-            await real_delete(path, *args, **kwargs)
-
-        store.adelete = fails_once
-        try:
+        with failing_deletes(service.meta.store, "deleting/") as failed:
             status, body = _status(port, "DELETE", f"/admin/v2/namespaces/public/{ns}")
-        finally:
-            del store.adelete
         assert failed and status == 204, (failed, status, body)
         assert _status(port, "GET", f"/admin/v2/namespaces/public/{ns}")[0] == 404
 
@@ -185,12 +168,8 @@ def test_an_unsubscribe_failing_otherwise_lists_its_subscription_again(
             async def fails(ml_name: str, sub: str) -> None:
                 raise RuntimeError("a bug (made by the test)")
 
-            meta.delete_cursor = fails
-            try:
-                with contextlib.suppress(pulsar.PulsarException):
-                    consumer.unsubscribe()
-            finally:
-                del meta.delete_cursor
+            with swapped(meta, "delete_cursor", fails), contextlib.suppress(pulsar.PulsarException):
+                consumer.unsubscribe()
             assert topic.subscriptions.get("s") is sub and topic.ml.cursors["s"] is sub.cursor
         finally:
             client.close()
