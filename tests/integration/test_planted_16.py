@@ -4,6 +4,7 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import urllib.request
 import uuid
@@ -16,6 +17,7 @@ from ledger_client.range_reader import BatchReader
 from tests.broker_testing import Brokers, cluster  # noqa: F401
 from tests.integration.test_broker_client_features4 import wait_for
 from tests.integration.test_broker_gone_connection import _serving
+from topic_broker import sub_ops
 from topic_broker.admin import AdminServer
 from topic_broker.names import TopicName
 
@@ -218,3 +220,66 @@ def test_a_forced_subscription_delete_closes_its_consumers_which_subscribe_again
         finally:
             client.close()
             run(http.stop())
+
+
+def test_a_message_age_quotas_exceeded_mark_goes_once_the_backlog_fits_or_the_quota_is_removed(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """The message_age quota's own last finding (``age_exceeded``, 00f268e), which stands while the oldest
+    unacknowledged entry cannot be read, is 'not exceeded' again once a reading finds the backlog within the
+    limit, or the quota removed. Planted with the mark kept in either case: a topic whose backlog fit again (or
+    whose quota was removed and set again) refused its producers for as long as its oldest entry could not be
+    read. An in-process broker; the read fails, and the quota is removed, by the test's hand."""
+    from topic_broker.managed_ledger import ManagedLedgerError
+    from zk.managed_ledgers import BacklogQuota
+
+    async def unreadable(pos: Any) -> bytes:
+        raise ManagedLedgerError("no bookie of the ledger answers (test)")
+
+    with _serving(cluster) as (service, run):
+        quota = BacklogQuota(limit_time=1, policy="producer_exception")
+        run(
+            service.meta.update_policies(
+                "public", "default", lambda q: dataclasses.replace(q, message_age_quota=quota)
+            )
+        )
+        name = f"persistent://public/default/agemark-{uuid.uuid4().hex[:8]}"
+        c = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        try:
+            consumer = c.subscribe(name, "slow")
+            producer = c.create_producer(name)
+            topic = service._served(name)
+            assert topic is not None and topic.age_quota is not None
+
+            def exceeded_while_unreadable() -> Any:
+                topic.ml.read_entry = unreadable
+                try:
+                    return run(service.quota_exceeded(topic, evict=False))
+                finally:
+                    del topic.ml.read_entry
+
+            producer.send(b"m0")
+            time.sleep(1.5)
+            assert run(service.quota_exceeded(topic, evict=False)) is not None
+            consumer.acknowledge(consumer.receive(10_000))
+            wait_for(lambda: run(service.quota_exceeded(topic, evict=False)) is None, "the backlog fitting")
+            producer.send(b"m1")
+            assert exceeded_while_unreadable() is None  # (the last finding: within the limit)
+
+            time.sleep(1.5)
+            assert run(service.quota_exceeded(topic, evict=False)) is not None
+            topic.age_quota = None  # removed
+            assert run(service.quota_exceeded(topic, evict=False)) is None
+            consumer.acknowledge(consumer.receive(10_000))  # m1; m2 is the oldest now, its time not read yet
+            producer.send(b"m2")
+            m1 = topic.age_probe and topic.age_probe[0]
+            wait_for(
+                lambda: (
+                    sub_ops.first_after(topic.ml.view(), topic.ml.slowest_mark_delete()) not in (None, m1)
+                ),
+                "m1's acknowledgement",
+            )
+            topic.age_quota = quota  # and set again
+            assert exceeded_while_unreadable() is None  # (nothing found since it was set)
+        finally:
+            c.close()
