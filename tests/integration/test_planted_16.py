@@ -12,9 +12,10 @@ from typing import Any
 
 import pulsar
 
+import zk
 from ledger_client import BookKeeper, ClientConfig
 from ledger_client.range_reader import BatchReader
-from tests.broker_testing import Brokers, cluster  # noqa: F401
+from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
 from tests.integration.test_broker_client_features4 import wait_for
 from tests.integration.test_broker_gone_connection import _serving
 from topic_broker import sub_ops
@@ -283,3 +284,65 @@ def test_a_message_age_quotas_exceeded_mark_goes_once_the_backlog_fits_or_the_qu
             assert exceeded_while_unreadable() is None  # (nothing found since it was set)
         finally:
             c.close()
+
+
+def test_the_background_removal_of_a_deleting_znode_leaves_a_delete_that_took_it_over(
+    cluster: Brokers,  # noqa: F811
+    monkeypatch: Any,
+) -> None:
+    """A delete's deleting/ znode whose removal failed is removed in the background (485683b); a delete here that
+    took it over meanwhile keeps it (the tries stop), and one starting while a try removes it is 409. Planted:
+    the try removing the znode under the delete that took it over (and unlisting that delete, so another
+    broker's could run beside it), and the try not listed as a delete while it removes the znode (a delete
+    taking it over then ran with no znode held). An in-process broker's AdminApp; ZooKeeper's failure, and a
+    slow removal, by the test's hand."""
+    from topic_broker import admin as admin_mod
+    from topic_broker.admin import AdminError
+
+    monkeypatch.setattr(admin_mod, "DELETING_RETRY_S", (0.3, 0.3))
+    with in_process_broker(cluster) as (service, run):
+        app = AdminServer(service).admin
+        store = app.store
+        real = store.adelete_own_ephemeral
+
+        async def go() -> None:
+            calls: list[str] = []
+            removing, go_on = asyncio.Event(), asyncio.Event()
+
+            async def scripted(path: str) -> None:
+                calls.append(path)
+                if len(calls) in (1, 3):  # the delete's own removal fails (ZooKeeper failing)
+                    raise zk.MetadataConnectionError("ZooKeeper failing (test)")
+                if len(calls) == 4:  # the second background try, held while the test looks
+                    removing.set()
+                    await go_on.wait()
+                await real(path)
+
+            store.adelete_own_ephemeral = scripted
+            try:
+                what = f"namespace/public/gone-{uuid.uuid4().hex[:8]}"
+                async with app._deleting(what, "ns"):
+                    pass
+                (path,) = set(calls)
+                async with app._deleting(what, "ns"):  # takes the leftover over before the first try
+                    await asyncio.sleep(1.0)  # (three tries' time)
+                    assert await asyncio.to_thread(store.exists, path), "the znode of the delete running here"
+                    assert path in app._deletes_here
+                assert len(calls) == 2 and not await asyncio.to_thread(store.exists, path)
+
+                async with app._deleting(what, "ns"):  # its removal fails: tried again in the background
+                    pass
+                await asyncio.wait_for(removing.wait(), 10)
+                try:
+                    async with app._deleting(what, "ns"):
+                        raise AssertionError("a delete taking over the znode a try is removing")
+                except AdminError as e:
+                    assert e.status == 409, e
+                finally:
+                    go_on.set()
+                await asyncio.sleep(0.1)
+                assert not await asyncio.to_thread(store.exists, path) and not app._freeing
+            finally:
+                del store.adelete_own_ephemeral
+
+        run(go())
