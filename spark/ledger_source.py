@@ -22,14 +22,18 @@ together, in ledger order, into partitions of up to ``PACK_ENTRIES_MAX`` entries
 a Spark task costs far more than reading a few entries, so a thousand small ledgers are a few tens of tasks, not
 a thousand.
 
-Reading (executors): each range connects its own client (the async client on a private event loop in the
-reading thread, uvloop where installed), opens the ledger without fencing, reads its range with ``read_batches``
+Reading (executors): a Python worker's first task connects a client (the async client on a private event loop
+in the reading thread, uvloop where installed) that the worker's next tasks of the same cluster and credentials
+reuse (PySpark reuses its Python workers): a scan of many partitions opens one ZooKeeper session and one
+connection per bookie per worker, not per partition, and a task starts reading at once (a task that fails closes
+it, and the next one connects anew; outside a Spark task, as in the driver, each range has a client of its own,
+closed at its end). Each range opens its ledger without fencing, reads its range with ``read_batches``
 (batched range reads from the bookies of its write sets, trying the next replica when one fails, following
 ensemble changes; ``rows=True``: the payloads of a reply of same-size entries as one 2-D array viewing the
 reply, no object per entry), yields Arrow record batches of at most ``maxRecordsPerBatch`` rows and
 ``BATCH_BYTES_MAX`` payload bytes (the metadata columns built once per partition, the data column gathered
 from those rows by one vectorized copy with arithmetic offsets, or from payloads of mixed sizes joined, ids
-from the batch's first id), and closes the client.
+from the batch's first id).
 
 A secured cluster's credentials come from options ``authTokenFile`` and ``zkAuthFile`` (:mod:`spark.options`);
 planning asks a registered bookie for its info with the query's token, so a credential missing or refused fails
@@ -43,6 +47,7 @@ logged.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import bisect
 import contextlib
 import functools
@@ -467,23 +472,111 @@ class _Columns:
         return pa.RecordBatch.from_arrays([cols[name] for name in self.names], schema=self.schema)
 
 
+#: A Spark Python worker's client, kept for its next tasks (see the module docstring and :func:`_range_client`):
+#: (the options it was connected with, its event loop, the client).
+_worker_client: tuple[tuple[Any, ...], asyncio.AbstractEventLoop, Any] | None = None
+
+
+def _in_spark_task() -> bool:
+    """Whether this thread runs a Spark task (a Python worker's), where the worker's client is kept."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    return TaskContext.get() is not None
+
+
+def _close_client(loop: asyncio.AbstractEventLoop, bk: Any) -> None:
+    try:
+        if bk is not None:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(bk.close())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
+
+
+def _drop_worker_client() -> None:
+    global _worker_client
+    kept, _worker_client = _worker_client, None
+    if kept is not None:
+        _close_client(kept[1], kept[2])
+
+
+@functools.cache
+def _close_at_exit() -> None:
+    """Once per process: a worker that exits normally (PySpark's daemon ends its workers with ``os._exit``)
+    closes its client."""
+    atexit.register(_drop_worker_client)
+
+
+@contextlib.contextmanager
+def _range_client(opts: LedgerOptions) -> Iterator[tuple[asyncio.AbstractEventLoop, Any]]:
+    """(event loop, client) to read a range with. In a Spark task, the Python worker's client: connected by its
+    first task and kept for the next ones of the same cluster and credentials (another cluster's task replaces
+    it), so that a task does not pay a ZooKeeper session, connections to the bookies and their close; a task that
+    fails (or stops early) closes it, and the next one connects anew. Elsewhere a client of its own, closed at the
+    end. Its loop runs only while a task collects a batch (between tasks ZooKeeper's pings run in the session's
+    own thread; what the bookies sent meanwhile is handled on the next run)."""
+    from ledger_client import BookKeeper
+
+    global _worker_client
+    shared = _in_spark_task()
+    key = (opts.zk, opts.zk_root, opts.read_timeout_ms, opts.auth_token, opts.zk_auth)
+    if shared and _worker_client is not None and _worker_client[0] == key:
+        _, loop, bk = _worker_client
+    else:
+        if shared:
+            _drop_worker_client()
+        loop = _event_loop()
+        try:
+            bk = loop.run_until_complete(BookKeeper.connect(opts.zk, config=client_config(opts)))
+        except BaseException:
+            _close_client(loop, None)
+            raise
+        if shared:
+            _worker_client = (key, loop, bk)
+            _close_at_exit()
+    done = False
+    try:
+        yield loop, bk
+        done = True
+    finally:
+        if not shared:
+            _close_client(loop, bk)
+        elif not done:
+            _drop_worker_client()
+
+
 def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> Iterator[Any]:
-    """Executor side: the range's entries as Arrow record batches. Stateless: its own client on its own event
-    loop in this thread (no thread hop per batch), closed at the end (also when Spark stops consuming early).
-    The loop runs while a batch is collected; the client's read-ahead keeps the next batches in flight."""
-    from ledger_client import BookKeeper, LedgerError, NoSuchEntryError, NoSuchLedgerError
+    """Executor side: the range's entries as Arrow record batches, read with :func:`_range_client`'s client on
+    its event loop in this thread (no thread hop per batch). The loop runs while a batch is collected; the
+    client's read-ahead keeps the next batches in flight. The range's read is closed at the end (also when Spark
+    stops consuming early)."""
     from zk.ledger_metadata import remember_verified
 
-    max_rows = min(opts.max_records_per_batch, part.last_entry_id - part.first_entry_id + 1)
-    columns = _Columns(part, schema, max(1, max_rows))
+    max_rows = max(1, min(opts.max_records_per_batch, part.last_entry_id - part.first_entry_id + 1))
+    columns = _Columns(part, schema, max_rows)
     freeze_worker_heap()
-    loop = _event_loop()
-    run = loop.run_until_complete
-    bk: Any = None
     if part.password_digest:
         remember_verified(part.password_digest, opts.password)
+    with _range_client(opts) as (loop, bk):
+        yield from _read_range(loop, bk, opts, part, columns, max_rows)
+
+
+def _read_range(
+    loop: asyncio.AbstractEventLoop,
+    bk: Any,
+    opts: LedgerOptions,
+    part: LedgerRange,
+    columns: _Columns,
+    max_rows: int,
+) -> Iterator[Any]:
+    from ledger_client import LedgerError, NoSuchEntryError, NoSuchLedgerError
+
+    run = loop.run_until_complete
+    batches: Any = None
     try:
-        bk = run(BookKeeper.connect(opts.zk, config=client_config(opts)))
         try:
             lh = run(bk.open_ledger(part.ledger_id, opts.password, recovery=False))
         except NoSuchLedgerError:
@@ -496,9 +589,8 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
                 run(lh.read_last_add_confirmed())
         except LedgerError as e:
             raise _unreadable(run, bk, lh, "its last add confirmed", e, expected) from e
-        payloads = _Payloads(
-            lh.read_batches(part.first_entry_id, part.last_entry_id, rows=True), part.first_entry_id
-        )
+        batches = lh.read_batches(part.first_entry_id, part.last_entry_id, rows=True)
+        payloads = _Payloads(batches, part.first_entry_id)
         while expected <= part.last_entry_id:
             try:
                 data = run(payloads.take(max_rows, BATCH_BYTES_MAX))
@@ -518,11 +610,8 @@ def read_range(opts: LedgerOptions, part: LedgerRange, schema: StructType) -> It
             yield batch
             expected += batch.num_rows
     finally:
-        if bk is not None:
-            with contextlib.suppress(Exception):
-                run(bk.close())
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        if batches is not None:  # its reads stop (a consumer that stopped early, an error)
+            run(batches.aclose())
 
 
 async def _exists(bk: Any, ledger_id: int) -> bool:
