@@ -13,7 +13,9 @@ entry distinct), then each run measures, in this order:
 * ``spark narrow checksum``: the same with the schema :data:`NARROW_SCHEMA` (ledger and entry ids, data, length:
   the metadata columns, constant per ledger, are neither built nor converted).
 
-Figures are medians over ``--runs``; ``*_vs_raw_pct`` is a Spark scan's MB/s over the raw client's in the same run
+Figures are medians over ``--runs``, after ``--warmup-runs`` (default 1) that are not counted: the first raw read
+after the write reads what the bookies' caches do not hold yet, and Spark's first queries run with a cold JIT.
+``*_vs_raw_pct`` is the median of the runs' ratios of a Spark scan's MB/s over the raw client's in the same run
 (target ≥ 80 %).
 Each phase also reports ``machine_busy_pct`` (all processes, from /proc/stat: the bookies, Spark's JVM and Python
 workers, and anything else running on the machine) so a loaded machine shows, and the CPU µs per row of each of
@@ -61,6 +63,13 @@ def add_bench_spark_command(
     sp.add_argument("-A", "--ack-quorum", type=int, default=2)
     sp.add_argument("--outstanding", type=int, default=2000, help="appends in flight while writing")
     sp.add_argument("--runs", type=int, default=3)
+    sp.add_argument(
+        "--warmup-runs",
+        type=int,
+        default=1,
+        help="runs before the measured ones, not in the figures (default 1: the first read after the write "
+        "and Spark's first queries, its JIT cold, are not comparable)",
+    )
     sp.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     sp.add_argument(
         "--entries-per-partition", type=int, default=None, help="the ledger source's entriesPerPartition"
@@ -353,8 +362,10 @@ def run(args: argparse.Namespace) -> int:
     from ledgerstore.spark_cmd import _check_master
     from spark.jobs.common import local_session
 
-    if args.size_mb < 1 or args.entry_size < 16 or args.ledgers < 1 or args.runs < 1:
-        raise CommandError("--size-mb, --runs and --ledgers must be >= 1, --entry-size >= 16")
+    if args.size_mb < 1 or args.entry_size < 16 or args.ledgers < 1 or args.runs < 1 or args.warmup_runs < 0:
+        raise CommandError(
+            "--size-mb, --runs and --ledgers must be >= 1, --warmup-runs >= 0, --entry-size >= 16"
+        )
     _check_master(args.master, "--master")  # before the cluster is made and written: Spark would try a minute
     install_uvloop()
     entries = args.size_mb * 1024 * 1024 // args.entry_size
@@ -409,10 +420,15 @@ def run(args: argparse.Namespace) -> int:
         gateway_proc = getattr(session.sparkContext._gateway, "proc", None)
         cpu = CpuGroups(bookie_pids, gateway_proc.pid if gateway_proc is not None else None)
         runs = []
-        for i in range(args.runs):
+        for i in range(-args.warmup_runs, args.runs):
             r = _one_run(session, zk, root, written, source, cpu)
             _progress(
-                f"run {i + 1}/{args.runs}: raw {r['raw_entries_per_s']:,.0f} entries/s "
+                (
+                    f"warm-up run {i + args.warmup_runs + 1}/{args.warmup_runs}"
+                    if i < 0
+                    else f"run {i + 1}/{args.runs}"
+                )
+                + f": raw {r['raw_entries_per_s']:,.0f} entries/s "
                 f"({r['raw_mb_per_s']:,.1f} MB/s), Spark count {r['spark_count_entries_per_s']:,.0f}/s, "
                 f"checksum {r['spark_checksum_entries_per_s']:,.0f}/s ({r['spark_checksum_vs_raw_pct']} % of raw), "
                 f"narrow {r['spark_narrow_checksum_entries_per_s']:,.0f}/s "
@@ -422,7 +438,8 @@ def run(args: argparse.Namespace) -> int:
                 + ", checksum "
                 + _cpu_summary(r, "spark_checksum")
             )
-            runs.append(r)
+            if i >= 0:
+                runs.append(r)
     from spark.options import DEFAULT_ENTRIES_PER_PARTITION, DEFAULT_MAX_RECORDS_PER_BATCH
 
     result: dict[str, Any] = {
@@ -436,6 +453,7 @@ def run(args: argparse.Namespace) -> int:
         "entries_per_partition": args.entries_per_partition or DEFAULT_ENTRIES_PER_PARTITION,
         "max_records_per_batch": args.max_records_per_batch or DEFAULT_MAX_RECORDS_PER_BATCH,
         "runs": args.runs,
+        "warmup_runs": args.warmup_runs,
         "write_entries_per_s": written["write_entries_per_s"],
         "write_mb_per_s": written["write_mb_per_s"],
         "spark_session_start_s": round(session_start_s, 1),

@@ -26,6 +26,8 @@ def test_bench_spark_small_run_reports_checked_scans_beside_the_raw_read(tmp_pat
             "4",
             "--runs",
             "1",
+            "--warmup-runs",
+            "1",
             "--json",
         ],
         capture_output=True,
@@ -48,3 +50,6 @@ def test_bench_spark_small_run_reports_checked_scans_beside_the_raw_read(tmp_pat
         assert r[f"{phase}_cpu_us_per_row_python_workers"] > 0 and r[f"{phase}_cpu_us_per_row_jvm"] > 0
         assert r[f"{phase}_cpu_us_per_row_bookies"] >= 0
     assert "run 1/1" in proc.stderr and "writing" in proc.stderr  # progress on stderr, JSON alone on stdout
+    # the warm-up run (the first read after the write, Spark's cold JIT) is shown, not counted
+    assert "warm-up run 1/1" in proc.stderr and r["warmup_runs"] == 1 and r["runs"] == 1
+    assert len(r["per_run_raw_entries_per_s"]) == len(r["per_run_spark_checksum_entries_per_s"]) == 1
