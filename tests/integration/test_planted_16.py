@@ -346,3 +346,39 @@ def test_the_background_removal_of_a_deleting_znode_leaves_a_delete_that_took_it
                 del store.adelete_own_ephemeral
 
         run(go())
+
+
+def test_a_broker_registers_again_after_each_lost_session(bookies: Any) -> None:
+    """A broker's ZooKeeper session expires, it registers again under its new session; the session expires again,
+    and it registers again again. Planted: the 'registration under way' flag (f896d3f's one re-registration at a
+    time) never cleared, so that after the second loss the broker served unregistered (lookups could not find
+    it). The broker in this process, one bookie."""
+    from tests.broker_testing import broker_config
+    from tests.zk_testing import expire_session
+    from topic_broker.service import BrokerService
+    from zk import layout
+
+    bookies.start()
+    config = broker_config(bookies, "twice-lost", zk_session_timeout_s=3.0)
+    path = layout.broker_path("twice-lost")
+
+    async def body() -> None:
+        service = BrokerService(config)
+        await service.start()
+        try:
+            assert service.bk is not None
+            store = service.bk.store
+            for _ in range(2):
+                lost = store.session_id
+                await asyncio.to_thread(expire_session, store)
+                for _ in range(150):  # 15 s
+                    st = await asyncio.to_thread(store.stat, path)
+                    if st is not None and st.ephemeral_owner == store.session_id != lost:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError(f"not registered again after the session {lost:#x} was lost")
+        finally:
+            await service.stop()
+
+    asyncio.run(body())
