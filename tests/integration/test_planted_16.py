@@ -382,3 +382,45 @@ def test_a_broker_registers_again_after_each_lost_session(bookies: Any) -> None:
             await service.stop()
 
     asyncio.run(body())
+
+
+def test_a_topics_open_ledger_whose_earlier_ensemble_names_a_decommissioning_bookie_is_rolled(
+    bookies: Any, tmp_path: Any
+) -> None:
+    """The broker's housekeeping rolls a topic's open ledger naming a bookie being decommissioned (37a83f3) in any
+    of its ensembles: one the ledger left at an ensemble change (killed, then decommissioned) still holds
+    entries of it, and the decommission waits for the ledger to be closed. Planted: the last ensemble alone
+    looked at, so that such a ledger stayed open (for hours on a quiet topic) and the decommission with it."""
+    from ledger_client.sync import BookKeeper as SyncBookKeeper
+    from tests.integration.test_broker_admin import ok
+    from tests.integration.test_broker_pulsar_client import client, topic_name
+    from zk.underreplication import UnderReplicationManager
+
+    procs = bookies.start_many(4)
+    b = Brokers(bookies, tmp_path)
+    try:
+        bp = b.start("--tick-interval-s", "1")
+        t = topic_name()
+        c = client(bp)
+        producer = c.create_producer(f"persistent://public/default/{t}")
+        producer.send(b"before")
+        path = f"/admin/v2/persistent/public/default/{t}/internalStats"
+        first = ok(bp, "GET", path)["ledgers"][-1]["ledgerId"]
+        bk = SyncBookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            gone = bk.ledger_metadata(first).ensembles[0].bookies[0]
+            next(p for p in procs if p.id == gone).kill9()
+            for i in range(
+                4
+            ):  # (an ensemble change away from it, at the first entry its write set names it in)
+                producer.send(b"after %d" % i)
+            wait_for(
+                lambda: gone not in bk.ledger_metadata(first).ensembles[-1].bookies, "the ensemble change", 15
+            )
+            UnderReplicationManager(bk._bk.store).start_decommission(gone)
+            wait_for(lambda: ok(bp, "GET", path)["ledgers"][-1]["ledgerId"] != first, "a new ledger", 15)
+        finally:
+            bk.close()
+        c.close()
+    finally:
+        b.stop_all()
