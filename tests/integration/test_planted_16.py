@@ -424,3 +424,34 @@ def test_a_topics_open_ledger_whose_earlier_ensemble_names_a_decommissioning_boo
         c.close()
     finally:
         b.stop_all()
+
+
+def test_updatecookie_of_moved_directories_refuses_a_running_bookie_or_a_journal_left_behind_and_dry_runs(
+    bookies: Any, tmp_path: Any
+) -> None:
+    """`bookie updatecookie` given the bookie's own id (f06f2fc) refuses while the bookie runs, refuses a journal
+    directory holding the cookie but no journal (the segments left behind), and with --dry-run changes nothing.
+    Planted: each check dropped (a running bookie's cookie rewritten under it; a journal directory with no
+    journal recorded, the bookie then starting on an empty journal; a dry run that wrote the cookies)."""
+    import shutil
+
+    from tests.integration.test_cluster_cli import _ls
+    from zk.cookies import COOKIE_FILE
+
+    bp = bookies.start()
+    zk_args = ["--zk", bookies.zk, "--zk-root", bookies.root]
+    copy = tmp_path / "copy" / "journal"
+    shutil.copytree(bp.data_dir / "journal", copy)
+    args = ["--bookie-id", bp.id, "--data-dir", str(bp.data_dir), *zk_args]
+    r = _ls("bookie", "updatecookie", *args, "--journal-dir", str(copy))
+    assert r.returncode != 0 and "is running" in r.stderr, r.stdout + r.stderr
+    bp.stop()
+    bare = tmp_path / "bare" / "journal"
+    bare.mkdir(parents=True)
+    shutil.copy(bp.data_dir / "journal" / COOKIE_FILE, bare / COOKIE_FILE)
+    r = _ls("bookie", "updatecookie", *args, "--journal-dir", str(bare))
+    assert r.returncode != 0 and "no journal" in r.stderr, r.stdout + r.stderr
+    r = _ls("bookie", "updatecookie", *args, "--journal-dir", str(copy), "--dry-run")
+    assert r.returncode == 0 and "would record" in r.stdout, r.stdout + r.stderr
+    r = _ls("bookie", "updatecookie", *args, "--journal-dir", str(copy))
+    assert r.returncode == 0 and "recorded the moved directories" in r.stdout, r.stdout + r.stderr
