@@ -455,3 +455,31 @@ def test_updatecookie_of_moved_directories_refuses_a_running_bookie_or_a_journal
     assert r.returncode == 0 and "would record" in r.stdout, r.stdout + r.stderr
     r = _ls("bookie", "updatecookie", *args, "--journal-dir", str(copy))
     assert r.returncode == 0 and "recorded the moved directories" in r.stdout, r.stdout + r.stderr
+
+
+def test_cluster_status_calls_a_bookie_down_mid_decommission_down(tmp_path: Any) -> None:
+    """`cluster status` says 'decommissioned' of a stopped bookie only once its decommission ended (its cookie
+    deleted, c49435f): one stopped while its decommission runs (marked, its cookie still there: its data not
+    moved off yet) is DOWN and exit 1, as any bookie down. Planted: the mark alone taken for a decommissioned
+    bookie, so that a bookie crashing mid-decommission was called decommissioned and the status exit 0."""
+    import json as _json
+
+    from ledgerstore.cluster import free_port
+    from tests.integration.test_cluster_cli import _ls, _ports
+    from zk import MetadataStore
+    from zk.underreplication import UnderReplicationManager
+
+    state = tmp_path / "cluster"
+    r = _ls("cluster", "up", *_ports(state, free_port()))
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        st = _json.loads((state / "cluster.json").read_text())
+        with MetadataStore.connect(st["zk"], root=st.get("zk_root", "/ledgerstore")) as store:
+            UnderReplicationManager(store).start_decommission(
+                st["bookies"][1]["id"]
+            )  # (its data not moved yet)
+        _ls("cluster", "stop", "bookie-1", "--state-dir", str(state))
+        r = _ls("cluster", "status", "--state-dir", str(state))
+        assert r.returncode == 1 and "decommissioned" not in r.stdout, r.stdout + r.stderr
+    finally:
+        _ls("cluster", "down", "--state-dir", str(state))
