@@ -2569,7 +2569,8 @@ class AdminApp:
         return _no_content()
 
     async def _start_position(self, topic: Topic, body: Any) -> Position | None:
-        """A MessageId body (Pulsar's ``{"ledgerId", "entryId", …}``), "earliest"/"latest", or None (latest)."""
+        """A MessageId body (Pulsar's ``{"ledgerId", "entryId", …}``), "earliest"/"latest", or None (latest); an id
+        after the last stored entry is the next entry written."""
         ml = topic.ml
         if body is None or body == "latest":
             return None
@@ -2580,7 +2581,9 @@ class AdminApp:
             return None
         if lid < 0 or eid < 0:
             return ml.first_position()
-        return Position(lid, eid)
+        # past the last stored entry: the next one written (Pulsar's getNextValidPosition), as a SEEK there; taken
+        # as is, the entries written before that id were never delivered to the subscription
+        return topic.not_past_the_end(Position(lid, eid))
 
     async def subscription_create(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)

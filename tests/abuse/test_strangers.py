@@ -7,9 +7,12 @@ a bookie or a broker, connections beyond the per-address cap are closed on arriv
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import struct
 import time
+import urllib.request
+from typing import Any
 
 import pytest
 
@@ -262,6 +265,17 @@ def _stranger_acks(port: int, topic: str, sub: str, ack_type: int, ledger: int, 
     assert [f.command.type for f in frames][:2] == [T.CONNECTED, T.SUCCESS]
 
 
+def _received(consumer: Any, at_most: int) -> list[bytes]:
+    """What ``consumer`` receives (each acknowledged) until 2 s pass without a message, or ``at_most``."""
+    got: list[bytes] = []
+    with contextlib.suppress(pulsar.Timeout):
+        while len(got) < at_most:
+            m = consumer.receive(2000)
+            got.append(m.data())
+            consumer.acknowledge(m)
+    return got
+
+
 def test_acks_of_entries_not_written_yet_acknowledge_nothing(broker: BrokerProcess) -> None:  # noqa: F811
     """A consumer's ack of a message id after the topic's last entry (an individual one two entries ahead, a
     cumulative one three ahead) is dropped: the messages later stored there are delivered to the subscription."""
@@ -278,13 +292,31 @@ def test_acks_of_entries_not_written_yet_acknowledge_nothing(broker: BrokerProce
         for i in range(1, 6):
             p.send(f"m{i}".encode())
         for sub in ("ind", "cum"):
-            consumer = c.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared)
-            got = []
-            with contextlib.suppress(pulsar.Timeout):
-                while len(got) < 7:
-                    m = consumer.receive(2000)
-                    got.append(m.data())
-                    consumer.acknowledge(m)
+            got = _received(c.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared), 7)
             assert sorted(got) == [f"m{i}".encode() for i in range(6)], sub
+    finally:
+        c.close()
+
+
+def test_admin_moves_to_message_ids_not_written_yet_start_at_the_next_entry(broker: BrokerProcess) -> None:  # noqa: F811
+    """A subscription reset (``resetcursor``) or created at a message id three entries after the last stored one
+    starts at the next entry written, as a SEEK there: every message sent after is delivered."""
+    name = "future-admin-ids"
+    topic = f"persistent://public/default/{name}"
+    c = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    try:
+        p = c.create_producer(topic, batching_enabled=False)
+        first = p.send(b"m0")
+        ahead = json.dumps({"ledgerId": first.ledger_id(), "entryId": first.entry_id() + 3}).encode()
+        c.subscribe(topic, "r", initial_position=EARLIEST).close()
+        base = f"http://127.0.0.1:{broker.http_port}/admin/v2/persistent/public/default/{name}/subscription"
+        for method, url in (("POST", f"{base}/r/resetcursor"), ("PUT", f"{base}/c")):
+            req = urllib.request.Request(url, ahead, {"Content-Type": "application/json"}, method=method)
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert r.status == 204, (method, url)
+        for i in range(1, 6):
+            p.send(f"m{i}".encode())
+        for sub in ("r", "c"):
+            assert _received(c.subscribe(topic, sub), 6) == [f"m{i}".encode() for i in range(1, 6)], sub
     finally:
         c.close()
