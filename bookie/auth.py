@@ -24,7 +24,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 SECRET_LEN = 32  # bytes of a new secret key (HS256 wants at least the hash's 32)
@@ -111,7 +111,7 @@ def verify_token(secret: bytes, token: str | bytes, *, now: float | None = None)
     head_b, body_b, sig_b = parts
     expected = hmac.new(secret, head_b + b"." + body_b, hashlib.sha256).digest()
     if not hmac.compare_digest(expected, _b64decode(sig_b)):
-        raise TokenError("token signature does not verify (signed by another key?)")
+        raise TokenError(f"{_NOT_SIGNED} (signed by another key?)")
     try:
         header = json.loads(_b64decode(head_b))
         payload = json.loads(_b64decode(body_b))
@@ -133,16 +133,37 @@ def verify_token(secret: bytes, token: str | bytes, *, now: float | None = None)
     return Principal(subject=subject)
 
 
-class TokenVerifier:
-    """``verify(token)`` with one secret and a clock (``time.time`` unless told): what the bookie holds."""
+_NOT_SIGNED = "token signature does not verify"
 
-    def __init__(self, secret: bytes, clock: Callable[[], float] = time.time) -> None:
-        _check_secret(secret)
+
+class TokenVerifier:
+    """``verify(token)`` with one secret and a clock (``time.time`` unless told): what the bookie holds. During a
+    rotation, ``previous`` secrets (``--auth-previous-secret-file``) verify a token the secret does not sign, so
+    tokens of the old and the new secret both work until every client holds a new one."""
+
+    def __init__(
+        self, secret: bytes, clock: Callable[[], float] = time.time, previous: Sequence[bytes] = ()
+    ) -> None:
+        for key in (secret, *previous):
+            _check_secret(key)
         self._secret = secret
+        self._previous = tuple(previous)
         self._clock = clock
 
     def verify(self, token: str | bytes) -> Principal:
-        return verify_token(self._secret, token, now=self._clock())
+        now = self._clock()
+        try:
+            return verify_token(self._secret, token, now=now)
+        except TokenError as e:
+            if not self._previous or not str(e).startswith(_NOT_SIGNED):
+                raise
+            for key in self._previous:
+                try:
+                    return verify_token(key, token, now=now)
+                except TokenError as other:
+                    if not str(other).startswith(_NOT_SIGNED):
+                        raise  # signed by this one, but expired or malformed: that is the answer
+            raise
 
 
 _DURATION = re.compile(r"^(\d+)([smhdwy]?)$")

@@ -141,6 +141,7 @@ class BookieConfig:
     storage_blob_gc_ratio: float = 0.5  # collect blob files' garbage once it is this share of them...
     storage_blob_gc_min_mb: int = 64  # ...and at least this many MiB
     auth_secret_file: Path | None = None  # HS256 token secret: tokens are checked (data plane and admin HTTP)
+    auth_previous_secret_file: Path | None = None  # during a rotation: tokens it signed are still taken
     auth_required: bool = False  # data plane: nothing served before AUTH with a good token
     admin_read_auth: str = "none"  # admin HTTP read-only endpoints that need a token too: none, api, all
     tls_cert_file: Path | None = None  # data plane TLS: certificate chain (PEM), with tls_key_file
@@ -317,7 +318,10 @@ class Bookie:
         )
         verifier = None
         if cfg.auth_secret_file is not None:
-            verifier = auth.TokenVerifier(load_secret(cfg.auth_secret_file))
+            previous = [load_secret(cfg.auth_previous_secret_file)] if cfg.auth_previous_secret_file else []
+            verifier = auth.TokenVerifier(load_secret(cfg.auth_secret_file), previous=previous)
+        elif cfg.auth_previous_secret_file is not None:
+            raise ValueError("--auth-previous-secret-file needs --auth-secret-file")
         self.server = BookieServer(
             self.core, limits, ServerAuth(verifier=verifier, required=cfg.auth_required)
         )
@@ -1059,6 +1063,9 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         inflight_bytes_max_mb=getattr(args, "inflight_bytes_max_mb", srv.DEFAULT_INFLIGHT_BYTES_MAX // 2**20),
         gc_deletions_max=getattr(args, "gc_deletions_max", DEFAULT_GC_DELETIONS_MAX),
         auth_secret_file=Path(args.auth_secret_file) if getattr(args, "auth_secret_file", None) else None,
+        auth_previous_secret_file=(
+            Path(args.auth_previous_secret_file) if getattr(args, "auth_previous_secret_file", None) else None
+        ),
         auth_required=getattr(args, "auth_required", False),
         admin_read_auth=getattr(args, "admin_read_auth", "none"),
         tls_cert_file=Path(args.tls_cert) if getattr(args, "tls_cert", None) else None,
@@ -1094,6 +1101,12 @@ def add_auth_arguments(serve: argparse.ArgumentParser) -> None:
         action="store_true",
         default=bool(os.environ.get("LEDGERSTORE_AUTH_REQUIRED")),
         help="serve nothing on the data plane before AUTH with a good token (needs --auth-secret-file)",
+    )
+    a(
+        "--auth-previous-secret-file",
+        default=None,
+        help="while the secret is rotated: the old secret, whose tokens are still taken beside the new one's "
+        "(docs/operations.md, 'Rotating the secret')",
     )
     a(
         "--admin-read-auth",

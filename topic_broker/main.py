@@ -293,6 +293,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     a = p.add_argument
     a(
+        "--auth-previous-secret-file",
+        default=None,
+        help="while the secret is rotated: the old secret, whose tokens are still taken beside the new one's "
+        "(docs/operations.md, 'Rotating the secret')",
+    )
+    a(
         "--auth-secret-file",
         default=None,
         help="HS256 secret key (ledgerstore auth create-secret, as the bookies'): Pulsar clients' tokens "
@@ -449,9 +455,12 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     from bookie.main import load_secret
 
     secret_file = getattr(args, "auth_secret_file", None)
+    previous_file = getattr(args, "auth_previous_secret_file", None)
     auth_required = bool(getattr(args, "auth_required", False))
     if auth_required and not secret_file:
         raise ConfigError("--auth-required needs --auth-secret-file")
+    if previous_file and not secret_file:
+        raise ConfigError("--auth-previous-secret-file needs --auth-secret-file")
     token_file = getattr(args, "bookie_auth_token_file", None)
     bookie_token: str | None = None
     if token_file:
@@ -491,6 +500,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     )
     return BrokerConfig(
         auth_secret=load_secret(Path(secret_file)) if secret_file else None,
+        auth_previous_secret=load_secret(Path(previous_file)) if previous_file else None,
         auth_required=auth_required,
         superuser_roles=superusers,
         admin_read_auth=bool(getattr(args, "admin_read_auth", False)),

@@ -255,6 +255,7 @@ class BrokerConfig:
     # with (None: no authentication at all), whether a connection must carry one (and produce/consume then
     # need a permission), the roles allowed everything, whether admin reads need a token too
     auth_secret: bytes | None = None
+    auth_previous_secret: bytes | None = None  # during a rotation: tokens it signed are still taken
     auth_required: bool = False
     superuser_roles: tuple[str, ...] = ()
     admin_read_auth: bool = False
@@ -2326,7 +2327,10 @@ class _OwnPolicies:
 class BrokerService:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.verifier = TokenVerifier(config.auth_secret) if config.auth_secret is not None else None
+        previous = [config.auth_previous_secret] if config.auth_previous_secret is not None else []
+        self.verifier = (
+            TokenVerifier(config.auth_secret, previous=previous) if config.auth_secret is not None else None
+        )
         #: the TLS port's context and its reload on the housekeeping (None: no TLS port)
         self.tls: TlsFiles | None = None
         if config.tls_port is not None and config.tls_cert_file and config.tls_key_file:

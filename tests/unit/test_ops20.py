@@ -107,3 +107,22 @@ def test_ledger_write_refuses_an_entry_over_the_bookies_limit_before_making_a_le
     with pytest.raises(CommandError, match="--input: line 2 is 5242817 bytes, over the largest entry"):
         _payloads(write("--input", str(lines)))
     assert [len(p) for p in _payloads(write("-n", "1", "--entry-size", str(ENTRY_PAYLOAD_MAX)))] == [5242816]
+
+
+def test_a_previous_secret_keeps_its_tokens_working_during_a_rotation() -> None:
+    """A server checked tokens against one secret, so a rotation refused every client holding a token of the
+    other one (a connected pulsar-client's sends timed out after the broker's restart with the new secret).
+    With --auth-previous-secret-file, tokens of both verify; another key's are still refused, and an expired
+    token of the old secret is refused as expired."""
+    from bookie.auth import TokenError, TokenVerifier, create_token
+
+    old, new, stranger = b"o" * 32, b"n" * 32, b"s" * 32
+    verifier = TokenVerifier(new, clock=lambda: 1000.0, previous=[old])
+    assert verifier.verify(create_token(old, "app")).subject == "app"
+    assert verifier.verify(create_token(new, "app2")).subject == "app2"
+    with pytest.raises(TokenError, match="signature does not verify"):
+        verifier.verify(create_token(stranger, "app"))
+    with pytest.raises(TokenError, match="expired"):
+        verifier.verify(create_token(old, "app", expires_in_s=100, now=800))
+    with pytest.raises(TokenError, match="signature does not verify"):
+        TokenVerifier(new, clock=lambda: 1000.0).verify(create_token(old, "app"))  # without it, as before
