@@ -483,3 +483,42 @@ def test_cluster_status_calls_a_bookie_down_mid_decommission_down(tmp_path: Any)
         assert r.returncode == 1 and "decommissioned" not in r.stdout, r.stdout + r.stderr
     finally:
         _ls("cluster", "down", "--state-dir", str(state))
+
+
+def test_a_send_whose_first_ids_an_earlier_send_being_stored_covers_is_answered_in_its_turn(
+    cluster: Brokers,  # noqa: F811
+) -> None:
+    """A SEND of ids 2..5 after one of ids 1..3 whose write still waits on the bookies, on the same connection: a
+    resend (judged by its first id, 9e11ed6) that the earlier send covers, answered in its turn after it, not
+    MessageDupUnknown. Planted: the earlier send compared with the later one's last id (`_sent_before`), so that
+    the connection's producer was told to reconnect and send everything again."""
+    from tests.integration.test_broker_pulsar_client import _raw_answer, _raw_producer, topic_name
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+
+    T = pb.BaseCommand
+
+    def send(s: Any, seq: int, highest: int) -> None:
+        cmd = pb.CommandSend(producer_id=1, sequence_id=seq, highest_sequence_id=highest)
+        md = pb.MessageMetadata(producer_name="x", sequence_id=seq, publish_time=1)
+        s.sendall(wire.encode_send(T(type=T.SEND, send=cmd), md, b"m%d" % seq))
+
+    broker = cluster.start()
+    s, dec = _raw_producer(broker, f"persistent://public/default/{topic_name()}", "x")
+    try:
+        send(s, 0, 0)
+        assert _raw_answer(s, dec).type == T.SEND_RECEIPT
+        paused = cluster.bookies.procs[:2]  # every entry of E3/Qw2/Qa2 waits for one of them
+        for bk in paused:
+            bk.pause()
+        try:
+            send(s, 1, 3)
+            send(s, 2, 5)
+            time.sleep(0.5)  # (both read by the broker while the first one's write waits)
+        finally:
+            for bk in paused:
+                bk.resume()
+        answers = [_raw_answer(s, dec), _raw_answer(s, dec)]
+        assert [a.type for a in answers] == [T.SEND_RECEIPT, T.SEND_RECEIPT], answers
+    finally:
+        s.close()
