@@ -26,8 +26,8 @@ Reading (executors): a Python worker's first task connects a client (the async c
 in the reading thread, uvloop where installed) that the worker's next tasks of the same cluster and credentials
 reuse (PySpark reuses its Python workers): a scan of many partitions opens one ZooKeeper session and one
 connection per bookie per worker, not per partition, and a task starts reading at once (a task that fails closes
-it, and the next one connects anew; outside a Spark task, as in the driver, each range has a client of its own,
-closed at its end). Each range opens its ledger without fencing, reads its range with ``read_batches``
+it, and the next one connects anew; in a worker Spark does not reuse, and outside a Spark task, as in the driver,
+each range has a client of its own, closed at its end). Each range opens its ledger without fencing, reads its range with ``read_batches``
 (batched range reads from the bookies of its write sets, trying the next replica when one fails, following
 ensemble changes; ``rows=True``: the payloads of a reply of same-size entries as one 2-D array viewing the
 reply, no object per entry), yields Arrow record batches of at most ``maxRecordsPerBatch`` rows and
@@ -477,8 +477,12 @@ class _Columns:
 _worker_client: tuple[tuple[Any, ...], asyncio.AbstractEventLoop, Any] | None = None
 
 
-def _in_spark_task() -> bool:
-    """Whether this thread runs a Spark task (a Python worker's), where the worker's client is kept."""
+def _in_reused_spark_worker() -> bool:
+    """Whether this thread runs a Spark task in a Python worker that Spark reuses for its next tasks
+    (``spark.python.worker.reuse``, on by default: the JVM then sets ``SPARK_REUSE_WORKER`` for its workers), where
+    the worker's client is kept. A worker not reused ends after its task: it closes its client as before."""
+    if not os.environ.get("SPARK_REUSE_WORKER"):
+        return False
     try:
         from pyspark import TaskContext
     except ImportError:
@@ -521,7 +525,7 @@ def _range_client(opts: LedgerOptions) -> Iterator[tuple[asyncio.AbstractEventLo
     from ledger_client import BookKeeper
 
     global _worker_client
-    shared = _in_spark_task()
+    shared = _in_reused_spark_worker()
     key = (opts.zk, opts.zk_root, opts.read_timeout_ms, opts.auth_token, opts.zk_auth)
     if shared and _worker_client is not None and _worker_client[0] == key:
         _, loop, bk = _worker_client

@@ -64,3 +64,40 @@ def test_a_scan_of_many_partitions_opens_no_zookeeper_session_per_partition(
     # (and may close one of an earlier test's cluster). A session per task was 2 transactions each: 48, 48.
     assert transactions[0] <= 2 + 2 * 2, transactions
     assert transactions[1] <= 2, transactions
+
+
+@pytest.mark.parametrize("reused", [True, False])
+def test_a_task_keeps_its_client_only_in_a_worker_spark_reuses(
+    bookies: Any, monkeypatch: pytest.MonkeyPatch, reused: bool
+) -> None:
+    """A worker Spark does not reuse (spark.python.worker.reuse false: the JVM sets no SPARK_REUSE_WORKER) ends
+    after its task, so the task closes its client as before instead of leaving a ZooKeeper session to expire."""
+    from pyspark import TaskContext
+
+    from spark import ledger_source
+    from spark.ledger_source import LEDGER_SCHEMA, LedgerRange, read_range
+    from spark.options import parse_ledger_options
+
+    bookies.start_many(3)
+    bk = BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+    lh = bk.create_ledger(3, 2, 2, password=PW)
+    lh.append_many([b"x"] * 20)
+    lh.close()
+    bk.close()
+    opts = parse_ledger_options(
+        {"zk": bookies.zk, "zkroot": bookies.root, "ledgers": str(lh.ledger_id), "password": PW.decode()}
+    )
+    if reused:
+        monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    else:
+        monkeypatch.delenv("SPARK_REUSE_WORKER", raising=False)
+    TaskContext._setTaskContext(TaskContext())  # as PySpark's worker does for each task
+    try:
+        rows = sum(
+            b.num_rows for b in read_range(opts, LedgerRange(lh.ledger_id, 0, 19, "CLOSED", 0), LEDGER_SCHEMA)
+        )
+        assert rows == 20
+        assert (ledger_source._worker_client is not None) == reused
+    finally:
+        TaskContext._setTaskContext(None)
+        ledger_source._drop_worker_client()
