@@ -320,8 +320,6 @@ class Bookie:
         if cfg.auth_secret_file is not None:
             previous = [load_secret(cfg.auth_previous_secret_file)] if cfg.auth_previous_secret_file else []
             verifier = auth.TokenVerifier(load_secret(cfg.auth_secret_file), previous=previous)
-        elif cfg.auth_previous_secret_file is not None:
-            raise ValueError("--auth-previous-secret-file needs --auth-secret-file")
         self.server = BookieServer(
             self.core, limits, ServerAuth(verifier=verifier, required=cfg.auth_required)
         )
@@ -1340,6 +1338,8 @@ def serve(args: argparse.Namespace, companions: CompanionFactory | None = None) 
     try:  # flags > LEDGERSTORE_<SETTING> > --config FILE > defaults (bookie/config_file.py)
         settings = resolve(args)
         check_disk_usage_marks(settings)
+        if settings.values.get("auth_previous_secret_file") and not settings.values.get("auth_secret_file"):
+            raise ConfigError("--auth-previous-secret-file needs --auth-secret-file")
         extra = list(companions(args)) if companions is not None else []
     except (ConfigError, ValueError, OSError) as e:
         log.error("bookie: %s", e)

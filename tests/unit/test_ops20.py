@@ -126,3 +126,18 @@ def test_a_previous_secret_keeps_its_tokens_working_during_a_rotation() -> None:
         verifier.verify(create_token(old, "app", expires_in_s=100, now=800))
     with pytest.raises(TokenError, match="signature does not verify"):
         TokenVerifier(new, clock=lambda: 1000.0).verify(create_token(old, "app"))  # without it, as before
+
+
+def test_bookie_serve_refuses_a_previous_secret_without_a_secret(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given alone, the previous secret was looked at only once the bookie had made its directories and asked
+    for ZooKeeper; it is refused first (exit 2), as broker serve refuses it."""
+    data = tmp_path / "bookie"
+    args = build_parser().parse_args(
+        ["bookie", "serve", "--data-dir", str(data), "--auth-previous-secret-file", str(tmp_path / "old")]
+    )
+    with caplog.at_level(logging.ERROR):
+        assert serve(args) == 2
+    assert "--auth-previous-secret-file needs --auth-secret-file" in caplog.text
+    assert not data.exists()
