@@ -550,6 +550,7 @@ _NAMESPACE_LIMITS = {
     "maxConsumersPerTopic": "max_consumers_per_topic",
     "maxUnackedMessagesPerConsumer": "max_unacked_messages_per_consumer",
     "maxUnackedMessagesPerSubscription": "max_unacked_messages_per_subscription",
+    "maxConsumersPerSubscription": "max_consumers_per_subscription",
 }
 #: a topic's limits: the route's name -> its own policy, its namespace's, the broker's default (0: none)
 _TOPIC_LIMITS = {
@@ -1585,7 +1586,7 @@ class AdminApp:
                 self.service.apply_policies(t, p, t.own_policies)
 
     async def namespace_limit_get(self, request: web.Request) -> web.Response:
-        """``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxUnackedMessagesPerConsumer``: the
+        """``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription``, …: the
         namespace's, ``null`` when not set (the broker's default)."""
         _t, _n, p = await self._policies(request)
         return _json(getattr(p, _NAMESPACE_LIMITS[request.match_info["limit"]]))

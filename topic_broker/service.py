@@ -1516,6 +1516,7 @@ class Topic:
         "last_entry_messages",
         "last_sequence",
         "max_consumers",
+        "max_consumers_per_subscription",
         "max_producers",
         "max_unacked_on_consumer",
         "max_unacked_on_subscription",
@@ -1585,6 +1586,8 @@ class Topic:
         #: unacknowledged messages a consumer may hold before it is sent nothing more
         self.max_producers = 0
         self.max_consumers = 0
+        #: the consumers one subscription may have (0: none), the namespace's ``maxConsumersPerSubscription``
+        self.max_consumers_per_subscription = 0
         #: SUBSCRIBEs past the consumers limit's first check and not yet attached or refused: counted by that
         #: check (``BrokerService._consumers_refused``) as the consumers they are about to be
         self.consumers_creating = 0
@@ -2914,6 +2917,7 @@ class BrokerService:
         topic.namespace_compaction_threshold = p.compaction_threshold
         topic.max_producers = policy_in_force(tp.max_producers, p.max_producers_per_topic, 0)
         topic.max_consumers = policy_in_force(tp.max_consumers, p.max_consumers_per_topic, 0)
+        topic.max_consumers_per_subscription = p.max_consumers_per_subscription or 0
         unacked = policy_in_force(
             tp.max_unacked_messages_on_consumer,
             p.max_unacked_messages_per_consumer,
@@ -3816,6 +3820,14 @@ class BrokerService:
         # (again, this one's creation aside: the limit may have been lowered while this waited)
         if self._consumers_refused(s, topic, cmd.request_id, creating=1):
             sub.drop_if_unused()
+            return
+        limit = topic.max_consumers_per_subscription
+        if limit and len(sub.consumers) >= limit:
+            # Pulsar's dispatchers' answer (Shared, Key_Shared, Failover; an Exclusive one has one consumer at
+            # most): ConsumerBusy. Nothing awaited since the subscription was taken: no other SUBSCRIBE of it
+            # attached meanwhile, so two at once cannot both pass
+            why = f"Subscription {sub.name} of {topic.name} reached max consumers limit ({limit})"
+            s.send(wire.error(cmd.request_id, pb.ConsumerBusy, why))
             return
         c = Consumer(
             s, cmd.consumer_id, cmd.consumer_name, sub, metadata={kv.key: kv.value for kv in cmd.metadata}

@@ -387,6 +387,9 @@ class NamespacePolicies:
     max_consumers_per_topic: int | None = None
     max_unacked_messages_per_consumer: int | None = None
     max_unacked_messages_per_subscription: int | None = None
+    # Pulsar's ``max_consumers_per_subscription``: the consumers one subscription may have (0: no limit); None:
+    # not set, the broker's default (none)
+    max_consumers_per_subscription: int | None = None
     # Pulsar's ``subscription_expiration_time_minutes``: a subscription with no consumer for this long is deleted
     # by the topic's owner (0: never); None: not set, never (Pulsar's broker default, 0)
     subscription_expiration_time_minutes: int | None = None
@@ -449,6 +452,7 @@ class NamespacePolicies:
             max_unacked_messages_per_subscription=_optional_threshold(
                 d, "max_unacked_messages_per_subscription"
             ),
+            max_consumers_per_subscription=_optional_threshold(d, "max_consumers_per_subscription"),
             subscription_expiration_time_minutes=_optional_threshold(
                 d, "subscription_expiration_time_minutes"
             ),
@@ -467,6 +471,7 @@ _NAMESPACE_LIMITS = (
     "max_consumers_per_topic",
     "max_unacked_messages_per_consumer",
     "max_unacked_messages_per_subscription",
+    "max_consumers_per_subscription",
 )
 
 
