@@ -96,6 +96,7 @@ from .service import (
     NAMESPACE_NOT_FOUND,
     NamespaceNotFoundError,
     PartitionLimitError,
+    SubscriptionsLimitError,
     TopicDeletingError,
     past_partition_limit,
     schema_refusal,
@@ -551,6 +552,7 @@ _NAMESPACE_LIMITS = {
     "maxUnackedMessagesPerConsumer": "max_unacked_messages_per_consumer",
     "maxUnackedMessagesPerSubscription": "max_unacked_messages_per_subscription",
     "maxConsumersPerSubscription": "max_consumers_per_subscription",
+    "maxSubscriptionsPerTopic": "max_subscriptions_per_topic",
 }
 #: a topic's limits: the route's name -> its own policy, its namespace's, the broker's default (0: none)
 _TOPIC_LIMITS = {
@@ -2597,6 +2599,8 @@ class AdminApp:
         async with topic._opening_subscription:  # not created by a consumer subscribing meanwhile too
             if sub in topic.subscriptions or await self.meta.get_cursor(name.ml_name, sub) is not None:
                 raise AdminError(409, "Subscription already exists for topic")
+            if await topic.subscriptions_full(sub):
+                raise AdminError(412, SubscriptionsLimitError(topic.name).args[0])
             start = await self._start_position(topic, body)
             mc = await ManagedCursor.open(topic.ml, sub, InitialPosition.LATEST)
             if start is not None:

@@ -386,6 +386,14 @@ class PartitionLimitError(Exception):
         )
 
 
+class SubscriptionsLimitError(Exception):
+    """A new durable subscription of a topic that has its namespace's ``maxSubscriptionsPerTopic``: not
+    created, as Pulsar refuses it (NotAllowedError to a SUBSCRIBE, 412 to the admin's create)."""
+
+    def __init__(self, name: TopicName) -> None:
+        super().__init__(f"Exceed the maximum number of subscriptions of the topic: {name}")
+
+
 class TopicDeletingError(Exception):
     """An open of a topic whose delete is still under way after CLOSE_WAIT_S: refused, to be tried again (a
     client's ServiceNotReady, the admin's 503), rather than opened on the ledger list being deleted."""
@@ -1518,6 +1526,7 @@ class Topic:
         "max_consumers",
         "max_consumers_per_subscription",
         "max_producers",
+        "max_subscriptions",
         "max_unacked_on_consumer",
         "max_unacked_on_subscription",
         "ml",
@@ -1588,6 +1597,8 @@ class Topic:
         self.max_consumers = 0
         #: the consumers one subscription may have (0: none), the namespace's ``maxConsumersPerSubscription``
         self.max_consumers_per_subscription = 0
+        #: the subscriptions the topic may have (0: none), the namespace's ``maxSubscriptionsPerTopic``
+        self.max_subscriptions = 0
         #: SUBSCRIBEs past the consumers limit's first check and not yet attached or refused: counted by that
         #: check (``BrokerService._consumers_refused``) as the consumers they are about to be
         self.consumers_creating = 0
@@ -2155,7 +2166,22 @@ class Topic:
                 await rt.cursor.refresh()  # idle: another writer may have moved it (it restarts from there)
             return rt
 
+    async def subscriptions_full(self, name: str) -> bool:
+        """Would a subscription ``name`` be one past ``max_subscriptions`` (taken under ``_opening_subscription``)?
+        As Pulsar's: one that exists (served, or its cursor stored) is never refused; the others are counted,
+        the stored cursors and the readers' subscriptions being served, the compactor's aside."""
+        if not self.max_subscriptions or name in self.subscriptions:
+            return False
+        stored = set(await self.ml.store.list_cursors(self.ml.name))
+        if name in stored:
+            return False
+        names = (stored | set(self.subscriptions)) - {COMPACTION_SUBSCRIPTION}
+        return len(names) >= self.max_subscriptions
+
     async def _open_subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
+        # (a reader's is not refused, as Pulsar's)
+        if s.durable and await self.subscriptions_full(s.subscription):
+            raise SubscriptionsLimitError(self.name)
         sub_type = SubType(s.subType)
         core = Subscription(
             sub_type, partition=self.name.partition_index, unacked_messages_max=self.max_unacked_on_consumer
@@ -2918,6 +2944,7 @@ class BrokerService:
         topic.max_producers = policy_in_force(tp.max_producers, p.max_producers_per_topic, 0)
         topic.max_consumers = policy_in_force(tp.max_consumers, p.max_consumers_per_topic, 0)
         topic.max_consumers_per_subscription = p.max_consumers_per_subscription or 0
+        topic.max_subscriptions = p.max_subscriptions_per_topic or 0
         unacked = policy_in_force(
             tp.max_unacked_messages_on_consumer,
             p.max_unacked_messages_per_consumer,
@@ -3794,6 +3821,9 @@ class BrokerService:
                 s.send(wire.error(cmd.request_id, pb.IncompatibleSchema, refused))
                 return
             sub = await topic.subscription(cmd)
+        except SubscriptionsLimitError as e:
+            s.send(wire.error(cmd.request_id, pb.NotAllowedError, str(e)))
+            return
         except (ManagedLedgerError, zk.MetadataError) as e:
             s.send(wire.error(cmd.request_id, pb.ServiceNotReady, str(e)))
             return

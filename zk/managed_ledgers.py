@@ -390,6 +390,9 @@ class NamespacePolicies:
     # Pulsar's ``max_consumers_per_subscription``: the consumers one subscription may have (0: no limit); None:
     # not set, the broker's default (none)
     max_consumers_per_subscription: int | None = None
+    # Pulsar's ``max_subscriptions_per_topic``: the subscriptions a topic may have (0: no limit); None: not set,
+    # the broker's default (none)
+    max_subscriptions_per_topic: int | None = None
     # Pulsar's ``subscription_expiration_time_minutes``: a subscription with no consumer for this long is deleted
     # by the topic's owner (0: never); None: not set, never (Pulsar's broker default, 0)
     subscription_expiration_time_minutes: int | None = None
@@ -453,6 +456,7 @@ class NamespacePolicies:
                 d, "max_unacked_messages_per_subscription"
             ),
             max_consumers_per_subscription=_optional_threshold(d, "max_consumers_per_subscription"),
+            max_subscriptions_per_topic=_optional_threshold(d, "max_subscriptions_per_topic"),
             subscription_expiration_time_minutes=_optional_threshold(
                 d, "subscription_expiration_time_minutes"
             ),
@@ -472,6 +476,7 @@ _NAMESPACE_LIMITS = (
     "max_unacked_messages_per_consumer",
     "max_unacked_messages_per_subscription",
     "max_consumers_per_subscription",
+    "max_subscriptions_per_topic",
 )
 
 

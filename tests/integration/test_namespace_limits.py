@@ -5,6 +5,7 @@ the namespace's policies, and enforced on the official ``pulsar-client``. One br
 
 from __future__ import annotations
 
+import urllib.error
 from typing import Any
 
 import pytest
@@ -39,4 +40,32 @@ def test_max_consumers_per_subscription(bp: BrokerProcess, c: Any) -> None:
     assert admin(bp, "GET", path) is None
     consumers.append(c.subscribe(topic, "s", consumer_type=shared))
     for x in consumers:
+        x.close()
+
+
+def test_max_subscriptions_per_topic(bp: BrokerProcess, c: Any) -> None:
+    """``maxSubscriptionsPerTopic`` 2: a third subscription is refused NotAllowedError (by SUBSCRIBE and by the
+    admin's create, 412), while the existing ones attach again and a reader is taken; removed, the third is
+    made."""
+    ns = _namespace(bp)
+    path = f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic"
+    admin(bp, "POST", path, 2)
+    assert admin(bp, "GET", path) == 2
+    assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}")["max_subscriptions_per_topic"] == 2
+    t = topic_name()
+    topic = f"persistent://public/{ns}/{t}"
+    c.subscribe(topic, "a").close()
+    admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}/subscription/b")
+    with pytest.raises(pulsar.NotAllowedError):
+        c.subscribe(topic, "third")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}/subscription/third")
+    assert refused.value.code == 412
+    attached = [c.subscribe(topic, "a"), c.subscribe(topic, "b")]
+    attached.append(c.create_reader(topic, pulsar.MessageId.earliest))
+    admin(bp, "DELETE", path)
+    attached.append(c.subscribe(topic, "third"))
+    subs = admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions")
+    assert {"a", "b", "third"} <= set(subs)
+    for x in attached:
         x.close()
