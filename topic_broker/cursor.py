@@ -523,13 +523,13 @@ class ManagedCursor:
                 stored = (
                     await self.ml.store.get_cursor(self.ml.name, self.name) if self._unconfirmed else None
                 )
-                # ours only if no write of another came after them: each of our unknown writes moved the
-                # version on by one at most (a new owner's take-over write, of the same content as one of
-                # ours, moves it one further)
+                # ours only if no write of another came after it: our unknown writes were all made at our
+                # version, so one of them at most was applied, moving it on by exactly one (a new owner's
+                # take-over write, of the same content as one of ours, moves it one further)
                 if (
                     stored is None
                     or stored.value.to_json() not in self._unconfirmed
-                    or stored.version - self._version > len(self._unconfirmed)
+                    or stored.version != self._version + 1
                 ):
                     raise self.ml.fence(f"cursor {self.name} written by another owner") from e
                 log.info("ml=%s cursor=%s: a write whose reply was lost was applied", self.ml.name, self.name)
