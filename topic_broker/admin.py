@@ -81,6 +81,7 @@ from zk.managed_ledgers import (
     SchemaInfo,
     SchemaRefusedError,
     TopicPolicies,
+    TopicsLimitError,
     policy_in_force,
 )
 
@@ -156,6 +157,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(404, NAMESPACE_NOT_FOUND)
     except TopicDeletingError as e:  # its delete still under way: try again
         return _error(503, str(e))
+    except TopicsLimitError as e:  # the namespace's maxTopicsPerNamespace: Pulsar's 412
+        return _error(412, str(e))
     except web.HTTPException as e:
         if e.status < 400:  # a redirect to the topic's owner
             raise
@@ -553,6 +556,7 @@ _NAMESPACE_LIMITS = {
     "maxUnackedMessagesPerSubscription": "max_unacked_messages_per_subscription",
     "maxConsumersPerSubscription": "max_consumers_per_subscription",
     "maxSubscriptionsPerTopic": "max_subscriptions_per_topic",
+    "maxTopicsPerNamespace": "max_topics_per_namespace",
 }
 #: a topic's limits: the route's name -> its own policy, its namespace's, the broker's default (0: none)
 _TOPIC_LIMITS = {

@@ -66,6 +66,7 @@ from zk.managed_ledgers import (
     SchemaInfo,
     SchemaRefusedError,
     TopicPolicies,
+    TopicsLimitError,
     policy_in_force,
 )
 from zk.ratelog import LOG_EVERY_S, RateLimitedLog
@@ -3408,7 +3409,7 @@ class BrokerService:
                 )
             )
             return
-        except PartitionLimitError as e:
+        except (PartitionLimitError, TopicsLimitError) as e:
             # NotAllowedError: the client fails at once with the message, not retrying to its timeout
             s.send(
                 wire.partitioned_metadata_response(
@@ -3471,6 +3472,8 @@ class BrokerService:
             s.send(wire.error(request_id, pb.TopicNotFound, str(e)))
         except TopicDeletingError as e:
             s.send(wire.error(request_id, pb.ServiceNotReady, str(e)))
+        except TopicsLimitError as e:  # a topic to create past maxTopicsPerNamespace: refused, as Pulsar's
+            s.send(wire.error(request_id, pb.NotAllowedError, str(e)))
         except NotOwnerError as e:
             s.send(wire.error(request_id, pb.ServiceNotReady, f"{topic} is served by {e.owner.service_url}"))
         except (ManagedLedgerError, zk.MetadataError) as e:

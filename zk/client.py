@@ -779,12 +779,22 @@ class MetadataStore(CompareAndSetUpdate):
             attempt += 1  # a conflict (changed, created or deleted since the read): read again
             _after_conflict(attempt, retries, path)
 
-    def create_checked(self, path: str, value: Mapping[str, Any], *, guard: str, guard_version: int) -> None:
+    def create_checked(
+        self,
+        path: str,
+        value: Mapping[str, Any],
+        *,
+        guard: str,
+        guard_version: int,
+        guard_write: Mapping[str, Any] | None = None,
+    ) -> None:
         """Create ``path`` (its missing parents first) in one ZooKeeper transaction with a check that the znode
         ``guard`` is still at ``guard_version``, so that nothing is created once ``guard`` changed or went since
         the caller read it (a namespace marked deleted meanwhile). Raises :class:`MetadataVersionError` (changed)
         or :class:`MetadataNotFoundError` for ``guard`` (gone), :class:`MetadataExistsError` for ``path``;
-        nothing created then (the parents made may stay, empty)."""
+        nothing created then (the parents made may stay, empty). ``guard_write``: ``guard`` written with this
+        body at ``guard_version`` instead of checked, so that its version moves and another such create that
+        read the same version fails (two creates counting the same room serialized)."""
         full, guard_full = self.abs_path(path), self.abs_path(guard)
         parent = path.rpartition("/")[0]
         if parent:
@@ -792,7 +802,10 @@ class MetadataStore(CompareAndSetUpdate):
         data = encode_body(value)
         with self._translated(full):
             tx = self._client.transaction()
-            tx.check(guard_full, guard_version)
+            if guard_write is None:
+                tx.check(guard_full, guard_version)
+            else:
+                tx.set_data(guard_full, encode_body(guard_write), guard_version)
             tx.create(full, data, acl=self._new_acl())
         checked, created = self._wait(tx.commit_async(), full)
         if isinstance(checked, Exception) and not isinstance(checked, kex.RolledBackError):
@@ -800,11 +813,10 @@ class MetadataStore(CompareAndSetUpdate):
         if isinstance(created, Exception):
             raise translate(created, full)
 
-    async def acreate_checked(
-        self, path: str, value: Mapping[str, Any], *, guard: str, guard_version: int
-    ) -> None:
-        """:meth:`create_checked` in a worker thread."""
-        await self._run(self.create_checked, path, value, guard=guard, guard_version=guard_version)
+    async def acreate_checked(self, path: str, value: Mapping[str, Any], **guarded: Any) -> None:
+        """:meth:`create_checked` in a worker thread (``guarded``: its keywords, ``guard``, ``guard_version``,
+        ``guard_write``)."""
+        await self._run(self.create_checked, path, value, **guarded)
 
     def _ensure_parent(self, path: str, guard: str, guard_full: str) -> None:
         """The parents of ``path`` made for :meth:`update_guarded`. Those below ``guard`` (a managed ledger's

@@ -393,6 +393,10 @@ class NamespacePolicies:
     # Pulsar's ``max_subscriptions_per_topic``: the subscriptions a topic may have (0: no limit); None: not set,
     # the broker's default (none)
     max_subscriptions_per_topic: int | None = None
+    # Pulsar's ``max_topics_per_namespace``: the topics the namespace may hold, each partition of a partitioned
+    # topic one (0: no limit); None: not set, the broker's default (none). Checked as a topic is created
+    # (:meth:`BrokerMetadataStore.create_ml_info`, :meth:`~BrokerMetadataStore.create_partitioned_topic`)
+    max_topics_per_namespace: int | None = None
     # Pulsar's ``subscription_expiration_time_minutes``: a subscription with no consumer for this long is deleted
     # by the topic's owner (0: never); None: not set, never (Pulsar's broker default, 0)
     subscription_expiration_time_minutes: int | None = None
@@ -457,6 +461,7 @@ class NamespacePolicies:
             ),
             max_consumers_per_subscription=_optional_threshold(d, "max_consumers_per_subscription"),
             max_subscriptions_per_topic=_optional_threshold(d, "max_subscriptions_per_topic"),
+            max_topics_per_namespace=_optional_threshold(d, "max_topics_per_namespace"),
             subscription_expiration_time_minutes=_optional_threshold(
                 d, "subscription_expiration_time_minutes"
             ),
@@ -477,6 +482,7 @@ _NAMESPACE_LIMITS = (
     "max_unacked_messages_per_subscription",
     "max_consumers_per_subscription",
     "max_subscriptions_per_topic",
+    "max_topics_per_namespace",
 )
 
 
@@ -755,6 +761,17 @@ class NamespaceGoneError(MetadataNotFoundError):
         self.tenant, self.namespace = tenant, namespace
 
 
+class TopicsLimitError(Exception):
+    """A topic (or a partitioned topic's partitions) not created: the namespace would hold more topics than its
+    ``max_topics_per_namespace`` (Pulsar's "Exceed maximum number of topics in namespace.")."""
+
+    def __init__(self, tenant: str, namespace: str, held: int, adding: int, limit: int) -> None:
+        super().__init__(
+            f"Exceed maximum number of topics in namespace. ({tenant}/{namespace} holds {held}, "
+            f"{adding} more would pass its maxTopicsPerNamespace {limit})"
+        )
+
+
 class BrokerMetadataStore:
     """Async access to the broker's znodes. zk errors propagate (``MetadataVersionError`` on a CAS conflict).
     ``namespaces``: a topic's managed ledger or partitioned topic is created only in a namespace that exists and
@@ -776,7 +793,7 @@ class BrokerMetadataStore:
         (:meth:`_create_in_namespace`)."""
         m = _PARTITION_ML.match(layout.check_ml_name(ml_name).rsplit("/", 1)[1]) if self.namespaces else None
         if m is None or not await self._create_in_partitioned(ml_name, info, ml_name.rsplit("/", 1)[0], m):
-            await self._create_in_namespace(layout.ml_info_path(ml_name), info.to_json(), ml_name)
+            await self._create_in_namespace(layout.ml_info_path(ml_name), info.to_json(), ml_name, topics=1)
         return Versioned(info, 0)
 
     async def _create_in_partitioned(
@@ -811,12 +828,18 @@ class BrokerMetadataStore:
             if attempt > 100:
                 raise MetadataVersionError("partitioned topic keeps changing", path=guard)
 
-    async def _create_in_namespace(self, path: str, body: JsonDict, ml_name: str) -> None:
+    async def _create_in_namespace(self, path: str, body: JsonDict, ml_name: str, *, topics: int) -> None:
         """A topic's znode (``path``) created only while its namespace exists and is not being deleted, in one
         transaction with a check of the namespace's policies at the version read: a namespace delete marks
         them ``deleted`` before it looks for topics, so a create either lands before the mark (and the delete
         finds the topic) or is refused (:class:`NamespaceGoneError`; the empty directories it made removed);
-        a policy written meanwhile only makes it read again. Without ``namespaces``, created as it is."""
+        a policy written meanwhile only makes it read again. Without ``namespaces``, created as it is.
+
+        ``topics``: the topics the create adds to the namespace (a partitioned topic's partitions, reserved by
+        it; its partitions' managed ledgers are created in it, not counted again). Past the namespace's
+        ``max_topics_per_namespace``: :class:`TopicsLimitError`, nothing created. With a limit the transaction
+        writes the policies back at the version read (rather than only checking it), so that two creates at
+        once, on any brokers, cannot both count the same room: the second's write fails, it counts again."""
         if not self.namespaces:
             await self.store.acreate(path, body)
             return
@@ -828,8 +851,16 @@ class BrokerMetadataStore:
             if v is None or v.value.get("deleted"):
                 await self._prune_parents(path, f"{tenant}/{namespace}")
                 raise NamespaceGoneError(tenant, namespace, path=self.store.abs_path(guard))
+            limit = _optional_threshold(v.value, "max_topics_per_namespace")
+            if limit:
+                held = await self.count_topics(tenant, namespace)
+                if held + topics > limit:
+                    await self._prune_parents(path, f"{tenant}/{namespace}")
+                    raise TopicsLimitError(tenant, namespace, held, topics, limit)
             try:
-                await self.store.acreate_checked(path, body, guard=guard, guard_version=v.version)
+                await self.store.acreate_checked(
+                    path, body, guard=guard, guard_version=v.version, guard_write=v.value if limit else None
+                )
                 return
             except MetadataNotFoundError as e:
                 if e.path != self.store.abs_path(guard):
@@ -839,6 +870,29 @@ class BrokerMetadataStore:
             attempt += 1  # the policies changed or went since the read: read them again
             if attempt > 100:
                 raise MetadataVersionError("namespace policies keep changing", path=guard)
+
+    async def count_topics(self, tenant: str, namespace: str) -> int:
+        """The namespace's topics as its ``max_topics_per_namespace`` counts them, as Pulsar does: each
+        non-partitioned topic one, each partitioned topic its partition count (whether each partition's managed
+        ledger is created yet or not)."""
+        prefix = f"{tenant}/{namespace}/persistent"
+        partitions: dict[str, int] = {}
+        for name in await self._children_or_none(f"{layout.TOPICS}/{prefix}"):
+            meta = await self.get_partitions(f"{prefix}/{name}")
+            if meta is not None:
+                partitions[name] = meta.partitions
+        count = sum(partitions.values())
+        for name in await self._children_or_none(f"{layout.MANAGED_LEDGERS}/{prefix}"):
+            m = _PARTITION_ML.match(name)
+            if m is None or int(m.group("index")) >= partitions.get(m.group("base"), 0):
+                count += 1
+        return count
+
+    async def _children_or_none(self, path: str) -> list[str]:
+        try:
+            return await self.store.achildren(path)
+        except MetadataNotFoundError:
+            return []
 
     async def _prune_parents(self, path: str, namespace: str) -> None:
         """The directories above ``path`` down to the namespace's removed where empty (a refused create made
@@ -899,7 +953,10 @@ class BrokerMetadataStore:
         """Raises ``MetadataExistsError`` if the topic is already partitioned; with ``namespaces``
         :class:`NamespaceGoneError` when its namespace does not exist or is being deleted."""
         await self._create_in_namespace(
-            layout.partitioned_topic_path(ml_name), PartitionedTopicMetadata(partitions).to_json(), ml_name
+            layout.partitioned_topic_path(ml_name),
+            PartitionedTopicMetadata(partitions).to_json(),
+            ml_name,
+            topics=partitions,
         )
 
     async def update_partitions(self, ml_name: str, partitions: int) -> None:

@@ -5,16 +5,20 @@ the namespace's policies, and enforced on the official ``pulsar-client``. One br
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import urllib.error
 from typing import Any
 
 import pytest
 
 from ledgerstore.cluster import BrokerProcess
+from tests.broker_testing import before_first_call
 from tests.integration.test_broker_admin8 import bp, brokers
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_pulsar_client import topic_name
 from tests.integration.test_planted_10 import _namespace
+from zk.managed_ledgers import BrokerMetadataStore, ManagedLedgerInfo, NamespacePolicies, TopicsLimitError
 
 pulsar = pytest.importorskip("pulsar")
 #: the eighth admin part's broker (one per module) and the third part's client
@@ -69,3 +73,68 @@ def test_max_subscriptions_per_topic(bp: BrokerProcess, c: Any) -> None:
     assert {"a", "b", "third"} <= set(subs)
     for x in attached:
         x.close()
+
+
+def test_max_topics_per_namespace(bp: BrokerProcess, c: Any) -> None:
+    """``maxTopicsPerNamespace`` 3, a partitioned topic counting its partitions: 4 partitions refused (412), 2
+    taken, then one topic a producer creates; past that a producer's topic is refused NotAllowedError and the
+    admin's creates 412, while the topics that exist are served; removed, the refused topic is created."""
+    ns = _namespace(bp)
+    path = f"/admin/v2/namespaces/public/{ns}/maxTopicsPerNamespace"
+    admin(bp, "POST", path, 3)
+    assert admin(bp, "GET", path) == 3
+    assert admin(bp, "GET", f"/admin/v2/namespaces/public/{ns}")["max_topics_per_namespace"] == 3
+    base = f"/admin/v2/persistent/public/{ns}"
+
+    def refused(method: str, at: str, body: Any = None) -> int:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            admin(bp, method, at, body)
+        return e.value.code
+
+    assert refused("PUT", f"{base}/wide/partitions", 4) == 412
+    admin(bp, "PUT", f"{base}/two/partitions", 2)
+    first = c.create_producer(f"persistent://public/{ns}/first")
+    with pytest.raises(pulsar.NotAllowedError):
+        c.create_producer(f"persistent://public/{ns}/second")
+    with pytest.raises(pulsar.NotAllowedError):
+        c.subscribe(f"persistent://public/{ns}/second", "s")
+    assert refused("PUT", f"{base}/second") == 412
+    assert refused("PUT", f"{base}/more/partitions", 1) == 412
+    served = [
+        c.create_producer(f"persistent://public/{ns}/two"),
+        c.subscribe(f"persistent://public/{ns}/first", "s"),
+    ]
+    assert admin(bp, "GET", f"{base}") == sorted(
+        f"persistent://public/{ns}/{t}" for t in ("first", "two-partition-0", "two-partition-1")
+    )
+    admin(bp, "DELETE", path)
+    served.append(c.create_producer(f"persistent://public/{ns}/second"))
+    for x in (first, *served):
+        x.close()
+
+
+def test_two_creates_at_once_do_not_both_take_the_last_room(zk_store: Any) -> None:
+    """``maxTopicsPerNamespace`` 1: a topic created in the window between another create's count (0) and its
+    transaction takes the room; the other's transaction then fails on the policies' version, counts again and is
+    refused TopicsLimitError, nothing created (with the policies only checked, both were created). Real
+    ZooKeeper."""
+    meta = BrokerMetadataStore(zk_store, namespaces=True)
+
+    async def run() -> None:
+        await meta.set_policies("public", "capped", NamespacePolicies(max_topics_per_namespace=1))
+
+        async def other() -> None:
+            await meta.create_ml_info("public/capped/persistent/b", ManagedLedgerInfo())
+
+        with (
+            before_first_call(zk_store, "acreate_checked", other) as created,
+            pytest.raises(TopicsLimitError),
+        ):
+            await meta.create_ml_info("public/capped/persistent/a", ManagedLedgerInfo())
+        assert created == [None]
+        assert await meta.get_ml_info("public/capped/persistent/a") is None
+        assert await meta.count_topics("public", "capped") == 1
+        policies = await meta.get_policies("public", "capped")
+        assert policies == dataclasses.replace(NamespacePolicies(), max_topics_per_namespace=1)
+
+    asyncio.run(run())
