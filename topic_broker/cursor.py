@@ -301,11 +301,39 @@ class ManagedCursor:
     ) -> ManagedCursor:
         """Restore the subscription ``name``, or create it at ``initial_position``.
 
+        One cursor object per subscription of ``ml``: the cursor attached to it already (an admin call's, a
+        consumer's) is answered, refreshed when idle (another writer, the Spark source's commit, may have moved
+        it), and an open of the same name under way is waited for, then its cursor answered. A second object
+        of one cursor saved at the version it held after the other's writes: a conflict that fenced the topic
+        (an admin skip's save that failed while ZooKeeper was away, saved by its delayed flush after a consumer
+        had subscribed and opened the cursor again).
+
         A stored cursor is written once at once, as it is (a take-over write, which only moves its version on):
         a previous owner of the topic that does not know yet that it lost it (SIGSTOPped past its ZooKeeper
         session, then resumed) saved its acknowledgements at the version it held, over this owner's cursor,
         and this owner's next save then conflicted and fenced the topic here. Now that save conflicts and
         fences the old owner; one it made between our read and our write is read again and taken over."""
+        while True:
+            attached = ml.attached_cursor(name)
+            if isinstance(attached, ManagedCursor) and not attached._closed:
+                await attached.refresh()
+                return attached
+            opening = ml.cursor_opens.get(name)
+            if opening is None:
+                break
+            await opening.wait()  # then its cursor is attached (or that open failed: this one tries)
+        done = ml.cursor_opens[name] = asyncio.Event()
+        try:
+            return await cls._open(ml, name, initial_position, flush_interval_s)
+        finally:
+            if ml.cursor_opens.get(name) is done:
+                del ml.cursor_opens[name]
+            done.set()
+
+    @classmethod
+    async def _open(
+        cls, ml: ManagedLedger, name: str, initial_position: InitialPosition, flush_interval_s: float
+    ) -> ManagedCursor:
         stored = await ml.store.get_cursor(ml.name, name)
         for _ in range(TAKE_OVER_TRIES):
             if stored is None:

@@ -416,6 +416,9 @@ class ManagedLedger:
         self._meta_lock = asyncio.Lock()  # one change of the ledger list at a time
         self._read_handles: OrderedDict[int, LedgerHandle] = OrderedDict()
         self._cursors: dict[str, CursorHook] = {}
+        #: cursor opens under way (``ManagedCursor.open``): name -> set when it is over; another open of the name
+        #: waits for it and takes the cursor it attached, so that a subscription has one cursor object
+        self.cursor_opens: dict[str, asyncio.Event] = {}
         # Mark-delete positions of persisted cursors nobody attached yet: retention must respect them too.
         self._stored_marks: dict[str, Position] = dict(stored_marks)
         # cursor znodes deleted (delete_cursor) while refresh_cursors ran: name -> the count of deletes then, so
@@ -967,6 +970,9 @@ class ManagedLedger:
         return total
 
     # -- cursors ------------------------------------------------------------------------------------------------
+    def attached_cursor(self, name: str) -> CursorHook | None:
+        return self._cursors.get(name)
+
     def attach_cursor(self, cursor: CursorHook) -> None:
         self._cursors[cursor.name] = cursor
         self._stored_marks.pop(cursor.name, None)

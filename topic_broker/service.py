@@ -2194,6 +2194,7 @@ class Topic:
                 if s.initialPosition == pb.CommandSubscribe.Earliest
                 else InitialPosition.LATEST
             )
+            # (the one an admin call opened, if it did: one cursor object per subscription, whose saves agree)
             cursor = await ManagedCursor.open(self.ml, s.subscription, initial)
             start = self.ml.next_position(cursor.mark_delete)
             rt = SubscriptionRuntime(self, s.subscription, core, cursor, start)

@@ -164,8 +164,9 @@ async def last_expired(
 
 async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRuntime | None, ManagedCursor]:
     """The live subscription (None when it has no dispatcher here) and its durable cursor, as stored now (an
-    idle one opened and attached: the caller holds the topic's subscription-opening lock, or a consumer
-    subscribing meanwhile attaches its own first and this stale copy takes its place).
+    idle one opened and attached, or the one attached refreshed: ``ManagedCursor.open``, whose cursor a consumer
+    subscribing later takes too; the caller holds the topic's subscription-opening lock, so that none attaches
+    while it is moved).
     Raises :class:`SubscriptionNotFoundError`, or :class:`NotDurableError` for a reader's subscription."""
     rt = topic.subscriptions.get(sub)
     if rt is not None:
@@ -177,11 +178,7 @@ async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRunti
     ml = topic.ml
     if await ml.store.get_cursor(ml.name, sub) is None:
         raise SubscriptionNotFoundError(sub)
-    attached = ml.cursors.get(sub)
-    if isinstance(attached, ManagedCursor):
-        await attached.refresh()  # another writer may have moved it since
-        return None, attached
-    return None, await ManagedCursor.open(ml, sub, InitialPosition.LATEST)
+    return None, await ManagedCursor.open(ml, sub, InitialPosition.LATEST)  # (attached: refreshed, the same)
 
 
 async def peek(topic: Topic, sub: str, n: int) -> Position | None:

@@ -1,0 +1,172 @@
+"""One cursor object per subscription on a topic: a consumer subscribing to a subscription an admin call opened
+gets that call's cursor, on an in-process broker (real ZooKeeper and bookies, the admin REST over HTTP, the
+official ``pulsar-client``)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import zk
+from tests.broker_testing import Brokers, in_process_broker, swapped
+
+pulsar = pytest.importorskip("pulsar")
+
+
+@contextlib.contextmanager
+def _idle_subscription(cluster: Brokers) -> Iterator[tuple[Any, Callable[[Any], Any], Any, list[Any], str]]:
+    """An in-process broker serving its Pulsar port and the admin REST, a topic of 6 entries (m0..m5) and its
+    subscription "s" at the earliest, stored only (as a new owner finds it): yields the service, ``run``, the
+    topic, the entries' positions and the topic's admin URL."""
+    from topic_broker import pulsar_api_pb2 as pb
+    from topic_broker import wire
+    from topic_broker.admin import AdminServer
+    from topic_broker.cursor import InitialPosition, ManagedCursor
+    from topic_broker.names import TopicName
+    from topic_broker.server import BrokerServer
+
+    with in_process_broker(cluster, tick_interval_s=3600.0) as (service, run):
+        http, server = AdminServer(service), BrokerServer(service)
+        run(http.start())
+        run(server.start())
+        try:
+            local = f"one-cursor-{uuid.uuid4().hex[:8]}"
+            topic = run(service.get_topic(TopicName.parse(f"persistent://public/default/{local}")))
+            md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+            positions = [run(topic.ml.append(wire.make_entry(md, b"m%d" % i))) for i in range(6)]
+            run(ManagedCursor.open(topic.ml, "s", InitialPosition.EARLIEST))
+            topic.ml.detach_cursor("s")
+            yield (
+                service,
+                run,
+                topic,
+                positions,
+                f"http://127.0.0.1:{service.config.http_port}/admin/v2/persistent/public/default/{local}",
+            )
+        finally:
+            run(server.stop())
+            run(http.stop())
+
+
+def _admin(url: str, method: str) -> int:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def _consume_to_the_end(service: Any, topic: Any) -> list[bytes]:
+    """A pulsar-client consumer of "s" receives and acknowledges up to m5; what it received."""
+    client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=10)
+    try:
+        consumer = client.subscribe(str(topic.name), "s", consumer_type=pulsar.ConsumerType.Shared)
+        got: list[bytes] = []
+        while not got or got[-1] != b"m5":
+            msg = consumer.receive(10_000)
+            got.append(msg.data())
+            consumer.acknowledge(msg)
+        consumer.close()
+        return got
+    finally:
+        client.close()
+
+
+def test_a_consumer_takes_the_cursor_an_admin_call_opened(cluster: Brokers) -> None:
+    """An admin skip opened the idle subscription's cursor; its next skip's save failed (ZooKeeper away), the
+    skip kept to be saved later. A consumer subscribing then opened a second cursor object of the subscription
+    (its take-over write moving the version on) and the first one's delayed save, at the version it held,
+    conflicted: the topic was fenced, its consumer closed and its acks not saved."""
+    with _idle_subscription(cluster) as (service, run, topic, positions, url):
+        assert _admin(f"{url}/subscription/s/skip/1", "POST") == 204
+        opened = topic.ml.cursors["s"]
+        opened._flush_interval_s = 3.0  # type: ignore[attr-defined]  # its delayed save after the subscribe
+
+        async def zk_away(*args: Any, **kwargs: Any) -> Any:
+            raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
+
+        with swapped(topic.ml.store, "save_cursor", zk_away):
+            assert _admin(f"{url}/subscription/s/skip/1", "POST") == 503
+        assert opened.mark_delete == positions[1]  # kept, to be saved later
+        got = _consume_to_the_end(service, topic)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # the failed skip's delayed save, and the acks' saves
+            stored = run(topic.ml.store.get_cursor(topic.ml.name, "s"))
+            saved = opened._flush_task is None and not opened._dirty  # type: ignore[attr-defined]
+            if topic.ml.fenced or (saved and tuple(stored.value.mark_delete) == tuple(positions[5])):
+                break
+            time.sleep(0.2)
+        assert not topic.ml.fenced
+        assert tuple(stored.value.mark_delete) == tuple(positions[5])  # no ack lost
+        assert topic.ml.cursors["s"] is opened  # one cursor object for the subscription
+        assert got == [b"m2", b"m3", b"m4", b"m5"]  # from the skipped-to position the cursor holds
+
+
+def test_a_consumer_of_an_admin_opened_cursor_starts_where_another_writer_moved_it(cluster: Brokers) -> None:
+    """The cursor an admin call opened, taken by a consumer subscribing later, adopts a move another writer
+    stored meanwhile (the Spark source's commit), as a cursor opened anew would read it."""
+    from dataclasses import replace
+
+    with _idle_subscription(cluster) as (service, run, topic, positions, url):
+        assert _admin(f"{url}/subscription/s/position/1", "GET") == 200  # a peek opens the cursor
+        opened = topic.ml.cursors["s"]
+        meta = service.meta
+        stored = run(meta.get_cursor(topic.ml.name, "s"))
+        run(
+            meta.save_cursor(
+                topic.ml.name, "s", replace(stored.value, mark_delete=tuple(positions[2])), stored.version
+            )
+        )
+        assert _consume_to_the_end(service, topic) == [b"m3", b"m4", b"m5"]
+        assert topic.ml.cursors["s"] is opened
+        run(opened.flush())  # type: ignore[attr-defined]
+        assert not topic.ml.fenced
+        assert tuple(run(meta.get_cursor(topic.ml.name, "s")).value.mark_delete) == tuple(positions[5])
+
+
+def test_two_opens_at_once_make_one_cursor(bookies: Any) -> None:
+    """Two opens of one stored cursor at once (a consumer's and the compactor's or an admin call's, which no
+    lock orders) made two objects, each with a take-over write: the first one's next save conflicted and fenced
+    the managed ledger. Now the second waits for the first and takes its cursor."""
+    import asyncio
+
+    from ledger_client import BookKeeper, ClientConfig
+    from topic_broker.cursor import InitialPosition, ManagedCursor
+    from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+    from zk.managed_ledgers import BrokerMetadataStore
+
+    bookies.start_many(2)
+    name = f"public/default/persistent/one-cursor-{uuid.uuid4().hex[:8]}"
+
+    async def body() -> None:
+        bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
+        try:
+            store = BrokerMetadataStore(bk.store)
+            config = ManagedLedgerConfig(ensemble_size=2, write_quorum=2, ack_quorum=2)
+            ml = await ManagedLedger.open(bk, store, name, config)
+            positions = [await ml.append(b"m%d" % i) for i in range(3)]
+            await ManagedCursor.open(ml, "s", InitialPosition.EARLIEST)
+            ml.detach_cursor("s")  # stored only, as a new owner finds it
+            before = (await store.get_cursor(name, "s")).version
+            first, second = await asyncio.gather(ManagedCursor.open(ml, "s"), ManagedCursor.open(ml, "s"))
+            first.ack_cumulative(positions[0])
+            await first.flush()  # (two objects: ManagedLedgerFencedError, written by another owner)
+            second.ack_cumulative(positions[1])
+            await second.flush()
+            assert not ml.fenced
+            assert tuple((await store.get_cursor(name, "s")).value.mark_delete) == tuple(positions[1])
+            assert first is second is ml.cursors["s"]
+            assert (await store.get_cursor(name, "s")).version == before + 3  # one take-over write, two saves
+            await ml.close()
+        finally:
+            await bk.close()
+
+    asyncio.run(body())
