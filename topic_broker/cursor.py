@@ -316,8 +316,14 @@ class ManagedCursor:
         while True:
             attached = ml.attached_cursor(name)
             if isinstance(attached, ManagedCursor) and not attached._closed:
-                await attached.refresh()
-                return attached
+                if await attached.refresh():
+                    return attached
+                # its znode is gone (an unsubscribe's delete applied, its reply lost): a ghost whose saves
+                # would all fail; closed and detached, and the subscription opened anew
+                if ml.attached_cursor(name) is attached and not attached._closed:
+                    attached._closed = True
+                    ml.detach_cursor(name)
+                continue
             opening = ml.cursor_opens.get(name)
             if opening is None:
                 break
@@ -490,16 +496,21 @@ class ManagedCursor:
             _saves_failing.reset()
 
     # -- persistence --------------------------------------------------------------------------------------------
-    async def refresh(self) -> None:
+    async def refresh(self) -> bool:
         """An idle cursor with nothing unsaved adopts its znode when someone else wrote it (the Spark topic
         source moves its subscription with ``BrokerMetadataStore.save_cursor``), so retention and the next
-        consumer see where it stands now, and the next flush does not conflict with that write."""
+        consumer see where it stands now, and the next flush does not conflict with that write.
+
+        False when that znode is gone (an unsubscribe whose delete was applied with its reply lost left this
+        cursor attached): its subscription is deleted and its saves would only fail."""
         if self.active or self._dirty or self._closed:
-            return
+            return True
         async with self._flush_lock:
             stored = await self.ml.store.get_cursor(self.ml.name, self.name)
+            if stored is None and self._version >= 0 and not (self._dirty or self.active):
+                return False
             if stored is None or stored.version == self._version or self._dirty or self.active:
-                return
+                return True
             self.cursor = Cursor.from_info(stored.value, self.ml.next_position)
             self.properties = dict(stored.value.properties)
             self.subscription_properties = dict(stored.value.subscription_properties)
@@ -510,6 +521,7 @@ class ManagedCursor:
             log.info(
                 "ml=%s cursor=%s moved by another writer to %s", self.ml.name, self.name, self.mark_delete
             )
+            return True
 
     async def maybe_flush(self) -> None:
         if self._dirty and time.monotonic() - self._last_flush >= self._flush_interval_s:

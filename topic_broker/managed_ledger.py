@@ -356,8 +356,9 @@ class CursorHook(Protocol):
 
     async def maybe_flush(self) -> None: ...
 
-    async def refresh(self) -> None:
-        """Adopt the stored state if someone else moved the cursor's znode while it is idle here."""
+    async def refresh(self) -> bool:
+        """Adopt the stored state if someone else moved the cursor's znode while it is idle here; False when
+        that znode is gone (deleted)."""
         ...
 
     async def close(self) -> None: ...

@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -132,41 +132,85 @@ def test_a_consumer_of_an_admin_opened_cursor_starts_where_another_writer_moved_
         assert tuple(run(meta.get_cursor(topic.ml.name, "s")).value.mark_delete) == tuple(positions[5])
 
 
-def test_two_opens_at_once_make_one_cursor(bookies: Any) -> None:
-    """Two opens of one stored cursor at once (a consumer's and the compactor's or an admin call's, which no
-    lock orders) made two objects, each with a take-over write: the first one's next save conflicted and fenced
-    the managed ledger. Now the second waits for the first and takes its cursor."""
+def _on_a_managed_ledger(bookies: Any, body: Callable[[Any, Any, str, list[Any]], Awaitable[None]]) -> None:
+    """``body(store, ml, name, positions)`` run on a managed ledger of 3 entries (real ZooKeeper and bookies)."""
     import asyncio
 
     from ledger_client import BookKeeper, ClientConfig
-    from topic_broker.cursor import InitialPosition, ManagedCursor
     from topic_broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
     from zk.managed_ledgers import BrokerMetadataStore
 
     bookies.start_many(2)
     name = f"public/default/persistent/one-cursor-{uuid.uuid4().hex[:8]}"
 
-    async def body() -> None:
+    async def run() -> None:
         bk = await BookKeeper.connect(bookies.zk, config=ClientConfig(zk_root=bookies.root))
         try:
             store = BrokerMetadataStore(bk.store)
             config = ManagedLedgerConfig(ensemble_size=2, write_quorum=2, ack_quorum=2)
             ml = await ManagedLedger.open(bk, store, name, config)
-            positions = [await ml.append(b"m%d" % i) for i in range(3)]
-            await ManagedCursor.open(ml, "s", InitialPosition.EARLIEST)
-            ml.detach_cursor("s")  # stored only, as a new owner finds it
-            before = (await store.get_cursor(name, "s")).version
-            first, second = await asyncio.gather(ManagedCursor.open(ml, "s"), ManagedCursor.open(ml, "s"))
-            first.ack_cumulative(positions[0])
-            await first.flush()  # (two objects: ManagedLedgerFencedError, written by another owner)
-            second.ack_cumulative(positions[1])
-            await second.flush()
-            assert not ml.fenced
-            assert tuple((await store.get_cursor(name, "s")).value.mark_delete) == tuple(positions[1])
-            assert first is second is ml.cursors["s"]
-            assert (await store.get_cursor(name, "s")).version == before + 3  # one take-over write, two saves
+            await body(store, ml, name, [await ml.append(b"m%d" % i) for i in range(3)])
             await ml.close()
         finally:
             await bk.close()
 
-    asyncio.run(body())
+    asyncio.run(run())
+
+
+def test_two_opens_at_once_make_one_cursor(bookies: Any) -> None:
+    """Two opens of one stored cursor at once (a consumer's and the compactor's or an admin call's, which no
+    lock orders) made two objects, each with a take-over write: the first one's next save conflicted and fenced
+    the managed ledger. Now the second waits for the first and takes its cursor."""
+    import asyncio
+
+    from topic_broker.cursor import InitialPosition, ManagedCursor
+
+    async def body(store: Any, ml: Any, name: str, positions: list[Any]) -> None:
+        await ManagedCursor.open(ml, "s", InitialPosition.EARLIEST)
+        ml.detach_cursor("s")  # stored only, as a new owner finds it
+        before = (await store.get_cursor(name, "s")).version
+        first, second = await asyncio.gather(ManagedCursor.open(ml, "s"), ManagedCursor.open(ml, "s"))
+        first.ack_cumulative(positions[0])
+        await first.flush()  # (two objects: ManagedLedgerFencedError, written by another owner)
+        second.ack_cumulative(positions[1])
+        await second.flush()
+        assert not ml.fenced
+        assert tuple((await store.get_cursor(name, "s")).value.mark_delete) == tuple(positions[1])
+        assert first is second is ml.cursors["s"]
+        assert (await store.get_cursor(name, "s")).version == before + 3  # one take-over write, two saves
+
+    _on_a_managed_ledger(bookies, body)
+
+
+def test_an_open_after_a_delete_whose_reply_was_lost_makes_a_fresh_cursor(bookies: Any) -> None:
+    """An unsubscribe whose znode delete was applied with its reply lost (ZooKeeper away) left its cursor
+    attached, and the next open (a consumer subscribing again, an admin create) answered that ghost: its saves
+    all failed (no znode), the consumer's acks kept only in memory. Now the open detaches it and creates the
+    subscription anew, its saves stored."""
+    from topic_broker.cursor import InitialPosition, ManagedCursor
+
+    async def body(store: Any, ml: Any, name: str, positions: list[Any]) -> None:
+        ghost = await ManagedCursor.open(ml, "s", InitialPosition.EARLIEST)
+        ghost.ack_cumulative(positions[0])
+        await ghost.flush()
+        delete = store.delete_cursor
+
+        async def applied_reply_lost(*args: Any) -> None:
+            await delete(*args)
+            raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
+
+        with (
+            swapped(store, "delete_cursor", applied_reply_lost),
+            pytest.raises(zk.MetadataConnectionError),
+        ):
+            await ghost.delete()
+        assert await store.get_cursor(name, "s") is None
+        fresh = await ManagedCursor.open(ml, "s", InitialPosition.EARLIEST)
+        assert fresh is not ghost and ml.cursors["s"] is fresh
+        assert fresh.mark_delete == ml.first_position().previous()  # created anew at its initial position
+        fresh.ack_cumulative(positions[1])
+        await fresh.flush()  # (the ghost's: MetadataNotFoundError, for ever)
+        assert not ml.fenced
+        assert tuple((await store.get_cursor(name, "s")).value.mark_delete) == tuple(positions[1])
+
+    _on_a_managed_ledger(bookies, body)
