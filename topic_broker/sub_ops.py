@@ -339,12 +339,19 @@ async def expire_all(topic: Topic, ttl_s: int, now_ms: int) -> list[str]:
 
 async def delete(topic: Topic, sub: str, rt: SubscriptionRuntime | None) -> None:
     """The subscription removed (unsubscribe): its dispatcher ``rt`` (whose consumers the caller closed, or
-    None when it has none here) dropped, its cursor detached and its znode deleted
-    (:meth:`ManagedLedger.delete_cursor`)."""
+    None when it has none here) dropped, its cursor closed and detached and its znode deleted
+    (:meth:`ManagedLedger.delete_cursor`). With no dispatcher, the cursor an admin call opened is closed too:
+    detached only, its delayed flush (an admin skip whose save had failed) saved it after the delete, at the
+    version it held, over the cursor a consumer subscribing again had created: a conflict that fenced the
+    topic."""
     if rt is not None:
         topic.subscriptions.pop(sub, None)
-        if rt.cursor is not None:
-            await rt.cursor.delete()
+        cursor = rt.cursor
+    else:
+        attached = topic.ml.attached_cursor(sub)
+        cursor = attached if isinstance(attached, ManagedCursor) else None
+    if cursor is not None:
+        await cursor.delete()
     await topic.ml.delete_cursor(sub)
 
 

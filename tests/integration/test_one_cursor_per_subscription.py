@@ -214,3 +214,29 @@ def test_an_open_after_a_delete_whose_reply_was_lost_makes_a_fresh_cursor(bookie
         assert tuple((await store.get_cursor(name, "s")).value.mark_delete) == tuple(positions[1])
 
     _on_a_managed_ledger(bookies, body)
+
+
+def test_deleting_an_idle_subscription_closes_the_cursor_an_admin_call_opened(cluster: Brokers) -> None:
+    """An admin skip on an idle subscription whose save failed (ZooKeeper away) kept the skip for its cursor's
+    delayed flush; the subscription's DELETE detached that cursor without closing it, and its delayed flush then
+    saved it at the version it held, over the subscription created again meanwhile: the topic was fenced."""
+    with _idle_subscription(cluster) as (service, run, topic, positions, url):
+        assert _admin(f"{url}/subscription/s/skip/1", "POST") == 204
+        opened = topic.ml.cursors["s"]
+        opened._flush_interval_s = 3.0  # type: ignore[attr-defined]  # its delayed save after the re-create
+
+        async def zk_away(*args: Any, **kwargs: Any) -> Any:
+            raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
+
+        with swapped(topic.ml.store, "save_cursor", zk_away):
+            assert _admin(f"{url}/subscription/s/skip/1", "POST") == 503
+        assert _admin(f"{url}/subscription/s", "DELETE") == 204
+        assert _admin(f"{url}/subscription/s", "PUT") == 204  # created anew
+        deadline = time.monotonic() + 10
+        while opened._flush_task is not None and not topic.ml.fenced and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.2)
+        assert not topic.ml.fenced
+        assert topic.ml.cursors["s"] is not opened
+        assert (
+            run(topic.ml.store.get_cursor(topic.ml.name, "s")).version == 0
+        )  # the new one's, not written over
