@@ -388,7 +388,7 @@ class PartitionLimitError(Exception):
 
 
 class SubscriptionsLimitError(Exception):
-    """A new durable subscription of a topic that has its namespace's ``maxSubscriptionsPerTopic``: not
+    """A new subscription (a reader's too) past its topic's namespace's ``maxSubscriptionsPerTopic``: not
     created, as Pulsar refuses it (NotAllowedError to a SUBSCRIBE, 412 to the admin's create)."""
 
     def __init__(self, name: TopicName) -> None:
@@ -2169,19 +2169,19 @@ class Topic:
 
     async def subscriptions_full(self, name: str) -> bool:
         """Would a subscription ``name`` be one past ``max_subscriptions`` (taken under ``_opening_subscription``)?
-        As Pulsar's: one that exists (served, or its cursor stored) is never refused; the others are counted,
-        the stored cursors and the readers' subscriptions being served, the compactor's aside."""
+        As Pulsar's (``PersistentTopic.checkMaxSubscriptionsPerTopicExceed``): one that exists (served, or its
+        cursor stored) is never refused; the others are counted, the stored cursors (the compactor's
+        ``__compaction`` too) and the readers' subscriptions being served."""
         if not self.max_subscriptions or name in self.subscriptions:
             return False
         stored = set(await self.ml.store.list_cursors(self.ml.name))
         if name in stored:
             return False
-        names = (stored | set(self.subscriptions)) - {COMPACTION_SUBSCRIPTION}
-        return len(names) >= self.max_subscriptions
+        return len(stored | set(self.subscriptions)) >= self.max_subscriptions
 
     async def _open_subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
-        # (a reader's is not refused, as Pulsar's)
-        if s.durable and await self.subscriptions_full(s.subscription):
+        # a reader's (non-durable) too, as Pulsar's getNonDurableSubscription
+        if await self.subscriptions_full(s.subscription):
             raise SubscriptionsLimitError(self.name)
         sub_type = SubType(s.subType)
         core = Subscription(

@@ -18,6 +18,7 @@ from tests.integration.test_broker_admin8 import bp, brokers
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_pulsar_client import topic_name
 from tests.integration.test_planted_10 import _namespace
+from tests.zk_testing import wait_for
 from zk.managed_ledgers import BrokerMetadataStore, ManagedLedgerInfo, NamespacePolicies, TopicsLimitError
 
 pulsar = pytest.importorskip("pulsar")
@@ -48,9 +49,9 @@ def test_max_consumers_per_subscription(bp: BrokerProcess, c: Any) -> None:
 
 
 def test_max_subscriptions_per_topic(bp: BrokerProcess, c: Any) -> None:
-    """``maxSubscriptionsPerTopic`` 2: a third subscription is refused NotAllowedError (by SUBSCRIBE and by the
-    admin's create, 412), while the existing ones attach again and a reader is taken; removed, the third is
-    made."""
+    """``maxSubscriptionsPerTopic`` 2: a third subscription is refused NotAllowedError (by SUBSCRIBE, by a
+    reader's, as Pulsar's getNonDurableSubscription, and by the admin's create, 412), while the existing ones
+    attach again; removed, the third and the reader are made."""
     ns = _namespace(bp)
     path = f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic"
     admin(bp, "POST", path, 2)
@@ -66,13 +67,32 @@ def test_max_subscriptions_per_topic(bp: BrokerProcess, c: Any) -> None:
         admin(bp, "PUT", f"/admin/v2/persistent/public/{ns}/{t}/subscription/third")
     assert refused.value.code == 412
     attached = [c.subscribe(topic, "a"), c.subscribe(topic, "b")]
-    attached.append(c.create_reader(topic, pulsar.MessageId.earliest))
+    with pytest.raises(pulsar.NotAllowedError):
+        c.create_reader(topic, pulsar.MessageId.earliest)
     admin(bp, "DELETE", path)
     attached.append(c.subscribe(topic, "third"))
+    attached.append(c.create_reader(topic, pulsar.MessageId.earliest))
     subs = admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions")
     assert {"a", "b", "third"} <= set(subs)
     for x in attached:
         x.close()
+
+
+def test_max_subscriptions_per_topic_counts_the_compactors(bp: BrokerProcess, c: Any) -> None:
+    """``maxSubscriptionsPerTopic`` 2 on a topic with a subscription and a compaction run: its ``__compaction``
+    cursor counts, as in Pulsar, so a second user subscription is refused NotAllowedError."""
+    ns = _namespace(bp)
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic", 2)
+    t = topic_name()
+    topic = f"persistent://public/{ns}/{t}"
+    c.subscribe(topic, "a").close()
+    c.create_producer(topic).send(b"v", partition_key="k")
+    at = f"/admin/v2/persistent/public/{ns}/{t}/compaction"
+    admin(bp, "PUT", at)
+    assert wait_for(lambda: admin(bp, "GET", at)["status"] == "SUCCESS", timeout_s=30.0, interval_s=0.2)
+    assert "__compaction" in admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions")
+    with pytest.raises(pulsar.NotAllowedError):
+        c.subscribe(topic, "b")
 
 
 def test_max_topics_per_namespace(bp: BrokerProcess, c: Any) -> None:
