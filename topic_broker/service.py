@@ -2221,11 +2221,15 @@ class Topic:
         the subscription is created at the earliest message when the topic has none of that name, as Pulsar
         does, so that what is produced is kept for it before any consumer comes. Ignored, a dead-letter topic
         nobody had subscribed to kept its messages for no subscription: a consumer at latest never saw them,
-        and retention let them go."""
+        and retention let them go. Past ``maxSubscriptionsPerTopic`` it is not created and
+        :class:`SubscriptionsLimitError` raised: Pulsar's handleProducer creates it through the same checked
+        path (``createSubscription``) and refuses the producer NotAllowedError."""
         async with self._opening_subscription:  # (as a consumer's subscribe and the admin's create)
             if name in self.subscriptions or name in self.ml.cursors:
                 return
             if await self.ml.store.get_cursor(self.ml.name, name) is None:
+                if await self.subscriptions_full(name):
+                    raise SubscriptionsLimitError(self.name)
                 await ManagedCursor.open(self.ml, name, InitialPosition.EARLIEST)
 
     def not_past_the_end(self, pos: Position) -> Position:
@@ -3537,6 +3541,9 @@ class BrokerService:
         if cmd.initial_subscription_name:
             try:
                 await topic.initial_subscription(cmd.initial_subscription_name)
+            except SubscriptionsLimitError as e:
+                s.send(wire.error(cmd.request_id, pb.NotAllowedError, str(e)))
+                return
             except (ManagedLedgerError, zk.MetadataError) as e:
                 s.send(wire.error(cmd.request_id, pb.MetadataError, f"initial subscription not created: {e}"))
                 return

@@ -16,9 +16,11 @@ from ledgerstore.cluster import BrokerProcess
 from tests.broker_testing import before_first_call
 from tests.integration.test_broker_admin8 import bp, brokers
 from tests.integration.test_broker_client_features3 import admin, c
-from tests.integration.test_broker_pulsar_client import topic_name
+from tests.integration.test_broker_pulsar_client import _connect, _raw, topic_name
 from tests.integration.test_planted_10 import _namespace
 from tests.zk_testing import wait_for
+from topic_broker import pulsar_api_pb2 as pb
+from topic_broker import wire
 from zk.managed_ledgers import BrokerMetadataStore, ManagedLedgerInfo, NamespacePolicies, TopicsLimitError
 
 pulsar = pytest.importorskip("pulsar")
@@ -93,6 +95,41 @@ def test_max_subscriptions_per_topic_counts_the_compactors(bp: BrokerProcess, c:
     assert "__compaction" in admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions")
     with pytest.raises(pulsar.NotAllowedError):
         c.subscribe(topic, "b")
+
+
+def test_max_subscriptions_per_topic_refuses_a_producers_initial_subscription(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """``maxSubscriptionsPerTopic`` 1 with subscription a: a producer declaring ``initial_subscription_name`` b (as
+    the client's dead-letter producer does) is refused NotAllowedError and b not made, as Pulsar's handleProducer
+    (its createSubscription runs the limit's check); declaring a, it is taken. Before, b was made: 2 subscriptions
+    past a limit of 1."""
+    ns = _namespace(bp)
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic", 1)
+    t = topic_name()
+    topic = f"persistent://public/{ns}/{t}"
+    c.subscribe(topic, "a").close()
+
+    def produce(initial: str) -> Any:
+        s = _raw(bp)
+        try:
+            _connect(s)
+            cmd = pb.CommandProducer(
+                topic=topic, producer_id=1, request_id=1, initial_subscription_name=initial
+            )
+            s.sendall(wire.encode_command(pb.BaseCommand(type=pb.BaseCommand.PRODUCER, producer=cmd)))
+            dec, frames = wire.FrameDecoder(), []
+            while not frames:
+                frames = dec.feed(s.recv(65536))
+            return frames[0].command
+        finally:
+            s.close()
+
+    refused = produce("b")
+    assert refused.type == pb.BaseCommand.ERROR and refused.error.error == pb.NotAllowedError, refused
+    assert "Exceed the maximum number of subscriptions of the topic" in refused.error.message
+    assert produce("a").type == pb.BaseCommand.PRODUCER_SUCCESS
+    assert admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions") == ["a"]
 
 
 def test_max_topics_per_namespace(bp: BrokerProcess, c: Any) -> None:
