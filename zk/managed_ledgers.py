@@ -803,7 +803,9 @@ class BrokerMetadataStore:
         deleted, in one transaction with a check of the partitioned topic's znode at the version read (its
         delete marks it first, then deletes the partitions it counts: a partition made by a count grown
         meanwhile, or by a producer's open, is made before the mark, and deleted, or refused). False when there
-        is no partitioned topic of that name (a topic named so, made as any other)."""
+        is no partitioned topic of that name, or its index is past the partitioned topic's count (a topic named
+        so, made as any other: counted against ``max_topics_per_namespace``, as :meth:`count_topics` counts it;
+        made here, it was never counted)."""
         guard = layout.partitioned_topic_path(f"{prefix}/{m.group('base')}")
         attempt = 0
         while True:
@@ -814,6 +816,8 @@ class BrokerMetadataStore:
                 raise PartitionedTopicGoneError(
                     f"{prefix}/{m.group('base')}", path=self.store.abs_path(guard)
                 )
+            if int(m.group("index")) >= PartitionedTopicMetadata.from_json(v.value).partitions:
+                return False
             try:
                 await self.store.acreate_checked(
                     layout.ml_info_path(ml_name), info.to_json(), guard=guard, guard_version=v.version

@@ -195,3 +195,23 @@ def test_two_creates_at_once_do_not_both_take_the_last_room(zk_store: Any) -> No
         assert policies == dataclasses.replace(NamespacePolicies(), max_topics_per_namespace=1)
 
     asyncio.run(run())
+
+
+def test_a_topic_named_past_a_partitioned_topics_count_is_counted(zk_store: Any) -> None:
+    """``maxTopicsPerNamespace`` 2 with partitioned topic x of 1 partition: ``x-partition-5``, past x's count, is
+    a topic of its own (``count_topics`` counts it) and takes the last room; ``x-partition-6`` is refused
+    TopicsLimitError. Before, both were created inside x's guard, never counted: 3 topics past a limit of 2.
+    Real ZooKeeper."""
+    meta = BrokerMetadataStore(zk_store, namespaces=True)
+
+    async def run() -> None:
+        await meta.set_policies("public", "wide", NamespacePolicies(max_topics_per_namespace=2))
+        await meta.create_partitioned_topic("public/wide/persistent/x", 1)
+        await meta.create_ml_info("public/wide/persistent/x-partition-0", ManagedLedgerInfo())  # x's own
+        await meta.create_ml_info("public/wide/persistent/x-partition-5", ManagedLedgerInfo())
+        with pytest.raises(TopicsLimitError):
+            await meta.create_ml_info("public/wide/persistent/x-partition-6", ManagedLedgerInfo())
+        assert await meta.get_ml_info("public/wide/persistent/x-partition-6") is None
+        assert await meta.count_topics("public", "wide") == 2
+
+    asyncio.run(run())
