@@ -119,11 +119,15 @@ def test_a_speculative_copy_failing_at_once_leaves_the_batch_waiting_for_its_sta
 
 
 def test_a_request_a_speculative_copy_won_over_is_forgotten_on_the_hung_bookies_connection(
-    bookies: Any,
+    bookies: Any, monkeypatch: Any
 ) -> None:
     """The request of a batch whose speculative copy delivered first is given up on: nothing of it stays
     outstanding on the hung (SIGSTOPped) bookie's read connection. Planted: the dropped rival's request not
     forgotten, one request left pending per speculated batch for as long as the connection lives."""
+    # A token in the environment (the container tier leaves one in this process) has each new connection send
+    # AUTH first, which the hung bookie never answers: that request would stay outstanding, rightly.
+    monkeypatch.delenv("LEDGERSTORE_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("LEDGERSTORE_AUTH_TOKEN_FILE", raising=False)
     procs = bookies.start_many(3)
 
     async def go() -> None:
@@ -134,7 +138,7 @@ def test_a_request_a_speculative_copy_won_over_is_forgotten_on_the_hung_bookies_
         hung.pause()
         try:
             assert (await asyncio.wait_for(rh.read_entry(5), 30)).data == b"e5"
-            assert reader.speculative_reads == 1
+            assert reader.speculative_reads >= 1  # (a busy machine may speculate past the next bookie too)
             conn = reader.read_pool.get_nowait(hung.id)
             assert conn is not None and conn.outstanding == 0, conn and conn.outstanding
         finally:

@@ -12,14 +12,18 @@ from kazoo.client import KazooClient
 
 from ledger_client import ClientConfig
 from ledger_client.sync import BookKeeper
+from zk.acl import resolve_auth
 
 PW = b"secret"
 
 
 @pytest.fixture
 def zxid(bookies: Any) -> Iterator[Any]:
-    """ZooKeeper's transaction id now: a probe znode's creation zxid (the probe itself is one transaction)."""
-    zk = KazooClient(hosts=bookies.zk)
+    """ZooKeeper's transaction id now: a probe znode's creation zxid (the probe itself is one transaction). With
+    credentials in the environment (the container tier leaves some in this process) the bookies secure the root,
+    so the probe authenticates as they do."""
+    auth = resolve_auth()
+    zk = KazooClient(hosts=bookies.zk, auth_data=[("digest", auth.credential)] if auth else None)
     zk.start(timeout=10)
 
     def now() -> int:

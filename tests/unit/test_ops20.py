@@ -36,7 +36,7 @@ def test_bookie_serve_refuses_disk_usage_marks_that_are_not_shares(
     args = build_parser().parse_args(
         ["bookie", "serve", "--data-dir", str(data), "--config", str(conf), *given]
     )
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.ERROR, logger="ledgerstore.bookie"):  # (the simulator quiets it in-process)
         assert serve(args) == 2
     assert said in caplog.text, caplog.text
     assert not data.exists()  # refused before it touched anything
@@ -137,7 +137,7 @@ def test_bookie_serve_refuses_a_previous_secret_without_a_secret(
     args = build_parser().parse_args(
         ["bookie", "serve", "--data-dir", str(data), "--auth-previous-secret-file", str(tmp_path / "old")]
     )
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.ERROR, logger="ledgerstore.bookie"):  # (the simulator quiets it in-process)
         assert serve(args) == 2
     assert "--auth-previous-secret-file needs --auth-secret-file" in caplog.text
     assert not data.exists()
