@@ -997,6 +997,14 @@ class SubscriptionRuntime:
         if not self.consumers and not self.durable:
             self.topic.subscriptions.pop(self.name, None)
 
+    def forget_consumers(self) -> None:
+        """The topic is no longer served here: its consumers are closed, and what a read under way brings is
+        delivered to nobody. (The consumer ids are those their clients subscribe again with, on the same
+        connections: a late delivery reached the new consumer after its client had cleared its queue, and each
+        of those messages came twice.)"""
+        self.consumers.clear()
+        self._by_key.clear()
+
     def disconnect_consumers(self, keep: bool = False) -> None:
         """CLOSE_CONSUMER to every consumer (they reconnect); a reader's subscription goes with them, unless
         ``keep`` (a seek's: it stays, for :data:`READER_SEEK_GRACE_S`, for its reader to come back to)."""
@@ -3301,7 +3309,7 @@ class BrokerService:
             for c in list(sub.consumers.values()):
                 c.session.consumers.pop(c.consumer_id, None)
                 c.session.send(wire.close_consumer(c.consumer_id, 0))
-            sub.consumers.clear()
+            sub.forget_consumers()
 
     async def stored_cursor_names(self, topic: Topic) -> list[str]:
         assert self.meta is not None
