@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
@@ -39,6 +40,11 @@ _B64URL = re.compile(rb"^[A-Za-z0-9_-]*$")
 class TokenError(ValueError):
     """A token that does not verify: malformed, signed by another key, expired, or with a bad subject. The
     message says which, and never contains the token or the key."""
+
+
+class TokenSignatureError(TokenError):
+    """A well-formed token whose signature the key does not verify: signed by another key (during a rotation,
+    perhaps the previous one)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,7 +117,7 @@ def verify_token(secret: bytes, token: str | bytes, *, now: float | None = None)
     head_b, body_b, sig_b = parts
     expected = hmac.new(secret, head_b + b"." + body_b, hashlib.sha256).digest()
     if not hmac.compare_digest(expected, _b64decode(sig_b)):
-        raise TokenError(f"{_NOT_SIGNED} (signed by another key?)")
+        raise TokenSignatureError("token signature does not verify (signed by another key?)")
     try:
         header = json.loads(_b64decode(head_b))
         payload = json.loads(_b64decode(body_b))
@@ -133,9 +139,6 @@ def verify_token(secret: bytes, token: str | bytes, *, now: float | None = None)
     return Principal(subject=subject)
 
 
-_NOT_SIGNED = "token signature does not verify"
-
-
 class TokenVerifier:
     """``verify(token)`` with one secret and a clock (``time.time`` unless told): what the bookie holds. During a
     rotation, ``previous`` secrets (``--auth-previous-secret-file``) verify a token the secret does not sign, so
@@ -154,15 +157,11 @@ class TokenVerifier:
         now = self._clock()
         try:
             return verify_token(self._secret, token, now=now)
-        except TokenError as e:
-            if not self._previous or not str(e).startswith(_NOT_SIGNED):
-                raise
+        except TokenSignatureError:
             for key in self._previous:
-                try:
+                # signed by this one, but expired or malformed (another TokenError): that is the answer
+                with contextlib.suppress(TokenSignatureError):
                     return verify_token(key, token, now=now)
-                except TokenError as other:
-                    if not str(other).startswith(_NOT_SIGNED):
-                        raise  # signed by this one, but expired or malformed: that is the answer
             raise
 
 
