@@ -29,6 +29,21 @@ from tests.zk_testing import wait_for
 from topic_broker.names import TopicName
 
 
+def age_quota_topic(service: Any, run: Any, prefix: str) -> tuple[str, pulsar.Client]:
+    """A message_age quota of 1 s, producer_exception, on public/default of the in-process broker ``service``
+    (``run`` runs on its loop), a new topic's name there and a pulsar-client of that broker."""
+    from zk.managed_ledgers import BacklogQuota
+
+    quota = BacklogQuota(limit_time=1, policy="producer_exception")
+    run(
+        service.meta.update_policies(
+            "public", "default", lambda q: dataclasses.replace(q, message_age_quota=quota)
+        )
+    )
+    name = f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
+    return name, pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+
+
 def test_a_namespace_delete_under_way_on_another_broker_is_not_taken_over(cluster: Brokers) -> None:  # noqa: F811
     """The ephemeral deleting/<namespace> znode of another ZooKeeper session (another broker's delete under way)
     makes this broker's delete 409 '… is being deleted' and is left as it is: only this broker's own session's
@@ -205,17 +220,9 @@ def test_a_message_age_quota_exceeded_stands_while_the_oldest_message_cannot_be_
     refused, as 813e26f says. Planted with the read's failure taken for 'not exceeded': producers let in for as
     long as the entry could not be read. An in-process broker; the read fails by the test's hand."""
     from topic_broker.managed_ledger import ManagedLedgerError
-    from zk.managed_ledgers import BacklogQuota
 
     with _serving(cluster) as (service, run):
-        quota = BacklogQuota(limit_time=1, policy="producer_exception")
-        run(
-            service.meta.update_policies(
-                "public", "default", lambda q: dataclasses.replace(q, message_age_quota=quota)
-            )
-        )
-        name = f"persistent://public/default/age-{uuid.uuid4().hex[:8]}"
-        c = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        name, c = age_quota_topic(service, run, "age")
         try:
             consumer = c.subscribe(name, "slow")
             producer = c.create_producer(name)

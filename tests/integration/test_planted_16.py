@@ -4,7 +4,6 @@ time let through: each fails with its bug planted and passes without it. Real Zo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import urllib.request
 import uuid
@@ -18,6 +17,7 @@ from ledger_client.range_reader import BatchReader
 from tests.broker_testing import Brokers, cluster, in_process_broker  # noqa: F401
 from tests.integration.test_broker_client_features4 import wait_for
 from tests.integration.test_broker_gone_connection import _serving
+from tests.integration.test_planted_15 import age_quota_topic
 from topic_broker import sub_ops
 from topic_broker.admin import AdminServer
 from topic_broker.names import TopicName
@@ -236,25 +236,18 @@ def test_a_message_age_quotas_exceeded_mark_goes_once_the_backlog_fits_or_the_qu
     whose quota was removed and set again) refused its producers for as long as its oldest entry could not be
     read. An in-process broker; the read fails, and the quota is removed, by the test's hand."""
     from topic_broker.managed_ledger import ManagedLedgerError
-    from zk.managed_ledgers import BacklogQuota
 
     async def unreadable(pos: Any) -> bytes:
         raise ManagedLedgerError("no bookie of the ledger answers (test)")
 
     with _serving(cluster) as (service, run):
-        quota = BacklogQuota(limit_time=1, policy="producer_exception")
-        run(
-            service.meta.update_policies(
-                "public", "default", lambda q: dataclasses.replace(q, message_age_quota=quota)
-            )
-        )
-        name = f"persistent://public/default/agemark-{uuid.uuid4().hex[:8]}"
-        c = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=30)
+        name, c = age_quota_topic(service, run, "agemark")
         try:
             consumer = c.subscribe(name, "slow")
             producer = c.create_producer(name)
             topic = service._served(name)
             assert topic is not None and topic.age_quota is not None
+            quota = topic.age_quota
 
             def exceeded_while_unreadable() -> Any:
                 topic.ml.read_entry = unreadable
