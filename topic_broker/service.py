@@ -1001,9 +1001,13 @@ class SubscriptionRuntime:
         """The topic is no longer served here: its consumers are closed, and what a read under way brings is
         delivered to nobody. (The consumer ids are those their clients subscribe again with, on the same
         connections: a late delivery reached the new consumer after its client had cleared its queue, and each
-        of those messages came twice.)"""
+        of those messages came twice.) The dispatcher forgets them too: with their permits it read on after a
+        late read, from the bookies, and after a failed read tried again every second for ever."""
+        for key in list(self.consumers):
+            self.core.remove_consumer(key)  # (its commands are for a topic no longer served: none is run)
         self.consumers.clear()
         self._by_key.clear()
+        self._chunk_restarts.clear()
 
     def disconnect_consumers(self, keep: bool = False) -> None:
         """CLOSE_CONSUMER to every consumer (they reconnect); a reader's subscription goes with them, unless
@@ -1595,7 +1599,8 @@ class Topic:
         self.msg_in = 0
         self.bytes_in = 0
         self.tick_failures = RateLimitedLog(log, LOG_EVERY_S)  # its housekeeping's failure lines
-        self.compaction = TopicCompaction(ml, ml.bk)  # its compacted view and compactor
+        #: its compacted view and compactor, whose ``__compaction`` cursor is a subscription like any other
+        self.compaction = TopicCompaction(ml, ml.bk, self._open_compaction_cursor)
         self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
         self.own_policies = TopicPolicies()  # its own (its partitioned topic's), applied with the others
         #: its own policies' znode did not parse when last read (said once, until it parses again)
@@ -2186,6 +2191,15 @@ class Topic:
         if name in stored:
             return False
         return len(stored | set(self.subscriptions)) >= self.max_subscriptions
+
+    async def _open_compaction_cursor(self) -> ManagedCursor:
+        """The compactor's ``__compaction`` cursor, created by its first compaction as a new subscription: past
+        ``max_subscriptions`` it is not, and :class:`SubscriptionsLimitError` fails the compaction (Pulsar's
+        compactor subscribes through ``getDurableSubscription``, whose limit's check makes no exception for it)."""
+        async with self._opening_subscription:
+            if await self.subscriptions_full(COMPACTION_SUBSCRIPTION):
+                raise SubscriptionsLimitError(self.name)
+            return await ManagedCursor.open(self.ml, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
 
     async def _open_subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
         # a reader's (non-durable) too, as Pulsar's getNonDurableSubscription
