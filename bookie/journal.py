@@ -174,6 +174,7 @@ __all__ = [
     "crc_seed",
     "mark_new_journal",
     "never_written",
+    "stored_mark",
 ]
 
 logger = logging.getLogger(__name__)
@@ -281,6 +282,24 @@ def mark_new_journal(directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / MARK_FILE).exists():
         _store_mark(directory, JournalMark(0, 0), fsync=True, fsync_dir=_fsync_dir)
+
+
+def stored_mark(directory: Path) -> JournalMark:
+    """``directory``'s checkpoint mark: (0, 0), the start of the journal, when it holds none."""
+    path = directory / MARK_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return JournalMark(0, 0)
+    if len(raw) != _MARK.size + _MARK_CRC.size:
+        raise JournalCorruptError(f"{path}: {len(raw)} bytes, expected {_MARK.size + _MARK_CRC.size}")
+    magic, version, _, seq, offset = _MARK.unpack_from(raw)
+    (crc,) = _MARK_CRC.unpack_from(raw, _MARK.size)
+    if magic != _MARK_MAGIC or _crc(raw[: _MARK.size]) != crc:
+        raise JournalCorruptError(f"{path}: bad magic or checksum")
+    if version != _MARK_VERSION:
+        raise JournalError(f"{path}: unsupported version {version}")
+    return JournalMark(seq, offset)
 
 
 def _store_mark(
@@ -675,20 +694,7 @@ class Journal:
         return seqs
 
     def _load_mark(self) -> JournalMark:
-        path = self.directory / MARK_FILE
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return JournalMark(0, 0)
-        if len(raw) != _MARK.size + _MARK_CRC.size:
-            raise JournalCorruptError(f"{path}: {len(raw)} bytes, expected {_MARK.size + _MARK_CRC.size}")
-        magic, version, _, seq, offset = _MARK.unpack_from(raw)
-        (crc,) = _MARK_CRC.unpack_from(raw, _MARK.size)
-        if magic != _MARK_MAGIC or _crc(raw[: _MARK.size]) != crc:
-            raise JournalCorruptError(f"{path}: bad magic or checksum")
-        if version != _MARK_VERSION:
-            raise JournalError(f"{path}: unsupported version {version}")
-        return JournalMark(seq, offset)
+        return stored_mark(self.directory)
 
     def _write_mark(self, mark: JournalMark) -> None:
         _store_mark(self.directory, mark, fsync=self._fsync_enabled, fsync_dir=self._fsync_dir)

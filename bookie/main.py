@@ -55,12 +55,12 @@ from .bk_http import add_bookkeeper_routes
 from .config_file import ConfigError, Effective, resolve
 from .core import BookieCore, _is_enospc
 from .gc import DEFAULT_GC_DELETIONS_MAX, GcPass, LedgerCollector, ZkMetadataView
-from .journal import Journal, mark_new_journal, never_written
+from .journal import Journal, JournalMark, mark_new_journal, never_written, stored_mark
 from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
 from .signals import add_stop_handlers, remove_stop_handlers
-from .storage import DEFAULT_CACHE_MB, MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage
+from .storage import DEFAULT_CACHE_MB, MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage, storage_present
 
 log = logging.getLogger("ledgerstore.bookie")
 
@@ -180,6 +180,12 @@ class CookieRefusal(StartRefusal):
 
 class JournalWipedRefusal(StartRefusal):
     """The cookies match but the journal directory holds no journal at all (see the message)."""
+
+    exit_status = EXIT_COOKIE_MISMATCH
+
+
+class StorageWipedRefusal(StartRefusal):
+    """The cookies match but the ledger directory holds no ledger storage while the journal was checkpointed."""
 
     exit_status = EXIT_COOKIE_MISMATCH
 
@@ -524,6 +530,20 @@ class Bookie:
                 "them during recovery could lose acknowledged data for good, so it will not start. Restore the "
                 "journal; if it is gone for good, wipe the data directories, run "
                 f"`{cookies.format_hint(cfg.id)}` and let the ledgers be re-replicated."
+            )
+        elif not storage_present(cfg.ledger_dir) and stored_mark(cfg.journal_dir) != JournalMark(0, 0):
+            # its cookies match, but the ledger storage is gone (RocksDB's files deleted, the cookie file left)
+            # while the journal was checkpointed: the entries the checkpoints dropped from the journal were in
+            # that storage only, and an empty one would answer NO_ENTRY for them. (With the mark at the start,
+            # nothing was ever dropped: the replay puts every entry back.)
+            raise StorageWipedRefusal(
+                f"bookie {cfg.id}: its ledger directory {cfg.ledger_dir} holds its cookie but no ledger storage "
+                "(no RocksDB CURRENT file) while its journal was checkpointed "
+                f"(mark {stored_mark(cfg.journal_dir)}): the storage was deleted, and with it every entry "
+                "acknowledged before the last checkpoint. Answering NO_ENTRY for them during recovery could lose "
+                "acknowledged data for good, so it will not start. Restore the ledger directory; if it is gone for "
+                f"good, wipe the data directories, run `{cookies.format_hint(cfg.id)}` and let the ledgers be "
+                "re-replicated."
             )
 
     # ------------------------------------------------------------------------------------------ running

@@ -429,6 +429,12 @@ class MemoryLedgerStorage:
         pass
 
 
+def storage_present(directory: Path) -> bool:
+    """``directory`` holds a RocksDB (its ``CURRENT`` file names the live manifest; RocksDB writes it when it
+    creates the database, and a directory whose database files were deleted has none)."""
+    return (directory / "CURRENT").exists()
+
+
 def _supports_direct_io(directory: Path) -> bool:
     """Whether files in ``directory`` can be opened with O_DIRECT (tmpfs, for one, refuses it)."""
     flag = getattr(os, "O_DIRECT", 0)

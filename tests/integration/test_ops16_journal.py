@@ -3,21 +3,12 @@ entries it acknowledged since its last checkpoint as missing."""
 
 from __future__ import annotations
 
-import asyncio
-
-from tests.integration.rawbookie import RawBookie
-from tests.integration.test_bookie_process import _add_entries
+from tests.integration.test_bookie_storage_wiped import wrote_500
 
 
 def test_a_journal_deleted_but_its_cookie_left_is_refused_not_served_as_empty(bookies) -> None:
     bp = bookies.start("--checkpoint-interval-s", "3600")  # the entries stay in the journal only
-
-    async def write() -> None:
-        raw = await RawBookie.open(bp.id)
-        await _add_entries(raw, 5, 500)
-        raw.close()
-
-    asyncio.run(write())
+    wrote_500(bp)
     bp.kill9()
     journal = bp.data_dir / "journal"
     for f in journal.iterdir():  # the segments and the mark, as `rm journal/*.jnl journal/lastmark` would
