@@ -24,7 +24,8 @@ Rules (Pulsar's, as the official client expects them):
 - Permits are charged per message: an entry holding a batch of N costs N. An entry is never split; a consumer
   with at least one permit may receive an entry larger than its permits (its permits go negative, as in Pulsar).
 - Exclusive: one consumer; a second one is refused (ConsumerBusy). Failover: every consumer is attached but one
-  is active: consumers sorted by (priority, name), index = partition % count (0 for a non-partitioned topic).
+  is active: consumers sorted by (priority, name), index = partition % the number of consumers of the highest
+  priority level (the lowest number; Pulsar's rule), 0 for a non-partitioned topic.
   Exclusive and Failover deliver in position order, and replays (redeliveries) go before new entries.
 - Shared: round robin over the consumers that have permits. Key_Shared: an entry's key (``wire.sticky_key``:
   ordering key, else partition key, else NONE_KEY) maps to one consumer through a hash ring (auto split) or the
@@ -1087,7 +1088,10 @@ class Subscription:
             self._active = None
             return []
         ordered = sorted(self._consumers.values(), key=lambda c: (c.priority, c.name, c.seq))
-        index = self.partition % len(ordered) if self.partition >= 0 else 0
+        # as Pulsar's pickAndScheduleActiveConsumer: the partitions go to the consumers of the highest priority
+        # level (the lowest number) alone; one of a lower level is active only when none of the highest is left
+        top = sum(1 for c in ordered if c.priority == ordered[0].priority)
+        index = self.partition % top if self.partition >= 0 else 0
         new = ordered[index].consumer_id
         if self.sub_type == SubType.EXCLUSIVE:
             self._active = new

@@ -287,6 +287,28 @@ def test_failover_partition_index_selects_consumer() -> None:
     assert sub2.active_consumer == 3
 
 
+def test_failover_partitions_go_to_the_highest_priority_level_only() -> None:
+    """As Pulsar's pickAndScheduleActiveConsumer: the partitions are spread over the consumers of the highest
+    priority level (the lowest number) alone, by name; a consumer of a lower level is active only once none of
+    the highest is left (the example of Pulsar's ConsumerBuilder.priorityLevel)."""
+    consumers = [(1, "aaa", 0), (2, "bbb", 0), (3, "bbb", 1), (4, "abb", 1), (5, "aaa", 1)]
+    active = []
+    for partition in range(5):
+        sub = Subscription(SubType.FAILOVER, partition=partition)
+        for cid, name, priority in consumers:
+            sub.add_consumer(cid, name, priority)
+        active.append(sub.active_consumer)
+    assert active == [1, 2, 1, 2, 1]
+    sub = Subscription(SubType.FAILOVER, partition=2)
+    for cid, name, priority in consumers:
+        sub.add_consumer(cid, name, priority)
+    sub.remove_consumer(1)
+    assert sub.active_consumer == 2  # the one left at level 0
+    cmds = sub.remove_consumer(2)
+    # level 1 by name: aaa, abb, bbb; 2 % 3
+    assert sub.active_consumer == 3 and ActiveConsumerChanged(3, True) in cmds
+
+
 def test_key_shared_keeps_each_key_on_one_consumer() -> None:
     keys = [f"k{i % 7}".encode() for i in range(70)]
     sub = Subscription(SubType.KEY_SHARED, read_position=(1, 0))
