@@ -2619,6 +2619,15 @@ class AdminApp:
         if fanned is not None:
             return fanned
         topic = await self._owned_topic(request, name)
+        if sub == COMPACTION_SUBSCRIPTION and sub not in topic.subscriptions:
+            # the compactor's: its compacted ledger goes too, once the compaction under way has ended (Pulsar's
+            # asyncDeleteCursorWithCleanCompactionLedger); not under the lock, which that compaction may need to
+            # create the cursor; no consumer subscribes by that name
+            try:
+                if await topic.compaction.delete_subscription():
+                    return _no_content()
+            except CompactionRunningError as e:
+                raise AdminError(412, str(e)) from e
         # under the lock a consumer subscribing holds until it is attached (as the subscription expiration):
         # looked at without it, a consumer that attached while the cursor was read was not seen, and the
         # subscription's cursor was deleted and detached under it (204 with a consumer connected)

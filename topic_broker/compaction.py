@@ -324,9 +324,17 @@ class _Stats:
 class TopicCompaction:
     """A topic's compacted view (None until a compaction recorded one) and the compactor that replaces it."""
 
-    def __init__(self, ml: ManagedLedger, bk: BookKeeper) -> None:
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        bk: BookKeeper,
+        open_cursor: Callable[[], Awaitable[ManagedCursor]] | None = None,
+    ) -> None:
+        """``open_cursor`` creates the ``__compaction`` cursor when a compaction needs it first (the topic's
+        checks it as a new subscription: ``maxSubscriptionsPerTopic``); by default it is simply opened."""
         self.ml = ml
         self.bk = bk
+        self._open_cursor = open_cursor or self._open_cursor_unchecked
         self.view: CompactedView | None = None
         self.status = CompactionStatus.NOT_RUN
         self.last_error = ""
@@ -336,6 +344,10 @@ class TopicCompaction:
         self._task: asyncio.Task[None] | None = None
         self._cleanup: asyncio.Task[None] | None = None  # the leftovers' deletion a load started
         self._closed = False
+        self._deleting = False  # the ``__compaction`` subscription is being deleted (no compaction starts)
+
+    async def _open_cursor_unchecked(self) -> ManagedCursor:
+        return await ManagedCursor.open(self.ml, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
 
     @property
     def horizon(self) -> Position | None:
@@ -380,7 +392,8 @@ class TopicCompaction:
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        """A compaction runs, or the ``__compaction`` subscription is being deleted (none may start)."""
+        return self._deleting or (self._task is not None and not self._task.done())
 
     @property
     def mark_delete(self) -> Position | None:
@@ -389,6 +402,8 @@ class TopicCompaction:
 
     def trigger(self) -> None:
         """Start a compaction in the background; :class:`CompactionRunningError` when one runs already."""
+        if self._deleting:
+            raise CompactionRunningError(f"The compaction subscription of {self.ml.name} is being deleted")
         if self.running:
             raise CompactionRunningError(f"Compaction already in progress for {self.ml.name}")
         self.status = CompactionStatus.RUNNING
@@ -451,7 +466,7 @@ class TopicCompaction:
         if horizon.entry_id < 0 or (old is not None and horizon <= old.horizon):
             return
         if self._cursor is None:
-            self._cursor = await ManagedCursor.open(ml, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
+            self._cursor = await self._open_cursor()
         cursor = self._cursor
         one = PhaseOne()
 
@@ -610,6 +625,46 @@ class TopicCompaction:
                     await task
         if self.view is not None:
             await self.view.close()
+
+    async def delete_subscription(self) -> bool:
+        """An admin's DELETE of the ``__compaction`` subscription, as Pulsar's
+        (``asyncDeleteCursorWithCleanCompactionLedger``): once the compaction under way has ended (none starts
+        meanwhile: :class:`CompactionRunningError`), the compacted ledger goes with the cursor and the topic serves
+        no compacted view; the next compaction starts from the first entry. False without that cursor here.
+
+        Never a cursor naming a deleted ledger as compacted (the topic's next load would fail to open it): the
+        leftovers of earlier compactions are deleted first, then the compacted ledger is recorded as superseded
+        and the view dropped, then it is deleted, then the cursor. A failure on the way (bookies or ZooKeeper
+        away) raises with the cursor kept, what it still names deleted by a DELETE again, the next compaction
+        or the next load."""
+        if self._deleting:
+            raise CompactionRunningError(f"The compaction subscription of {self.ml.name} is being deleted")
+        self._deleting = True
+        try:
+            await self.wait()
+            if self._cleanup is not None:
+                await asyncio.wait([self._cleanup])
+            cursor = self._cursor
+            if cursor is None:
+                return False
+            await self._delete_leftovers()
+            if any(k in cursor.properties for k in _LEFTOVER_PROPERTIES):
+                raise ManagedLedgerError(
+                    "a ledger of an earlier compaction could not be deleted", ml_name=self.ml.name
+                )
+            compacted = cursor.properties.get(COMPACTED_TOPIC_LEDGER_PROPERTY)
+            if compacted is not None:
+                await cursor.mark_delete_with(cursor.mark_delete, {SUPERSEDED_LEDGER_PROPERTY: compacted})
+            view, self.view = self.view, None
+            if view is not None:
+                await view.close()
+            if compacted is not None and not await self._delete_quietly(compacted):
+                raise ManagedLedgerError(f"compacted ledger {compacted} not deleted", ml_name=self.ml.name)
+            await cursor.delete()  # (its znode too)
+            self._cursor = None
+            return True
+        finally:
+            self._deleting = False
 
     async def delete(self) -> None:
         """The topic is deleted: its compacted ledger goes too, the view's and the one the ``__compaction``

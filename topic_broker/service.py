@@ -1599,7 +1599,8 @@ class Topic:
         self.msg_in = 0
         self.bytes_in = 0
         self.tick_failures = RateLimitedLog(log, LOG_EVERY_S)  # its housekeeping's failure lines
-        self.compaction = TopicCompaction(ml, ml.bk)  # its compacted view and compactor
+        #: its compacted view and compactor, whose ``__compaction`` cursor is a subscription like any other
+        self.compaction = TopicCompaction(ml, ml.bk, self._open_compaction_cursor)
         self.namespace_compaction_threshold: int | None = None  # the namespace's (applied with its policies)
         self.own_policies = TopicPolicies()  # its own (its partitioned topic's), applied with the others
         #: its own policies' znode did not parse when last read (said once, until it parses again)
@@ -2190,6 +2191,15 @@ class Topic:
         if name in stored:
             return False
         return len(stored | set(self.subscriptions)) >= self.max_subscriptions
+
+    async def _open_compaction_cursor(self) -> ManagedCursor:
+        """The compactor's ``__compaction`` cursor, created by its first compaction as a new subscription: past
+        ``max_subscriptions`` it is not, and :class:`SubscriptionsLimitError` fails the compaction (Pulsar's
+        compactor subscribes through ``getDurableSubscription``, whose limit's check makes no exception for it)."""
+        async with self._opening_subscription:
+            if await self.subscriptions_full(COMPACTION_SUBSCRIPTION):
+                raise SubscriptionsLimitError(self.name)
+            return await ManagedCursor.open(self.ml, COMPACTION_SUBSCRIPTION, InitialPosition.EARLIEST)
 
     async def _open_subscription(self, s: pb.CommandSubscribe) -> SubscriptionRuntime:
         # a reader's (non-durable) too, as Pulsar's getNonDurableSubscription

@@ -80,21 +80,51 @@ def test_max_subscriptions_per_topic(bp: BrokerProcess, c: Any) -> None:
         x.close()
 
 
-def test_max_subscriptions_per_topic_counts_the_compactors(bp: BrokerProcess, c: Any) -> None:
-    """``maxSubscriptionsPerTopic`` 2 on a topic with a subscription and a compaction run: its ``__compaction``
-    cursor counts, as in Pulsar, so a second user subscription is refused NotAllowedError."""
+def _limited_topic(bp: BrokerProcess, c: Any, limit: int) -> tuple[str, str, str]:
+    """A new namespace with ``maxSubscriptionsPerTopic`` ``limit`` and in it a topic with subscription a and one
+    keyed message: (namespace, local name, topic)."""
     ns = _namespace(bp)
-    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic", 2)
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic", limit)
     t = topic_name()
     topic = f"persistent://public/{ns}/{t}"
     c.subscribe(topic, "a").close()
     c.create_producer(topic).send(b"v", partition_key="k")
+    return ns, t, topic
+
+
+def test_max_subscriptions_per_topic_counts_the_compactors(bp: BrokerProcess, c: Any) -> None:
+    """``maxSubscriptionsPerTopic`` 2 on a topic with a subscription and a compaction run: its ``__compaction``
+    cursor counts, as in Pulsar, so a second user subscription is refused NotAllowedError."""
+    ns, t, topic = _limited_topic(bp, c, 2)
     at = f"/admin/v2/persistent/public/{ns}/{t}/compaction"
     admin(bp, "PUT", at)
     assert wait_for(lambda: admin(bp, "GET", at)["status"] == "SUCCESS", timeout_s=30.0, interval_s=0.2)
     assert "__compaction" in admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions")
     with pytest.raises(pulsar.NotAllowedError):
         c.subscribe(topic, "b")
+
+
+def test_a_compaction_past_max_subscriptions_per_topic_fails_as_pulsars(bp: BrokerProcess, c: Any) -> None:
+    """``maxSubscriptionsPerTopic`` 1 with subscription a: a compaction, whose ``__compaction`` cursor would be
+    a second subscription, ends ERROR with Pulsar's message (its compactor subscribes through the same check) and
+    makes no cursor; once the limit is removed it runs."""
+    ns, t, topic = _limited_topic(bp, c, 1)
+    at = f"/admin/v2/persistent/public/{ns}/{t}/compaction"
+    admin(bp, "PUT", at)
+    status: dict[str, Any] = {}
+
+    def done() -> bool:
+        status.update(admin(bp, "GET", at))
+        return status["status"] != "RUNNING"
+
+    assert wait_for(done, timeout_s=30.0, interval_s=0.2)
+    assert status["status"] == "ERROR", status
+    assert f"Exceed the maximum number of subscriptions of the topic: {topic}" in status["lastError"]
+    assert admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions") == ["a"]
+    admin(bp, "DELETE", f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic")
+    admin(bp, "PUT", at)
+    assert wait_for(lambda: admin(bp, "GET", at)["status"] == "SUCCESS", timeout_s=30.0, interval_s=0.2)
+    assert "__compaction" in admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions")
 
 
 def test_max_subscriptions_per_topic_refuses_a_producers_initial_subscription(
