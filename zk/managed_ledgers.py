@@ -857,6 +857,8 @@ class BrokerMetadataStore:
                 raise NamespaceGoneError(tenant, namespace, path=self.store.abs_path(guard))
             limit = _optional_threshold(v.value, "max_topics_per_namespace")
             if limit:
+                # counted at each attempt, not once: the attempt before failed because the policies moved on,
+                # which is what another create's write-back does, so the room counted then may be gone
                 held = await self.count_topics(tenant, namespace)
                 if held + topics > limit:
                     await self._prune_parents(path, f"{tenant}/{namespace}")
