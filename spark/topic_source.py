@@ -886,8 +886,8 @@ def read_range(opts: TopicOptions, part: TopicRange, schema: StructType) -> Iter
                 mid.first_chunk_message_id.ledgerId, mid.first_chunk_message_id.entryId = first_chunk
                 if part.partition >= 0:
                     mid.first_chunk_message_id.partition = part.partition
-            null_value = single is not None and single.null_value
-            cols["value"].append(None if null_value else value)
+            # send(None): the single message's metadata in a batch, the entry's own otherwise
+            cols["value"].append(None if src.null_value else value)
             cols["__key"].append(src.partition_key if src.HasField("partition_key") else None)
             cols["__topic"].append(part.topic)
             cols["__messageId"].append(mid.SerializeToString())
