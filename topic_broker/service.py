@@ -3615,6 +3615,15 @@ class BrokerService:
             return
         if mode != pb.Shared and topic.producers:
             if mode == pb.ExclusiveWithFencing:
+                # as Pulsar's: the queued WaitForExclusive producers are fenced out first (ProducerFenced "Fenced
+                # out", the answer to their PRODUCER), else the closes below handed the topic to the first of them,
+                # and this producer was refused ProducerBusy with the others fenced all the same
+                while topic.waiting:
+                    w = topic.waiting.popleft()
+                    if w.session.waiting.get(w.cmd.producer_id) is topic:
+                        del w.session.waiting[w.cmd.producer_id]
+                        if not w.session.closed:
+                            w.session.send(wire.error(w.cmd.request_id, pb.ProducerFenced, "Fenced out"))
                 for other in list(topic.producers.values()):
                     topic.remove_producer(other)
                     other.session.producers.pop(other.producer_id, None)

@@ -286,6 +286,38 @@ def test_exclusive_producers_busy_fencing_and_waiting(broker: BrokerProcess) -> 
         c.close()
 
 
+def test_an_exclusive_with_fencing_producer_fences_the_waiting_ones_out(broker: BrokerProcess) -> None:
+    """As Pulsar's: an ExclusiveWithFencing producer fails the queued WaitForExclusive producers (ProducerFenced)
+    before it closes the one that holds the topic, so the topic is its own; a waiter does not take it over."""
+    import threading
+
+    c = client(broker)
+    try:
+        t = topic_name()
+        consumer = c.subscribe(t, "s", initial_position=pulsar.InitialPosition.Earliest)
+        holder = c.create_producer(t, access_mode=pulsar.ProducerAccessMode.Exclusive)
+        holder.send(b"held")
+        outcome: list[Any] = []
+
+        def wait_for_it() -> None:
+            try:
+                outcome.append(c.create_producer(t, access_mode=pulsar.ProducerAccessMode.WaitForExclusive))
+            except pulsar.PulsarException as e:
+                outcome.append(e)
+
+        th = threading.Thread(target=wait_for_it, daemon=True)
+        th.start()
+        th.join(1.0)
+        assert th.is_alive() and not outcome, "the WaitForExclusive producer waits"
+        fencer = c.create_producer(t, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing)
+        th.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], pulsar.ProducerFenced), outcome
+        fencer.send(b"fenced")
+        assert [m.data() for m in drain(consumer, 2)] == [b"held", b"fenced"]
+    finally:
+        c.close()
+
+
 def test_negative_ack_redelivery_count_grows(broker: BrokerProcess) -> None:
     c = client(broker)
     try:
