@@ -319,10 +319,9 @@ class ManagedCursor:
                 if await attached.refresh():
                     return attached
                 # its znode is gone (an unsubscribe's delete applied, its reply lost): a ghost whose saves
-                # would all fail; closed and detached, and the subscription opened anew
+                # would all fail; dropped, and the subscription opened anew
                 if ml.attached_cursor(name) is attached and not attached._closed:
-                    attached._closed = True
-                    ml.detach_cursor(name)
+                    attached._abandon()
                 continue
             opening = ml.cursor_opens.get(name)
             if opening is None:
@@ -502,12 +501,14 @@ class ManagedCursor:
         consumer see where it stands now, and the next flush does not conflict with that write.
 
         False when that znode is gone (an unsubscribe whose delete was applied with its reply lost left this
-        cursor attached): its subscription is deleted and its saves would only fail."""
-        if self.active or self._dirty or self._closed:
+        cursor attached): its subscription is deleted and its saves would only fail, also those of changes not
+        saved yet (acknowledgements its consumer sent after that delete: taken for a live cursor, they kept it
+        served, its saves failing, for good)."""
+        if self.active or self._closed:
             return True
         async with self._flush_lock:
             stored = await self.ml.store.get_cursor(self.ml.name, self.name)
-            if stored is None and self._version >= 0 and not (self._dirty or self.active):
+            if stored is None and self._version >= 0 and not (self.active or self._closed):
                 return False
             if stored is None or stored.version == self._version or self._dirty or self.active:
                 return True
@@ -522,6 +523,17 @@ class ManagedCursor:
                 "ml=%s cursor=%s moved by another writer to %s", self.ml.name, self.name, self.mark_delete
             )
             return True
+
+    def _abandon(self) -> None:
+        """Its subscription is deleted (:meth:`refresh` False): closed and detached, its unsaved changes and delayed
+        flush dropped. That flush saved them at the version this cursor held, over the subscription made anew: a
+        conflict that fenced the topic, or at version 0 the new cursor overwritten."""
+        self._closed = True
+        self._dirty = False
+        task, self._flush_task = self._flush_task, None
+        if task is not None:
+            task.cancel()
+        self.ml.detach_cursor(self.name)
 
     async def maybe_flush(self) -> None:
         if self._dirty and time.monotonic() - self._last_flush >= self._flush_interval_s:
@@ -595,7 +607,12 @@ class ManagedCursor:
         """Remove the subscription (unsubscribe). If its flush or its znode's delete fails, the cursor is left
         attached and open, as it was, and the error raised: the delete can be tried again."""
         try:
-            await self.close()
+            try:
+                await self.close()
+            except zk.MetadataNotFoundError:
+                # its znode is gone already (an earlier delete applied, its reply lost; acks taken since): nothing
+                # to save them to, the delete goes on (a retried UNSUBSCRIBE failed here each time)
+                self._dirty = False
             await self.ml.delete_cursor(self.name)  # (its mark-delete counted until the znode is gone)
         except BaseException:
             self._closed = False

@@ -2176,8 +2176,13 @@ class Topic:
             rt = self.subscriptions.get(s.subscription)
             if rt is None:
                 return await self._open_subscription(s)
-            if rt.cursor is not None and not rt.consumers:
-                await rt.cursor.refresh()  # idle: another writer may have moved it (it restarts from there)
+            # idle: another writer may have moved it (it restarts from there); its znode gone, an UNSUBSCRIBE whose
+            # delete was applied with its reply lost listed it again for the client's retry, and none came: the
+            # subscription is deleted, made anew as an open of its name makes it (ManagedCursor.open drops the
+            # ghost cursor), not served on a cursor whose every save fails
+            if rt.cursor is not None and not rt.consumers and not await rt.cursor.refresh():
+                self.subscriptions.pop(s.subscription, None)
+                return await self._open_subscription(s)
             return rt
 
     async def subscriptions_full(self, name: str) -> bool:

@@ -240,3 +240,60 @@ def test_deleting_an_idle_subscription_closes_the_cursor_an_admin_call_opened(cl
         assert (
             run(topic.ml.store.get_cursor(topic.ml.name, "s")).version == 0
         )  # the new one's, not written over
+
+
+@pytest.mark.parametrize("then", ["retried", "given-up"])
+def test_an_unsubscribe_whose_reply_was_lost_then_an_ack_is_retried_or_subscribed_again_anew(
+    cluster: Brokers, then: str
+) -> None:
+    """An UNSUBSCRIBE whose cursor delete ZooKeeper applied with its reply lost is answered an error, its consumer
+    kept and its cursor attached, for the client's retry; an ack the consumer sent then made that cursor dirty,
+    and c20bda1's ghost rule took only a clean one for a ghost. The retried UNSUBSCRIBE failed at the cursor's
+    save (no znode) each time; a consumer subscribing after the client gave up took the idle subscription as it
+    was, every save of its cursor failing ('not saved yet' for ever, its acks lost at the next unload). Now the
+    retry deletes it, and the subscription is made anew for the next consumer, at its initial position."""
+    with _idle_subscription(cluster) as (service, run, topic, positions, url):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=10)
+        try:
+            consumer = client.subscribe(str(topic.name), "s", consumer_type=pulsar.ConsumerType.Shared)
+            store = topic.ml.store
+            delete = store.delete_cursor
+
+            async def applied_reply_lost(*args: Any) -> None:
+                await delete(*args)
+                raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
+
+            with swapped(store, "delete_cursor", applied_reply_lost), pytest.raises(Exception):  # noqa: B017
+                consumer.unsubscribe()
+            assert run(store.get_cursor(topic.ml.name, "s")) is None  # the delete was applied
+            consumer.acknowledge(consumer.receive(10_000))  # m0, on the cursor attached again
+            deadline = time.monotonic() + 10
+            while topic.ml.cursors["s"].mark_delete != positions[0] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if then == "retried":
+                consumer.unsubscribe()  # (before: MetadataError, its flush finding no znode, each time)
+                assert "s" not in topic.subscriptions and "s" not in topic.ml.cursors
+                assert run(store.get_cursor(topic.ml.name, "s")) is None
+                return
+            consumer.close()
+            again = client.subscribe(
+                str(topic.name),
+                "s",
+                consumer_type=pulsar.ConsumerType.Shared,
+                initial_position=pulsar.InitialPosition.Earliest,
+            )
+            assert run(store.get_cursor(topic.ml.name, "s")) is not None  # the subscription is stored again
+            got = again.receive(10_000)
+            assert got.data() == b"m0"  # anew, at its initial position
+            again.acknowledge(got)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                stored = run(store.get_cursor(topic.ml.name, "s"))
+                if tuple(stored.value.mark_delete) == tuple(positions[0]):
+                    break
+                time.sleep(0.2)
+            assert tuple(stored.value.mark_delete) == tuple(positions[0])  # its acks stored
+            assert topic.subscriptions["s"].cursor is topic.ml.cursors["s"]
+            assert not topic.ml.fenced
+        finally:
+            client.close()
