@@ -44,7 +44,10 @@ Replay and crash rules
 Replay yields every whole record at or after the persisted mark, in order. A short or CRC-failing record in
 the *last* segment is a torn tail (a batch that was being written when the process or machine died, never
 acknowledged): replay stops there, truncates the file to the last whole record and fsyncs it. The same in any
-older segment raises ``JournalCorruptError``: those records were acknowledged. A last segment holding no more
+older segment raises ``JournalCorruptError``: those records were acknowledged. So does one in the last segment
+with a later batch's record after it (a whole record on a boundary right after a whole PADDING record past the
+damage, :func:`_later_batch`): one batch is in flight at a time, so the damaged one had been synced and
+acknowledged, and cutting there would drop every record after it. A last segment holding no more
 than a partial header is a segment whose creation was interrupted (nothing in it was ever acknowledged) and
 is deleted. Segments wholly before the mark are deleted by replay too, so a crash between writing the mark
 and deleting segments is finished on the next start.
@@ -407,6 +410,40 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> N
         pos = 0
         while pos < n:
             pos += os.pwrite(fd, mv[pos:], offset + pos)
+
+
+def _later_batch(path: Path, start: int, seed: int) -> int | None:
+    """The offset of a record a batch later than the one holding offset ``start`` wrote to the segment ``path``
+    (records' CRCs seeded with ``seed``), or None. A batch ends with a PADDING record that ends it on an
+    ``ALIGNMENT`` boundary (unless it ends on one already), and one batch is in flight at a time: a whole record
+    on a boundary past ``start`` right after a whole PADDING record that begins at or past ``start`` is from a
+    batch written after the one holding ``start`` was synced. A torn tail has none: past the last batch are
+    zeros written ahead, or a recycled file's records, whose CRC seed is another segment's."""
+
+    def whole(mv: memoryview, pos: int, size: int) -> tuple[int, int] | None:  # (type, end) of a whole record
+        blen, crc, rtype = _REC_HDR.unpack_from(mv, pos)
+        end = pos + _REC_HDR_LEN + blen
+        if not (blen or crc or rtype) or end > size or _crc(mv[pos + 8 : end], seed) != crc:
+            return None
+        return rtype, end
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= start + _REC_HDR_LEN:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            mv = memoryview(mm)
+            try:
+                for a in range((start // ALIGNMENT + 1) * ALIGNMENT, size - _REC_HDR_LEN + 1, ALIGNMENT):
+                    if whole(mv, a, size) is None:
+                        continue
+                    for pad in range(max(start, a - ALIGNMENT - _REC_HDR_LEN), a - _REC_HDR_LEN + 1):
+                        blen = int.from_bytes(mv[pad : pad + 4], "big")
+                        if pad + _REC_HDR_LEN + blen == a and whole(mv, pad, size) == (RecordType.PADDING, a):
+                            return a
+            finally:
+                mv.release()
+    return None
 
 
 class _SegmentScan:
@@ -810,6 +847,17 @@ class Journal:
                 if not last:
                     raise JournalCorruptError(
                         f"{path}: {scan.problem} at offset {scan.end} (not the last segment)"
+                    )
+                later = _later_batch(path, scan.end, crc_seed(seq, version))
+                if later is not None:
+                    # not a torn tail: a batch written after the one that stops the scan is on disk, and the
+                    # journal writes a batch only once the one before it was fsynced (and acknowledged)
+                    raise JournalCorruptError(
+                        f"{path}: {scan.problem} at offset {scan.end} of the last segment, but a later batch's "
+                        f"record follows at offset {later}: the records there were synced and acknowledged, so "
+                        "this is damage, not a torn tail, and cutting it would lose them. Restore the journal; if "
+                        "it cannot be, wipe the bookie's data directories, delete its cookie (`ledgerstore bookie "
+                        "format --delete-cookie`) and let its ledgers be re-replicated"
                     )
                 if scan.problem == ZEROS_AHEAD:
                     logger.info(
