@@ -108,6 +108,7 @@ from .subscription import (
     Subscription,
     SubType,
     cumulative_batch_index,
+    failover_topic_hash,
     merge_ranges,
 )
 from .tls import TlsFiles
@@ -2212,7 +2213,10 @@ class Topic:
             raise SubscriptionsLimitError(self.name)
         sub_type = SubType(s.subType)
         core = Subscription(
-            sub_type, partition=self.name.partition_index, unacked_messages_max=self.max_unacked_on_consumer
+            sub_type,
+            partition=self.name.partition_index,
+            unacked_messages_max=self.max_unacked_on_consumer,
+            topic_hash=failover_topic_hash(str(self.name)),
         )
         core.unacked_subscription_max = self.max_unacked_on_subscription
         if s.durable:

@@ -25,7 +25,8 @@ Rules (Pulsar's, as the official client expects them):
   with at least one permit may receive an entry larger than its permits (its permits go negative, as in Pulsar).
 - Exclusive: one consumer; a second one is refused (ConsumerBusy). Failover: every consumer is attached but one
   is active: consumers sorted by (priority, name), index = partition % the number of consumers of the highest
-  priority level (the lowest number; Pulsar's rule), 0 for a non-partitioned topic.
+  priority level (the lowest number; Pulsar's rule); on a non-partitioned topic the one of those that Pulsar's
+  consistent-hash ring of their names gives the topic's name (:func:`failover_ring_pick`).
   Exclusive and Failover deliver in position order, and replays (redeliveries) go before new entries.
 - Shared: round robin over the consumers that have permits. Key_Shared: an entry's key (``wire.sticky_key``:
   ordering key, else partition key, else NONE_KEY) maps to one consumer through a hash ring (auto split) or the
@@ -171,6 +172,45 @@ def key_hash(key: bytes) -> int:
     if len(key) <= KEY_HASH_MURMUR_MAX:
         return _pulsar_key_hash(key)
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big") % HASH_RANGE_SIZE
+
+
+#: Pulsar's CONSUMER_CONSISTENT_HASH_REPLICAS: each consumer's points on a non-partitioned topic's Failover ring.
+FAILOVER_RING_POINTS = 100
+
+
+def _hash31(data: bytes) -> int:
+    """Pulsar's Murmur3_32Hash (the sign bit cleared); over KEY_HASH_MURMUR_MAX bytes BLAKE2b, as key_hash."""
+    if len(data) <= KEY_HASH_MURMUR_MAX:
+        return murmur3_32(data) & 0x7FFFFFFF
+    return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "big") & 0x7FFFFFFF
+
+
+def failover_topic_hash(topic: str) -> int:
+    """Where a non-partitioned topic (its full name, ``persistent://t/ns/x``) sits on the Failover ring."""
+    return _hash31(topic.encode())
+
+
+@functools.lru_cache(maxsize=4096)
+def _failover_points(name: str) -> tuple[int, ...]:
+    """A consumer's points on the Failover ring, sorted: Pulsar's hashes of the name followed by 0..99."""
+    return tuple(sorted(_hash31(f"{name}{j}".encode()) for j in range(FAILOVER_RING_POINTS)))
+
+
+def failover_ring_pick(topic_hash: int, names: Sequence[str]) -> int:
+    """The index in ``names`` (the highest priority level's consumers, in their order) of a non-partitioned
+    topic's active Failover consumer, as Pulsar's peekConsumerIndexFromHashRing: the first point at or after the
+    topic's hash, else the ring's first point; a point two names share is the later one's."""
+    after: tuple[int, int] | None = None
+    first: tuple[int, int] | None = None
+    for i, name in enumerate(names):
+        points = _failover_points(name)
+        j = bisect.bisect_left(points, topic_hash)
+        if j < len(points) and (after is None or (points[j], -i) < after):
+            after = (points[j], -i)
+        if first is None or (points[0], -i) < first:
+            first = (points[0], -i)
+    assert first is not None
+    return -(after or first)[1]
 
 
 def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -347,6 +387,7 @@ class Subscription:
         "_ring",
         "_reading_replay",
         "_messages_per_entry",
+        "topic_hash",
     )
 
     def __init__(
@@ -358,10 +399,14 @@ class Subscription:
         read_entries_max: int = DEFAULT_READ_ENTRIES_MAX,
         replay_entries_max: int = DEFAULT_REPLAY_ENTRIES_MAX,
         unacked_messages_max: int = DEFAULT_UNACKED_MESSAGES_MAX,
+        topic_hash: int | None = None,
     ) -> None:
         assert read_entries_max > 0
         self.sub_type = sub_type
         self.partition = partition
+        # a non-partitioned topic's place on the Failover ring (failover_topic_hash of its name); None (a core
+        # made without its topic's name) takes the first consumer by (priority, name) instead
+        self.topic_hash = topic_hash
         self.read_position: Position = read_position
         self.read_entries_max = read_entries_max
         self.replay_entries_max = replay_entries_max
@@ -1091,7 +1136,14 @@ class Subscription:
         # as Pulsar's pickAndScheduleActiveConsumer: the partitions go to the consumers of the highest priority
         # level (the lowest number) alone; one of a lower level is active only when none of the highest is left
         top = sum(1 for c in ordered if c.priority == ordered[0].priority)
-        index = self.partition % top if self.partition >= 0 else 0
+        if self.partition >= 0:
+            index = self.partition % top
+        elif self.topic_hash is not None and top > 1:
+            # a non-partitioned topic: Pulsar's consistent-hash ring of those consumers' names, so that the topics
+            # of a multi-topic or regex Failover subscription are spread over its consumers
+            index = failover_ring_pick(self.topic_hash, [c.name for c in ordered[:top]])
+        else:
+            index = 0
         new = ordered[index].consumer_id
         if self.sub_type == SubType.EXCLUSIVE:
             self._active = new

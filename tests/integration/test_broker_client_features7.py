@@ -23,7 +23,7 @@ from ledgerstore.topic_cmd import peeked_messages
 from tests.broker_testing import Brokers, module_cluster
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import keys, wait_for
-from tests.integration.test_broker_pulsar_client import topic_name
+from tests.integration.test_broker_pulsar_client import failover_topic, topic_name
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 
@@ -77,7 +77,7 @@ def test_the_first_stats_read_shows_the_rates_of_messages_flowing(bp: BrokerProc
 def test_stats_name_the_producers_and_consumers_as_pulsar_does(bp: BrokerProcess, c: Any) -> None:
     """Pulsar's publisher and consumer fields: the producer's access mode and properties, each client's address,
     connection time and version, what each consumer was sent, and a Failover subscription's active consumer."""
-    t = f"persistent://public/default/{topic_name()}"
+    t = f"persistent://public/default/{failover_topic('a')}"
     a = c.subscribe(
         t, "s", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a", properties={"team": "x"}
     )

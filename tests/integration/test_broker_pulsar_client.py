@@ -19,6 +19,7 @@ from tests.broker_testing import Brokers
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 from topic_broker.names import TopicName
+from topic_broker.subscription import failover_ring_pick, failover_topic_hash
 from zk import MetadataStore
 from zk.managed_ledgers import BrokerMetadataStore, CursorInfo
 
@@ -39,6 +40,18 @@ def client(bp: BrokerProcess, **kw) -> pulsar.Client:
 
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def failover_topic(active: str, others: tuple[str, ...] = ("b",)) -> str:
+    """A new non-partitioned topic's short name on whose Failover subscriptions, of consumers named ``active`` and
+    ``others`` at one priority level, ``active`` is the active consumer (Pulsar's consistent-hash ring of the
+    names, :func:`topic_broker.subscription.failover_ring_pick`)."""
+    names = sorted((active, *others))
+    while True:
+        t = topic_name()
+        full = failover_topic_hash(f"persistent://public/default/{t}")
+        if names[failover_ring_pick(full, names)] == active:
+            return t
 
 
 def drain(consumer, n: int, timeout_ms: int = 10_000) -> list:
@@ -158,7 +171,7 @@ def test_shared_consumer_that_stops_receiving_leaves_the_other_supplied_and_gets
 def test_failover_and_key_shared(broker: BrokerProcess) -> None:
     c = client(broker)
     try:
-        t = topic_name()
+        t = failover_topic("a")
         f1 = c.subscribe(t, "fo", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a")
         f2 = c.subscribe(t, "fo", consumer_type=pulsar.ConsumerType.Failover, consumer_name="b")
         k1 = c.subscribe(t, "ks", consumer_type=pulsar.ConsumerType.KeyShared)
@@ -284,6 +297,38 @@ def test_exclusive_producers_busy_fencing_and_waiting(broker: BrokerProcess) -> 
         ]
     finally:
         c.close()
+
+
+def test_a_multi_topic_failover_subscription_spreads_its_topics_over_its_consumers(
+    broker: BrokerProcess,
+) -> None:
+    """Two consumers of one Failover subscription over the same non-partitioned topics: each topic is delivered to
+    the consumer Pulsar's consistent-hash ring of their names picks for it (Pulsar 3's broker), so both get
+    some; the first by name took every topic."""
+    c = client(broker)
+    try:
+        topics = [failover_topic("a"), failover_topic("b", ("a",)), topic_name(), topic_name()]
+        fo = pulsar.ConsumerType.Failover
+        consumers = {n: c.subscribe(topics, "fo", consumer_type=fo, consumer_name=n) for n in ("a", "b")}
+        for t in topics:
+            c.create_producer(t).send(t.encode())
+        got = {n: sorted(m.data().decode() for m in drain_until_quiet(x)) for n, x in consumers.items()}
+        expected: dict[str, list[str]] = {"a": [], "b": []}
+        for t in topics:
+            ring = failover_ring_pick(failover_topic_hash(f"persistent://public/default/{t}"), ["a", "b"])
+            expected[["a", "b"][ring]].append(t)
+        assert got == {n: sorted(ts) for n, ts in expected.items()}
+    finally:
+        c.close()
+
+
+def drain_until_quiet(consumer, quiet_ms: int = 1500) -> list:
+    """Every message received until none comes for ``quiet_ms``, each acknowledged."""
+    out = []
+    while (m := receive_or_none(consumer, quiet_ms)) is not None:
+        consumer.acknowledge(m)
+        out.append(m)
+    return out
 
 
 def test_an_exclusive_with_fencing_producer_fences_the_waiting_ones_out(broker: BrokerProcess) -> None:

@@ -20,7 +20,7 @@ from ledgerstore.cluster import BrokerProcess
 from tests.integration.test_broker_client_features3 import admin, c
 from tests.integration.test_broker_client_features4 import keys, wait_for
 from tests.integration.test_broker_client_features7 import _answers, _raw_producer, _stats, bp, brokers
-from tests.integration.test_broker_pulsar_client import topic_name
+from tests.integration.test_broker_pulsar_client import failover_topic, topic_name
 from topic_broker import pulsar_api_pb2 as pb
 from topic_broker import wire
 
@@ -40,10 +40,10 @@ def test_stats_count_a_producers_messages_and_a_consumers_bytes_and_name_the_act
     """Two batches of 5 from an Exclusive producer: its average message size is per message (not per batch), the
     consumer that got both batches was sent the bytes of both, and the Failover subscription's active consumer is
     the one its order chose (``a``, subscribed after ``b``), not the first subscribed."""
-    t = f"persistent://public/default/{topic_name()}"
+    t = f"persistent://public/default/{failover_topic('a')}"
     failover = pulsar.ConsumerType.Failover
     c.subscribe(t, "s", consumer_type=failover, consumer_name="b")
-    a = c.subscribe(t, "s", consumer_type=failover, consumer_name="a")  # active: the first by name
+    a = c.subscribe(t, "s", consumer_type=failover, consumer_name="a")  # active: the ring's choice for t
     producer = c.create_producer(
         t,
         access_mode=pulsar.ProducerAccessMode.Exclusive,

@@ -19,6 +19,9 @@ from topic_broker.subscription import (
     Subscription,
     SubType,
     acked_mask,
+    failover_ring_pick,
+    failover_topic_hash,
+    murmur3_32,
     unacked_set,
 )
 
@@ -307,6 +310,48 @@ def test_failover_partitions_go_to_the_highest_priority_level_only() -> None:
     cmds = sub.remove_consumer(2)
     # level 1 by name: aaa, abb, bbb; 2 % 3
     assert sub.active_consumer == 3 and ActiveConsumerChanged(3, True) in cmds
+
+
+def _pulsar_ring_pick(topic: str, names: list[str]) -> int:
+    """Pulsar's peekConsumerIndexFromHashRing written as it reads: a map of every name's 100 points (a point two
+    names share is the later one's), the first at or after the topic's hash, else the map's first."""
+    ring: dict[int, int] = {}
+    for i, name in enumerate(names):
+        for j in range(100):
+            ring[murmur3_32(f"{name}{j}".encode()) & 0x7FFFFFFF] = i
+    h = murmur3_32(topic.encode()) & 0x7FFFFFFF
+    at_or_after = [p for p in ring if p >= h]
+    return ring[min(at_or_after)] if at_or_after else ring[min(ring)]
+
+
+def test_failover_ring_pick_is_pulsars_ring() -> None:
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(200):
+        names = sorted(f"c-{rnd.randrange(10**6)}" for _ in range(rnd.randint(1, 6)))
+        topic = f"persistent://public/default/t-{rnd.randrange(10**9)}"
+        assert failover_ring_pick(failover_topic_hash(topic), names) == _pulsar_ring_pick(topic, names)
+
+
+def test_a_non_partitioned_topics_active_failover_consumer_is_the_rings() -> None:
+    """On a non-partitioned topic the active consumer is the one Pulsar's consistent-hash ring of the highest
+    priority level's names gives the topic (a multi-topic or regex subscription's topics spread over its
+    consumers), not the first by name; a lower level is not on the ring."""
+    picked = set()
+    for n in range(40):
+        topic = f"persistent://public/default/ring-{n}"
+        sub = Subscription(SubType.FAILOVER, topic_hash=failover_topic_hash(topic))
+        sub.add_consumer(1, "a")
+        sub.add_consumer(2, "b")
+        sub.add_consumer(3, "c", priority=1)
+        expected = ["a", "b"][_pulsar_ring_pick(topic, ["a", "b"])]
+        assert {1: "a", 2: "b"}[sub.active_consumer] == expected  # type: ignore[index]
+        picked.add(expected)
+        sub.remove_consumer(1)
+        sub.remove_consumer(2)
+        assert sub.active_consumer == 3
+    assert picked == {"a", "b"}
 
 
 def test_key_shared_keeps_each_key_on_one_consumer() -> None:
