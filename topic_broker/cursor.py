@@ -313,6 +313,23 @@ class ManagedCursor:
         session, then resumed) saved its acknowledgements at the version it held, over this owner's cursor,
         and this owner's next save then conflicted and fenced the topic here. Now that save conflicts and
         fences the old owner; one it made between our read and our write is read again and taken over."""
+        mc = await cls._open_one(ml, name, initial_position, flush_interval_s)
+        assert mc is not None  # (created when not stored)
+        return mc
+
+    @classmethod
+    async def open_stored(
+        cls, ml: ManagedLedger, name: str, *, flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S
+    ) -> ManagedCursor | None:
+        """:meth:`open` of a subscription that exists (its attached cursor refreshed, or its stored one opened);
+        None, and nothing created, when ``name`` has no stored cursor. Its znode read once."""
+        return await cls._open_one(ml, name, None, flush_interval_s)
+
+    @classmethod
+    async def _open_one(
+        cls, ml: ManagedLedger, name: str, initial_position: InitialPosition | None, flush_interval_s: float
+    ) -> ManagedCursor | None:
+        """:meth:`open`; ``initial_position`` None: a stored cursor only (None when there is none)."""
         while True:
             attached = ml.attached_cursor(name)
             if isinstance(attached, ManagedCursor) and not attached._closed:
@@ -337,8 +354,8 @@ class ManagedCursor:
 
     @classmethod
     async def _open(
-        cls, ml: ManagedLedger, name: str, initial_position: InitialPosition, flush_interval_s: float
-    ) -> ManagedCursor:
+        cls, ml: ManagedLedger, name: str, initial_position: InitialPosition | None, flush_interval_s: float
+    ) -> ManagedCursor | None:
         stored = await ml.store.get_cursor(ml.name, name)
         for _ in range(TAKE_OVER_TRIES):
             if stored is None:
@@ -355,6 +372,8 @@ class ManagedCursor:
             mc = cls(ml, name, cursor, stored.version, stored.value.properties, flush_interval_s)
             mc.subscription_properties = dict(stored.value.subscription_properties)
             mc.last_active_ms = stored.value.last_active_ms
+        elif initial_position is None:
+            return None
         else:
             if initial_position is InitialPosition.EARLIEST:
                 md = ml.first_position().previous()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .compaction import COMPACTION_SUBSCRIPTION
-from .cursor import Cursor, InitialPosition, ManagedCursor
+from .cursor import Cursor, ManagedCursor
 from .managed_ledger import LedgerView, Position
 
 if TYPE_CHECKING:
@@ -175,10 +175,10 @@ async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRunti
         if not rt.consumers:
             await rt.cursor.refresh()  # idle: another writer may have moved it (adopted, as a consumer would)
         return rt, rt.cursor
-    ml = topic.ml
-    if await ml.store.get_cursor(ml.name, sub) is None:
+    mc = await ManagedCursor.open_stored(topic.ml, sub)  # (attached: refreshed, the same)
+    if mc is None:
         raise SubscriptionNotFoundError(sub)
-    return None, await ManagedCursor.open(ml, sub, InitialPosition.LATEST)  # (attached: refreshed, the same)
+    return None, mc
 
 
 async def peek(topic: Topic, sub: str, n: int) -> Position | None:

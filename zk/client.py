@@ -999,11 +999,18 @@ class MetadataStore(CompareAndSetUpdate):
     async def achildren(self, path: str) -> list[str]:
         return await self._run(self.children, path)
 
-    async def aowns_ephemeral(self, path: str) -> bool:
-        """Whether the ephemeral znode at ``path`` is this client's current ZooKeeper session's."""
+    async def aephemeral_ours(self, path: str) -> bool | None:
+        """Whether the znode at ``path`` is an ephemeral of this client's current ZooKeeper session (False: of
+        another session, or not ephemeral); None when there is no such znode or this client has no session."""
         st = await asyncio.to_thread(self.stat, path)
         session = self.session_id
-        return st is not None and session is not None and st.ephemeral_owner == session
+        if st is None or session is None:
+            return None
+        return st.ephemeral_owner == session
+
+    async def aowns_ephemeral(self, path: str) -> bool:
+        """Whether the ephemeral znode at ``path`` is this client's current ZooKeeper session's."""
+        return await self.aephemeral_ours(path) is True
 
     async def adelete_own_ephemeral(self, path: str) -> None:
         """Delete the ephemeral znode at ``path`` only while it is this session's, at the version read: another

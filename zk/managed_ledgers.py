@@ -1068,7 +1068,7 @@ class BrokerMetadataStore:
                 if current is None:
                     continue
                 owner = OwnershipInfo.from_json(current.value)
-                if owner.broker_id == info.broker_id and await self._stale_session(path):
+                if owner.broker_id == info.broker_id and await self.store.aephemeral_ours(path) is False:
                     # Our own id, but an earlier session's (a broker restarted under the same id before its
                     # old session expired): that record would vanish with the old session while we serve.
                     # Only while brokers/<id> is this session's: otherwise that session may be another live
@@ -1086,12 +1086,6 @@ class BrokerMetadataStore:
                     continue
                 return owner
         raise MetadataVersionError("ownership znode keeps appearing and disappearing", path=path)
-
-    async def _stale_session(self, path: str) -> bool:
-        """The ephemeral znode at ``path`` belongs to a session other than this store's current one."""
-        stat = await asyncio.to_thread(self.store.stat, path)
-        session = self.store.session_id
-        return stat is not None and session is not None and stat.ephemeral_owner != session
 
     async def prune_ownership_dirs(self, tenant: str, namespace: str) -> int:
         """The namespace's ownership directories removed where empty: an open refused once the namespace went
