@@ -871,7 +871,9 @@ class LedgerHandle(WriterSendPath):
         The bookies are asked one at a time in random order, those a read timed out on lately last (the
         failure history). One that has not answered ``speculative_read_timeout_s`` after its long poll should
         have ended is hung or stalled: the next one is asked for its LAC at once (no long poll) beside it, the
-        first answer wins, and the silent one is asked last by later reads."""
+        first answer wins, and the silent one is asked last by later reads. Each one's speculative timer runs
+        from when it was asked: one that fails makes the next be asked once the newest still silent is overdue,
+        at once if it is already."""
         md = self.metadata
         bookies = list(md.last_ensemble.bookies)
         random.shuffle(bookies)
@@ -881,7 +883,8 @@ class LedgerHandle(WriterSendPath):
         cfg = self.bk.config
         spec = cfg.speculative_read_timeout_s
         speculate = 0 < spec < cfg.read_timeout_s
-        waiting: dict[asyncio.Task[p.Response], tuple[str, bool]] = {}  # -> (bookie, long poll), as asked
+        #: -> (bookie, when it is overdue: its long poll's end, or when asked, + ``spec``), in the order asked
+        waiting: dict[asyncio.Task[p.Response], tuple[str, float]] = {}
         left = iter(bookies)
 
         def ask(long_poll: bool) -> bool:
@@ -899,16 +902,18 @@ class LedgerHandle(WriterSendPath):
             )
             wait = timeout_s + cfg.read_timeout_s if long_poll else cfg.read_timeout_s
             task = self._loop.create_task(self.bk._ask(bookie, lambda rid: req(request_id=rid), wait))
-            waiting[task] = (bookie, long_poll)
+            waiting[task] = (bookie, self._loop.time() + (timeout_s if long_poll else 0) + spec)
             return True
 
         ask(True)
         try:
             while waiting:
-                newest_polls = list(waiting.values())[-1][1]
+                # (from the newest still asked: when a speculative read failed at once, the one before it, hung
+                # and overdue already, makes the next be asked now, not a whole poll later)
+                overdue = list(waiting.values())[-1][1]
                 done, _ = await asyncio.wait(
                     waiting,
-                    timeout=(timeout_s if newest_polls else 0) + spec if speculate else None,
+                    timeout=max(0.0, overdue - self._loop.time()) if speculate else None,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if not done:  # a speculative read: the silent one stays asked

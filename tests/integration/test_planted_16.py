@@ -148,6 +148,23 @@ def test_a_request_a_speculative_copy_won_over_is_forgotten_on_the_hung_bookies_
     asyncio.run(go())
 
 
+async def lac_19_and_a_reader(bookies: Any) -> tuple[BookKeeper, Any, BookKeeper, Any]:
+    """A 3/3/2 ledger whose bookies know LAC 19 (21 entries written; the LAC moves with the adds only), and a new
+    client's handle on it (``recovery=False``, ``read_timeout_s`` 120 s, ``speculative_read_timeout_s`` 0.5 s):
+    (the writer's client, the ledger, the reader's client, its handle)."""
+    bk = await BookKeeper.connect(
+        bookies.zk, config=ClientConfig(zk_root=bookies.root, explicit_lac_interval_s=0)
+    )
+    lh = await bk.create_ledger(3, 3, 2, password=b"pw")
+    await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(20)])
+    await lh.append(b"e20")  # (the bookies learn LAC 19 with it)
+    reader = await BookKeeper.connect(
+        bookies.zk,
+        config=ClientConfig(zk_root=bookies.root, read_timeout_s=120.0, speculative_read_timeout_s=0.5),
+    )
+    return bk, lh, reader, await reader.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+
+
 def test_a_long_poll_for_the_lac_waits_its_time_and_a_dead_bookie_passes_it_on_as_a_long_poll(
     bookies: Any,
 ) -> None:
@@ -160,18 +177,7 @@ def test_a_long_poll_for_the_lac_waits_its_time_and_a_dead_bookie_passes_it_on_a
     procs = bookies.start_many(4)
 
     async def go() -> None:
-        cfg = ClientConfig(
-            zk_root=bookies.root, explicit_lac_interval_s=0
-        )  # (the LAC moves with the adds only)
-        bk = await BookKeeper.connect(bookies.zk, config=cfg)
-        lh = await bk.create_ledger(3, 3, 2, password=b"pw")
-        await asyncio.gather(*[await lh.append_future(b"e%d" % i) for i in range(20)])
-        await lh.append(b"e20")  # (the bookies learn LAC 19 with it)
-        reader = await BookKeeper.connect(
-            bookies.zk,
-            config=ClientConfig(zk_root=bookies.root, read_timeout_s=120.0, speculative_read_timeout_s=0.5),
-        )
-        rh = await reader.open_ledger(lh.ledger_id, password=b"pw", recovery=False)
+        bk, lh, reader, rh = await lac_19_and_a_reader(bookies)
         try:
             assert await asyncio.wait_for(rh.wait_for_lac(19, 2.0), 30) == 19
             assert reader.read_timed_out == {}, reader.read_timed_out
