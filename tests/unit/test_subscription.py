@@ -293,7 +293,8 @@ def test_failover_partition_index_selects_consumer() -> None:
 def test_failover_partitions_go_to_the_highest_priority_level_only() -> None:
     """As Pulsar's pickAndScheduleActiveConsumer: the partitions are spread over the consumers of the highest
     priority level (the lowest number) alone, by name; a consumer of a lower level is active only once none of
-    the highest is left (the example of Pulsar's ConsumerBuilder.priorityLevel)."""
+    the highest is left (ConsumerBuilder.priorityLevel: "Broker evenly assigns partitioned topics to highest
+    priority consumers")."""
     consumers = [(1, "aaa", 0), (2, "bbb", 0), (3, "bbb", 1), (4, "abb", 1), (5, "aaa", 1)]
     active = []
     for partition in range(5):
