@@ -330,3 +330,28 @@ def test_a_spark_workers_client_is_dropped_after_a_failed_task_and_replaced_for_
     finally:
         TaskContext._setTaskContext(None)
         ledger_source._drop_worker_client()
+
+
+def test_unload_of_a_partitioned_topic_passes_over_a_partition_never_made(cluster: Brokers) -> None:
+    """`topic unload` of a partitioned topic unloads each partition on its owner (e46b0a1); a partition whose
+    managed ledger was never made (nobody produced to it or subscribed to it yet) is passed over, as Pulsar's
+    unload does, and the others are unloaded: 204. Planted: that partition's 404 failing the whole unload."""
+    from tests.integration.test_broker_admin import call
+    from zk import MetadataStore
+    from zk.managed_ledgers import BrokerMetadataStore
+
+    bp = cluster.start()
+    t = f"unload-{uuid.uuid4().hex[:8]}"
+    store = MetadataStore.connect(cluster.bookies.zk, root=cluster.bookies.root)
+    try:
+        asyncio.run(BrokerMetadataStore(store).create_partitioned_topic(f"public/default/persistent/{t}", 2))
+    finally:
+        store.close()
+    with contextlib.closing(client(bp)) as c:
+        producer = c.create_producer(f"persistent://public/default/{t}-partition-0")
+        producer.send(b"before")
+        status, body, _ = call(bp, "PUT", f"/admin/v2/persistent/public/default/{t}/unload")
+        assert status == 204, body
+        producer.send(b"after")  # (its client reconnected)
+        stats = ok(bp, "GET", f"/admin/v2/persistent/public/default/{t}-partition-0/internalStats")
+        assert stats["entriesAddedCounter"] >= 1
