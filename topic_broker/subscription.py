@@ -388,6 +388,7 @@ class Subscription:
         "_reading_replay",
         "_messages_per_entry",
         "topic_hash",
+        "_levels",
     )
 
     def __init__(
@@ -426,6 +427,7 @@ class Subscription:
         self._active: int | None = None
         self._rr: list[int] = []  # Shared round-robin order
         self._rr_next = 0
+        self._levels: dict[int, int] = {}  # consumers per priority level (Shared prefers the highest)
         self._owner: dict[Position, int] = {}  # pending position -> consumer id
         self._info: dict[Position, _Info] = {}  # pending and replay positions
         self._replay: set[Position] = set()
@@ -587,6 +589,7 @@ class Subscription:
         )
         self._consumers[consumer_id] = c
         self._rr.append(consumer_id)
+        self._levels[priority] = self._levels.get(priority, 0) + 1
         cmds: list[Command] = []
         if self.sub_type == SubType.KEY_SHARED and not c.hash_ranges:
             self._ring_add(c)
@@ -623,6 +626,10 @@ class Subscription:
             return []
         self._ready_permits -= self._permits_counted(c)
         self._rr.remove(consumer_id)
+        if self._levels[c.priority] > 1:
+            self._levels[c.priority] -= 1
+        else:
+            del self._levels[c.priority]
         if self._ring:
             self._ring = [(p, cid) for p, cid in self._ring if cid != consumer_id]
         self._to_replay(c, list(c.pending), bump=True)
@@ -1117,10 +1124,17 @@ class Subscription:
 
     def _next_shared(self) -> _Consumer | None:
         n = len(self._rr)
+        level = None
+        if len(self._levels) > 1:
+            # as Pulsar's Shared dispatcher: the highest priority level (the lowest number) that has a consumer
+            # ready, round robin within it (one level: every consumer, no walk for it)
+            level = min((c.priority for c in self._consumers.values() if self._ready(c)), default=None)
+            if level is None:
+                return None
         for i in range(n):
             cid = self._rr[(self._rr_next + i) % n]
             c = self._consumers[cid]
-            if self._ready(c):
+            if self._ready(c) and (level is None or c.priority == level):
                 self._rr_next = (self._rr_next + i + 1) % n
                 return c
         return None

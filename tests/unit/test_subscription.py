@@ -313,6 +313,21 @@ def test_failover_partitions_go_to_the_highest_priority_level_only() -> None:
     assert sub.active_consumer == 3 and ActiveConsumerChanged(3, True) in cmds
 
 
+def test_shared_dispatch_prefers_the_highest_priority_level_while_it_has_permits() -> None:
+    """Pulsar's Shared dispatch with priority levels, as ConsumerBuilder.priorityLevel documents it: round robin
+    over the consumers of the highest level (the lowest number) while one of them has permits, then over the next
+    level's; its table (permits 2, 1, 1 at level 0 and 2, 1 at level 1) gives C1, C2, C3, C1, C4, C5, C4."""
+    sub = Subscription(SubType.SHARED, read_position=(1, 0))
+    log = FakeLog(0)
+    for cid, priority in [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1)]:
+        run(sub, log, sub.add_consumer(cid, f"c{cid}", priority))
+    for cid, permits in [(1, 2), (2, 1), (3, 1), (4, 2), (5, 1)]:
+        run(sub, log, sub.flow(cid, permits))
+    log.entries = FakeLog(7).entries
+    out = delivered(run(sub, log, sub.on_new_entries()))
+    assert [cid for cid, _, _ in out] == [1, 2, 3, 1, 4, 5, 4]
+
+
 def _pulsar_ring_pick(topic: str, names: list[str]) -> int:
     """Pulsar's peekConsumerIndexFromHashRing written as it reads: a map of every name's 100 points (a point two
     names share is the later one's), the first at or after the topic's hash, else the map's first."""
