@@ -2703,6 +2703,12 @@ class AdminApp:
         name = self._topic_name(request)
         sub = request.match_info["subscription"]
         body = await _body_json(request)
+        if isinstance(body, dict) and not name.is_partition and await self._partitions(name):
+            lid, eid = _message_id_from(body, INT64_MAX)
+            if 0 <= lid < INT64_MAX and 0 <= eid < INT64_MAX:
+                # as Pulsar's: a message id is one partition's; sent to every partition it moved the others to
+                # a place not theirs (past their end when its ledger is newer than theirs: their backlog skipped)
+                raise AdminError(405, "Reset-cursor at position is not allowed for partitioned-topic")
         fanned = await self._fan_out_if_partitioned(request, name, "POST", "/resetcursor", body)
         if fanned is not None:
             return fanned

@@ -320,3 +320,50 @@ def test_admin_moves_to_message_ids_not_written_yet_start_at_the_next_entry(brok
             assert _received(c.subscribe(topic, sub), 6) == [f"m{i}".encode() for i in range(1, 6)], sub
     finally:
         c.close()
+
+
+def test_a_reset_to_a_message_id_on_a_partitioned_topic_is_refused_as_pulsars(broker: BrokerProcess) -> None:  # noqa: F811
+    """``resetcursor`` with a MessageId body on a partitioned topic is 405, as Pulsar's ("Reset-cursor at position is
+    not allowed for partitioned-topic"): a message id is one partition's, and sent to every partition it moved the
+    others to a place that is not theirs (the next entry written when its ledger is newer than theirs: their
+    backlog skipped). Each partition keeps its backlog; a reset of the partition itself is taken."""
+    name = "partitioned-reset"
+    topic = f"persistent://public/default/{name}"
+    admin = f"/admin/v2/persistent/public/default/{name}"
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{broker.http_port}{admin}/partitions",
+        b"2",
+        {"Content-Type": "application/json"},
+        method="PUT",
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 204
+    c = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    try:
+        c.subscribe(topic, "s", initial_position=EARLIEST).close()
+        ids = {}
+        for part in (0, 1):
+            p = c.create_producer(f"{topic}-partition-{part}", batching_enabled=False)
+            ids[part] = [p.send(f"p{part}-m{i}".encode()) for i in range(3)]
+            p.close()
+        newest = max(ids.values(), key=lambda got: got[0].ledger_id())[0]  # the partition of the newer ledger
+        body = json.dumps({"ledgerId": newest.ledger_id(), "entryId": newest.entry_id()}).encode()
+        url = f"http://127.0.0.1:{broker.http_port}{admin}/subscription/s/resetcursor"
+        req = urllib.request.Request(url, body, {"Content-Type": "application/json"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=30)
+        assert refused.value.code == 405
+        assert "not allowed for partitioned-topic" in refused.value.read().decode()
+        for part in (0, 1):
+            _, stats = http(broker, "GET", f"{admin}-partition-{part}/stats")
+            assert stats["subscriptions"]["s"]["msgBacklog"] == 3, (part, stats["subscriptions"]["s"])
+        url = f"http://127.0.0.1:{broker.http_port}{admin}-partition-0/subscription/s/resetcursor"
+        first = ids[0][1]
+        body = json.dumps({"ledgerId": first.ledger_id(), "entryId": first.entry_id()}).encode()
+        req = urllib.request.Request(url, body, {"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 204
+        _, stats = http(broker, "GET", f"{admin}-partition-0/stats")
+        assert stats["subscriptions"]["s"]["msgBacklog"] == 2
+    finally:
+        c.close()
