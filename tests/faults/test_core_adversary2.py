@@ -4,18 +4,21 @@ of an E5/Qw3/Qa2 ledger SIGSTOPped 5 s under pipelined load (no duplicate or mis
 order, the LAC and the close right); the writer process SIGSTOPped past its ZooKeeper session just before its
 close's compare-and-set, alone or while a reader recovers the ledger (the close fails on the lost session and a
 second close goes through on the new one, or it adopts the recovery's close; every acknowledged entry is in the
-closed ledger, the same for every reader)."""
+closed ledger, the same for every reader); two readers recovering a ledger at once while its live writer
+replaces a bookie killed -9 (one last entry, past every ack, the same entries for every reader)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import subprocess
+import threading
 import time
 
 import pytest
 
-from tests.faults.test_core_adversary import PW, _bk, _proc, _spawn, payload
+from tests.faults.test_core_adversary import PW, WRITER, _acked, _bk, _proc, _spawn, payload
 
 
 def test_a_bookie_of_an_e5_qw3_qa2_ledger_paused_5_s_under_load(bookies) -> None:
@@ -128,6 +131,54 @@ def test_the_writer_stopped_past_its_session_at_its_close(bookies, recovered_mea
             assert (md.state.name, md.last_entry_id) == ("CLOSED", 199)
             rh = await bk.open_ledger(lid, password=PW, recovery=True)
             assert [e.data async for e in rh.read(0, 199)] == [b"e%d" % i for i in range(200)]
+            await bk.close()
+
+    asyncio.run(check())
+
+
+def test_two_recoveries_while_the_live_writer_changes_its_ensemble(bookies) -> None:
+    procs = bookies.start_many(5)
+    w = _spawn(bookies, WRITER, stderr=subprocess.DEVNULL)
+    assert w.stdout is not None
+    first = w.stdout.readline().split()
+    lid, ensemble = int(first[1]), first[2:]
+    lines: list[str] = []
+    pump = threading.Thread(target=lambda: lines.extend(w.stdout or []), daemon=True)
+    pump.start()
+    while len(lines) < 500:
+        time.sleep(0.01)
+    _proc(procs, ensemble[0]).kill9()  # the writer's 0.5 s add timeout, then its ensemble change
+    time.sleep(0.3)
+
+    async def recoverers() -> list[int]:
+        async def one() -> int:
+            bk = await _bk(bookies)
+            try:
+                rh = await bk.open_ledger(lid, password=PW, recovery=True)
+                return int(rh.metadata.last_entry_id)
+            finally:
+                await bk.close()
+
+        return list(await asyncio.gather(one(), one()))
+
+    ends = asyncio.run(recoverers())
+    time.sleep(1.0)  # the writer finds itself fenced
+    w.kill()
+    w.wait()
+    pump.join(5)
+    acked = _acked(lines)
+    print("recovered at", ends, "acked", len(acked), "max", max(acked))
+    assert ends[0] == ends[1] and max(acked) <= ends[0]
+
+    async def check() -> None:
+        for _ in range(2):
+            bk = await _bk(bookies)
+            md = await bk.ledger_metadata(lid)
+            assert (md.state.name, md.last_entry_id) == ("CLOSED", ends[0])
+            rh = await bk.open_ledger(lid, password=PW)
+            got = [e.data async for e in rh.read(0, ends[0])]
+            assert got == [b"e%d" % i for i in range(ends[0] + 1)]
+            assert all(got[k] == v for k, v in acked.items())
             await bk.close()
 
     asyncio.run(check())
