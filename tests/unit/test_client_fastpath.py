@@ -642,3 +642,46 @@ def test_reader_handles_refuse_appends() -> None:
             await lh.append_many([b"x"])
 
     asyncio.run(go())
+
+
+def test_acks_outside_a_task_resume_the_appending_tasks_at_once() -> None:
+    """Acks arrive in a protocol callback (no task running): each task awaiting ``append`` is resumed by the
+    acks' processing, in entry-id order, not in the loop's next iteration. A task that an earlier one's
+    continuation cancels is not resumed; a future with another callback is settled as usual."""
+
+    async def go() -> None:
+        lh, conns = _handle(E=3, qw=3, qa=2)
+        loop = asyncio.get_running_loop()
+        order: list[int] = []
+        victim: list[asyncio.Task[int]] = []
+
+        async def append(i: int) -> int:
+            eid = await lh.append(b"t%d" % i)
+            order.append(eid)
+            if eid == 1:
+                victim[0].cancel()
+            return eid
+
+        tasks = [asyncio.create_task(append(i)) for i in range(5)]
+        victim.append(tasks[2])
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        lh._inflight[4][1].add_done_callback(lambda f: order.append(-1))  # type: ignore[union-attr]
+        seen: list[list[bool]] = []
+
+        def acks() -> None:
+            _ack(lh, conns["b0"])
+            _ack(lh, conns["b1"])
+            seen.append([t.done() for t in tasks])
+
+        loop.call_soon(acks)
+        await asyncio.sleep(0)
+        assert seen == [[True, True, False, True, False]]  # 2 cancelled (ends next iteration), 4 as usual
+        assert order == [0, 1, 3]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert results[:2] == [0, 1] and isinstance(results[2], asyncio.CancelledError)
+        assert results[3:] == [3, 4] and order == [0, 1, 3, 4, -1]
+        assert lh.last_add_confirmed == 4 and not lh._inflight
+        lh._stop_sweeper()
+
+    asyncio.run(go())
