@@ -72,7 +72,12 @@ def add_ledger_commands(
             a.add_argument(
                 "--keep-open", action="store_true", help="leave the ledger OPEN (no writer will close it)"
             )
-    a = verb("read", _read, "print a ledger's entries")
+    a = verb(
+        "read",
+        _read,
+        "print a ledger's entries, one a line (control characters and bytes that are not UTF-8 as "
+        "backslash escapes: \\n, \\x1b, \\xff; --json gives the text as it is)",
+    )
     a.add_argument("ledger_id", type=int, help="the ledger's id")
     a.add_argument("--first", type=int, default=0, help="first entry id to print")
     a.add_argument("--last", type=int, default=None, help="last entry id to print (default: the LAC)")
@@ -337,6 +342,21 @@ async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:
     return 0
 
 
+#: control characters (C0, DEL, C1) as escapes in ``ledger read``'s text output: an entry holding a newline
+#: took several lines, and an escape sequence in one (ESC [ ...) was run by the terminal
+_CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    0x09: "\\t",
+    0x0A: "\\n",
+    0x0D: "\\r",
+}
+
+
+def entry_text(data: bytes) -> str:
+    """An entry on one line of text: UTF-8 as it is; bytes that are not UTF-8 and control characters as
+    backslash escapes (``\\xff``, ``\\n``, ``\\x1b``)."""
+    return data.decode("utf-8", "backslashreplace").translate(_CONTROL_ESCAPES)
+
+
 async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
     # Like BookKeeper's `readledger`: a look at the data must never close a live writer's ledger; an open
     # ledger is read up to its LAC, and only --recover fences and closes it.
@@ -344,8 +364,16 @@ async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
         raise CommandError("--recover and --no-recovery contradict each other", code=2)
     if args.first < 0:
         raise CommandError(f"--first {args.first}: entry ids start at 0", code=2)
+    if args.last is not None and args.last < args.first:
+        raise CommandError(f"--last {args.last} is before --first {args.first}", code=2)
     lh = await bk.open_ledger(args.ledger_id, password=password_of(args).encode(), recovery=args.recover)
     last = lh.last_add_confirmed if args.last is None else args.last
+    if args.first > last and lh.last_add_confirmed >= 0:  # an empty ledger reads nothing, as it should
+        raise CommandError(
+            f"--first {args.first} is past ledger {args.ledger_id}'s last entry: its entries are "
+            f"0..{lh.last_add_confirmed}" + (" (the LAC of an open ledger)" if not lh.is_closed else ""),
+            kind="READ_BEYOND_LAC",
+        )
     rows = []
     if args.bookie:
         return await _read_replica(args, lh, last)
@@ -353,7 +381,7 @@ async def _read(args: argparse.Namespace, bk: BookKeeper) -> int:
         if args.json:
             rows.append({"entry_id": e.entry_id, "data": e.data.decode("utf-8", "backslashreplace")})
         else:
-            print(f"{e.entry_id}\t{e.data.decode('utf-8', 'backslashreplace')}")
+            print(f"{e.entry_id}\t{entry_text(e.data)}")
     if args.json:
         print(json.dumps(rows, indent=2))
     return 0
@@ -367,11 +395,10 @@ async def _read_replica(args: argparse.Namespace, lh: Any, last: int) -> int:
     rows, bad = [], 0
     async for eid, status, data in lh.read_replica(args.bookie, args.first, last):
         bad += status != "OK"
-        text = data.decode("utf-8", "backslashreplace")
         if args.json:
-            rows.append({"entry_id": eid, "status": status, "data": text})
+            rows.append({"entry_id": eid, "status": status, "data": data.decode("utf-8", "backslashreplace")})
         else:
-            print(f"{eid}\t{status}\t{text}")
+            print(f"{eid}\t{status}\t{entry_text(data)}")
     if args.json:
         print(json.dumps(rows, indent=2))
     return 1 if bad else 0
