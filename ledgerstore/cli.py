@@ -143,7 +143,12 @@ def _classify(exc: BaseException) -> tuple[int, str, str]:
         if code in ("METADATA_STORE", "METADATA_CONNECTION") and "could not connect to ZooKeeper" in message:
             # the client's wrapper repeats the address the store's own error already names
             message = message[message.index("could not connect to ZooKeeper") :]
-            message += "; is it running? (`ledgerstore cluster status`; --zk HOST:PORT or $LEDGERSTORE_ZK)"
+            if "(no such host: " in message:
+                message += "; check the host name (--zk HOST:PORT or $LEDGERSTORE_ZK)"
+            else:
+                message += (
+                    "; is it running? (`ledgerstore cluster status`; --zk HOST:PORT or $LEDGERSTORE_ZK)"
+                )
         elif code == "ZK_CONNECT_STRING":
             message += " (--zk or $LEDGERSTORE_ZK)"
         return _STATUS_OF_ERROR_CODE.get(code, EXIT_ERROR), code, message

@@ -282,6 +282,23 @@ def _after_conflict(attempt: int, retries: int, path: str) -> None:
     time.sleep(random.uniform(0, min(0.05, 0.001 * 2 ** min(attempt, 10))))
 
 
+def _unresolved_hosts(connect_string: str) -> list[str]:
+    """The hosts of a connect string that do not resolve, each with the resolver's answer ("zk1: Name or service
+    not known"): why a start timed out when a host name was mistyped, which kazoo's timeout does not say."""
+    import socket
+
+    from kazoo.hosts import collect_hosts
+
+    unknown = []
+    with contextlib.suppress(ValueError):
+        for host, port in collect_hosts(connect_string)[0]:
+            try:
+                socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except socket.gaierror as e:
+                unknown.append(f"{host}: {e.strerror}")
+    return unknown
+
+
 class MetadataStore(CompareAndSetUpdate):
     """A JSON-over-ZooKeeper store rooted at ``root``. Thread-safe. Use :meth:`connect` to build one."""
 
@@ -366,8 +383,10 @@ class MetadataStore(CompareAndSetUpdate):
             with contextlib.suppress(Exception):
                 client.stop()
                 client.close()
+            unknown = _unresolved_hosts(connect_string)
             raise MetadataConnectionError(
-                f"could not connect to ZooKeeper at {connect_string} within {timeout_s:g}s ({type(e).__name__}: {e})"
+                f"could not connect to ZooKeeper at {connect_string} within {timeout_s:g}s "
+                + (f"(no such host: {'; '.join(unknown)})" if unknown else f"({type(e).__name__}: {e})")
             ) from None
         # kazoo joins its callback threads at interpreter exit: one stuck retrying a watch's read while ZooKeeper
         # is away would keep a stopped process alive for ever (the threads are daemons; close() still stops them)
