@@ -147,18 +147,22 @@ def _topic_names(raw: str, option: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _pattern_namespace(pattern: str) -> tuple[str, str]:
-    """(the regex over full names, tenant/ns to list): ``persistent://t/ns/<regex>`` or a bare ``<regex>`` over
-    ``public/default``."""
+def _pattern_namespace(pattern: str) -> tuple[str, str, str]:
+    """(the regex over full names, tenant/ns to list, the regex over topic names in it as given):
+    ``persistent://t/ns/<regex>``, ``t/ns/<regex>`` or a bare ``<regex>`` over ``public/default``."""
     m = re.fullmatch(r"persistent://([-=:.\w]+)/([-=:.\w]+)/(.+)", pattern)
     if m:
-        return pattern, f"{m.group(1)}/{m.group(2)}"
+        return pattern, f"{m.group(1)}/{m.group(2)}", m.group(3)
     if "://" in pattern:
         raise TopicOptionError("topicsPattern", f"only persistent:// topics are supported, got {pattern!r}")
     m = re.fullmatch(r"([-=:.\w]+)/([-=:.\w]+)/(.+)", pattern)
     if m:
-        return f"persistent://{m.group(1)}/{m.group(2)}/{m.group(3)}", f"{m.group(1)}/{m.group(2)}"
-    return f"persistent://public/default/{pattern}", "public/default"
+        return (
+            f"persistent://{m.group(1)}/{m.group(2)}/{m.group(3)}",
+            f"{m.group(1)}/{m.group(2)}",
+            m.group(3),
+        )
+    return f"persistent://public/default/{pattern}", "public/default", pattern
 
 
 def _offsets(raw: str | None, option: str, default: str) -> OffsetSpec:
@@ -286,11 +290,16 @@ def parse_topic_options(options: Mapping[str, str], *, streaming: bool) -> Topic
         raw = str(opts["topicspattern"]).strip()
         if not raw:
             raise TopicOptionError("topicsPattern", "is empty")
-        pattern, namespace = _pattern_namespace(raw)
+        pattern, namespace, local = _pattern_namespace(raw)
         try:
+            # the topic part alone, as given: a position in the error is one in it, and a glob's leading '*'
+            # ('*-orders') is refused rather than read as repeating the namespace's '/' (matching nothing)
+            re.compile(local)
             re.compile(pattern)
         except re.error as e:
-            raise TopicOptionError("topicsPattern", f"not a valid regular expression: {e}") from None
+            raise TopicOptionError(
+                "topicsPattern", f"not a valid regular expression: {e} (in {local!r})"
+            ) from None
     else:
         topics = _topic_names(str(opts[chosen[0]]), known[chosen[0]])
 

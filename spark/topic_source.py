@@ -31,7 +31,8 @@ Options (names case-insensitive; every mistake fails when the query is defined/s
   (``topics/<ml>`` znode, N partitions) reads its N partitions ``<topic>-partition-<i>``, each its own managed
   ledger; a topic is matched by its base name or a partition's name. A named topic that does not exist is an
   error (saying so when its namespace does not exist either), and so is a pattern that matches nothing in a
-  namespace that does not exist (a typo would otherwise read nothing).
+  namespace that does not exist (a typo would otherwise read nothing), or whose topic part is no regex on its own
+  (a glob's ``*-orders``, which after the namespace's prefix would repeat its ``/`` and match nothing).
 * ``startingOffsets``: ``earliest`` (batch default), ``latest`` (streaming default) or JSON
   ``{"persistent://public/default/t-partition-0": [ledgerId, entryId], ...}``: per partition, the position of the
   first entry to read (inclusive); a value may also be ``"earliest"``/``"latest"``; partitions not named start

@@ -38,3 +38,20 @@ def test_a_message_sent_with_a_null_value_has_a_null_value(
     assert got == sent
     if batching:
         assert any(r["__batchIndex"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    "given", ["*-orders", "public/default/*-orders", "persistent://public/default/*-orders"]
+)
+def test_a_glob_for_topics_pattern_is_refused_naming_the_option(given: str) -> None:
+    """A glob's leading '*' is no regular expression; after the namespace's prefix it read as a repeated '/',
+    which no topic's name matches: the query read nothing, quietly. The error's position is in the topic part
+    as given (it was in the full name the source built: 'orders-[' gave 'position 35')."""
+    from spark._topic_options import TopicOptionError, parse_topic_options
+
+    with pytest.raises(
+        TopicOptionError, match=r"option 'topicsPattern': not a valid regular expression: nothing"
+    ):
+        parse_topic_options({"topicspattern": given}, streaming=False)
+    with pytest.raises(TopicOptionError, match=r"at position 7 \(in 'orders-\['\)"):
+        parse_topic_options({"topicspattern": given.replace("*-orders", "orders-[")}, streaming=False)
