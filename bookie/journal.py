@@ -435,12 +435,18 @@ def _later_batch(path: Path, start: int, seed: int) -> int | None:
             mv = memoryview(mm)
             try:
                 for a in range((start // ALIGNMENT + 1) * ALIGNMENT, size - _REC_HDR_LEN + 1, ALIGNMENT):
-                    if whole(mv, a, size) is None:
-                        continue
-                    for pad in range(max(start, a - ALIGNMENT - _REC_HDR_LEN), a - _REC_HDR_LEN + 1):
-                        blen = int.from_bytes(mv[pad : pad + 4], "big")
-                        if pad + _REC_HDR_LEN + blen == a and whole(mv, pad, size) == (RecordType.PADDING, a):
-                            return a
+                    # the padding's body is zeros after its header's type byte (never 0): one candidate only,
+                    # checked before the record at ``a`` (whose length, read from garbage, could be anything)
+                    before = mm[max(start, a - ALIGNMENT - _REC_HDR_LEN) : a]
+                    pad = a - _REC_HDR_LEN - (len(before) - len(before.rstrip(b"\0")))
+                    if (
+                        pad >= start
+                        and mm[pad + _REC_HDR_LEN - 1] == RecordType.PADDING
+                        and int.from_bytes(mm[pad : pad + 4], "big") == a - pad - _REC_HDR_LEN
+                        and whole(mv, pad, size) == (RecordType.PADDING, a)
+                        and whole(mv, a, size) is not None
+                    ):
+                        return a
             finally:
                 mv.release()
     return None
