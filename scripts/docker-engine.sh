@@ -41,6 +41,18 @@ pick_client() {
 
 engine_answers() { "$DOCKER" info >/dev/null 2>&1; }
 
+# drop_stale_pidfile FILE NAME: remove FILE when the pid it holds is not a running process called NAME.
+drop_stale_pidfile() {
+    local file="$1" name="$2" pid comm
+    [ -f "$file" ] || return 0
+    pid="$(tr -dc 0-9 <"$file" 2>/dev/null || true)"
+    comm="$( [ -n "$pid" ] && cat "/proc/$pid/comm" 2>/dev/null || true)"
+    if [ "$comm" != "$name" ]; then
+        log "removing stale $file (pid ${pid:-none} is ${comm:-not running}, not $name)"
+        as_root rm -f "$file"
+    fi
+}
+
 # 1. Install the engine when it is missing.
 if ! command -v dockerd >/dev/null 2>&1 || [ -z "$(pick_client)" ]; then
     if [ "${DOCKER_ENGINE_NO_INSTALL:-0}" = 1 ]; then
@@ -75,6 +87,11 @@ else
     if pgrep -x dockerd >/dev/null 2>&1; then
         log "dockerd process exists but does not answer yet; waiting"
     else
+        # A dockerd killed without its clean-up leaves pid files behind; once that pid is reused by another
+        # process, a new dockerd takes it for its containerd "still running", waits for a socket nobody serves
+        # and gives up ("timeout waiting for containerd to start"). Drop pid files naming no such daemon.
+        drop_stale_pidfile /var/run/docker/containerd/containerd.pid containerd
+        drop_stale_pidfile /var/run/docker.pid dockerd
         log "starting dockerd (log: $DOCKERD_LOG)"
         as_root mkdir -p "$(dirname "$DOCKERD_LOG")"
         # setsid + nohup: the daemon outlives this shell and the CI step that ran it.
