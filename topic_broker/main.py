@@ -26,10 +26,10 @@ from bookie.server_gate import (
     raise_open_files_limit,
 )
 from bookie.signals import add_stop_handlers
+from ledger_client import ENTRY_PAYLOAD_MAX
 from zk.cookies import NoClusterError
 from zk.errors import MetadataExistsError
 
-from . import wire
 from .admin import AdminServer
 from .server import CONNECTIONS_MAX, BrokerServer
 from .service import (
@@ -472,7 +472,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         # one message (or chunk) is one ledger entry: a larger one could never be stored
         raise ConfigError(
             f"--max-message-size {max_message_size}: must be 1..{DEFAULT_MAX_MESSAGE_SIZE} (a ledger entry is at "
-            f"most {wire.LEDGER_ENTRY_MAX} bytes, and a stored message needs room for its headers)"
+            f"most {ENTRY_PAYLOAD_MAX} bytes, and a stored message needs room for its headers)"
         )
     threshold = int(getattr(args, "compaction_threshold_bytes", DEFAULT_COMPACTION_THRESHOLD_BYTES))
     if threshold < 0:

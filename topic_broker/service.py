@@ -51,7 +51,7 @@ from urllib.parse import unquote
 import zk
 from bookie.auth import TokenError, TokenVerifier
 from bookie.server_gate import OpenFilesWatch
-from ledger_client import BookKeeper, ClientConfig
+from ledger_client import ENTRY_PAYLOAD_MAX, BookKeeper, ClientConfig
 from ledger_client import errors as LE
 from zk.backoff import backoff
 from zk.managed_ledgers import (
@@ -3733,9 +3733,11 @@ class BrokerService:
             return
         entry = frame.entry
         assert entry is not None
-        if len(entry) > wire.LEDGER_ENTRY_MAX:
+        if len(entry) > ENTRY_PAYLOAD_MAX:
             # the client keeps messages to the max_message_size announced in CONNECTED, which leaves room
-            message = f"message of {len(entry)} bytes stored is over the largest ledger entry ({wire.LEDGER_ENTRY_MAX})"
+            message = (
+                f"message of {len(entry)} bytes stored is over the largest ledger entry ({ENTRY_PAYLOAD_MAX})"
+            )
             s.send(wire.send_error(cmd.producer_id, cmd.sequence_id, pb.NotAllowedError, message))
             return
         try:

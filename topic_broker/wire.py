@@ -44,7 +44,7 @@ from typing import Any, Final
 import crc32c as _crc32c
 from google.protobuf.message import DecodeError
 
-from bookie.protocol import ENTRY_SIZE_MAX
+from ledger_client import ENTRY_PAYLOAD_MAX
 from topic_broker import pulsar_api_pb2 as pb
 
 __all__ = [
@@ -58,7 +58,6 @@ __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "FRAME_PADDING_SIZE",
-    "LEDGER_ENTRY_MAX",
     "NONE_KEY",
     "EntryFormatError",
     "Frame",
@@ -107,13 +106,10 @@ __all__ = [
 CHECKSUM_MAGIC: Final = 0x0E01
 BROKER_ENTRY_METADATA_MAGIC: Final = 0x0E02
 FRAME_PADDING_SIZE: Final = 10 * 1024  # room for the command and headers around a message of the maximum size
-#: The largest entry a ledger takes: the bookies' limit less the ledger client's entry header (one SEND is one
-#: entry, so nothing larger can be stored).
-LEDGER_ENTRY_MAX: Final = ENTRY_SIZE_MAX - 64
 #: The largest message (metadata and payload) the broker announces in CONNECTED: what leaves room in a ledger
-#: entry for the stored headers and a chunk's metadata (the client cuts chunks of exactly this size). Pulsar's
+#: entry (ENTRY_PAYLOAD_MAX, the largest the ledger client appends; one SEND is one entry) for the stored headers and a chunk's metadata (the client cuts chunks of exactly this size). Pulsar's
 #: default is 5 MiB; a ledger entry is at most 5 MiB, so ours is 10 KiB less.
-DEFAULT_MAX_MESSAGE_SIZE: Final = LEDGER_ENTRY_MAX - FRAME_PADDING_SIZE
+DEFAULT_MAX_MESSAGE_SIZE: Final = ENTRY_PAYLOAD_MAX - FRAME_PADDING_SIZE
 DEFAULT_MAX_FRAME_SIZE: Final = DEFAULT_MAX_MESSAGE_SIZE + FRAME_PADDING_SIZE
 
 _U16 = struct.Struct(">H")
@@ -990,7 +986,7 @@ UNCOMPRESSED_MAX: Final = 256 * 1024 * 1024
 #: messages or more holds what fits the client's batch size (128 KiB by default), so one that declares more than
 #: a ledger entry is not walked (20 MiB of zeros inflated took 67 ms): dedup keeps its first id, as for any batch
 #: it cannot read
-SEND_WALK_UNCOMPRESSED_MAX: Final = LEDGER_ENTRY_MAX
+SEND_WALK_UNCOMPRESSED_MAX: Final = ENTRY_PAYLOAD_MAX
 #: The largest decompression run on the event loop: more (up to ``SEND_WALK_UNCOMPRESSED_MAX`` on the send path,
 #: about 17 ms of a blocked loop for 5 MiB of ZLIB) goes to a worker thread (zlib lets go of the GIL while it
 #: inflates), less stays inline, where a thread's hop would cost more than the work (256 KiB inflates in about
