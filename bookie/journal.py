@@ -160,6 +160,7 @@ from typing import Any
 
 import crc32c as _crc32c_mod
 
+from .startcheck import TailVerdict, tail_verdict
 from .storage import _supports_direct_io
 
 __all__ = [
@@ -850,12 +851,12 @@ class Journal:
             scan = _SegmentScan(path, start, crc_seed(seq, version))
             yield from scan
             if scan.problem is not None:
-                if not last:
-                    raise JournalCorruptError(
-                        f"{path}: {scan.problem} at offset {scan.end} (not the last segment)"
-                    )
-                later = _later_batch(path, scan.end, crc_seed(seq, version))
-                if later is not None:
+                later = _later_batch(path, scan.end, crc_seed(seq, version)) if last else None
+                if tail_verdict(last_segment=last, later_batch=later is not None) is TailVerdict.DAMAGE:
+                    if not last:
+                        raise JournalCorruptError(
+                            f"{path}: {scan.problem} at offset {scan.end} (not the last segment)"
+                        )
                     # not a torn tail: a batch written after the one that stops the scan is on disk, and the
                     # journal writes a batch only once the one before it was fsynced (and acknowledged)
                     raise JournalCorruptError(
