@@ -190,6 +190,29 @@ class StorageWipedRefusal(StartRefusal):
     exit_status = EXIT_COOKIE_MISMATCH
 
 
+def storage_wiped(bookie_id: str, ledger_dir: Path, journal_dir: Path) -> str | None:
+    """Why a bookie whose cookies match must not start on these directories, None when it may: its ledger
+    directory holds no ledger storage (RocksDB's files deleted, the cookie file left) while its journal was
+    checkpointed. The entries the checkpoints dropped from the journal were in that storage only, and an empty
+    one would answer NO_ENTRY for them. (With the mark at the start, nothing was ever dropped: the replay puts
+    every entry back.) ``bookie serve`` refuses such a start and ``bookie updatecookie`` such a move."""
+    from zk import cookies
+
+    if storage_present(ledger_dir):
+        return None
+    mark = stored_mark(journal_dir)
+    if mark == JournalMark(0, 0):
+        return None
+    return (
+        f"bookie {bookie_id}: its ledger directory {ledger_dir} holds its cookie but no ledger storage "
+        f"(no RocksDB CURRENT file) while its journal was checkpointed (mark {mark}): the storage was deleted, "
+        "and with it every entry acknowledged before the last checkpoint. Answering NO_ENTRY for them during "
+        "recovery could lose acknowledged data for good, so it will not start. Restore the ledger directory; if "
+        f"it is gone for good, wipe the data directories, run `{cookies.format_hint(bookie_id)}` and let the "
+        "ledgers be re-replicated."
+    )
+
+
 class NoClusterRefusal(StartRefusal):
     """No cluster under the bookie's ZooKeeper root and no --init-cluster (see the message)."""
 
@@ -531,20 +554,8 @@ class Bookie:
                 "journal; if it is gone for good, wipe the data directories, run "
                 f"`{cookies.format_hint(cfg.id)}` and let the ledgers be re-replicated."
             )
-        elif not storage_present(cfg.ledger_dir) and stored_mark(cfg.journal_dir) != JournalMark(0, 0):
-            # its cookies match, but the ledger storage is gone (RocksDB's files deleted, the cookie file left)
-            # while the journal was checkpointed: the entries the checkpoints dropped from the journal were in
-            # that storage only, and an empty one would answer NO_ENTRY for them. (With the mark at the start,
-            # nothing was ever dropped: the replay puts every entry back.)
-            raise StorageWipedRefusal(
-                f"bookie {cfg.id}: its ledger directory {cfg.ledger_dir} holds its cookie but no ledger storage "
-                "(no RocksDB CURRENT file) while its journal was checkpointed "
-                f"(mark {stored_mark(cfg.journal_dir)}): the storage was deleted, and with it every entry "
-                "acknowledged before the last checkpoint. Answering NO_ENTRY for them during recovery could lose "
-                "acknowledged data for good, so it will not start. Restore the ledger directory; if it is gone for "
-                f"good, wipe the data directories, run `{cookies.format_hint(cfg.id)}` and let the ledgers be "
-                "re-replicated."
-            )
+        elif (wiped := storage_wiped(cfg.id, cfg.ledger_dir, cfg.journal_dir)) is not None:
+            raise StorageWipedRefusal(wiped)
 
     # ------------------------------------------------------------------------------------------ running
     def info(self) -> dict[str, Any]:

@@ -412,6 +412,12 @@ def _update_cookie_dirs(
             f"{journal_dir} holds the cookie but no journal (no *.jnl segment, no lastmark): move the whole "
             f"journal directory there (it was {cookie.journal_dir})"
         )
+    from bookie.main import storage_wiped
+
+    if (wiped := storage_wiped(cookie.bookie_id, ledger_dir, journal_dir)) is not None:
+        raise CommandError(
+            f"{wiped} Move the whole ledger directory there (it was {', '.join(cookie.ledger_dirs)})"
+        )
     was = f"journal {cookie.journal_dir}, ledgers {', '.join(cookie.ledger_dirs)}"
     now = f"journal {journal_dir}, ledgers {ledger_dir}"
     if not args.dry_run:

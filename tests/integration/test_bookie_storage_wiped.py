@@ -57,3 +57,26 @@ def test_a_ledger_storage_deleted_before_any_checkpoint_is_rebuilt_from_the_jour
         raw.close()
 
     asyncio.run(read())
+
+
+def test_updatecookie_refuses_a_move_that_left_the_ledger_storage_behind(bookies, tmp_path) -> None:
+    """`bookie updatecookie` of moved directories whose ledger directory holds the cookie but no RocksDB, the
+    journal checkpointed: refused as `bookie serve` refuses such a start, the cookie left as it was."""
+    from tests.integration.test_cluster_cli import _ls
+    from zk.cookies import COOKIE_FILE
+
+    bp = bookies.start("--checkpoint-interval-s", "3600")
+    wrote_500(bp)
+    bp.stop()  # a clean stop checkpoints: the 500 entries are in RocksDB only
+    moved = tmp_path / "moved"
+    shutil.copytree(bp.data_dir / "journal", moved / "journal")
+    (moved / "ledgers").mkdir()
+    shutil.copy(bp.data_dir / "ledgers" / COOKIE_FILE, moved / "ledgers" / COOKIE_FILE)
+    args = ["--bookie-id", bp.id, "--zk", bookies.zk, "--zk-root", bookies.root]
+    r = _ls("bookie", "updatecookie", *args, "--data-dir", str(moved))
+    # before the fix: 'recorded the moved directories', and the bookie then refused to start there
+    assert r.returncode != 0 and "holds its cookie but no ledger storage" in r.stderr, r.stdout + r.stderr
+    assert "bookie format --delete-cookie" in r.stderr, r.stderr
+    shutil.copytree(bp.data_dir / "ledgers", moved / "ledgers", dirs_exist_ok=True)
+    r = _ls("bookie", "updatecookie", *args, "--data-dir", str(moved), "--dry-run")
+    assert r.returncode == 0 and "would record" in r.stdout, r.stdout + r.stderr
