@@ -41,7 +41,8 @@ there naming the option, not in the executors' tasks.
 
 A ledger that disappears (deleted) under a query: with ``failOnDataLoss`` true the query fails with
 :class:`LedgerDataLossError`; with false it is skipped (what was already read of it stays) and a warning is
-logged.
+logged. So is an id given in option ``ledgers`` that does not exist, at planning: the error names the option and
+the id (``ledger source option 'ledgers': ledger 99999 does not exist (failOnDataLoss is true; ...)``).
 """
 
 from __future__ import annotations
@@ -107,11 +108,18 @@ LEDGER_SCHEMA = StructType(
 class LedgerDataLossError(RuntimeError):
     """A ledger the query reads was deleted (or lost entries) while ``failOnDataLoss`` is true."""
 
-    def __init__(self, ledger_id: int, what: str) -> None:
-        super().__init__(
-            f"ledger {ledger_id} {what} (failOnDataLoss is true; set option failOnDataLoss=false to skip such "
-            "ledgers with a warning)"
-        )
+    def __init__(self, ledger_id: int, what: str, *, option: str | None = None) -> None:
+        if option is None:
+            message = (
+                f"ledger {ledger_id} {what} (failOnDataLoss is true; set option failOnDataLoss=false to skip such "
+                "ledgers with a warning)"
+            )
+        else:  # a ledger the option named that is not there: the option is what to fix
+            message = (
+                f"ledger source option '{option}': ledger {ledger_id} {what} (failOnDataLoss is true; set option "
+                "failOnDataLoss=false to skip it with a warning)"
+            )
+        super().__init__(message)
         self.ledger_id = ledger_id
 
 
@@ -251,10 +259,11 @@ def _check_cluster_root(bk: Any, opts: LedgerOptions) -> None:
         )
 
 
-def _data_loss(opts: LedgerOptions, ledger_id: int, what: str) -> None:
-    """Raise for lost data, or log and return when the query skips it."""
+def _data_loss(opts: LedgerOptions, ledger_id: int, what: str, *, option: str | None = None) -> None:
+    """Raise for lost data (naming ``option`` when one named the ledger), or log and return when the query skips
+    it."""
     if opts.fail_on_data_loss:
-        raise LedgerDataLossError(ledger_id, what)
+        raise LedgerDataLossError(ledger_id, what, option=option)
     log.warning("ledger=%d %s; skipped (failOnDataLoss=false)", ledger_id, what)
 
 
@@ -273,7 +282,7 @@ def plan_partitions(opts: LedgerOptions) -> list[LedgerRange]:
         check_bookie_access(bk, opts, LedgerOptionError)
         chosen, missing = opts.ledgers.select(bk.list_ledgers())
         for lid in missing:
-            _data_loss(opts, lid, "does not exist")
+            _data_loss(opts, lid, "does not exist", option="ledgers")
         out: list[LedgerRange] = []
         pool = ThreadPoolExecutor(max_workers=PLAN_THREADS, thread_name_prefix="ledger-plan")
         try:
