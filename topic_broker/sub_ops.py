@@ -172,9 +172,14 @@ async def subscription_cursor(topic: Topic, sub: str) -> tuple[SubscriptionRunti
     if rt is not None:
         if rt.cursor is None:
             raise NotDurableError(sub)
-        if not rt.consumers:
-            await rt.cursor.refresh()  # idle: another writer may have moved it (adopted, as a consumer would)
-        return rt, rt.cursor
+        # idle: another writer may have moved it (adopted, as a consumer would); its znode gone (an UNSUBSCRIBE
+        # whose delete was applied with its reply lost, its consumer gone without a retry), the subscription is
+        # deleted: it leaves the topic's list (stats, GET subscriptions), and the stored cursor is looked up
+        # below, which drops the ghost cursor (closed, detached) and finds none (404)
+        if rt.consumers or await rt.cursor.refresh():
+            return rt, rt.cursor
+        if topic.subscriptions.get(sub) is rt:
+            topic.subscriptions.pop(sub)
     mc = await ManagedCursor.open_stored(topic.ml, sub)  # (attached: refreshed, the same)
     if mc is None:
         raise SubscriptionNotFoundError(sub)

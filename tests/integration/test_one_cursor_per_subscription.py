@@ -242,6 +242,19 @@ def test_deleting_an_idle_subscription_closes_the_cursor_an_admin_call_opened(cl
         )  # the new one's, not written over
 
 
+def _unsubscribe_with_its_reply_lost(consumer: Any, topic: Any) -> None:
+    """``consumer.unsubscribe()`` whose cursor delete ZooKeeper applies with its reply lost: answered an error."""
+    store = topic.ml.store
+    delete = store.delete_cursor
+
+    async def applied_reply_lost(*args: Any) -> None:
+        await delete(*args)
+        raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
+
+    with swapped(store, "delete_cursor", applied_reply_lost), pytest.raises(Exception):  # noqa: B017
+        consumer.unsubscribe()
+
+
 @pytest.mark.parametrize("then", ["retried", "given-up"])
 def test_an_unsubscribe_whose_reply_was_lost_then_an_ack_is_retried_or_subscribed_again_anew(
     cluster: Brokers, then: str
@@ -257,14 +270,7 @@ def test_an_unsubscribe_whose_reply_was_lost_then_an_ack_is_retried_or_subscribe
         try:
             consumer = client.subscribe(str(topic.name), "s", consumer_type=pulsar.ConsumerType.Shared)
             store = topic.ml.store
-            delete = store.delete_cursor
-
-            async def applied_reply_lost(*args: Any) -> None:
-                await delete(*args)
-                raise zk.MetadataConnectionError("ZooKeeper did not answer within 10s")
-
-            with swapped(store, "delete_cursor", applied_reply_lost), pytest.raises(Exception):  # noqa: B017
-                consumer.unsubscribe()
+            _unsubscribe_with_its_reply_lost(consumer, topic)
             assert run(store.get_cursor(topic.ml.name, "s")) is None  # the delete was applied
             consumer.acknowledge(consumer.receive(10_000))  # m0, on the cursor attached again
             deadline = time.monotonic() + 10
@@ -294,6 +300,33 @@ def test_an_unsubscribe_whose_reply_was_lost_then_an_ack_is_retried_or_subscribe
                 time.sleep(0.2)
             assert tuple(stored.value.mark_delete) == tuple(positions[0])  # its acks stored
             assert topic.subscriptions["s"].cursor is topic.ml.cursors["s"]
+            assert not topic.ml.fenced
+        finally:
+            client.close()
+
+
+def test_an_admin_call_on_an_idle_subscription_whose_znode_is_gone_drops_it_from_the_topics_list(
+    cluster: Brokers,
+) -> None:
+    """An UNSUBSCRIBE whose cursor delete ZooKeeper applied with its reply lost keeps the subscription listed for
+    the client's retry; once its consumer left without retrying, an admin call on it answers 404 (its znode is
+    gone), and the subscription leaves the topic's list then: GET subscriptions and the stats no longer show it
+    (before, both listed it until a consumer subscribed again)."""
+    import json
+
+    with _idle_subscription(cluster) as (service, run, topic, _positions, url):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=10)
+        try:
+            consumer = client.subscribe(str(topic.name), "s", consumer_type=pulsar.ConsumerType.Shared)
+            _unsubscribe_with_its_reply_lost(consumer, topic)
+            consumer.close()  # the client gave up: an idle subscription whose znode is gone
+            assert "s" in topic.subscriptions
+            assert _admin(f"{url}/subscription/s/skip/1", "POST") == 404
+            assert "s" not in topic.subscriptions and "s" not in topic.ml.cursors
+            with urllib.request.urlopen(f"{url}/subscriptions", timeout=60) as r:
+                assert json.loads(r.read()) == []
+            with urllib.request.urlopen(f"{url}/stats", timeout=60) as r:
+                assert json.loads(r.read())["subscriptions"] == {}
             assert not topic.ml.fenced
         finally:
             client.close()
