@@ -221,6 +221,15 @@ def _disk_faults(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
     plan.fault_kinds = ("crash", "wipe", "crash")
 
 
+def _storage_faults(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
+    """Bookies that crash and come back with a disk damaged while down: the ledger storage lost (cookie and
+    journal kept), a synced journal record damaged with later batches after it, or the batch in flight torn.
+    The first two are refused by the real start-up rules (bookie.startcheck); a torn tail is cut and starts."""
+    _disk_faults(rng, cfg, plan)
+    cfg.checkpoint_interval_s = 0.3
+    plan.fault_kinds = ("crash", "lose_storage", "damage_journal", "torn_tail", "crash")
+
+
 def _batched(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
     """Every writer appends in bursts (each bookie gets its share in one write) while recoverers fence it."""
     _concurrent_recovery(rng, cfg, plan)
@@ -268,6 +277,7 @@ PROFILES: dict[str, Callable[[random.Random, SimConfig, Plan], None]] = {
     "concurrent-recovery": _concurrent_recovery,
     "read-errors": _read_errors,
     "batched": _batched,
+    "storage-faults": _storage_faults,
 }
 
 
@@ -341,9 +351,21 @@ def build(
         if kind == "wipe" or (kind == "crash" and can_wipe and not wiped and rng.random() < 0.25):
             kind = "crash" if not can_wipe or wiped else "wipe"
             wiped = wiped or kind == "wipe"
-        if kind in ("crash", "wipe"):
+        if kind in ("lose_storage", "damage_journal"):  # may leave the bookie refused for good, as a wipe
+            kind = kind if can_wipe and not wiped else "crash"
+            wiped = wiped or kind != "crash"
+        if kind in ("crash", "wipe", "lose_storage", "damage_journal", "torn_tail"):
             node = world.bookies[b]
-            world.at(when, partial(node.crash, wipe=kind == "wipe"))
+            world.at(
+                when,
+                partial(
+                    node.crash,
+                    wipe=kind == "wipe",
+                    lose_storage=kind == "lose_storage",
+                    damage=kind == "damage_journal",
+                    torn=kind == "torn_tail",
+                ),
+            )
             world.at(when + dur, node.restart)
         elif kind == "isolate":
             world.at(when, partial(_isolate, world, b, True))

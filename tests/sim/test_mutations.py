@@ -69,6 +69,12 @@ CASES = [
     case("read-error-as-missing", "read-errors", "1", 200, disabled="3"),
     # The batched add path (several adds in one write, a chunk of replies to WritePipeline.on_acks).
     case("batch-acks-all", "batched", "1,2,4", 20),  # a refused add in a reply chunk counted as acked
+    # A disk damaged while its bookie was down (bookie.startcheck's rules switched off).
+    case("start-without-storage", "storage-faults", "7", 50),  # 911c2b3 reversed: starts with no storage
+    case("cut-damaged-journal", "storage-faults", "7", 100),  # 31b4e10 reversed: damage cut as a torn tail
+    # ... and without invariant 7's look at the restart, the bookie answers NO_LEDGER/NO_ENTRY for them
+    case("start-without-storage", "storage-faults", "3", 50, disabled="7"),
+    case("cut-damaged-journal", "storage-faults", "3", 300, disabled="7"),
 ]
 
 

@@ -36,7 +36,15 @@ def test_random_schedules(seeds: range) -> None:
 
 @pytest.mark.parametrize(
     "profile",
-    ["fence-race", "out-of-order", "disk-faults", "concurrent-recovery", "read-errors", "batched"],
+    [
+        "fence-race",
+        "out-of-order",
+        "disk-faults",
+        "concurrent-recovery",
+        "read-errors",
+        "batched",
+        "storage-faults",
+    ],
 )
 def test_directed_profiles_are_clean_without_mutations(profile: str) -> None:
     """The profiles the mutation tests search must not fail on the real system either."""

@@ -12,9 +12,14 @@ and ledger metadata goes through the real ``zk.LedgerMetadataStore`` over a simu
   crashes, fails fast at the client (connection refused/reset) unless a partition hides it (then: timeout).
 * **Bookie disks** — journal records become durable only at ``sync()``, which runs at random times after an
   append (group commit), much later on a slow disk. A crash loses unsynced records and every storage write
-  since the last checkpoint (RocksDB with its WAL off); the journal is never truncated, so a restart replays
-  all of it over the last checkpoint. A wiped disk loses everything, cookie included: the cookie check refuses
-  to start such a bookie (it stays down) unless the test-only ``trust_wiped_disk`` mutation is on.
+  since the last checkpoint (RocksDB with its WAL off); a checkpoint moves the journal's mark to where the
+  journal was at the checkpoint before it, and a restart replays the journal from the mark over the last
+  checkpoint (records before it count as deleted, as the real bookie's segments are). A wiped disk loses
+  everything, cookie included: the cookie check refuses to start such a bookie (it stays down) unless the
+  test-only ``trust_wiped_disk`` mutation is on. Damage while down (profile ``storage-faults``): the ledger
+  storage lost with cookie and journal kept, a synced journal record damaged with a later batch after it, or
+  the batch in flight torn at the crash; the restart asks the real ``bookie.startcheck.storage_check`` and
+  ``tail_verdict`` (refused, or the torn tail cut) unless ``start_without_storage`` / ``cut_damaged_journal``.
 * **Metadata** — ``zk.LedgerMetadataStore`` (id allocation, ``check_transition``, compare-and-set on the
   znode version) over ``tests.sim.zookeeper.SimZooKeeper`` (versioned znodes, NodeExists, BadVersion); reads
   and writes take effect after a random latency; a client whose ZooKeeper session "expired" gets errors and
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from bookie import protocol as p
 from bookie.core import ENTRY_HEAD, REC_ENTRY, REC_FENCE, REC_MASTER_KEY, BookieCore, Done
 from bookie.memjournal import MemoryJournal
+from bookie.startcheck import StorageCheck, TailVerdict, storage_check, tail_verdict
 from bookie.storage import MemoryLedgerStorage
 from zk.errors import (
     MetadataConnectionError,
@@ -90,6 +96,8 @@ class Mutations:
     read_error_as_missing: bool = False  # a bookie answers a storage read error NO_ENTRY instead of INTERNAL
     batch_acks_all: bool = False  # the writer takes every response of a batch's reply chunk for an OK ack
     writer_continues_in_recovery: bool = False  # ensemble_change_step's FENCED taken for WRITE
+    start_without_storage: bool = False  # 911c2b3 reversed: storage_check's STORAGE_WIPED not asked
+    cut_damaged_journal: bool = False  # 31b4e10 reversed: damage before a later batch cut as a torn tail
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -116,6 +124,8 @@ MUTATION_FLAGS = {
     "read-error-as-missing": "read_error_as_missing",
     "batch-acks-all": "batch_acks_all",
     "writer-continues-in-recovery": "writer_continues_in_recovery",
+    "start-without-storage": "start_without_storage",
+    "cut-damaged-journal": "cut_damaged_journal",
 }
 
 
@@ -700,6 +710,14 @@ class BookieNode:
         self.has_cookie = True  # the on-disk cookie; gone with a wiped disk
         self.refused = False  # the cookie check refused to start it (a wiped disk)
         self.disk_lost = False  # its disk was wiped at some point
+        # The journal's checkpoint mark (records before it are dropped from the journal: their entries live in
+        # the storage's checkpoint only), the next one (taken at one checkpoint, stored at the next, when the
+        # storage writes of everything before it have run), and where each synced batch ends.
+        self.mark = 0
+        self._next_mark = 0
+        self.batch_ends: list[int] = []
+        self.storage_present = True  # False: the ledger storage was lost while down (cookie and journal kept)
+        self.damaged_at: int | None = None  # a journal record damaged while down (index in journal.durable)
         self.slow_until = 0.0  # a slow disk: syncs take long until then
         self.read_errors_until = 0.0  # a failing disk: storage reads fail (I/O error) until then ...
         self.read_error_prob = 0.0  # ... each with this probability
@@ -779,6 +797,8 @@ class BookieNode:
             return
         n = len(j.durable)
         j.sync()
+        if len(j.durable) > n:
+            self.batch_ends.append(len(j.durable))
         self._index(j.durable[n:])
 
     def _really_flush(self, inc: int) -> None:
@@ -786,6 +806,8 @@ class BookieNode:
             return
         recs, self._lied = self._lied, []
         self.journal.durable.extend(recs)
+        if recs:
+            self.batch_ends.append(len(self.journal.durable))
         self._index(recs)
 
     def _index(self, records: list[tuple[int, int, int, bytes]]) -> None:
@@ -798,9 +820,12 @@ class BookieNode:
                 self.durable_keys.setdefault(lid, data)
 
     def checkpoint(self) -> None:
-        """Storage as of now survives a crash (the journal is never truncated in the simulation)."""
+        """Storage as of now survives a crash; the journal's mark moves to where it was at the previous
+        checkpoint (the storage writes of every record before it ran long since), and a restart replays the
+        journal from the mark only, as the real bookie does (the records before it are deleted there)."""
         if self.up:
             self._checkpoint = (dict(self.storage.entries), dict(self.storage.index))
+            self.mark, self._next_mark = self._next_mark, len(self.journal.durable)
 
     # -- requests ---------------------------------------------------------------------------------------
 
@@ -907,9 +932,17 @@ class BookieNode:
 
     # -- crash and restart ------------------------------------------------------------------------------
 
-    def crash(self, *, wipe: bool = False) -> None:
+    def crash(
+        self, *, wipe: bool = False, lose_storage: bool = False, damage: bool = False, torn: bool = False
+    ) -> None:
+        """The process dies (unsynced journal records and uncheckpointed storage are lost). While it is down:
+        ``wipe`` loses the whole disk, cookie included; ``lose_storage`` the ledger storage only (its cookie and
+        journal kept); ``damage`` a synced journal record that a later batch follows (a flipped byte); ``torn``
+        leaves part of the batch in flight on disk, its last record torn (never acknowledged)."""
         if not self.up:
             return
+        if torn and self.journal.pending:
+            self._tear()
         w = self.world
         w.log(f"{self.bid} CRASH{' + WIPED DISK' if wipe else ''}")
         w.stats["crash+wipe" if wipe else "crash"] += 1
@@ -929,29 +962,92 @@ class BookieNode:
             self._checkpoint = ({}, {})
             self.has_cookie = False
             self.disk_lost = True
+            self.mark = self._next_mark = 0
+            self.batch_ends = []
+            self.damaged_at = None
+        if lose_storage:
+            w.log(f"{self.bid} LEDGER STORAGE LOST (journal mark {self.mark})")
+            w.stats["storage lost"] += 1
+            self.storage = self._empty_storage()
+            self._checkpoint = ({}, {})
+            self.storage_present = False
+        if damage:
+            self._damage()
         for c in w.clients.values():
             if w.net.can_reach(self.bid, c.name):
                 w.at(w.cfg.reset_delay_s, lambda c=c: c.call(lambda: c.connection_lost(self.bid)))  # type: ignore[misc]
+
+    def _tear(self) -> None:
+        """Part of the batch in flight reaches the disk, its last record torn: whole records before it (never
+        acknowledged: the sync did not complete) and a damaged one that ends the journal."""
+        w = self.world
+        j = self.journal
+        recs = [rec for rec, _ in j.pending]
+        n = len(j.durable)
+        m = w.rng.randint(1, len(recs))
+        j.durable.extend(recs[:m])
+        self.batch_ends.append(len(j.durable))
+        self._index(recs[: m - 1])
+        self.damaged_at = len(j.durable) - 1
+        w.log(f"{self.bid} TORN TAIL: {m} records of the batch in flight, the last torn (record {n + m - 1})")
+        w.stats["torn tail"] += 1
+
+    def _damage(self) -> None:
+        """A byte flipped in a synced record of the journal past its mark that a later batch follows (damage in
+        the last batch cannot be told from a torn tail, by the real bookie nor by BookKeeper's: not injected)."""
+        w = self.world
+        ends = [e for e in self.batch_ends if e > self.mark]
+        if len(ends) < 2 or self.damaged_at is not None:
+            return
+        self.damaged_at = k = w.rng.randrange(self.mark, ends[-2])
+        w.log(f"{self.bid} JOURNAL DAMAGED at record {k} of {len(self.journal.durable)} (mark {self.mark})")
+        w.stats["journal damaged"] += 1
+
+    def _refuse(self, why: str) -> None:
+        w = self.world
+        self.refused = True
+        w.stats["restart refused"] += 1
+        w.log(f"{self.bid} REFUSED to start: {why}")
 
     def restart(self) -> None:
         if self.up or self.refused:
             return
         w = self.world
+        if self.has_cookie:
+            # bookie.main's check of a bookie whose cookies match: the journal is there (a wipe takes the cookie
+            # too), the storage may not be
+            check = storage_check(
+                journal_written=True, storage_present=self.storage_present, journal_checkpointed=self.mark > 0
+            )
+            if check is not StorageCheck.OK and not w.mut.start_without_storage:
+                return self._refuse(f"{check.value} (journal mark {self.mark})")
+        if self.damaged_at is not None:
+            # Journal.replay: the scan stops at the damaged record of the (only, so last) segment
+            k = self.damaged_at
+            later = sum(1 for e in self.batch_ends if e > k) >= 2  # the batch holding k, and one after it
+            verdict = tail_verdict(last_segment=True, later_batch=later)
+            if verdict is TailVerdict.DAMAGE and not w.mut.cut_damaged_journal:
+                return self._refuse(f"journal record {k} damaged with a later batch after it")
+            w.log(f"{self.bid} journal cut at record {k} of {len(self.journal.durable)} (torn tail)")
+            w.stats["journal cut"] += 1
+            del self.journal.durable[k:]
+            self.batch_ends = [e for e in self.batch_ends if e < k] + ([k] if k else [])
+            self.mark = min(self.mark, k)
+            self._next_mark = min(self._next_mark, k)
+            self.damaged_at = None
         if not self.has_cookie:
             if not w.mut.trust_wiped_disk:
                 # The cookie check: the registry knows this bookie, its disk does not. Refuse to start.
-                self.refused = True
-                w.stats["restart refused"] += 1
-                w.log(f"{self.bid} REFUSED to start: cookie missing on a wiped disk")
-                return
+                return self._refuse("cookie missing on a wiped disk")
             self.has_cookie = True  # WRONG on purpose: serve from an empty disk
             self.durable.clear()
             self.durable_fences.clear()
             self.durable_keys.clear()
         core = self._new_core()
-        for rtype, lid, eid, data in self.journal.replay():
+        for rtype, lid, eid, data in self.journal.replay()[self.mark :]:
             core.replay(rtype, lid, eid, data)
         core.finish_replay()
+        self.storage_present = True
         self.core = core
         self.up = True
         w.stats["restart"] += 1
