@@ -60,6 +60,7 @@ from .scrub import DEFAULT_SCRUB_INTERVAL_S, DEFAULT_SCRUB_RATE_MB, Scrubber
 from .scrub import ranges as scrub_ranges
 from .server import AdminAuth, BookieServer, ServerAuth, ServerLimits, admin_app, register_core_metrics
 from .signals import add_stop_handlers, remove_stop_handlers
+from .startcheck import StorageCheck, storage_check
 from .storage import DEFAULT_CACHE_MB, MEMTABLES_MAX, BlobGarbagePolicy, RocksLedgerStorage, storage_present
 
 log = logging.getLogger("ledgerstore.bookie")
@@ -198,10 +199,12 @@ def storage_wiped(bookie_id: str, ledger_dir: Path, journal_dir: Path) -> str | 
     every entry back.) ``bookie serve`` refuses such a start and ``bookie updatecookie`` such a move."""
     from zk import cookies
 
-    if storage_present(ledger_dir):
-        return None
-    mark = stored_mark(journal_dir)
-    if mark == JournalMark(0, 0):
+    present = storage_present(ledger_dir)
+    mark = JournalMark(0, 0) if present else stored_mark(journal_dir)  # (the mark is read only when needed)
+    check = storage_check(
+        journal_written=True, storage_present=present, journal_checkpointed=mark != JournalMark(0, 0)
+    )
+    if check is not StorageCheck.STORAGE_WIPED:
         return None
     return (
         f"bookie {bookie_id}: its ledger directory {ledger_dir} holds its cookie but no ledger storage "
