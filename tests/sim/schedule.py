@@ -223,11 +223,12 @@ def _disk_faults(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
 
 def _storage_faults(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
     """Bookies that crash and come back with a disk damaged while down: the ledger storage lost (cookie and
-    journal kept), a synced journal record damaged with later batches after it, or the batch in flight torn.
-    The first two are refused by the real start-up rules (bookie.startcheck); a torn tail is cut and starts."""
+    journal kept), the journal lost (cookie and storage kept), a synced journal record damaged with later batches
+    after it, or the batch in flight torn.
+    The first three are refused by the real start-up rules (bookie.startcheck); a torn tail is cut and starts."""
     _disk_faults(rng, cfg, plan)
     cfg.checkpoint_interval_s = 0.3
-    plan.fault_kinds = ("crash", "lose_storage", "damage_journal", "torn_tail", "crash")
+    plan.fault_kinds = ("crash", "lose_storage", "lose_journal", "damage_journal", "torn_tail", "crash")
 
 
 def _batched(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
@@ -351,10 +352,14 @@ def build(
         if kind == "wipe" or (kind == "crash" and can_wipe and not wiped and rng.random() < 0.25):
             kind = "crash" if not can_wipe or wiped else "wipe"
             wiped = wiped or kind == "wipe"
-        if kind in ("lose_storage", "damage_journal"):  # may leave the bookie refused for good, as a wipe
+        if kind in (
+            "lose_storage",
+            "lose_journal",
+            "damage_journal",
+        ):  # may leave the bookie refused for good, as a wipe
             kind = kind if can_wipe and not wiped else "crash"
             wiped = wiped or kind != "crash"
-        if kind in ("crash", "wipe", "lose_storage", "damage_journal", "torn_tail"):
+        if kind in ("crash", "wipe", "lose_storage", "lose_journal", "damage_journal", "torn_tail"):
             node = world.bookies[b]
             world.at(
                 when,
@@ -362,6 +367,7 @@ def build(
                     node.crash,
                     wipe=kind == "wipe",
                     lose_storage=kind == "lose_storage",
+                    lose_journal=kind == "lose_journal",
                     damage=kind == "damage_journal",
                     torn=kind == "torn_tail",
                 ),

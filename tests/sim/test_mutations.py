@@ -72,9 +72,11 @@ CASES = [
     # A disk damaged while its bookie was down (bookie.startcheck's rules switched off).
     case("start-without-storage", "storage-faults", "7", 50),  # 911c2b3 reversed: starts with no storage
     case("cut-damaged-journal", "storage-faults", "7", 100),  # 31b4e10 reversed: damage cut as a torn tail
+    case("start-without-journal", "storage-faults", "7", 100),  # starts with its journal deleted
     # ... and without invariant 7's look at the restart, the bookie answers NO_LEDGER/NO_ENTRY for them
-    case("start-without-storage", "storage-faults", "3", 50, disabled="7"),
+    case("start-without-storage", "storage-faults", "3", 150, disabled="7"),
     case("cut-damaged-journal", "storage-faults", "3", 300, disabled="7"),
+    case("start-without-journal", "storage-faults", "3", 300, disabled="7"),
 ]
 
 

@@ -17,9 +17,10 @@ and ledger metadata goes through the real ``zk.LedgerMetadataStore`` over a simu
   checkpoint (records before it count as deleted, as the real bookie's segments are). A wiped disk loses
   everything, cookie included: the cookie check refuses to start such a bookie (it stays down) unless the
   test-only ``trust_wiped_disk`` mutation is on. Damage while down (profile ``storage-faults``): the ledger
-  storage lost with cookie and journal kept, a synced journal record damaged with a later batch after it, or
+  storage lost with cookie and journal kept, the journal lost with cookie and storage kept, a synced journal record damaged with a later batch after it, or
   the batch in flight torn at the crash; the restart asks the real ``bookie.startcheck.storage_check`` and
-  ``tail_verdict`` (refused, or the torn tail cut) unless ``start_without_storage`` / ``cut_damaged_journal``.
+  ``tail_verdict`` (refused, or the torn tail cut) unless ``start_without_storage``,
+  ``start_without_journal`` or ``cut_damaged_journal``.
 * **Metadata** — ``zk.LedgerMetadataStore`` (id allocation, ``check_transition``, compare-and-set on the
   znode version) over ``tests.sim.zookeeper.SimZooKeeper`` (versioned znodes, NodeExists, BadVersion); reads
   and writes take effect after a random latency; a client whose ZooKeeper session "expired" gets errors and
@@ -98,6 +99,7 @@ class Mutations:
     writer_continues_in_recovery: bool = False  # ensemble_change_step's FENCED taken for WRITE
     start_without_storage: bool = False  # 911c2b3 reversed: storage_check's STORAGE_WIPED not asked
     cut_damaged_journal: bool = False  # 31b4e10 reversed: damage before a later batch cut as a torn tail
+    start_without_journal: bool = False  # storage_check's JOURNAL_WIPED not asked: starts with no journal
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -126,6 +128,7 @@ MUTATION_FLAGS = {
     "writer-continues-in-recovery": "writer_continues_in_recovery",
     "start-without-storage": "start_without_storage",
     "cut-damaged-journal": "cut_damaged_journal",
+    "start-without-journal": "start_without_journal",
 }
 
 
@@ -717,6 +720,9 @@ class BookieNode:
         self._next_mark = 0
         self.batch_ends: list[int] = []
         self.storage_present = True  # False: the ledger storage was lost while down (cookie and journal kept)
+        self.journal_present = (
+            True  # False: the journal (segments and mark) was lost while down (cookie kept)
+        )
         self.damaged_at: int | None = None  # a journal record damaged while down (index in journal.durable)
         self.slow_until = 0.0  # a slow disk: syncs take long until then
         self.read_errors_until = 0.0  # a failing disk: storage reads fail (I/O error) until then ...
@@ -933,11 +939,17 @@ class BookieNode:
     # -- crash and restart ------------------------------------------------------------------------------
 
     def crash(
-        self, *, wipe: bool = False, lose_storage: bool = False, damage: bool = False, torn: bool = False
+        self,
+        *,
+        wipe: bool = False,
+        lose_storage: bool = False,
+        lose_journal: bool = False,
+        damage: bool = False,
+        torn: bool = False,
     ) -> None:
         """The process dies (unsynced journal records and uncheckpointed storage are lost). While it is down:
         ``wipe`` loses the whole disk, cookie included; ``lose_storage`` the ledger storage only (its cookie and
-        journal kept); ``damage`` a synced journal record that a later batch follows (a flipped byte); ``torn``
+        journal kept); ``lose_journal`` the journal only (segments and mark; cookie and storage kept); ``damage`` a synced journal record that a later batch follows (a flipped byte); ``torn``
         leaves part of the batch in flight on disk, its last record torn (never acknowledged)."""
         if not self.up:
             return
@@ -971,6 +983,14 @@ class BookieNode:
             self.storage = self._empty_storage()
             self._checkpoint = ({}, {})
             self.storage_present = False
+        if lose_journal:
+            w.log(f"{self.bid} JOURNAL LOST ({len(self.journal.durable)} records, mark {self.mark})")
+            w.stats["journal lost"] += 1
+            self.journal = MemoryJournal()
+            self.mark = self._next_mark = 0
+            self.batch_ends = []
+            self.damaged_at = None
+            self.journal_present = False
         if damage:
             self._damage()
         for c in w.clients.values():
@@ -1017,9 +1037,16 @@ class BookieNode:
             # bookie.main's check of a bookie whose cookies match: the journal is there (a wipe takes the cookie
             # too), the storage may not be
             check = storage_check(
-                journal_written=True, storage_present=self.storage_present, journal_checkpointed=self.mark > 0
+                journal_written=self.journal_present,
+                storage_present=self.storage_present,
+                journal_checkpointed=self.mark > 0,
             )
-            if check is not StorageCheck.OK and not w.mut.start_without_storage:
+            skip = {
+                StorageCheck.OK: True,
+                StorageCheck.STORAGE_WIPED: w.mut.start_without_storage,
+                StorageCheck.JOURNAL_WIPED: w.mut.start_without_journal,
+            }
+            if not skip[check]:
                 return self._refuse(f"{check.value} (journal mark {self.mark})")
         if self.damaged_at is not None:
             # Journal.replay: the scan stops at the damaged record of the (only, so last) segment
@@ -1047,7 +1074,7 @@ class BookieNode:
         for rtype, lid, eid, data in self.journal.replay()[self.mark :]:
             core.replay(rtype, lid, eid, data)
         core.finish_replay()
-        self.storage_present = True
+        self.storage_present = self.journal_present = True
         self.core = core
         self.up = True
         w.stats["restart"] += 1
