@@ -546,7 +546,14 @@ class Bookie:
             cookies.write_local_cookie(cfg.journal_dir, expected)
             cookies.write_local_cookie(cfg.ledger_dir, expected)
             log.info("bookie=%s new cookie written (instance %s)", cfg.id, self.instance_id)
-        elif never_written(cfg.journal_dir):
+        elif (
+            storage_check(
+                journal_written=not never_written(cfg.journal_dir),
+                storage_present=storage_present(cfg.ledger_dir),
+                journal_checkpointed=False,  # (not asked for this answer; the mark is read below, when needed)
+            )
+            is StorageCheck.JOURNAL_WIPED
+        ):
             # its cookies match, but the journal is gone (segments and mark deleted, the cookie file left):
             # what it acknowledged since its last checkpoint is lost, and it would answer NO_LEDGER for it
             raise JournalWipedRefusal(
