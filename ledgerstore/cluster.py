@@ -971,6 +971,21 @@ def _bookie_health(alive: bool, health: dict[str, Any] | None) -> str:
     return " read-only" if health.get("readonly") else ""
 
 
+def _pid_row(row: dict[str, Any], alive: bool) -> dict[str, Any]:
+    """A piece's row as ``cluster status`` shows it: the recorded pid while it runs; once it is down that pid
+    runs nothing (or, reused, something else), so ``pid`` is None and ``last_pid`` keeps the recorded one."""
+    if alive:
+        return dict(row)
+    return {**row, "pid": None, "last_pid": row["pid"]}
+
+
+def _pid_text(row: dict[str, Any]) -> str:
+    """``1234    up`` or ``-       DOWN (was pid 1234)``: the pid column and the state of a piece's line."""
+    if row["alive"]:
+        return f"{row['pid']:<7} up"
+    return f"{'-':<7} DOWN (was pid {row['last_pid']})"
+
+
 def _status(args: argparse.Namespace, state_dir: Path) -> int:
     st = _read_state(state_dir)
     if not st:
@@ -980,12 +995,13 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
     rows = []
     for b in st["bookies"]:
         alive = _pid_alive(b["pid"])
-        rows.append({**b, "alive": alive, "health": _health(b["http_port"])})
+        rows.append({**_pid_row(b, alive), "alive": alive, "health": _health(b["http_port"])})
     broker_rows = []
     for b in st.get("brokers", []):
-        broker_rows.append({**b, "alive": _pid_alive(b["pid"]), "admin": health_ok(b["http_port"])})
+        alive = _pid_alive(b["pid"])
+        broker_rows.append({**_pid_row(b, alive), "alive": alive, "admin": health_ok(b["http_port"])})
     ar = st.get("autorecovery")
-    ar_row = {**ar, "alive": _pid_alive(ar["pid"])} if ar else None
+    ar_row = {**_pid_row(ar, alive := _pid_alive(ar["pid"])), "alive": alive} if ar else None
     zk_problem = _zk_unreachable(st, state_dir)
     if zk_problem is None and not all(r["alive"] for r in rows):
         retired = _decommissioned(st, [r["id"] for r in rows if not r["alive"]])
@@ -997,20 +1013,19 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
             f"ZooKeeper {st['zk']}"
             + (f" UNREACHABLE: {zk_problem}\n" if zk_problem else "\n")
             + "\n".join(
-                f"  bookie {r['id']:<22} pid {r['pid']:<7} {'up' if r['alive'] else 'DOWN'}"
+                f"  bookie {r['id']:<22} pid {_pid_text(r)}"
                 + (" (decommissioned: its data moved, cookie deleted)" if r.get("decommissioned") else "")
                 + _bookie_health(r["alive"], r["health"])
                 for r in rows
             )
             + "".join(
-                f"\n  broker {r['id']:<22} pid {r['pid']:<7} {'up' if r['alive'] else 'DOWN'}"
+                f"\n  broker {r['id']:<22} pid {_pid_text(r)}"
                 f"  {r['service_url']}  {r['web_service_url']}"
                 + ("" if r["admin"] else " (admin not answering)")
                 for r in broker_rows
             )
             + (
-                f"\n  autorecovery pid {ar_row['pid']:<7} {'up' if ar_row['alive'] else 'DOWN'}"
-                f"  http://127.0.0.1:{ar_row['metrics_port']}/metrics"
+                f"\n  autorecovery pid {_pid_text(ar_row)}  http://127.0.0.1:{ar_row['metrics_port']}/metrics"
                 if ar_row
                 else ""
             )
