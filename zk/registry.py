@@ -3,11 +3,14 @@
 A bookie registers once; the registry keeps the registration alive across ZooKeeper session expiry by
 re-creating the znode when the store reports a new session (``"CONNECTED"`` after ``"LOST"``). Bookie ids look
 like ``"127.0.0.1:3181"`` (``':'`` is fine in znode names). The body is the bookie's ``info`` dict (e.g. host,
-port, http_port) plus ``format_version``.
+port, http_port) plus ``format_version`` and ``session_timeout_ms``, the session timeout ZooKeeper granted the
+session that registered it (a restart waits that long for a crashed process's registration to go; a body without
+it, written by an older bookie, reads as 0: not known). Discovery returns the ``info`` only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,7 +20,13 @@ from typing import Any
 
 from zk import layout
 from zk.client import JsonDict, MetadataStore, SessionState
-from zk.errors import MetadataError, MetadataExistsError, MetadataNotFoundError, MetadataVersionError
+from zk.errors import (
+    MetadataError,
+    MetadataExistsError,
+    MetadataFormatError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +38,31 @@ class BookieRecord:
     readonly: bool
 
 
+#: The body's key for the session timeout (ms) ZooKeeper granted the session that registered the bookie.
+SESSION_TIMEOUT_KEY = "session_timeout_ms"
+
+
 def _strip(value: JsonDict) -> JsonDict:
-    return {k: v for k, v in value.items() if k != "format_version"}
+    """A registration's ``info``: its body less what the registry adds."""
+    return {k: v for k, v in value.items() if k not in ("format_version", SESSION_TIMEOUT_KEY)}
+
+
+def _registered_timeout_s(value: JsonDict) -> float:
+    """The session timeout a registration's body says its session was granted (s); 0 when it does not say (an
+    older bookie's) or says something that is not a positive number."""
+    ms = value.get(SESSION_TIMEOUT_KEY)
+    if isinstance(ms, bool) or not isinstance(ms, int | float) or ms <= 0:
+        return 0.0
+    return float(ms) / 1000.0
 
 
 class BookieRegistry:
     """Registration (for a bookie process) and discovery (for clients) of bookies. Thread-safe.
 
     ``stale_wait_s``: when a bookie restarts quickly, its previous session's znode may linger until that session
-    expires; :meth:`register` waits up to this long for it to go away (default: the session timeout + 2 s)
-    before failing with :class:`MetadataExistsError` ("another live process uses this bookie id")."""
+    expires; :meth:`register` waits up to this long for it to go away (default: the longer of the session timeouts
+    ZooKeeper granted this session and the one that registered it, kept in its body, + 2 s) before failing with
+    :class:`MetadataExistsError` ("another live process uses this bookie id")."""
 
     def __init__(self, store: MetadataStore, *, stale_wait_s: float | None = None) -> None:
         self._store = store
@@ -106,17 +130,31 @@ class BookieRegistry:
         self._delete_if_ours(other)
 
     def _ensure_ephemeral(self, path: str, info: JsonDict) -> None:
-        deadline = time.monotonic() + self._wait_limit()
+        body = {**info, SESSION_TIMEOUT_KEY: round(self._store.session_timeout_s * 1000)}
+        began = time.monotonic()
+        deadline = began + self._wait_limit()
         said = False
+        holders: set[int] = set()  # the other sessions whose registration's body was read
         while True:
             try:
-                self._store.create(path, info, ephemeral=True)
+                self._store.create(path, body, ephemeral=True)
                 return
             except MetadataExistsError:
                 pass
             st = self._store.stat(path)
             if st is None:
                 continue
+            if (
+                self._stale_wait_s is None
+                and st.ephemeral_owner != self._store.session_id
+                and st.ephemeral_owner not in holders
+            ):
+                # a crashed bookie's session lasts the timeout it was granted, longer than ours if ZooKeeper's
+                # min/max session timeouts changed since, or it asked for more
+                holders.add(st.ephemeral_owner)
+                with contextlib.suppress(MetadataNotFoundError, MetadataFormatError):
+                    old = self._store.get(path)
+                    deadline = max(deadline, began + _registered_timeout_s(old.value) + 2.0)
             if st.ephemeral_owner != self._store.session_id and not said:
                 # said once: a restart right after a crash waits here up to a session timeout
                 said = True
@@ -130,8 +168,8 @@ class BookieRegistry:
             if st.ephemeral_owner == self._store.session_id:
                 try:
                     current = self._store.get(path)
-                    if _strip(current.value) != info:
-                        self._store.set(path, info, current.version)
+                    if {k: v for k, v in current.value.items() if k != "format_version"} != body:
+                        self._store.set(path, body, current.version)
                     return
                 except (MetadataNotFoundError, MetadataVersionError):
                     continue

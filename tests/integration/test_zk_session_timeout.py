@@ -14,6 +14,7 @@ import zk
 from tests.zk_testing import ZkTarget
 from zk import layout
 from zk.managed_ledgers import BrokerInfo, BrokerMetadataStore
+from zk.registry import BookieRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,5 +61,42 @@ def test_a_restart_waits_out_the_dead_brokers_longer_session(zk_connect: ZkTarge
         assert body is not None and BrokerInfo.from_json(body.value) == BrokerInfo(
             service_url="pulsar://new:1", web_service_url="http://new:2", session_timeout_ms=1000
         )
+    finally:
+        store.close()
+
+
+def test_a_bookie_restart_waits_out_the_dead_bookies_longer_session(zk_connect: ZkTarget) -> None:
+    """As brokers' (above), for bookies: a bookie whose session was granted 6 s registers and is killed (-9); the
+    one restarted under its id with a 1 s session waited only 1 + 2 s and was refused ('already registered by
+    another live ZooKeeper session'). Its registration now keeps the timeout and the restart waits for it; what
+    discovery returns is the info alone, and an older registration without the timeout still reads."""
+    bid, info = "127.0.0.1:3181", {"host": "127.0.0.1", "port": 3181, "http_port": 8000}
+    script = textwrap.dedent(
+        f"""
+        import time
+        import zk
+        from zk.registry import BookieRegistry
+        store = zk.MetadataStore.connect({zk_connect.connect_string!r}, {zk_connect.root!r}, session_timeout_s=6.0)
+        BookieRegistry(store).register({bid!r}, {{"port": 1}})
+        print("registered", flush=True)
+        time.sleep(60)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "registered"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    store = zk.MetadataStore.connect(zk_connect.connect_string, zk_connect.root, session_timeout_s=1.0)
+    try:
+        registry = BookieRegistry(store)
+        registry.register(bid, info)
+        body = store.get_optional(layout.available_bookie_path(bid))
+        assert body is not None and body.value["session_timeout_ms"] == 1000, body
+        assert registry.available() == {bid: info}
+        store.create(layout.available_bookie_path("127.0.0.1:3182"), {"port": 3182})  # an older bookie's
+        assert registry.available() == {bid: info, "127.0.0.1:3182": {"port": 3182}}
     finally:
         store.close()
