@@ -263,6 +263,13 @@ def sanitised_headers(headers: CIMultiDict[str]) -> CIMultiDict[str]:
     return CIMultiDict((_header_name(k), v.translate(_CONTROLS)) for k, v in headers.items())
 
 
+def _batch_index(request: web.Request) -> int | None:
+    """The ``batchIndex`` query parameter of examinemessage and a message by id (ValueError when not an
+    integer); ``None`` when not given: the entry whole, a batch's frame, as Pulsar answers both."""
+    raw = request.query.get("batchIndex")
+    return None if raw is None else int(raw)
+
+
 def _more_message_headers(md: pb.MessageMetadata, single: pb.SingleMessageMetadata | None) -> dict[str, str]:
     """The rest of the ``X-Pulsar-*`` headers Pulsar's admin answers a message with and its admin client reads
     back into the message's metadata (event time, ordering key, schema version, null value and key, ...); those
@@ -2510,12 +2517,13 @@ class AdminApp:
 
     async def examine_message(self, request: web.Request) -> web.Response:
         """Pulsar's ``examinemessage``: the ``messagePosition``-th entry (1 = first) from ``initialPosition``
-        (``earliest`` or ``latest``); ``batchIndex`` picks a message of a batch (0 by default)."""
+        (``earliest`` or ``latest``): a batch's whole frame, as Pulsar's (its admin clients split the body by
+        ``X-Pulsar-num-batch-message``); ``batchIndex``, which Pulsar's calls never send, picks one message."""
         name = self._topic_name(request)
         topic = await self._owned_topic(request, name)
         try:
             n = int(request.query.get("messagePosition", "1"))
-            batch_index = int(request.query.get("batchIndex", "0"))
+            batch_index = _batch_index(request)
         except ValueError:
             raise AdminError(412, "messagePosition and batchIndex are integers") from None
         initial = request.query.get("initialPosition", "latest")
@@ -2533,9 +2541,9 @@ class AdminApp:
         topic = await self._owned_topic(request, name)
         try:
             pos = Position(int(request.match_info["ledger"]), int(request.match_info["entry"]))
-            batch_index = int(request.query.get("batchIndex", "0"))
+            batch_index = _batch_index(request)
         except ValueError:
-            raise AdminError(412, "ledger and entry ids are integers") from None
+            raise AdminError(412, "ledger and entry ids and batchIndex are integers") from None
         return await self._message_response(topic, pos, batch_index)
 
     # -- subscriptions ----------------------------------------------------------------------------------------

@@ -156,6 +156,46 @@ def test_peek_and_examinemessage_decompress_every_compression(bp: BrokerProcess,
     assert backlog(bp, t, "s") == 4
 
 
+def _split_batch(frame: bytes, count: int) -> list[bytes]:
+    """A batch's frame split as Pulsar's admin client splits it (each message: a 4-byte size, its
+    SingleMessageMetadata, then payload_size bytes of payload)."""
+    from topic_broker import pulsar_api_pb2 as pb
+
+    out, at = [], 0
+    for _ in range(count):
+        size = int.from_bytes(frame[at : at + 4], "big")
+        single = pb.SingleMessageMetadata.FromString(frame[at + 4 : at + 4 + size])
+        at += 4 + size
+        out.append(frame[at : at + single.payload_size])
+        at += single.payload_size
+    assert at == len(frame)
+    return out
+
+
+def test_examinemessage_and_a_message_by_id_answer_a_batch_whole_as_pulsar(bp: BrokerProcess, c: Any) -> None:
+    """Without batchIndex (Pulsar's calls have none) examinemessage and a message by id answer the batch's whole
+    frame with X-Pulsar-num-batch-message and X-Pulsar-batch-size, as peek does: Pulsar's admin clients split
+    the body by that header, and a body of the first message alone split into nothing."""
+    t = name()
+    full = f"persistent://public/default/{t}"
+    batcher = c.create_producer(full, batching_enabled=True, batching_max_publish_delay_ms=60_000)
+    ids: list[Any] = []
+    for i in range(3):
+        batcher.send_async(f"b-{i}".encode(), lambda res, mid: ids.append(mid))
+    batcher.flush()
+    wait_for("the batch acknowledged", lambda: len(ids) == 3)
+    base = f"{web(bp)}{T}/{t}"
+    for url in (
+        f"{base}/examinemessage?initialPosition=earliest&messagePosition=1",
+        f"{base}/ledger/{ids[0].ledger_id()}/entry/{ids[0].entry_id()}",
+    ):
+        with urllib.request.urlopen(url, timeout=30) as r:
+            body, headers = bytes(r.read()), r.headers
+        assert headers["X-Pulsar-num-batch-message"] == "3", url
+        assert int(headers["X-Pulsar-batch-size"]) == len(body), url
+        assert _split_batch(body, 3) == [b"b-0", b"b-1", b"b-2"], url
+
+
 def test_skip_moves_the_subscription_over_n_messages(bp: BrokerProcess, c: Any) -> None:
     t = name()
     full = f"persistent://public/default/{t}"
