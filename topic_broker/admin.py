@@ -2658,13 +2658,17 @@ class AdminApp:
         The compactor's subscription is refused (405), as by skip and expire-messages."""
         await self._on_subscription(sub, _checked_movable(sub))
         rt = topic.subscriptions.get(sub)
-        if rt is None:
+        if rt is None or not rt.consumers:
             async with topic._opening_subscription:
                 rt = topic.subscriptions.get(sub)
-                if rt is None:
-                    _rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
-                    await mc.reset(pos)
-                    return
+                if rt is None or (rt.cursor is not None and not rt.consumers):
+                    # an idle one listed is looked at as skip's is: its znode gone (an UNSUBSCRIBE whose delete was
+                    # applied with its reply lost), it leaves the topic's list and the answer is 404, where a seek
+                    # reset its ghost cursor (a save failing for ever) and kept it listed
+                    rt, mc = await self._on_subscription(sub, sub_ops.subscription_cursor(topic, sub))
+                    if rt is None:
+                        await mc.reset(pos)
+                        return
         await rt.seek(pos)
         if disconnect:
             # their consumers closed (they reconnect), as Pulsar does on reset-cursor, and removed as a consumer's

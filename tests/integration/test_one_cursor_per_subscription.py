@@ -305,13 +305,15 @@ def test_an_unsubscribe_whose_reply_was_lost_then_an_ack_is_retried_or_subscribe
             client.close()
 
 
+@pytest.mark.parametrize("call", ["skip/1", "resetcursor/0", "skip_all"])
 def test_an_admin_call_on_an_idle_subscription_whose_znode_is_gone_drops_it_from_the_topics_list(
-    cluster: Brokers,
+    cluster: Brokers, call: str
 ) -> None:
     """An UNSUBSCRIBE whose cursor delete ZooKeeper applied with its reply lost keeps the subscription listed for
     the client's retry; once its consumer left without retrying, an admin call on it answers 404 (its znode is
     gone), and the subscription leaves the topic's list then: GET subscriptions and the stats no longer show it
-    (before, both listed it until a consumer subscribed again)."""
+    (before, both listed it until a consumer subscribed again). Reset-cursor and skip_all too: they sought the
+    listed subscription, resetting its ghost cursor, and kept it listed."""
     import json
 
     with _idle_subscription(cluster) as (service, run, topic, _positions, url):
@@ -321,7 +323,7 @@ def test_an_admin_call_on_an_idle_subscription_whose_znode_is_gone_drops_it_from
             _unsubscribe_with_its_reply_lost(consumer, topic)
             consumer.close()  # the client gave up: an idle subscription whose znode is gone
             assert "s" in topic.subscriptions
-            assert _admin(f"{url}/subscription/s/skip/1", "POST") == 404
+            assert _admin(f"{url}/subscription/s/{call}", "POST") == 404
             assert "s" not in topic.subscriptions and "s" not in topic.ml.cursors
             with urllib.request.urlopen(f"{url}/subscriptions", timeout=60) as r:
                 assert json.loads(r.read()) == []
