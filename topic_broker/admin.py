@@ -1123,8 +1123,36 @@ class AdminApp:
         in a namespace that no longer existed. A namespace with topics is answered 409 before it is marked, and
         a topic that exists opens (and is looked up) while the mark stands: only creations are refused."""
         tenant, ns, _p = await self._policies(request)
+        force = request.query.get("force", "false").lower() == "true"
         async with self._deleting(f"namespace/{tenant}/{ns}", f"Namespace {tenant}/{ns}"):
+            if force:
+                await self._delete_namespace_topics(request, tenant, ns)
             return await self._namespace_delete(tenant, ns)
+
+    async def _delete_namespace_topics(self, request: web.Request, tenant: str, ns: str) -> None:
+        """``?force=true`` (``pulsar-admin namespaces delete -f``): the namespace marked ``deleted`` (no topic is
+        made in it any more: a producer's reconnection is refused), then each partitioned topic and each other
+        topic deleted with ``force=true`` through its owner (their clients closed), as Pulsar's forced delete
+        does. A delete refused takes the mark back and is answered as it was, naming its topic."""
+        await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, deleted=True))
+        try:
+            auth, params = self._forwarded_auth(request), {"force": "true"}
+            results: list[tuple[TopicName, int, Any]] = []
+            for t in await self._list_partitioned(tenant, ns):
+                name = TopicName.parse(t)
+                status, data = await self._send(
+                    "DELETE", self._topic_url(name, "/partitions"), auth, None, params
+                )
+                results.append((name, status, data))
+            for t in await self._list_topics(tenant, ns):  # (after: the partitions went with their topics)
+                name = TopicName.parse(t)
+                status, data = await self._send("DELETE", self._topic_url(name, ""), auth, None, params)
+                results.append((name, status, data))
+            self._check_topic_results(results)
+        except BaseException:
+            with contextlib.suppress(zk.MetadataNotFoundError):
+                await self.meta.update_policies(tenant, ns, lambda q: dataclasses.replace(q, deleted=False))
+            raise
 
     async def _namespace_delete(self, tenant: str, ns: str) -> web.Response:
         p = await self.meta.get_policies(tenant, ns)

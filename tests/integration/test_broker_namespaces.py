@@ -318,6 +318,34 @@ def test_a_namespace_with_topics_cannot_be_deleted_and_an_empty_one_can(
         c.close()
 
 
+def test_a_forced_namespace_delete_deletes_its_topics_and_clients_then_the_namespace(
+    bp: BrokerProcess, brokers: Brokers, zk: Any
+) -> None:
+    """``pulsar-admin namespaces delete -f`` (``?force=true``): its topics (a plain one with a producer attached,
+    a partitioned one with a consumer) are deleted with their clients closed, then the namespace: 204, nothing
+    of it left, and the producer's reconnection makes no topic there again (before: 409 "Cannot delete non
+    empty namespace", force ignored)."""
+    tenant, ns = unique("tn"), unique("ns")
+    assert admin(bp, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
+    assert admin(bp, "PUT", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    assert admin(bp, "PUT", f"/admin/v2/persistent/{tenant}/{ns}/parted/partitions", 2)[0] == 204
+    c = pulsar.Client(bp.service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        producer = c.create_producer(f"persistent://{tenant}/{ns}/plain", send_timeout_millis=3000)
+        producer.send(b"x")
+        c.subscribe(f"persistent://{tenant}/{ns}/parted", "s")
+        # without force, as before
+        assert admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 409
+        assert admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}?force=true") == (204, None)
+        assert admin(bp, "GET", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 404
+        with pytest.raises(Exception):  # noqa: B017 (whichever refusal the client raises once it reconnects)
+            producer.send(b"y")
+    finally:
+        c.close()
+    assert admin(bp, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 204
+    assert znodes_naming(zk, brokers.bookies.root, tenant) == []  # nothing of it is left
+
+
 def test_the_cli_creates_lists_and_deletes_tenants_and_namespaces(bp: BrokerProcess) -> None:
     """``ledgerstore tenant …`` and ``ledgerstore namespace …`` (pulsar-admin's ``tenants`` and ``namespaces``);
     ``topic produce`` into a namespace that does not exist says so and how to create it (exit 4, not found)."""
