@@ -936,6 +936,13 @@ class AdminApp:
             return web.Response(status=503, text="not connected to ZooKeeper")
         return web.Response(text="ok")
 
+    async def ready(self, request: web.Request) -> web.Response:
+        """Pulsar's ``GET /admin/v2/brokers/ready``: 200 ``ok`` once the broker serves, 500 otherwise (as Pulsar
+        answers a broker not yet started); open as ``/health`` is, for load balancers and probes."""
+        if self.service.meta is None or getattr(self.service, "_session_lost", False):
+            return web.Response(status=500, text="not ready: not connected to ZooKeeper")
+        return web.Response(text="ok")
+
     async def tenants(self, request: web.Request) -> web.Response:
         try:
             names = await self.store.achildren(layout.NAMESPACES)
@@ -3039,6 +3046,7 @@ class AdminApp:
         r.add_get("/admin/v2/clusters/{cluster}", self.cluster)
         # before brokers/{cluster}, which would take "internal-configuration" for a cluster's name
         r.add_get("/admin/v2/brokers/internal-configuration", self.internal_configuration)
+        r.add_get("/admin/v2/brokers/ready", self.ready)
         r.add_get("/admin/v2/brokers/{cluster}", self.brokers)
         r.add_get("/admin/v2/tenants", self.tenants)
         r.add_get("/admin/v2/tenants/{tenant}", self.tenant_get)
@@ -3174,7 +3182,9 @@ class AdminApp:
 
 
 #: Always served without a token (load balancers and Prometheus keep working).
-OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/", "/admin/v2/brokers/health"})
+OPEN_PATHS = frozenset(
+    {"/health", "/metrics", "/metrics/", "/admin/v2/brokers/health", "/admin/v2/brokers/ready"}
+)
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Read-only routes that answer messages' payloads (examinemessage, a message by id, a subscription's peek):
 #: with authentication on they need a token whatever ``--admin-read-auth`` says, and with ``--auth-required``

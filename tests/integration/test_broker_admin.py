@@ -89,6 +89,7 @@ def test_clusters_tenants_namespaces_and_their_policies_round_trip(broker: Broke
     assert "public" in ok(broker, "GET", "/admin/v2/tenants")
     assert ok(broker, "GET", "/admin/v2/namespaces/public") == ["public/default"]
     assert call(broker, "GET", "/admin/v2/brokers/health")[0] == 200
+    assert call(broker, "GET", "/admin/v2/brokers/ready")[:2] == (200, "ok")  # Pulsar's readiness call
     assert ok(broker, "GET", "/admin/v2/brokers/ledgerstore") == [f"127.0.0.1:{broker.http_port}"]
 
     pol = ok(broker, "GET", "/admin/v2/namespaces/public/default")

@@ -206,6 +206,7 @@ def test_admin_http_needs_a_token_to_change_anything(secure: SecureCluster) -> N
     # reads stay open (no --admin-read-auth), as do /health and /metrics
     assert secure.http("GET", "/admin/v2/namespaces/public/default/permissions")[1] == {"carol": ["consume"]}
     assert secure.http("GET", "/health")[0] == 200
+    assert secure.http("GET", "/admin/v2/brokers/ready")[0] == 200
     status, text = secure.http("GET", "/metrics")
     assert status == 200 and "pulsar_broker_auth_failures_total" in text
 
