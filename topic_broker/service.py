@@ -2130,11 +2130,14 @@ class Topic:
         async with self._opening_subscription:
             for name in sorted(names):
                 rt = self.subscriptions.get(name)
-                if rt is None:
+                if rt is None or (rt.cursor is not None and not rt.consumers):
+                    # (an idle one listed too: its znode gone, an UNSUBSCRIBE whose delete was applied with its
+                    # reply lost, it leaves the topic's list; sought, its reset's save failed and ended the eviction)
                     try:
-                        _rt, mc = await sub_ops.subscription_cursor(self, name)
+                        rt, mc = await sub_ops.subscription_cursor(self, name)
                     except sub_ops.SubscriptionNotFoundError:
                         continue  # deleted since it was listed
+                if rt is None:
                     if mc.mark_delete < target:
                         log.warning(
                             "topic=%s subscription=%s backlog evicted up to %s", self.name, name, target

@@ -332,3 +332,27 @@ def test_an_admin_call_on_an_idle_subscription_whose_znode_is_gone_drops_it_from
             assert not topic.ml.fenced
         finally:
             client.close()
+
+
+def test_a_backlog_eviction_passes_over_an_idle_subscription_whose_znode_is_gone(cluster: Brokers) -> None:
+    """The backlog quota's consumer_backlog_eviction on a topic holding such a subscription (the lost-reply
+    UNSUBSCRIBE, its consumer gone) and another idle one, "t": the first leaves the topic's list, as an admin call
+    on it does, and "t" is evicted. Before, the eviction sought the listed one, whose reset's save found no znode:
+    MetadataNotFoundError ended the eviction there, "t" kept its backlog and the ghost stayed listed."""
+    from topic_broker.cursor import InitialPosition, ManagedCursor
+
+    with _idle_subscription(cluster) as (service, run, topic, positions, _url):
+        client = pulsar.Client(f"pulsar://127.0.0.1:{service.config.port}", operation_timeout_seconds=10)
+        try:
+            consumer = client.subscribe(str(topic.name), "s", consumer_type=pulsar.ConsumerType.Shared)
+            _unsubscribe_with_its_reply_lost(consumer, topic)
+            consumer.close()
+            run(ManagedCursor.open(topic.ml, "t", InitialPosition.EARLIEST))
+            topic.ml.detach_cursor("t")
+            run(topic.evict_backlog(0))
+            assert "s" not in topic.subscriptions and "s" not in topic.ml.cursors
+            stored = run(topic.ml.store.get_cursor(topic.ml.name, "t"))
+            assert tuple(stored.value.mark_delete) == tuple(positions[-1])
+            assert not topic.ml.fenced
+        finally:
+            client.close()
