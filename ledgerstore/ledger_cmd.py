@@ -343,11 +343,14 @@ async def _write(args: argparse.Namespace, bk: BookKeeper) -> int:
 
 
 #: control characters (C0, DEL, C1) as escapes in ``ledger read``'s text output: an entry holding a newline
-#: took several lines, and an escape sequence in one (ESC [ ...) was run by the terminal
+#: took several lines, and an escape sequence in one (ESC [ ...) was run by the terminal. The Unicode line and
+#: paragraph separators too: str.splitlines (and JavaScript) end a line at each, so one entry read as two
 _CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
     0x09: "\\t",
     0x0A: "\\n",
     0x0D: "\\r",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
 }
 
 
