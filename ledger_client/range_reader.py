@@ -17,7 +17,7 @@ from bookie import protocol as p
 
 from . import errors as E
 from .read_conn import ReadConnection
-from .read_planner import Batch, Outcome, ReadPlanner, ReadyRuns, Unreadable
+from .read_planner import Batch, Outcome, ReadPlanner, ReadyRuns, Rivals, Unreadable
 from .send_path import _FRAME_HEADER_LEN
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class BatchReader:
         spec = cfg.speculative_read_timeout_s  # (one not below the read timeout would come after it: none)
         self.speculative_timeout_s = spec if 0 < spec < cfg.read_timeout_s else 0.0
         self._spec: dict[Batch, tuple[asyncio.TimerHandle, int]] = {}
-        self._groups: dict[Batch, list[Batch]] = {}
+        self._rivals = Rivals()
         self._heard: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -165,8 +165,7 @@ class BatchReader:
         armed = self._spec.pop(b, None)
         if armed is None or b not in self._waiting or self._closed:
             return
-        group = self._groups.get(b)
-        if group is not None and group[-1] is not b:
+        if not self._rivals.speculates(b):
             return  # (the newest request of the batch speculates on)
         answered_since = self._heard[b.bookie] != armed[1]
         nb = self.planner.speculate(b, answered_since)
@@ -174,10 +173,7 @@ class BatchReader:
             if answered_since:  # busy, not hung: look again after another speculative timeout
                 self._arm(b)
             return
-        if group is None:
-            group = self._groups[b] = [b]
-        group.append(nb)
-        self._groups[nb] = group
+        self._rivals.add(b, nb)
         self.lh.bk.speculative_reads += 1
         log.debug(
             "ledger=%d: no answer from %s for entries %d..%d in %.1f s: asking %s too",
@@ -240,30 +236,15 @@ class BatchReader:
         if waiting[2] is not None:
             waiting[2].cancel()
         self._disarm(b)
-        group = self._groups.pop(b, None)
-        if group is not None:
-            rivals = [r for r in group if r is not b and r in self._waiting]
-            if rivals and delivered == 0:  # nothing from b while the same entries are still asked elsewhere
-                self.planner.on_rival_failed(b, rivals, outcome or Outcome.FAILED, why)
-                group.remove(b)
-                newest = group[-1]
-                if newest in self._waiting and newest not in self._spec:
-                    # (b was the newest, the one that speculates on: a copy that failed at once, e.g. its bookie
-                    # down, must not leave the batch waiting out read_timeout_s on a hung one)
-                    self._arm(newest)
-                return
-            # b settles the batch (the first to deliver, or the last one asked): the others are dropped, so no
-            # entry is handed out twice; a bookie asked before b and still silent is slow
-            asked_before = True
-            for r in group:
-                if r is b:
-                    asked_before = False
-                    continue
-                self._groups.pop(r, None)
-                if r in self._waiting:
-                    self._drop(r)
-                    if asked_before:
-                        self._slow(r.bookie)
+        v = self._rivals.on_answer(b, delivered, outcome, why, self._waiting)
+        if not v.settles:
+            if v.rearm is not None and v.rearm not in self._spec:
+                self._arm(v.rearm)
+            return
+        for r in v.drop:
+            self._drop(r)
+        for bookie in v.slow:
+            self._slow(bookie)
         settled = self.planner.on_answer(b, delivered, outcome, why)
         if settled.unreadable is not None:
             self.unreadable[settled.unreadable.entry_id] = settled.unreadable

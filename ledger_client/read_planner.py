@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,6 +261,80 @@ class ReadPlanner:
     def _replicas(self, entry_id: int) -> list[int]:
         """The write set of ``entry_id`` as indices in its ensemble."""
         return [(entry_id + i) % self.E for i in range(self.Qw)]
+
+
+@dataclass(slots=True)
+class RivalVerdict:
+    """What an answer to a batch asked of several replicas at once means (``Rivals.on_answer``): whether it
+    settles the batch (goes to ``ReadPlanner.on_answer``); the other copies to stop waiting for (their answers
+    are never used, so no entry is handed out twice), and the bookies of those asked before it (slow); or, when
+    it brought nothing while copies are still out, the copy that speculates on now (``rearm``: the failed one
+    was the newest, whose timer went with it)."""
+
+    settles: bool = True
+    drop: list[Batch] = field(default_factory=list)
+    slow: list[str] = field(default_factory=list)
+    rearm: Batch | None = None
+
+
+class Rivals:
+    """The speculative copies of batches: a batch and the copies ``ReadPlanner.speculate`` sent beside it share
+    one list, in the order they were sent; only the newest speculates on. The pure bookkeeping
+    ``BatchReader`` (and the simulator) drive; ``waiting`` is the requests still without an answer."""
+
+    __slots__ = ("_groups", "_unsafe_keep_losers")
+
+    def __init__(self) -> None:
+        self._groups: dict[Batch, list[Batch]] = {}
+        self._unsafe_keep_losers = False  # (test-only: the copies a settled batch leaves out are not dropped)
+
+    def speculates(self, b: Batch) -> bool:
+        """Whether ``b``'s speculative timer may ask another replica (it is the newest copy of its batch)."""
+        group = self._groups.get(b)
+        return group is None or group[-1] is b
+
+    def add(self, b: Batch, copy: Batch) -> None:
+        """``copy`` (``ReadPlanner.speculate(b)``) goes out beside ``b``."""
+        group = self._groups.get(b)
+        if group is None:
+            group = self._groups[b] = [b]
+        group.append(copy)
+        self._groups[copy] = group
+
+    def on_answer(
+        self, b: Batch, delivered: int, outcome: Outcome | None, why: str, waiting: Container[Batch]
+    ) -> RivalVerdict:
+        """``b`` was answered (``delivered`` entries; ``waiting`` no longer holds it)."""
+        v = RivalVerdict()
+        group = self._groups.pop(b, None)
+        if group is None:
+            return v
+        rivals = [r for r in group if r is not b and r in waiting]
+        if rivals and delivered == 0:  # nothing from b while the same entries are still asked elsewhere
+            ReadPlanner.on_rival_failed(b, rivals, outcome or Outcome.FAILED, why)
+            group.remove(b)
+            newest = group[-1]
+            if newest in waiting:
+                # (b may have been the newest, the one that speculates on: a copy that failed at once, e.g. its
+                # bookie down, must not leave the batch waiting out the read timeout on a hung one)
+                v.rearm = newest
+            v.settles = False
+            return v
+        # b settles the batch (the first to deliver, or the last one asked): the others are dropped, so no entry
+        # is handed out twice; a bookie asked before b and still silent is slow
+        asked_before = True
+        for r in group:
+            if r is b:
+                asked_before = False
+                continue
+            if self._unsafe_keep_losers:
+                continue
+            self._groups.pop(r, None)
+            if r in waiting:
+                v.drop.append(r)
+                if asked_before:
+                    v.slow.append(r.bookie)
+        return v
 
 
 class ReadyRuns:

@@ -40,7 +40,7 @@ from ledger_client.handle_state import (
 from ledger_client.pending import EnsembleChangePlan, Progress, WritePipeline
 from ledger_client.placement import choose_ensemble, replace_failed
 from ledger_client.quorum import CoverageSet, answer_for_status, write_set
-from ledger_client.read_planner import Batch, Outcome, ReadPlanner
+from ledger_client.read_planner import Batch, Outcome, ReadPlanner, Rivals
 from ledger_client.recovery import (
     ChangeEnsemble,
     Close,
@@ -58,7 +58,7 @@ from zk.errors import MetadataError, MetadataTransitionError, MetadataVersionErr
 from zk.ledger_metadata import Ensemble, LedgerMetadata, password_digest_of
 from zk.versioned import Versioned
 
-from .world import Client, MetaResult, World
+from .world import Client, MetaResult, Timer, World
 
 DIGEST = DigestType.CRC32C
 
@@ -957,10 +957,24 @@ class RangeReader(Client):
     the client's ``ReadPlanner`` cuts it into READ_RANGE batches (read-ahead window, failover to the next
     replica, short answers asked again) and this actor sends them and verifies every entry. An entry that
     every replica says it does not have is reported lost (invariant 1: it is <= last_entry_id); one that
-    failed otherwise (I/O errors, timeouts) is read again later, from a fresh plan."""
+    failed otherwise (I/O errors, timeouts) is read again later, from a fresh plan.
+
+    With ``speculative_s`` > 0 it reads speculatively as ``BatchReader`` does: a batch without an answer for
+    that long (on the simulated clock) whose bookie answered nothing of this read since is asked of another
+    replica too (``ReadPlanner.speculate``), and the copies' answers go through the client's ``Rivals`` (which
+    one settles the batch, which are dropped, which speculates on after a copy failed at once). Each entry of a
+    plan is handed out once (invariant 3)."""
 
     def __init__(
-        self, world: World, name: str, writer: Writer, *, batch_entries: int, window: int, poll_s: float = 0.1
+        self,
+        world: World,
+        name: str,
+        writer: Writer,
+        *,
+        batch_entries: int,
+        window: int,
+        poll_s: float = 0.1,
+        speculative_s: float = 0.0,
     ) -> None:
         super().__init__(world, name)
         self.writer = writer
@@ -975,6 +989,16 @@ class RangeReader(Client):
         self.got: set[int] = set()
         self.next = 0  # every entry before this one has been read
         self.lac = -1  # (the ledger's last entry, once known: for the liveness report)
+        self.speculative_s = speculative_s
+        self._new_plan_state()
+
+    def _new_plan_state(self) -> None:
+        self.plan_got: set[int] = set()  # entries this plan handed out
+        self.waiting: dict[Batch, int] = {}  # batch -> its request id, until answered or dropped
+        self.rivals = Rivals()
+        self.rivals._unsafe_keep_losers = self.world.mut.spec_loser_kept
+        self.spec: dict[Batch, tuple[Timer, int]] = {}  # batch -> its speculative timer, answers heard then
+        self.heard: dict[str, int] = {}  # answers per bookie in this plan
 
     def start(self, delay_s: float = 0.0) -> None:
         self.later(delay_s, self._open)
@@ -1005,6 +1029,7 @@ class RangeReader(Client):
             self.world.log(f"{self.name} range-read all of L{self.lid} ({self.next} entries)")
             return
         self.world.stats["range reader plans"] += 1
+        self._new_plan_state()
         self.planner = ReadPlanner(
             self.next,
             md.last_entry_id,
@@ -1020,7 +1045,8 @@ class RangeReader(Client):
     def _send(self, planner: ReadPlanner, b: Batch) -> None:
         lid, key = self.lid, self.key
         assert lid is not None
-        self.request(
+        self._arm(planner, b)
+        self.waiting[b] = self.request(
             b.bookie,
             lambda rid: p.ReadRangeRequest(
                 request_id=rid,
@@ -1034,12 +1060,48 @@ class RangeReader(Client):
             lambda resp: self._on_reply(planner, b, resp),
         )
 
+    # -- speculative reads (as BatchReader's, on the simulated clock) --------------------------------------
+    def _arm(self, planner: ReadPlanner, b: Batch) -> None:
+        if self.speculative_s > 0:
+            timer = self.world.timer(
+                self.speculative_s, lambda: self.call(lambda: self._speculate(planner, b))
+            )
+            self.spec[b] = (timer, self.heard.get(b.bookie, 0))
+
+    def _disarm(self, b: Batch) -> None:
+        armed = self.spec.pop(b, None)
+        if armed is not None:
+            armed[0].cancel()
+
+    def _speculate(self, planner: ReadPlanner, b: Batch) -> None:
+        armed = self.spec.pop(b, None)
+        if planner is not self.planner or armed is None or b not in self.waiting:
+            return
+        if not self.rivals.speculates(b):
+            return
+        answered_since = self.heard.get(b.bookie, 0) != armed[1]
+        nb = planner.speculate(b, answered_since)
+        if nb is None:
+            if answered_since:
+                self._arm(planner, b)
+            return
+        self.rivals.add(b, nb)
+        self.world.stats["range reader speculative reads"] += 1
+        self.world.log(f"{self.name} SPECULATE e{b.first}..{b.last} {b.bookie} -> {nb.bookie}")
+        self._send(planner, nb)
+
     def _on_reply(self, planner: ReadPlanner, b: Batch, resp: p.Response | None) -> None:
         if planner is not self.planner:
             return  # an abandoned plan
         w, lid, codec = self.world, self.lid, self.codec
         assert lid is not None and codec is not None
+        if resp is not None:
+            self.heard[b.bookie] = self.heard.get(b.bookie, 0) + 1
+        if self.waiting.pop(b, None) is None:
+            return  # dropped: a rival settled its entries
+        self._disarm(b)
         delivered, outcome, why = 0, Outcome.FAILED, "TIMEOUT"
+        entries: list[tuple[int, bytes]] = []
         if isinstance(resp, p.ReadRangeResponse):
             why = resp.status.name
             if resp.status == p.Status.OK:
@@ -1052,11 +1114,30 @@ class RangeReader(Client):
                         w.checker.fail("3", f"{self.name}: {b.bookie} returned a corrupt e{eid}: {e}")
                         outcome, why = Outcome.FAILED, "DIGEST_MISMATCH"
                         break
-                    w.checker.on_read(self.name, lid, eid, entry)
-                    self.got.add(eid)
+                    entries.append((eid, entry))
                     delivered += 1
             elif resp.status in (p.Status.NO_ENTRY, p.Status.NO_LEDGER):
                 outcome = Outcome.MISSING
+        if resp is None and self.speculative_s > 0:
+            planner.mark_slow(b.bookie)  # (timed out or its connection lost: asked last from now on)
+        v = self.rivals.on_answer(b, delivered, outcome, why, self.waiting)
+        if not v.settles:
+            w.stats["range reader copies failed beside a rival"] += 1
+            if v.rearm is not None and v.rearm not in self.spec:
+                self._arm(planner, v.rearm)
+            return
+        for r in v.drop:
+            w.stats["range reader copies dropped"] += 1
+            self.forget(r.bookie, self.waiting.pop(r))
+            self._disarm(r)
+        for bookie in v.slow:
+            planner.mark_slow(bookie)
+        for eid, entry in entries:
+            if eid in self.plan_got:
+                w.checker.fail("3", f"{self.name}: L{lid} e{eid} handed out twice (again from {b.bookie})")
+            self.plan_got.add(eid)
+            w.checker.on_read(self.name, lid, eid, entry)
+            self.got.add(eid)
         settled = planner.on_answer(b, delivered, outcome, why)
         w.stats["range reader entries read"] += delivered
         while self.next in self.got:

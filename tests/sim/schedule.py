@@ -106,6 +106,9 @@ class Plan:
     allow_wipe: bool = True
     batching: float = 0.3  # probability that a writer appends in bursts sent as one write per bookie
     range_readers: float = 0.3  # probability of a range reader (READ_RANGE batches, once CLOSED) per ledger
+    speculative_s: float = 0.0  # > 0: range readers read speculatively after this long (BatchReader's)
+    slow_bookies: int = 0  # bookies that answer late, the whole run: everything they send takes ``late`` more
+    late: tuple[float, float] = (0.0, 0.0)
     rules: list[Callable[[World], Callable[[str, str, Any], str | float | None]]] = field(
         default_factory=list
     )
@@ -270,6 +273,26 @@ def _read_errors(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
     plan.fault_kinds = ("read_errors", "read_errors", "crash")
 
 
+def _slow_reads(rng: random.Random, cfg: SimConfig, plan: Plan) -> None:
+    """Range readers reading speculatively while one or two bookies answer late (but answer) and others crash
+    or are cut off: copies of a batch race, fail at once, and lose to each other."""
+    cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum = rng.choice(
+        [(3, 3, 2), (3, 2, 2), (4, 3, 2), (4, 4, 2)]
+    )
+    cfg.n_bookies = cfg.ensemble_size + 1
+    cfg.request_timeout_s = 1.0
+    cfg.heal_at_s = rng.uniform(3.0, 6.0)  # (range reads mostly start before the heal: ledgers close fast)
+    cfg.writer_grace_s = 15.0  # (a writer waits on the slow bookies' acks too: up to 0.8 s per entry)
+    plan.entries = (10, 40)
+    plan.outstanding = (4, 8)
+    plan.range_readers = 1.0
+    plan.speculative_s = rng.choice([0.05, 0.1, 0.2])
+    plan.slow_bookies = rng.randint(1, 2)
+    plan.late = (0.0, 0.8)
+    plan.faults = (2, 6)
+    plan.fault_kinds = ("crash", "isolate", "read_errors", "crash")
+
+
 PROFILES: dict[str, Callable[[random.Random, SimConfig, Plan], None]] = {
     "default": _default,
     "fence-race": _fence_race,
@@ -279,6 +302,7 @@ PROFILES: dict[str, Callable[[random.Random, SimConfig, Plan], None]] = {
     "read-errors": _read_errors,
     "batched": _batched,
     "storage-faults": _storage_faults,
+    "slow-reads": _slow_reads,
 }
 
 
@@ -305,6 +329,8 @@ def build(
         world.add_bookie(f"b{i}")
     for make in plan.rules:
         world.net.rules.append(make(world))
+    for b in rng.sample(sorted(world.bookies), plan.slow_bookies) if plan.slow_bookies else ():
+        world.net.late[b] = plan.late
     heal = cfg.heal_at_s
 
     writers: list[Writer] = []
@@ -328,7 +354,12 @@ def build(
             Reader(world, f"r{i}", wr, poll_s=rng.uniform(0.05, 0.3)).start(rng.uniform(0.0, 0.2))
         if brng.random() < plan.range_readers:
             rr = RangeReader(
-                world, f"rr{i}", wr, batch_entries=brng.choice([1, 2, 4, 8]), window=brng.choice([1, 2, 4])
+                world,
+                f"rr{i}",
+                wr,
+                batch_entries=brng.choice([1, 2, 4, 8]),
+                window=brng.choice([1, 2, 4]),
+                speculative_s=plan.speculative_s,
             )
             rr.start(brng.uniform(0.0, 0.2))
 

@@ -44,6 +44,7 @@ def test_random_schedules(seeds: range) -> None:
         "read-errors",
         "batched",
         "storage-faults",
+        "slow-reads",
     ],
 )
 def test_directed_profiles_are_clean_without_mutations(profile: str) -> None:

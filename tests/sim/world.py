@@ -100,6 +100,7 @@ class Mutations:
     start_without_storage: bool = False  # 911c2b3 reversed: storage_check's STORAGE_WIPED not asked
     cut_damaged_journal: bool = False  # 31b4e10 reversed: damage before a later batch cut as a torn tail
     start_without_journal: bool = False  # storage_check's JOURNAL_WIPED not asked: starts with no journal
+    spec_loser_kept: bool = False  # Rivals(_unsafe_keep_losers): a copy its rival settled is not dropped
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -129,6 +130,7 @@ MUTATION_FLAGS = {
     "start-without-storage": "start_without_storage",
     "cut-damaged-journal": "cut_damaged_journal",
     "start-without-journal": "start_without_journal",
+    "spec-loser-kept": "spec_loser_kept",
 }
 
 
@@ -312,6 +314,8 @@ class Network:
         # Scenario hooks: rule(src, dst, message) -> None (normal), "drop", or a delay in seconds.
         self.rules: list[Callable[[str, str, Any], str | float | None]] = []
         self.slow_message_prob = world.cfg.slow_message_prob
+        # a slow bookie: everything it sends takes (lo, hi) seconds more, heal or not (it answers, late)
+        self.late: dict[str, tuple[float, float]] = {}
         self.sent = 0
         self.dropped = 0
 
@@ -355,6 +359,8 @@ class Network:
                 return
             copies = 2 if self.duplication and w.rng.random() < self.duplication else 1
             delays = [self._delay() for _ in range(copies)]
+            if src in self.late:
+                delays = [d + w.rng.uniform(*self.late[src]) for d in delays]
         else:
             delays = [delay]
         for d in delays:
@@ -557,8 +563,9 @@ class Client:
         bookie: str,
         build: Callable[[int], p.Request],
         on_reply: Callable[[p.Response | None], None],
-    ) -> None:
-        """Send one request; ``on_reply`` gets the decoded response, or None on timeout / lost connection."""
+    ) -> int:
+        """Send one request; ``on_reply`` gets the decoded response, or None on timeout / lost connection.
+        Returns its request id (for ``forget``)."""
         w = self.world
         self._rid += 1
         rid = self._rid
@@ -570,6 +577,13 @@ class Client:
         node = w.bookies[bookie]
         inc = node.incarnation if node.up else -1  # the process this request's connection goes to
         w.net.send(self.name, bookie, req, lambda: node.receive(self, rid, frame, inc))
+        return rid
+
+    def forget(self, bookie: str, rid: int) -> None:
+        """Stop waiting for request ``rid`` (its answer, when it comes, is dropped), as ``BookieConnection.forget``."""
+        item = self._pending.pop((bookie, rid), None)
+        if item is not None:
+            item[1].cancel()
 
     def request_adds(
         self,

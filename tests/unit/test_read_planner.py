@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger_client.read_planner import Batch, Outcome, ReadPlanner, ReadyRuns, Segment, segments
+from ledger_client.read_planner import Batch, Outcome, ReadPlanner, ReadyRuns, Rivals, Segment, segments
 
 B3 = ("a", "b", "c")
 
@@ -347,3 +347,31 @@ def test_a_copy_failing_beside_its_rival_is_counted_where_the_last_one_fails_ove
     assert res.unreadable is not None and not res.retries
     assert res.unreadable.missing is (outcome is Outcome.MISSING)
     assert len(res.unreadable.errors) == 3
+
+
+def test_rivals_settle_drop_and_rearm_as_the_batch_reader_needs() -> None:
+    """``Rivals``: a copy that fails while its rival is out does not settle the batch and hands the speculative
+    timer back to the rival left (86a776a); the copy that delivers settles it, the rival asked before it is dropped
+    and its bookie is slow; a copy asked after the winner is dropped without being called slow."""
+    pl = planner(n=4, w=1)
+    (b,) = pl.next_batches()
+    rivals = Rivals()
+    c1 = pl.speculate(b, answered_since=False)
+    assert c1 is not None
+    rivals.add(b, c1)
+    assert not rivals.speculates(b) and rivals.speculates(c1)
+    v = rivals.on_answer(c1, 0, Outcome.FAILED, "refused", waiting={b})
+    assert not v.settles and v.rearm is b and not v.drop
+    assert c1.index in b.tried and rivals.speculates(b)
+    c2 = pl.speculate(b, answered_since=False)
+    assert c2 is not None and c2.index not in (b.index, c1.index)
+    rivals.add(b, c2)
+    v = rivals.on_answer(c2, 4, None, "", waiting={b})
+    assert v.settles and v.drop == [b] and v.slow == [b.bookie] and v.rearm is None
+    # the winner asked first: the copy after it is dropped, its bookie not slow
+    (b2,) = planner(n=4, w=1).next_batches()
+    c = pl.speculate(b2, answered_since=False)
+    assert c is not None
+    rivals.add(b2, c)
+    v = rivals.on_answer(b2, 4, None, "", waiting={c})
+    assert v.settles and v.drop == [c] and v.slow == []
