@@ -975,6 +975,8 @@ class AdminApp:
         tenant = request.match_info["tenant"]
         if not await self._tenant_exists(tenant):
             raise AdminError(404, "Tenant does not exist")
+        if request.query.get("force", "false").lower() == "true":
+            await self._delete_tenant_namespaces(request, tenant)
         if await self.meta.list_namespaces(tenant):
             raise AdminError(409, "The tenant still has namespaces")
         try:
@@ -983,6 +985,19 @@ class AdminApp:
             raise AdminError(409, "The tenant still has namespaces") from None
         await self._prune_empty([tenant])
         return _no_content()
+
+    async def _delete_tenant_namespaces(self, request: web.Request, tenant: str) -> None:
+        """``?force=true`` (``pulsar-admin tenants delete -f``): each of the tenant's namespaces deleted with
+        ``force=true`` (its topics with it), as Pulsar's forced delete does; the first refused is answered as it
+        was, naming its namespace (the namespaces deleted before it stay deleted)."""
+        base = self.service.config.web_service_url.rstrip("/")
+        auth = self._forwarded_auth(request)
+        for ns in sorted(await self.meta.list_namespaces(tenant)):
+            url = f"{base}/admin/v2/namespaces/{quote(tenant, safe='')}/{quote(ns, safe='')}"
+            status, data = await self._send("DELETE", url, auth, None, {"force": "true"})
+            if status >= 300 and status != 404:  # (404: deleted meanwhile)
+                reason = data.get("reason") if isinstance(data, dict) else data
+                raise AdminError(status, f"namespace {tenant}/{ns}: {reason}")
 
     async def _prune_empty(self, parts: list[str]) -> None:
         """Remove the deleted namespace's (``[tenant, ns]``) or tenant's (``[tenant]``) directories that its

@@ -346,6 +346,27 @@ def test_a_forced_namespace_delete_deletes_its_topics_and_clients_then_the_names
     assert znodes_naming(zk, brokers.bookies.root, tenant) == []  # nothing of it is left
 
 
+def test_a_forced_tenant_delete_deletes_its_namespaces_and_their_topics(
+    bp: BrokerProcess, brokers: Brokers, zk: Any
+) -> None:
+    """``pulsar-admin tenants delete -f`` (``?force=true``): each namespace is deleted with force (a topic with
+    a message in one, the other empty), then the tenant: 204 and nothing of it left (before: 409 "The tenant
+    still has namespaces", force ignored)."""
+    tenant = unique("tn")
+    assert admin(bp, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
+    for ns in ("a", "b"):
+        assert admin(bp, "PUT", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    c = pulsar.Client(bp.service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        c.create_producer(f"persistent://{tenant}/a/t").send(b"x")
+    finally:
+        c.close()
+    assert admin(bp, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 409  # without force, as before
+    assert admin(bp, "DELETE", f"/admin/v2/tenants/{tenant}?force=true") == (204, None)
+    assert admin(bp, "GET", f"/admin/v2/tenants/{tenant}")[0] == 404
+    assert znodes_naming(zk, brokers.bookies.root, tenant) == []
+
+
 def test_the_cli_creates_lists_and_deletes_tenants_and_namespaces(bp: BrokerProcess) -> None:
     """``ledgerstore tenant …`` and ``ledgerstore namespace …`` (pulsar-admin's ``tenants`` and ``namespaces``);
     ``topic produce`` into a namespace that does not exist says so and how to create it (exit 4, not found)."""
