@@ -976,6 +976,9 @@ class AdminApp:
         if not await self._tenant_exists(tenant):
             raise AdminError(404, "Tenant does not exist")
         if request.query.get("force", "false").lower() == "true":
+            # as Pulsar's, off by default: it deletes every topic's data under the tenant
+            if not self.service.config.force_delete_tenant_allowed:
+                raise AdminError(405, "Broker doesn't allow forced deletion of tenants")
             await self._delete_tenant_namespaces(request, tenant)
         if await self.meta.list_namespaces(tenant):
             raise AdminError(409, "The tenant still has namespaces")
@@ -1146,6 +1149,8 @@ class AdminApp:
         a topic that exists opens (and is looked up) while the mark stands: only creations are refused."""
         tenant, ns, _p = await self._policies(request)
         force = request.query.get("force", "false").lower() == "true"
+        if force and not self.service.config.force_delete_namespace_allowed:  # as Pulsar's, off by default
+            raise AdminError(405, "Broker doesn't allow forced deletion of namespaces")
         async with self._deleting(f"namespace/{tenant}/{ns}", f"Namespace {tenant}/{ns}"):
             if force:
                 await self._delete_namespace_topics(request, tenant, ns)

@@ -285,6 +285,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "ttlDurationDefaultInSeconds; 0: none)",
     )
     p.add_argument(
+        "--force-delete-namespace-allowed",
+        action="store_true",
+        help="let DELETE …/namespaces/{t}/{ns}?force=true (pulsar-admin namespaces delete -f) delete the namespace's "
+        "topics and their data (Pulsar's forceDeleteNamespaceAllowed; off: 405)",
+    )
+    p.add_argument(
+        "--force-delete-tenant-allowed",
+        action="store_true",
+        help="let DELETE …/tenants/{t}?force=true (pulsar-admin tenants delete -f) delete the tenant's namespaces and "
+        "their topics (Pulsar's forceDeleteTenantAllowed; off: 405; each namespace's forced delete needs "
+        "--force-delete-namespace-allowed too)",
+    )
+    p.add_argument(
         "--max-partitions-per-topic",
         type=int,
         default=DEFAULT_MAX_PARTITIONS_PER_TOPIC,
@@ -530,6 +543,8 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         subscription_expiry_check_interval_s=sub_expiry,
         ttl_duration_default_s=ttl_default,
         max_partitions_per_topic=max_partitions,
+        force_delete_namespace_allowed=bool(getattr(args, "force_delete_namespace_allowed", False)),
+        force_delete_tenant_allowed=bool(getattr(args, "force_delete_tenant_allowed", False)),
         tls_port=tls.port,
         tls_cert_file=tls.cert,
         tls_key_file=tls.key,

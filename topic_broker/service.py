@@ -249,6 +249,10 @@ class BrokerConfig:
     subscription_expiry_check_interval_s: float = DEFAULT_SUBSCRIPTION_EXPIRY_CHECK_INTERVAL_S
     ttl_duration_default_s: int = DEFAULT_TTL_DURATION_S
     max_partitions_per_topic: int = DEFAULT_MAX_PARTITIONS_PER_TOPIC  # 0: no limit
+    # Pulsar's forceDeleteNamespaceAllowed and forceDeleteTenantAllowed (false by default there too): a DELETE with
+    # ?force=true deletes every topic (their data) under the namespace or tenant, so it is refused (405) unless on
+    force_delete_namespace_allowed: bool = False
+    force_delete_tenant_allowed: bool = False
     zk_session_timeout_s: float = 10.0
     # How long the broker's ledger client tries to replace a failed bookie of a topic's ledger before it fails
     # the ledger's appends, and the topic rolls over to a new ledger (docs/broker.md, "Bookies failing")

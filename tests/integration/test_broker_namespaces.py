@@ -38,7 +38,9 @@ FAST_S = 5.0
 
 @pytest.fixture(scope="module")
 def brokers(zk_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
-    with module_cluster(zk_server, tmp_path_factory.mktemp("namespaces")) as b:
+    # the forced deletes tested here are allowed (off, they are 405: test_forced_delete_gate)
+    forced = ("--force-delete-namespace-allowed", "--force-delete-tenant-allowed")
+    with module_cluster(zk_server, tmp_path_factory.mktemp("namespaces"), *forced) as b:
         yield b
 
 
