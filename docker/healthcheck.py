@@ -5,7 +5,9 @@ The URL is ``$LEDGERSTORE_HEALTH_URL`` when set (an override). Otherwise it foll
 the ``ledgerstore bookie serve`` or ``broker serve`` process (PID 1, or the first such process: under ``docker run
 --init`` PID 1 is the init) and its admin port as that command resolves it: ``--http-port`` on its command line >
 ``$LEDGERSTORE_HTTP_PORT`` > ``http_port`` in its ``--config`` file (or ``$LEDGERSTORE_CONFIG``) > the default
-(bookie 8000, broker 8080), asked on 127.0.0.1. A container running anything else is asked on 8000, as before.
+(bookie 8000, broker 8080); the host is the address it listens on, resolved the same way (``--listen-address``;
+a bookie's defaults to its ``--advertised-address``), or 127.0.0.1 when it listens on every interface. A
+container running anything else is asked on 127.0.0.1:8000, as before.
 
 The environment is this process's: Docker runs the check with the container's. Standard library only, and
 cheap: it runs every few seconds.
@@ -25,6 +27,8 @@ PORT_ENV = "LEDGERSTORE_HTTP_PORT"
 CONFIG_ENV = "LEDGERSTORE_CONFIG"
 DEFAULT_PORTS = {"bookie": 8000, "broker": 8080}
 FALLBACK_PORT = 8000
+LOOPBACK = "127.0.0.1"
+ANY_ADDRESS = "0.0.0.0"
 TIMEOUT_S = 2.0
 
 
@@ -56,27 +60,65 @@ def _port(text: object, where: str) -> int:
     return port
 
 
+def _settings(args: Sequence[str], environ: Mapping[str, str]) -> tuple[dict[str, object], str | None]:
+    config = _flag(args, "--config") or environ.get(CONFIG_ENV)
+    if not config:
+        return {}, None
+    with open(config, "rb") as f:
+        return tomllib.load(f), config
+
+
+def _setting(
+    args: Sequence[str], environ: Mapping[str, str], settings: Mapping[str, object], key: str
+) -> object:
+    """A ``serve`` setting as serve resolves it: ``--key`` > ``$LEDGERSTORE_KEY`` > ``key`` in its config file."""
+    if (flag := _flag(args, "--" + key.replace("_", "-"))) is not None:
+        return flag
+    env = "LEDGERSTORE_" + key.upper()
+    if environ.get(env):
+        return environ[env]
+    return settings.get(key)
+
+
 def admin_port(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """The admin HTTP port of the server ``argv`` runs, resolved as ``bookie serve``/``broker serve`` do."""
+    return admin_address(argv, environ)[1]
+
+
+def admin_address(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, int]:
+    """Where the admin HTTP of the server ``argv`` runs listens, resolved as ``bookie serve``/``broker serve`` do:
+    the port as above; the host is its listen address (a bookie's defaults to its advertised address, 127.0.0.1
+    unless given; a broker's to every interface), asked on 127.0.0.1 when it listens on every interface."""
     server = server_of(argv)
     if server is None:
-        return FALLBACK_PORT
+        return LOOPBACK, FALLBACK_PORT
     role, args = server
-    if (flag := _flag(args, "--http-port")) is not None:
-        return _port(flag, "--http-port")
-    if environ.get(PORT_ENV):
-        return _port(environ[PORT_ENV], f"${PORT_ENV}")
-    config = _flag(args, "--config") or environ.get(CONFIG_ENV)
-    if config:
-        with open(config, "rb") as f:
-            settings = tomllib.load(f)
-        if "http_port" in settings:
-            return _port(settings["http_port"], f"http_port in {config}")
-    return DEFAULT_PORTS[role]
+    settings, config = _settings(args, environ)
+    value = _setting(args, environ, settings, "http_port")
+    if value is None:
+        port = DEFAULT_PORTS[role]
+    elif _flag(args, "--http-port") is not None:
+        port = _port(value, "--http-port")
+    elif environ.get(PORT_ENV):
+        port = _port(value, f"${PORT_ENV}")
+    else:
+        port = _port(value, f"http_port in {config}")
+    host = _setting(args, environ, settings, "listen_address")
+    if host is None:
+        host = _setting(args, environ, settings, "advertised_address") if role == "bookie" else ANY_ADDRESS
+    host = str(host or LOOPBACK).strip()
+    if host in ("", ANY_ADDRESS, "::", "[::]"):
+        host = LOOPBACK
+    return host, port
 
 
 def health_url(argv: Sequence[str], environ: Mapping[str, str]) -> str:
-    return environ.get(URL_ENV) or f"http://127.0.0.1:{admin_port(argv, environ)}/health"
+    if environ.get(URL_ENV):
+        return environ[URL_ENV]
+    host, port = admin_address(argv, environ)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/health"
 
 
 def cmdline(pid: int | str, proc: Path = Path("/proc")) -> list[str]:

@@ -111,6 +111,34 @@ def test_the_port_is_resolved_as_serve_resolves_it(tmp_path: Path) -> None:
         hc.admin_port(bookie, {"LEDGERSTORE_HTTP_PORT": "70000"})
 
 
+def test_the_host_is_the_address_the_admin_server_listens_on(tmp_path: Path) -> None:
+    """A bookie's admin HTTP listens on its listen address, by default its advertised address: a container run with
+    `--advertised-address bookie-1` (the container's name, as other containers reach it) is not on 127.0.0.1, so
+    asking 127.0.0.1 was refused while its /health answered 200. A broker's listens on every interface by default."""
+    conf = tmp_path / "bookie.toml"
+    conf.write_text('listen_address = "0.0.0.0"\n')
+    py = ["/opt/ledgerstore/bin/python", "/opt/ledgerstore/bin/ledgerstore"]
+    bookie, broker = [*py, "bookie", "serve"], [*py, "broker", "serve"]
+    assert hc.admin_address(bookie, {}) == ("127.0.0.1", 8000)
+    assert hc.admin_address([*bookie, "--advertised-address", "bookie-1"], {}) == ("bookie-1", 8000)
+    assert hc.admin_address(
+        [*bookie, "--advertised-address=bookie-1", "--listen-address", "0.0.0.0"], {}
+    ) == (
+        "127.0.0.1",
+        8000,
+    )
+    assert hc.admin_address([*bookie, "--advertised-address", "b1", "--config", str(conf)], {}) == (
+        "127.0.0.1",
+        8000,
+    )
+    assert hc.admin_address(bookie, {"LEDGERSTORE_ADVERTISED_ADDRESS": "b2"}) == ("b2", 8000)
+    assert hc.admin_address(bookie, {"LEDGERSTORE_LISTEN_ADDRESS": "10.0.0.5"}) == ("10.0.0.5", 8000)
+    assert hc.admin_address([*broker, "--advertised-address", "broker-1"], {}) == ("127.0.0.1", 8080)
+    assert hc.admin_address([*broker, "--listen-address", "10.0.0.6"], {}) == ("10.0.0.6", 8080)
+    assert hc.health_url([*bookie, "--listen-address", "::1"], {}) == "http://[::1]:8000/health"
+    assert hc.health_url([*bookie, "--advertised-address", "bookie-1"], {}) == "http://bookie-1:8000/health"
+
+
 def test_under_an_init_the_server_is_found_among_the_processes(tmp_path: Path) -> None:
     """`docker run --init`: PID 1 is the init; the server is the process whose command line runs `serve`."""
     for pid, argv in {
