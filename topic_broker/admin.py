@@ -133,6 +133,11 @@ class AdminError(Exception):
         self.reason = reason
 
 
+def _shrink_refused(asked: int, current: int) -> AdminError:
+    """A partitioned topic's partitions never shrink: Pulsar's answer to a count below its own, its words."""
+    return AdminError(422, f"Expect partitions {asked} can't less than current partitions {current}.")
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
@@ -1772,13 +1777,16 @@ class AdminApp:
         if current == 0:
             raise AdminError(404, f"Partitioned topic {name} does not exist")
         if n < current:
-            raise AdminError(409, f"The number of partitions can only grow ({current} now, asked {n})")
+            raise _shrink_refused(n, current)
         limit = self._partition_limit(n)
         if limit is not None:  # Pulsar's answer, its words
             raise AdminError(422, f"Expect partitions {n} grater than maximum partitions per topic {limit}")
         try:
             await self.meta.update_partitions(name.ml_name, n)
-        except ValueError as e:
+        except ValueError as e:  # being deleted, or grown past n since the read
+            grown = await self._partitions(name)
+            if grown > n:
+                raise _shrink_refused(n, grown) from e
             raise AdminError(409, str(e)) from e
         except zk.MetadataNotFoundError:  # deleted since the read
             raise AdminError(404, f"Partitioned topic {name} does not exist") from None
