@@ -138,6 +138,68 @@ def _shrink_refused(asked: int, current: int) -> AdminError:
     return AdminError(422, f"Expect partitions {asked} can't less than current partitions {current}.")
 
 
+#: A partitioned topic's subscription's fields that are the sum of its partitions', as Pulsar's
+#: ``SubscriptionStatsImpl.add`` sums them (``msgBacklogEntries``, ours, likewise).
+_SUBSCRIPTION_SUMS = (
+    "msgBacklog",
+    "msgBacklogEntries",
+    "msgBacklogNoDelayed",
+    "backlogSize",
+    "msgRateOut",
+    "msgThroughputOut",
+    "msgRateRedeliver",
+    "msgOutCounter",
+    "bytesOutCounter",
+    "unackedMessages",
+    "msgDelayed",
+    "nonContiguousDeletedMessagesRanges",
+)
+_SUBSCRIPTION_LATEST = ("lastAckedTimestamp", "lastConsumedTimestamp", "lastConsumedFlowTimestamp")
+
+
+def _new_subscription_total() -> dict[str, Any]:
+    """A partitioned topic's subscription in ``partitioned-stats`` before its partitions' are added: the fields a
+    partition's has, as Pulsar's aggregate carries them (a new ``SubscriptionStatsImpl``). Those Pulsar does not
+    aggregate keep its defaults: ``earliestMsgPublishTimeInBacklog`` 0, ``blockedSubscriptionOnUnackedMsgs``
+    false, ``activeConsumerName`` null; a partition's cursor positions mean nothing for the whole and are left
+    out (they are in each partition's entry)."""
+    return {
+        "type": None,
+        "isDurable": False,
+        "isReplicated": False,
+        **dict.fromkeys(_SUBSCRIPTION_SUMS, 0),
+        "msgRateOut": 0.0,
+        "msgThroughputOut": 0.0,
+        "msgRateRedeliver": 0.0,
+        "earliestMsgPublishTimeInBacklog": 0,
+        "blockedSubscriptionOnUnackedMsgs": False,
+        **dict.fromkeys(_SUBSCRIPTION_LATEST, 0),
+        "activeConsumerName": None,
+        "subscriptionProperties": {},
+        "consumers": [],
+    }
+
+
+def _add_subscription(total: dict[str, Any], part: dict[str, Any]) -> None:
+    """A partition's subscription stats added into ``total`` (:func:`_new_subscription_total`) as Pulsar's
+    ``SubscriptionStatsImpl.add`` adds them: counters and backlogs summed, ``type`` the last partition's,
+    ``isDurable``, ``isReplicated`` and ``allowOutOfOrderDelivery`` true when any partition's is, the properties
+    merged, the consumers all listed. The last-activity times are the latest partition's (Pulsar leaves them 0)."""
+    for k in _SUBSCRIPTION_SUMS:
+        total[k] += part.get(k, 0)
+    total["type"] = part.get("type", total["type"])
+    for k in ("isDurable", "isReplicated"):
+        total[k] = total[k] or bool(part.get(k, False))
+    if "allowOutOfOrderDelivery" in part:
+        total["allowOutOfOrderDelivery"] = total.get("allowOutOfOrderDelivery", False) or bool(
+            part["allowOutOfOrderDelivery"]
+        )
+    for k in _SUBSCRIPTION_LATEST:
+        total[k] = max(total[k], part.get(k, 0))
+    total["subscriptionProperties"].update(part.get("subscriptionProperties") or {})
+    total["consumers"] += part.get("consumers", [])
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
@@ -2202,45 +2264,7 @@ class AdminApp:
             earliest.append(data.get("earliestMsgPublishTimeInBacklogs", 0))
             publishers += data.get("publishers", [])
             for sn, s in data.get("subscriptions", {}).items():
-                agg = subs.setdefault(
-                    sn,
-                    {
-                        "type": s.get("type"),
-                        "msgBacklog": 0,
-                        "msgBacklogEntries": 0,
-                        "backlogSize": 0,
-                        "msgRateOut": 0.0,
-                        "msgThroughputOut": 0.0,
-                        "msgRateRedeliver": 0.0,
-                        "msgOutCounter": 0,
-                        "bytesOutCounter": 0,
-                        "unackedMessages": 0,
-                        "msgDelayed": 0,
-                        "msgBacklogNoDelayed": 0,
-                        "nonContiguousDeletedMessagesRanges": 0,
-                        "lastAckedTimestamp": 0,
-                        "lastConsumedTimestamp": 0,
-                        "consumers": [],
-                    },
-                )
-                for k in (
-                    "msgBacklog",
-                    "msgBacklogEntries",
-                    "backlogSize",
-                    "msgRateOut",
-                    "msgThroughputOut",
-                    "msgRateRedeliver",
-                    "msgOutCounter",
-                    "bytesOutCounter",
-                    "unackedMessages",
-                    "msgDelayed",
-                    "msgBacklogNoDelayed",
-                    "nonContiguousDeletedMessagesRanges",
-                ):
-                    agg[k] += s.get(k, 0)
-                for k in ("lastAckedTimestamp", "lastConsumedTimestamp"):
-                    agg[k] = max(agg[k], s.get(k, 0))
-                agg["consumers"] += s.get("consumers", [])
+                _add_subscription(subs.setdefault(sn, _new_subscription_total()), s)
             if per_partition:
                 partitions[str(name.partition(i))] = data
         msg_in = total["msgInCounter"]

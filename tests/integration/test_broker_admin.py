@@ -308,6 +308,14 @@ def test_partitioned_topic_and_pulsar_client_over_http_lookup(broker: BrokerProc
         assert ps["metadata"] == {"partitions": 4}
         assert ps["msgInCounter"] == n
         assert ps["subscriptions"]["psub"]["msgBacklog"] == n - n // 2
+        # the aggregate has a partition's fields (its cursor positions excepted), as Pulsar's SubscriptionStatsImpl
+        agg, part = (
+            ps["subscriptions"]["psub"],
+            ps["partitions"][f"{full}-partition-0"]["subscriptions"]["psub"],
+        )
+        assert set(agg) == set(part) - {"markDeletePosition", "readPosition"}
+        assert (agg["isDurable"], agg["isReplicated"], agg["type"]) == (True, False, "Exclusive")
+        assert (agg["earliestMsgPublishTimeInBacklog"], agg["blockedSubscriptionOnUnackedMsgs"]) == (0, False)
         assert len(ps["partitions"]) == 4
         assert ok(broker, "GET", f"{T}/{t}/subscriptions") == ["psub"]
         consumer.close()
