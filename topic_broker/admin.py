@@ -1227,7 +1227,8 @@ class AdminApp:
         """``?force=true`` (``pulsar-admin namespaces delete -f``): the namespace marked ``deleted`` (no topic is
         made in it any more: a producer's reconnection is refused), then each partitioned topic and each other
         topic deleted with ``force=true`` through its owner (their clients closed), as Pulsar's forced delete
-        does. A delete refused takes the mark back and is answered as it was, naming its topic."""
+        does. A delete refused takes the mark back and is answered as it was, naming its topic; a partitioned
+        topic's refused, nothing more is deleted."""
         await self._update_policies(tenant, ns, lambda q: dataclasses.replace(q, deleted=True))
         try:
             auth, params = self._forwarded_auth(request), {"force": "true"}
@@ -1238,6 +1239,9 @@ class AdminApp:
                     "DELETE", self._topic_url(name, "/partitions"), auth, None, params
                 )
                 results.append((name, status, data))
+            # a partitioned topic's delete refused leaves it whole: its partitions, still listed below, are not
+            # deleted one by one (which kept its metadata and lost its data)
+            self._check_topic_results(results)
             for t in await self._list_topics(tenant, ns):  # (after: the partitions went with their topics)
                 name = TopicName.parse(t)
                 status, data = await self._send("DELETE", self._topic_url(name, ""), auth, None, params)

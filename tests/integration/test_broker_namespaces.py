@@ -348,6 +348,56 @@ def test_a_forced_namespace_delete_deletes_its_topics_and_clients_then_the_names
     assert znodes_naming(zk, brokers.bookies.root, tenant) == []  # nothing of it is left
 
 
+def test_a_refused_forced_namespace_delete_leaves_a_partitioned_topics_partitions(
+    bp: BrokerProcess, brokers: Brokers
+) -> None:
+    """A forced namespace delete whose partitioned topic's delete is refused (another delete of that topic under
+    way: 409 '... is being deleted') is answered 409 and leaves that topic whole. It went on to the namespace's
+    other topics, among them the refused topic's partitions, and force-deleted each one by name: the topic kept
+    its metadata and lost its data (before: 0 of the 4 messages read back)."""
+    from urllib.parse import quote
+
+    import zk as zkmod
+    from topic_broker.names import TopicName
+
+    tenant, ns = unique("tn"), unique("ns")
+    topic = f"persistent://{tenant}/{ns}/parted"
+    assert admin(bp, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
+    assert admin(bp, "PUT", f"/admin/v2/namespaces/{tenant}/{ns}")[0] == 204
+    assert admin(bp, "PUT", f"/admin/v2/persistent/{tenant}/{ns}/parted/partitions", 2)[0] == 204
+    sent = [f"m{i}".encode() for i in range(4)]
+    c = pulsar.Client(bp.service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        c.subscribe(topic, "s").close()
+        producer = c.create_producer(topic, batching_enabled=False)
+        for m in sent:
+            producer.send(m)
+        producer.close()
+    finally:
+        c.close()
+    other = zkmod.MetadataStore.connect(brokers.bookies.zk, root=brokers.bookies.root)
+    try:
+        ml = TopicName.parse(topic).ml_name
+        other.create(f"deleting/{quote(f'partitioned/{ml}', safe='')}", {"broker": "another"}, ephemeral=True)
+        status, body = admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}?force=true")
+        assert status == 409 and "is being deleted" in body["reason"], (status, body)
+    finally:
+        other.close()
+    c = pulsar.Client(bp.service_url, operation_timeout_seconds=OPERATION_TIMEOUT_S)
+    try:
+        consumer = c.subscribe(topic, "s")
+        got = []
+        for _ in sent:
+            try:
+                got.append(consumer.receive(timeout_millis=5000).data())
+            except Exception:  # noqa: BLE001 (pulsar.Timeout: nothing more to read)
+                break
+        assert sorted(got) == sent, f"{len(got)} of {len(sent)} messages read back: {got}"
+    finally:
+        c.close()
+    assert admin(bp, "DELETE", f"/admin/v2/namespaces/{tenant}/{ns}?force=true")[0] == 204
+
+
 def test_a_forced_tenant_delete_deletes_its_namespaces_and_their_topics(
     bp: BrokerProcess, brokers: Brokers, zk: Any
 ) -> None:
