@@ -64,8 +64,8 @@ def _settings(args: Sequence[str], environ: Mapping[str, str]) -> tuple[dict[str
     config = _flag(args, "--config") or environ.get(CONFIG_ENV)
     if not config:
         return {}, None
-    with open(config, "rb") as f:
-        return tomllib.load(f), config
+    with open(config, "rb") as f:  # keys as serve reads them: `http-port` is `http_port`
+        return {str(k).replace("-", "_"): v for k, v in tomllib.load(f).items()}, config
 
 
 def _setting(

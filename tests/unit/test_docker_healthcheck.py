@@ -132,6 +132,9 @@ def test_the_host_is_the_address_the_admin_server_listens_on(tmp_path: Path) -> 
         8000,
     )
     assert hc.admin_address(bookie, {"LEDGERSTORE_ADVERTISED_ADDRESS": "b2"}) == ("b2", 8000)
+    hyphens = tmp_path / "hyphens.toml"  # the config file's keys may be written as the flags are
+    hyphens.write_text('http-port = 52620\nadvertised-address = "bookie-3"\n')
+    assert hc.admin_address([*bookie, "--config", str(hyphens)], {}) == ("bookie-3", 52620)
     assert hc.admin_address(bookie, {"LEDGERSTORE_LISTEN_ADDRESS": "10.0.0.5"}) == ("10.0.0.5", 8000)
     assert hc.admin_address([*broker, "--advertised-address", "broker-1"], {}) == ("127.0.0.1", 8080)
     assert hc.admin_address([*broker, "--listen-address", "10.0.0.6"], {}) == ("10.0.0.6", 8080)
