@@ -655,6 +655,14 @@ _TOPIC_LIMITS = {
 FAN_OUT_CONNECTIONS = 16
 #: Redirects a call sent on to a topic's owner follows (aiohttp's default) before it is given up (503)
 FORWARD_REDIRECTS_MAX = 10
+#: The bound on one admin call this broker sends on (to a topic's owner, to a partition) through its shared
+#: session, from connecting to the answer's last byte (a forced tenant delete's namespace calls: on connecting).
+ADMIN_CALL_TIMEOUT_S = 60.0
+#: The bound on a forced tenant delete's call deleting one of its namespaces (that namespace's topics deleted one
+#: after another, through their owners): none, as a namespace of a few hundred topics takes minutes; only its
+#: connecting is bounded (ADMIN_CALL_TIMEOUT_S). Under the shared session's bound such a tenant delete was
+#: answered 500 "internal error: " after 60 s while the namespace's delete went on.
+NAMESPACE_DELETE_TIMEOUT_S: float | None = None
 
 #: A request body must arrive whole within this long (as a connection may idle): a client that announces a body
 #: and sends it slowly, or never, is answered 408 rather than holding its connection and handler for ever.
@@ -772,7 +780,7 @@ class AdminApp:
     def http(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=60),
+                timeout=aiohttp.ClientTimeout(total=ADMIN_CALL_TIMEOUT_S),
                 connector=aiohttp.TCPConnector(limit_per_host=FAN_OUT_CONNECTIONS),
             )
         return self._http
@@ -887,11 +895,15 @@ class AdminApp:
         auth_header: str | None,
         body: Any = None,
         params: Mapping[str, str] | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
     ) -> tuple[int, Any]:
         """One admin call (following redirects to the topic's owner): its status and parsed body. The redirects
         are followed here, the ``Authorization`` kept: aiohttp drops it on a redirect to another origin, and an
-        owner is another broker's port, so a call on a topic another broker served was refused 401 there."""
+        owner is another broker's port, so a call on a topic another broker served was refused 401 there.
+        ``timeout``: its bounds, if not the shared session's (:data:`ADMIN_CALL_TIMEOUT_S`)."""
         kw: dict[str, Any] = {"params": dict(params or {}), "allow_redirects": False}
+        if timeout is not None:
+            kw["timeout"] = timeout
         if auth_header:
             kw["headers"] = {"Authorization": auth_header}
         if body is not None:
@@ -1059,12 +1071,22 @@ class AdminApp:
     async def _delete_tenant_namespaces(self, request: web.Request, tenant: str) -> None:
         """``?force=true`` (``pulsar-admin tenants delete -f``): each of the tenant's namespaces deleted with
         ``force=true`` (its topics with it), as Pulsar's forced delete does; the first refused is answered as it
-        was, naming its namespace (the namespaces deleted before it stay deleted)."""
+        was, naming its namespace (the namespaces deleted before it stay deleted). Each namespace's delete has
+        no bound on its whole (:data:`NAMESPACE_DELETE_TIMEOUT_S`); one that fails to answer (connection refused
+        or lost) is answered 500 naming its namespace."""
         base = self.service.config.web_service_url.rstrip("/")
         auth = self._forwarded_auth(request)
+        timeout = aiohttp.ClientTimeout(total=NAMESPACE_DELETE_TIMEOUT_S, sock_connect=ADMIN_CALL_TIMEOUT_S)
         for ns in sorted(await self.meta.list_namespaces(tenant)):
             url = f"{base}/admin/v2/namespaces/{quote(tenant, safe='')}/{quote(ns, safe='')}"
-            status, data = await self._send("DELETE", url, auth, None, {"force": "true"})
+            try:
+                status, data = await self._send("DELETE", url, auth, None, {"force": "true"}, timeout)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                raise AdminError(
+                    500,
+                    f"namespace {tenant}/{ns}: its forced delete did not answer ({what}); it may still be under way",
+                ) from e
             if status >= 300 and status != 404:  # (404: deleted meanwhile)
                 reason = data.get("reason") if isinstance(data, dict) else data
                 raise AdminError(status, f"namespace {tenant}/{ns}: {reason}")

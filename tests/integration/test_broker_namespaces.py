@@ -601,3 +601,47 @@ def test_each_request_reads_its_namespace_policies_once(brokers: Brokers) -> Non
             c.close()
             run(http.stop())
             run(server.stop())
+
+
+def test_a_forced_tenant_delete_waits_for_a_slow_namespace_delete_and_names_a_failed_one(
+    brokers: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forced tenant delete's nested namespace delete is not bound by the admin session's bound on a call
+    (:data:`ADMIN_CALL_TIMEOUT_S`, 60 s, made 1 s here): a namespace whose forced delete takes 2 s is deleted and the
+    tenant with it (before: 500 "internal error: ", nothing naming the namespace, while its delete went on). A
+    nested call that fails to answer (its own bound made 0.5 s here) is answered naming the namespace."""
+    import asyncio
+
+    from topic_broker import admin as admin_mod
+    from topic_broker.admin import AdminServer
+
+    monkeypatch.setattr(admin_mod, "ADMIN_CALL_TIMEOUT_S", 1.0)
+    with in_process_broker(
+        brokers, force_delete_namespace_allowed=True, force_delete_tenant_allowed=True
+    ) as (service, run):
+        http = AdminServer(service)
+        run(http.start())
+        slow = http.admin._delete_namespace_topics
+
+        async def slow_delete(*a: Any) -> None:
+            await asyncio.sleep(2.0)
+            await slow(*a)
+
+        http.admin._delete_namespace_topics = slow_delete  # type: ignore[method-assign]
+        bp_like = type("P", (), {"http_port": service.config.http_port})()
+        try:
+            for tenant in (t1 := unique("tslow"), t2 := unique("tfail")):
+                assert admin(bp_like, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
+                assert admin(bp_like, "PUT", f"/admin/v2/namespaces/{tenant}/a")[0] == 204
+            assert admin(bp_like, "DELETE", f"/admin/v2/tenants/{t1}?force=true") == (204, None)
+            assert admin(bp_like, "GET", f"/admin/v2/tenants/{t1}")[0] == 404
+            monkeypatch.setattr(admin_mod, "NAMESPACE_DELETE_TIMEOUT_S", 0.5)
+            status, body = admin(bp_like, "DELETE", f"/admin/v2/tenants/{t2}?force=true")
+            assert status == 500, (status, body)
+            assert body["reason"].startswith(
+                f"namespace {t2}/a: its forced delete did not answer (Timeout"
+            ), body
+            time.sleep(3.0)  # (its delete, still under way, finishes)
+            assert admin(bp_like, "DELETE", f"/admin/v2/tenants/{t2}") == (204, None)
+        finally:
+            run(http.stop())
