@@ -36,6 +36,7 @@ from zk.errors import (
     MetadataNotFoundError,
     MetadataVersionError,
 )
+from zk.registry import registered_timeout_s
 from zk.versioned import Versioned
 
 __all__ = [
@@ -1027,9 +1028,8 @@ class BrokerMetadataStore:
                 holders.add(st.ephemeral_owner)
                 with contextlib.suppress(MetadataNotFoundError, MetadataFormatError):
                     body = await self.store.aget_optional(path)
-                    if body is not None:
-                        theirs_s = BrokerInfo.from_json(body.value).session_timeout_ms / 1000.0
-                        deadline = max(deadline, began + theirs_s + 2.0)
+                    if body is not None:  # (at most REGISTERED_SESSION_TIMEOUT_MAX_S; one not a number: 0)
+                        deadline = max(deadline, began + registered_timeout_s(body.value) + 2.0)
             if asyncio.get_running_loop().time() >= deadline:
                 raise MetadataExistsError(
                     f"broker id {broker_id} is already registered by another live ZooKeeper session "

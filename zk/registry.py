@@ -4,8 +4,9 @@ A bookie registers once; the registry keeps the registration alive across ZooKee
 re-creating the znode when the store reports a new session (``"CONNECTED"`` after ``"LOST"``). Bookie ids look
 like ``"127.0.0.1:3181"`` (``':'`` is fine in znode names). The body is the bookie's ``info`` dict (e.g. host,
 port, http_port) plus ``format_version`` and ``session_timeout_ms``, the session timeout ZooKeeper granted the
-session that registered it (a restart waits that long for a crashed process's registration to go; a body without
-it, written by an older bookie, reads as 0: not known). Discovery returns the ``info`` only.
+session that registered it (a restart waits that long, at most ``REGISTERED_SESSION_TIMEOUT_MAX_S``, for a crashed
+process's registration to go; a body without it, written by an older bookie, or with something else than a positive
+number, reads as 0: not known). Discovery returns the ``info`` only.
 """
 
 from __future__ import annotations
@@ -47,13 +48,23 @@ def _strip(value: JsonDict) -> JsonDict:
     return {k: v for k, v in value.items() if k not in ("format_version", SESSION_TIMEOUT_KEY)}
 
 
-def _registered_timeout_s(value: JsonDict) -> float:
-    """The session timeout a registration's body says its session was granted (s); 0 when it does not say (an
-    older bookie's) or says something that is not a positive number."""
+#: The longest session timeout a registration's body is believed (s): a restart waits for the old registration to
+#: go (holding the registry's lock) for no longer than this + 2 s, whatever a corrupt or foreign body says. The
+#: ZooKeeper this project starts grants at most 60 s (zk/launcher.py's maxSessionTimeout; ZooKeeper's own
+#: default is 20 x tickTime, 40 s). A registration of a session granted more that is still there then is
+#: refused as another live process's (MetadataExistsError), and a later restart succeeds.
+REGISTERED_SESSION_TIMEOUT_MAX_S = 60.0
+
+
+def registered_timeout_s(value: JsonDict) -> float:
+    """The session timeout a registration's body (a bookie's or a broker's) says its session was granted (s), at
+    most :data:`REGISTERED_SESSION_TIMEOUT_MAX_S`; 0 when it does not say (an older process's) or says something
+    that is not a positive number (NaN too)."""
     ms = value.get(SESSION_TIMEOUT_KEY)
-    if isinstance(ms, bool) or not isinstance(ms, int | float) or ms <= 0:
+    if isinstance(ms, bool) or not isinstance(ms, int | float) or not ms > 0:
         return 0.0
-    return float(ms) / 1000.0
+    # (the bound first: an int too large for a float, or infinity, is the bound)
+    return float(min(ms, REGISTERED_SESSION_TIMEOUT_MAX_S * 1000.0)) / 1000.0
 
 
 class BookieRegistry:
@@ -154,7 +165,7 @@ class BookieRegistry:
                 holders.add(st.ephemeral_owner)
                 with contextlib.suppress(MetadataNotFoundError, MetadataFormatError):
                     old = self._store.get(path)
-                    deadline = max(deadline, began + _registered_timeout_s(old.value) + 2.0)
+                    deadline = max(deadline, began + registered_timeout_s(old.value) + 2.0)
             if st.ephemeral_owner != self._store.session_id and not said:
                 # said once: a restart right after a crash waits here up to a session timeout
                 said = True
