@@ -36,7 +36,11 @@ payloads (:data:`PAYLOAD_ROUTES`) always need a token, and the consume permissio
 ``grant-permission``, ``permissions``, ``revoke-permission``).
 
 Errors are Pulsar's: a JSON body ``{"reason": "…"}`` with 400 (bad body), 404 (no such topic, subscription,
-namespace), 409 (already exists, not empty), 412 (invalid name, active clients without ``force``), 500. A call
+namespace), 405 (not allowed there: a partition's call on a partitioned topic or the reverse, a forced delete the
+broker does not allow, a reader's or the compactor's subscription moved), 409 (already exists, not empty), 412
+(invalid name, active clients without ``force``), 406 (a partitioned topic created past the partition limit), 408
+(a body not arrived in time), 413 (a body, or subscription properties, too large), 422 (a partition count below the
+current one, or grown past the limit), 500, 503 (try again: starting, ZooKeeper away, too few bookies). A call
 on one topic whose tenant or namespace does not exist is 404 "Namespace not found" before anything is written.
 """
 
