@@ -188,7 +188,8 @@ def _add_subscription(total: dict[str, Any], part: dict[str, Any]) -> None:
     """A partition's subscription stats added into ``total`` (:func:`_new_subscription_total`) as Pulsar's
     ``SubscriptionStatsImpl.add`` adds them: counters and backlogs summed, ``type`` the last partition's,
     ``isDurable``, ``isReplicated`` and ``allowOutOfOrderDelivery`` true when any partition's is, the properties
-    merged, the consumers all listed. The last-activity times are the latest partition's (Pulsar leaves them 0)."""
+    merged, the consumers all listed; a Key_Shared one's ``keySharedMode`` null, as Pulsar leaves it. The
+    last-activity times are the latest partition's (Pulsar leaves them 0)."""
     for k in _SUBSCRIPTION_SUMS:
         total[k] += part.get(k, 0)
     total["type"] = part.get("type", total["type"])
@@ -198,6 +199,8 @@ def _add_subscription(total: dict[str, Any], part: dict[str, Any]) -> None:
         total["allowOutOfOrderDelivery"] = total.get("allowOutOfOrderDelivery", False) or bool(
             part["allowOutOfOrderDelivery"]
         )
+    if "keySharedMode" in part:  # (Pulsar's add never sets it; each partition's entry has its own)
+        total["keySharedMode"] = None
     for k in _SUBSCRIPTION_LATEST:
         total[k] = max(total[k], part.get(k, 0))
     total["subscriptionProperties"].update(part.get("subscriptionProperties") or {})

@@ -32,3 +32,13 @@ def test_flags_are_any_partitions_and_counters_are_summed() -> None:
     t = _total(busy)
     assert (t["earliestMsgPublishTimeInBacklog"], t["blockedSubscriptionOnUnackedMsgs"]) == (0, False)
     assert t["activeConsumerName"] is None
+
+
+def test_a_key_shared_subscriptions_mode_is_there_and_null() -> None:
+    """A Key_Shared subscription's partitions each have ``keySharedMode``; the aggregate has the key too (a
+    partition's fields, as docs/broker.md says), null as Pulsar's ``SubscriptionStatsImpl.add`` leaves it. A
+    subscription of another type has none, as its partitions have none."""
+    sticky = {"type": "Key_Shared", "keySharedMode": "STICKY", "allowOutOfOrderDelivery": False}
+    t = _total(sticky, {**sticky, "keySharedMode": "AUTO_SPLIT"})
+    assert "keySharedMode" in t and t["keySharedMode"] is None
+    assert "keySharedMode" not in _total({"type": "Shared"}, {"type": "Shared"})
