@@ -653,6 +653,7 @@ _TOPIC_LIMITS = {
         "max_unacked_messages_per_subscription",
         DEFAULT_UNACKED_SUBSCRIPTION_MAX,
     ),
+    "maxConsumersPerSubscription": ("max_consumers_per_subscription", "max_consumers_per_subscription", 0),
 }
 
 
@@ -2037,8 +2038,8 @@ class AdminApp:
         return _no_content()
 
     async def topic_limit_get(self, request: web.Request) -> web.Response:
-        """``maxProducers``, ``maxConsumers``, ``maxUnackedMessagesOnConsumer``: the topic's own (``null`` when
-        not set), or ``applied``: the topic's, else its namespace's, else the broker's (0: no limit)."""
+        """``maxProducers``, ``maxConsumers``, ``maxUnackedMessagesOnConsumer``, ``maxConsumersPerSubscription``,
+        …: the topic's own (``null`` when not set), or ``applied``: the topic's, else its namespace's, else the broker's (0: no limit)."""
         field, ns_field, default = _TOPIC_LIMITS[request.match_info["limit"]]
         return await self._topic_policy_get(request, field, default, ns_field)
 

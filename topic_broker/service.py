@@ -2987,7 +2987,9 @@ class BrokerService:
         topic.namespace_compaction_threshold = p.compaction_threshold
         topic.max_producers = policy_in_force(tp.max_producers, p.max_producers_per_topic, 0)
         topic.max_consumers = policy_in_force(tp.max_consumers, p.max_consumers_per_topic, 0)
-        topic.max_consumers_per_subscription = p.max_consumers_per_subscription or 0
+        topic.max_consumers_per_subscription = policy_in_force(
+            tp.max_consumers_per_subscription, p.max_consumers_per_subscription, 0
+        )
         topic.max_subscriptions = p.max_subscriptions_per_topic or 0
         unacked = policy_in_force(
             tp.max_unacked_messages_on_consumer,

@@ -50,6 +50,41 @@ def test_max_consumers_per_subscription(bp: BrokerProcess, c: Any) -> None:
         x.close()
 
 
+def test_a_topics_own_max_consumers_per_subscription_is_over_its_namespaces(
+    bp: BrokerProcess, c: Any
+) -> None:
+    """A topic's own ``maxConsumersPerSubscription`` (``pulsar-admin topics set-max-consumers-per-subscription``)
+    takes the place of its namespace's: 1 over the namespace's 3 refuses a second Shared consumer, 0 over the
+    namespace's 1 takes any number, removed the namespace's applies again."""
+    ns = _namespace(bp)
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxConsumersPerSubscription", 3)
+    name = topic_name()
+    topic = f"persistent://public/{ns}/{name}"
+    path = f"/admin/v2/persistent/public/{ns}/{name}/maxConsumersPerSubscription"
+    shared = pulsar.ConsumerType.Shared
+    consumers = [c.subscribe(topic, "s", consumer_type=shared)]
+    assert admin(bp, "GET", path) is None
+    assert admin(bp, "GET", path + "?applied=true") == 3
+    admin(bp, "POST", path, 1)
+    assert admin(bp, "GET", path) == 1
+    assert admin(bp, "GET", path + "?applied=true") == 1
+    with pytest.raises(pulsar.ConsumerBusy):
+        c.subscribe(topic, "s", consumer_type=shared)
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxConsumersPerSubscription", 1)
+    admin(bp, "POST", path, 0)
+    consumers += [c.subscribe(topic, "s", consumer_type=shared) for _ in range(2)]
+    admin(bp, "DELETE", path)
+    assert admin(bp, "GET", path) is None
+    assert admin(bp, "GET", path + "?applied=true") == 1
+    for x in consumers:
+        x.close()
+    consumers = [c.subscribe(topic, "s", consumer_type=shared)]
+    with pytest.raises(pulsar.ConsumerBusy):
+        c.subscribe(topic, "s", consumer_type=shared)
+    for x in consumers:
+        x.close()
+
+
 def test_max_subscriptions_per_topic(bp: BrokerProcess, c: Any) -> None:
     """``maxSubscriptionsPerTopic`` 2: a third subscription is refused NotAllowedError (by SUBSCRIBE, by a
     reader's, as Pulsar's getNonDurableSubscription, and by the admin's create, 412), while the existing ones
