@@ -654,6 +654,7 @@ _TOPIC_LIMITS = {
         DEFAULT_UNACKED_SUBSCRIPTION_MAX,
     ),
     "maxConsumersPerSubscription": ("max_consumers_per_subscription", "max_consumers_per_subscription", 0),
+    "maxSubscriptionsPerTopic": ("max_subscriptions_per_topic", "max_subscriptions_per_topic", 0),
 }
 
 

@@ -2990,7 +2990,9 @@ class BrokerService:
         topic.max_consumers_per_subscription = policy_in_force(
             tp.max_consumers_per_subscription, p.max_consumers_per_subscription, 0
         )
-        topic.max_subscriptions = p.max_subscriptions_per_topic or 0
+        topic.max_subscriptions = policy_in_force(
+            tp.max_subscriptions_per_topic, p.max_subscriptions_per_topic, 0
+        )
         unacked = policy_in_force(
             tp.max_unacked_messages_on_consumer,
             p.max_unacked_messages_per_consumer,

@@ -525,7 +525,7 @@ class TopicPolicies:
     namespace's (:func:`policy_in_force`), None when not set on the topic. ``compaction_threshold``,
     ``message_ttl_in_seconds`` and the limits (``max_producers``, ``max_consumers``,
     ``max_unacked_messages_on_consumer``, ``max_unacked_messages_on_subscription``,
-    ``max_consumers_per_subscription``; 0: none) are integers of 0
+    ``max_consumers_per_subscription``, ``max_subscriptions_per_topic``; 0: none) are integers of 0
     or more; ``retention`` is (minutes, MB) as the namespace's (-1: infinite); ``deduplication_enabled`` a
     boolean; ``backlog_quota`` and ``message_age_quota`` quotas. Stored in their JSON form under these names (``update_topic_policy``
     writes one)."""
@@ -537,6 +537,7 @@ class TopicPolicies:
     max_unacked_messages_on_consumer: int | None = None
     max_unacked_messages_on_subscription: int | None = None
     max_consumers_per_subscription: int | None = None
+    max_subscriptions_per_topic: int | None = None
     retention: tuple[int, int] | None = None
     deduplication_enabled: bool | None = None
     backlog_quota: BacklogQuota | None = None
@@ -580,6 +581,7 @@ class TopicPolicies:
                 d, "max_unacked_messages_on_subscription"
             ),
             max_consumers_per_subscription=_optional_threshold(d, "max_consumers_per_subscription"),
+            max_subscriptions_per_topic=_optional_threshold(d, "max_subscriptions_per_topic"),
             retention=None if retention is None else _retention_from_json(_field(d, "retention", dict)),
             deduplication_enabled=_optional_bool(d, "deduplication_enabled"),
             backlog_quota=None if quota is None else BacklogQuota.from_json(_field(d, "backlog_quota", dict)),
@@ -596,6 +598,7 @@ _TOPIC_LIMITS = (
     "max_unacked_messages_on_consumer",
     "max_unacked_messages_on_subscription",
     "max_consumers_per_subscription",
+    "max_subscriptions_per_topic",
 )
 
 

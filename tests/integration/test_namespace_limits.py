@@ -115,6 +115,33 @@ def test_max_subscriptions_per_topic(bp: BrokerProcess, c: Any) -> None:
         x.close()
 
 
+def test_a_topics_own_max_subscriptions_is_over_its_namespaces(bp: BrokerProcess, c: Any) -> None:
+    """A topic's own ``maxSubscriptionsPerTopic`` (``pulsar-admin topics set-max-subscriptions-per-topic``) takes
+    the place of its namespace's: 1 over the namespace's 3 refuses a second subscription, 0 over the namespace's
+    1 takes more, removed the namespace's applies again."""
+    ns = _namespace(bp)
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic", 3)
+    t = topic_name()
+    topic = f"persistent://public/{ns}/{t}"
+    path = f"/admin/v2/persistent/public/{ns}/{t}/maxSubscriptionsPerTopic"
+    c.subscribe(topic, "a").close()
+    assert admin(bp, "GET", path) is None
+    assert admin(bp, "GET", path + "?applied=true") == 3
+    admin(bp, "POST", path, 1)
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (1, 1)
+    with pytest.raises(pulsar.NotAllowedError):
+        c.subscribe(topic, "b")
+    admin(bp, "POST", f"/admin/v2/namespaces/public/{ns}/maxSubscriptionsPerTopic", 1)
+    admin(bp, "POST", path, 0)
+    c.subscribe(topic, "b").close()
+    c.subscribe(topic, "c").close()
+    admin(bp, "DELETE", path)
+    assert (admin(bp, "GET", path), admin(bp, "GET", path + "?applied=true")) == (None, 1)
+    with pytest.raises(pulsar.NotAllowedError):
+        c.subscribe(topic, "d")
+    assert set(admin(bp, "GET", f"/admin/v2/persistent/public/{ns}/{t}/subscriptions")) == {"a", "b", "c"}
+
+
 def _limited_topic(bp: BrokerProcess, c: Any, limit: int) -> tuple[str, str, str]:
     """A new namespace with ``maxSubscriptionsPerTopic`` ``limit`` and in it a topic with subscription a and one
     keyed message: (namespace, local name, topic)."""
