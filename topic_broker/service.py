@@ -103,6 +103,7 @@ from .subscription import (
     ConsumerBusyError,
     Deliver,
     DispatchEntry,
+    HoldDispatch,
     Read,
     ReadReplay,
     Subscription,
@@ -165,6 +166,10 @@ DEFAULT_MAX_PARTITIONS_PER_TOPIC = 1024
 #: A topic opened again right after this broker stopped serving it waits up to this long for the old instance's
 #: close (BrokerService.get_topic)
 CLOSE_WAIT_S = 10.0
+#: a Failover subscription sends nothing for this long after its active consumer changed (Pulsar's
+#: activeConsumerFailoverDelayTimeMillis, 1000 by default), so that consumers reconnecting together after an owner
+#: change are not each sent the backlog in turn
+FAILOVER_SWITCH_DELAY_S = 1.0
 INT64_MAX = 2**63 - 1
 #: ``Schema.Type.None``: what a bytes producer would declare (it declares no schema at all)
 SCHEMA_NONE = 0
@@ -1110,6 +1115,10 @@ class SubscriptionRuntime:
                 c = self._by_key.get(cmd.consumer_id)
                 if c is not None:
                     c.session.send(wire.active_consumer_change(c.consumer_id, cmd.is_active))
+            elif isinstance(cmd, HoldDispatch):
+                asyncio.get_running_loop().call_later(
+                    cmd.delay_s, lambda: self.execute(self.core.release_hold())
+                )
 
     def _send_message(self, c: Consumer, cmd: Deliver) -> None:
         entry = cmd.entry
@@ -2226,6 +2235,7 @@ class Topic:
             topic_hash=failover_topic_hash(str(self.name)),
         )
         core.unacked_subscription_max = self.max_unacked_on_subscription
+        core.failover_delay_s = FAILOVER_SWITCH_DELAY_S
         if s.durable:
             initial = (
                 InitialPosition.EARLIEST

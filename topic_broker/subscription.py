@@ -14,6 +14,8 @@ The service drives it like this (h11 style: events in, commands out)::
                                         (positions gone from the ML simply missing from `entries`)
       Deliver(consumer_id, entry, redelivery_count)   send MESSAGE
       ActiveConsumerChanged(consumer_id, is_active)   send ACTIVE_CONSUMER_CHANGE (Failover)
+      HoldDispatch(delay_s)             Failover's active consumer changed (failover_delay_s > 0): nothing is
+                                        dispatched until the service calls sub.release_hold() after delay_s
     sub.ack_individual(...) / sub.ack_cumulative(...) -> AckOutcome: what the cursor must record, plus commands
     sub.redeliver(consumer_id, positions | None)     REDELIVER_UNACKNOWLEDGED_MESSAGES (None = all)
     sub.remove_consumer(consumer_id)                 the consumer's unacked messages are redelivered to others
@@ -305,7 +307,14 @@ class ActiveConsumerChanged:
     is_active: bool
 
 
-Command = Read | ReadReplay | Deliver | ActiveConsumerChanged
+@dataclass(frozen=True, slots=True)
+class HoldDispatch:
+    """Failover: the active consumer changed; call :meth:`Subscription.release_hold` after ``delay_s``."""
+
+    delay_s: float
+
+
+Command = Read | ReadReplay | Deliver | ActiveConsumerChanged | HoldDispatch
 
 
 @dataclass(slots=True)
@@ -389,6 +398,8 @@ class Subscription:
         "_messages_per_entry",
         "topic_hash",
         "_levels",
+        "failover_delay_s",
+        "_holding",
     )
 
     def __init__(
@@ -408,6 +419,10 @@ class Subscription:
         # a non-partitioned topic's place on the Failover ring (failover_topic_hash of its name); None (a core
         # made without its topic's name) takes the first consumer by (priority, name) instead
         self.topic_hash = topic_hash
+        # Failover: after the active consumer changes, nothing is dispatched for this long (Pulsar's
+        # activeConsumerFailoverDelayTimeMillis); 0: at once
+        self.failover_delay_s = 0.0
+        self._holding = False
         self.read_position: Position = read_position
         self.read_entries_max = read_entries_max
         self.replay_entries_max = replay_entries_max
@@ -640,6 +655,13 @@ class Subscription:
         if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
             cmds += self._elect()
         return cmds + self._dispatch()
+
+    def release_hold(self) -> list[Command]:
+        """The Failover hold after an active consumer change (:class:`HoldDispatch`) is over: dispatch again."""
+        if not self._holding:
+            return []
+        self._holding = False
+        return self._dispatch()
 
     def flow(self, consumer_id: int, permits: int) -> list[Command]:
         c = self._consumers.get(consumer_id)
@@ -1005,7 +1027,7 @@ class Subscription:
             return []
         if self.sub_type in (SubType.EXCLUSIVE, SubType.FAILOVER):
             active = self._consumers.get(self._active) if self._active is not None else None
-            if active is None or not self._ready(active):
+            if active is None or self._holding or not self._ready(active):
                 return []
             budget = active.permits
             if self._replay:
@@ -1172,6 +1194,16 @@ class Subscription:
                 self._to_replay(prev, list(prev.pending), bump=False)
             self._active = new
             cmds += [ActiveConsumerChanged(cid, cid == new) for cid in self._consumers]
+            if self.sub_type == SubType.FAILOVER and self.failover_delay_s > 0 and not self._holding:
+                # as Pulsar's scheduleReadOnActiveConsumer: nothing goes out for a while, so that a consumer
+                # reconnecting a moment after another (both after an owner change) is not sent what the
+                # other then takes over (it stayed in the first one's receive queue and came out there
+                # again once the other left); a read under way is dropped (read again after the hold)
+                self._holding = True
+                self.epoch += 1
+                self.reading = False
+                self._reading_replay = ()
+                cmds.append(HoldDispatch(self.failover_delay_s))
         elif announce_to is not None:
             cmds.append(ActiveConsumerChanged(announce_to, announce_to == new))
         return cmds

@@ -322,6 +322,30 @@ def test_a_multi_topic_failover_subscription_spreads_its_topics_over_its_consume
         c.close()
 
 
+def test_a_failover_consumer_joining_just_after_another_takes_over_before_anything_is_sent(
+    broker: BrokerProcess,
+) -> None:
+    """As after an owner change, when both consumers reconnect: b subscribes a moment before a, the ring's
+    choice. As Pulsar's broker (activeConsumerFailoverDelayTimeMillis), nothing is sent for a second after the
+    active consumer changes, so b is not sent the backlog that a then takes over: those stayed in b's receive
+    queue and b's application received them again, all acknowledged by a, once a left."""
+    c = client(broker)
+    try:
+        t = failover_topic("a")
+        fo = pulsar.ConsumerType.Failover
+        b = c.subscribe(t, "fo", consumer_type=fo, consumer_name="b")
+        p = c.create_producer(t, batching_enabled=False)
+        for i in range(20):
+            p.send(f"m{i}".encode())
+        a = c.subscribe(t, "fo", consumer_type=fo, consumer_name="a")
+        acked = {m.data() for m in drain_until_quiet(a)}
+        assert len(acked) == 20
+        a.close()
+        assert [m.data() for m in drain_until_quiet(b)] == []
+    finally:
+        c.close()
+
+
 def drain_until_quiet(consumer, quiet_ms: int = 1500) -> list:
     """Every message received until none comes for ``quiet_ms``, each acknowledged."""
     out = []

@@ -13,6 +13,7 @@ from topic_broker.subscription import (
     ConsumerBusyError,
     Deliver,
     DispatchEntry,
+    HoldDispatch,
     Position,
     Read,
     ReadReplay,
@@ -311,6 +312,38 @@ def test_failover_partitions_go_to_the_highest_priority_level_only() -> None:
     cmds = sub.remove_consumer(2)
     # level 1 by name: aaa, abb, bbb; 2 % 3
     assert sub.active_consumer == 3 and ActiveConsumerChanged(3, True) in cmds
+
+
+def test_failover_sends_nothing_for_the_delay_after_the_active_consumer_changes() -> None:
+    """As Pulsar's scheduleReadOnActiveConsumer (activeConsumerFailoverDelayTimeMillis): after a change of the
+    active consumer nothing is read or sent until the hold is released, one hold at a time, and a read under way
+    at the change is dropped (read again after it). b subscribing a moment before a (both reconnecting) is sent
+    nothing that a then takes over."""
+    sub = Subscription(SubType.FAILOVER, read_position=(1, 0))
+    sub.failover_delay_s = 1.0
+    log = FakeLog(5)
+    out = run(sub, log, sub.add_consumer(2, "b") + sub.flow(2, 10))
+    assert HoldDispatch(1.0) in out and delivered(out) == []
+    out = run(sub, log, sub.add_consumer(1, "a") + sub.flow(1, 10))
+    assert sub.active_consumer == 1 and not any(isinstance(c, HoldDispatch) for c in out)
+    assert delivered(out) == []
+    assert delivered(run(sub, log, sub.release_hold())) == [(1, (1, i), 0) for i in range(5)]
+    # a read under way when a leaves is dropped; b is sent the rest after the hold
+    log.entries += [DispatchEntry((1, i), 1, b"", f"m{i}") for i in range(5, 8)]
+    reads = [c for c in sub.on_new_entries() if isinstance(c, Read)]
+    assert reads
+    out = sub.remove_consumer(1)
+    assert HoldDispatch(1.0) in out and delivered(out) == []
+    for r in reads:
+        entries, nxt = log.read(r.start, r.max_entries)
+        assert sub.on_read(r.epoch, entries, nxt) == []
+    out = delivered(run(sub, log, sub.release_hold()))
+    assert [p for _, p, _ in out] == [(1, i) for i in range(8)]
+    assert {cid for cid, _, _ in out} == {2}
+    # without a delay (a core's default) the change dispatches at once
+    sub = Subscription(SubType.FAILOVER, read_position=(1, 0))
+    out = run(sub, FakeLog(2), sub.add_consumer(1, "a") + sub.flow(1, 10))
+    assert len(delivered(out)) == 2
 
 
 def test_shared_dispatch_prefers_the_highest_priority_level_while_it_has_permits() -> None:
