@@ -979,11 +979,12 @@ def _pid_row(row: dict[str, Any], alive: bool) -> dict[str, Any]:
     return {**row, "pid": None, "last_pid": row["pid"]}
 
 
-def _pid_text(row: dict[str, Any]) -> str:
-    """``1234    up`` or ``-       DOWN (was pid 1234)``: the pid column and the state of a piece's line."""
+def _pid_text(row: dict[str, Any], why: str | None = None) -> str:
+    """``1234    up`` or ``-       DOWN (was pid 1234)`` (``DOWN (<why>; was pid 1234)``): the pid column and the
+    state of a piece's line."""
     if row["alive"]:
         return f"{row['pid']:<7} up"
-    return f"{'-':<7} DOWN (was pid {row['last_pid']})"
+    return f"{'-':<7} DOWN ({f'{why}; ' if why else ''}was pid {row['last_pid']})"
 
 
 def _status(args: argparse.Namespace, state_dir: Path) -> int:
@@ -1013,8 +1014,10 @@ def _status(args: argparse.Namespace, state_dir: Path) -> int:
             f"ZooKeeper {st['zk']}"
             + (f" UNREACHABLE: {zk_problem}\n" if zk_problem else "\n")
             + "\n".join(
-                f"  bookie {r['id']:<22} pid {_pid_text(r)}"
-                + (" (decommissioned: its data moved, cookie deleted)" if r.get("decommissioned") else "")
+                f"  bookie {r['id']:<22} pid "
+                + _pid_text(
+                    r, "decommissioned: its data moved, cookie deleted" if r.get("decommissioned") else None
+                )
                 + _bookie_health(r["alive"], r["health"])
                 for r in rows
             )

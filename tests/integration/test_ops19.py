@@ -109,7 +109,10 @@ def test_cluster_status_tells_a_decommissioned_bookie_from_a_down_one(tmp_path) 
         _ls("cluster", "stop", "bookie-1", "--state-dir", str(state))
         r = _ls("cluster", "status", "--state-dir", str(state))
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"{gone}" in r.stdout and "DOWN (decommissioned: its data moved, cookie deleted)" in r.stdout
+        assert (
+            f"{gone}" in r.stdout
+            and "DOWN (decommissioned: its data moved, cookie deleted; was pid " in r.stdout
+        )
         _ls("cluster", "stop", "bookie-0", "--state-dir", str(state))
         r = _ls("cluster", "status", "--state-dir", str(state))
         assert r.returncode == 1, r.stdout + r.stderr
