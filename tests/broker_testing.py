@@ -6,6 +6,9 @@ tests/integration/conftest.py imports the fixtures; a test module imports ``Brok
 from __future__ import annotations
 
 import contextlib
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,21 @@ from typing import Any
 import pytest
 
 from ledgerstore.cluster import BrokerProcess, free_port
+
+
+def admin_json(port: int, method: str, path: str, body: Any = None, timeout: float = 60.0) -> tuple[int, Any]:
+    """One call to the admin REST on 127.0.0.1:``port``, a JSON body (or none): its status and parsed answer (None
+    when empty), an HTTP error's as well."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+            return int(r.status), json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return int(e.code), json.loads(raw) if raw else None
 
 
 def start_broker(

@@ -5,26 +5,9 @@ themselves: test_broker_namespaces). In-process broker, real ZooKeeper and booki
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 import uuid
-from typing import Any
 
-from tests.broker_testing import Brokers, in_process_broker
-
-
-def _admin(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            raw = r.read()
-            return int(r.status), json.loads(raw) if raw else None
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        return int(e.code), json.loads(raw) if raw else None
+from tests.broker_testing import Brokers, admin_json, in_process_broker
 
 
 def test_forced_deletes_are_refused_unless_the_broker_allows_them(cluster: Brokers) -> None:
@@ -36,14 +19,16 @@ def test_forced_deletes_are_refused_unless_the_broker_allows_them(cluster: Broke
         try:
             port = service.config.http_port
             tenant = f"gate-{uuid.uuid4().hex[:8]}"
-            assert _admin(port, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
-            assert _admin(port, "PUT", f"/admin/v2/namespaces/{tenant}/ns")[0] == 204
-            status, body = _admin(port, "DELETE", f"/admin/v2/namespaces/{tenant}/ns?force=true")
+            assert admin_json(port, "PUT", f"/admin/v2/tenants/{tenant}", {})[0] == 204
+            assert admin_json(port, "PUT", f"/admin/v2/namespaces/{tenant}/ns")[0] == 204
+            status, body = admin_json(port, "DELETE", f"/admin/v2/namespaces/{tenant}/ns?force=true")
             assert (status, body["reason"]) == (405, "Broker doesn't allow forced deletion of namespaces")
-            status, body = _admin(port, "DELETE", f"/admin/v2/tenants/{tenant}?force=true")
+            status, body = admin_json(port, "DELETE", f"/admin/v2/tenants/{tenant}?force=true")
             assert (status, body["reason"]) == (405, "Broker doesn't allow forced deletion of tenants")
-            assert _admin(port, "GET", f"/admin/v2/namespaces/{tenant}/ns")[0] == 200  # nothing deleted
-            assert _admin(port, "DELETE", f"/admin/v2/namespaces/{tenant}/ns")[0] == 204  # unforced, as ever
-            assert _admin(port, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 204
+            assert admin_json(port, "GET", f"/admin/v2/namespaces/{tenant}/ns")[0] == 200  # nothing deleted
+            assert (
+                admin_json(port, "DELETE", f"/admin/v2/namespaces/{tenant}/ns")[0] == 204
+            )  # unforced, as ever
+            assert admin_json(port, "DELETE", f"/admin/v2/tenants/{tenant}")[0] == 204
         finally:
             run(http.stop())
