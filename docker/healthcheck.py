@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 URL_ENV = "LEDGERSTORE_HEALTH_URL"
-PORT_ENV = "LEDGERSTORE_HTTP_PORT"
 CONFIG_ENV = "LEDGERSTORE_CONFIG"
 DEFAULT_PORTS = {"bookie": 8000, "broker": 8080}
 FALLBACK_PORT = 8000
@@ -69,15 +68,21 @@ def _settings(args: Sequence[str], environ: Mapping[str, str]) -> tuple[dict[str
 
 
 def _setting(
-    args: Sequence[str], environ: Mapping[str, str], settings: Mapping[str, object], key: str
-) -> object:
-    """A ``serve`` setting as serve resolves it: ``--key`` > ``$LEDGERSTORE_KEY`` > ``key`` in its config file."""
-    if (flag := _flag(args, "--" + key.replace("_", "-"))) is not None:
-        return flag
+    args: Sequence[str],
+    environ: Mapping[str, str],
+    settings: Mapping[str, object],
+    config: str | None,
+    key: str,
+) -> tuple[object, str]:
+    """A ``serve`` setting as serve resolves it (``--key`` > ``$LEDGERSTORE_KEY`` > ``key`` in its config file),
+    and where it came from, for an error naming it; ``None`` when none of them sets it."""
+    flag = "--" + key.replace("_", "-")
+    if (value := _flag(args, flag)) is not None:
+        return value, flag
     env = "LEDGERSTORE_" + key.upper()
     if environ.get(env):
-        return environ[env]
-    return settings.get(key)
+        return environ[env], f"${env}"
+    return settings.get(key), f"{key} in {config}"
 
 
 def admin_port(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -94,18 +99,15 @@ def admin_address(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str,
         return LOOPBACK, FALLBACK_PORT
     role, args = server
     settings, config = _settings(args, environ)
-    value = _setting(args, environ, settings, "http_port")
-    if value is None:
-        port = DEFAULT_PORTS[role]
-    elif _flag(args, "--http-port") is not None:
-        port = _port(value, "--http-port")
-    elif environ.get(PORT_ENV):
-        port = _port(value, f"${PORT_ENV}")
-    else:
-        port = _port(value, f"http_port in {config}")
-    host = _setting(args, environ, settings, "listen_address")
+    value, where = _setting(args, environ, settings, config, "http_port")
+    port = DEFAULT_PORTS[role] if value is None else _port(value, where)
+    host, _ = _setting(args, environ, settings, config, "listen_address")
     if host is None:
-        host = _setting(args, environ, settings, "advertised_address") if role == "bookie" else ANY_ADDRESS
+        host = (
+            _setting(args, environ, settings, config, "advertised_address")[0]
+            if role == "bookie"
+            else ANY_ADDRESS
+        )
     host = str(host or LOOPBACK).strip()
     if host in ("", ANY_ADDRESS, "::", "[::]"):
         host = LOOPBACK
